@@ -1,0 +1,80 @@
+//! The `locus` command: one binary for every user-facing job of the storage stack.
+//!
+//! Subcommands live in `commands/`, one file each. This file owns only argument parsing,
+//! logging set-up and the mapping of errors to an exit status.
+
+mod commands;
+mod size;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// locus — a NUMA-aware user-space storage stack for persistent memory, CXL memory and NVMe.
+///
+/// locus pools every NUMA node's memory-bus storage into one volume, writes data to the
+/// device nearest the writing CPU, and serves it over NBD. Logs go to stderr and are chosen
+/// with RUST_LOG (e.g. RUST_LOG=debug).
+#[derive(Debug, Parser)]
+#[command(name = "locus", version, about, long_about, propagate_version = true)]
+struct Cli {
+    /// Directory that holds the volume: its locus.toml and, for emulated devices, their
+    /// files. The default volume lives in shared memory: it survives process crashes, not
+    /// reboots.
+    #[arg(
+        long,
+        global = true,
+        env = "LOCUS_VOLUME",
+        default_value = "/dev/shm/locus"
+    )]
+    volume: PathBuf,
+
+    /// Read the machine's layout from this sysfs tree instead of /sys (for inspecting a
+    /// copy of another machine's sysfs, and for tests).
+    #[arg(long, global = true, env = "LOCUS_SYSFS", default_value = topology::LIVE_SYSFS)]
+    sysfs: PathBuf,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    Topology(commands::topology::TopologyArgs),
+}
+
+fn main() -> ExitCode {
+    init_logging();
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Topology(args) => commands::topology::run(&cli.sysfs, args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("locus: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}
