@@ -1,1 +1,91 @@
-fn main() {}
+//! Project automation, run as `cargo xtask <task>` (an alias in `.cargo/config.toml`).
+//!
+//! - `ci`: the architecture check, `cargo fmt --check`, clippy with warnings as errors, and
+//!   every test of the workspace — what `.ci/run` and the README's test command run.
+
+mod architecture;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", about = "locus project automation")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Check architecture invariants, formatting, lints, then run every test.
+    Ci,
+    /// Check the architecture invariants only (dependency direction, where unsafe lives).
+    Architecture,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let root = workspace_root();
+    match cli.task {
+        Task::Ci => ci(&root),
+        Task::Architecture => report_architecture(&root),
+    }
+}
+
+fn ci(root: &Path) -> Result<()> {
+    report_architecture(root)?;
+    cargo(root, &["fmt", "--all", "--", "--check"])?;
+    cargo(
+        root,
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+    )?;
+    cargo(root, &["test", "--workspace"])?;
+    eprintln!("xtask ci: all checks passed");
+    Ok(())
+}
+
+fn report_architecture(root: &Path) -> Result<()> {
+    let problems = architecture::check(root)?;
+    if !problems.is_empty() {
+        for problem in &problems {
+            eprintln!("architecture: {problem}");
+        }
+        bail!(
+            "{} architecture invariant(s) broken (see ARCHITECTURE.md)",
+            problems.len()
+        );
+    }
+    eprintln!("xtask: architecture invariants hold");
+    Ok(())
+}
+
+fn cargo(root: &Path, args: &[&str]) -> Result<()> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    eprintln!("xtask: cargo {}", args.join(" "));
+    let status = Command::new(cargo)
+        .args(args)
+        .current_dir(root)
+        .status()
+        .with_context(|| format!("starting cargo {}", args.join(" ")))?;
+    if !status.success() {
+        bail!("cargo {} failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask sits in the workspace")
+        .to_owned()
+}

@@ -219,7 +219,7 @@ fn render(
             .iter()
             .map(|p| {
                 [
-                    p.path.display().to_string(),
+                    format!("  {}", p.path.display()),
                     format!("{:?}", p.kind).to_lowercase(),
                     p.node.map_or_else(|| "-".to_owned(), |n| n.to_string()),
                     format_bytes(p.size_bytes),

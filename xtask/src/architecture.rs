@@ -1,0 +1,168 @@
+//! Architecture invariants, checked mechanically (ARCHITECTURE.md states them in words):
+//!
+//! - every crate under `crates/` is named after its folder, inherits `[workspace.lints]`, and
+//!   has a section in ARCHITECTURE.md;
+//! - dependencies between locus crates point one way, downwards, as the table [`LAYERS`]
+//!   allows;
+//! - `unsafe` code (which the workspace lints deny) is allowed back in only where
+//!   [`UNSAFE_ALLOWED`] says.
+
+use std::fs;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+/// Each crate and the locus crates it may depend on. A crate missing here fails the check,
+/// so adding a crate means deciding its place.
+const LAYERS: &[(&str, &[&str])] = &[("topology", &[]), ("locus", &["topology"])];
+
+/// Files that may re-allow `unsafe_code`, with the reason. Prefixes match whole crates.
+const UNSAFE_ALLOWED: &[(&str, &str)] = &[(
+    "crates/topology/src/sys.rs",
+    "kernel NUMA system calls (mbind, move_pages, sched_setaffinity) for the latency probe",
+)];
+
+/// Returns every broken invariant as a sentence; empty when all hold.
+pub fn check(root: &Path) -> Result<Vec<String>> {
+    let mut problems = Vec::new();
+    let architecture =
+        fs::read_to_string(root.join("ARCHITECTURE.md")).context("reading ARCHITECTURE.md")?;
+
+    let crates_dir = root.join("crates");
+    let mut crate_dirs: Vec<_> = fs::read_dir(&crates_dir)
+        .with_context(|| format!("listing {}", crates_dir.display()))?
+        .collect::<std::io::Result<_>>()?;
+    crate_dirs.sort_by_key(fs::DirEntry::file_name);
+
+    for entry in crate_dirs {
+        let folder = entry.file_name().to_string_lossy().into_owned();
+        let manifest_path = entry.path().join("Cargo.toml");
+        let text = fs::read_to_string(&manifest_path)
+            .with_context(|| format!("reading {}", manifest_path.display()))?;
+        let manifest: toml::Table = text
+            .parse()
+            .with_context(|| format!("parsing {}", manifest_path.display()))?;
+
+        let name = manifest
+            .get("package")
+            .and_then(|p| p.get("name"))
+            .and_then(toml::Value::as_str)
+            .unwrap_or_default();
+        if name != folder {
+            problems.push(format!(
+                "crates/{folder} is named `{name}`; crate name = folder name"
+            ));
+        }
+        let inherits_lints = manifest
+            .get("lints")
+            .and_then(|l| l.get("workspace"))
+            .and_then(toml::Value::as_bool)
+            == Some(true);
+        if !inherits_lints {
+            problems.push(format!(
+                "crates/{folder}/Cargo.toml lacks `[lints] workspace = true`"
+            ));
+        }
+        if !architecture.contains(&format!("### `{folder}`")) {
+            problems.push(format!("ARCHITECTURE.md has no `### `{folder}`` section"));
+        }
+
+        let Some((_, allowed)) = LAYERS.iter().find(|(c, _)| *c == folder) else {
+            problems.push(format!(
+                "crates/{folder} is not in xtask's LAYERS table: decide which crates it may use"
+            ));
+            continue;
+        };
+        for table in ["dependencies", "build-dependencies"] {
+            let Some(deps) = manifest.get(table).and_then(toml::Value::as_table) else {
+                continue;
+            };
+            for dep in deps.keys() {
+                let is_locus_crate = LAYERS.iter().any(|(c, _)| c == dep);
+                if is_locus_crate && !allowed.contains(&dep.as_str()) {
+                    problems.push(format!(
+                        "{folder} depends on {dep}, which its layer may not use ({table})"
+                    ));
+                }
+            }
+        }
+    }
+
+    for file in rust_files(root)? {
+        let relative = file
+            .strip_prefix(root)
+            .unwrap_or(&file)
+            .to_string_lossy()
+            .into_owned();
+        let text = fs::read_to_string(&file)?;
+        let reallows = text.contains("allow(unsafe_code") || text.contains("expect(unsafe_code");
+        if reallows
+            && !UNSAFE_ALLOWED
+                .iter()
+                .any(|(prefix, _)| relative.starts_with(prefix))
+        {
+            problems.push(format!(
+                "{relative} allows unsafe code outside the permitted places"
+            ));
+        }
+    }
+    Ok(problems)
+}
+
+fn rust_files(root: &Path) -> Result<Vec<std::path::PathBuf>> {
+    let mut files = Vec::new();
+    // xtask is automation, not shipped code, and names the lint in its own checks.
+    let mut pending = vec![root.join("crates")];
+    while let Some(dir) = pending.pop() {
+        for entry in fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
+            let entry = entry?;
+            let path = entry.path();
+            if entry.file_type()?.is_dir() {
+                if !path.ends_with("fixtures") {
+                    pending.push(path);
+                }
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_workspace_keeps_its_invariants() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let problems = check(root).unwrap();
+        assert!(problems.is_empty(), "{problems:#?}");
+    }
+
+    #[test]
+    fn an_upward_dependency_is_reported() {
+        let dir = std::env::temp_dir().join(format!("locus-arch-{}", std::process::id()));
+        let crate_dir = dir.join("crates/topology");
+        fs::create_dir_all(crate_dir.join("src")).unwrap();
+        fs::write(dir.join("ARCHITECTURE.md"), "### `topology`\n").unwrap();
+        fs::write(
+            crate_dir.join("Cargo.toml"),
+            "[package]\nname = \"topology\"\n[dependencies]\nlocus = { path = \"../locus\" }\n\
+             [lints]\nworkspace = true\n",
+        )
+        .unwrap();
+        fs::write(crate_dir.join("src/lib.rs"), "#![allow(unsafe_code)]\n").unwrap();
+        let problems = check(&dir).unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            problems,
+            vec![
+                "topology depends on locus, which its layer may not use (dependencies)".to_owned(),
+                "crates/topology/src/lib.rs allows unsafe code outside the permitted places"
+                    .to_owned(),
+            ]
+        );
+    }
+}
