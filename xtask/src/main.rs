@@ -2,11 +2,14 @@
 //!
 //! - `ci`: the architecture check, `cargo fmt --check`, clippy with warnings as errors, and
 //!   every test of the workspace — what `.ci/run` and the README's test command run.
+//! - `vm-test`: boots multi-node qemu guests with NVDIMMs and runs locus in them (see
+//!   `vm/mod.rs` and docs/testing.md).
 
 mod architecture;
+mod vm;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
@@ -24,14 +27,17 @@ enum Task {
     Ci,
     /// Check the architecture invariants only (dependency direction, where unsafe lives).
     Architecture,
+    /// Boot multi-node qemu guests with emulated NVDIMMs and run locus in them.
+    VmTest(vm::VmTestArgs),
 }
 
-fn main() -> Result<()> {
+fn main() -> Result<ExitCode> {
     let cli = Cli::parse();
     let root = workspace_root();
     match cli.task {
-        Task::Ci => ci(&root),
-        Task::Architecture => report_architecture(&root),
+        Task::Ci => ci(&root).map(|()| ExitCode::SUCCESS),
+        Task::Architecture => report_architecture(&root).map(|()| ExitCode::SUCCESS),
+        Task::VmTest(args) => vm::run(&root, &args),
     }
 }
 

@@ -1,0 +1,260 @@
+//! `cargo xtask vm-test`: boots qemu guests with several NUMA nodes, HMAT, CPU-less memory
+//! nodes, NVDIMMs and a NIC on a chosen node, and runs locus inside them.
+//!
+//! This machine has one NUMA node; the guests are where locality is tested for real. Each
+//! topology is a description (`topology.rs`) from which the qemu flags and the expected
+//! answers are derived. Without a command, the in-guest suite runs and the host checks its
+//! output (`checks.rs`); with `-- COMMAND...`, the command runs in each guest and its exit
+//! status is the result.
+
+mod assets;
+mod checks;
+mod guest;
+mod initramfs;
+mod topology;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use guest::Accel;
+use initramfs::Step;
+use topology::VmTopology;
+
+/// Boot multi-node qemu guests with emulated NVDIMMs and run locus in them.
+#[derive(Debug, Args)]
+pub struct VmTestArgs {
+    /// Topology to boot: two-socket, four-node, cxl, or all.
+    #[arg(long, default_value = "all")]
+    topology: String,
+
+    /// CPU acceleration. TCG works everywhere; KVM is faster where nested KVM works but can
+    /// hang where it does not.
+    #[arg(long, value_enum, default_value_t = Accel::Tcg)]
+    accel: Accel,
+
+    /// Kill a guest that has not powered off after this many seconds.
+    #[arg(long, default_value_t = 180)]
+    timeout: u64,
+
+    /// Show all kernel messages on the console (default: emergencies only).
+    #[arg(long)]
+    verbose_kernel: bool,
+
+    /// List the topologies and exit.
+    #[arg(long)]
+    list: bool,
+
+    /// Command to run in each guest instead of the in-guest suite (binaries are in /bin).
+    #[arg(last = true, value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+struct Outcome {
+    topology: &'static str,
+    boot_to_ready: Option<Duration>,
+    problems: Vec<String>,
+    /// Exit status of the user's command, when one was given and it ran to the end.
+    command_status: Option<i32>,
+}
+
+/// Runs the guests. The exit code is 0 when everything passed; with a command, the first
+/// non-zero status the command returned in a guest; otherwise 1.
+pub fn run(root: &Path, args: &VmTestArgs) -> Result<ExitCode> {
+    if args.list {
+        for topology in topology::all() {
+            println!("{:<11} {}", topology.name, topology.about);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let topologies: Vec<VmTopology> = if args.topology == "all" {
+        topology::all()
+    } else {
+        vec![topology::by_name(&args.topology).with_context(|| {
+            let names: Vec<&str> = topology::all().iter().map(|t| t.name).collect();
+            format!(
+                "unknown topology `{}` (known: {}, all)",
+                args.topology,
+                names.join(", ")
+            )
+        })?]
+    };
+
+    super::cargo(root, &["build", "--release", "--package", "locus"])?;
+    let binaries = vec![root.join("target/release/locus")];
+
+    let work = root.join("target/vm");
+    let assets = assets::prepare(&work.join("cache"))?;
+    let modules = assets::module_load_order(&assets.kernel.modules_dir, assets::GUEST_MODULES)?;
+    let staging = work.join("root");
+    let module_names = initramfs::stage(&staging, &assets.busybox, &binaries, &modules)?;
+    eprintln!(
+        "vm-test: kernel {}, modules {}",
+        assets.kernel.version,
+        module_names.join(" ")
+    );
+
+    let steps = if args.command.is_empty() {
+        suite_steps()
+    } else {
+        vec![Step {
+            name: "command".into(),
+            argv: args.command.clone(),
+            captured: false,
+        }]
+    };
+
+    let mut outcomes = Vec::new();
+    for topology in &topologies {
+        let dir = work.join(topology.name);
+        fs::create_dir_all(&dir)?;
+        let nvdimm_files = fresh_nvdimm_files(&dir, topology)?;
+        let archive = dir.join("initramfs.cpio");
+        initramfs::pack(&staging, &archive, topology, &module_names, &steps)?;
+
+        let boot = guest::Boot {
+            label: topology.name,
+            machine_args: topology.qemu_args(&nvdimm_files),
+            kernel: &assets.kernel.vmlinuz,
+            initramfs: &archive,
+            accel: args.accel,
+            timeout: Duration::from_secs(args.timeout),
+            verbose_kernel: args.verbose_kernel,
+        };
+        let run = guest::run(&boot)?;
+        for file in &nvdimm_files {
+            let _ = fs::remove_file(file);
+        }
+        let problems = evaluate(topology, &run, &steps);
+        let command_status = run.steps.get("command").and_then(|step| step.status);
+        outcomes.push(Outcome {
+            topology: topology.name,
+            boot_to_ready: run.boot_to_ready,
+            problems,
+            command_status,
+        });
+    }
+
+    println!();
+    let mut failed = 0;
+    for outcome in &outcomes {
+        let boot = outcome.boot_to_ready.map_or_else(
+            || "never ready".to_owned(),
+            |d| format!("boot to command {:.1} s", d.as_secs_f64()),
+        );
+        if outcome.problems.is_empty() {
+            println!("vm-test {:<11} PASS  ({boot})", outcome.topology);
+        } else {
+            failed += 1;
+            println!("vm-test {:<11} FAIL  ({boot})", outcome.topology);
+            for problem in &outcome.problems {
+                println!("    - {problem}");
+            }
+        }
+    }
+    if failed == 0 {
+        return Ok(ExitCode::SUCCESS);
+    }
+    eprintln!("vm-test: {failed} of {} topologies failed", outcomes.len());
+    let command_status = outcomes
+        .iter()
+        .filter_map(|o| o.command_status)
+        .find(|&status| status != 0)
+        .and_then(|status| u8::try_from(status).ok());
+    Ok(ExitCode::from(command_status.unwrap_or(1)))
+}
+
+/// The in-guest suite: what exists today. Later parts add their steps and checks here.
+fn suite_steps() -> Vec<Step> {
+    let locus = |args: &[&str]| {
+        let mut argv = vec!["/bin/locus".to_owned()];
+        argv.extend(args.iter().map(|a| (*a).to_owned()));
+        argv
+    };
+    vec![
+        Step {
+            name: "topology".into(),
+            argv: locus(&["topology", "--json"]),
+            captured: true,
+        },
+        Step {
+            name: "probe".into(),
+            argv: locus(&[
+                "topology",
+                "--json",
+                "--probe",
+                "--probe-bytes",
+                &checks::PROBE_BUFFER_BYTES.to_string(),
+                "--probe-loads",
+                &checks::PROBE_LOADS.to_string(),
+            ]),
+            captured: true,
+        },
+    ]
+}
+
+fn evaluate(topology: &VmTopology, run: &guest::GuestRun, steps: &[Step]) -> Vec<String> {
+    let mut problems = Vec::new();
+    if run.timed_out {
+        problems.push("the guest did not finish before the timeout".to_owned());
+    }
+    if let Some(why) = &run.setup_failure {
+        problems.push(format!("guest set-up failed: {why}"));
+    }
+    if !run.done && !run.timed_out {
+        problems.push(format!(
+            "the guest stopped early; qemu said: {}",
+            run.qemu_stderr.trim()
+        ));
+    }
+    for step in steps {
+        let Some(result) = run.steps.get(&step.name) else {
+            if run.setup_failure.is_none() && run.done {
+                problems.push(format!("step {} never ran", step.name));
+            }
+            continue;
+        };
+        match result.status {
+            Some(0) => {}
+            Some(status) => problems.push(format!(
+                "step {} exited with {status}{}",
+                step.name,
+                if result.stderr.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", result.stderr.trim())
+                }
+            )),
+            None => problems.push(format!("step {} did not finish", step.name)),
+        }
+        if result.status != Some(0) {
+            continue;
+        }
+        let found = match step.name.as_str() {
+            "topology" => checks::topology_json(topology, &result.stdout),
+            "probe" => checks::probe_json(topology, &result.stdout),
+            _ => Vec::new(),
+        };
+        problems.extend(found.into_iter().map(|p| format!("{}: {p}", step.name)));
+    }
+    problems
+}
+
+/// Zero-filled sparse backing files, new for every boot: a stale fs-dax info block from an
+/// earlier run would make the kernel claim the namespace before the set-up does.
+fn fresh_nvdimm_files(dir: &Path, topology: &VmTopology) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for (index, nvdimm) in topology.nvdimms.iter().enumerate() {
+        let path = dir.join(format!("nvdimm{index}.img"));
+        let _ = fs::remove_file(&path);
+        let file =
+            fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        file.set_len(u64::from(nvdimm.size_mib) << 20)?;
+        files.push(path);
+    }
+    Ok(files)
+}
