@@ -38,7 +38,9 @@ pub use node::{LOCAL_DISTANCE, Node};
 pub use order::{Candidate, CandidateOrder, LatencySource};
 pub use pmem::{PmemDevice, PmemKind};
 pub use probe::{ProbeConfig, ProbeReport, ProbeSample, probe};
-pub use sys::{current_affinity, current_cpu, pin_current_thread};
+pub use sys::{
+    bind_range, current_affinity, current_cpu, page_nodes, page_size, pin_current_thread,
+};
 pub use sysfs::Sysfs;
 
 /// A NUMA node id, as the kernel numbers nodes.

@@ -139,30 +139,7 @@ impl AnonMapping {
     /// Binds every page of the mapping to `node` (`MPOL_BIND`, strict). Must be called before
     /// the memory is touched for the binding to decide where pages are first placed.
     pub fn bind_to_node(&self, node: NodeId) -> io::Result<()> {
-        let node = node as usize;
-        let words = node / WORD_BITS + 1;
-        let mut mask = vec![0u64; words];
-        mask[node / WORD_BITS] |= 1 << (node % WORD_BITS);
-        // The kernel reads `maxnode - 1` bits (a historical off-by-one that libnuma also
-        // compensates for), so pass one more than the bits in the mask.
-        let max_node = words * WORD_BITS + 1;
-        // SAFETY: the range is exactly our mapping; the mask pointer/length describe `mask`,
-        // alive across the call and only read by the kernel.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_mbind,
-                self.base.as_ptr(),
-                self.len_bytes,
-                libc::MPOL_BIND,
-                mask.as_ptr(),
-                max_node,
-                MPOL_MF_STRICT,
-            )
-        };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        bind_range(self.base.as_ptr() as usize, self.len_bytes, node)
     }
 
     /// Asks for transparent huge pages, so the probe measures memory rather than page walks
@@ -202,33 +179,14 @@ impl AnonMapping {
         stride_pages: usize,
         max_samples: usize,
     ) -> io::Result<Vec<i32>> {
-        let page = page_size();
-        let stride_bytes = page * stride_pages.max(1);
-        let pages: Vec<*mut libc::c_void> = (0..self.len_bytes)
+        let stride_bytes = page_size() * stride_pages.max(1);
+        let base = self.base.as_ptr() as usize;
+        let pages: Vec<usize> = (0..self.len_bytes)
             .step_by(stride_bytes)
             .take(max_samples)
-            // `wrapping_add` keeps this pointer arithmetic safe; every result is inside the
-            // mapping because the offset is below `len_bytes`.
-            .map(|offset| self.base.as_ptr().cast::<u8>().wrapping_add(offset).cast())
+            .map(|o| base + o)
             .collect();
-        let mut status = vec![0i32; pages.len()];
-        // SAFETY: `pages` holds addresses inside our mapping, `status` has one slot per page,
-        // and a null `nodes` pointer makes this a query that moves nothing.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_move_pages,
-                0,
-                pages.len(),
-                pages.as_ptr(),
-                std::ptr::null::<i32>(),
-                status.as_mut_ptr(),
-                0,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(status)
+        page_nodes(&pages)
     }
 }
 
@@ -239,6 +197,64 @@ impl Drop for AnonMapping {
         let rc = unsafe { libc::munmap(self.base.as_ptr().cast(), self.len_bytes) };
         debug_assert_eq!(rc, 0, "munmap of our own mapping failed");
     }
+}
+
+/// Binds the pages of `[address, address + len_bytes)` in this process to `node`
+/// (`MPOL_BIND`, `MPOL_MF_STRICT`). For a shared file mapping on tmpfs the policy is stored
+/// with the file's pages, so pages faulted in later land on `node` too.
+///
+/// A memory policy only steers placement; it cannot make any access unsound, so this is
+/// safe for any range. The kernel answers EFAULT for a range that is not mapped.
+pub fn bind_range(address: usize, len_bytes: usize, node: NodeId) -> io::Result<()> {
+    let node = node as usize;
+    let words = node / WORD_BITS + 1;
+    let mut mask = vec![0u64; words];
+    mask[node / WORD_BITS] |= 1 << (node % WORD_BITS);
+    // The kernel reads `maxnode - 1` bits (a historical off-by-one that libnuma also
+    // compensates for), so pass one more than the bits in the mask.
+    let max_node = words * WORD_BITS + 1;
+    // SAFETY: mbind reads only `mask` (alive across the call, `words` words long) and changes
+    // the placement policy of the range, never its contents.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mbind,
+            address,
+            len_bytes,
+            libc::MPOL_BIND,
+            mask.as_ptr(),
+            max_node,
+            MPOL_MF_STRICT,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The node each page containing one of `addresses` is on, as `move_pages` reports it in
+/// query mode: a node id, or a negative errno (`-ENOENT` for a page not yet faulted in,
+/// `-EFAULT` for an address not mapped). Queries never move or touch memory.
+pub fn page_nodes(addresses: &[usize]) -> io::Result<Vec<i32>> {
+    let pages: Vec<*mut libc::c_void> = addresses.iter().map(|&a| a as *mut libc::c_void).collect();
+    let mut status = vec![0i32; pages.len()];
+    // SAFETY: `pages` and `status` both have `pages.len()` entries and live across the call;
+    // a null `nodes` pointer makes this a query, so the kernel only writes `status`.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_pages,
+            0,
+            pages.len(),
+            pages.as_ptr(),
+            std::ptr::null::<i32>(),
+            status.as_mut_ptr(),
+            0,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(status)
 }
 
 /// The base page size.

@@ -1,0 +1,186 @@
+//! The CPU's persistence instructions, chosen once at run time by CPUID.
+//!
+//! Cache-line write-back: `clwb` (keeps the line cached), else `clflushopt`, else `clflush`.
+//! Ordering: `sfence`. Bulk copies: non-temporal 16-byte stores (`movntdq`), which bypass the
+//! cache and need only the fence. Everything here operates on raw addresses; the safe API is
+//! `Region`, which checks bounds first.
+
+#![allow(
+    unsafe_code,
+    reason = "cache-flush instructions and non-temporal stores"
+)]
+
+use std::arch::asm;
+use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+use std::sync::OnceLock;
+
+/// Size of a cache line: the unit of flushing and of crash atomicity tracking.
+pub const CACHE_LINE: usize = 64;
+
+/// The instruction used to write a cache line back to memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlushInstruction {
+    /// Write back and keep the line (Skylake-SP and later).
+    Clwb,
+    /// Write back and invalidate, weakly ordered.
+    Clflushopt,
+    /// Write back and invalidate, ordered with other stores (slowest).
+    Clflush,
+}
+
+impl FlushInstruction {
+    /// The best instruction this CPU has (CPUID leaf 7: EBX bit 24 clwb, bit 23 clflushopt;
+    /// clflush is in every x86-64 CPU).
+    pub fn detect() -> Self {
+        static DETECTED: OnceLock<FlushInstruction> = OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            // CPUID exists on every x86-64 CPU and only reads identification registers.
+            let leaf0 = std::arch::x86_64::__cpuid(0);
+            if leaf0.eax < 7 {
+                return Self::Clflush;
+            }
+            let leaf7 = std::arch::x86_64::__cpuid_count(7, 0);
+            if leaf7.ebx & (1 << 24) != 0 {
+                Self::Clwb
+            } else if leaf7.ebx & (1 << 23) != 0 {
+                Self::Clflushopt
+            } else {
+                Self::Clflush
+            }
+        })
+    }
+
+    /// Name as the instruction is spelled.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Clwb => "clwb",
+            Self::Clflushopt => "clflushopt",
+            Self::Clflush => "clflush",
+        }
+    }
+}
+
+/// Writes back every cache line that overlaps `[address, address + len)`.
+///
+/// # Safety
+/// The range must lie inside one live mapping of this process.
+pub unsafe fn flush_range(instruction: FlushInstruction, address: usize, len: usize) {
+    if len == 0 {
+        return;
+    }
+    let first = address & !(CACHE_LINE - 1);
+    let end = address + len;
+    let mut line = first;
+    while line < end {
+        // SAFETY: `line` is the start of a cache line that overlaps the caller's range, which
+        // lies inside a live mapping, and flushes never change memory contents.
+        unsafe {
+            match instruction {
+                FlushInstruction::Clwb => {
+                    asm!("clwb [{0}]", in(reg) line, options(nostack, preserves_flags));
+                }
+                FlushInstruction::Clflushopt => {
+                    asm!("clflushopt [{0}]", in(reg) line, options(nostack, preserves_flags));
+                }
+                FlushInstruction::Clflush => {
+                    asm!("clflush [{0}]", in(reg) line, options(nostack, preserves_flags));
+                }
+            }
+        }
+        line += CACHE_LINE;
+    }
+}
+
+/// Orders all earlier stores, flushes and non-temporal stores before any later store.
+pub fn store_fence() {
+    // SAFETY: sfence has no operands and no memory-safety preconditions; SSE is baseline on
+    // x86-64.
+    unsafe { _mm_sfence() };
+}
+
+/// Copies `len` bytes from `src` to `dst` with non-temporal stores where `dst` is 16-byte
+/// aligned, and ordinary stores for the unaligned head and tail. Returns the ranges
+/// (offsets from `dst`) written with ordinary stores, which the caller must flush: at most a
+/// head and a tail.
+///
+/// # Safety
+/// `src` must be valid for reads of `len` bytes and `dst` valid for writes of `len` bytes,
+/// and the two must not overlap.
+pub unsafe fn copy_nontemporal(dst: *mut u8, src: *const u8, len: usize) -> [(usize, usize); 2] {
+    let misalignment = (dst as usize) % 16;
+    let head = if misalignment == 0 {
+        0
+    } else {
+        (16 - misalignment).min(len)
+    };
+    // SAFETY: the head lies within the caller's ranges.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
+    let mut done = head;
+    while len - done >= 64 {
+        // SAFETY: `dst + done` is 16-byte aligned (head made it so) and the 64 bytes from
+        // `done` lie within both ranges; the loads are unaligned-tolerant.
+        unsafe {
+            let s = src.add(done).cast::<__m128i>();
+            let d = dst.add(done).cast::<__m128i>();
+            let a = _mm_loadu_si128(s);
+            let b = _mm_loadu_si128(s.add(1));
+            let c = _mm_loadu_si128(s.add(2));
+            let e = _mm_loadu_si128(s.add(3));
+            _mm_stream_si128(d, a);
+            _mm_stream_si128(d.add(1), b);
+            _mm_stream_si128(d.add(2), c);
+            _mm_stream_si128(d.add(3), e);
+        }
+        done += 64;
+    }
+    while len - done >= 16 {
+        // SAFETY: as above, for one aligned 16-byte chunk.
+        unsafe {
+            let value = _mm_loadu_si128(src.add(done).cast::<__m128i>());
+            _mm_stream_si128(dst.add(done).cast::<__m128i>(), value);
+        }
+        done += 16;
+    }
+    let tail = len - done;
+    // SAFETY: the tail lies within the caller's ranges.
+    unsafe { std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), tail) };
+    [(0, head), (done, tail)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_an_instruction_this_cpu_runs() {
+        let instruction = FlushInstruction::detect();
+        let data = vec![1u8; 4096];
+        // SAFETY: the range is inside `data`.
+        unsafe { flush_range(instruction, data.as_ptr() as usize + 3, 200) };
+        store_fence();
+        assert_eq!(data[3], 1);
+    }
+
+    #[test]
+    fn nontemporal_copy_is_exact_at_every_alignment_and_length() {
+        let source: Vec<u8> = (0..1024u32).map(|i| (i * 7 + 3) as u8).collect();
+        for offset in 0..20 {
+            for len in [0, 1, 15, 16, 17, 63, 64, 65, 200, 1000] {
+                let mut target = vec![0u8; 1100];
+                // SAFETY: offset + len <= 1020 < 1100 and source has 1024 bytes.
+                let ordinary = unsafe {
+                    copy_nontemporal(target.as_mut_ptr().add(offset), source.as_ptr(), len)
+                };
+                store_fence();
+                assert_eq!(
+                    &target[offset..offset + len],
+                    &source[..len],
+                    "{offset}/{len}"
+                );
+                assert!(target[..offset].iter().all(|&b| b == 0));
+                assert!(target[offset + len..].iter().all(|&b| b == 0));
+                assert!(ordinary.iter().all(|&(start, n)| start + n <= len));
+            }
+        }
+    }
+}

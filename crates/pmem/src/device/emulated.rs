@@ -1,0 +1,93 @@
+//! Emulated persistent memory: a file on tmpfs whose pages are bound to one NUMA node.
+//!
+//! At creation the file is mapped, the mapping is bound to the node with `mbind` (for tmpfs
+//! the policy is kept with the file's pages), and only then is the whole file allocated with
+//! `fallocate`, so every page is placed on the node and reserved (a full tmpfs cannot later
+//! kill the process with SIGBUS). The file survives the process, not a reboot.
+
+use std::path::Path;
+
+use crate::cpu::FlushInstruction;
+use crate::error::{PmemError, Result};
+use crate::mapping::{self, MapFlags, Mapping};
+use crate::region::PersistenceMode;
+
+pub(super) fn create(
+    path: &Path,
+    size_bytes: u64,
+    node: Option<u32>,
+) -> Result<(Mapping, PersistenceMode)> {
+    check_tmpfs(path)?;
+    let file = super::open_rw(path, true)?;
+    super::set_len(&file, size_bytes, path)?;
+    let mapping = Mapping::new(
+        file.try_clone().map_err(|source| PmemError::Io {
+            path: path.to_owned(),
+            action: "dup",
+            source,
+        })?,
+        super::usize_len(size_bytes, path)?,
+        MapFlags::Shared,
+        path,
+    )?;
+    bind(&mapping, node, path)?;
+    mapping::allocate(&file, size_bytes, path)?;
+    populate(&mapping, path);
+    Ok((
+        mapping,
+        PersistenceMode::Emulated(FlushInstruction::detect()),
+    ))
+}
+
+pub(super) fn open(path: &Path, node: Option<u32>) -> Result<(Mapping, PersistenceMode)> {
+    check_tmpfs(path)?;
+    let file = super::open_rw(path, false)?;
+    let len = super::file_len(&file, path)?;
+    let mapping = Mapping::new(file, super::usize_len(len, path)?, MapFlags::Shared, path)?;
+    bind(&mapping, node, path)?;
+    populate(&mapping, path);
+    Ok((
+        mapping,
+        PersistenceMode::Emulated(FlushInstruction::detect()),
+    ))
+}
+
+/// Maps every page now: no faults on the data path, and placement queries see every page.
+/// Older kernels lack the call; the pages are then faulted in on first use instead.
+fn populate(mapping: &Mapping, path: &Path) {
+    if let Err(error) = mapping.populate() {
+        tracing::debug!(path = %path.display(), %error, "could not pre-fault the emulated device");
+    }
+}
+
+fn bind(mapping: &Mapping, node: Option<u32>, path: &Path) -> Result<()> {
+    if let Some(node) = node {
+        topology::bind_range(mapping.base() as usize, mapping.len(), node).map_err(|source| {
+            PmemError::Io {
+                path: path.to_owned(),
+                action: "mbind to the device's node",
+                source,
+            }
+        })?;
+    }
+    Ok(())
+}
+
+fn check_tmpfs(path: &Path) -> Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let magic = mapping::filesystem_magic(dir).map_err(|source| PmemError::Io {
+        path: dir.to_owned(),
+        action: "statfs",
+        source,
+    })?;
+    if magic != libc::TMPFS_MAGIC {
+        return Err(PmemError::WrongKind {
+            path: path.to_owned(),
+            problem: "an emulated device must be on tmpfs (e.g. /dev/shm)".into(),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,266 @@
+//! Devices: a persistent-memory backing store, mapped whole, with the region that reaches it.
+//!
+//! One backend per file: `emulated` (a tmpfs file bound to a NUMA node), `dax_file` (a file on
+//! an fs-dax mount, `MAP_SYNC`), `devdax` (a device-DAX character device), `file` (an ordinary
+//! file, persisted with `msync`).
+
+mod dax_file;
+mod devdax;
+mod emulated;
+mod file;
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+
+use crate::cpu::FlushInstruction;
+use crate::error::{PmemError, Result};
+use crate::mapping::Mapping;
+use crate::region::{Backing, Inner, PersistenceMode, Region};
+
+/// The kind of backing store a device is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// A file on tmpfs whose pages are bound to one NUMA node: locus's emulated persistent
+    /// memory. Survives process crashes, not reboots.
+    Emulated,
+    /// A file on a file system mounted with `-o dax`, mapped with `MAP_SYNC`.
+    DaxFile,
+    /// A device-DAX character device (`/dev/daxX.Y`).
+    DevDax,
+    /// An ordinary file on a disk, persisted with `msync`.
+    File,
+}
+
+impl DeviceKind {
+    /// The name used in `locus.toml` and in output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Emulated => "emulated",
+            Self::DaxFile => "daxfile",
+            Self::DevDax => "devdax",
+            Self::File => "file",
+        }
+    }
+
+    /// Parses a name written by [`DeviceKind::name`].
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::Emulated, Self::DaxFile, Self::DevDax, Self::File]
+            .into_iter()
+            .find(|k| k.name() == name)
+    }
+
+    /// Guesses the kind of `path`: a character device is device-DAX, a file on tmpfs is
+    /// emulated, a file elsewhere is a DAX file if it can be mapped with `MAP_SYNC`, else an
+    /// ordinary file. A path that does not exist yet is judged by its directory.
+    pub fn detect(path: &Path) -> Result<Self> {
+        if let Ok(metadata) = std::fs::metadata(path)
+            && metadata.file_type().is_char_device()
+        {
+            return Ok(Self::DevDax);
+        }
+        let probe_path = if path.exists() {
+            path.to_owned()
+        } else {
+            path.parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."))
+                .to_owned()
+        };
+        let magic =
+            crate::mapping::filesystem_magic(&probe_path).map_err(|source| PmemError::Io {
+                path: probe_path.clone(),
+                action: "statfs",
+                source,
+            })?;
+        if magic == libc::TMPFS_MAGIC {
+            return Ok(Self::Emulated);
+        }
+        if path.is_file() && dax_file::supports_map_sync(path) {
+            return Ok(Self::DaxFile);
+        }
+        Ok(Self::File)
+    }
+}
+
+/// When to execute cache-line flushes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FlushPolicy {
+    /// Flush, unless the device's NVDIMM region reports a `cpu_cache` persistence domain
+    /// (eADR), in which case fences suffice.
+    #[default]
+    Auto,
+    /// Always flush.
+    Always,
+    /// Never flush (the platform has eADR); fences are still executed.
+    Never,
+}
+
+/// What to open and how.
+#[derive(Debug, Clone)]
+pub struct DeviceSpec {
+    /// The device path.
+    pub path: PathBuf,
+    /// Its kind.
+    pub kind: DeviceKind,
+    /// For emulated devices: the NUMA node the pages are bound to.
+    pub node: Option<u32>,
+    /// Flush policy.
+    pub flush: FlushPolicy,
+}
+
+/// An open, mapped device.
+#[derive(Debug)]
+pub struct Device {
+    spec: DeviceSpec,
+    region: Region,
+}
+
+impl Device {
+    /// Creates the backing store of `size_bytes` (files are created anew; a device-DAX
+    /// device is used as it is and `size_bytes` is ignored) and maps it.
+    pub fn create(spec: &DeviceSpec, size_bytes: u64) -> Result<Self> {
+        let (mapping, mode) = match spec.kind {
+            DeviceKind::Emulated => emulated::create(&spec.path, size_bytes, spec.node)?,
+            DeviceKind::DaxFile => dax_file::create(&spec.path, size_bytes, spec.flush)?,
+            DeviceKind::DevDax => devdax::open(&spec.path, spec.flush)?,
+            DeviceKind::File => file::create(&spec.path, size_bytes)?,
+        };
+        Ok(Self::from_mapping(spec, mapping, mode))
+    }
+
+    /// Maps an existing backing store.
+    pub fn open(spec: &DeviceSpec) -> Result<Self> {
+        let (mapping, mode) = match spec.kind {
+            DeviceKind::Emulated => emulated::open(&spec.path, spec.node)?,
+            DeviceKind::DaxFile => dax_file::open(&spec.path, spec.flush)?,
+            DeviceKind::DevDax => devdax::open(&spec.path, spec.flush)?,
+            DeviceKind::File => file::open(&spec.path)?,
+        };
+        Ok(Self::from_mapping(spec, mapping, mode))
+    }
+
+    fn from_mapping(spec: &DeviceSpec, mapping: Mapping, mode: PersistenceMode) -> Self {
+        let len = mapping.len() as u64;
+        let region = Region::new(
+            Inner {
+                backing: Backing::Mapped(mapping),
+                mode,
+            },
+            len,
+        );
+        Self {
+            spec: spec.clone(),
+            region,
+        }
+    }
+
+    /// The whole device as a region.
+    pub fn region(&self) -> &Region {
+        &self.region
+    }
+
+    /// What was opened.
+    pub fn spec(&self) -> &DeviceSpec {
+        &self.spec
+    }
+
+    /// How stores become durable on this device.
+    pub fn mode(&self) -> PersistenceMode {
+        self.region.mode()
+    }
+
+    /// Size in bytes.
+    pub fn size_bytes(&self) -> u64 {
+        self.region.len()
+    }
+
+    /// The NUMA node of the pages at `samples` evenly spaced offsets, as the kernel reports
+    /// them (`move_pages` query; negative for a page not yet faulted in).
+    pub fn sample_page_nodes(&self, samples: usize) -> Result<Vec<i32>> {
+        let stride = (self.size_bytes() / samples.max(1) as u64).max(1);
+        let addresses: Vec<usize> = (0..samples as u64)
+            .filter_map(|i| {
+                self.region
+                    .address_of((i * stride).min(self.size_bytes().saturating_sub(1)))
+            })
+            .collect();
+        topology::page_nodes(&addresses).map_err(|source| PmemError::Io {
+            path: self.spec.path.clone(),
+            action: "move_pages query",
+            source,
+        })
+    }
+}
+
+pub(crate) fn open_rw(path: &Path, create_new: bool) -> Result<File> {
+    let mut options = OpenOptions::new();
+    options.read(true).write(true);
+    if create_new {
+        options.create(true).truncate(true);
+    }
+    options.open(path).map_err(|source| PmemError::Io {
+        path: path.to_owned(),
+        action: if create_new { "create" } else { "open" },
+        source,
+    })
+}
+
+pub(crate) fn file_len(file: &File, path: &Path) -> Result<u64> {
+    let len = file
+        .metadata()
+        .map_err(|source| PmemError::Io {
+            path: path.to_owned(),
+            action: "stat",
+            source,
+        })?
+        .len();
+    if len == 0 {
+        return Err(PmemError::WrongKind {
+            path: path.to_owned(),
+            problem: "is empty".into(),
+        });
+    }
+    Ok(len)
+}
+
+pub(crate) fn set_len(file: &File, len: u64, path: &Path) -> Result<()> {
+    file.set_len(len).map_err(|source| PmemError::Io {
+        path: path.to_owned(),
+        action: "set length",
+        source,
+    })
+}
+
+pub(crate) fn usize_len(len: u64, path: &Path) -> Result<usize> {
+    usize::try_from(len).map_err(|_| PmemError::WrongKind {
+        path: path.to_owned(),
+        problem: format!("size {len} exceeds the address space"),
+    })
+}
+
+/// The persistence mode of a DAX device under `policy`, given the `persistence_domain` of its
+/// NVDIMM region if known.
+pub(crate) fn dax_mode(policy: FlushPolicy, persistence_domain: Option<&str>) -> PersistenceMode {
+    let eadr = match policy {
+        FlushPolicy::Never => true,
+        FlushPolicy::Always => false,
+        FlushPolicy::Auto => persistence_domain == Some("cpu_cache"),
+    };
+    if eadr {
+        PersistenceMode::Eadr
+    } else {
+        PersistenceMode::CacheFlush(FlushInstruction::detect())
+    }
+}
+
+/// Walks up from a sysfs device directory to the first `persistence_domain` attribute (on
+/// the NVDIMM region) and returns its value.
+pub(crate) fn persistence_domain(sysfs_device: &Path) -> Option<String> {
+    let device = std::fs::canonicalize(sysfs_device).ok()?;
+    device
+        .ancestors()
+        .take(12)
+        .find_map(|dir| std::fs::read_to_string(dir.join("persistence_domain")).ok())
+        .map(|text| text.trim().to_owned())
+}

@@ -1,0 +1,163 @@
+//! A shared mapping of a device file, unmapped on drop.
+
+#![allow(unsafe_code, reason = "mmap, munmap and msync of device files")]
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::ptr::NonNull;
+
+use crate::error::{PmemError, Result};
+
+/// `MAP_SYNC` from `<linux/mman.h>`: the kernel guarantees that a DAX mapping's metadata is
+/// durable when a page fault returns, so user-space flushes alone persist data. Part of the
+/// stable ABI; not exported by the libc crate for every target.
+const MAP_SYNC: libc::c_int = 0x80000;
+
+/// `MADV_POPULATE_WRITE` from `<linux/mman.h>` (Linux 5.14), not in every libc crate target.
+const MADV_POPULATE_WRITE: libc::c_int = 23;
+
+/// How the pages are mapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MapFlags {
+    /// `MAP_SHARED`.
+    Shared,
+    /// `MAP_SHARED_VALIDATE | MAP_SYNC`: fails unless the file is on a DAX file system.
+    SharedSync,
+}
+
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    base: NonNull<u8>,
+    len: usize,
+    /// Kept open for `msync` and so the mapping's file stays the one we checked.
+    _file: File,
+}
+
+// SAFETY: the mapping is plain shared memory; `Region` mediates every access through raw
+// pointer copies and atomics and never hands out references, so sharing it between threads
+// cannot create aliasing `&mut`.
+unsafe impl Send for Mapping {}
+// SAFETY: see `Send`.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    pub(crate) fn new(file: File, len: usize, flags: MapFlags, path: &Path) -> Result<Self> {
+        let flags = match flags {
+            MapFlags::Shared => libc::MAP_SHARED,
+            MapFlags::SharedSync => libc::MAP_SHARED_VALIDATE | MAP_SYNC,
+        };
+        // SAFETY: a fresh mapping at an address of the kernel's choosing aliases no Rust
+        // object; `file` is open for reading and writing.
+        let address = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if address == libc::MAP_FAILED {
+            return Err(PmemError::Io {
+                path: path.to_owned(),
+                action: if flags & MAP_SYNC != 0 {
+                    "mmap with MAP_SYNC"
+                } else {
+                    "mmap"
+                },
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        let base = NonNull::new(address.cast::<u8>()).expect("mmap never returns null on success");
+        Ok(Self {
+            base,
+            len,
+            _file: file,
+        })
+    }
+
+    pub(crate) fn base(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Faults every page in for writing (`MADV_POPULATE_WRITE`, Linux 5.14+), so the page
+    /// tables are filled now rather than on the data path, and `move_pages` can see where
+    /// each page is. Contents are unchanged.
+    pub(crate) fn populate(&self) -> std::io::Result<()> {
+        // SAFETY: the range is exactly this mapping; populating faults pages in without
+        // changing what they hold.
+        let rc = unsafe { libc::madvise(self.base.as_ptr().cast(), self.len, MADV_POPULATE_WRITE) };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Writes dirty pages of `[offset, offset + len)` back to the file and waits.
+    pub(crate) fn msync(&self, offset: usize, len: usize) -> std::io::Result<()> {
+        let page = topology::page_size();
+        let start = offset - offset % page;
+        let end = (offset + len).min(self.len);
+        // SAFETY: the page-aligned range lies inside this mapping.
+        let rc = unsafe {
+            libc::msync(
+                self.base.as_ptr().add(start).cast(),
+                end - start,
+                libc::MS_SYNC,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping created in `new`; `Region` holds an `Arc` to the
+        // mapping, so no access can outlive it.
+        let rc = unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+        debug_assert_eq!(rc, 0, "munmap of our own mapping failed");
+    }
+}
+
+/// Reserves the blocks of `[0, len)` (so a full file system cannot fault later with SIGBUS)
+/// and, on tmpfs, allocates the pages under the mapping's memory policy.
+pub(crate) fn allocate(file: &File, len: u64, path: &Path) -> Result<()> {
+    let len = libc::off_t::try_from(len).map_err(|_| PmemError::WrongKind {
+        path: path.to_owned(),
+        problem: format!("size {len} does not fit in off_t"),
+    })?;
+    // SAFETY: fallocate only reads its integer arguments.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
+    if rc != 0 {
+        return Err(PmemError::Io {
+            path: path.to_owned(),
+            action: "fallocate",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+/// The file system type of the file system holding `path` (`f_type` of statfs).
+pub(crate) fn filesystem_magic(path: &Path) -> std::io::Result<i64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "path contains NUL"))?;
+    // SAFETY: statfs is plain old data; zeroed is a valid value.
+    let mut stats: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c_path` is NUL-terminated and `stats` is a valid out-pointer.
+    let rc = unsafe { libc::statfs(c_path.as_ptr(), &mut stats) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(stats.f_type)
+}

@@ -1,0 +1,365 @@
+//! `Region`: a bounds-checked window onto persistent memory, and the only way to store to it.
+//!
+//! Stores are not durable until flushed and fenced: `write` and `store_u64` put data in the
+//! CPU cache, `flush` writes lines back, `fence` orders everything before it, and `persist`
+//! is flush then fence. `write_nt` bypasses the cache and needs only the fence. Data may
+//! become durable at any moment before `persist`, so correctness must come from ordering and
+//! checksums, never from "not flushed yet".
+//!
+//! No references into the memory are handed out: data is copied in and out, and 8-byte
+//! commit words are accessed atomically. Overlapping concurrent writes to the same bytes are
+//! a caller bug (the result is some interleaving), never undefined behaviour in safe code.
+
+#![allow(
+    unsafe_code,
+    reason = "copies into and out of mapped persistent memory"
+)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::cpu::{self, CACHE_LINE, FlushInstruction};
+use crate::error::{PmemError, Result};
+use crate::mapping::Mapping;
+use crate::trace::TraceState;
+
+/// How stores to a region become durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PersistenceMode {
+    /// DAX (device-DAX, or a DAX file mapped with `MAP_SYNC`): flushing cache lines and
+    /// fencing makes data durable across power loss.
+    CacheFlush(FlushInstruction),
+    /// The platform flushes CPU caches on power loss (eADR): fences only, no flushes.
+    Eadr,
+    /// Emulated persistent memory on tmpfs: survives process crashes, not power loss or
+    /// reboots. Flushes are still executed so costs match real persistent memory.
+    Emulated(FlushInstruction),
+    /// An ordinary file: `msync` writes pages back (slow, but durable on any disk).
+    Msync,
+    /// A recording region for crash tests: every store, flush and fence is traced.
+    Traced,
+}
+
+impl std::fmt::Display for PersistenceMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::CacheFlush(i) => write!(f, "dax ({}+sfence)", i.name()),
+            Self::Eadr => f.write_str("dax, eADR (sfence only)"),
+            Self::Emulated(i) => write!(
+                f,
+                "emulated ({}+sfence; survives process crashes, not reboots)",
+                i.name()
+            ),
+            Self::Msync => f.write_str("msync"),
+            Self::Traced => f.write_str("traced"),
+        }
+    }
+}
+
+pub(crate) enum Backing {
+    Mapped(Mapping),
+    Traced {
+        state: Arc<std::sync::Mutex<TraceState>>,
+        region: usize,
+    },
+}
+
+pub(crate) struct Inner {
+    pub(crate) backing: Backing,
+    pub(crate) mode: PersistenceMode,
+}
+
+/// A window `[start, start + len)` onto one device's memory. Cheap to clone and to slice.
+#[derive(Clone)]
+pub struct Region {
+    inner: Arc<Inner>,
+    start: u64,
+    len: u64,
+}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region")
+            .field("start", &self.start)
+            .field("len", &self.len)
+            .field("mode", &self.inner.mode)
+            .finish()
+    }
+}
+
+impl Region {
+    pub(crate) fn new(inner: Inner, len: u64) -> Self {
+        Self {
+            inner: Arc::new(inner),
+            start: 0,
+            len,
+        }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True for a zero-length region.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// How stores to this region become durable.
+    pub fn mode(&self) -> PersistenceMode {
+        self.inner.mode
+    }
+
+    /// The sub-region `[offset, offset + len)` of this one.
+    pub fn slice(&self, offset: u64, len: u64) -> Result<Region> {
+        self.check(offset, len)?;
+        Ok(Region {
+            inner: Arc::clone(&self.inner),
+            start: self.start + offset,
+            len,
+        })
+    }
+
+    /// Copies `buf.len()` bytes at `offset` into `buf`.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let at = self.absolute(offset, buf.len() as u64)?;
+        match &self.inner.backing {
+            Backing::Mapped(mapping) => {
+                // SAFETY: `absolute` checked the range lies inside the mapping; `buf` is a
+                // distinct Rust buffer, so the ranges cannot overlap.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        mapping.base().add(at),
+                        buf.as_mut_ptr(),
+                        buf.len(),
+                    );
+                }
+            }
+            Backing::Traced { state, region } => {
+                state.lock().expect("trace lock").read(*region, at, buf);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores `data` at `offset` through the cache. Not durable until flushed and fenced.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let at = self.absolute(offset, data.len() as u64)?;
+        match &self.inner.backing {
+            Backing::Mapped(mapping) => {
+                // SAFETY: range checked; `data` is a Rust slice, so it cannot overlap the
+                // mapping, which no Rust reference points into.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        data.as_ptr(),
+                        mapping.base().add(at),
+                        data.len(),
+                    );
+                }
+            }
+            Backing::Traced { state, region } => {
+                state
+                    .lock()
+                    .expect("trace lock")
+                    .store(*region, at, data, false);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores `data` at `offset` with non-temporal stores (bulk data); durable after the next
+    /// `fence`. Unaligned edges go through the cache and are flushed here.
+    pub fn write_nt(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let at = self.absolute(offset, data.len() as u64)?;
+        match (&self.inner.backing, self.inner.mode) {
+            (Backing::Mapped(mapping), PersistenceMode::Msync) => {
+                // SAFETY: as in `write`.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        data.as_ptr(),
+                        mapping.base().add(at),
+                        data.len(),
+                    );
+                }
+            }
+            (Backing::Mapped(mapping), mode) => {
+                // SAFETY: range checked and disjoint from `data`, as in `write`.
+                let edges = unsafe {
+                    cpu::copy_nontemporal(mapping.base().add(at), data.as_ptr(), data.len())
+                };
+                if let Some(instruction) = flush_instruction(mode) {
+                    for (start, len) in edges {
+                        // SAFETY: each edge lies within the range just written.
+                        unsafe {
+                            cpu::flush_range(
+                                instruction,
+                                mapping.base() as usize + at + start,
+                                len,
+                            );
+                        }
+                    }
+                }
+            }
+            (Backing::Traced { state, region }, _) => {
+                state
+                    .lock()
+                    .expect("trace lock")
+                    .store(*region, at, data, true);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets `len` bytes at `offset` to `byte` (through the cache).
+    pub fn fill(&self, offset: u64, len: u64, byte: u8) -> Result<()> {
+        const CHUNK: usize = 64 * 1024;
+        let chunk = vec![byte; CHUNK.min(len as usize)];
+        let mut done = 0u64;
+        while done < len {
+            let n = chunk.len().min((len - done) as usize);
+            self.write(offset + done, &chunk[..n])?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Stores one aligned 8-byte word atomically (the commit primitive).
+    pub fn store_u64(&self, offset: u64, value: u64) -> Result<()> {
+        let at = self.absolute_aligned(offset)?;
+        match &self.inner.backing {
+            Backing::Mapped(mapping) => {
+                // SAFETY: in bounds and 8-byte aligned (mappings are page aligned); accessed
+                // only atomically or by raw copies, never through a Rust reference to u64.
+                let word = unsafe { &*mapping.base().add(at).cast::<AtomicU64>() };
+                word.store(value.to_le(), Ordering::Release);
+            }
+            Backing::Traced { state, region } => {
+                state
+                    .lock()
+                    .expect("trace lock")
+                    .store(*region, at, &value.to_le_bytes(), false);
+            }
+        }
+        Ok(())
+    }
+
+    /// Loads one aligned 8-byte word atomically.
+    pub fn load_u64(&self, offset: u64) -> Result<u64> {
+        let at = self.absolute_aligned(offset)?;
+        match &self.inner.backing {
+            Backing::Mapped(mapping) => {
+                // SAFETY: as in `store_u64`.
+                let word = unsafe { &*mapping.base().add(at).cast::<AtomicU64>() };
+                Ok(u64::from_le(word.load(Ordering::Acquire)))
+            }
+            Backing::Traced { state, region } => {
+                let mut bytes = [0u8; 8];
+                state
+                    .lock()
+                    .expect("trace lock")
+                    .read(*region, at, &mut bytes);
+                Ok(u64::from_le_bytes(bytes))
+            }
+        }
+    }
+
+    /// Writes back the cache lines of `[offset, offset + len)`. Not ordered until `fence`.
+    pub fn flush(&self, offset: u64, len: u64) -> Result<()> {
+        let at = self.absolute(offset, len)?;
+        match (&self.inner.backing, self.inner.mode) {
+            (Backing::Mapped(mapping), PersistenceMode::Msync) => {
+                mapping
+                    .msync(at, len as usize)
+                    .map_err(|source| PmemError::Io {
+                        path: "mapped file".into(),
+                        action: "msync",
+                        source,
+                    })?;
+            }
+            (Backing::Mapped(mapping), mode) => {
+                if let Some(instruction) = flush_instruction(mode) {
+                    // SAFETY: range checked to lie within the mapping.
+                    unsafe {
+                        cpu::flush_range(instruction, mapping.base() as usize + at, len as usize);
+                    };
+                }
+            }
+            (Backing::Traced { state, region }, _) => {
+                state
+                    .lock()
+                    .expect("trace lock")
+                    .flush(*region, at, len as usize);
+            }
+        }
+        Ok(())
+    }
+
+    /// Orders every earlier store and flush before any later store (`sfence`).
+    pub fn fence(&self) {
+        match &self.inner.backing {
+            Backing::Mapped(_) => cpu::store_fence(),
+            Backing::Traced { state, .. } => state.lock().expect("trace lock").fence(),
+        }
+    }
+
+    /// `flush` then `fence`: `[offset, offset + len)` is durable on return.
+    pub fn persist(&self, offset: u64, len: u64) -> Result<()> {
+        self.flush(offset, len)?;
+        self.fence();
+        Ok(())
+    }
+
+    /// Absolute address of `offset` in the mapping, for NUMA page queries. `None` for traced
+    /// regions.
+    pub fn address_of(&self, offset: u64) -> Option<usize> {
+        let at = self.absolute(offset, 0).ok()?;
+        match &self.inner.backing {
+            Backing::Mapped(mapping) => Some(mapping.base() as usize + at),
+            Backing::Traced { .. } => None,
+        }
+    }
+
+    fn check(&self, offset: u64, len: u64) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(PmemError::OutOfBounds {
+                offset,
+                len,
+                region_len: self.len,
+            }),
+        }
+    }
+
+    /// Checks the access and returns its offset from the start of the mapping.
+    fn absolute(&self, offset: u64, len: u64) -> Result<usize> {
+        self.check(offset, len)?;
+        let at = self.start + offset;
+        if let Backing::Mapped(mapping) = &self.inner.backing {
+            debug_assert!(at + len <= mapping.len() as u64);
+        }
+        Ok(at as usize)
+    }
+
+    fn absolute_aligned(&self, offset: u64) -> Result<usize> {
+        let at = self.absolute(offset, 8)?;
+        if at % 8 != 0 {
+            return Err(PmemError::Misaligned { offset: at as u64 });
+        }
+        Ok(at)
+    }
+}
+
+fn flush_instruction(mode: PersistenceMode) -> Option<FlushInstruction> {
+    match mode {
+        PersistenceMode::CacheFlush(i) | PersistenceMode::Emulated(i) => Some(i),
+        PersistenceMode::Eadr | PersistenceMode::Msync | PersistenceMode::Traced => None,
+    }
+}
+
+/// Cache lines touched by `[offset, offset + len)`, as line-aligned offsets.
+pub(crate) fn lines(offset: usize, len: usize) -> impl Iterator<Item = usize> {
+    let first = offset - offset % CACHE_LINE;
+    let end = offset + len;
+    (first..end).step_by(CACHE_LINE)
+}

@@ -1,0 +1,119 @@
+//! Real devices on this machine: an emulated device on tmpfs bound to a node (placement
+//! checked with the kernel's `move_pages`), an ordinary file with `msync`, a DAX attempt on a
+//! non-DAX file system, and the region API's bounds and persistence behaviour.
+
+use pmem::{Device, DeviceKind, DeviceSpec, FlushPolicy, PersistenceMode, PmemError};
+
+fn spec(path: std::path::PathBuf, kind: DeviceKind, node: Option<u32>) -> DeviceSpec {
+    DeviceSpec {
+        path,
+        kind,
+        node,
+        flush: FlushPolicy::Auto,
+    }
+}
+
+fn shm_dir() -> tempfile::TempDir {
+    tempfile::tempdir_in("/dev/shm").expect("/dev/shm is a tmpfs")
+}
+
+#[test]
+fn emulated_device_pages_land_on_its_node_and_data_survives_reopening() {
+    let dir = shm_dir();
+    let path = dir.path().join("node0.pmem");
+    let spec = spec(path.clone(), DeviceKind::Emulated, Some(0));
+    let device = Device::create(&spec, 8 << 20).unwrap();
+    assert!(
+        matches!(device.mode(), PersistenceMode::Emulated(_)),
+        "{}",
+        device.mode()
+    );
+    assert_eq!(device.size_bytes(), 8 << 20);
+    let nodes = device.sample_page_nodes(64).unwrap();
+    assert_eq!(
+        nodes,
+        vec![0; 64],
+        "pages must be allocated on node 0 at creation"
+    );
+
+    let region = device.region();
+    region.write(4096, b"locality").unwrap();
+    region.store_u64(8192, 0xfeed_f00d).unwrap();
+    region.write_nt(1 << 20, &[7u8; 3 << 16]).unwrap();
+    region.persist(0, 8 << 20).unwrap();
+    drop(device);
+
+    let device = Device::open(&spec).unwrap();
+    let mut buf = [0u8; 8];
+    device.region().read(4096, &mut buf).unwrap();
+    assert_eq!(&buf, b"locality");
+    assert_eq!(device.region().load_u64(8192).unwrap(), 0xfeed_f00d);
+    let mut bulk = vec![0u8; 3 << 16];
+    device.region().read(1 << 20, &mut bulk).unwrap();
+    assert!(bulk.iter().all(|&b| b == 7));
+}
+
+#[test]
+fn emulated_device_must_be_on_tmpfs() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let error = Device::create(
+        &spec(dir.path().join("x"), DeviceKind::Emulated, Some(0)),
+        1 << 20,
+    )
+    .unwrap_err();
+    assert!(error.to_string().contains("must be on tmpfs"), "{error}");
+}
+
+#[test]
+fn ordinary_file_uses_msync_and_dax_is_refused_off_a_dax_mount() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = dir.path().join("disk.pmem");
+    let device = Device::create(&spec(path.clone(), DeviceKind::File, None), 1 << 20).unwrap();
+    assert_eq!(device.mode(), PersistenceMode::Msync);
+    device.region().write(100, b"durable").unwrap();
+    device.region().persist(100, 7).unwrap();
+    drop(device);
+    assert_eq!(&std::fs::read(&path).unwrap()[100..107], b"durable");
+
+    assert_eq!(DeviceKind::detect(&path).unwrap(), DeviceKind::File);
+    let error = Device::open(&spec(path, DeviceKind::DaxFile, None)).unwrap_err();
+    assert!(matches!(error, PmemError::WrongKind { .. }), "{error:?}");
+    assert!(error.to_string().contains("-o dax"), "{error}");
+}
+
+#[test]
+fn kinds_are_detected_from_the_path() {
+    let dir = shm_dir();
+    assert_eq!(
+        DeviceKind::detect(&dir.path().join("new")).unwrap(),
+        DeviceKind::Emulated
+    );
+}
+
+#[test]
+fn accesses_outside_a_region_are_errors() {
+    let dir = shm_dir();
+    let device = Device::create(
+        &spec(dir.path().join("d"), DeviceKind::Emulated, None),
+        1 << 20,
+    )
+    .unwrap();
+    let region = device.region().slice(4096, 8192).unwrap();
+    assert!(matches!(
+        region.write(8190, &[0; 4]),
+        Err(PmemError::OutOfBounds { .. })
+    ));
+    assert!(matches!(
+        region.read(u64::MAX, &mut [0; 1]),
+        Err(PmemError::OutOfBounds { .. })
+    ));
+    assert!(matches!(
+        region.store_u64(4, 1),
+        Err(PmemError::Misaligned { .. })
+    ));
+    assert!(region.slice(8000, 500).is_err());
+    region.write(0, b"x").unwrap();
+    let mut byte = [0u8; 1];
+    device.region().read(4096, &mut byte).unwrap();
+    assert_eq!(&byte, b"x", "a slice writes through to the device");
+}
