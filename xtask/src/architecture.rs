@@ -17,7 +17,8 @@ use anyhow::{Context, Result};
 const LAYERS: &[(&str, &[&str])] = &[
     ("topology", &[]),
     ("pmem", &["topology"]),
-    ("locus", &["topology", "pmem"]),
+    ("volume", &["topology", "pmem"]),
+    ("locus", &["topology", "pmem", "volume"]),
 ];
 
 /// Files that may re-allow `unsafe_code`, with the reason. Prefixes match whole crates.

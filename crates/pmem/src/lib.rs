@@ -27,5 +27,6 @@ mod trace;
 pub use cpu::{CACHE_LINE, FlushInstruction};
 pub use device::{Device, DeviceKind, DeviceSpec, FlushPolicy};
 pub use error::{PmemError, Result};
+pub use mapping::available_bytes;
 pub use region::{PersistenceMode, Region};
 pub use trace::{CrashImage, CrashImages, Tracer};

@@ -149,6 +149,16 @@ pub(crate) fn allocate(file: &File, len: u64, path: &Path) -> Result<()> {
 
 /// The file system type of the file system holding `path` (`f_type` of statfs).
 pub(crate) fn filesystem_magic(path: &Path) -> std::io::Result<i64> {
+    statfs(path).map(|stats| stats.f_type)
+}
+
+/// Bytes an unprivileged user may still allocate on the file system holding `path`.
+pub fn available_bytes(path: &Path) -> std::io::Result<u64> {
+    let stats = statfs(path)?;
+    Ok(stats.f_bavail.saturating_mul(stats.f_bsize as u64))
+}
+
+fn statfs(path: &Path) -> std::io::Result<libc::statfs> {
     use std::os::unix::ffi::OsStrExt;
     let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "path contains NUL"))?;
@@ -159,5 +169,5 @@ pub(crate) fn filesystem_magic(path: &Path) -> std::io::Result<i64> {
     if rc != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(stats.f_type)
+    Ok(stats)
 }

@@ -175,6 +175,33 @@ impl Device {
         self.region.len()
     }
 
+    /// The NUMA node the device is on: the node an emulated device is bound to, the
+    /// `numa_node` sysfs reports for a device-DAX device or the block device under a DAX
+    /// file, `None` for ordinary files or when unknown.
+    pub fn numa_node(&self) -> Option<u32> {
+        use std::os::unix::fs::MetadataExt;
+        match self.spec.kind {
+            DeviceKind::Emulated => self.spec.node,
+            DeviceKind::File => None,
+            DeviceKind::DevDax => {
+                let rdev = std::fs::metadata(&self.spec.path).ok()?.rdev();
+                sysfs_numa_node(&format!(
+                    "/sys/dev/char/{}:{}",
+                    libc::major(rdev),
+                    libc::minor(rdev)
+                ))
+            }
+            DeviceKind::DaxFile => {
+                let dev = std::fs::metadata(&self.spec.path).ok()?.dev();
+                sysfs_numa_node(&format!(
+                    "/sys/dev/block/{}:{}",
+                    libc::major(dev),
+                    libc::minor(dev)
+                ))
+            }
+        }
+    }
+
     /// The NUMA node of the pages at `samples` evenly spaced offsets, as the kernel reports
     /// them (`move_pages` query; negative for a page not yet faulted in).
     pub fn sample_page_nodes(&self, samples: usize) -> Result<Vec<i32>> {
@@ -252,6 +279,19 @@ pub(crate) fn dax_mode(policy: FlushPolicy, persistence_domain: Option<&str>) ->
     } else {
         PersistenceMode::CacheFlush(FlushInstruction::detect())
     }
+}
+
+/// The first `numa_node` attribute from a sysfs device directory upwards (-1 means none).
+fn sysfs_numa_node(sysfs_device: &str) -> Option<u32> {
+    let device = std::fs::canonicalize(sysfs_device).ok()?;
+    let text = device
+        .ancestors()
+        .take(12)
+        .find_map(|dir| std::fs::read_to_string(dir.join("numa_node")).ok())?;
+    text.trim()
+        .parse::<i64>()
+        .ok()
+        .and_then(|n| u32::try_from(n).ok())
 }
 
 /// Walks up from a sysfs device directory to the first `persistence_domain` attribute (on

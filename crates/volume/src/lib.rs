@@ -1,0 +1,33 @@
+//! The volume manager (MBS-LVM): every node's persistent memory pooled into one global
+//! address space, with each allocation served from the device nearest the requesting node.
+//!
+//! - Cluster manager: [`Volume::format`] / [`Volume::open`] join devices (each with a
+//!   superblock naming its volume and index) into one space of [`GlobalAddress`]es.
+//! - Space manager: a [`BuddyAllocator`] per device, in DRAM, rebuilt at open from the
+//!   owner's extents ([`Volume::mark_owned`]), so a crash can leak nothing.
+//! - Monitor: per requesting node a candidate list of devices in latency order and a fat
+//!   list of nearly full ones, with hysteresis; [`Volume::decide_target`] is O(1).
+//!
+//! Invariants: an extent handed out lies in one device's data space and overlaps no other
+//! live extent; a device opens only if its superblock is intact and every device of its
+//! volume is present; allocation never touches persistent memory (only the owner's records
+//! are durable).
+
+mod address;
+pub mod buddy;
+mod config;
+mod error;
+mod lock;
+pub mod monitor;
+pub mod superblock;
+mod volume;
+
+pub use address::{Extent, GlobalAddress, MAX_DEVICES};
+pub use buddy::BuddyAllocator;
+pub use config::{CONFIG_FILE, DeviceConfig, VolumeConfig};
+pub use error::{Result, VolumeError};
+pub use lock::VolumeLock;
+pub use monitor::Thresholds;
+pub use volume::{
+    DeviceSource, DeviceStats, MAX_ALLOC_BYTES, OpenOptions, Volume, default_config, hex,
+};

@@ -1,0 +1,701 @@
+//! The volume: devices joined into one global address space (the cluster manager), a buddy
+//! allocator per device (the space manager), and the monitor that picks the device for
+//! each allocation from the requesting node's latency order.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pmem::{DeviceKind, PersistenceMode, Region};
+use topology::Topology;
+
+use crate::address::{Extent, GlobalAddress};
+use crate::buddy::{BuddyAllocator, PAGE_BYTES};
+use crate::config::{DeviceConfig, VolumeConfig};
+use crate::error::{Result, VolumeError};
+use crate::lock::VolumeLock;
+use crate::monitor::{Monitor, PeriodicCheck, Thresholds};
+use crate::superblock::{DATA_OFFSET_BYTES, MIN_DEVICE_BYTES, Superblock};
+
+/// Largest single allocation (one extent): 64 GiB.
+pub const MAX_ALLOC_BYTES: u64 = 64 << 30;
+
+/// A device handed to format or open: where its memory is, and what is known about it.
+#[derive(Debug, Clone)]
+pub struct DeviceSource {
+    /// How the device is named in messages (its path).
+    pub label: String,
+    /// The kind, when it came from a file (`None` for test regions).
+    pub kind: Option<DeviceKind>,
+    /// The whole device.
+    pub region: Region,
+    /// The node the device is on now, if known.
+    pub node: Option<u32>,
+}
+
+/// How to open a volume.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// Monitor thresholds.
+    pub thresholds: Thresholds,
+    /// How often the monitor's periodic check runs; `None` disables it.
+    pub check_interval: Option<Duration>,
+    /// Measured latencies to order devices by (else HMAT, else SLIT).
+    pub probe: Option<topology::ProbeReport>,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        Self {
+            thresholds: Thresholds::default(),
+            check_interval: Some(Duration::from_secs(1)),
+            probe: None,
+        }
+    }
+}
+
+/// Per-device counters, for `status` and tests.
+#[derive(Debug, Default)]
+struct Counters {
+    local: AtomicU64,
+    remote: AtomicU64,
+    frees: AtomicU64,
+}
+
+#[derive(Debug)]
+struct VolumeDevice {
+    label: String,
+    kind: Option<DeviceKind>,
+    mode: PersistenceMode,
+    node: Option<u32>,
+    superblock: Superblock,
+    region: Region,
+    allocator: Mutex<BuddyAllocator>,
+    counters: Counters,
+}
+
+/// One device's state, as `locus status` shows it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DeviceStats {
+    /// Index in the volume.
+    pub index: u32,
+    /// Path.
+    pub path: String,
+    /// Kind name ("emulated", "devdax", ...), if from a file.
+    pub kind: Option<String>,
+    /// Persistence mode, in words.
+    pub persistence: String,
+    /// Node now.
+    pub node: Option<u32>,
+    /// Node recorded at format.
+    pub node_at_format: Option<u32>,
+    /// Device size.
+    pub capacity_bytes: u64,
+    /// Allocatable bytes.
+    pub data_bytes: u64,
+    /// Free allocatable bytes.
+    pub free_bytes: u64,
+    /// "candidate" or "fat".
+    pub state: &'static str,
+    /// Allocations served to a thread on the device's own node.
+    pub allocations_local: u64,
+    /// Allocations served to a thread on another node.
+    pub allocations_remote: u64,
+    /// Frees.
+    pub frees: u64,
+}
+
+/// A formatted, open volume.
+#[derive(Debug)]
+pub struct Volume {
+    dir: Option<PathBuf>,
+    uuid: [u8; 16],
+    devices: Vec<VolumeDevice>,
+    monitor: Arc<Monitor>,
+    topology: Topology,
+    // Dropped first: stop the checker before the monitor goes.
+    _check: Option<PeriodicCheck>,
+    _lock: Option<VolumeLock>,
+}
+
+impl Volume {
+    /// Writes a superblock to every device, making them one new volume. Devices are
+    /// numbered in the order given.
+    pub fn format_devices(devices: &[DeviceSource], uuid: [u8; 16]) -> Result<()> {
+        if devices.is_empty() {
+            return Err(VolumeError::Mismatch {
+                problem: "a volume needs at least one device".into(),
+            });
+        }
+        if devices.len() > crate::address::MAX_DEVICES as usize {
+            return Err(VolumeError::Mismatch {
+                problem: format!("{} devices; at most 256", devices.len()),
+            });
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        for device in devices {
+            if device.region.len() < MIN_DEVICE_BYTES {
+                return Err(VolumeError::BadRequest {
+                    len_bytes: device.region.len(),
+                    problem: format!(
+                        "device {} is smaller than {MIN_DEVICE_BYTES} bytes",
+                        device.label
+                    ),
+                });
+            }
+        }
+        for (index, device) in devices.iter().enumerate() {
+            let superblock = Superblock::new(
+                uuid,
+                index as u32,
+                devices.len() as u32,
+                device.node,
+                device.region.len(),
+                now,
+            );
+            superblock.write(&device.region)?;
+        }
+        Ok(())
+    }
+
+    /// Opens the volume made of `devices` (in any order): checks every superblock, that they
+    /// are one volume and all present, and builds allocators with every page free. Call
+    /// [`Volume::mark_owned`] with the owner's extents before allocating.
+    pub fn open_devices(
+        devices: Vec<DeviceSource>,
+        topology: Topology,
+        options: &OpenOptions,
+    ) -> Result<Self> {
+        if devices.is_empty() {
+            return Err(VolumeError::Mismatch {
+                problem: "no devices".into(),
+            });
+        }
+        let mut opened: Vec<VolumeDevice> = Vec::with_capacity(devices.len());
+        for source in devices {
+            let superblock = Superblock::read(&source.region, &source.label)?;
+            if let (Some(now), Some(then)) = (source.node, superblock.node())
+                && now != then
+            {
+                tracing::warn!(
+                    device = %source.label,
+                    node_at_format = then,
+                    node_now = now,
+                    "device moved to another NUMA node since format; allocation follows where it is now"
+                );
+            }
+            let pages = superblock.data_bytes / PAGE_BYTES;
+            opened.push(VolumeDevice {
+                mode: source.region.mode(),
+                node: source.node.or(superblock.node()),
+                allocator: Mutex::new(BuddyAllocator::new(pages)),
+                counters: Counters::default(),
+                label: source.label,
+                kind: source.kind,
+                region: source.region,
+                superblock,
+            });
+        }
+        let first = &opened[0].superblock;
+        let (uuid, count) = (first.volume_uuid, first.device_count);
+        for device in &opened {
+            if device.superblock.volume_uuid != uuid {
+                return Err(VolumeError::Mismatch {
+                    problem: format!(
+                        "{} belongs to volume {}, but {} belongs to volume {}",
+                        device.label,
+                        hex(&device.superblock.volume_uuid),
+                        opened[0].label,
+                        hex(&uuid)
+                    ),
+                });
+            }
+            if device.superblock.device_count != count {
+                return Err(VolumeError::Mismatch {
+                    problem: format!(
+                        "{} says the volume has {} devices, {} says {count}",
+                        device.label, device.superblock.device_count, opened[0].label
+                    ),
+                });
+            }
+        }
+        opened.sort_by_key(|d| d.superblock.device_index);
+        for (expected, device) in opened.iter().enumerate() {
+            let index = device.superblock.device_index as usize;
+            if index != expected {
+                let problem = if index < expected {
+                    format!(
+                        "{} and {} are both device {index}",
+                        opened[expected - 1].label,
+                        device.label
+                    )
+                } else {
+                    format!("device {expected} of volume {} is missing", hex(&uuid))
+                };
+                return Err(VolumeError::Mismatch { problem });
+            }
+        }
+        if opened.len() != count as usize {
+            return Err(VolumeError::Mismatch {
+                problem: format!(
+                    "volume {} has {count} devices but {} were given; device {} is missing",
+                    hex(&uuid),
+                    opened.len(),
+                    opened.len()
+                ),
+            });
+        }
+
+        let orders = device_orders(&topology, &opened, options.probe.as_ref())?;
+        let capacities: Vec<u64> = opened.iter().map(|d| d.superblock.data_bytes).collect();
+        let monitor = Arc::new(Monitor::new(
+            options.thresholds,
+            capacities.clone(),
+            &capacities,
+            orders,
+        ));
+        let check = options
+            .check_interval
+            .map(|interval| PeriodicCheck::start(Arc::clone(&monitor), interval));
+        Ok(Self {
+            dir: None,
+            uuid,
+            devices: opened,
+            monitor,
+            topology,
+            _check: check,
+            _lock: None,
+        })
+    }
+
+    /// Formats the devices described by `config` into a new volume in `dir` and writes
+    /// `dir/locus.toml`. Refuses to replace an existing volume unless `force`.
+    pub fn format(dir: &Path, config: &VolumeConfig, force: bool) -> Result<[u8; 16]> {
+        let _lock = VolumeLock::acquire(dir)?;
+        if !force && VolumeConfig::read(dir)?.is_some() {
+            return Err(VolumeError::AlreadyFormatted {
+                dir: dir.to_owned(),
+            });
+        }
+        config.validate(&dir.join(crate::config::CONFIG_FILE))?;
+        let flush = config.flush_policy().expect("validated");
+        let mut written = config.clone();
+        let mut sources = Vec::new();
+        for (device, entry) in config.devices.iter().zip(&mut written.devices) {
+            let kind = match &device.kind {
+                Some(name) => DeviceKind::from_name(name).expect("validated"),
+                None => DeviceKind::detect(&device.path)?,
+            };
+            entry.kind = Some(kind.name().to_owned());
+            let spec = pmem::DeviceSpec {
+                path: device.path.clone(),
+                kind,
+                node: device.node,
+                flush,
+            };
+            let opened = if kind == DeviceKind::DevDax {
+                pmem::Device::open(&spec)?
+            } else {
+                let size = device.size_bytes.ok_or_else(|| VolumeError::Config {
+                    path: dir.join(crate::config::CONFIG_FILE),
+                    problem: format!(
+                        "device {}: size_bytes is needed to create it",
+                        device.path.display()
+                    ),
+                })?;
+                pmem::Device::create(&spec, size)?
+            };
+            entry.size_bytes = Some(opened.size_bytes());
+            let node = device.node.or_else(|| opened.numa_node());
+            sources.push(DeviceSource {
+                label: device.path.display().to_string(),
+                kind: Some(kind),
+                region: opened.region().clone(),
+                node,
+            });
+        }
+        let uuid: [u8; 16] = rand::random();
+        Self::format_devices(&sources, uuid)?;
+        written.write(dir)?;
+        Ok(uuid)
+    }
+
+    /// Opens the volume in `dir`, locking it against other processes.
+    pub fn open(dir: &Path, topology: Topology, options: &OpenOptions) -> Result<Self> {
+        let lock = VolumeLock::acquire(dir)?;
+        let config = VolumeConfig::read(dir)?.ok_or_else(|| VolumeError::NoVolume {
+            dir: dir.to_owned(),
+        })?;
+        let flush = config.flush_policy().expect("validated");
+        let mut sources = Vec::new();
+        for device in &config.devices {
+            let kind = match &device.kind {
+                Some(name) => DeviceKind::from_name(name).expect("validated"),
+                None => DeviceKind::detect(&device.path)?,
+            };
+            let spec = pmem::DeviceSpec {
+                path: device.path.clone(),
+                kind,
+                node: device.node,
+                flush,
+            };
+            let opened = pmem::Device::open(&spec)?;
+            sources.push(DeviceSource {
+                label: device.path.display().to_string(),
+                kind: Some(kind),
+                region: opened.region().clone(),
+                node: device.node.or_else(|| opened.numa_node()),
+            });
+        }
+        let mut volume = Self::open_devices(sources, topology, options)?;
+        volume.dir = Some(dir.to_owned());
+        volume._lock = Some(lock);
+        Ok(volume)
+    }
+
+    /// The volume's identity.
+    pub fn uuid(&self) -> [u8; 16] {
+        self.uuid
+    }
+
+    /// The volume directory, when opened from one.
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+
+    /// Number of devices.
+    pub fn device_count(&self) -> u32 {
+        self.devices.len() as u32
+    }
+
+    /// The topology the volume orders devices by.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// The monitor (for status and tests).
+    pub fn monitor(&self) -> &Monitor {
+        &self.monitor
+    }
+
+    /// Marks extents the owner already holds as allocated (the owner reports them all at
+    /// open, before allocating). An extent outside the data space or owned twice is an error
+    /// and nothing of it is marked.
+    pub fn mark_owned(&self, extents: impl IntoIterator<Item = Extent>) -> Result<()> {
+        for extent in extents {
+            let (device, first_page, pages) = self.locate(&extent)?;
+            let mut allocator = device.allocator.lock().expect("allocator lock");
+            allocator
+                .reserve(first_page, pages)
+                .map_err(|problem| VolumeError::BadExtent {
+                    start: extent.start,
+                    len_bytes: extent.len_bytes,
+                    problem,
+                })?;
+            let free = allocator.free_pages() * PAGE_BYTES;
+            drop(allocator);
+            self.monitor.update(extent.device(), free);
+        }
+        Ok(())
+    }
+
+    /// The device an allocation for a thread on `node` should use now (Algorithm 1's
+    /// Decide_Target_MBS): O(1).
+    pub fn decide_target(&self, node: u32) -> Option<u32> {
+        self.monitor.decide_target(node)
+    }
+
+    /// Allocates `len_bytes` (rounded up to 4 KiB) for a thread on `node`: from the nearest
+    /// candidate device, falling through the candidates in latency order when one cannot
+    /// hold it, then the fat devices; `NoSpace` when none can.
+    pub fn alloc(&self, len_bytes: u64, node: u32) -> Result<Extent> {
+        let pages = check_len(len_bytes)?;
+        let order = self
+            .monitor
+            .order(node)
+            .ok_or(VolumeError::UnknownNode { node })?;
+        if let Some(target) = self.monitor.decide_target(node)
+            && let Some(extent) = self.try_alloc(target, pages, node)
+        {
+            return Ok(extent);
+        }
+        for fat_pass in [false, true] {
+            for &device in order {
+                if self.monitor.is_fat(device) == fat_pass
+                    && let Some(extent) = self.try_alloc(device, pages, node)
+                {
+                    return Ok(extent);
+                }
+            }
+        }
+        Err(VolumeError::NoSpace { len_bytes })
+    }
+
+    /// Allocates for the calling thread, on the node of the CPU it runs on.
+    pub fn alloc_local(&self, len_bytes: u64) -> Result<Extent> {
+        let cpu = topology::current_cpu().unwrap_or(0);
+        let node = self.topology.node_of_cpu(cpu).unwrap_or(0);
+        self.alloc(len_bytes, node)
+    }
+
+    /// Allocates `len_bytes` from device `device` only.
+    pub fn alloc_on(&self, device: u32, len_bytes: u64) -> Result<Extent> {
+        let pages = check_len(len_bytes)?;
+        if device >= self.device_count() {
+            return Err(VolumeError::BadRequest {
+                len_bytes,
+                problem: format!("no device {device}"),
+            });
+        }
+        let node = self.devices[device as usize].node.unwrap_or(u32::MAX);
+        self.try_alloc(device, pages, node)
+            .ok_or(VolumeError::NoSpace { len_bytes })
+    }
+
+    /// Returns an extent to its device.
+    pub fn free(&self, extent: Extent) -> Result<()> {
+        let (device, first_page, pages) = self.locate(&extent)?;
+        let mut allocator = device.allocator.lock().expect("allocator lock");
+        allocator
+            .free(first_page, pages)
+            .map_err(|problem| VolumeError::BadExtent {
+                start: extent.start,
+                len_bytes: extent.len_bytes,
+                problem,
+            })?;
+        let free = allocator.free_pages() * PAGE_BYTES;
+        drop(allocator);
+        device.counters.frees.fetch_add(1, Ordering::Relaxed);
+        self.monitor.update(extent.device(), free);
+        Ok(())
+    }
+
+    /// The persistent memory of an extent.
+    pub fn region(&self, extent: &Extent) -> Result<Region> {
+        let device = self.device(extent.device(), extent)?;
+        Ok(device
+            .region
+            .slice(extent.start.offset(), extent.len_bytes)?)
+    }
+
+    /// The owner area of a device: bytes 4 KiB..2 MiB, outside the allocator, where the
+    /// owner (the file system) keeps the anchors it must find without pointers.
+    pub fn owner_area(&self, device: u32) -> Result<Region> {
+        let device = self
+            .devices
+            .get(device as usize)
+            .ok_or_else(|| VolumeError::BadRequest {
+                len_bytes: 0,
+                problem: format!("no device {device}"),
+            })?;
+        Ok(device
+            .region
+            .slice(PAGE_BYTES, DATA_OFFSET_BYTES - PAGE_BYTES)?)
+    }
+
+    /// Every device's state.
+    pub fn stats(&self) -> Vec<DeviceStats> {
+        self.devices
+            .iter()
+            .enumerate()
+            .map(|(index, device)| DeviceStats {
+                index: index as u32,
+                path: device.label.clone(),
+                kind: device.kind.map(|k| k.name().to_owned()),
+                persistence: device.mode.to_string(),
+                node: device.node,
+                node_at_format: device.superblock.node(),
+                capacity_bytes: device.superblock.capacity_bytes,
+                data_bytes: device.superblock.data_bytes,
+                free_bytes: device
+                    .allocator
+                    .lock()
+                    .expect("allocator lock")
+                    .free_pages()
+                    * PAGE_BYTES,
+                state: if self.monitor.is_fat(index as u32) {
+                    "fat"
+                } else {
+                    "candidate"
+                },
+                allocations_local: device.counters.local.load(Ordering::Relaxed),
+                allocations_remote: device.counters.remote.load(Ordering::Relaxed),
+                frees: device.counters.frees.load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+
+    /// The devices in the order node `node` uses them.
+    pub fn device_order(&self, node: u32) -> Option<Vec<u32>> {
+        self.monitor.order(node).map(<[u32]>::to_vec)
+    }
+
+    fn try_alloc(&self, device_index: u32, pages: u64, node: u32) -> Option<Extent> {
+        let device = &self.devices[device_index as usize];
+        let mut allocator = device.allocator.lock().expect("allocator lock");
+        let first_page = allocator.alloc(pages)?;
+        let free = allocator.free_pages() * PAGE_BYTES;
+        drop(allocator);
+        let counter = if device.node == Some(node) {
+            &device.counters.local
+        } else {
+            &device.counters.remote
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        self.monitor.update(device_index, free);
+        Some(Extent {
+            start: GlobalAddress::new(device_index, DATA_OFFSET_BYTES + first_page * PAGE_BYTES),
+            len_bytes: pages * PAGE_BYTES,
+        })
+    }
+
+    fn device(&self, index: u32, extent: &Extent) -> Result<&VolumeDevice> {
+        self.devices
+            .get(index as usize)
+            .ok_or_else(|| VolumeError::BadExtent {
+                start: extent.start,
+                len_bytes: extent.len_bytes,
+                problem: format!("the volume has no device {index}"),
+            })
+    }
+
+    /// The device, first page and page count of an extent, checked against the data space.
+    fn locate(&self, extent: &Extent) -> Result<(&VolumeDevice, u64, u64)> {
+        let device = self.device(extent.device(), extent)?;
+        let bad = |problem: String| VolumeError::BadExtent {
+            start: extent.start,
+            len_bytes: extent.len_bytes,
+            problem,
+        };
+        let offset = extent.start.offset();
+        if offset < DATA_OFFSET_BYTES
+            || !offset.is_multiple_of(PAGE_BYTES)
+            || !extent.len_bytes.is_multiple_of(PAGE_BYTES)
+        {
+            return Err(bad("not page-aligned allocatable space".into()));
+        }
+        let first_page = (offset - DATA_OFFSET_BYTES) / PAGE_BYTES;
+        let pages = extent.len_bytes / PAGE_BYTES;
+        if pages == 0 || first_page + pages > device.superblock.data_bytes / PAGE_BYTES {
+            return Err(bad(format!(
+                "outside the device's {} data bytes",
+                device.superblock.data_bytes
+            )));
+        }
+        Ok((device, first_page, pages))
+    }
+}
+
+fn check_len(len_bytes: u64) -> Result<u64> {
+    if len_bytes == 0 || len_bytes > MAX_ALLOC_BYTES {
+        return Err(VolumeError::BadRequest {
+            len_bytes,
+            problem: format!("must be between 1 and {MAX_ALLOC_BYTES} bytes"),
+        });
+    }
+    Ok(len_bytes.div_ceil(PAGE_BYTES))
+}
+
+/// For every node id, the devices in the order that node should use them: the topology's
+/// candidate order of memory nodes, each node's devices by index, then devices whose node is
+/// unknown.
+fn device_orders(
+    topology: &Topology,
+    devices: &[VolumeDevice],
+    probe: Option<&topology::ProbeReport>,
+) -> Result<Vec<Vec<u32>>> {
+    let max_node = topology.nodes.iter().map(|n| n.id).max().unwrap_or(0) as usize;
+    let mut orders = vec![Vec::new(); max_node + 1];
+    for node in &topology.nodes {
+        let node_order = topology.candidate_order(node.id, probe)?.node_ids();
+        let mut order: Vec<u32> = Vec::with_capacity(devices.len());
+        for candidate in node_order {
+            order.extend(
+                devices
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, d)| d.node == Some(candidate))
+                    .map(|(i, _)| i as u32),
+            );
+        }
+        for (index, _) in devices.iter().enumerate() {
+            if !order.contains(&(index as u32)) {
+                order.push(index as u32);
+            }
+        }
+        orders[node.id as usize] = order;
+    }
+    Ok(orders)
+}
+
+/// Lower-case hex of a uuid.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The embedded default: one emulated device per node with memory, under `dir`, each bound
+/// to its node and sized `size_bytes` or min(a quarter of the node's free memory, 4 GiB),
+/// never more than the tmpfs under `dir` can hold.
+pub fn default_config(
+    dir: &Path,
+    topology: &Topology,
+    size_bytes: Option<u64>,
+) -> Result<VolumeConfig> {
+    const MAX_DEFAULT_BYTES: u64 = 4 << 30;
+    const ALIGN: u64 = 2 << 20;
+    std::fs::create_dir_all(dir).map_err(|source| VolumeError::Io {
+        path: dir.to_owned(),
+        action: "create the volume directory",
+        source,
+    })?;
+    let nodes: Vec<&topology::Node> = topology
+        .nodes
+        .iter()
+        .filter(|n| n.memory_bytes > 0)
+        .collect();
+    let available = filesystem_available(dir)?;
+    let share = available / (nodes.len() as u64 + 1);
+    let mut devices = Vec::new();
+    for node in nodes {
+        let size = match size_bytes {
+            Some(size) => size,
+            None => {
+                (node.memory_free_bytes / 4)
+                    .min(MAX_DEFAULT_BYTES)
+                    .min(share)
+                    / ALIGN
+                    * ALIGN
+            }
+        };
+        if size < MIN_DEVICE_BYTES {
+            return Err(VolumeError::BadRequest {
+                len_bytes: size,
+                problem: format!(
+                    "node {} leaves only {size} bytes for its emulated device; at least {MIN_DEVICE_BYTES} are needed",
+                    node.id
+                ),
+            });
+        }
+        devices.push(DeviceConfig {
+            path: dir.join(format!("node{}.pmem", node.id)),
+            kind: Some(DeviceKind::Emulated.name().to_owned()),
+            node: Some(node.id),
+            size_bytes: Some(size),
+        });
+    }
+    Ok(VolumeConfig {
+        flush: "auto".into(),
+        devices,
+    })
+}
+
+fn filesystem_available(dir: &Path) -> Result<u64> {
+    pmem::available_bytes(dir).map_err(|source| VolumeError::Io {
+        path: dir.to_owned(),
+        action: "statfs of the volume directory",
+        source,
+    })
+}

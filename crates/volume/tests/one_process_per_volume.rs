@@ -1,0 +1,59 @@
+//! A volume directory on tmpfs: format, reopen, and a second opener told who holds it.
+
+mod common;
+
+use volume::{Volume, VolumeError, default_config};
+
+#[test]
+fn format_open_and_lock() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let topology = topology::Topology::read_live().unwrap();
+    let config = default_config(dir.path(), &topology, Some(8 << 20)).unwrap();
+    assert_eq!(
+        config.devices.len(),
+        topology.nodes.iter().filter(|n| n.memory_bytes > 0).count()
+    );
+    let uuid = Volume::format(dir.path(), &config, false).unwrap();
+
+    let again = Volume::format(dir.path(), &config, false).unwrap_err();
+    assert!(
+        matches!(again, VolumeError::AlreadyFormatted { .. }),
+        "{again}"
+    );
+
+    let volume = Volume::open(dir.path(), topology.clone(), &common::quiet_options()).unwrap();
+    assert_eq!(volume.uuid(), uuid);
+    let second = Volume::open(dir.path(), topology.clone(), &common::quiet_options()).unwrap_err();
+    match second {
+        VolumeError::InUse { pid, .. } => assert_eq!(pid, std::process::id().to_string()),
+        other => panic!("expected InUse, got {other}"),
+    }
+    let extent = volume.alloc_local(4096).unwrap();
+    volume.region(&extent).unwrap().write(0, b"kept").unwrap();
+    volume.region(&extent).unwrap().persist(0, 4).unwrap();
+    drop(volume);
+
+    let volume = Volume::open(dir.path(), topology, &common::quiet_options()).unwrap();
+    let mut bytes = [0u8; 4];
+    volume.region(&extent).unwrap().read(0, &mut bytes).unwrap();
+    assert_eq!(&bytes, b"kept");
+    let stats = volume.stats();
+    assert!(
+        stats[0].persistence.starts_with("emulated"),
+        "{}",
+        stats[0].persistence
+    );
+    assert_eq!(stats[0].node, Some(0));
+}
+
+#[test]
+fn no_volume_is_a_clear_error() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let error = Volume::open(
+        dir.path(),
+        topology::Topology::read_live().unwrap(),
+        &common::quiet_options(),
+    )
+    .unwrap_err();
+    assert!(error.to_string().contains("locus format"), "{error}");
+}
