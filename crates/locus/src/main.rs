@@ -42,6 +42,9 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     Topology(commands::topology::TopologyArgs),
+    Format(commands::format::FormatArgs),
+    Status(commands::status::StatusArgs),
+    Bench(commands::bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -49,6 +52,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Topology(args) => commands::topology::run(&cli.sysfs, args),
+        Command::Format(args) => commands::format::run(&cli.volume, &cli.sysfs, args),
+        Command::Status(args) => commands::status::run(&cli.volume, &cli.sysfs, args),
+        Command::Bench(args) => commands::bench::run(&cli.sysfs, args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

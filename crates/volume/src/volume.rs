@@ -272,10 +272,11 @@ impl Volume {
     }
 
     /// Formats the devices described by `config` into a new volume in `dir` and writes
-    /// `dir/locus.toml`. Refuses to replace an existing volume unless `force`.
+    /// `dir/locus.toml`. Refuses, unless `force`, when `dir` already lists devices that carry a
+    /// locus superblock (a config written by hand before the first format is fine).
     pub fn format(dir: &Path, config: &VolumeConfig, force: bool) -> Result<[u8; 16]> {
         let _lock = VolumeLock::acquire(dir)?;
-        if !force && VolumeConfig::read(dir)?.is_some() {
+        if !force && Self::holds_volume(dir)? {
             return Err(VolumeError::AlreadyFormatted {
                 dir: dir.to_owned(),
             });
@@ -321,6 +322,31 @@ impl Volume {
         Self::format_devices(&sources, uuid)?;
         written.write(dir)?;
         Ok(uuid)
+    }
+
+    /// Whether `dir/locus.toml` lists a device that carries a locus superblock.
+    fn holds_volume(dir: &Path) -> Result<bool> {
+        let Some(existing) = VolumeConfig::read(dir)? else {
+            return Ok(false);
+        };
+        let flush = existing.flush_policy().expect("validated");
+        for device in &existing.devices {
+            let Some(kind) = device.kind.as_deref().and_then(DeviceKind::from_name) else {
+                continue;
+            };
+            let spec = pmem::DeviceSpec {
+                path: device.path.clone(),
+                kind,
+                node: None,
+                flush,
+            };
+            if let Ok(opened) = pmem::Device::open(&spec)
+                && Superblock::read(opened.region(), &device.path.display().to_string()).is_ok()
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Opens the volume in `dir`, locking it against other processes.

@@ -1,3 +1,7 @@
-//! One module per subcommand.
+//! One module per subcommand, plus the shared volume opener.
 
+pub mod bench;
+pub mod format;
+pub mod status;
 pub mod topology;
+mod volume;

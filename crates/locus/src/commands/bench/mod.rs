@@ -1,0 +1,24 @@
+//! `locus bench`: measurements printed as numbers, one suite per file.
+
+pub mod volume;
+
+use anyhow::Result;
+use clap::{Args, Subcommand};
+
+/// Measure locus on this machine and print the numbers (tables, or JSON with --json).
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    suite: Suite,
+}
+
+#[derive(Debug, Subcommand)]
+enum Suite {
+    Volume(volume::VolumeBenchArgs),
+}
+
+pub fn run(sysfs: &std::path::Path, args: &BenchArgs) -> Result<()> {
+    match &args.suite {
+        Suite::Volume(args) => volume::run(sysfs, args),
+    }
+}

@@ -1,0 +1,150 @@
+//! `locus format`: make devices into a new volume.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use topology::Topology;
+use volume::{DeviceConfig, Volume, VolumeConfig};
+
+use crate::size::{format_bytes, parse_size};
+
+/// Create a volume in the --volume directory from persistent-memory devices.
+///
+/// Devices come from --device, or --emulate, or a locus.toml already in the directory; with
+/// none of them, the embedded default is created: one emulated device per NUMA node, a file
+/// under the volume directory whose pages are bound to that node, sized min(a quarter of the
+/// node's free memory, 4 GiB). Device kinds are detected from the path: a character device
+/// is device-DAX, a file on tmpfs is emulated, a file on a DAX mount is a DAX file, anything
+/// else an ordinary file persisted with msync.
+#[derive(Debug, Args)]
+pub struct FormatArgs {
+    /// A device: PATH[,node=N][,size=SIZE][,kind=emulated|daxfile|devdax|file]. Repeat for
+    /// several; they are numbered in the order given. Files are created with SIZE; an
+    /// emulated device needs node=N.
+    #[arg(long = "device", value_name = "SPEC")]
+    devices: Vec<String>,
+
+    /// Emulate one device per NUMA node under the volume directory, each of SIZE if given.
+    #[arg(long, value_name = "SIZE", num_args = 0..=1, default_missing_value = "", conflicts_with = "devices")]
+    emulate: Option<String>,
+
+    /// Format even if the directory already holds a volume (its data is lost).
+    #[arg(long)]
+    force: bool,
+
+    /// Cache-flush policy: auto (flush unless the platform reports eADR), always, never.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "always", "never"])]
+    flush: String,
+}
+
+pub fn run(dir: &Path, sysfs: &Path, args: &FormatArgs) -> Result<()> {
+    let config = if !args.devices.is_empty() {
+        let devices = args
+            .devices
+            .iter()
+            .map(|spec| parse_device(spec))
+            .collect::<Result<Vec<_>>>()?;
+        VolumeConfig {
+            flush: args.flush.clone(),
+            devices,
+        }
+    } else if let Some(size) = &args.emulate {
+        let topology = Topology::read_from(sysfs)?;
+        let size = if size.is_empty() {
+            None
+        } else {
+            Some(parse_size(size).map_err(anyhow::Error::msg)?)
+        };
+        VolumeConfig {
+            flush: args.flush.clone(),
+            ..volume::default_config(dir, &topology, size)?
+        }
+    } else if let Some(existing) = VolumeConfig::read(dir)? {
+        existing
+    } else {
+        let topology = Topology::read_from(sysfs)?;
+        VolumeConfig {
+            flush: args.flush.clone(),
+            ..volume::default_config(dir, &topology, None)?
+        }
+    };
+    if config.devices.is_empty() {
+        bail!("no devices to format");
+    }
+    let uuid = Volume::format(dir, &config, args.force)
+        .with_context(|| format!("formatting a volume in {}", dir.display()))?;
+    let written = VolumeConfig::read(dir)?.context("locus.toml vanished after format")?;
+    println!(
+        "formatted volume {} in {} with {} device(s):",
+        volume::hex(&uuid),
+        dir.display(),
+        written.devices.len()
+    );
+    for (index, device) in written.devices.iter().enumerate() {
+        println!(
+            "  {index}: {} ({}, {}{})",
+            device.path.display(),
+            device.kind.as_deref().unwrap_or("?"),
+            device.size_bytes.map_or_else(|| "?".into(), format_bytes),
+            device
+                .node
+                .map_or_else(String::new, |n| format!(", node {n}")),
+        );
+    }
+    Ok(())
+}
+
+fn parse_device(spec: &str) -> Result<DeviceConfig> {
+    let mut parts = spec.split(',');
+    let path = PathBuf::from(
+        parts
+            .next()
+            .filter(|p| !p.is_empty())
+            .context("--device needs a path")?,
+    );
+    let mut device = DeviceConfig {
+        path,
+        kind: None,
+        node: None,
+        size_bytes: None,
+    };
+    for part in parts {
+        let (key, value) = part
+            .split_once('=')
+            .with_context(|| format!("--device {spec}: `{part}` is not key=value"))?;
+        match key {
+            "node" => {
+                device.node = Some(
+                    value
+                        .parse()
+                        .with_context(|| format!("--device {spec}: node `{value}`"))?,
+                );
+            }
+            "size" => device.size_bytes = Some(parse_size(value).map_err(anyhow::Error::msg)?),
+            "kind" => device.kind = Some(value.to_owned()),
+            other => bail!("--device {spec}: unknown key `{other}` (node, size, kind)"),
+        }
+    }
+    Ok(device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_specs() {
+        let device = parse_device("/dev/shm/a.pmem,node=1,size=64M").unwrap();
+        assert_eq!(device.node, Some(1));
+        assert_eq!(device.size_bytes, Some(64 << 20));
+        assert!(
+            parse_device("/x,colour=red")
+                .unwrap_err()
+                .to_string()
+                .contains("unknown key")
+        );
+        assert!(parse_device("/x,node").is_err());
+        assert!(parse_device(",node=1").is_err());
+    }
+}

@@ -1,0 +1,145 @@
+//! `locus status`: the volume's devices, where they are, how full, and how allocation goes.
+
+use std::path::Path;
+
+use anyhow::Result;
+use clap::Args;
+use serde::Serialize;
+
+use crate::size::format_bytes;
+
+/// Show the volume in the --volume directory: each device's path, kind, NUMA node (now and
+/// at format), persistence mode, capacity, free space, candidate/fat state and allocations
+/// served locally and remotely by this process, plus the order in which each node uses the
+/// devices. Creates the embedded default volume if there is none.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    volume: String,
+    uuid: String,
+    devices: Vec<volume::DeviceStats>,
+    /// For every node with CPUs: device indexes in allocation order.
+    orders: Vec<NodeOrder>,
+}
+
+#[derive(Debug, Serialize)]
+struct NodeOrder {
+    node: u32,
+    devices: Vec<u32>,
+    target: Option<u32>,
+}
+
+pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
+    let volume = super::volume::open_or_create_default(dir, sysfs)?;
+    let orders: Vec<NodeOrder> = volume
+        .topology()
+        .nodes
+        .iter()
+        .filter(|n| !n.cpu_less)
+        .filter_map(|n| {
+            Some(NodeOrder {
+                node: n.id,
+                devices: volume.device_order(n.id)?,
+                target: volume.decide_target(n.id),
+            })
+        })
+        .collect();
+    let report = Report {
+        volume: dir.display().to_string(),
+        uuid: volume::hex(&volume.uuid()),
+        devices: volume.stats(),
+        orders,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "volume {} ({} device(s)), uuid {}",
+        report.volume,
+        report.devices.len(),
+        report.uuid
+    );
+    println!();
+    let rows: Vec<[String; 9]> = report
+        .devices
+        .iter()
+        .map(|d| {
+            let node = match (d.node, d.node_at_format) {
+                (Some(now), Some(then)) if now != then => format!("{now} (was {then})"),
+                (Some(now), _) => now.to_string(),
+                (None, _) => "-".into(),
+            };
+            [
+                d.index.to_string(),
+                d.path.clone(),
+                d.kind.clone().unwrap_or_else(|| "-".into()),
+                node,
+                format_bytes(d.capacity_bytes),
+                format_bytes(d.free_bytes),
+                d.state.to_string(),
+                format!("{}/{}", d.allocations_local, d.allocations_remote),
+                d.persistence.clone(),
+            ]
+        })
+        .collect();
+    let header = [
+        "DEV",
+        "PATH",
+        "KIND",
+        "NODE",
+        "CAPACITY",
+        "FREE",
+        "STATE",
+        "LOCAL/REMOTE",
+        "PERSISTENCE",
+    ];
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let text: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}", w = *w))
+            .collect();
+        println!("{}", text.join("  ").trim_end());
+    };
+    line(header.to_vec());
+    for row in &rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+    println!();
+    println!("Allocation order per node (the first non-fat device is the target):");
+    for order in &report.orders {
+        let list: Vec<String> = order.devices.iter().map(u32::to_string).collect();
+        println!(
+            "  node {}: devices {}  target {}",
+            order.node,
+            list.join(", "),
+            order
+                .target
+                .map_or_else(|| "none (all fat)".into(), |t| t.to_string())
+        );
+    }
+    if report
+        .devices
+        .iter()
+        .any(|d| d.kind.as_deref() == Some("emulated"))
+    {
+        println!();
+        println!(
+            "Emulated devices live in shared memory: they survive process crashes, not reboots."
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,175 @@
+//! `locus format`, `locus status` and `locus bench volume` as a user runs them, on volumes in
+//! temporary directories under /dev/shm.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn locus(volume: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_locus"))
+        .arg("--volume")
+        .arg(volume)
+        .args(args)
+        .output()
+        .expect("run locus")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn format_two_devices_then_status_reports_them() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let a = dir.path().join("a.pmem");
+    let b = dir.path().join("b.pmem");
+    let output = locus(
+        dir.path(),
+        &[
+            "format",
+            "--device",
+            &format!("{},node=0,size=8M", a.display()),
+            "--device",
+            &format!("{},node=0,size=16M", b.display()),
+        ],
+    );
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stdout).contains("with 2 device(s)"),
+        "{}",
+        text(&output.stdout)
+    );
+
+    let output = locus(dir.path(), &["status", "--json"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let doc: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let devices = doc["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 2);
+    assert_eq!(devices[0]["path"], a.display().to_string());
+    assert_eq!(devices[0]["kind"], "emulated");
+    assert_eq!(devices[0]["node"], 0);
+    assert_eq!(devices[1]["capacity_bytes"], 16 << 20);
+    assert_eq!(devices[1]["free_bytes"], (16 << 20) - (2 << 20));
+    assert_eq!(devices[0]["state"], "candidate");
+    assert_eq!(doc["orders"][0]["devices"], serde_json::json!([0, 1]));
+
+    let again = locus(
+        dir.path(),
+        &[
+            "format",
+            "--device",
+            &format!("{},node=0,size=8M", a.display()),
+        ],
+    );
+    assert_eq!(again.status.code(), Some(1));
+    assert!(
+        text(&again.stderr).contains("--force"),
+        "{}",
+        text(&again.stderr)
+    );
+    let forced = locus(
+        dir.path(),
+        &[
+            "format",
+            "--force",
+            "--device",
+            &format!("{},node=0,size=8M", a.display()),
+        ],
+    );
+    assert!(forced.status.success(), "{}", text(&forced.stderr));
+}
+
+#[test]
+fn status_creates_the_embedded_default_and_says_so() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let volume = dir.path().join("vol");
+    // A small default: format with --emulate sizes it, status then finds it.
+    let output = locus(&volume, &["format", "--emulate=8M"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let output = locus(&volume, &["status"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let stdout = text(&output.stdout);
+    assert!(
+        stdout.contains("emulated") && stdout.contains("candidate"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("survive process crashes, not reboots"),
+        "{stdout}"
+    );
+
+    let fresh = dir.path().join("fresh");
+    let output = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["--volume", fresh.to_str().unwrap(), "status", "--json"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("created the embedded default"),
+        "{}",
+        text(&output.stderr)
+    );
+    assert!(fresh.join("locus.toml").exists());
+}
+
+#[test]
+fn a_volume_in_use_names_the_holder() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    assert!(
+        locus(dir.path(), &["format", "--emulate=8M"])
+            .status
+            .success()
+    );
+    let _held = volume::VolumeLock::acquire(dir.path()).unwrap();
+    let output = locus(dir.path(), &["status"]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains(&format!("in use by pid {}", std::process::id())),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bad_device_specs_are_refused() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let output = locus(dir.path(), &["format", "--device", "/dev/shm/x,speed=fast"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(text(&output.stderr).contains("unknown key `speed`"));
+    let output = locus(
+        dir.path(),
+        &[
+            "format",
+            "--device",
+            &format!("{}/tiny,node=0,size=1M", dir.path().display()),
+        ],
+    );
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        text(&output.stderr).contains("smaller than"),
+        "{}",
+        text(&output.stderr)
+    );
+}
+
+#[test]
+fn bench_volume_prints_one_json_object_per_case() {
+    let output = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["bench", "volume", "--json", "--seconds", "0.05"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let cases: Vec<Value> = text(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(cases.len(), 8, "alloc and free x 2 sizes x 2 thread counts");
+    for case in &cases {
+        assert_eq!(case["suite"], "volume");
+        assert!(case["ops_per_sec"].as_f64().unwrap() > 0.0);
+        for key in ["op", "bs_bytes", "threads", "local_share"] {
+            assert!(!case[key].is_null(), "{key} missing in {case}");
+        }
+    }
+}
