@@ -33,7 +33,7 @@ pub struct Step {
 pub fn stage(
     staging: &Path,
     busybox: &Path,
-    binaries: &[PathBuf],
+    binaries: &[(PathBuf, String)],
     modules: &[PathBuf],
 ) -> Result<Vec<String>> {
     if staging.exists() {
@@ -43,8 +43,7 @@ pub fn stage(
         fs::create_dir_all(staging.join(dir))?;
     }
     copy_file(busybox, &staging.join("bin/busybox"))?;
-    for binary in binaries {
-        let name = binary.file_name().context("binary without a name")?;
+    for (binary, name) in binaries {
         let target = staging.join("bin").join(name);
         let status = Command::new("strip")
             .arg("--strip-debug")

@@ -85,7 +85,10 @@ pub fn run(root: &Path, args: &VmTestArgs) -> Result<ExitCode> {
     };
 
     super::cargo(root, &["build", "--release", "--package", "locus"])?;
-    let binaries = vec![root.join("target/release/locus")];
+    let mut binaries = vec![(root.join("target/release/locus"), "locus".to_owned())];
+    for (package, test) in GUEST_TESTS {
+        binaries.push((build_test(root, package, test)?, (*test).to_owned()));
+    }
 
     let work = root.join("target/vm");
     let assets = assets::prepare(&work.join("cache"))?;
@@ -168,6 +171,47 @@ pub fn run(root: &Path, args: &VmTestArgs) -> Result<ExitCode> {
     Ok(ExitCode::from(command_status.unwrap_or(1)))
 }
 
+/// Integration tests (package, test target) that run inside the guests, as `/bin/<test>`.
+/// Each must pass on the host too; in a guest it sees a multi-node machine.
+const GUEST_TESTS: &[(&str, &str)] = &[("volume", "numa_placement")];
+
+/// Builds one integration test in release mode and returns its executable.
+fn build_test(root: &Path, package: &str, test: &str) -> Result<PathBuf> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    eprintln!("xtask: cargo test --release -p {package} --test {test} --no-run");
+    let output = std::process::Command::new(cargo)
+        .args([
+            "test",
+            "--release",
+            "--package",
+            package,
+            "--test",
+            test,
+            "--no-run",
+            "--message-format=json",
+        ])
+        .current_dir(root)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running cargo test --no-run")?;
+    anyhow::ensure!(
+        output.status.success(),
+        "building test {test} of {package} failed"
+    );
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if message["reason"] == "compiler-artifact"
+            && message["target"]["name"] == test
+            && let Some(executable) = message["executable"].as_str()
+        {
+            return Ok(PathBuf::from(executable));
+        }
+    }
+    anyhow::bail!("cargo reported no executable for test {test} of {package}")
+}
+
 /// The in-guest suite: what exists today. Later parts add their steps and checks here.
 fn suite_steps() -> Vec<Step> {
     let locus = |args: &[&str]| {
@@ -192,6 +236,15 @@ fn suite_steps() -> Vec<Step> {
                 "--probe-loads",
                 &checks::PROBE_LOADS.to_string(),
             ]),
+            captured: true,
+        },
+        Step {
+            name: "placement".into(),
+            argv: vec![
+                "/bin/numa_placement".into(),
+                "--test-threads=1".into(),
+                "--nocapture".into(),
+            ],
             captured: true,
         },
     ]
@@ -221,13 +274,9 @@ fn evaluate(topology: &VmTopology, run: &guest::GuestRun, steps: &[Step]) -> Vec
         match result.status {
             Some(0) => {}
             Some(status) => problems.push(format!(
-                "step {} exited with {status}{}",
+                "step {} exited with {status}: {}",
                 step.name,
-                if result.stderr.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {}", result.stderr.trim())
-                }
+                last_lines(&format!("{}{}", result.stdout, result.stderr), 12)
             )),
             None => problems.push(format!("step {} did not finish", step.name)),
         }
@@ -242,6 +291,12 @@ fn evaluate(topology: &VmTopology, run: &guest::GuestRun, steps: &[Step]) -> Vec
         problems.extend(found.into_iter().map(|p| format!("{}: {p}", step.name)));
     }
     problems
+}
+
+/// The last `count` lines of `text`, for failure reports.
+fn last_lines(text: &str, count: usize) -> String {
+    let lines: Vec<&str> = text.trim().lines().collect();
+    lines[lines.len().saturating_sub(count)..].join("\n      ")
 }
 
 /// Zero-filled sparse backing files, new for every boot: a stale fs-dax info block from an
