@@ -70,3 +70,15 @@ pub(super) fn supports_map_sync(path: &Path) -> bool {
     let page = topology::page_size() as u64;
     Mapping::new(file, len.min(page) as usize, MapFlags::SharedSync, path).is_ok()
 }
+
+/// Whether files created in `dir` can be mapped with `MAP_SYNC`: tries it on a one-page
+/// temporary file, removed afterwards.
+pub(super) fn directory_supports_map_sync(dir: &Path) -> bool {
+    let probe = dir.join(format!(".locus-dax-probe-{}", std::process::id()));
+    let supported = super::open_rw(&probe, true)
+        .and_then(|file| super::set_len(&file, topology::page_size() as u64, &probe))
+        .map(|()| supports_map_sync(&probe))
+        .unwrap_or(false);
+    let _ = std::fs::remove_file(&probe);
+    supported
+}

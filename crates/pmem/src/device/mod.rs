@@ -76,10 +76,12 @@ impl DeviceKind {
         if magic == libc::TMPFS_MAGIC {
             return Ok(Self::Emulated);
         }
-        if path.is_file() && dax_file::supports_map_sync(path) {
-            return Ok(Self::DaxFile);
-        }
-        Ok(Self::File)
+        let dax = if path.is_file() {
+            dax_file::supports_map_sync(path)
+        } else {
+            dax_file::directory_supports_map_sync(&probe_path)
+        };
+        Ok(if dax { Self::DaxFile } else { Self::File })
     }
 }
 
