@@ -121,6 +121,13 @@ fn accesses_outside_a_region_are_errors() {
 #[test]
 fn a_new_file_off_tmpfs_and_off_dax_is_an_ordinary_file() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    assert_eq!(DeviceKind::detect(&dir.path().join("new.img")).unwrap(), DeviceKind::File);
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the probe file is removed");
+    assert_eq!(
+        DeviceKind::detect(&dir.path().join("new.img")).unwrap(),
+        DeviceKind::File
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "the probe file is removed"
+    );
 }

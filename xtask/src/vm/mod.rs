@@ -89,6 +89,14 @@ pub fn run(root: &Path, args: &VmTestArgs) -> Result<ExitCode> {
     for (package, test) in GUEST_TESTS {
         binaries.push((build_test(root, package, test)?, (*test).to_owned()));
     }
+    for (host_path, name) in GUEST_TOOLS {
+        let path = Path::new(host_path);
+        if path.exists() {
+            binaries.push((path.to_owned(), (*name).to_owned()));
+        } else {
+            eprintln!("vm-test: {host_path} is missing (install e2fsprogs); guests get no {name}");
+        }
+    }
 
     let work = root.join("target/vm");
     let assets = assets::prepare(&work.join("cache"))?;
@@ -173,7 +181,10 @@ pub fn run(root: &Path, args: &VmTestArgs) -> Result<ExitCode> {
 
 /// Integration tests (package, test target) that run inside the guests, as `/bin/<test>`.
 /// Each must pass on the host too; in a guest it sees a multi-node machine.
-const GUEST_TESTS: &[(&str, &str)] = &[("volume", "numa_placement")];
+const GUEST_TESTS: &[(&str, &str)] = &[("volume", "numa_placement"), ("pmem", "dax_devices")];
+
+/// Host programs the guest tests use, and their name in the guest's /bin.
+const GUEST_TOOLS: &[(&str, &str)] = &[("/usr/sbin/mke2fs", "mkfs.ext4")];
 
 /// Builds one integration test in release mode and returns its executable.
 fn build_test(root: &Path, package: &str, test: &str) -> Result<PathBuf> {
@@ -238,16 +249,18 @@ fn suite_steps() -> Vec<Step> {
             ]),
             captured: true,
         },
-        Step {
-            name: "placement".into(),
-            argv: vec![
-                "/bin/numa_placement".into(),
-                "--test-threads=1".into(),
-                "--nocapture".into(),
-            ],
-            captured: true,
-        },
     ]
+    .into_iter()
+    .chain(GUEST_TESTS.iter().map(|(_, test)| Step {
+        name: (*test).to_owned(),
+        argv: vec![
+            format!("/bin/{test}"),
+            "--test-threads=1".into(),
+            "--nocapture".into(),
+        ],
+        captured: true,
+    }))
+    .collect()
 }
 
 fn evaluate(topology: &VmTopology, run: &guest::GuestRun, steps: &[Step]) -> Vec<String> {
