@@ -18,7 +18,9 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("topology", &[]),
     ("pmem", &["topology"]),
     ("volume", &["topology", "pmem"]),
-    ("locus", &["topology", "pmem", "volume"]),
+    ("cache", &[]),
+    ("sim", &["cache"]),
+    ("locus", &["topology", "pmem", "volume", "cache", "sim"]),
 ];
 
 /// Files that may re-allow `unsafe_code`, with the reason. Prefixes match whole crates.
