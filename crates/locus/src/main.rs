@@ -4,6 +4,7 @@
 //! logging set-up and the mapping of errors to an exit status.
 
 mod commands;
+mod plot;
 mod size;
 
 use std::path::PathBuf;
@@ -44,6 +45,7 @@ enum Command {
     Topology(commands::topology::TopologyArgs),
     Format(commands::format::FormatArgs),
     Status(commands::status::StatusArgs),
+    Sim(commands::sim::SimArgs),
     Bench(commands::bench::BenchArgs),
 }
 
@@ -54,6 +56,7 @@ fn main() -> ExitCode {
         Command::Topology(args) => commands::topology::run(&cli.sysfs, args),
         Command::Format(args) => commands::format::run(&cli.volume, &cli.sysfs, args),
         Command::Status(args) => commands::status::run(&cli.volume, &cli.sysfs, args),
+        Command::Sim(args) => commands::sim::run(args),
         Command::Bench(args) => commands::bench::run(&cli.sysfs, args),
     };
     match result {

@@ -1,0 +1,175 @@
+//! Plots drawn with plotters, as SVG or PNG. Laying out text needs font metrics in both, so a
+//! TrueType font is read from the system (DejaVu Sans by default; set LOCUS_PLOT_FONT to use
+//! another).
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use plotters::prelude::*;
+use sim::{GridResult, PolicyKind};
+
+const FONT_CANDIDATES: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+];
+
+/// The NBM paper's Fig. 3: for each policy but NVLRU, storage accesses normalised to NVLRU
+/// against NVRAM size (log scale), one line per DRAM size.
+pub fn fig3(path: &Path, results: &[GridResult], title: &str) -> Result<()> {
+    let panels: Vec<PolicyKind> = PolicyKind::ALL
+        .into_iter()
+        .filter(|p| *p != PolicyKind::NvLru && results.iter().any(|r| r.policy == *p))
+        .collect();
+    if panels.is_empty() || !results.iter().any(|r| r.normalized_to_nvlru.is_some()) {
+        bail!("the plot needs nvlru and at least one other policy in the grid");
+    }
+    let width = 420 * panels.len() as u32 + 40;
+    let extension = path.extension().and_then(|e| e.to_str());
+    if !matches!(extension, Some("svg" | "png")) {
+        bail!("--plot {}: use a .svg or .png file name", path.display());
+    }
+    register_font()?;
+    if extension == Some("svg") {
+        draw(
+            &SVGBackend::new(path, (width, 420)).into_drawing_area(),
+            &panels,
+            results,
+            title,
+        )
+    } else {
+        draw(
+            &BitMapBackend::new(path, (width, 420)).into_drawing_area(),
+            &panels,
+            results,
+            title,
+        )
+    }
+}
+
+fn register_font() -> Result<()> {
+    let path = std::env::var("LOCUS_PLOT_FONT")
+        .ok()
+        .or_else(|| {
+            FONT_CANDIDATES
+                .iter()
+                .find(|p| Path::new(p).exists())
+                .map(|p| (*p).to_owned())
+        })
+        .context("plots need a TrueType font: install fonts-dejavu-core or set LOCUS_PLOT_FONT")?;
+    let bytes = std::fs::read(&path).with_context(|| format!("reading font {path}"))?;
+    // plotters keeps registered fonts for the life of the process.
+    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+        .map_err(|_| anyhow::anyhow!("{path} is not a usable TrueType font"))?;
+    Ok(())
+}
+
+fn draw<B: DrawingBackend>(
+    root: &DrawingArea<B, plotters::coord::Shift>,
+    panels: &[PolicyKind],
+    results: &[GridResult],
+    title: &str,
+) -> Result<()>
+where
+    B::ErrorType: 'static,
+{
+    let err = |e: DrawingAreaErrorKind<B::ErrorType>| anyhow::anyhow!("drawing the plot: {e:?}");
+    root.fill(&WHITE).map_err(err)?;
+    let root = root
+        .titled(
+            &format!("Storage accesses normalised to NVLRU — {title}"),
+            ("sans-serif", 18),
+        )
+        .map_err(err)?;
+    let mut dram: Vec<u64> = results.iter().map(|r| r.dram_bytes).collect();
+    dram.sort_unstable();
+    dram.dedup();
+    let mut nvram: Vec<u64> = results
+        .iter()
+        .map(|r| r.nvram_bytes)
+        .filter(|&n| n > 0)
+        .collect();
+    nvram.sort_unstable();
+    nvram.dedup();
+    // NVRAM sizes are evenly spaced categories (the grid is usually geometric), labelled with
+    // their sizes; plotters' log-scale ticks would not land on them.
+    let x_max = (nvram.len().max(2) - 1) as f64;
+    let label = |index: f64| -> String {
+        let i = index.round();
+        if (index - i).abs() > 0.01 || i < 0.0 {
+            return String::new();
+        }
+        nvram.get(i as usize).map_or_else(String::new, |&n| {
+            crate::size::format_bytes(n).replace(".00", "")
+        })
+    };
+    let y_max = results
+        .iter()
+        .filter_map(|r| r.normalized_to_nvlru)
+        .fold(1.0f64, f64::max)
+        * 1.1;
+    for (area, policy) in root.split_evenly((1, panels.len())).iter().zip(panels) {
+        let mut chart = ChartBuilder::on(area)
+            .caption(policy.name().to_uppercase(), ("sans-serif", 16))
+            .margin(10)
+            .x_label_area_size(35)
+            .y_label_area_size(45)
+            .build_cartesian_2d(-0.2..x_max + 0.2, 0.0..y_max)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc("NVRAM size")
+            .y_desc("storage accesses / NVLRU")
+            .x_labels(nvram.len() * 4 + 1)
+            .x_label_formatter(&|v| label(*v))
+            .disable_x_mesh()
+            .draw()
+            .map_err(err)?;
+        for (index, &d) in dram.iter().enumerate() {
+            let color = Palette99::pick(index).to_rgba();
+            let points: Vec<(f64, f64)> = nvram
+                .iter()
+                .enumerate()
+                .filter_map(|(x, &n)| {
+                    results
+                        .iter()
+                        .find(|r| r.policy == *policy && r.dram_bytes == d && r.nvram_bytes == n)
+                        .and_then(|r| r.normalized_to_nvlru)
+                        .map(|y| (x as f64, y))
+                })
+                .collect();
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+                .map_err(err)?
+                .label(format!(
+                    "DRAM {}",
+                    crate::size::format_bytes(d).replace(".00", "")
+                ))
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 15, y)], color.stroke_width(2))
+                });
+            chart
+                .draw_series(
+                    points
+                        .into_iter()
+                        .map(|p| Circle::new(p, 3, color.filled())),
+                )
+                .map_err(err)?;
+        }
+        chart
+            .draw_series(LineSeries::new(
+                vec![(-0.2, 1.0), (x_max + 0.2, 1.0)],
+                BLACK.mix(0.4),
+            ))
+            .map_err(err)?;
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(err)?;
+    }
+    root.present().map_err(err)?;
+    Ok(())
+}
