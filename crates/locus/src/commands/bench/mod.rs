@@ -1,5 +1,6 @@
 //! `locus bench`: measurements printed as numbers, one suite per file.
 
+pub mod sim;
 pub mod volume;
 
 use anyhow::Result;
@@ -15,10 +16,12 @@ pub struct BenchArgs {
 #[derive(Debug, Subcommand)]
 enum Suite {
     Volume(volume::VolumeBenchArgs),
+    Sim(sim::SimBenchArgs),
 }
 
 pub fn run(sysfs: &std::path::Path, args: &BenchArgs) -> Result<()> {
     match &args.suite {
         Suite::Volume(args) => volume::run(sysfs, args),
+        Suite::Sim(args) => sim::run(args),
     }
 }

@@ -1,0 +1,185 @@
+//! `locus sim` and `locus bench sim` as a user runs them.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn locus(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(args)
+        .output()
+        .expect("run locus")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+const TRACE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../../shared/traces/cloudPhysicsIO.csv"
+);
+
+#[test]
+fn json_has_one_object_per_grid_point_normalised_to_nvlru() {
+    let output = locus(&[
+        "sim", "--trace", TRACE, "--dram", "1G", "--nvram", "16M,64M", "--json",
+    ]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let points: Vec<Value> = text(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(points.len(), 4 * 2);
+    for point in &points {
+        for key in [
+            "policy",
+            "dram_bytes",
+            "nvram_bytes",
+            "requests",
+            "storage_reads",
+            "writebacks",
+            "storage_accesses",
+        ] {
+            assert!(!point[key].is_null(), "{key} missing in {point}");
+        }
+        assert_eq!(point["requests"], 113_872);
+        assert_eq!(
+            point["storage_accesses"].as_u64().unwrap(),
+            point["storage_reads"].as_u64().unwrap() + point["writebacks"].as_u64().unwrap()
+        );
+        if point["policy"] == "nvlru" {
+            assert_eq!(point["normalized_to_nvlru"], 1.0);
+        }
+    }
+    let nbm = points
+        .iter()
+        .find(|p| p["policy"] == "nbm" && p["nvram_bytes"] == 16 << 20)
+        .unwrap();
+    assert!(
+        nbm["normalized_to_nvlru"].as_f64().unwrap() < 0.9,
+        "NBM beats NVLRU with 1 GiB DRAM: {nbm}"
+    );
+}
+
+#[test]
+fn plots_are_written_as_svg_and_png() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["fig3.svg", "fig3.png"] {
+        let path = dir.path().join(name);
+        let output = locus(&[
+            "sim",
+            "--trace",
+            TRACE,
+            "--dram",
+            "16M,1G",
+            "--nvram",
+            "16M,64M",
+            "--plot",
+            path.to_str().unwrap(),
+        ]);
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        let bytes = std::fs::read(&path).unwrap();
+        if name.ends_with(".svg") {
+            assert!(text(&bytes).contains("<svg") && text(&bytes).contains("NVRAM size"));
+        } else {
+            assert_eq!(&bytes[1..4], b"PNG");
+        }
+    }
+    let output = locus(&["sim", "--trace", TRACE, "--plot", "/tmp/x.gif"]);
+    assert!(!output.status.success());
+    assert!(text(&output.stderr).contains(".svg or .png"));
+}
+
+#[test]
+fn generated_traces_read_back_and_bad_traces_name_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("zipf.csv");
+    let output = locus(&[
+        "sim",
+        "--gen",
+        "zipf",
+        "--requests",
+        "2000",
+        "--blocks",
+        "300",
+        "--output",
+        path.to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let output = locus(&[
+        "sim",
+        "--trace",
+        path.to_str().unwrap(),
+        "--dram",
+        "64K",
+        "--nvram",
+        "64K",
+        "--policy",
+        "nbm,nvlru",
+    ]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("2000 requests"),
+        "{}",
+        text(&output.stderr)
+    );
+
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(
+        &bad,
+        "version,time,op,size,lbn\n1,2,28,4096,0\n1,3,28,four,0\n",
+    )
+    .unwrap();
+    let output = locus(&["sim", "--trace", bad.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        text(&output.stderr).contains("bad.csv:3: size `four`"),
+        "{}",
+        text(&output.stderr)
+    );
+    let output = locus(&[
+        "sim",
+        "--trace",
+        bad.to_str().unwrap(),
+        "--skip-bad",
+        "--dram",
+        "64K",
+        "--nvram",
+        "64K",
+    ]);
+    assert!(output.status.success());
+    assert!(
+        text(&output.stderr).contains("1 malformed lines skipped"),
+        "{}",
+        text(&output.stderr)
+    );
+
+    let output = locus(&["sim", "--trace", TRACE, "--policy", "arc"]);
+    assert!(text(&output.stderr).contains("unknown policy `arc`"));
+}
+
+#[test]
+fn bench_sim_reports_every_policy() {
+    let output = locus(&[
+        "bench",
+        "sim",
+        "--json",
+        "--requests",
+        "20000",
+        "--blocks",
+        "5000",
+    ]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let cases: Vec<Value> = text(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ops: Vec<&str> = cases.iter().map(|c| c["op"].as_str().unwrap()).collect();
+    assert_eq!(ops, ["parse", "nbm", "nvlru", "nvmin", "lru"]);
+    assert!(
+        cases
+            .iter()
+            .all(|c| c["requests_per_sec"].as_f64().unwrap() > 0.0)
+    );
+}
