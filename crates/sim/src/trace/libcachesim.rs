@@ -86,10 +86,16 @@ fn header(line: &str) -> Result<Columns, String> {
 /// Read, write, or `None` for another command.
 fn op(text: &str) -> Result<Option<Op>, String> {
     let text = text.trim();
-    match text.to_ascii_lowercase().as_str() {
-        "read" | "r" => return Ok(Some(Op::Read)),
-        "write" | "w" => return Ok(Some(Op::Write)),
+    // The common case first, without allocating: two hex digits.
+    match text.as_bytes() {
+        b"28" => return Ok(Some(Op::Read)),
+        b"2a" | b"2A" => return Ok(Some(Op::Write)),
         _ => {}
+    }
+    for (word, op) in [("read", Op::Read), ("r", Op::Read), ("write", Op::Write), ("w", Op::Write)] {
+        if text.eq_ignore_ascii_case(word) {
+            return Ok(Some(op));
+        }
     }
     let hex = text.trim_start_matches("0x").trim_start_matches("0X");
     let code = u8::from_str_radix(hex, 16)
