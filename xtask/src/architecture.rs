@@ -19,8 +19,12 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("pmem", &["topology"]),
     ("volume", &["topology", "pmem"]),
     ("cache", &[]),
+    ("uring", &["topology"]),
     ("sim", &["cache"]),
-    ("locus", &["topology", "pmem", "volume", "cache", "sim"]),
+    (
+        "locus",
+        &["topology", "pmem", "volume", "cache", "sim", "uring"],
+    ),
 ];
 
 /// Files that may re-allow `unsafe_code`, with the reason. Prefixes match whole crates.

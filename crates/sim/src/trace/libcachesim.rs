@@ -92,7 +92,12 @@ fn op(text: &str) -> Result<Option<Op>, String> {
         b"2a" | b"2A" => return Ok(Some(Op::Write)),
         _ => {}
     }
-    for (word, op) in [("read", Op::Read), ("r", Op::Read), ("write", Op::Write), ("w", Op::Write)] {
+    for (word, op) in [
+        ("read", Op::Read),
+        ("r", Op::Read),
+        ("write", Op::Write),
+        ("w", Op::Write),
+    ] {
         if text.eq_ignore_ascii_case(word) {
             return Ok(Some(op));
         }
