@@ -791,7 +791,7 @@ mod tests {
             if i % 2 == 0 {
                 pool.put(buf, &mut table);
             } else {
-                kept.push(buf)
+                kept.push(buf);
             }
         }
         let scattered = pool.get(48 << 10, true, &mut table).unwrap();
