@@ -474,7 +474,7 @@ impl BufferPool {
         };
         if let Some((index, offset)) = region {
             let segment = self.take(index, offset, need);
-            self.stats.served[if self.config.register { 1 } else { 3 }] += 1;
+            self.stats.served[if segment.fixed.is_some() { 1 } else { 3 }] += 1;
             return Ok(Some(IoBuf {
                 segments: vec![segment],
                 len,
