@@ -10,7 +10,7 @@
 
 use std::process::Command;
 
-use uring::{DirectFile, Engine, Op, PoolConfig, Strategy};
+use uring::{DirectFile, Engine, PoolConfig, Strategy};
 
 const CHILD: &str = "LOCUS_URING_MEMLOCK_CHILD";
 const CAP_IPC_LOCK: u32 = 14;
@@ -80,11 +80,8 @@ fn limit_memlock(bytes: u64) {
         rlim_max: bytes,
     };
     // SAFETY: setrlimit reads the struct we pass.
-    assert_eq!(
-        unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) },
-        0,
-        "setrlimit"
-    );
+    let rc = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) };
+    assert_eq!(rc, 0, "setrlimit");
     #[repr(C)]
     struct Header {
         version: u32,
@@ -103,18 +100,12 @@ fn limit_memlock(bytes: u64) {
     };
     let mut data = [Data::default(); 2];
     // SAFETY: capget writes two Data structs for version 3 headers; both live across the call.
-    assert_eq!(
-        unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) },
-        0,
-        "capget"
-    );
+    let rc = unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) };
+    assert_eq!(rc, 0, "capget");
     data[0].effective &= !(1 << CAP_IPC_LOCK);
     data[0].permitted &= !(1 << CAP_IPC_LOCK);
     data[0].inheritable &= !(1 << CAP_IPC_LOCK);
     // SAFETY: capset reads the header and the two Data structs.
-    assert_eq!(
-        unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) },
-        0,
-        "capset"
-    );
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) };
+    assert_eq!(rc, 0, "capset");
 }
