@@ -147,6 +147,8 @@ pub struct Engine {
     ring: IoUring,
     file: DirectFile,
     pool: BufferPool,
+    /// Bounce strategy: the callers' ordinary (unregistered, reused) buffers.
+    caller_pool: Option<BufferPool>,
     strategy: Strategy,
     queue_depth: u32,
     slab: Vec<Option<InFlight>>,
@@ -198,11 +200,21 @@ impl Engine {
         let vectored_fixed = ring.submitter().register_probe(&mut probe).is_ok()
             && probe.is_supported(opcode::ReadvFixed::CODE)
             && probe.is_supported(opcode::WritevFixed::CODE);
+        let caller_pool = if strategy == Strategy::Bounce {
+            let plain = PoolConfig {
+                register: false,
+                ..config.clone()
+            };
+            Some(BufferPool::new(plain, &mut Table { ring: &ring })?)
+        } else {
+            None
+        };
         let pool = BufferPool::new(config, &mut Table { ring: &ring })?;
         Ok(Self {
             ring,
             file,
             pool,
+            caller_pool,
             strategy,
             queue_depth,
             slab: Vec::new(),
@@ -243,9 +255,9 @@ impl Engine {
             )));
         }
         let for_write = op == Op::Write;
-        if self.strategy == Strategy::Bounce {
+        if let Some(plain) = &mut self.caller_pool {
             // The caller's buffer is ordinary memory; the bounce happens at submit.
-            return IoBuf::unregistered(len, self.pool.config().node);
+            return plain.get(len, for_write, &mut Table { ring: &self.ring });
         }
         loop {
             let mut table = Table { ring: &self.ring };
@@ -262,11 +274,10 @@ impl Engine {
     /// Returns a buffer once the caller is done with it.
     pub fn release(&mut self, buf: IoBuf) {
         let mut table = Table { ring: &self.ring };
-        if self.strategy == Strategy::Bounce {
-            drop(buf);
-            return;
+        match &mut self.caller_pool {
+            Some(plain) => plain.put(buf, &mut table),
+            None => self.pool.put(buf, &mut table),
         }
-        self.pool.put(buf, &mut table);
     }
 
     /// Queues a request; blocks (completing earlier ones) while the queue is full. The

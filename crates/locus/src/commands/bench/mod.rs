@@ -1,6 +1,7 @@
 //! `locus bench`: measurements printed as numbers, one suite per file.
 
 pub mod sim;
+pub mod uring;
 pub mod volume;
 
 use anyhow::Result;
@@ -17,11 +18,13 @@ pub struct BenchArgs {
 enum Suite {
     Volume(volume::VolumeBenchArgs),
     Sim(sim::SimBenchArgs),
+    Uring(uring::UringBenchArgs),
 }
 
 pub fn run(sysfs: &std::path::Path, args: &BenchArgs) -> Result<()> {
     match &args.suite {
         Suite::Volume(args) => volume::run(sysfs, args),
         Suite::Sim(args) => sim::run(args),
+        Suite::Uring(args) => uring::run(args),
     }
 }
