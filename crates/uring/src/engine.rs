@@ -183,6 +183,12 @@ impl Engine {
         if strategy == Strategy::Unregistered {
             config.register = false;
         }
+        // One engine per thread: its buffers live on the node of the thread that creates it.
+        if config.node.is_none() {
+            config.node = topology::current_cpu()
+                .ok()
+                .and_then(|cpu| topology::Topology::read_live().ok()?.node_of_cpu(cpu));
+        }
         if strategy == Strategy::PerRequest {
             config.per_request = true;
             config.large_slots = config.large_slots.max(queue_depth as u16);

@@ -131,3 +131,21 @@ fn bad_requests_are_refused_before_submission() {
         .is_err()
     );
 }
+
+#[test]
+fn pool_memory_is_on_the_node_of_the_creating_thread() {
+    let topology = topology::Topology::read_live().unwrap();
+    let node = topology.nodes.iter().find(|n| !n.cpus.is_empty()).unwrap();
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            topology::pin_current_thread(&node.cpus).unwrap();
+            let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+            let file = DirectFile::open(&dir.path().join("disk.img"), Some(8 << 20)).unwrap();
+            let mut engine = Engine::new(file, Strategy::Pool, PoolConfig::default(), 4).unwrap();
+            let buf = engine.buffer(1 << 20, Op::Read).unwrap();
+            let pages: Vec<usize> = buf.segments().iter().map(|s| s.address as usize).collect();
+            assert_eq!(topology::page_nodes(&pages).unwrap(), vec![node.id as i32; pages.len()]);
+            engine.release(buf);
+        });
+    });
+}
