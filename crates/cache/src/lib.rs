@@ -11,6 +11,7 @@
 //! blocks never exceed NVRAM capacity, clean blocks never exceed DRAM capacity, a block is in
 //! at most one tier, and every action is legal for the cache's state when it is issued.
 
+mod block_table;
 mod lazy_lru;
 mod lru;
 mod nbm;

@@ -3,6 +3,7 @@
 //! guarantee that every dirty block is in NVRAM. It is the baseline that shows why the split
 //! matters. Its actions name `Tier::Nvram` for dirty blocks and `Tier::Dram` for clean ones.
 
+use crate::block_table::BlockTable;
 use crate::lazy_lru::{LazyLru, Time};
 use crate::policy::{Access, Action, BlockId, Capacity, Op, Policy, Sink, Tier};
 
@@ -18,7 +19,7 @@ struct Block {
 pub struct Lru {
     capacity_blocks: usize,
     now: Time,
-    blocks: Vec<Block>,
+    blocks: BlockTable<Block>,
     order: LazyLru,
     cached: usize,
     dirty: usize,
@@ -30,7 +31,7 @@ impl Lru {
         Self {
             capacity_blocks: capacity.dram_blocks + capacity.nvram_blocks,
             now: 0,
-            blocks: Vec::new(),
+            blocks: BlockTable::default(),
             order: LazyLru::default(),
             cached: 0,
             dirty: 0,
@@ -39,11 +40,7 @@ impl Lru {
 
     #[inline]
     fn block(&mut self, id: BlockId) -> &mut Block {
-        let index = id as usize;
-        if index >= self.blocks.len() {
-            self.blocks.resize(index + 1, Block::default());
-        }
-        &mut self.blocks[index]
+        self.blocks.get_mut(id)
     }
 
     fn make_room<S: Sink>(&mut self, sink: &mut S) {

@@ -11,6 +11,7 @@
 //! The histories remember every block ever read or written (memory O(distinct blocks)), so a
 //! block keeps its read history while it is dirty in NVRAM and after it leaves the cache.
 
+use crate::block_table::BlockTable;
 use crate::lazy_lru::{LazyLru, Time};
 use crate::policy::{Access, Action, BlockId, Capacity, Op, Policy, Sink, Tier};
 
@@ -28,7 +29,7 @@ struct Block {
 pub struct Nbm {
     capacity: Capacity,
     now: Time,
-    blocks: Vec<Block>,
+    blocks: BlockTable<Block>,
     lrr: LazyLru,
     lrw: LazyLru,
     dram_count: usize,
@@ -41,7 +42,7 @@ impl Nbm {
         Self {
             capacity,
             now: 0,
-            blocks: Vec::new(),
+            blocks: BlockTable::default(),
             lrr: LazyLru::default(),
             lrw: LazyLru::default(),
             dram_count: 0,
@@ -51,11 +52,7 @@ impl Nbm {
 
     #[inline]
     fn block(&mut self, id: BlockId) -> &mut Block {
-        let index = id as usize;
-        if index >= self.blocks.len() {
-            self.blocks.resize(index + 1, Block::default());
-        }
-        &mut self.blocks[index]
+        self.blocks.get_mut(id)
     }
 
     fn read<S: Sink>(&mut self, id: BlockId, sink: &mut S) {

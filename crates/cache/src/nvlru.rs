@@ -2,6 +2,7 @@
 //! access (reads and writes), clean blocks in DRAM under LRU. A block written back from
 //! NVRAM leaves the cache.
 
+use crate::block_table::BlockTable;
 use crate::lazy_lru::{LazyLru, Time};
 use crate::policy::{Access, Action, BlockId, Capacity, Op, Policy, Sink, Tier};
 
@@ -16,7 +17,7 @@ struct Block {
 pub struct NvLru {
     capacity: Capacity,
     now: Time,
-    blocks: Vec<Block>,
+    blocks: BlockTable<Block>,
     dram: LazyLru,
     nvram: LazyLru,
     dram_count: usize,
@@ -29,7 +30,7 @@ impl NvLru {
         Self {
             capacity,
             now: 0,
-            blocks: Vec::new(),
+            blocks: BlockTable::default(),
             dram: LazyLru::default(),
             nvram: LazyLru::default(),
             dram_count: 0,
@@ -39,11 +40,7 @@ impl NvLru {
 
     #[inline]
     fn block(&mut self, id: BlockId) -> &mut Block {
-        let index = id as usize;
-        if index >= self.blocks.len() {
-            self.blocks.resize(index + 1, Block::default());
-        }
-        &mut self.blocks[index]
+        self.blocks.get_mut(id)
     }
 
     fn evict<S: Sink>(&mut self, tier: Tier, sink: &mut S) -> BlockId {

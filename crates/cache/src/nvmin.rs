@@ -22,6 +22,7 @@
 
 use std::collections::BinaryHeap;
 
+use crate::block_table::BlockTable;
 use crate::policy::{Access, Action, BlockId, Capacity, Op, Policy, Sink, Tier};
 
 /// "Never again."
@@ -112,7 +113,7 @@ pub struct NvMin<'a> {
     capacity: Capacity,
     futures: &'a [Future],
     position: usize,
-    blocks: Vec<Block>,
+    blocks: BlockTable<Block>,
     /// DRAM blocks by next read, furthest first (stale entries skipped).
     dram_by_read: BinaryHeap<(u32, BlockId)>,
     /// DRAM blocks whose next access is a write (stale entries skipped).
@@ -132,7 +133,7 @@ impl<'a> NvMin<'a> {
             capacity,
             futures,
             position: 0,
-            blocks: Vec::new(),
+            blocks: BlockTable::default(),
             dram_by_read: BinaryHeap::new(),
             dram_write_first: Vec::new(),
             nvram_by_write: BinaryHeap::new(),
@@ -144,11 +145,7 @@ impl<'a> NvMin<'a> {
 
     #[inline]
     fn block(&mut self, id: BlockId) -> &mut Block {
-        let index = id as usize;
-        if index >= self.blocks.len() {
-            self.blocks.resize(index + 1, Block::default());
-        }
-        &mut self.blocks[index]
+        self.blocks.get_mut(id)
     }
 
     /// Records `id` as being in DRAM with its current next accesses.

@@ -144,7 +144,10 @@ fn pool_memory_is_on_the_node_of_the_creating_thread() {
             let mut engine = Engine::new(file, Strategy::Pool, PoolConfig::default(), 4).unwrap();
             let buf = engine.buffer(1 << 20, Op::Read).unwrap();
             let pages: Vec<usize> = buf.segments().iter().map(|s| s.address as usize).collect();
-            assert_eq!(topology::page_nodes(&pages).unwrap(), vec![node.id as i32; pages.len()]);
+            assert_eq!(
+                topology::page_nodes(&pages).unwrap(),
+                vec![node.id as i32; pages.len()]
+            );
             engine.release(buf);
         });
     });

@@ -412,18 +412,7 @@ impl Volume {
     /// and nothing of it is marked.
     pub fn mark_owned(&self, extents: impl IntoIterator<Item = Extent>) -> Result<()> {
         for extent in extents {
-            let (device, first_page, pages) = self.locate(&extent)?;
-            let mut allocator = device.allocator.lock().expect("allocator lock");
-            allocator
-                .reserve(first_page, pages)
-                .map_err(|problem| VolumeError::BadExtent {
-                    start: extent.start,
-                    len_bytes: extent.len_bytes,
-                    problem,
-                })?;
-            let free = allocator.free_pages() * PAGE_BYTES;
-            drop(allocator);
-            self.monitor.update(extent.device(), free);
+            self.change_pages(&extent, BuddyAllocator::reserve)?;
         }
         Ok(())
     }
@@ -483,20 +472,29 @@ impl Volume {
 
     /// Returns an extent to its device.
     pub fn free(&self, extent: Extent) -> Result<()> {
-        let (device, first_page, pages) = self.locate(&extent)?;
+        let device = self.change_pages(&extent, BuddyAllocator::free)?;
+        device.counters.frees.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Applies `change` (reserve or free) to an extent's pages under its device's lock, then
+    /// tells the monitor the device's new free space.
+    fn change_pages(
+        &self,
+        extent: &Extent,
+        change: fn(&mut BuddyAllocator, u64, u64) -> Result<(), String>,
+    ) -> Result<&VolumeDevice> {
+        let (device, first_page, pages) = self.locate(extent)?;
         let mut allocator = device.allocator.lock().expect("allocator lock");
-        allocator
-            .free(first_page, pages)
-            .map_err(|problem| VolumeError::BadExtent {
-                start: extent.start,
-                len_bytes: extent.len_bytes,
-                problem,
-            })?;
+        change(&mut allocator, first_page, pages).map_err(|problem| VolumeError::BadExtent {
+            start: extent.start,
+            len_bytes: extent.len_bytes,
+            problem,
+        })?;
         let free = allocator.free_pages() * PAGE_BYTES;
         drop(allocator);
-        device.counters.frees.fetch_add(1, Ordering::Relaxed);
         self.monitor.update(extent.device(), free);
-        Ok(())
+        Ok(device)
     }
 
     /// The persistent memory of an extent.
