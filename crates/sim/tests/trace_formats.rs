@@ -133,6 +133,13 @@ fn malformed_lines_name_their_line_or_are_skipped_on_request() {
     )
     .unwrap_err();
     assert!(error.to_string().contains("size"), "{error}");
+    let error = read("  8,0 0 1 0.0 1 Q W 8 + 18446744073709551615 [x]\n", None).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("sample:1: sector count overflows"),
+        "{error}"
+    );
     let error = read("version,time,op,size,lbn\n1,5,2a,1099511627776,8\n", None).unwrap_err();
     assert!(error.to_string().contains("more than"), "{error}");
 }
