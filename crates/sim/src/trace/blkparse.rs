@@ -54,10 +54,13 @@ pub(crate) fn parse(line: &str) -> Result<Line, String> {
     let offset_bytes = sector
         .checked_mul(SECTOR_BYTES)
         .ok_or("sector overflows 64 bits in bytes")?;
+    let len_bytes = count
+        .checked_mul(SECTOR_BYTES)
+        .ok_or("sector count overflows 64 bits in bytes")?;
     Ok(Line::Request(Request {
         stream,
         offset_bytes,
-        len_bytes: count * SECTOR_BYTES,
+        len_bytes,
         op,
     }))
 }
