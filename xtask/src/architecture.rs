@@ -20,6 +20,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("volume", &["topology", "pmem"]),
     ("cache", &[]),
     ("uring", &["topology"]),
+    ("nbd", &[]),
     ("sim", &["cache"]),
     (
         "locus",
