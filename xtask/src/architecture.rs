@@ -21,6 +21,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("cache", &[]),
     ("uring", &["topology"]),
     ("nbd", &[]),
+    ("fs", &["pmem", "volume"]),
     ("sim", &["cache"]),
     (
         "locus",

@@ -1,0 +1,291 @@
+//! Per-thread log areas: the persistent user buffers' logs (Libpubl).
+//!
+//! A write's data sits in a persistent buffer; committing it appends one 64-byte record that
+//! points at the buffer — inode, file offset, length, buffer address, sequence — and persists
+//! that record before the write returns. Each thread owns one area, so appends take no lock.
+//! The checkpoint later moves logged data into files and *retires* records through a
+//! sequence number: one aligned 8-byte store, the area's commit word. Byte layout:
+//! docs/format/fs-log.md.
+//!
+//! Recovery scans every slot and keeps records whose CRC matches, whose sequence is above the
+//! retired watermark, and which sit in the slot their sequence names. A torn record (a crash
+//! mid-append) fails its CRC and is dropped: its write never returned. Because one writer
+//! persists each record before the next, the kept sequences must be contiguous; a gap means
+//! damage and is reported, never guessed around.
+
+use pmem::Region;
+
+use crate::error::{FsError, Result};
+
+/// `LOCUSLOG`.
+pub const LOG_MAGIC: u64 = u64::from_le_bytes(*b"LOCUSLOG");
+/// Format version.
+pub const LOG_VERSION: u32 = 1;
+/// Bytes of the header and of each record slot (one cache line each).
+pub const SLOT_BYTES: u64 = 64;
+/// Offset of the retired-sequence commit word in the header.
+const RETIRED_OFFSET: u64 = 24;
+/// Most record slots in one area.
+pub const MAX_RECORDS: u64 = 1 << 24;
+
+const _: () = assert!(SLOT_BYTES == 64);
+
+/// What a record says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogRecord {
+    /// Position in the area's history, from 1.
+    pub sequence: u64,
+    /// The file written.
+    pub inode: u64,
+    /// Byte offset in the file.
+    pub offset: u64,
+    /// Bytes written.
+    pub length: u64,
+    /// Global address of the persistent buffer holding the data.
+    pub buffer: u64,
+}
+
+impl LogRecord {
+    fn encode(&self) -> [u8; SLOT_BYTES as usize] {
+        let mut bytes = [0u8; SLOT_BYTES as usize];
+        for (i, value) in [
+            self.sequence,
+            self.inode,
+            self.offset,
+            self.length,
+            self.buffer,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            bytes[i * 8..i * 8 + 8].copy_from_slice(&value.to_le_bytes());
+        }
+        let crc = crc32c::crc32c(&bytes[..60]);
+        bytes[60..64].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    /// `None` for an empty or torn slot (CRC mismatch), which recovery skips.
+    fn decode(bytes: &[u8; SLOT_BYTES as usize]) -> Option<Self> {
+        let crc = u32::from_le_bytes(bytes[60..64].try_into().expect("4 bytes"));
+        if crc != crc32c::crc32c(&bytes[..60]) || bytes[40..60].iter().any(|&b| b != 0) {
+            return None;
+        }
+        let word =
+            |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        let record = Self {
+            sequence: word(0),
+            inode: word(1),
+            offset: word(2),
+            length: word(3),
+            buffer: word(4),
+        };
+        (record.sequence != 0).then_some(record)
+    }
+}
+
+/// One thread's log area.
+#[derive(Debug)]
+pub struct LogArea {
+    region: Region,
+    id: u32,
+    capacity: u64,
+    next_sequence: u64,
+    retired: u64,
+}
+
+impl LogArea {
+    /// Bytes an area of `records` slots needs.
+    pub fn bytes_for(records: u64) -> u64 {
+        SLOT_BYTES * (records + 1)
+    }
+
+    /// Formats `region` as a fresh, empty log area.
+    pub fn format(region: Region, id: u32) -> Result<Self> {
+        let capacity = (region.len() / SLOT_BYTES)
+            .saturating_sub(1)
+            .min(MAX_RECORDS);
+        if capacity == 0 {
+            return Err(FsError::BadLogHeader {
+                field: "capacity_records",
+                problem: "region too small for one record".into(),
+            });
+        }
+        // Old records must not look live in the new area: clear the slots first.
+        region.fill(SLOT_BYTES, capacity * SLOT_BYTES, 0)?;
+        region.persist(SLOT_BYTES, capacity * SLOT_BYTES)?;
+        let mut header = [0u8; SLOT_BYTES as usize];
+        header[8..12].copy_from_slice(&LOG_VERSION.to_le_bytes());
+        header[12..16].copy_from_slice(&id.to_le_bytes());
+        header[16..24].copy_from_slice(&capacity.to_le_bytes());
+        let crc = crc32c::crc32c(&header[8..24]);
+        header[60..64].copy_from_slice(&crc.to_le_bytes());
+        region.store_u64(0, 0)?;
+        region.persist(0, 8)?;
+        region.write(8, &header[8..])?;
+        region.persist(8, SLOT_BYTES - 8)?;
+        region.store_u64(0, LOG_MAGIC)?;
+        region.persist(0, 8)?;
+        Ok(Self {
+            region,
+            id,
+            capacity,
+            next_sequence: 1,
+            retired: 0,
+        })
+    }
+
+    /// Opens an existing area and returns it with its live records, oldest first.
+    pub fn recover(region: Region) -> Result<(Self, Vec<LogRecord>)> {
+        let mut header = [0u8; SLOT_BYTES as usize];
+        region.read(0, &mut header)?;
+        let bad = |field: &'static str, problem: String| FsError::BadLogHeader { field, problem };
+        let u32_at =
+            |at: usize| u32::from_le_bytes(header[at..at + 4].try_into().expect("4 bytes"));
+        let u64_at =
+            |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().expect("8 bytes"));
+        if u64_at(0) != LOG_MAGIC {
+            return Err(bad("magic", "not a locus log area".into()));
+        }
+        if u32_at(8) != LOG_VERSION {
+            return Err(bad(
+                "version",
+                format!("{}, expected {LOG_VERSION}", u32_at(8)),
+            ));
+        }
+        let crc = u32_at(60);
+        if crc != crc32c::crc32c(&header[8..24]) {
+            return Err(bad("crc32c", "header checksum mismatch (damaged)".into()));
+        }
+        let id = u32_at(12);
+        let capacity = u64_at(16);
+        if capacity == 0 || capacity > MAX_RECORDS || LogArea::bytes_for(capacity) > region.len() {
+            return Err(bad(
+                "capacity_records",
+                format!(
+                    "{capacity} records do not fit the area's {} bytes",
+                    region.len()
+                ),
+            ));
+        }
+        let retired = region.load_u64(RETIRED_OFFSET)?;
+
+        let mut live = Vec::new();
+        let mut slot = [0u8; SLOT_BYTES as usize];
+        for index in 0..capacity {
+            region.read(SLOT_BYTES * (index + 1), &mut slot)?;
+            let Some(record) = LogRecord::decode(&slot) else {
+                continue;
+            };
+            if record.sequence <= retired {
+                continue;
+            }
+            if (record.sequence - 1) % capacity != index {
+                return Err(FsError::DamagedLog {
+                    area: id,
+                    problem: format!(
+                        "record {} sits in slot {index}, not slot {}",
+                        record.sequence,
+                        (record.sequence - 1) % capacity
+                    ),
+                });
+            }
+            live.push(record);
+        }
+        live.sort_by_key(|r| r.sequence);
+        let mut expected = retired + 1;
+        for record in &live {
+            if record.sequence != expected {
+                return Err(FsError::DamagedLog {
+                    area: id,
+                    problem: format!(
+                        "record {expected} is missing before record {}",
+                        record.sequence
+                    ),
+                });
+            }
+            expected += 1;
+        }
+        if live.len() as u64 > capacity {
+            return Err(FsError::DamagedLog {
+                area: id,
+                problem: "more live records than slots".into(),
+            });
+        }
+        Ok((
+            Self {
+                region,
+                id,
+                capacity,
+                next_sequence: expected,
+                retired,
+            },
+            live,
+        ))
+    }
+
+    /// The area's id.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The retired watermark: records through this sequence belong to their files.
+    pub fn retired(&self) -> u64 {
+        self.retired
+    }
+
+    /// Records appended and not yet retired.
+    pub fn pending(&self) -> u64 {
+        self.next_sequence - 1 - self.retired
+    }
+
+    /// Slots in the area.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Appends a record and persists it; on return the write it describes is durable.
+    /// `LogFull` when every slot holds a record the checkpoint has not retired.
+    pub fn append(
+        &mut self,
+        inode: u64,
+        offset: u64,
+        length: u64,
+        buffer: u64,
+    ) -> Result<LogRecord> {
+        if self.pending() == self.capacity {
+            return Err(FsError::LogFull {
+                area: self.id,
+                pending: self.pending(),
+            });
+        }
+        let record = LogRecord {
+            sequence: self.next_sequence,
+            inode,
+            offset,
+            length,
+            buffer,
+        };
+        let at = SLOT_BYTES * ((record.sequence - 1) % self.capacity + 1);
+        self.region.write(at, &record.encode())?;
+        self.region.persist(at, SLOT_BYTES)?;
+        self.next_sequence += 1;
+        Ok(record)
+    }
+
+    /// Retires every record through `sequence` (the checkpoint has made them part of their
+    /// files): their slots may be reused. One aligned 8-byte store, persisted.
+    pub fn retire_through(&mut self, sequence: u64) -> Result<()> {
+        assert!(
+            sequence < self.next_sequence,
+            "retiring record {sequence} never appended"
+        );
+        if sequence <= self.retired {
+            return Ok(());
+        }
+        self.region.store_u64(RETIRED_OFFSET, sequence)?;
+        self.region.persist(RETIRED_OFFSET, 8)?;
+        self.retired = sequence;
+        Ok(())
+    }
+}
