@@ -173,3 +173,65 @@ fn bench_volume_prints_one_json_object_per_case() {
         }
     }
 }
+
+#[test]
+fn fsck_reports_every_problem_by_device() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let a = dir.path().join("a.pmem");
+    let b = dir.path().join("b.pmem");
+    let spec = |p: &Path| format!("{},node=0,size=8M", p.display());
+    assert!(
+        locus(
+            dir.path(),
+            &["format", "--device", &spec(&a), "--device", &spec(&b)]
+        )
+        .status
+        .success()
+    );
+    let clean = locus(dir.path(), &["fsck"]);
+    assert!(clean.status.success(), "{}", text(&clean.stderr));
+    assert!(text(&clean.stdout).contains("clean"));
+
+    // Device b from another volume, device a damaged: both reported in one run.
+    let other = tempfile::tempdir_in("/dev/shm").unwrap();
+    let c = other.path().join("c.pmem");
+    assert!(
+        locus(other.path(), &["format", "--device", &spec(&c)])
+            .status
+            .success()
+    );
+    std::fs::copy(&c, &b).unwrap();
+    let mut bytes = std::fs::read(&a).unwrap();
+    bytes[36] ^= 0xff; // device_count
+    std::fs::write(&a, bytes).unwrap();
+    let output = locus(dir.path(), &["fsck", "--json"]);
+    assert_eq!(output.status.code(), Some(1));
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let problems: Vec<String> = report["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("a.pmem") && p.contains("crc32c")),
+        "{problems:?}"
+    );
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("locus.toml lists 2 devices") || p.contains("missing")),
+        "{problems:?}"
+    );
+
+    std::fs::remove_file(&b).unwrap();
+    let output = locus(dir.path(), &["fsck"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        text(&output.stdout).contains("b.pmem"),
+        "{}",
+        text(&output.stdout)
+    );
+}

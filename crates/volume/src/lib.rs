@@ -15,6 +15,7 @@
 
 mod address;
 pub mod buddy;
+mod check;
 mod config;
 mod error;
 mod lock;
@@ -24,6 +25,7 @@ mod volume;
 
 pub use address::{Extent, GlobalAddress, MAX_DEVICES};
 pub use buddy::BuddyAllocator;
+pub use check::{CheckReport, DeviceCheck, check};
 pub use config::{CONFIG_FILE, DeviceConfig, VolumeConfig};
 pub use error::{Result, VolumeError};
 pub use lock::VolumeLock;

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod format;
+pub mod fsck;
 pub mod sim;
 pub mod status;
 pub mod topology;
