@@ -14,9 +14,11 @@ use clap::{Parser, Subcommand};
 
 /// locus — a NUMA-aware user-space storage stack for persistent memory, CXL memory and NVMe.
 ///
-/// locus pools every NUMA node's memory-bus storage into one volume, writes data to the
-/// device nearest the writing CPU, and serves it over NBD. Logs go to stderr and are chosen
-/// with RUST_LOG (e.g. RUST_LOG=debug).
+/// locus pools every NUMA node's memory-bus storage into one volume and allocates each write
+/// from the device nearest the writing CPU; it also simulates hybrid DRAM/NVRAM caches over
+/// block traces and does io_uring I/O to SSDs through a registered buffer pool. (The file
+/// system and NBD serving are being built.) Logs go to stderr and are chosen with RUST_LOG
+/// (e.g. RUST_LOG=debug).
 #[derive(Debug, Parser)]
 #[command(name = "locus", version, about, long_about, propagate_version = true)]
 struct Cli {

@@ -5,10 +5,12 @@ use std::path::Path;
 use anyhow::{Result, bail};
 use clap::Args;
 
-/// Check the volume in the --volume directory without changing it: every device's
-/// superblock (each field by name), that all devices belong to one volume with indexes
-/// 0..n-1 each once, and that locus.toml lists them all. Reports every problem, not just the
-/// first; exits 1 if any. (File-system checks join this when the file system exists.)
+/// Check a volume without changing it, reporting every problem.
+///
+/// Checks the volume in the --volume directory: every device's superblock (each field by
+/// name), that all devices belong to one volume with indexes 0..n-1 each once, and that
+/// locus.toml lists them all. Reports every problem, not just the first; exits 1 if any.
+/// (File-system checks join this when the file system exists.)
 #[derive(Debug, Args)]
 pub struct FsckArgs {
     /// Print the report as one JSON object.

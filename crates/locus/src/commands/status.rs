@@ -8,10 +8,12 @@ use serde::Serialize;
 
 use crate::size::format_bytes;
 
-/// Show the volume in the --volume directory: each device's path, kind, NUMA node (now and
+/// Show the volume's devices, their nodes, space and allocation order.
+///
+/// For each device of the volume in the --volume directory: path, kind, NUMA node (now and
 /// at format), persistence mode, capacity, free space, candidate/fat state and allocations
-/// served locally and remotely by this process, plus the order in which each node uses the
-/// devices. Creates the embedded default volume if there is none.
+/// served locally and remotely by this process; then the order in which each node uses the
+/// devices. Creates the embedded default volume if there is none, and says so.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     /// Print one JSON object instead of a table.

@@ -10,10 +10,10 @@ use topology::{CandidateOrder, ProbeConfig, ProbeReport, Topology, cpulist};
 
 use crate::size::{format_bytes, parse_size};
 
-/// Show NUMA nodes, CPUs, memory, SLIT distances, HMAT latencies, persistent-memory devices,
-/// NICs and, for each node, the order in which locus uses the nodes' memory.
+/// Show the machine's NUMA layout, memory devices, NICs and memory order.
 ///
-/// The order comes from the best latency source that covers a node's whole row: a measured
+/// NUMA nodes, CPUs, memory, SLIT distances, HMAT latencies, persistent-memory devices, NICs
+/// and, for each node, the order in which locus uses the nodes' memory. The order comes from the best latency source that covers a node's whole row: a measured
 /// probe (with --probe), else the firmware's HMAT table, else the SLIT distance matrix.
 #[derive(Debug, Args)]
 pub struct TopologyArgs {
