@@ -24,9 +24,10 @@ pub const GUEST_MODULES: &[&str] = &[
     // Device-DAX on NVDIMM namespaces.
     "dax_pmem",
     "device_dax",
-    // The NIC behind the PCI expander bridge.
+    // The NIC behind the PCI expander bridge, and the scratch disk.
     "virtio_pci",
     "virtio_net",
+    "virtio_blk",
 ];
 
 #[derive(Debug)]

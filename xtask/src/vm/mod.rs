@@ -124,12 +124,26 @@ pub fn run(root: &Path, args: &VmTestArgs) -> Result<ExitCode> {
         let dir = work.join(topology.name);
         fs::create_dir_all(&dir)?;
         let nvdimm_files = fresh_nvdimm_files(&dir, topology)?;
+        let disk = dir.join("disk.img");
+        fs::File::create(&disk)?.set_len(GUEST_DISK_BYTES)?;
         let archive = dir.join("initramfs.cpio");
         initramfs::pack(&staging, &archive, topology, &module_names, &steps)?;
 
         let boot = guest::Boot {
             label: topology.name,
-            machine_args: topology.qemu_args(&nvdimm_files),
+            machine_args: {
+                let mut args = topology.qemu_args(&nvdimm_files);
+                args.extend([
+                    "-drive".to_owned(),
+                    format!(
+                        "file={},format=raw,if=none,id=scratch,cache=none",
+                        disk.display()
+                    ),
+                    "-device".to_owned(),
+                    "virtio-blk-pci,drive=scratch,bus=pci.0".to_owned(),
+                ]);
+                args
+            },
             kernel: &assets.kernel.vmlinuz,
             initramfs: &archive,
             accel: args.accel,
@@ -137,7 +151,7 @@ pub fn run(root: &Path, args: &VmTestArgs) -> Result<ExitCode> {
             verbose_kernel: args.verbose_kernel,
         };
         let run = guest::run(&boot)?;
-        for file in &nvdimm_files {
+        for file in nvdimm_files.iter().chain([&disk]) {
             let _ = fs::remove_file(file);
         }
         let problems = evaluate(topology, &run, &steps);
@@ -179,9 +193,19 @@ pub fn run(root: &Path, args: &VmTestArgs) -> Result<ExitCode> {
     Ok(ExitCode::from(command_status.unwrap_or(1)))
 }
 
+/// Size of the guest's scratch disk (sparse on the host).
+const GUEST_DISK_BYTES: u64 = 128 << 20;
+
 /// Integration tests (package, test target) that run inside the guests, as `/bin/<test>`.
 /// Each must pass on the host too; in a guest it sees a multi-node machine.
-const GUEST_TESTS: &[(&str, &str)] = &[("volume", "numa_placement"), ("pmem", "dax_devices")];
+const GUEST_TESTS: &[(&str, &str)] = &[
+    ("volume", "numa_placement"),
+    ("pmem", "dax_devices"),
+    ("uring", "numa_buffers"),
+];
+
+/// The guest's virtio disk (O_DIRECT needs a real block device; the root is a RAM file system).
+const GUEST_DISK: &str = "/dev/vda";
 
 /// Host programs the guest tests use, and their name in the guest's /bin.
 const GUEST_TOOLS: &[(&str, &str)] = &[("/usr/sbin/mke2fs", "mkfs.ext4")];
@@ -254,6 +278,8 @@ fn suite_steps() -> Vec<Step> {
     .chain(GUEST_TESTS.iter().map(|(_, test)| Step {
         name: (*test).to_owned(),
         argv: vec![
+            "/bin/env".into(),
+            format!("LOCUS_URING_TEST_DEVICE={GUEST_DISK}"),
             format!("/bin/{test}"),
             "--test-threads=1".into(),
             "--nocapture".into(),
