@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use pmem::DeviceKind;
 use serde::Serialize;
 
 use crate::config::VolumeConfig;
@@ -60,20 +59,9 @@ pub fn check(dir: &Path) -> Result<CheckReport> {
     let mut found: Vec<(String, Superblock)> = Vec::new();
     for device in &config.devices {
         let path = device.path.display().to_string();
-        let kind = match device.kind.as_deref().and_then(DeviceKind::from_name) {
-            Some(kind) => Ok(kind),
-            None => DeviceKind::detect(&device.path).map_err(VolumeError::from),
-        };
-        let outcome = kind.and_then(|kind| {
-            let spec = pmem::DeviceSpec {
-                path: device.path.clone(),
-                kind,
-                node: device.node,
-                flush,
-            };
-            let opened = pmem::Device::open(&spec)?;
-            let superblock = Superblock::read(opened.region(), &path)?;
-            Ok((superblock, device.node.or_else(|| opened.numa_node())))
+        let outcome = device.open_source(flush).and_then(|source| {
+            let superblock = Superblock::read(&source.region, &path)?;
+            Ok((superblock, source.node))
         });
         match outcome {
             Ok((superblock, node)) => {

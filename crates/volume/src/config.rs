@@ -49,6 +49,41 @@ pub struct DeviceConfig {
     pub size_bytes: Option<u64>,
 }
 
+impl DeviceConfig {
+    /// The device's kind: as written in the config, else detected from the path.
+    pub fn kind(&self) -> Result<pmem::DeviceKind> {
+        match self.kind.as_deref() {
+            Some(name) => pmem::DeviceKind::from_name(name).ok_or_else(|| VolumeError::Config {
+                path: self.path.clone(),
+                problem: format!("unknown kind \"{name}\""),
+            }),
+            None => Ok(pmem::DeviceKind::detect(&self.path)?),
+        }
+    }
+
+    /// What to hand pmem to map the device.
+    pub fn spec(&self, kind: pmem::DeviceKind, flush: pmem::FlushPolicy) -> pmem::DeviceSpec {
+        pmem::DeviceSpec {
+            path: self.path.clone(),
+            kind,
+            node: self.node,
+            flush,
+        }
+    }
+
+    /// Maps the existing device, as a source for opening or checking the volume.
+    pub fn open_source(&self, flush: pmem::FlushPolicy) -> Result<crate::volume::DeviceSource> {
+        let kind = self.kind()?;
+        let opened = pmem::Device::open(&self.spec(kind, flush))?;
+        Ok(crate::volume::DeviceSource {
+            label: self.path.display().to_string(),
+            kind: Some(kind),
+            region: opened.region().clone(),
+            node: self.node.or_else(|| opened.numa_node()),
+        })
+    }
+}
+
 impl VolumeConfig {
     /// Reads `dir/locus.toml`; `Ok(None)` when there is none.
     pub fn read(dir: &Path) -> Result<Option<Self>> {

@@ -286,17 +286,9 @@ impl Volume {
         let mut written = config.clone();
         let mut sources = Vec::new();
         for (device, entry) in config.devices.iter().zip(&mut written.devices) {
-            let kind = match &device.kind {
-                Some(name) => DeviceKind::from_name(name).expect("validated"),
-                None => DeviceKind::detect(&device.path)?,
-            };
+            let kind = device.kind()?;
             entry.kind = Some(kind.name().to_owned());
-            let spec = pmem::DeviceSpec {
-                path: device.path.clone(),
-                kind,
-                node: device.node,
-                flush,
-            };
+            let spec = device.spec(kind, flush);
             let opened = if kind == DeviceKind::DevDax {
                 pmem::Device::open(&spec)?
             } else {
@@ -330,18 +322,10 @@ impl Volume {
             return Ok(false);
         };
         let flush = existing.flush_policy().expect("validated");
-        for device in &existing.devices {
-            let Some(kind) = device.kind.as_deref().and_then(DeviceKind::from_name) else {
-                continue;
-            };
-            let spec = pmem::DeviceSpec {
-                path: device.path.clone(),
-                kind,
-                node: None,
-                flush,
-            };
-            if let Ok(opened) = pmem::Device::open(&spec)
-                && Superblock::read(opened.region(), &device.path.display().to_string()).is_ok()
+        // Only devices whose kind was recorded at format can hold a superblock of ours.
+        for device in existing.devices.iter().filter(|d| d.kind.is_some()) {
+            if let Ok(source) = device.open_source(flush)
+                && Superblock::read(&source.region, &source.label).is_ok()
             {
                 return Ok(true);
             }
@@ -356,26 +340,11 @@ impl Volume {
             dir: dir.to_owned(),
         })?;
         let flush = config.flush_policy().expect("validated");
-        let mut sources = Vec::new();
-        for device in &config.devices {
-            let kind = match &device.kind {
-                Some(name) => DeviceKind::from_name(name).expect("validated"),
-                None => DeviceKind::detect(&device.path)?,
-            };
-            let spec = pmem::DeviceSpec {
-                path: device.path.clone(),
-                kind,
-                node: device.node,
-                flush,
-            };
-            let opened = pmem::Device::open(&spec)?;
-            sources.push(DeviceSource {
-                label: device.path.display().to_string(),
-                kind: Some(kind),
-                region: opened.region().clone(),
-                node: device.node.or_else(|| opened.numa_node()),
-            });
-        }
+        let sources = config
+            .devices
+            .iter()
+            .map(|device| device.open_source(flush))
+            .collect::<Result<Vec<_>>>()?;
         let mut volume = Self::open_devices(sources, topology, options)?;
         volume.dir = Some(dir.to_owned());
         volume._lock = Some(lock);
