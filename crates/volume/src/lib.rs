@@ -20,6 +20,7 @@ mod config;
 mod error;
 mod lock;
 pub mod monitor;
+mod shards;
 pub mod superblock;
 mod volume;
 

@@ -3,8 +3,7 @@
 //! each allocation from the requesting node's latency order.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use pmem::{DeviceKind, PersistenceMode, Region};
@@ -16,6 +15,7 @@ use crate::config::{DeviceConfig, VolumeConfig};
 use crate::error::{Result, VolumeError};
 use crate::lock::VolumeLock;
 use crate::monitor::{Monitor, PeriodicCheck, Thresholds};
+use crate::shards::{Change, ShardedAllocator};
 use crate::superblock::{DATA_OFFSET_BYTES, MIN_DEVICE_BYTES, Superblock};
 
 /// Largest single allocation (one extent): 64 GiB.
@@ -43,6 +43,9 @@ pub struct OpenOptions {
     pub check_interval: Option<Duration>,
     /// Measured latencies to order devices by (else HMAT, else SLIT).
     pub probe: Option<topology::ProbeReport>,
+    /// Smallest allocator shard: a device is split into one shard per CPU, but no shard is
+    /// smaller than this (it is also the largest extent).
+    pub shard_min_bytes: u64,
 }
 
 impl Default for OpenOptions {
@@ -51,16 +54,9 @@ impl Default for OpenOptions {
             thresholds: Thresholds::default(),
             check_interval: Some(Duration::from_secs(1)),
             probe: None,
+            shard_min_bytes: 64 << 20,
         }
     }
-}
-
-/// Per-device counters, for `status` and tests.
-#[derive(Debug, Default)]
-struct Counters {
-    local: AtomicU64,
-    remote: AtomicU64,
-    frees: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -71,8 +67,7 @@ struct VolumeDevice {
     node: Option<u32>,
     superblock: Superblock,
     region: Region,
-    allocator: Mutex<BuddyAllocator>,
-    counters: Counters,
+    allocator: ShardedAllocator,
 }
 
 /// One device's state, as `locus status` shows it.
@@ -104,6 +99,8 @@ pub struct DeviceStats {
     pub allocations_remote: u64,
     /// Frees.
     pub frees: u64,
+    /// Allocator shards (one per CPU, within the minimum shard size).
+    pub allocator_shards: usize,
 }
 
 /// A formatted, open volume.
@@ -191,8 +188,10 @@ impl Volume {
             opened.push(VolumeDevice {
                 mode: source.region.mode(),
                 node: source.node.or(superblock.node()),
-                allocator: Mutex::new(BuddyAllocator::new(pages)),
-                counters: Counters::default(),
+                allocator: ShardedAllocator::new(
+                    pages,
+                    shard_count(options, topology.cpu_count(), pages),
+                ),
                 label: source.label,
                 kind: source.kind,
                 region: source.region,
@@ -381,7 +380,12 @@ impl Volume {
     /// and nothing of it is marked.
     pub fn mark_owned(&self, extents: impl IntoIterator<Item = Extent>) -> Result<()> {
         for extent in extents {
-            self.change_pages(&extent, BuddyAllocator::reserve)?;
+            self.change_pages(
+                &extent,
+                BuddyAllocator::reserve,
+                BuddyAllocator::free,
+                false,
+            )?;
         }
         Ok(())
     }
@@ -441,29 +445,32 @@ impl Volume {
 
     /// Returns an extent to its device.
     pub fn free(&self, extent: Extent) -> Result<()> {
-        let device = self.change_pages(&extent, BuddyAllocator::free)?;
-        device.counters.frees.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        self.change_pages(&extent, BuddyAllocator::free, BuddyAllocator::reserve, true)
     }
 
-    /// Applies `change` (reserve or free) to an extent's pages under its device's lock, then
-    /// tells the monitor the device's new free space.
+    /// Applies `change` (reserve or free) to an extent's pages, undoing it with `undo` if part
+    /// is refused, and tells the monitor when the device's published free space moved.
     fn change_pages(
         &self,
         extent: &Extent,
-        change: fn(&mut BuddyAllocator, u64, u64) -> Result<(), String>,
-    ) -> Result<&VolumeDevice> {
+        change: Change,
+        undo: Change,
+        freeing: bool,
+    ) -> Result<()> {
         let (device, first_page, pages) = self.locate(extent)?;
-        let mut allocator = device.allocator.lock().expect("allocator lock");
-        change(&mut allocator, first_page, pages).map_err(|problem| VolumeError::BadExtent {
-            start: extent.start,
-            len_bytes: extent.len_bytes,
-            problem,
-        })?;
-        let free = allocator.free_pages() * PAGE_BYTES;
-        drop(allocator);
-        self.monitor.update(extent.device(), free);
-        Ok(device)
+        let published = device
+            .allocator
+            .change(first_page, pages, change, undo, freeing)
+            .map_err(|problem| VolumeError::BadExtent {
+                start: extent.start,
+                len_bytes: extent.len_bytes,
+                problem,
+            })?;
+        if let Some(free_pages) = published {
+            self.monitor
+                .update(extent.device(), free_pages * PAGE_BYTES);
+        }
+        Ok(())
     }
 
     /// The persistent memory of an extent.
@@ -494,7 +501,8 @@ impl Volume {
         self.devices
             .iter()
             .enumerate()
-            .map(|(index, device)| DeviceStats {
+            .map(|(index, device)| (index, device, device.allocator.counters()))
+            .map(|(index, device, counters)| DeviceStats {
                 index: index as u32,
                 path: device.label.clone(),
                 kind: device.kind.map(|k| k.name().to_owned()),
@@ -503,20 +511,16 @@ impl Volume {
                 node_at_format: device.superblock.node(),
                 capacity_bytes: device.superblock.capacity_bytes,
                 data_bytes: device.superblock.data_bytes,
-                free_bytes: device
-                    .allocator
-                    .lock()
-                    .expect("allocator lock")
-                    .free_pages()
-                    * PAGE_BYTES,
+                free_bytes: device.allocator.free_pages() * PAGE_BYTES,
                 state: if self.monitor.is_fat(index as u32) {
                     "fat"
                 } else {
                     "candidate"
                 },
-                allocations_local: device.counters.local.load(Ordering::Relaxed),
-                allocations_remote: device.counters.remote.load(Ordering::Relaxed),
-                frees: device.counters.frees.load(Ordering::Relaxed),
+                allocations_local: counters.local,
+                allocations_remote: counters.remote,
+                frees: counters.frees,
+                allocator_shards: device.allocator.shard_count(),
             })
             .collect()
     }
@@ -528,17 +532,12 @@ impl Volume {
 
     fn try_alloc(&self, device_index: u32, pages: u64, node: u32) -> Option<Extent> {
         let device = &self.devices[device_index as usize];
-        let mut allocator = device.allocator.lock().expect("allocator lock");
-        let first_page = allocator.alloc(pages)?;
-        let free = allocator.free_pages() * PAGE_BYTES;
-        drop(allocator);
-        let counter = if device.node == Some(node) {
-            &device.counters.local
-        } else {
-            &device.counters.remote
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        self.monitor.update(device_index, free);
+        let hint = topology::current_cpu().unwrap_or(0) as usize;
+        let local = device.node == Some(node);
+        let (first_page, published) = device.allocator.alloc(pages, hint, local)?;
+        if let Some(free_pages) = published {
+            self.monitor.update(device_index, free_pages * PAGE_BYTES);
+        }
         Some(Extent {
             start: GlobalAddress::new(device_index, DATA_OFFSET_BYTES + first_page * PAGE_BYTES),
             len_bytes: pages * PAGE_BYTES,
@@ -580,6 +579,12 @@ impl Volume {
         }
         Ok((device, first_page, pages))
     }
+}
+
+/// One allocator shard per CPU, none smaller than `shard_min_bytes`.
+fn shard_count(options: &OpenOptions, cpus: usize, pages: u64) -> usize {
+    let by_size = (pages * PAGE_BYTES / options.shard_min_bytes.max(PAGE_BYTES)).max(1);
+    cpus.max(1).min(by_size as usize)
 }
 
 fn check_len(len_bytes: u64) -> Result<u64> {
