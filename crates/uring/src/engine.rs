@@ -318,9 +318,7 @@ impl Engine {
                 table = Table { ring: &self.ring };
             };
             if op == Op::Write {
-                let mut data = vec![0u8; len];
-                buf.copy_to(&mut data);
-                staging.fill_from(&data);
+                staging.copy_from(&buf, len);
             }
             bounce = Some(staging);
         }
@@ -400,9 +398,7 @@ impl Engine {
                 self.in_flight -= 1;
                 if let Some(staging) = request.bounce.take() {
                     if request.op == Op::Read && request.error.is_none() {
-                        let mut data = vec![0u8; request.len];
-                        staging.copy_to(&mut data);
-                        request.buf.fill_from(&data);
+                        request.buf.copy_from(&staging, request.len);
                     }
                     let mut table = Table { ring: &self.ring };
                     self.pool.put(staging, &mut table);

@@ -221,6 +221,47 @@ impl IoBuf {
         }
     }
 
+    /// Copies the first `len` bytes of `source` into this buffer, segment to segment (one
+    /// copy, no temporary).
+    pub fn copy_from(&mut self, source: &IoBuf, len: usize) {
+        assert!(
+            len <= self.len && len <= source.len,
+            "{len} bytes between buffers of {} and {}",
+            source.len,
+            self.len
+        );
+        let (mut to, mut from) = (0usize, 0usize);
+        let (mut to_at, mut from_at) = (0usize, 0usize);
+        let mut done = 0;
+        while done < len {
+            let target = self.segments[to];
+            let origin = source.segments[from];
+            let n = (target.len - to_at)
+                .min(origin.len - from_at)
+                .min(len - done);
+            // SAFETY: both ranges lie inside segments their buffers own exclusively, and two
+            // distinct buffers never share memory.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    origin.address.add(from_at),
+                    target.address.add(to_at),
+                    n,
+                );
+            }
+            done += n;
+            to_at += n;
+            from_at += n;
+            if to_at == target.len {
+                to += 1;
+                to_at = 0;
+            }
+            if from_at == origin.len {
+                from += 1;
+                from_at = 0;
+            }
+        }
+    }
+
     /// Copies the buffer's first `out.len()` bytes into `out`.
     pub fn copy_to(&self, out: &mut [u8]) {
         assert!(
@@ -863,6 +904,46 @@ mod tests {
         buf.copy_to(&mut back);
         assert_eq!(back, data);
         pool.put(buf, &mut table);
+    }
+
+    #[test]
+    fn copies_between_differently_segmented_buffers() {
+        let mut table = FakeTable::default();
+        let mut pool = BufferPool::new(
+            PoolConfig {
+                idle: Duration::from_secs(60),
+                ..config()
+            },
+            &mut table,
+        )
+        .unwrap();
+        // Fragment the medium tier so one buffer is scattered.
+        let holes: Vec<IoBuf> = (0..16)
+            .map(|_| pool.get(16 << 10, true, &mut table).unwrap())
+            .collect();
+        let mut kept = Vec::new();
+        for (i, buf) in holes.into_iter().enumerate() {
+            if i % 2 == 0 {
+                pool.put(buf, &mut table);
+            } else {
+                kept.push(buf);
+            }
+        }
+        let mut scattered = pool.get(40_000, true, &mut table).unwrap();
+        assert!(scattered.segments().len() > 1);
+        let mut plain = IoBuf::unregistered(40_000, None).unwrap();
+        let data: Vec<u8> = (0..40_000u32).map(|i| (i * 7 % 253) as u8).collect();
+        plain.fill_from(&data);
+        scattered.copy_from(&plain, 40_000);
+        let mut back = IoBuf::unregistered(40_000, None).unwrap();
+        back.copy_from(&scattered, 40_000);
+        let mut out = vec![0u8; 40_000];
+        back.copy_to(&mut out);
+        assert_eq!(out, data);
+        pool.put(scattered, &mut table);
+        for buf in kept {
+            pool.put(buf, &mut table);
+        }
     }
 
     #[test]
