@@ -233,9 +233,7 @@ impl<'a> NvMin<'a> {
         }
         if tier == Some(Tier::Dram) {
             // The clean copy is obsolete: drop it first, freeing its DRAM slot.
-            sink.action(Action::EvictClean { block: id });
-            self.block(id).tier = None;
-            self.dram_count -= 1;
+            self.drop_clean(id, sink);
         }
         if self.nvram_count == self.capacity.nvram_blocks {
             let has_dram = self.capacity.dram_blocks > 0;

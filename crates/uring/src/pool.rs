@@ -751,17 +751,36 @@ mod tests {
         }
     }
 
+    /// A pool whose chunks stay registered while a test runs.
+    fn long_idle_pool(table: &mut FakeTable) -> BufferPool {
+        let config = PoolConfig {
+            idle: Duration::from_secs(60),
+            ..config()
+        };
+        BufferPool::new(config, table).unwrap()
+    }
+
+    /// Fills the medium tier with 16 KiB buffers and frees every other one: eight 16 KiB
+    /// holes and no larger region. Returns the buffers still held.
+    fn fragment(pool: &mut BufferPool, table: &mut FakeTable) -> Vec<IoBuf> {
+        let held: Vec<IoBuf> = (0..16)
+            .map(|_| pool.get(16 << 10, true, table).unwrap())
+            .collect();
+        let mut kept = Vec::new();
+        for (i, buf) in held.into_iter().enumerate() {
+            if i % 2 == 0 {
+                pool.put(buf, table);
+            } else {
+                kept.push(buf);
+            }
+        }
+        kept
+    }
+
     #[test]
     fn tiers_by_size_and_small_blocks_fall_through_when_busy() {
         let mut table = FakeTable::default();
-        let mut pool = BufferPool::new(
-            PoolConfig {
-                idle: Duration::from_secs(60),
-                ..config()
-            },
-            &mut table,
-        )
-        .unwrap();
+        let mut pool = long_idle_pool(&mut table);
         assert_eq!(
             table.slots.len(),
             3,
@@ -794,14 +813,7 @@ mod tests {
     #[test]
     fn regions_never_overlap_merge_on_release_and_respect_the_cap() {
         let mut table = FakeTable::default();
-        let mut pool = BufferPool::new(
-            PoolConfig {
-                idle: Duration::from_secs(60),
-                ..config()
-            },
-            &mut table,
-        )
-        .unwrap();
+        let mut pool = long_idle_pool(&mut table);
         let mut held = Vec::new();
         // 256 KiB cap of 64 KiB chunks: sixteen 16 KiB buffers fill it exactly.
         for _ in 0..16 {
@@ -909,26 +921,9 @@ mod tests {
     #[test]
     fn copies_between_differently_segmented_buffers() {
         let mut table = FakeTable::default();
-        let mut pool = BufferPool::new(
-            PoolConfig {
-                idle: Duration::from_secs(60),
-                ..config()
-            },
-            &mut table,
-        )
-        .unwrap();
+        let mut pool = long_idle_pool(&mut table);
         // Fragment the medium tier so one buffer is scattered.
-        let holes: Vec<IoBuf> = (0..16)
-            .map(|_| pool.get(16 << 10, true, &mut table).unwrap())
-            .collect();
-        let mut kept = Vec::new();
-        for (i, buf) in holes.into_iter().enumerate() {
-            if i % 2 == 0 {
-                pool.put(buf, &mut table);
-            } else {
-                kept.push(buf);
-            }
-        }
+        let kept = fragment(&mut pool, &mut table);
         let mut scattered = pool.get(40_000, true, &mut table).unwrap();
         assert!(scattered.segments().len() > 1);
         let mut plain = IoBuf::unregistered(40_000, None).unwrap();
