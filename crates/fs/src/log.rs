@@ -1,17 +1,22 @@
 //! Per-thread log areas: the persistent user buffers' logs (Libpubl).
 //!
 //! A write's data sits in a persistent buffer; committing it appends one 64-byte record that
-//! points at the buffer — inode, file offset, length, buffer address, sequence — and persists
-//! that record before the write returns. Each thread owns one area, so appends take no lock.
-//! The checkpoint later moves logged data into files and *retires* records through a
-//! sequence number: one aligned 8-byte store, the area's commit word. Byte layout:
-//! docs/format/fs-log.md.
+//! points at the buffer — inode, file offset, length, buffer address, the area's sequence and
+//! the file system's global order — and persists that record before the write returns. Each
+//! thread owns one area, so appends take no lock. The checkpoint later moves logged data into
+//! files and *retires* records through a sequence number; the retirement is logged in the
+//! checkpoint's own journal record (with the extent-map changes it made), so the area itself
+//! is only ever appended to. Byte layout: docs/format/fs-log.md.
 //!
-//! Recovery scans every slot and keeps records whose CRC matches, whose sequence is above the
-//! retired watermark, and which sit in the slot their sequence names. A torn record (a crash
-//! mid-append) fails its CRC and is dropped: its write never returned. Because one writer
-//! persists each record before the next, the kept sequences must be contiguous; a gap means
-//! damage and is reported, never guessed around.
+//! Recovery is handed the retired watermark from the metadata, scans every slot and keeps
+//! records whose CRC matches, whose sequence is above the watermark, and which sit in the
+//! slot their sequence names. A torn record (a crash mid-append) fails its CRC and is
+//! dropped: its write never returned. Because one writer persists each record before the
+//! next, the kept sequences must be contiguous; a gap means damage and is reported, never
+//! guessed around.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use pmem::Region;
 
@@ -23,8 +28,6 @@ pub const LOG_MAGIC: u64 = u64::from_le_bytes(*b"LOCUSLOG");
 pub const LOG_VERSION: u32 = 1;
 /// Bytes of the header and of each record slot (one cache line each).
 pub const SLOT_BYTES: u64 = 64;
-/// Offset of the retired-sequence commit word in the header.
-const RETIRED_OFFSET: u64 = 24;
 /// Most record slots in one area.
 pub const MAX_RECORDS: u64 = 1 << 24;
 
@@ -43,6 +46,8 @@ pub struct LogRecord {
     pub length: u64,
     /// Global address of the persistent buffer holding the data.
     pub buffer: u64,
+    /// Place in the file system's global order of operations (replay order across areas).
+    pub order: u64,
 }
 
 impl LogRecord {
@@ -54,6 +59,7 @@ impl LogRecord {
             self.offset,
             self.length,
             self.buffer,
+            self.order,
         ]
         .into_iter()
         .enumerate()
@@ -68,7 +74,7 @@ impl LogRecord {
     /// `None` for an empty or torn slot (CRC mismatch), which recovery skips.
     fn decode(bytes: &[u8; SLOT_BYTES as usize]) -> Option<Self> {
         let crc = u32::from_le_bytes(bytes[60..64].try_into().expect("4 bytes"));
-        if crc != crc32c::crc32c(&bytes[..60]) || bytes[40..60].iter().any(|&b| b != 0) {
+        if crc != crc32c::crc32c(&bytes[..60]) || bytes[48..60].iter().any(|&b| b != 0) {
             return None;
         }
         let word =
@@ -79,6 +85,7 @@ impl LogRecord {
             offset: word(2),
             length: word(3),
             buffer: word(4),
+            order: word(5),
         };
         (record.sequence != 0).then_some(record)
     }
@@ -91,7 +98,7 @@ pub struct LogArea {
     id: u32,
     capacity: u64,
     next_sequence: u64,
-    retired: u64,
+    retired: Arc<AtomicU64>,
 }
 
 impl LogArea {
@@ -131,12 +138,13 @@ impl LogArea {
             id,
             capacity,
             next_sequence: 1,
-            retired: 0,
+            retired: Arc::new(AtomicU64::new(0)),
         })
     }
 
-    /// Opens an existing area and returns it with its live records, oldest first.
-    pub fn recover(region: Region) -> Result<(Self, Vec<LogRecord>)> {
+    /// Opens an existing area whose records through `retired` are part of their files (the
+    /// metadata says so) and returns it with its live records, oldest first.
+    pub fn recover(region: Region, retired: u64) -> Result<(Self, Vec<LogRecord>)> {
         let mut header = [0u8; SLOT_BYTES as usize];
         region.read(0, &mut header)?;
         let bad = |field: &'static str, problem: String| FsError::BadLogHeader { field, problem };
@@ -168,8 +176,6 @@ impl LogArea {
                 ),
             ));
         }
-        let retired = region.load_u64(RETIRED_OFFSET)?;
-
         let mut live = Vec::new();
         let mut slot = [0u8; SLOT_BYTES as usize];
         for index in 0..capacity {
@@ -218,7 +224,7 @@ impl LogArea {
                 id,
                 capacity,
                 next_sequence: expected,
-                retired,
+                retired: Arc::new(AtomicU64::new(retired)),
             },
             live,
         ))
@@ -231,12 +237,22 @@ impl LogArea {
 
     /// The retired watermark: records through this sequence belong to their files.
     pub fn retired(&self) -> u64 {
-        self.retired
+        self.retired.load(Ordering::Acquire)
+    }
+
+    /// The watermark, shared with the checkpoint, which advances it.
+    pub fn retired_handle(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.retired)
     }
 
     /// Records appended and not yet retired.
     pub fn pending(&self) -> u64 {
-        self.next_sequence - 1 - self.retired
+        self.next_sequence - 1 - self.retired()
+    }
+
+    /// The sequence the next append gets.
+    pub fn next_sequence(&self) -> u64 {
+        self.next_sequence
     }
 
     /// Slots in the area.
@@ -252,6 +268,7 @@ impl LogArea {
         offset: u64,
         length: u64,
         buffer: u64,
+        order: u64,
     ) -> Result<LogRecord> {
         if self.pending() == self.capacity {
             return Err(FsError::LogFull {
@@ -265,6 +282,7 @@ impl LogArea {
             offset,
             length,
             buffer,
+            order,
         };
         let at = SLOT_BYTES * ((record.sequence - 1) % self.capacity + 1);
         self.region.write(at, &record.encode())?;
@@ -273,19 +291,13 @@ impl LogArea {
         Ok(record)
     }
 
-    /// Retires every record through `sequence` (the checkpoint has made them part of their
-    /// files): their slots may be reused. One aligned 8-byte store, persisted.
-    pub fn retire_through(&mut self, sequence: u64) -> Result<()> {
+    /// Retires every record through `sequence`: their slots may be reused. The caller has
+    /// made the retirement durable in the metadata journal first.
+    pub fn retire_through(&self, sequence: u64) {
         assert!(
             sequence < self.next_sequence,
             "retiring record {sequence} never appended"
         );
-        if sequence <= self.retired {
-            return Ok(());
-        }
-        self.region.store_u64(RETIRED_OFFSET, sequence)?;
-        self.region.persist(RETIRED_OFFSET, 8)?;
-        self.retired = sequence;
-        Ok(())
+        self.retired.fetch_max(sequence, Ordering::AcqRel);
     }
 }

@@ -32,11 +32,20 @@ struct Held {
     mode: LockMode,
 }
 
+/// Held ranges, the next holder id, and how many lockers wait (unlocking wakes them only
+/// when there are any: the common path makes no system call).
+#[derive(Debug, Default)]
+struct Table {
+    next_id: u64,
+    held: Vec<Held>,
+    waiting: usize,
+}
+
 /// The range locks of one file.
 #[derive(Debug)]
 pub struct RangeLocks {
     granule: u64,
-    held: Mutex<(u64, Vec<Held>)>,
+    held: Mutex<Table>,
     released: Condvar,
 }
 
@@ -57,7 +66,7 @@ impl RangeLocks {
         }
         Ok(Self {
             granule,
-            held: Mutex::new((0, Vec::new())),
+            held: Mutex::new(Table::default()),
             released: Condvar::new(),
         })
     }
@@ -66,8 +75,10 @@ impl RangeLocks {
     pub fn lock(&self, offset: u64, len: u64, mode: LockMode) -> Result<RangeGuard<'_>> {
         let (start, end) = self.round(offset, len)?;
         let mut held = self.held.lock().expect("range lock table");
-        while conflicts(&held.1, start, end, mode) {
+        while conflicts(&held.held, start, end, mode) {
+            held.waiting += 1;
             held = self.released.wait(held).expect("range lock table");
+            held.waiting -= 1;
         }
         Ok(self.insert(&mut held, start, end, mode))
     }
@@ -81,7 +92,7 @@ impl RangeLocks {
     ) -> Result<Option<RangeGuard<'_>>> {
         let (start, end) = self.round(offset, len)?;
         let mut held = self.held.lock().expect("range lock table");
-        if conflicts(&held.1, start, end, mode) {
+        if conflicts(&held.held, start, end, mode) {
             return Ok(None);
         }
         Ok(Some(self.insert(&mut held, start, end, mode)))
@@ -89,14 +100,14 @@ impl RangeLocks {
 
     fn insert(
         &self,
-        held: &mut (u64, Vec<Held>),
+        held: &mut Table,
         start: u64,
         end: u64,
         mode: LockMode,
     ) -> RangeGuard<'_> {
-        held.0 += 1;
-        let id = held.0;
-        held.1.push(Held {
+        held.next_id += 1;
+        let id = held.next_id;
+        held.held.push(Held {
             id,
             start,
             end,
@@ -126,9 +137,12 @@ fn conflicts(held: &[Held], start: u64, end: u64, mode: LockMode) -> bool {
 impl Drop for RangeGuard<'_> {
     fn drop(&mut self) {
         let mut held = self.locks.held.lock().expect("range lock table");
-        held.1.retain(|h| h.id != self.id);
+        held.held.retain(|h| h.id != self.id);
+        let waiting = held.waiting > 0;
         drop(held);
-        self.locks.released.notify_all();
+        if waiting {
+            self.locks.released.notify_all();
+        }
     }
 }
 

@@ -481,6 +481,29 @@ impl Volume {
             .slice(extent.start.offset(), extent.len_bytes)?)
     }
 
+    /// A whole device, addressed by the offsets of its global addresses: the file system
+    /// reads and writes extents through it without building a region per access.
+    pub fn device_region(&self, device: u32) -> Result<Region> {
+        self.devices
+            .get(device as usize)
+            .map(|d| d.region.clone())
+            .ok_or_else(|| VolumeError::BadRequest {
+                len_bytes: 0,
+                problem: format!("no device {device}"),
+            })
+    }
+
+    /// The node a device sits on, if known.
+    pub fn device_node(&self, device: u32) -> Option<u32> {
+        self.devices.get(device as usize).and_then(|d| d.node)
+    }
+
+    /// The node of the CPU the calling thread runs on.
+    pub fn current_node(&self) -> u32 {
+        let cpu = topology::current_cpu().unwrap_or(0);
+        self.topology.node_of_cpu(cpu).unwrap_or(0)
+    }
+
     /// The owner area of a device: bytes 4 KiB..2 MiB, outside the allocator, where the
     /// owner (the file system) keeps the anchors it must find without pointers.
     pub fn owner_area(&self, device: u32) -> Result<Region> {

@@ -1,0 +1,236 @@
+//! Persistent buffers: the memory a write's data sits in until the checkpoint makes it part of
+//! a file — by remapping its whole blocks into the file's extent map, or by copying the
+//! partial ones. A [`BufferSet`] is a piece of volume memory shared by the log records that
+//! point into it; when the last of them retires and the set is sealed, the pages that were not
+//! remapped go back to the volume.
+//!
+//! Sets come from three places: a thread's pool of *preliminary buffers* (`File::write_at`
+//! copies into them), a caller's own buffer (`Fs::buffer` + `File::write_buffer`, no copy),
+//! and recovery (the pages of every record found live in the logs).
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use volume::{Extent, GlobalAddress, Volume};
+
+use crate::error::Result;
+use crate::extent_map::BLOCK;
+
+const SEALED: u64 = 1 << 63;
+
+/// Volume memory referenced by log records.
+#[derive(Debug)]
+pub(crate) struct BufferSet {
+    extents: Vec<Extent>,
+    /// Pages remapped into files: theirs now, not ours to free.
+    taken: Mutex<Vec<u64>>,
+    /// Records still pointing here, plus [`SEALED`] once no more will be added.
+    state: AtomicU64,
+    reclaimed: AtomicBool,
+}
+
+impl BufferSet {
+    pub(crate) fn new(extents: Vec<Extent>) -> Self {
+        Self {
+            extents,
+            taken: Mutex::default(),
+            state: AtomicU64::new(0),
+            reclaimed: AtomicBool::new(false),
+        }
+    }
+
+    /// A set that will get exactly `records` records (recovered or caller buffers).
+    pub(crate) fn sealed_with(extents: Vec<Extent>, records: u64) -> Self {
+        let set = Self::new(extents);
+        set.state.store(SEALED | records, Ordering::Relaxed);
+        set
+    }
+
+    /// One more record points here.
+    pub(crate) fn add_record(&self) {
+        self.state.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The page at `addr` now belongs to a file.
+    pub(crate) fn take_page(&self, addr: u64) {
+        self.taken.lock().expect("buffer set").push(addr);
+    }
+
+    /// No more records will point here. Returns true if the caller must reclaim it now.
+    pub(crate) fn seal(&self) -> bool {
+        self.state.fetch_or(SEALED, Ordering::AcqRel) == 0
+    }
+
+    /// A record pointing here retired. Returns true if the caller must reclaim the set now.
+    pub(crate) fn release(&self) -> bool {
+        self.state.fetch_sub(1, Ordering::AcqRel) == SEALED | 1
+    }
+
+    /// True once reclaimed (a preliminary-buffer slot may then be refilled).
+    pub(crate) fn is_reclaimed(&self) -> bool {
+        self.reclaimed.load(Ordering::Acquire)
+    }
+
+    /// Frees every page not taken by a file.
+    pub(crate) fn reclaim(&self, volume: &Volume) -> Result<()> {
+        let mut taken = std::mem::take(&mut *self.taken.lock().expect("buffer set"));
+        taken.sort_unstable();
+        for extent in &self.extents {
+            for run in untaken_runs(extent, &taken) {
+                volume.free(run)?;
+            }
+        }
+        self.reclaimed.store(true, Ordering::Release);
+        Ok(())
+    }
+}
+
+/// The parts of `extent` not covered by the sorted page addresses in `taken`.
+fn untaken_runs(extent: &Extent, taken: &[u64]) -> Vec<Extent> {
+    let start = extent.start.raw();
+    let end = start + extent.len_bytes;
+    let first = taken.partition_point(|&p| p < start);
+    let mut runs = Vec::new();
+    let mut at = start;
+    for &page in taken[first..].iter().take_while(|&&p| p < end) {
+        if page > at {
+            runs.push(Extent {
+                start: GlobalAddress::from_raw(at),
+                len_bytes: page - at,
+            });
+        }
+        at = at.max(page + BLOCK);
+    }
+    if at < end {
+        runs.push(Extent {
+            start: GlobalAddress::from_raw(at),
+            len_bytes: end - at,
+        });
+    }
+    runs
+}
+
+/// Where a write's data goes in a thread's preliminary buffers.
+#[derive(Debug)]
+pub(crate) struct Placement {
+    pub(crate) set: std::sync::Arc<BufferSet>,
+    pub(crate) addr: u64,
+}
+
+/// One thread slot's pool of preliminary buffers (the paper's "# preliminary buffers"). The
+/// writer fills one buffer front to back; a full buffer is sealed and the next one used, once
+/// the checkpoint has retired every record in it (the writer waits otherwise: backpressure).
+#[derive(Debug)]
+pub(crate) struct Pool {
+    buffers: Vec<Option<(std::sync::Arc<BufferSet>, u64)>>,
+    current: usize,
+    cursor: u64,
+    buffer_bytes: u64,
+}
+
+/// What a placement attempt needs from the caller.
+#[derive(Debug)]
+pub(crate) enum Reserve {
+    Placed(Placement),
+    /// The next buffer is still in use: wait for the checkpoint, then try again.
+    Wait,
+}
+
+impl Pool {
+    pub(crate) fn new(count: usize, buffer_bytes: u64) -> Self {
+        Self {
+            buffers: (0..count).map(|_| None).collect(),
+            current: 0,
+            cursor: 0,
+            buffer_bytes,
+        }
+    }
+
+    /// Space for `len` bytes destined for file offset `offset`. A write holding at least one
+    /// whole block is placed at the same offset within a page as in the file, so the
+    /// checkpoint can remap its whole blocks; smaller writes are packed.
+    pub(crate) fn reserve(&mut self, volume: &Volume, offset: u64, len: u64) -> Result<Reserve> {
+        debug_assert!(len <= self.buffer_bytes);
+        let has_whole_block = offset.next_multiple_of(BLOCK) + BLOCK <= offset + len;
+        loop {
+            if let Some((set, base)) = &self.buffers[self.current] {
+                let at = if has_whole_block {
+                    // The first position at or after the cursor with the file's in-page
+                    // offset.
+                    let (within, c) = (offset % BLOCK, self.cursor % BLOCK);
+                    self.cursor - c + within + if c > within { BLOCK } else { 0 }
+                } else {
+                    self.cursor.next_multiple_of(64)
+                };
+                if at + len <= self.buffer_bytes {
+                    self.cursor = at + len;
+                    set.add_record();
+                    return Ok(Reserve::Placed(Placement {
+                        set: std::sync::Arc::clone(set),
+                        addr: base + at,
+                    }));
+                }
+                // Full: seal it and move on.
+                if set.seal() {
+                    set.reclaim(volume)?;
+                }
+                self.current = (self.current + 1) % self.buffers.len();
+                self.cursor = 0;
+            }
+            match &self.buffers[self.current] {
+                Some((set, _)) if !set.is_reclaimed() => return Ok(Reserve::Wait),
+                _ => {
+                    let extent = volume.alloc_local(self.buffer_bytes)?;
+                    let set = std::sync::Arc::new(BufferSet::new(vec![extent]));
+                    self.buffers[self.current] = Some((set, extent.start.raw()));
+                    self.cursor = 0;
+                }
+            }
+        }
+    }
+
+    /// Seals every buffer (at unmount): the checkpoint reclaims each when its records retire.
+    pub(crate) fn seal_all(&mut self, volume: &Volume) -> Result<()> {
+        for (set, _) in self.buffers.iter_mut().flatten() {
+            if !set.is_reclaimed() && set.seal() {
+                set.reclaim(volume)?;
+            }
+        }
+        self.buffers.iter_mut().for_each(|b| *b = None);
+        self.cursor = 0;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn untaken_runs_skip_taken_pages() {
+        let e = Extent {
+            start: GlobalAddress::new(0, 1 << 21),
+            len_bytes: 8 * BLOCK,
+        };
+        let base = e.start.raw();
+        let runs = untaken_runs(&e, &[base + BLOCK, base + 2 * BLOCK, base + 7 * BLOCK]);
+        let spans: Vec<(u64, u64)> = runs
+            .iter()
+            .map(|r| ((r.start.raw() - base) / BLOCK, r.len_bytes / BLOCK))
+            .collect();
+        assert_eq!(spans, vec![(0, 1), (3, 4)]);
+        assert_eq!(untaken_runs(&e, &[]).len(), 1);
+    }
+
+    #[test]
+    fn a_set_is_reclaimed_once_sealed_and_released() {
+        let set = BufferSet::new(vec![]);
+        set.add_record();
+        set.add_record();
+        assert!(!set.seal());
+        assert!(!set.release());
+        assert!(set.release());
+        let empty = BufferSet::new(vec![]);
+        assert!(empty.seal(), "sealing an unused set reclaims at once");
+    }
+}

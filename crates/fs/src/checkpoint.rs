@@ -1,0 +1,419 @@
+//! The background checkpoint: moves logged writes into their files, in global order, in
+//! batches; writes snapshots when journals fill; and runs the unmount.
+//!
+//! A batch takes the oldest records of every thread's queue, below a watermark no writer can
+//! still take an order under (each writer publishes a lower bound of the order it is about to
+//! take). For each record, under the record's range lock, it takes the parts of the record
+//! no newer write replaced (the overlay knows) and
+//! - remaps whole 4 KiB blocks whose buffer position is page aligned into the file's extent
+//!   map (no copy; the block the file had there is freed after the batch commits);
+//! - copies partial blocks into the file's block in place (a fresh zeroed page for a hole).
+//!
+//! Then one journal record commits the batch: every map change, the sizes reached, and the
+//! retirement of the records. Until it is durable nothing is freed, so a crash before it
+//! leaves the records live, and replaying them redoes the same in-place copies.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use volume::Extent;
+
+use crate::error::{FsError, Result};
+use crate::extent_map::{BLOCK, Run};
+use crate::fs::{Inner, Pending, Slot, now_ns};
+use crate::journal::{Kind, MAX_RECORD, MapEntry, MetaOp};
+use crate::range_lock::LockMode;
+use crate::snapshot::{InodeImage, Snapshot};
+
+/// Starts the checkpoint thread.
+pub(crate) fn spawn(inner: Arc<Inner>) -> Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("locus-checkpoint".into())
+        .spawn(move || run(&inner))
+        .map_err(|e| FsError::Shutdown(format!("cannot start the checkpoint thread: {e}")))
+}
+
+fn run(inner: &Inner) {
+    if let Err(e) = run_loop(inner) {
+        tracing::error!(error = %e, "checkpoint failed; the file system stops accepting changes");
+        let mut state = inner.signal.state.lock().expect("checkpoint state");
+        state.failed = Some(e.to_string());
+        inner.signal.progress.notify_all();
+    }
+}
+
+fn run_loop(inner: &Inner) -> Result<()> {
+    let checkpoint_slot = inner.slot_at(0)?;
+    loop {
+        let moved = checkpoint_once(inner, &checkpoint_slot)?;
+        let (stop, wanted) = {
+            let mut state = inner.signal.state.lock().expect("checkpoint state");
+            let wanted = std::mem::take(&mut state.snapshot_wanted);
+            (state.stop, wanted)
+        };
+        if wanted || journals_filling(inner)? {
+            snapshot(inner)?;
+        }
+        inner.signal.progress.notify_all();
+        if moved > 0 {
+            continue;
+        }
+        if stop {
+            if inner.pending_records.load(Ordering::Acquire) == 0 && all_idle(inner) {
+                for slot in created_slots(inner) {
+                    slot.pool
+                        .lock()
+                        .expect("buffer pool")
+                        .seal_all(&inner.volume)?;
+                }
+                snapshot(inner)?;
+                inner.signal.progress.notify_all();
+                return Ok(());
+            }
+            continue;
+        }
+        let mut state = inner.signal.state.lock().expect("checkpoint state");
+        if state.stop || state.snapshot_wanted || state.drain_wanted {
+            state.drain_wanted = false;
+            continue;
+        }
+        state.sleeping = true;
+        let (mut state, _) = inner
+            .signal
+            .wake
+            .wait_timeout(state, Duration::from_millis(2))
+            .expect("checkpoint state");
+        state.sleeping = false;
+        state.drain_wanted = false;
+    }
+}
+
+fn created_slots(inner: &Inner) -> impl Iterator<Item = &Arc<Slot>> {
+    inner.slots.iter().filter_map(std::sync::OnceLock::get)
+}
+
+fn all_idle(inner: &Inner) -> bool {
+    created_slots(inner).all(|s| s.inflight.0.load(Ordering::SeqCst) == u64::MAX)
+}
+
+fn journals_filling(inner: &Inner) -> Result<bool> {
+    for slot in created_slots(inner) {
+        let journal = slot.journal.lock().expect("journal");
+        let limit = if slot.index == 0 {
+            journal.capacity() / 2
+        } else {
+            journal.capacity() * 3 / 4
+        };
+        if journal.used() > limit || !journal.fits(MAX_RECORD) && slot.index == 0 {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// One batch. Returns the records moved.
+fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
+    let _batch = inner.batch.lock().expect("batch lock");
+    // The watermark: no record below it can still be appended.
+    let mut safe = inner.order.0.load(Ordering::SeqCst);
+    for slot in created_slots(inner) {
+        safe = safe.min(slot.inflight.0.load(Ordering::SeqCst));
+    }
+    let mut batch: Vec<Pending> = Vec::new();
+    for slot in created_slots(inner) {
+        let mut queue = slot.pending.lock().expect("pending queue");
+        while queue.front().is_some_and(|p| p.order < safe) {
+            batch.push(queue.pop_front().expect("front"));
+        }
+    }
+    if batch.is_empty() {
+        inner.done_below.fetch_max(safe, Ordering::AcqRel);
+        return Ok(0);
+    }
+    batch.sort_unstable_by_key(|p| p.order);
+    // Keep an order prefix of at most `checkpoint_batch`; the rest goes back to its queues.
+    let limit = inner.options.checkpoint_batch;
+    let done_below = if batch.len() > limit {
+        let rest = batch.split_off(limit);
+        let first_left = rest[0].order;
+        for p in rest.into_iter().rev() {
+            inner.slots[p.slot as usize]
+                .get()
+                .expect("queued records come from created slots")
+                .pending
+                .lock()
+                .expect("pending queue")
+                .push_front(p);
+        }
+        first_left
+    } else {
+        safe
+    };
+    if !checkpoint_slot
+        .journal
+        .lock()
+        .expect("journal")
+        .fits(MAX_RECORD)
+    {
+        snapshot(inner)?;
+    }
+
+    let mut work = Work::default();
+    for record in &batch {
+        apply_record(inner, record, &mut work)?;
+    }
+    // Partial copies were non-temporal: one fence makes them durable before the commit.
+    if let Some(region) = inner.devices.first() {
+        region.fence();
+    }
+    let mut retired: Vec<(u32, u64)> = Vec::new();
+    for p in &batch {
+        match retired.iter_mut().find(|(s, _)| *s == p.slot) {
+            Some((_, seq)) => *seq = (*seq).max(p.seq),
+            None => retired.push((p.slot, p.seq)),
+        }
+    }
+    let op = MetaOp::Batch {
+        maps: work.maps,
+        sizes: work.sizes.into_iter().map(|(i, (s, t))| (i, s, t)).collect(),
+        retired: retired.clone(),
+    };
+    let order = inner.next_order();
+    let bytes = checkpoint_slot
+        .journal
+        .lock()
+        .expect("journal")
+        .append(order, &op)?
+        .ok_or_else(|| FsError::corrupt("checkpoint journal", "a batch did not fit after a snapshot"))?;
+    inner
+        .counters
+        .metadata_bytes
+        .fetch_add(bytes, Ordering::Relaxed);
+
+    // Durable: retire, free, release.
+    for (slot, seq) in retired {
+        inner.slots[slot as usize]
+            .get()
+            .expect("created")
+            .retired
+            .fetch_max(seq, Ordering::AcqRel);
+    }
+    inner.free_runs(&work.freed)?;
+    for p in &batch {
+        if p.set.release() {
+            p.set.reclaim(&inner.volume)?;
+        }
+    }
+    let c = &inner.counters;
+    c.checkpoint_batches.fetch_add(1, Ordering::Relaxed);
+    c.checkpointed_records
+        .fetch_add(batch.len() as u64, Ordering::Relaxed);
+    c.remapped_blocks.fetch_add(work.remapped, Ordering::Relaxed);
+    c.copied_bytes.fetch_add(work.copied, Ordering::Relaxed);
+    inner
+        .pending_records
+        .fetch_sub(batch.len() as u64, Ordering::AcqRel);
+    inner.done_below.fetch_max(done_below, Ordering::AcqRel);
+    Ok(batch.len())
+}
+
+#[derive(Default)]
+struct Work {
+    maps: Vec<MapEntry>,
+    sizes: std::collections::BTreeMap<u64, (u64, u64)>,
+    freed: Vec<Run>,
+    remapped: u64,
+    copied: u64,
+}
+
+/// Moves what is left of one record into its file.
+fn apply_record(inner: &Inner, record: &Pending, work: &mut Work) -> Result<()> {
+    let Some(inode) = inner.inode(record.ino) else {
+        return Ok(()); // removed since: nothing to move
+    };
+    if inode.kind != Kind::File {
+        return Err(FsError::corrupt(
+            format!("log record {} of slot {}", record.seq, record.slot),
+            format!("inode {} is a directory", record.ino),
+        ));
+    }
+    let _range = inode
+        .locks
+        .lock(record.offset, record.len, LockMode::Exclusive)?;
+    let pieces = inode
+        .overlay
+        .take_record(record.offset, record.len, record.order);
+    if pieces.is_empty() {
+        return Ok(());
+    }
+    let mut extents = inode.extents.write().expect("extent map");
+    if inode.dead.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    let mut end = 0;
+    for piece in pieces {
+        end = end.max(piece.end);
+        let mut pos = piece.start;
+        while pos < piece.end {
+            let block = pos / BLOCK;
+            let block_start = block * BLOCK;
+            let src = piece.src + (pos - piece.start);
+            if pos == block_start && piece.end - pos >= BLOCK && src.is_multiple_of(BLOCK) {
+                let blocks = (piece.end - pos) / BLOCK;
+                work.freed.extend(extents.map(block, blocks, src));
+                for i in 0..blocks {
+                    record.set.take_page(src + i * BLOCK);
+                }
+                work.maps.push(MapEntry {
+                    ino: inode.ino,
+                    file_block: block,
+                    blocks,
+                    addr: src,
+                });
+                work.remapped += blocks;
+                pos += blocks * BLOCK;
+                continue;
+            }
+            let to = piece.end.min(block_start + BLOCK);
+            let within = (pos - block_start) as usize;
+            let len = (to - pos) as usize;
+            match extents.get(block) {
+                Some(target) => {
+                    let mut bytes = vec![0u8; len];
+                    inner.read_pmem(src, &mut bytes)?;
+                    let (region, at) = inner.region_at(target + within as u64)?;
+                    region.write_nt(at, &bytes)?;
+                    work.copied += len as u64;
+                }
+                None => {
+                    // A hole: a fresh page, zeros around the record's bytes.
+                    let mut page = vec![0u8; BLOCK as usize];
+                    inner.read_pmem(src, &mut page[within..within + len])?;
+                    let node = inner
+                        .volume
+                        .device_node(volume::GlobalAddress::from_raw(src).device())
+                        .unwrap_or_else(|| inner.volume.current_node());
+                    let fresh: Extent = inner.volume.alloc(BLOCK, node)?;
+                    let (region, at) = inner.region_at(fresh.start.raw())?;
+                    region.write_nt(at, &page)?;
+                    extents.map(block, 1, fresh.start.raw());
+                    work.maps.push(MapEntry {
+                        ino: inode.ino,
+                        file_block: block,
+                        blocks: 1,
+                        addr: fresh.start.raw(),
+                    });
+                    work.copied += BLOCK;
+                }
+            }
+            pos = to;
+        }
+    }
+    let entry = work.sizes.entry(inode.ino).or_insert((0, 0));
+    entry.0 = entry.0.max(end);
+    entry.1 = now_ns();
+    Ok(())
+}
+
+/// Writes the whole metadata to a fresh extent, names it in a new root (a new epoch), and
+/// empties every journal.
+pub(crate) fn snapshot(inner: &Inner) -> Result<()> {
+    let _gate = inner.gate.write().expect("metadata gate");
+    let table: Vec<_> = inner
+        .inodes
+        .read()
+        .expect("inode table")
+        .values()
+        .cloned()
+        .collect();
+    let mut inodes = Vec::with_capacity(table.len());
+    for inode in table {
+        let attr = inode.attr.lock().expect("inode attributes").clone();
+        if attr.unlinked {
+            continue;
+        }
+        inodes.push(InodeImage {
+            ino: inode.ino,
+            kind: inode.kind,
+            mode: attr.mode,
+            mtime: attr.mtime,
+            size: inode.size.load(Ordering::Acquire),
+            parent: attr.parent,
+            entries: inode
+                .entries
+                .lock()
+                .expect("directory")
+                .iter()
+                .map(|(n, i)| (n.clone(), *i))
+                .collect(),
+            runs: inode.extents.read().expect("extent map").runs().collect(),
+        });
+    }
+    inodes.sort_unstable_by_key(|i| i.ino);
+    let mut root = inner.root.lock().expect("root");
+    let retired = (0..root.slots.len())
+        .map(|i| {
+            inner.slots[i]
+                .get()
+                .map_or(0, |s| s.retired.load(Ordering::Acquire))
+        })
+        .collect();
+    let image = Snapshot {
+        epoch: root.epoch + 1,
+        next_ino: inner.next_ino.load(Ordering::Acquire),
+        next_order: inner.order.0.load(Ordering::SeqCst),
+        retired,
+        inodes,
+    };
+    let bytes = image.encode();
+    let extent = inner.volume.alloc_local(bytes.len() as u64)?;
+    let (region, at) = inner.region_at(extent.start.raw())?;
+    region.write_nt(at, &bytes)?;
+    region.fence();
+    let old = Extent {
+        start: volume::GlobalAddress::from_raw(root.snapshot_addr),
+        len_bytes: root.snapshot_len.next_multiple_of(BLOCK),
+    };
+    let mut next = root.clone();
+    next.generation += 1;
+    next.epoch += 1;
+    next.snapshot_addr = extent.start.raw();
+    next.snapshot_len = bytes.len() as u64;
+    next.write(&inner.owner)?;
+    for slot in created_slots(inner) {
+        slot.journal.lock().expect("journal").reset(next.epoch)?;
+    }
+    *root = next;
+    drop(root);
+    inner.volume.free(old)?;
+    inner
+        .counters
+        .metadata_bytes
+        .fetch_add(bytes.len() as u64 + crate::root::ROOT_BYTES, Ordering::Relaxed);
+    inner.counters.snapshots.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Stops the checkpoint thread after it has moved everything and written a final snapshot.
+pub(crate) fn unmount(
+    inner: &Inner,
+    thread: &Mutex<Option<std::thread::JoinHandle<()>>>,
+) -> Result<()> {
+    let Some(handle) = thread.lock().expect("checkpoint thread").take() else {
+        return Ok(());
+    };
+    {
+        let mut state = inner.signal.state.lock().expect("checkpoint state");
+        state.stop = true;
+        inner.signal.wake.notify_all();
+    }
+    if handle.join().is_err() {
+        return Err(FsError::Shutdown("the checkpoint thread panicked".into()));
+    }
+    let state = inner.signal.state.lock().expect("checkpoint state");
+    match &state.failed {
+        Some(why) => Err(FsError::Shutdown(why.clone())),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,476 @@
+//! Metadata journals: one per thread slot, so metadata operations of different threads never
+//! share a lock to log. Each record is one whole operation (a create, a rename replacing its
+//! target, a checkpoint batch), so an operation is in the file system entirely or not at all.
+//! Records carry the global order they were taken in (recovery merges every journal and data
+//! log by it) and the epoch of the snapshot they follow: a snapshot starts a new epoch and
+//! the journals start again at byte 0. Byte layout: docs/format/fs-metadata.md.
+
+use pmem::Region;
+
+use crate::codec::{Decoder, Encoder};
+use crate::error::Result;
+
+/// Header bytes: length, crc32c, kind + padding, epoch, order.
+const HEADER: usize = 32;
+/// Largest record (a checkpoint batch is cut to fit).
+pub const MAX_RECORD: usize = 256 << 10;
+
+/// Kind of inode a create makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+}
+
+/// A run of file blocks moved into a file's extent map by the checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapEntry {
+    /// The file.
+    pub ino: u64,
+    /// First file block.
+    pub file_block: u64,
+    /// Blocks.
+    pub blocks: u64,
+    /// Global address of the first block's page.
+    pub addr: u64,
+}
+
+/// One metadata operation, as logged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetaOp {
+    /// A new file or directory `name` in `parent`.
+    Create {
+        /// Directory the name goes into.
+        parent: u64,
+        /// The new inode's number.
+        ino: u64,
+        /// File or directory.
+        kind: Kind,
+        /// Permission bits.
+        mode: u32,
+        /// Creation time (ns since the epoch).
+        time: u64,
+        /// The name.
+        name: String,
+    },
+    /// `name` removed from `parent` (unlink or rmdir); `ino` is the inode it named.
+    Remove {
+        /// The directory.
+        parent: u64,
+        /// The inode removed.
+        ino: u64,
+        /// The name.
+        name: String,
+    },
+    /// `ino` moved from `src_parent/src_name` to `dst_parent/dst_name`, replacing `replaced`
+    /// (0: nothing) there.
+    Rename {
+        /// Source directory.
+        src_parent: u64,
+        /// Source name.
+        src_name: String,
+        /// Target directory.
+        dst_parent: u64,
+        /// Target name.
+        dst_name: String,
+        /// The inode moved.
+        ino: u64,
+        /// The inode the target named before, now gone (0 when none).
+        replaced: u64,
+    },
+    /// A file's size set (grow or shrink); blocks beyond it are freed.
+    Truncate {
+        /// The file.
+        ino: u64,
+        /// New size in bytes.
+        size: u64,
+        /// Time of the change.
+        time: u64,
+        /// When shrinking into the middle of a block: a fresh page holding the block's kept
+        /// bytes, mapped in its place (0: none).
+        tail: u64,
+    },
+    /// Permission bits changed.
+    SetMode {
+        /// The inode.
+        ino: u64,
+        /// New permission bits.
+        mode: u32,
+    },
+    /// A checkpoint batch: blocks moved into files, sizes reached, and the data-log records
+    /// that are now part of their files (retired through a sequence, per slot).
+    Batch {
+        /// Runs remapped or newly filled.
+        maps: Vec<MapEntry>,
+        /// (inode, size at least, modification time).
+        sizes: Vec<(u64, u64, u64)>,
+        /// (slot, retired through sequence).
+        retired: Vec<(u32, u64)>,
+    },
+}
+
+impl MetaOp {
+    fn kind_code(&self) -> u8 {
+        match self {
+            Self::Create { .. } => 1,
+            Self::Remove { .. } => 2,
+            Self::Rename { .. } => 3,
+            Self::Truncate { .. } => 4,
+            Self::SetMode { .. } => 5,
+            Self::Batch { .. } => 6,
+        }
+    }
+
+    /// Encoded size of a batch with these many entries (to cut batches to fit).
+    pub fn batch_bytes(maps: usize, sizes: usize, retired: usize) -> usize {
+        HEADER + 12 + maps * 32 + sizes * 24 + retired * 12 + 8
+    }
+
+    fn encode_payload(&self, e: &mut Encoder) {
+        match self {
+            Self::Create {
+                parent,
+                ino,
+                kind,
+                mode,
+                time,
+                name,
+            } => {
+                e.u64(*parent).u64(*ino).u8(match kind {
+                    Kind::File => 1,
+                    Kind::Dir => 2,
+                });
+                e.u32(*mode).u64(*time).name(name);
+            }
+            Self::Remove { parent, ino, name } => {
+                e.u64(*parent).u64(*ino).name(name);
+            }
+            Self::Rename {
+                src_parent,
+                src_name,
+                dst_parent,
+                dst_name,
+                ino,
+                replaced,
+            } => {
+                e.u64(*src_parent).u64(*dst_parent).u64(*ino).u64(*replaced);
+                e.name(src_name).name(dst_name);
+            }
+            Self::Truncate {
+                ino,
+                size,
+                time,
+                tail,
+            } => {
+                e.u64(*ino).u64(*size).u64(*time).u64(*tail);
+            }
+            Self::SetMode { ino, mode } => {
+                e.u64(*ino).u32(*mode);
+            }
+            Self::Batch {
+                maps,
+                sizes,
+                retired,
+            } => {
+                e.u32(maps.len() as u32)
+                    .u32(sizes.len() as u32)
+                    .u32(retired.len() as u32);
+                for m in maps {
+                    e.u64(m.ino).u64(m.file_block).u64(m.blocks).u64(m.addr);
+                }
+                for (ino, size, time) in sizes {
+                    e.u64(*ino).u64(*size).u64(*time);
+                }
+                for (slot, seq) in retired {
+                    e.u32(*slot).u64(*seq);
+                }
+            }
+        }
+    }
+
+    fn decode_payload(kind: u8, d: &mut Decoder<'_>) -> Result<Self> {
+        let op = match kind {
+            1 => Self::Create {
+                parent: d.u64("parent")?,
+                ino: d.u64("ino")?,
+                kind: match d.u8("kind")? {
+                    1 => Kind::File,
+                    2 => Kind::Dir,
+                    other => return Err(d.error(format!("inode kind {other} is unknown"))),
+                },
+                mode: d.u32("mode")?,
+                time: d.u64("time")?,
+                name: d.name("name")?,
+            },
+            2 => Self::Remove {
+                parent: d.u64("parent")?,
+                ino: d.u64("ino")?,
+                name: d.name("name")?,
+            },
+            3 => {
+                let src_parent = d.u64("src_parent")?;
+                let dst_parent = d.u64("dst_parent")?;
+                let ino = d.u64("ino")?;
+                let replaced = d.u64("replaced")?;
+                Self::Rename {
+                    src_parent,
+                    src_name: d.name("src_name")?,
+                    dst_parent,
+                    dst_name: d.name("dst_name")?,
+                    ino,
+                    replaced,
+                }
+            }
+            4 => Self::Truncate {
+                ino: d.u64("ino")?,
+                size: d.u64("size")?,
+                time: d.u64("time")?,
+                tail: d.u64("tail")?,
+            },
+            5 => Self::SetMode {
+                ino: d.u64("ino")?,
+                mode: d.u32("mode")?,
+            },
+            6 => {
+                let (m, s, r) = (d.u32("maps")?, d.u32("sizes")?, d.u32("retired")?);
+                if Self::batch_bytes(m as usize, s as usize, r as usize) > MAX_RECORD {
+                    return Err(d.error(format!("batch of {m} maps, {s} sizes, {r} retirements is too large")));
+                }
+                let mut maps = Vec::with_capacity(m as usize);
+                for _ in 0..m {
+                    maps.push(MapEntry {
+                        ino: d.u64("map ino")?,
+                        file_block: d.u64("map file_block")?,
+                        blocks: d.u64("map blocks")?,
+                        addr: d.u64("map addr")?,
+                    });
+                }
+                let mut sizes = Vec::with_capacity(s as usize);
+                for _ in 0..s {
+                    sizes.push((d.u64("size ino")?, d.u64("size")?, d.u64("mtime")?));
+                }
+                let mut retired = Vec::with_capacity(r as usize);
+                for _ in 0..r {
+                    retired.push((d.u32("retired slot")?, d.u64("retired sequence")?));
+                }
+                Self::Batch {
+                    maps,
+                    sizes,
+                    retired,
+                }
+            }
+            other => return Err(d.error(format!("record kind {other} is unknown"))),
+        };
+        Ok(op)
+    }
+}
+
+/// A logged operation with its place in the global order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalRecord {
+    /// Global order.
+    pub order: u64,
+    /// The operation.
+    pub op: MetaOp,
+}
+
+fn encode(epoch: u64, order: u64, op: &MetaOp) -> Vec<u8> {
+    let mut e = Encoder::default();
+    e.u32(0).u32(0).u8(op.kind_code()).u8(0).u16(0).u32(0);
+    e.u64(epoch).u64(order);
+    debug_assert_eq!(e.0.len(), HEADER);
+    op.encode_payload(&mut e);
+    e.pad_to(8);
+    let len = e.0.len() as u32;
+    e.0[0..4].copy_from_slice(&len.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&e.0[0..4]), &e.0[8..]);
+    e.0[4..8].copy_from_slice(&crc.to_le_bytes());
+    e.0
+}
+
+/// One slot's journal.
+#[derive(Debug)]
+pub struct Journal {
+    region: Region,
+    slot: u32,
+    epoch: u64,
+    tail: u64,
+}
+
+impl Journal {
+    /// Opens a journal and returns it with its records of `epoch`, in the order written.
+    /// Scanning stops at the first record that is torn, of another epoch, or empty: records
+    /// are appended by one thread, each persisted before the next.
+    pub fn recover(region: Region, slot: u32, epoch: u64) -> Result<(Self, Vec<JournalRecord>)> {
+        let mut records = Vec::new();
+        let mut tail = 0u64;
+        let mut header = [0u8; HEADER];
+        while tail + HEADER as u64 <= region.len() {
+            region.read(tail, &mut header)?;
+            let len = u32::from_le_bytes(header[0..4].try_into().expect("4")) as u64;
+            let rec_epoch = u64::from_le_bytes(header[16..24].try_into().expect("8"));
+            if len < HEADER as u64 + 8
+                || len > MAX_RECORD as u64
+                || len % 8 != 0
+                || tail + len > region.len()
+                || rec_epoch != epoch
+            {
+                break;
+            }
+            let mut bytes = vec![0u8; len as usize];
+            region.read(tail, &mut bytes)?;
+            let crc = u32::from_le_bytes(bytes[4..8].try_into().expect("4"));
+            if crc != crc32c::crc32c_append(crc32c::crc32c(&bytes[0..4]), &bytes[8..]) {
+                break;
+            }
+            let structure = format!("journal of slot {slot}, record at byte {tail}");
+            let mut d = Decoder::new(&bytes[HEADER..], &structure);
+            let op = MetaOp::decode_payload(bytes[8], &mut d)?;
+            if d.remaining() >= 8 {
+                return Err(d.error(format!("{} bytes left after the record", d.remaining())));
+            }
+            let order = u64::from_le_bytes(bytes[24..32].try_into().expect("8"));
+            records.push(JournalRecord { order, op });
+            tail += len;
+        }
+        Ok((
+            Self {
+                region,
+                slot,
+                epoch,
+                tail,
+            },
+            records,
+        ))
+    }
+
+    /// A new, empty journal of `epoch` (a freshly allocated area needs no clearing: records
+    /// of other epochs end the scan).
+    pub fn new(region: Region, slot: u32, epoch: u64) -> Self {
+        Self {
+            region,
+            slot,
+            epoch,
+            tail: 0,
+        }
+    }
+
+    /// Bytes used.
+    pub fn used(&self) -> u64 {
+        self.tail
+    }
+
+    /// Bytes in the journal.
+    pub fn capacity(&self) -> u64 {
+        self.region.len()
+    }
+
+    /// True if a record of `bytes` fits.
+    pub fn fits(&self, bytes: usize) -> bool {
+        // Keep room for an empty header after the last record, so the scan stops there.
+        self.tail + bytes as u64 + HEADER as u64 <= self.region.len()
+    }
+
+    /// Appends a record and persists it. `None` when it does not fit (the caller asks for a
+    /// snapshot, which empties every journal).
+    pub fn append(&mut self, order: u64, op: &MetaOp) -> Result<Option<u64>> {
+        let bytes = encode(self.epoch, order, op);
+        if !self.fits(bytes.len()) {
+            return Ok(None);
+        }
+        // Zero the header after the record first, so a stale record of this epoch can never
+        // follow it (the area may hold anything when it was allocated).
+        let end = self.tail + bytes.len() as u64;
+        self.region.fill(end, HEADER as u64, 0)?;
+        self.region.write(self.tail, &bytes)?;
+        self.region.persist(self.tail, bytes.len() as u64 + HEADER as u64)?;
+        self.tail = end;
+        Ok(Some(bytes.len() as u64 + HEADER as u64))
+    }
+
+    /// Starts `epoch` at byte 0 (after a snapshot made every earlier record redundant).
+    pub fn reset(&mut self, epoch: u64) -> Result<()> {
+        self.epoch = epoch;
+        self.tail = 0;
+        self.region.fill(0, HEADER as u64, 0)?;
+        self.region.persist(0, HEADER as u64)?;
+        Ok(())
+    }
+
+    /// The slot this journal belongs to.
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ops() -> Vec<MetaOp> {
+        vec![
+            MetaOp::Create {
+                parent: 1,
+                ino: 2,
+                kind: Kind::Dir,
+                mode: 0o755,
+                time: 7,
+                name: "d".into(),
+            },
+            MetaOp::Rename {
+                src_parent: 1,
+                src_name: "a".into(),
+                dst_parent: 2,
+                dst_name: "b".repeat(255),
+                ino: 3,
+                replaced: 4,
+            },
+            MetaOp::Batch {
+                maps: vec![MapEntry {
+                    ino: 3,
+                    file_block: 9,
+                    blocks: 2,
+                    addr: 1 << 21,
+                }],
+                sizes: vec![(3, 40960, 5)],
+                retired: vec![(1, 17)],
+            },
+        ]
+    }
+
+    #[test]
+    fn records_round_trip_and_the_scan_stops_at_a_torn_one() {
+        let tracer = pmem::Tracer::new();
+        let region = tracer.region(64 << 10);
+        let mut journal = Journal::new(region.clone(), 1, 3);
+        for (i, op) in ops().iter().enumerate() {
+            journal.append(10 + i as u64, op).unwrap().unwrap();
+        }
+        let (_, back) = Journal::recover(region.clone(), 1, 3).unwrap();
+        assert_eq!(back.iter().map(|r| r.op.clone()).collect::<Vec<_>>(), ops());
+        assert_eq!(back[2].order, 12);
+        // Another epoch sees nothing.
+        assert!(Journal::recover(region.clone(), 1, 4).unwrap().1.is_empty());
+        // Flip a byte of the second record: the scan keeps only the first.
+        let first_len = encode(3, 10, &ops()[0]).len() as u64;
+        let mut b = [0u8; 1];
+        region.read(first_len + 40, &mut b).unwrap();
+        region.write(first_len + 40, &[b[0] ^ 1]).unwrap();
+        assert_eq!(Journal::recover(region, 1, 3).unwrap().1.len(), 1);
+    }
+
+    #[test]
+    fn a_whole_record_with_a_bad_payload_is_named_damage() {
+        let tracer = pmem::Tracer::new();
+        let region = tracer.region(4096);
+        let mut bytes = encode(1, 5, &ops()[0]);
+        bytes[8] = 99; // unknown kind, CRC fixed below
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[0..4]), &bytes[8..]);
+        bytes[4..8].copy_from_slice(&crc.to_le_bytes());
+        region.write(0, &bytes).unwrap();
+        let err = Journal::recover(region, 2, 1).unwrap_err().to_string();
+        assert!(err.contains("journal of slot 2") && err.contains("kind 99"), "{err}");
+    }
+}

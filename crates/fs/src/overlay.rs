@@ -1,0 +1,243 @@
+//! The DRAM index of logged, not yet checkpointed writes of one file: byte ranges mapped to
+//! the persistent buffers that hold their newest data. Reads consult it before the extent
+//! map; the checkpoint removes a record's pieces once they are part of the file.
+//!
+//! A newer write replaces the overlapping parts of older pieces, so every byte has at most
+//! one piece and it is the newest. The index is split into shards by 2 MiB stretch of the
+//! file (pieces are cut at those edges), so writers of different stretches never share a
+//! lock.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+/// Bytes per shard stretch.
+const STRETCH: u64 = 2 << 20;
+/// Shards per file.
+const SHARDS: usize = 16;
+
+/// Newest data for `[start, end)` of a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    /// First byte (file offset).
+    pub start: u64,
+    /// One past the last byte.
+    pub end: u64,
+    /// Global address of the byte at `start`.
+    pub src: u64,
+    /// Order of the log record that wrote it.
+    pub order: u64,
+}
+
+impl Piece {
+    fn clip(&self, from: u64, to: u64) -> Option<Piece> {
+        let start = self.start.max(from);
+        let end = self.end.min(to);
+        (start < end).then(|| Piece {
+            start,
+            end,
+            src: self.src + (start - self.start),
+            order: self.order,
+        })
+    }
+}
+
+/// Pieces of one shard, keyed by start; never overlapping.
+#[derive(Debug, Default)]
+struct PieceMap(BTreeMap<u64, Piece>);
+
+impl PieceMap {
+    fn overlapping(&self, from: u64, to: u64) -> Vec<Piece> {
+        let mut out = Vec::new();
+        if let Some((_, p)) = self.0.range(..from).next_back()
+            && p.end > from
+        {
+            out.push(*p);
+        }
+        out.extend(self.0.range(from..to).map(|(_, p)| *p));
+        out
+    }
+
+    /// Cuts `[from, to)` out of every piece, keeping the parts outside.
+    fn cut(&mut self, from: u64, to: u64) {
+        for piece in self.overlapping(from, to) {
+            self.0.remove(&piece.start);
+            for keep in [piece.clip(piece.start, from), piece.clip(to, piece.end)]
+                .into_iter()
+                .flatten()
+            {
+                self.0.insert(keep.start, keep);
+            }
+        }
+    }
+
+    fn insert(&mut self, piece: Piece) {
+        self.cut(piece.start, piece.end);
+        self.0.insert(piece.start, piece);
+    }
+}
+
+/// The overlay of one file.
+#[derive(Debug)]
+pub struct Overlay {
+    shards: Vec<Mutex<PieceMap>>,
+}
+
+impl Default for Overlay {
+    fn default() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+        }
+    }
+}
+
+/// `[from, to)` cut at stretch edges, with the shard of each part.
+fn stretches(from: u64, to: u64) -> impl Iterator<Item = (usize, u64, u64)> {
+    let mut at = from;
+    std::iter::from_fn(move || {
+        (at < to).then(|| {
+            let stretch = at / STRETCH;
+            let end = ((stretch + 1) * STRETCH).min(to);
+            let part = ((stretch % SHARDS as u64) as usize, at, end);
+            at = end;
+            part
+        })
+    })
+}
+
+impl Overlay {
+    fn shard(&self, index: usize) -> std::sync::MutexGuard<'_, PieceMap> {
+        self.shards[index].lock().expect("overlay shard")
+    }
+
+    /// Records that `[offset, offset + len)` now reads from `src` (written by `order`).
+    pub fn insert(&self, offset: u64, len: u64, src: u64, order: u64) {
+        for (shard, start, end) in stretches(offset, offset + len) {
+            self.shard(shard).insert(Piece {
+                start,
+                end,
+                src: src + (start - offset),
+                order,
+            });
+        }
+    }
+
+    /// The pieces inside `[from, to)`, clipped, in file order.
+    pub fn lookup(&self, from: u64, to: u64) -> Vec<Piece> {
+        let mut out = Vec::new();
+        for (shard, start, end) in stretches(from, to) {
+            out.extend(
+                self.shard(shard)
+                    .overlapping(start, end)
+                    .into_iter()
+                    .filter_map(|p| p.clip(start, end)),
+            );
+        }
+        out
+    }
+
+    /// Takes out the pieces of `[offset, offset + len)` still written by `order` (the parts
+    /// no newer write replaced) and returns them: what the checkpoint must move into the file.
+    pub fn take_record(&self, offset: u64, len: u64, order: u64) -> Vec<Piece> {
+        let mut out = Vec::new();
+        for (shard, start, end) in stretches(offset, offset + len) {
+            let mut map = self.shard(shard);
+            for piece in map.overlapping(start, end) {
+                if piece.order != order {
+                    continue;
+                }
+                let Some(taken) = piece.clip(start, end) else {
+                    continue;
+                };
+                map.cut(taken.start, taken.end);
+                out.push(taken);
+            }
+        }
+        out
+    }
+
+    /// Drops every piece at or beyond `size` (truncation).
+    pub fn truncate(&self, size: u64) {
+        for shard in 0..SHARDS {
+            self.shard(shard).cut(size, u64::MAX);
+        }
+    }
+
+    /// True when no piece is pending.
+    pub fn is_empty(&self) -> bool {
+        (0..SHARDS).all(|s| self.shard(s).0.is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn newer_writes_shadow_older_ones_and_checkpoint_takes_only_what_is_left() {
+        let overlay = Overlay::default();
+        overlay.insert(0, 8192, 1 << 20, 1);
+        overlay.insert(1000, 100, 9 << 20, 2);
+        let pieces = overlay.lookup(0, 8192);
+        assert_eq!(pieces.len(), 3);
+        assert_eq!(pieces[1].src, 9 << 20);
+        assert_eq!(pieces[2].src, (1 << 20) + 1100);
+        let taken = overlay.take_record(0, 8192, 1);
+        assert_eq!(taken.len(), 2, "{taken:?}");
+        assert_eq!(overlay.lookup(0, 8192).len(), 1);
+        assert_eq!(overlay.take_record(1000, 100, 2).len(), 1);
+        assert!(overlay.is_empty());
+    }
+
+    #[test]
+    fn pieces_are_cut_at_stretch_edges_and_found_across_them() {
+        let overlay = Overlay::default();
+        let start = STRETCH - 4096;
+        overlay.insert(start, 3 * STRETCH, 7 << 30, 5);
+        let pieces = overlay.lookup(0, 5 * STRETCH);
+        assert_eq!(pieces.len(), 4);
+        assert_eq!(pieces.iter().map(|p| p.end - p.start).sum::<u64>(), 3 * STRETCH);
+        for p in &pieces {
+            assert_eq!(p.src - (7 << 30), p.start - start);
+        }
+        overlay.truncate(STRETCH);
+        assert_eq!(overlay.lookup(0, u64::MAX / 2).len(), 1);
+    }
+
+    proptest::proptest! {
+        /// Byte-level model: after random writes, lookups give every byte's newest writer, and
+        /// taking each record returns exactly the bytes it still owns.
+        #[test]
+        fn agrees_with_a_byte_model(writes in proptest::collection::vec((0u64..40_000, 1u64..9000), 1..30)) {
+            let overlay = Overlay::default();
+            let mut model = vec![0u64; 50_000];
+            for (i, (offset, len)) in writes.iter().enumerate() {
+                let order = i as u64 + 1;
+                overlay.insert(*offset, *len, order << 32, order);
+                for b in *offset..offset + len {
+                    model[b as usize] = order;
+                }
+            }
+            let mut seen = vec![0u64; 50_000];
+            for p in overlay.lookup(0, 50_000) {
+                for b in p.start..p.end {
+                    proptest::prop_assert_eq!(seen[b as usize], 0);
+                    seen[b as usize] = p.order;
+                    proptest::prop_assert_eq!(p.src, (p.order << 32) + (b - p.start) + (p.src - (p.order << 32)) - (b - p.start));
+                }
+            }
+            proptest::prop_assert_eq!(&seen, &model);
+            for (i, (offset, len)) in writes.iter().enumerate() {
+                let order = i as u64 + 1;
+                for p in overlay.take_record(*offset, *len, order) {
+                    proptest::prop_assert_eq!(p.src - (order << 32), p.start - offset);
+                    for b in p.start..p.end {
+                        proptest::prop_assert_eq!(model[b as usize], order);
+                        model[b as usize] = 0;
+                    }
+                }
+            }
+            proptest::prop_assert!(model.iter().all(|&o| o == 0));
+            proptest::prop_assert!(overlay.is_empty());
+        }
+    }
+}

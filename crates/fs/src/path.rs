@@ -1,0 +1,60 @@
+//! Path and name rules: absolute paths of `/`-separated names, names 1..=255 bytes without
+//! `/` or NUL, paths at most 4096 bytes. `.` components are skipped; `..` is refused (a
+//! library file system has no current directory to be relative to, and refusing keeps rename
+//! cycle checks simple).
+
+use crate::error::{FsError, Result};
+
+/// Longest name in bytes.
+pub const MAX_NAME: usize = 255;
+/// Longest path in bytes.
+pub const MAX_PATH: usize = 4096;
+
+/// Checks one name.
+pub fn check_name(name: &str) -> Result<()> {
+    if name.len() > MAX_NAME {
+        return Err(FsError::NameTooLong(name.to_owned()));
+    }
+    if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0']) {
+        return Err(FsError::Invalid(format!("`{name}` is not a valid file name")));
+    }
+    Ok(())
+}
+
+/// The names of an absolute path, in order (empty for `/`).
+pub fn components(path: &str) -> Result<Vec<&str>> {
+    if path.len() > MAX_PATH {
+        return Err(FsError::NameTooLong(format!("{}...", &path[..64])));
+    }
+    if !path.starts_with('/') {
+        return Err(FsError::Invalid(format!("`{path}` is not an absolute path")));
+    }
+    let mut out = Vec::new();
+    for name in path.split('/').filter(|c| !c.is_empty() && *c != ".") {
+        if name == ".." {
+            return Err(FsError::Invalid(format!("`{path}`: `..` is not supported")));
+        }
+        check_name(name)?;
+        out.push(name);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_split_and_limits_hold() {
+        assert_eq!(components("/").unwrap(), Vec::<&str>::new());
+        assert_eq!(components("//a/./b/").unwrap(), vec!["a", "b"]);
+        assert!(matches!(components("a/b"), Err(FsError::Invalid(_))));
+        assert!(matches!(components("/a/../b"), Err(FsError::Invalid(_))));
+        let long = "x".repeat(256);
+        assert!(matches!(components(&format!("/{long}")), Err(FsError::NameTooLong(_))));
+        assert!(components(&format!("/{}", "x".repeat(255))).is_ok());
+        let deep = "/abc".repeat(1025);
+        assert!(matches!(components(&deep), Err(FsError::NameTooLong(_))));
+        assert!(matches!(check_name("a\0b"), Err(FsError::Invalid(_))));
+    }
+}

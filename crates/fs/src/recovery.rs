@@ -1,0 +1,584 @@
+//! Format and open (recovery).
+//!
+//! Open finds everything from the root at the start of device 0's owner area, by global
+//! addresses (device + offset: relative, never pointers): the snapshot, and each thread
+//! slot's journal and log area. It then
+//! 1. loads the snapshot;
+//! 2. reads every journal's records of the snapshot's epoch (a torn last record ends a
+//!    journal: its operation never returned);
+//! 3. takes each slot's retired watermark as the highest the snapshot or a committed
+//!    checkpoint batch says, and reads each log area's live records above it (torn records
+//!    fail their checksum and are dropped);
+//! 4. replays journal operations and live log records merged by their global order;
+//! 5. gives the volume the set of pages the file system owns (snapshot, slot areas, every
+//!    file's blocks, the buffers of live records), refusing a page owned twice.
+//!
+//! The live records are queued for the checkpoint again, so nothing recovery found waits in
+//! a log for long. Damage never panics: it is an error naming the structure.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+
+use volume::{Extent, GlobalAddress, Volume};
+
+use crate::buffers::BufferSet;
+use crate::error::{FsError, Result};
+use crate::extent_map::{BLOCK, ExtentMap};
+use crate::fs::{
+    Attr, FormatOptions, Fs, FsCounters, FsOptions, InFlight, Inner, Inode, Mount, Pending,
+    ROOT_INO, Signal, check_format, check_options, now_ns,
+};
+use crate::journal::{Journal, JournalRecord, Kind, MetaOp};
+use crate::log::{LogArea, LogRecord};
+use crate::overlay::Overlay;
+use crate::range_lock::RangeLocks;
+use crate::root::Root;
+use crate::snapshot::{InodeImage, Snapshot};
+
+/// An inode while the logs are replayed.
+#[derive(Debug)]
+struct Replayed {
+    kind: Kind,
+    mode: u32,
+    mtime: u64,
+    size: u64,
+    parent: u64,
+    entries: BTreeMap<String, u64>,
+    extents: ExtentMap,
+    overlay: Overlay,
+}
+
+/// What one replay step is.
+enum Step {
+    Meta(u32, JournalRecord),
+    Data(u32, LogRecord),
+}
+
+impl Step {
+    fn order(&self) -> u64 {
+        match self {
+            Step::Meta(_, r) => r.order,
+            Step::Data(_, r) => r.order,
+        }
+    }
+}
+
+fn extent_of(addr: u64, len: u64) -> Extent {
+    Extent {
+        start: GlobalAddress::from_raw(addr),
+        len_bytes: len.next_multiple_of(BLOCK),
+    }
+}
+
+impl Fs {
+    /// Makes a new, empty file system on `volume` (freshly opened: nothing owned yet) and
+    /// opens it. Whatever file system was there is gone.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    /// let topology = topology::Topology::from_sysfs()?;
+    /// let volume = volume::Volume::open("/dev/shm/locus".as_ref(), topology, &Default::default())?;
+    /// let fs = fs::Fs::format(Arc::new(volume), &fs::FormatOptions::default(), fs::FsOptions::default())?;
+    /// let file = fs.create("/hello")?;
+    /// file.write_at(b"durable when this returns", 0)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn format(volume: Arc<Volume>, format: &FormatOptions, options: FsOptions) -> Result<Fs> {
+        check_format(format)?;
+        check_options(&options)?;
+        let owner = volume.owner_area(0)?;
+        Root::clear(&owner)?;
+        let snapshot = Snapshot {
+            epoch: 1,
+            next_ino: ROOT_INO + 1,
+            next_order: 1,
+            retired: Vec::new(),
+            inodes: vec![InodeImage {
+                ino: ROOT_INO,
+                kind: Kind::Dir,
+                mode: 0o755,
+                mtime: now_ns(),
+                size: 0,
+                parent: ROOT_INO,
+                entries: Vec::new(),
+                runs: Vec::new(),
+            }],
+        };
+        let bytes = snapshot.encode();
+        let extent = volume.alloc_local(bytes.len() as u64)?;
+        let region = volume.region(&extent)?;
+        region.write(0, &bytes)?;
+        region.persist(0, bytes.len() as u64)?;
+        let root = Root {
+            generation: 1,
+            epoch: 1,
+            volume_uuid: volume.uuid(),
+            snapshot_addr: extent.start.raw(),
+            snapshot_len: bytes.len() as u64,
+            slot_limit: format.slot_limit,
+            log_records: format.log_records,
+            journal_bytes: format.journal_bytes,
+            granule: format.granule,
+            slots: Vec::new(),
+        };
+        root.write(&owner)?;
+        // Open marks what the file system owns; hand the snapshot's pages back first.
+        volume.free(extent)?;
+        Fs::open(volume, options)
+    }
+
+    /// Opens the file system on `volume` (freshly opened: nothing owned yet), recovering
+    /// whatever a crash left in the logs.
+    pub fn open(volume: Arc<Volume>, options: FsOptions) -> Result<Fs> {
+        check_options(&options)?;
+        let owner = volume.owner_area(0)?;
+        let root = Root::read(&owner)?;
+        if root.volume_uuid != volume.uuid() {
+            return Err(FsError::corrupt(
+                "file-system root",
+                format!(
+                    "it belongs to volume {}, not this one ({})",
+                    volume::hex(&root.volume_uuid),
+                    volume::hex(&volume.uuid())
+                ),
+            ));
+        }
+        // 1. The snapshot.
+        let snapshot_region = volume.region(&extent_of(root.snapshot_addr, root.snapshot_len))?;
+        let mut bytes = vec![0u8; root.snapshot_len as usize];
+        snapshot_region.read(0, &mut bytes)?;
+        let snapshot = Snapshot::decode(&bytes)?;
+        if snapshot.epoch != root.epoch {
+            return Err(FsError::corrupt(
+                "file-system snapshot",
+                format!("epoch {} but the root is at {}", snapshot.epoch, root.epoch),
+            ));
+        }
+        let mut inodes = load_snapshot(&snapshot)?;
+        let mut next_ino = snapshot.next_ino;
+        let mut next_order = snapshot.next_order;
+
+        // 2. Journals.
+        let mut retired: Vec<u64> = (0..root.slots.len())
+            .map(|i| snapshot.retired.get(i).copied().unwrap_or(0))
+            .collect();
+        let mut steps: Vec<Step> = Vec::new();
+        let mut journals = Vec::new();
+        for (index, areas) in root.slots.iter().enumerate() {
+            let region = volume.region(&extent_of(areas.journal_addr, areas.journal_len))?;
+            let (journal, records) = Journal::recover(region, index as u32, root.epoch)?;
+            for record in records {
+                if let MetaOp::Batch { retired: r, .. } = &record.op {
+                    for &(slot, seq) in r {
+                        let watermark = retired.get_mut(slot as usize).ok_or_else(|| {
+                            FsError::corrupt(
+                                format!("journal of slot {index}"),
+                                format!("a batch retires records of slot {slot}, which does not exist"),
+                            )
+                        })?;
+                        *watermark = (*watermark).max(seq);
+                    }
+                }
+                steps.push(Step::Meta(index as u32, record));
+            }
+            journals.push(journal);
+        }
+
+        // 3. Log areas.
+        let mut logs = Vec::new();
+        for (index, areas) in root.slots.iter().enumerate() {
+            let region = volume.region(&extent_of(areas.log_addr, areas.log_len))?;
+            let (log, live) = LogArea::recover(region, retired[index])?;
+            if log.id() != index as u32 {
+                return Err(FsError::corrupt(
+                    format!("log area of slot {index}"),
+                    format!("its header says area {}", log.id()),
+                ));
+            }
+            steps.extend(live.into_iter().map(|r| Step::Data(index as u32, r)));
+            logs.push(log);
+        }
+
+        // 4. Replay in global order.
+        steps.sort_by_key(Step::order);
+        let mut live: Vec<(u32, LogRecord)> = Vec::new();
+        for step in steps {
+            next_order = next_order.max(step.order() + 1);
+            match step {
+                Step::Meta(slot, record) => {
+                    replay(&mut inodes, &record.op).map_err(|problem| {
+                        FsError::corrupt(
+                            format!("journal of slot {slot} (record of order {})", record.order),
+                            problem,
+                        )
+                    })?;
+                    if let MetaOp::Create { ino, .. } = record.op {
+                        next_ino = next_ino.max(ino + 1);
+                    }
+                }
+                Step::Data(slot, record) => {
+                    if let Some(inode) = inodes.get_mut(&record.inode) {
+                        if inode.kind != Kind::File {
+                            return Err(FsError::corrupt(
+                                format!("log area of slot {slot}"),
+                                format!("record {} writes directory {}", record.sequence, record.inode),
+                            ));
+                        }
+                        inode
+                            .overlay
+                            .insert(record.offset, record.length, record.buffer, record.order);
+                        inode.size = inode.size.max(record.offset + record.length);
+                    }
+                    live.push((slot, record));
+                }
+            }
+        }
+        check_tree(&inodes)?;
+
+        // 5. Ownership.
+        let mut owned: Vec<(u64, u64, String)> = Vec::new();
+        owned.push((root.snapshot_addr, root.snapshot_len.next_multiple_of(BLOCK), "the snapshot".into()));
+        for (i, areas) in root.slots.iter().enumerate() {
+            owned.push((areas.log_addr, areas.log_len.next_multiple_of(BLOCK), format!("log area of slot {i}")));
+            owned.push((areas.journal_addr, areas.journal_len.next_multiple_of(BLOCK), format!("journal of slot {i}")));
+        }
+        for (ino, inode) in &inodes {
+            for run in inode.extents.runs() {
+                owned.push((run.addr, run.blocks * BLOCK, format!("file {ino} block {}", run.file_block)));
+            }
+        }
+        let buffer_runs = merge_pages(live.iter().map(|(_, r)| (r.buffer, r.length)));
+        for &(start, len) in &buffer_runs {
+            owned.push((start, len, "buffers of live log records".into()));
+        }
+        owned.sort_by_key(|o| o.0);
+        for pair in owned.windows(2) {
+            if pair[0].0 + pair[0].1 > pair[1].0 {
+                return Err(FsError::corrupt(
+                    "file-system metadata",
+                    format!(
+                        "{} and {} claim the same memory at {}",
+                        pair[0].2,
+                        pair[1].2,
+                        GlobalAddress::from_raw(pair[1].0)
+                    ),
+                ));
+            }
+        }
+        volume.mark_owned(owned.iter().map(|&(start, len, _)| extent_of(start, len)))?;
+
+        // Build the running file system.
+        let devices = (0..volume.device_count())
+            .map(|d| volume.device_region(d))
+            .collect::<volume::Result<Vec<_>>>()?;
+        let recovered = Arc::new(BufferSet::sealed_with(
+            buffer_runs.iter().map(|&(s, l)| extent_of(s, l)).collect(),
+            live.len() as u64,
+        ));
+        let mut pending: Vec<VecDeque<Pending>> = (0..root.slots.len()).map(|_| VecDeque::new()).collect();
+        for (slot, r) in &live {
+            pending[*slot as usize].push_back(Pending {
+                slot: *slot,
+                seq: r.sequence,
+                order: r.order,
+                ino: r.inode,
+                offset: r.offset,
+                len: r.length,
+                set: Arc::clone(&recovered),
+            });
+        }
+        let granule = root.granule;
+        let slot_limit = root.slot_limit as usize;
+        let table = inodes
+            .into_iter()
+            .map(|(ino, r)| {
+                let inode = Inode {
+                    ino,
+                    kind: r.kind,
+                    attr: Mutex::new(Attr {
+                        mode: r.mode,
+                        mtime: r.mtime,
+                        parent: r.parent,
+                        unlinked: false,
+                    }),
+                    entries: Mutex::new(r.entries),
+                    size: AtomicU64::new(r.size),
+                    extents: RwLock::new(r.extents),
+                    dead: AtomicBool::new(false),
+                    overlay: r.overlay,
+                    locks: RangeLocks::new(granule).expect("granule checked by the root decoder"),
+                    opens: AtomicU64::new(0),
+                };
+                (ino, Arc::new(inode))
+            })
+            .collect();
+        let inner = Arc::new(Inner {
+            id: Inner::new_id(),
+            volume: Arc::clone(&volume),
+            devices,
+            owner,
+            root: Mutex::new(root),
+            options,
+            inodes: RwLock::new(table),
+            next_ino: AtomicU64::new(next_ino),
+            order: InFlight(AtomicU64::new(next_order)),
+            gate: RwLock::new(()),
+            rename: Mutex::new(()),
+            batch: Mutex::new(()),
+            slots: (0..slot_limit).map(|_| OnceLock::new()).collect(),
+            slot_in_use: Mutex::new(vec![false; slot_limit]),
+            done_below: AtomicU64::new(0),
+            pending_records: AtomicU64::new(live.len() as u64),
+            signal: Signal::default(),
+            counters: FsCounters::default(),
+        });
+        for (index, ((log, journal), queue)) in logs.into_iter().zip(journals).zip(pending).enumerate() {
+            let slot = inner.make_slot(index as u32, log, journal, queue);
+            inner.slots[index].set(slot).expect("each slot once");
+        }
+        let thread = crate::checkpoint::spawn(Arc::clone(&inner))?;
+        Ok(Fs {
+            mount: Arc::new(Mount {
+                inner: Arc::clone(&inner),
+                thread: Mutex::new(Some(thread)),
+            }),
+            inner,
+        })
+    }
+}
+
+/// Page runs covering every `(address, length)`, merged.
+fn merge_pages(spans: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
+    let mut pages: Vec<(u64, u64)> = spans
+        .map(|(addr, len)| {
+            let start = addr - addr % BLOCK;
+            (start, (addr + len).next_multiple_of(BLOCK))
+        })
+        .collect();
+    pages.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::new();
+    for (start, end) in pages {
+        match merged.last_mut() {
+            Some(last) if start <= last.1 && GlobalAddress::from_raw(start).device() == GlobalAddress::from_raw(last.0).device() => {
+                last.1 = last.1.max(end);
+            }
+            _ => merged.push((start, end)),
+        }
+    }
+    merged.into_iter().map(|(s, e)| (s, e - s)).collect()
+}
+
+fn load_snapshot(snapshot: &Snapshot) -> Result<HashMap<u64, Replayed>> {
+    let mut inodes = HashMap::with_capacity(snapshot.inodes.len());
+    for image in &snapshot.inodes {
+        let mut extents = ExtentMap::new();
+        for run in &image.runs {
+            if !extents.map(run.file_block, run.blocks, run.addr).is_empty() {
+                return Err(FsError::corrupt(
+                    "file-system snapshot",
+                    format!("file {} maps block {} twice", image.ino, run.file_block),
+                ));
+            }
+        }
+        let replayed = Replayed {
+            kind: image.kind,
+            mode: image.mode,
+            mtime: image.mtime,
+            size: image.size,
+            parent: image.parent,
+            entries: image.entries.iter().cloned().collect(),
+            extents,
+            overlay: Overlay::default(),
+        };
+        if inodes.insert(image.ino, replayed).is_some() {
+            return Err(FsError::corrupt(
+                "file-system snapshot",
+                format!("inode {} appears twice", image.ino),
+            ));
+        }
+    }
+    match inodes.get(&ROOT_INO) {
+        Some(root) if root.kind == Kind::Dir => Ok(inodes),
+        _ => Err(FsError::corrupt(
+            "file-system snapshot",
+            "the root directory (inode 1) is missing",
+        )),
+    }
+}
+
+/// Every entry names an existing inode, every inode but the root is named exactly once, and
+/// a directory's parent names it.
+fn check_tree(inodes: &HashMap<u64, Replayed>) -> Result<()> {
+    let mut named: HashMap<u64, u64> = HashMap::with_capacity(inodes.len());
+    for (&dir, inode) in inodes {
+        for (name, &ino) in &inode.entries {
+            let Some(child) = inodes.get(&ino) else {
+                return Err(FsError::corrupt(
+                    "file-system namespace",
+                    format!("directory {dir} entry `{name}` names missing inode {ino}"),
+                ));
+            };
+            if named.insert(ino, dir).is_some() || ino == ROOT_INO {
+                return Err(FsError::corrupt(
+                    "file-system namespace",
+                    format!("inode {ino} has more than one name"),
+                ));
+            }
+            if child.kind == Kind::Dir && child.parent != dir {
+                return Err(FsError::corrupt(
+                    "file-system namespace",
+                    format!("directory {ino} is in {dir} but says its parent is {}", child.parent),
+                ));
+            }
+        }
+    }
+    if let Some(orphan) = inodes.keys().find(|&&i| i != ROOT_INO && !named.contains_key(&i)) {
+        return Err(FsError::corrupt(
+            "file-system namespace",
+            format!("inode {orphan} has no name"),
+        ));
+    }
+    Ok(())
+}
+
+fn dir_mut<'a>(inodes: &'a mut HashMap<u64, Replayed>, ino: u64) -> Result<&'a mut Replayed, String> {
+    match inodes.get_mut(&ino) {
+        Some(d) if d.kind == Kind::Dir => Ok(d),
+        Some(_) => Err(format!("inode {ino} is not a directory")),
+        None => Err(format!("directory {ino} does not exist")),
+    }
+}
+
+/// Applies one journaled operation to the replay state. An operation that cannot apply can
+/// only come from damage (dependent operations are logged in order).
+fn replay(inodes: &mut HashMap<u64, Replayed>, op: &MetaOp) -> Result<(), String> {
+    match op {
+        MetaOp::Create {
+            parent,
+            ino,
+            kind,
+            mode,
+            time,
+            name,
+        } => {
+            if inodes.contains_key(ino) {
+                return Err(format!("create of inode {ino}, which exists"));
+            }
+            let dir = dir_mut(inodes, *parent)?;
+            if dir.entries.contains_key(name) {
+                return Err(format!("create of `{name}` in {parent}, where it exists"));
+            }
+            dir.entries.insert(name.clone(), *ino);
+            dir.mtime = *time;
+            inodes.insert(
+                *ino,
+                Replayed {
+                    kind: *kind,
+                    mode: *mode,
+                    mtime: *time,
+                    size: 0,
+                    parent: if *kind == Kind::Dir { *parent } else { 0 },
+                    entries: BTreeMap::new(),
+                    extents: ExtentMap::new(),
+                    overlay: Overlay::default(),
+                },
+            );
+        }
+        MetaOp::Remove { parent, ino, name } => {
+            let dir = dir_mut(inodes, *parent)?;
+            if dir.entries.get(name) != Some(ino) {
+                return Err(format!("removal of `{name}` (inode {ino}) from {parent}, which does not hold it"));
+            }
+            dir.entries.remove(name);
+            if inodes.get(ino).is_some_and(|i| !i.entries.is_empty()) {
+                return Err(format!("removal of directory {ino}, which is not empty"));
+            }
+            inodes.remove(ino);
+        }
+        MetaOp::Rename {
+            src_parent,
+            src_name,
+            dst_parent,
+            dst_name,
+            ino,
+            replaced,
+        } => {
+            let src = dir_mut(inodes, *src_parent)?;
+            if src.entries.get(src_name) != Some(ino) {
+                return Err(format!("rename of `{src_name}` (inode {ino}) from {src_parent}, which does not hold it"));
+            }
+            src.entries.remove(src_name);
+            let dst = dir_mut(inodes, *dst_parent)?;
+            let before = dst.entries.insert(dst_name.clone(), *ino).unwrap_or(0);
+            if before != *replaced {
+                return Err(format!(
+                    "rename onto `{dst_name}` in {dst_parent}: it named {before}, the record says {replaced}"
+                ));
+            }
+            if *replaced != 0 {
+                inodes.remove(replaced);
+            }
+            if let Some(moved) = inodes.get_mut(ino)
+                && moved.kind == Kind::Dir
+            {
+                moved.parent = *dst_parent;
+            }
+        }
+        MetaOp::Truncate {
+            ino,
+            size,
+            time,
+            tail,
+        } => {
+            let file = match inodes.get_mut(ino) {
+                Some(f) if f.kind == Kind::File => f,
+                _ => return Err(format!("truncate of {ino}, which is not a file")),
+            };
+            file.extents.truncate(size.div_ceil(BLOCK));
+            if *tail != 0 {
+                file.extents.map(size / BLOCK, 1, *tail);
+            }
+            file.overlay.truncate(*size);
+            file.size = *size;
+            file.mtime = *time;
+        }
+        MetaOp::SetMode { ino, mode } => {
+            inodes
+                .get_mut(ino)
+                .ok_or_else(|| format!("mode change of {ino}, which does not exist"))?
+                .mode = *mode;
+        }
+        MetaOp::Batch { maps, sizes, .. } => {
+            // Entries of files removed since are skipped: their removal is durable.
+            for m in maps {
+                if let Some(file) = inodes.get_mut(&m.ino)
+                    && file.kind == Kind::File
+                {
+                    file.extents.map(m.file_block, m.blocks, m.addr);
+                }
+            }
+            for &(ino, size, time) in sizes {
+                if let Some(file) = inodes.get_mut(&ino) {
+                    file.size = file.size.max(size);
+                    file.mtime = file.mtime.max(time);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffer_pages_merge_within_a_device_only() {
+        let a = GlobalAddress::new(0, 1 << 21).raw();
+        let b = GlobalAddress::new(1, 0).raw();
+        let merged = merge_pages([(a + 100, 50), (a + 1000, 4000), (b, 1)].into_iter());
+        assert_eq!(merged, vec![(a, 2 * BLOCK), (b, BLOCK)]);
+    }
+}
