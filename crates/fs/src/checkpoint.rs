@@ -46,6 +46,9 @@ fn run(inner: &Inner) {
 fn run_loop(inner: &Inner) -> Result<()> {
     let checkpoint_slot = inner.slot_at(0)?;
     loop {
+        if inner.signal.state.lock().expect("checkpoint state").abandon {
+            return Ok(());
+        }
         let moved = checkpoint_once(inner, &checkpoint_slot)?;
         let (stop, wanted) = {
             let mut state = inner.signal.state.lock().expect("checkpoint state");

@@ -196,6 +196,8 @@ pub(crate) struct SignalState {
     pub(crate) snapshot_wanted: bool,
     pub(crate) drain_wanted: bool,
     pub(crate) stop: bool,
+    /// Stop at once, leaving logs as a crash would (tests).
+    pub(crate) abandon: bool,
     pub(crate) failed: Option<String>,
 }
 
@@ -1364,6 +1366,22 @@ impl Fs {
     /// Counters.
     pub fn stats(&self) -> FsStats {
         self.inner.stats()
+    }
+
+    /// Stops the checkpoint thread where it is, without moving what is logged or writing a
+    /// snapshot: the media is left as a crash after the last returned operation would leave
+    /// it. For recovery tests.
+    #[doc(hidden)]
+    pub fn abandon(self) {
+        {
+            let mut state = self.inner.signal.state.lock().expect("checkpoint state");
+            state.abandon = true;
+            state.stop = true;
+            self.inner.signal.wake.notify_all();
+        }
+        if let Some(handle) = self.mount.thread.lock().expect("checkpoint thread").take() {
+            let _ = handle.join();
+        }
     }
 
     /// The volume under the file system.

@@ -23,7 +23,7 @@
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
-//! let topology = topology::Topology::from_sysfs()?;
+//! let topology = topology::Topology::read_live()?;
 //! let volume = Arc::new(volume::Volume::open("/dev/shm/locus".as_ref(), topology, &Default::default())?);
 //! let fs = fs::Fs::open(volume, fs::FsOptions::default())?;
 //! fs.mkdir("/logs", 0o755)?;

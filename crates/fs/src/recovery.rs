@@ -78,7 +78,7 @@ impl Fs {
     /// ```no_run
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::sync::Arc;
-    /// let topology = topology::Topology::from_sysfs()?;
+    /// let topology = topology::Topology::read_live()?;
     /// let volume = volume::Volume::open("/dev/shm/locus".as_ref(), topology, &Default::default())?;
     /// let fs = fs::Fs::format(Arc::new(volume), &fs::FormatOptions::default(), fs::FsOptions::default())?;
     /// let file = fs.create("/hello")?;
