@@ -21,7 +21,7 @@ use volume::Extent;
 
 use crate::error::{FsError, Result};
 use crate::extent_map::{BLOCK, Run};
-use crate::fs::{Inner, Pending, Slot, now_ns};
+use crate::fs::{CheckpointMode, Inner, Pending, Slot, now_ns};
 use crate::journal::{Kind, MAX_RECORD, MapEntry, MetaOp};
 use crate::range_lock::LockMode;
 use crate::snapshot::{InodeImage, Snapshot};
@@ -45,16 +45,30 @@ fn run(inner: &Inner) {
 
 fn run_loop(inner: &Inner) -> Result<()> {
     let checkpoint_slot = inner.slot_at(0)?;
+    let background = inner.options.checkpoint == CheckpointMode::Background;
+    // On demand: once asked, keep going until nothing below the watermark is left.
+    let mut draining = false;
     loop {
-        if inner.signal.state.lock().expect("checkpoint state").abandon {
+        let (stop, abandon, wanted) = {
+            let mut state = inner.signal.state.lock().expect("checkpoint state");
+            draining |= std::mem::take(&mut state.drain_wanted);
+            (
+                state.stop,
+                state.abandon,
+                std::mem::take(&mut state.snapshot_wanted),
+            )
+        };
+        if abandon {
             return Ok(());
         }
-        let moved = checkpoint_once(inner, &checkpoint_slot)?;
-        let (stop, wanted) = {
-            let mut state = inner.signal.state.lock().expect("checkpoint state");
-            let wanted = std::mem::take(&mut state.snapshot_wanted);
-            (state.stop, wanted)
+        let moved = if background || draining || stop {
+            checkpoint_once(inner, &checkpoint_slot)?
+        } else {
+            0
         };
+        if moved == 0 {
+            draining = false;
+        }
         if wanted || journals_filling(inner)? {
             snapshot(inner)?;
         }
@@ -77,8 +91,7 @@ fn run_loop(inner: &Inner) -> Result<()> {
             continue;
         }
         let mut state = inner.signal.state.lock().expect("checkpoint state");
-        if state.stop || state.snapshot_wanted || state.drain_wanted {
-            state.drain_wanted = false;
+        if state.stop || state.snapshot_wanted || state.drain_wanted || state.abandon {
             continue;
         }
         state.sleeping = true;
@@ -88,7 +101,6 @@ fn run_loop(inner: &Inner) -> Result<()> {
             .wait_timeout(state, Duration::from_millis(2))
             .expect("checkpoint state");
         state.sleeping = false;
-        state.drain_wanted = false;
     }
 }
 

@@ -73,6 +73,20 @@ pub struct FsOptions {
     pub prelim_buffer_bytes: u64,
     /// Most records one checkpoint batch moves.
     pub checkpoint_batch: usize,
+    /// When the checkpoint runs.
+    pub checkpoint: CheckpointMode,
+}
+
+/// When the checkpoint moves logged writes into files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CheckpointMode {
+    /// Continuously, in the background (the paper's design).
+    #[default]
+    Background,
+    /// Only when something needs it: a writer out of log space or buffers, a close, a
+    /// checkpoint call, a full journal, unmount. Writes stay in the logs meanwhile (reads see
+    /// them through the overlay); useful to measure logging alone, and for recovery tests.
+    OnDemand,
 }
 
 impl Default for FsOptions {
@@ -81,6 +95,7 @@ impl Default for FsOptions {
             prelim_buffers: 4,
             prelim_buffer_bytes: 8 << 20,
             checkpoint_batch: 4096,
+            checkpoint: CheckpointMode::Background,
         }
     }
 }

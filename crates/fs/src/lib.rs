@@ -56,7 +56,7 @@ pub mod snapshot;
 
 pub use error::{FsError, Result};
 pub use fs::{
-    Buffer, DirEntry, File, FormatOptions, Fs, FsOptions, FsStats, MAX_FILE_SIZE, MAX_IO,
+    Buffer, CheckpointMode, DirEntry, File, FormatOptions, Fs, FsOptions, FsStats, MAX_FILE_SIZE, MAX_IO,
     OpenOptions, ROOT_INO, Stat,
 };
 pub use journal::Kind;
