@@ -1,0 +1,227 @@
+//! Crash images for every kind of operation: record the operation on a traced volume, crash
+//! at every fence it executed (with the possible sets of pending cache lines that reached
+//! the media), recover, and require the whole file system to be exactly as before or as after
+//! the operation. At the last point (the operation returned) it must be as after.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::*;
+use fs::{CheckpointMode, Fs, FsOptions, Kind};
+use pmem::Tracer;
+
+/// Path -> contents (`None` for a directory).
+type State = BTreeMap<String, Option<Vec<u8>>>;
+
+fn state(fs: &Fs) -> State {
+    let mut out = State::new();
+    let mut dirs = vec!["/".to_owned()];
+    while let Some(dir) = dirs.pop() {
+        for entry in fs.readdir(&dir).unwrap() {
+            let path = format!("{}/{}", dir.trim_end_matches('/'), entry.name);
+            match entry.kind {
+                Kind::Dir => {
+                    out.insert(path.clone(), None);
+                    dirs.push(path);
+                }
+                Kind::File => {
+                    let file = fs.open_read(&path).unwrap();
+                    let mut data = vec![0u8; file.len() as usize];
+                    assert_eq!(file.read_at(&mut data, 0).unwrap(), data.len());
+                    out.insert(path, Some(data));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn options() -> FsOptions {
+    FsOptions {
+        checkpoint: CheckpointMode::OnDemand,
+        ..small_options()
+    }
+}
+
+const DEVICE: u64 = 8 << 20;
+const IMAGES_PER_POINT: usize = 6;
+
+/// Sets up with `setup`, then records `op` and checks every crash image of it.
+fn check_op(name: &str, setup: impl Fn(&Fs), op: impl Fn(&Fs)) {
+    let tracer = Tracer::new();
+    let region = traced(&tracer, DEVICE);
+    let fs = Fs::format(volume_over(vec![region.clone()]).unwrap(), &small_format(), options()).unwrap();
+    setup(&fs);
+    let before = state(&fs);
+    let first = tracer.fence_count();
+    op(&fs);
+    let last = tracer.fence_count();
+    let after = state(&fs);
+    assert_ne!(before, after, "{name}: the operation changed nothing");
+    assert!(last > first, "{name}: no fence");
+    let (mut saw_before, mut saw_after, mut images) = (false, false, 0);
+    for point in first..=last {
+        for image in tracer.crash_images(point, IMAGES_PER_POINT, point as u64) {
+            images += 1;
+            let replay = Tracer::new();
+            let copy = replay.region_with(image.regions[0].clone());
+            let recovered = Fs::open(volume_over(vec![copy]).unwrap(), options())
+                .unwrap_or_else(|e| panic!("{name}: point {point} ({}): recovery failed: {e}", image.description));
+            let got = state(&recovered);
+            recovered.abandon();
+            if got == before && point < last {
+                saw_before = true;
+            } else if got == after {
+                saw_after = true;
+            } else {
+                let diff: Vec<_> = got
+                    .keys()
+                    .chain(after.keys())
+                    .filter(|k| got.get(*k) != after.get(*k) && got.get(*k) != before.get(*k))
+                    .collect();
+                panic!(
+                    "{name}: point {point}/{last} ({}): state is neither before nor after; differs at {diff:?}",
+                    image.description
+                );
+            }
+        }
+    }
+    assert!(saw_after, "{name}: no image shows the operation done");
+    assert!(saw_before, "{name}: no image shows the operation not done");
+    eprintln!("{name}: {} fences, {images} images, all before or after", last - first);
+    fs.abandon();
+}
+
+fn write(fs: &Fs, path: &str, offset: u64, len: usize, tag: u64) {
+    fs.create(path)
+        .unwrap()
+        .write_at(&pattern(tag, offset, len), offset)
+        .unwrap();
+}
+
+#[test]
+fn write_into_a_new_file() {
+    check_op("write", |fs| drop(fs.create("/f").unwrap()), |fs| write(fs, "/f", 0, 10_000, 1));
+}
+
+#[test]
+fn overwrite_logged_and_checkpointed_data() {
+    check_op(
+        "overwrite",
+        |fs| {
+            write(fs, "/f", 0, 64 << 10, 1);
+            fs.checkpoint().unwrap();
+            write(fs, "/f", 4096, 8192, 2);
+        },
+        |fs| write(fs, "/f", 1000, 12_000, 3),
+    );
+}
+
+#[test]
+fn append() {
+    check_op(
+        "append",
+        |fs| write(fs, "/f", 0, 5000, 1),
+        |fs| write(fs, "/f", 5000, 3000, 2),
+    );
+}
+
+#[test]
+fn zero_copy_buffer_commit() {
+    check_op(
+        "write_buffer",
+        |fs| write(fs, "/f", 0, 5000, 1),
+        |fs| {
+            let mut b = fs.buffer(8192).unwrap();
+            b.write(0, &pattern(4, 4096, 8192)).unwrap();
+            fs.create("/f").unwrap().write_buffer(b, 4096).unwrap();
+        },
+    );
+}
+
+#[test]
+fn create_and_mkdir() {
+    check_op("create", |fs| fs.mkdir("/d", 0o755).unwrap(), |fs| drop(fs.create("/d/new").unwrap()));
+    check_op("mkdir", |_| {}, |fs| fs.mkdir("/d", 0o755).unwrap());
+}
+
+#[test]
+fn unlink_and_rmdir() {
+    check_op(
+        "unlink",
+        |fs| {
+            write(fs, "/f", 0, 20_000, 1);
+            fs.checkpoint().unwrap();
+            write(fs, "/f", 0, 100, 2);
+        },
+        |fs| fs.unlink("/f").unwrap(),
+    );
+    check_op("rmdir", |fs| fs.mkdir("/d", 0o755).unwrap(), |fs| fs.rmdir("/d").unwrap());
+}
+
+#[test]
+fn rename_replacing_a_target() {
+    check_op(
+        "rename",
+        |fs| {
+            fs.mkdir("/d", 0o755).unwrap();
+            write(fs, "/a", 0, 9000, 1);
+            write(fs, "/d/b", 0, 7000, 2);
+            fs.checkpoint().unwrap();
+        },
+        |fs| fs.rename("/a", "/d/b").unwrap(),
+    );
+}
+
+#[test]
+fn truncate_shrink_and_grow() {
+    check_op(
+        "truncate shrink",
+        |fs| {
+            write(fs, "/f", 0, 40_000, 1);
+            fs.checkpoint().unwrap();
+            write(fs, "/f", 30_000, 5000, 2);
+        },
+        |fs| fs.truncate("/f", 10_001).unwrap(),
+    );
+    check_op(
+        "truncate grow",
+        |fs| write(fs, "/f", 0, 5000, 1),
+        |fs| fs.truncate("/f", 50_000).unwrap(),
+    );
+}
+
+#[test]
+fn checkpoint_moves_everything_and_changes_nothing_visible() {
+    // The checkpoint does not change the visible state, so here every image must equal it,
+    // and the logs must have been used: check both by hand.
+    let tracer = Tracer::new();
+    let region = traced(&tracer, DEVICE);
+    let fs = Fs::format(volume_over(vec![region]).unwrap(), &small_format(), options()).unwrap();
+    write(&fs, "/f", 0, 64 << 10, 1);
+    write(&fs, "/f", 100, 5000, 2);
+    write(&fs, "/g", 8192, 3000, 3);
+    fs.truncate("/g", 9000).unwrap();
+    write(&fs, "/g", 0, 4096, 4);
+    let expect = state(&fs);
+    assert!(fs.stats().records_pending >= 4);
+    let first = tracer.fence_count();
+    fs.checkpoint().unwrap();
+    let last = tracer.fence_count();
+    assert!(last > first);
+    assert_eq!(fs.stats().records_pending, 0);
+    let mut images = 0;
+    for point in first..=last {
+        for image in tracer.crash_images(point, IMAGES_PER_POINT, point as u64) {
+            images += 1;
+            let replay = Tracer::new();
+            let recovered = Fs::open(volume_over(vec![replay.region_with(image.regions[0].clone())]).unwrap(), options())
+                .unwrap_or_else(|e| panic!("checkpoint: point {point}: {e}"));
+            assert!(state(&recovered) == expect, "checkpoint: point {point} ({}) lost data", image.description);
+            recovered.abandon();
+        }
+    }
+    eprintln!("checkpoint: {} fences, {images} images", last - first);
+    fs.abandon();
+}
