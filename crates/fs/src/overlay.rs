@@ -200,7 +200,7 @@ mod tests {
             assert_eq!(p.src - (7 << 30), p.start - start);
         }
         overlay.truncate(STRETCH);
-        assert_eq!(overlay.lookup(0, u64::MAX / 2).len(), 1);
+        assert_eq!(overlay.lookup(0, 8 * STRETCH).len(), 1);
     }
 
     proptest::proptest! {
@@ -222,7 +222,6 @@ mod tests {
                 for b in p.start..p.end {
                     proptest::prop_assert_eq!(seen[b as usize], 0);
                     seen[b as usize] = p.order;
-                    proptest::prop_assert_eq!(p.src, (p.order << 32) + (b - p.start) + (p.src - (p.order << 32)) - (b - p.start));
                 }
             }
             proptest::prop_assert_eq!(&seen, &model);
