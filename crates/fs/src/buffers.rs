@@ -66,6 +66,11 @@ impl BufferSet {
         self.state.fetch_sub(1, Ordering::AcqRel) == SEALED | 1
     }
 
+    /// True once sealed: no record will be added.
+    pub(crate) fn is_sealed(&self) -> bool {
+        self.state.load(Ordering::Acquire) & SEALED != 0
+    }
+
     /// True once reclaimed (a preliminary-buffer slot may then be refilled).
     pub(crate) fn is_reclaimed(&self) -> bool {
         self.reclaimed.load(Ordering::Acquire)
@@ -153,31 +158,32 @@ impl Pool {
         debug_assert!(len <= self.buffer_bytes);
         let has_whole_block = offset.next_multiple_of(BLOCK) + BLOCK <= offset + len;
         loop {
-            if let Some((set, base)) = &self.buffers[self.current] {
-                let at = if has_whole_block {
-                    // The first position at or after the cursor with the file's in-page
-                    // offset.
-                    let (within, c) = (offset % BLOCK, self.cursor % BLOCK);
-                    self.cursor - c + within + if c > within { BLOCK } else { 0 }
-                } else {
-                    self.cursor.next_multiple_of(64)
-                };
-                if at + len <= self.buffer_bytes {
-                    self.cursor = at + len;
-                    set.add_record();
-                    return Ok(Reserve::Placed(Placement {
-                        set: std::sync::Arc::clone(set),
-                        addr: base + at,
-                    }));
-                }
-                // Full: seal it and move on.
-                if set.seal() {
-                    set.reclaim(volume)?;
-                }
-                self.current = (self.current + 1) % self.buffers.len();
-                self.cursor = 0;
-            }
             match &self.buffers[self.current] {
+                Some((set, base)) if !set.is_sealed() => {
+                    let at = if has_whole_block {
+                        // The first position at or after the cursor with the file's in-page
+                        // offset.
+                        let (within, c) = (offset % BLOCK, self.cursor % BLOCK);
+                        self.cursor - c + within + if c > within { BLOCK } else { 0 }
+                    } else {
+                        self.cursor.next_multiple_of(64)
+                    };
+                    if at + len <= self.buffer_bytes {
+                        self.cursor = at + len;
+                        set.add_record();
+                        return Ok(Reserve::Placed(Placement {
+                            set: std::sync::Arc::clone(set),
+                            addr: base + at,
+                        }));
+                    }
+                    // Full: seal it and move on to the next buffer.
+                    if set.seal() {
+                        set.reclaim(volume)?;
+                    }
+                    self.current = (self.current + 1) % self.buffers.len();
+                    self.cursor = 0;
+                }
+                // Sealed, with records the checkpoint has not retired yet.
                 Some((set, _)) if !set.is_reclaimed() => return Ok(Reserve::Wait),
                 _ => {
                     let extent = volume.alloc_local(self.buffer_bytes)?;
