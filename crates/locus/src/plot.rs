@@ -173,3 +173,78 @@ where
     root.present().map_err(err)?;
     Ok(())
 }
+
+/// One bar per case: `values[i]` over `labels[i]`, with a reference line at 1 (for ratios
+/// of locus to a baseline measured in the same run).
+pub fn ratio_bars(path: &Path, title: &str, y_desc: &str, labels: &[String], values: &[f64]) -> Result<()> {
+    let extension = path.extension().and_then(|e| e.to_str());
+    if !matches!(extension, Some("svg" | "png")) {
+        bail!("--plot {}: use a .svg or .png file name", path.display());
+    }
+    if labels.is_empty() {
+        bail!("nothing to plot");
+    }
+    register_font()?;
+    let size = (60 + 36 * labels.len() as u32, 520);
+    if extension == Some("svg") {
+        draw_bars(&SVGBackend::new(path, size).into_drawing_area(), title, y_desc, labels, values)
+    } else {
+        draw_bars(&BitMapBackend::new(path, size).into_drawing_area(), title, y_desc, labels, values)
+    }
+}
+
+fn draw_bars<B: DrawingBackend>(
+    root: &DrawingArea<B, plotters::coord::Shift>,
+    title: &str,
+    y_desc: &str,
+    labels: &[String],
+    values: &[f64],
+) -> Result<()>
+where
+    B::ErrorType: 'static,
+{
+    let err = |e: DrawingAreaErrorKind<B::ErrorType>| anyhow::anyhow!("drawing the plot: {e:?}");
+    root.fill(&WHITE).map_err(err)?;
+    let y_max = values.iter().copied().fold(1.0f64, f64::max) * 1.15;
+    let n = labels.len();
+    let mut chart = ChartBuilder::on(root)
+        .caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(130)
+        .y_label_area_size(50)
+        .build_cartesian_2d(-0.5..n as f64 - 0.5, 0.0..y_max)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .y_desc(y_desc)
+        .x_labels(n)
+        .x_label_formatter(&|v| {
+            let i = v.round();
+            if (v - i).abs() > 0.01 || i < 0.0 {
+                return String::new();
+            }
+            labels.get(i as usize).cloned().unwrap_or_default()
+        })
+        .x_label_style(
+            ("sans-serif", 11)
+                .into_font()
+                .transform(FontTransform::Rotate90),
+        )
+        .disable_x_mesh()
+        .draw()
+        .map_err(err)?;
+    chart
+        .draw_series(values.iter().enumerate().map(|(i, &v)| {
+            let color = if v >= 1.0 { BLUE.mix(0.7) } else { RED.mix(0.7) };
+            Rectangle::new([(i as f64 - 0.35, 0.0), (i as f64 + 0.35, v)], color.filled())
+        }))
+        .map_err(err)?;
+    chart
+        .draw_series(LineSeries::new(
+            vec![(-0.5, 1.0), (n as f64 - 0.5, 1.0)],
+            BLACK.mix(0.5),
+        ))
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}

@@ -1,5 +1,6 @@
 //! `locus bench`: measurements printed as numbers, one suite per file.
 
+pub mod fs;
 pub mod sim;
 pub mod uring;
 pub mod volume;
@@ -17,6 +18,7 @@ pub struct BenchArgs {
 #[derive(Debug, Subcommand)]
 enum Suite {
     Volume(volume::VolumeBenchArgs),
+    Fs(fs::FsBenchArgs),
     Sim(sim::SimBenchArgs),
     Uring(uring::UringBenchArgs),
 }
@@ -24,6 +26,7 @@ enum Suite {
 pub fn run(sysfs: &std::path::Path, args: &BenchArgs) -> Result<()> {
     match &args.suite {
         Suite::Volume(args) => volume::run(sysfs, args),
+        Suite::Fs(args) => fs::run(sysfs, args),
         Suite::Sim(args) => sim::run(args),
         Suite::Uring(args) => uring::run(args),
     }

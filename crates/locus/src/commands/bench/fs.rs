@@ -1,0 +1,387 @@
+//! `locus bench fs`: the library file system against `pwrite`/`pread` on a tmpfs file (the
+//! MBS-LVM paper's baseline), same workload, same run.
+//!
+//! Both engines get a file of `--size` bytes, written in full first. Each case runs for
+//! `--seconds` with 1 or 2 threads on the one file: random cases pick block-aligned offsets
+//! over the whole file, sequential ones give each thread its own stretch. Write cases on
+//! locus include waiting, at the end, for the checkpoint to move everything into the file, so
+//! the numbers are sustained ones; write amplification is bytes stored to persistent memory
+//! over bytes written by the caller, from the file system's own counters.
+
+use std::fs::File as StdFile;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::size::parse_size;
+
+/// The file system (locus) against pwrite/pread on tmpfs: random and sequential writes and
+/// reads, several block sizes, 1 and 2 threads on one file.
+#[derive(Debug, Args)]
+pub struct FsBenchArgs {
+    /// Print one JSON object per case and engine instead of a table.
+    #[arg(long)]
+    json: bool,
+
+    /// Also draw the locus/tmpfs ratio of every case (.svg or .png).
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
+
+    /// File size (both engines).
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    size: u64,
+
+    /// Block sizes, comma-separated.
+    #[arg(long, default_value = "1K,4K,64K,2M", value_delimiter = ',', value_parser = parse_size)]
+    bs: Vec<u64>,
+
+    /// Thread counts, comma-separated.
+    #[arg(long, default_value = "1,2", value_delimiter = ',')]
+    threads: Vec<usize>,
+
+    /// Seconds per case.
+    #[arg(long, default_value_t = 0.5)]
+    seconds: f64,
+
+    /// Preliminary buffers per thread (1..=16).
+    #[arg(long, default_value_t = 4)]
+    prelim_buffers: usize,
+
+    /// Bytes of each preliminary buffer.
+    #[arg(long, default_value = "8M", value_parser = parse_size)]
+    prelim_buffer_size: u64,
+
+    /// Directory on tmpfs for the scratch volume and the baseline file.
+    #[arg(long, default_value = "/dev/shm")]
+    dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    RandWrite,
+    SeqWrite,
+    RandRead,
+    SeqRead,
+}
+
+impl Op {
+    const ALL: [Op; 4] = [Op::RandWrite, Op::SeqWrite, Op::RandRead, Op::SeqRead];
+
+    fn name(self) -> &'static str {
+        match self {
+            Op::RandWrite => "randwrite",
+            Op::SeqWrite => "seqwrite",
+            Op::RandRead => "randread",
+            Op::SeqRead => "seqread",
+        }
+    }
+
+    fn writes(self) -> bool {
+        matches!(self, Op::RandWrite | Op::SeqWrite)
+    }
+
+    fn random(self) -> bool {
+        matches!(self, Op::RandWrite | Op::RandRead)
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Case {
+    suite: &'static str,
+    engine: &'static str,
+    op: &'static str,
+    bs_bytes: u64,
+    threads: usize,
+    ops: u64,
+    seconds: f64,
+    iops: f64,
+    bytes_per_sec: f64,
+    /// Bytes stored per byte written (writes; tmpfs stores each byte once: 1).
+    write_amplification: Option<f64>,
+    /// Writers' waits for the checkpoint (locus writes).
+    backpressure_waits: Option<u64>,
+}
+
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+enum Engine<'a> {
+    Locus(&'a fs::File),
+    Tmpfs(&'a StdFile),
+}
+
+impl Engine<'_> {
+    fn write(&self, data: &[u8], offset: u64) -> Result<()> {
+        match self {
+            Engine::Locus(f) => f.write_at(data, offset)?,
+            Engine::Tmpfs(f) => f.write_all_at(data, offset)?,
+        }
+        Ok(())
+    }
+
+    fn read(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let n = match self {
+            Engine::Locus(f) => f.read_at(buf, offset)?,
+            Engine::Tmpfs(f) => f.read_at(buf, offset)?,
+        };
+        if n != buf.len() {
+            bail!("short read: {n} of {} bytes at {offset}", buf.len());
+        }
+        Ok(())
+    }
+}
+
+pub fn run(sysfs: &Path, args: &FsBenchArgs) -> Result<()> {
+    if args.bs.iter().any(|&bs| bs == 0 || bs > args.size / 4) {
+        bail!("every --bs must be between 1 byte and a quarter of --size");
+    }
+    if args.threads.iter().any(|&t| t == 0 || t > 64) {
+        bail!("--threads must be 1..=64");
+    }
+    let topology = topology::Topology::read_from(sysfs)?;
+    let scratch = Scratch(args.dir.join(format!("locus-bench-fs-{}", std::process::id())));
+    let volume_dir = scratch.0.join("volume");
+    let in_flight = 64 * args.prelim_buffers as u64 * args.prelim_buffer_size;
+    let volume_bytes = (2 * args.size + in_flight + (256 << 20)).next_multiple_of(2 << 20);
+    let config = volume::default_config(&volume_dir, &topology, Some(volume_bytes))?;
+    volume::Volume::format(&volume_dir, &config, true)
+        .with_context(|| format!("formatting a {volume_bytes}-byte scratch volume in {}", volume_dir.display()))?;
+    let volume = Arc::new(volume::Volume::open(
+        &volume_dir,
+        topology,
+        &volume::OpenOptions::default(),
+    )?);
+    let fs = fs::Fs::format(
+        volume,
+        &fs::FormatOptions::default(),
+        fs::FsOptions {
+            prelim_buffers: args.prelim_buffers,
+            prelim_buffer_bytes: args.prelim_buffer_size,
+            ..fs::FsOptions::default()
+        },
+    )?;
+    let locus = fs.create("/bench")?;
+    let baseline_path = scratch.0.join("baseline.dat");
+    let baseline = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&baseline_path)
+        .with_context(|| format!("creating {}", baseline_path.display()))?;
+    // Write both files in full first.
+    let chunk = pattern_bytes(2 << 20, 7);
+    for offset in (0..args.size).step_by(chunk.len()) {
+        let n = chunk.len().min((args.size - offset) as usize);
+        locus.write_at(&chunk[..n], offset)?;
+        baseline.write_all_at(&chunk[..n], offset)?;
+    }
+    fs.checkpoint()?;
+
+    let mut cases = Vec::new();
+    for op in Op::ALL {
+        for &bs in &args.bs {
+            for &threads in &args.threads {
+                for engine in ["locus", "tmpfs"] {
+                    let handle = match engine {
+                        "locus" => Engine::Locus(&locus),
+                        _ => Engine::Tmpfs(&baseline),
+                    };
+                    let before = fs.stats();
+                    let (ops, elapsed) = measure(&handle, &fs, op, bs, threads, args)?;
+                    let after = fs.stats();
+                    let locus_writes = engine == "locus" && op.writes();
+                    let caller = after.caller_bytes - before.caller_bytes;
+                    let media = after.media_bytes - before.media_bytes;
+                    let secs = elapsed.as_secs_f64().max(1e-9);
+                    cases.push(Case {
+                        suite: "fs",
+                        engine,
+                        op: op.name(),
+                        bs_bytes: bs,
+                        threads,
+                        ops,
+                        seconds: secs,
+                        iops: ops as f64 / secs,
+                        bytes_per_sec: (ops * bs) as f64 / secs,
+                        write_amplification: match (op.writes(), locus_writes) {
+                            (false, _) => None,
+                            (true, false) => Some(1.0),
+                            (true, true) => Some(media as f64 / caller.max(1) as f64),
+                        },
+                        backpressure_waits: locus_writes
+                            .then(|| after.backpressure_waits - before.backpressure_waits),
+                    });
+                }
+            }
+        }
+    }
+    drop(locus);
+    fs.unmount()?;
+    report(&cases, args)
+}
+
+fn pattern_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    (0..len).map(|_| rng.random()).collect()
+}
+
+/// Runs one case; returns operations done and the time they took (for locus writes,
+/// including the final wait for the checkpoint).
+fn measure(
+    engine: &Engine<'_>,
+    fs: &fs::Fs,
+    op: Op,
+    bs: u64,
+    threads: usize,
+    args: &FsBenchArgs,
+) -> Result<(u64, Duration)> {
+    let barrier = Barrier::new(threads + 1);
+    let deadline = Duration::from_secs_f64(args.seconds);
+    let blocks = args.size / bs;
+    let results: Vec<Result<u64>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let barrier = &barrier;
+                scope.spawn(move || -> Result<u64> {
+                    let allowed = topology::current_affinity().unwrap_or_default();
+                    if let Some(&cpu) = allowed.get(t % allowed.len().max(1)) {
+                        let _ = topology::pin_current_thread(&[cpu]);
+                    }
+                    let mut rng = rand::rngs::SmallRng::seed_from_u64(t as u64 + 1);
+                    let mut buf = pattern_bytes(bs as usize, t as u64 + 100);
+                    let stretch = blocks / threads as u64;
+                    let mut next = t as u64 * stretch;
+                    let mut ops = 0u64;
+                    barrier.wait();
+                    let started = Instant::now();
+                    loop {
+                        for _ in 0..16 {
+                            let block = if op.random() {
+                                rng.random_range(0..blocks)
+                            } else {
+                                let b = next;
+                                next += 1;
+                                if next >= (t as u64 + 1) * stretch {
+                                    next = t as u64 * stretch;
+                                }
+                                b
+                            };
+                            if op.writes() {
+                                engine.write(&buf, block * bs)?;
+                            } else {
+                                engine.read(&mut buf, block * bs)?;
+                            }
+                            ops += 1;
+                        }
+                        if started.elapsed() >= deadline {
+                            return Ok(ops);
+                        }
+                    }
+                })
+            })
+            .collect();
+        barrier.wait();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a bench thread panicked"))))
+            .collect()
+    });
+    let started = Instant::now() - deadline;
+    let mut ops = 0;
+    for r in results {
+        ops += r?;
+    }
+    if matches!(engine, Engine::Locus(_)) && op.writes() {
+        fs.checkpoint()?;
+    }
+    Ok((ops, started.elapsed()))
+}
+
+fn bs_name(bs: u64) -> String {
+    if bs >= 1 << 20 && bs.is_multiple_of(1 << 20) {
+        format!("{}M", bs >> 20)
+    } else if bs >= 1 << 10 && bs.is_multiple_of(1 << 10) {
+        format!("{}K", bs >> 10)
+    } else {
+        format!("{bs}")
+    }
+}
+
+fn report(cases: &[Case], args: &FsBenchArgs) -> Result<()> {
+    let pairs: Vec<(&Case, &Case)> = cases
+        .chunks(2)
+        .filter_map(|pair| match pair {
+            [a, b] => Some((a, b)),
+            _ => None,
+        })
+        .collect();
+    if args.json {
+        for case in cases {
+            println!("{}", serde_json::to_string(case)?);
+        }
+    } else {
+        println!(
+            "file system: locus (write_at/read_at) vs pwrite/pread on tmpfs; file {}, {} s per case",
+            crate::size::format_bytes(args.size),
+            args.seconds
+        );
+        println!(
+            "{:<10} {:>5} {:>3} {:>12} {:>9} {:>12} {:>9} {:>7} {:>6} {:>6}",
+            "op", "bs", "thr", "locus IOPS", "GB/s", "tmpfs IOPS", "GB/s", "ratio", "WA", "waits"
+        );
+        for (l, t) in &pairs {
+            println!(
+                "{:<10} {:>5} {:>3} {:>12.0} {:>9.2} {:>12.0} {:>9.2} {:>6.2}x {:>6} {:>6}",
+                l.op,
+                bs_name(l.bs_bytes),
+                l.threads,
+                l.iops,
+                l.bytes_per_sec / 1e9,
+                t.iops,
+                t.bytes_per_sec / 1e9,
+                l.iops / t.iops.max(1e-9),
+                l.write_amplification.map_or("-".into(), |w| format!("{w:.3}")),
+                l.backpressure_waits.map_or("-".into(), |w| w.to_string()),
+            );
+        }
+        for op in ["randwrite", "seqwrite", "randread", "seqread"] {
+            let one: Vec<_> = pairs.iter().filter(|(l, _)| l.op == op && l.threads == 1).collect();
+            for (l1, _) in one {
+                if let Some((l2, _)) = pairs
+                    .iter()
+                    .find(|(l, _)| l.op == op && l.threads == 2 && l.bs_bytes == l1.bs_bytes)
+                {
+                    println!(
+                        "  {op} {}: 2 threads / 1 thread = {:.2}x",
+                        bs_name(l1.bs_bytes),
+                        l2.iops / l1.iops.max(1e-9)
+                    );
+                }
+            }
+        }
+    }
+    if let Some(path) = &args.plot {
+        let labels: Vec<String> = pairs
+            .iter()
+            .map(|(l, _)| format!("{} {} x{}", l.op, bs_name(l.bs_bytes), l.threads))
+            .collect();
+        let ratios: Vec<f64> = pairs.iter().map(|(l, t)| l.iops / t.iops.max(1e-9)).collect();
+        crate::plot::ratio_bars(path, "locus file system / tmpfs pwrite-pread", "ratio (IOPS)", &labels, &ratios)?;
+        if !args.json {
+            println!("plot written to {}", path.display());
+        }
+    }
+    Ok(())
+}
