@@ -191,7 +191,11 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
     }
     let op = MetaOp::Batch {
         maps: work.maps,
-        sizes: work.sizes.into_iter().map(|(i, (s, t))| (i, s, t)).collect(),
+        sizes: work
+            .sizes
+            .into_iter()
+            .map(|(i, (s, t))| (i, s, t))
+            .collect(),
         retired: retired.clone(),
     };
     let order = inner.next_order();
@@ -200,7 +204,9 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
         .lock()
         .expect("journal")
         .append(order, &op)?
-        .ok_or_else(|| FsError::corrupt("checkpoint journal", "a batch did not fit after a snapshot"))?;
+        .ok_or_else(|| {
+            FsError::corrupt("checkpoint journal", "a batch did not fit after a snapshot")
+        })?;
     inner
         .counters
         .metadata_bytes
@@ -224,7 +230,8 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
     c.checkpoint_batches.fetch_add(1, Ordering::Relaxed);
     c.checkpointed_records
         .fetch_add(batch.len() as u64, Ordering::Relaxed);
-    c.remapped_blocks.fetch_add(work.remapped, Ordering::Relaxed);
+    c.remapped_blocks
+        .fetch_add(work.remapped, Ordering::Relaxed);
     c.copied_bytes.fetch_add(work.copied, Ordering::Relaxed);
     inner
         .pending_records
@@ -402,10 +409,10 @@ pub(crate) fn snapshot(inner: &Inner) -> Result<()> {
     *root = next;
     drop(root);
     inner.volume.free(old)?;
-    inner
-        .counters
-        .metadata_bytes
-        .fetch_add(bytes.len() as u64 + crate::root::ROOT_BYTES, Ordering::Relaxed);
+    inner.counters.metadata_bytes.fetch_add(
+        bytes.len() as u64 + crate::root::ROOT_BYTES,
+        Ordering::Relaxed,
+    );
     inner.counters.snapshots.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }

@@ -80,21 +80,27 @@ impl<'a> Decoder<'a> {
         Ok(self.take(1, what)?[0])
     }
     pub(crate) fn u16(&mut self, what: &str) -> Result<u16> {
-        Ok(u16::from_le_bytes(self.take(2, what)?.try_into().expect("2")))
+        Ok(u16::from_le_bytes(
+            self.take(2, what)?.try_into().expect("2"),
+        ))
     }
     pub(crate) fn u32(&mut self, what: &str) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.take(4, what)?.try_into().expect("4")))
+        Ok(u32::from_le_bytes(
+            self.take(4, what)?.try_into().expect("4"),
+        ))
     }
     pub(crate) fn u64(&mut self, what: &str) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.take(8, what)?.try_into().expect("8")))
+        Ok(u64::from_le_bytes(
+            self.take(8, what)?.try_into().expect("8"),
+        ))
     }
 
     /// A name written by [`Encoder::name`]: 1..=255 bytes of UTF-8 without `/` or NUL.
     pub(crate) fn name(&mut self, what: &str) -> Result<String> {
         let len = self.u16(what)? as usize;
         let bytes = self.take(len, what)?;
-        let name = std::str::from_utf8(bytes)
-            .map_err(|_| self.error(format!("{what} is not UTF-8")))?;
+        let name =
+            std::str::from_utf8(bytes).map_err(|_| self.error(format!("{what} is not UTF-8")))?;
         crate::path::check_name(name).map_err(|e| self.error(format!("{what}: {e}")))?;
         Ok(name.to_owned())
     }

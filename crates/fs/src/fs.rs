@@ -480,7 +480,9 @@ impl Inner {
             self.create_slot(&mut root, earlier)?;
         }
         self.create_slot(&mut root, index)?;
-        Ok(Arc::clone(self.slots[index as usize].get().expect("created")))
+        Ok(Arc::clone(
+            self.slots[index as usize].get().expect("created"),
+        ))
     }
 
     fn create_slot(&self, root: &mut Root, index: u32) -> Result<()> {
@@ -549,7 +551,9 @@ impl Inner {
         let order = self.next_order();
         match journal.append(order, op)? {
             Some(bytes) => {
-                slot.counters.media_bytes.fetch_add(bytes, Ordering::Relaxed);
+                slot.counters
+                    .media_bytes
+                    .fetch_add(bytes, Ordering::Relaxed);
                 Ok(true)
             }
             None => Ok(false),
@@ -653,9 +657,9 @@ impl Inner {
     /// The directory holding the last name of `path`, and that name.
     fn resolve_parent<'p>(&self, path: &'p str) -> Result<(Arc<Inode>, &'p str)> {
         let mut names = path::components(path)?;
-        let name = names
-            .pop()
-            .ok_or_else(|| FsError::Invalid("the root directory cannot be changed this way".into()))?;
+        let name = names.pop().ok_or_else(|| {
+            FsError::Invalid("the root directory cannot be changed this way".into())
+        })?;
         let mut at = self.inode(ROOT_INO).expect("root directory");
         for n in names {
             at = self.lookup_in(&at, n, path)?;
@@ -817,8 +821,8 @@ impl Inner {
                 (&dst, &src)
             };
             let mut first_entries = first.entries.lock().expect("directory");
-            let mut second_entries = (first.ino != second.ino)
-                .then(|| second.entries.lock().expect("directory"));
+            let mut second_entries =
+                (first.ino != second.ino).then(|| second.entries.lock().expect("directory"));
             macro_rules! entries_of {
                 ($dir:expr) => {
                     if $dir.ino == first.ino {
@@ -1107,9 +1111,7 @@ impl Inner {
         slot.inflight.0.store(u64::MAX, Ordering::SeqCst);
         self.pending_records.fetch_add(1, Ordering::Relaxed);
         slot.counters.writes.fetch_add(1, Ordering::Relaxed);
-        slot.counters
-            .caller_bytes
-            .fetch_add(len, Ordering::Relaxed);
+        slot.counters.caller_bytes.fetch_add(len, Ordering::Relaxed);
         slot.counters
             .media_bytes
             .fetch_add(crate::log::SLOT_BYTES, Ordering::Relaxed);
@@ -1138,11 +1140,11 @@ impl Inner {
             )
         } else {
             loop {
-                let reserved = slot
-                    .pool
-                    .lock()
-                    .expect("buffer pool")
-                    .reserve(&self.volume, offset, len)?;
+                let reserved =
+                    slot.pool
+                        .lock()
+                        .expect("buffer pool")
+                        .reserve(&self.volume, offset, len)?;
                 match reserved {
                     Reserve::Placed(p) => break (p.set, p.addr),
                     Reserve::Wait => self.wait_for_progress()?,
@@ -1153,25 +1155,29 @@ impl Inner {
         region.write_nt(at, data)?;
         // The data is durable before the record that points at it can be.
         region.fence();
-        slot.counters
-            .media_bytes
-            .fetch_add(len, Ordering::Relaxed);
+        slot.counters.media_bytes.fetch_add(len, Ordering::Relaxed);
         self.commit(&slot, inode, offset, len, addr, set)
     }
 
-    fn write_buffer(self: &Arc<Self>, inode: &Arc<Inode>, buffer: Buffer, offset: u64) -> Result<()> {
+    fn write_buffer(
+        self: &Arc<Self>,
+        inode: &Arc<Inode>,
+        buffer: Buffer,
+        offset: u64,
+    ) -> Result<()> {
         let len = buffer.len;
         check_io(offset, len)?;
         let slot = self.slot()?;
-        let start = buffer.extent.expect("an uncommitted buffer has its extent").start;
+        let start = buffer
+            .extent
+            .expect("an uncommitted buffer has its extent")
+            .start;
         let (region, at) = self.region_at(start.raw())?;
         if buffer.cached_stores {
             region.flush(at, len)?;
         }
         region.fence();
-        slot.counters
-            .media_bytes
-            .fetch_add(len, Ordering::Relaxed);
+        slot.counters.media_bytes.fetch_add(len, Ordering::Relaxed);
         let extent = buffer.into_extent();
         let set = Arc::new(BufferSet::sealed_with(vec![extent], 1));
         self.commit(&slot, inode, offset, len, extent.start.raw(), set)
@@ -1187,7 +1193,8 @@ impl Inner {
             writes += slot.counters.writes.load(Ordering::Relaxed);
         }
         let c = &self.counters;
-        media_bytes += c.copied_bytes.load(Ordering::Relaxed) + c.metadata_bytes.load(Ordering::Relaxed);
+        media_bytes +=
+            c.copied_bytes.load(Ordering::Relaxed) + c.metadata_bytes.load(Ordering::Relaxed);
         FsStats {
             caller_bytes,
             media_bytes,
@@ -1282,7 +1289,9 @@ impl Fs {
         };
         if options.truncate {
             if !options.write {
-                return Err(FsError::BadHandle(format!("{path}: truncate needs write access")));
+                return Err(FsError::BadHandle(format!(
+                    "{path}: truncate needs write access"
+                )));
             }
             file.set_len(0)?;
         }
@@ -1360,7 +1369,9 @@ impl Fs {
     /// with [`File::write_buffer`] without a copy.
     pub fn buffer(&self, len: u64) -> Result<Buffer> {
         if len == 0 || len > MAX_IO {
-            return Err(FsError::Invalid(format!("buffer of {len} bytes; 1..={MAX_IO}")));
+            return Err(FsError::Invalid(format!(
+                "buffer of {len} bytes; 1..={MAX_IO}"
+            )));
         }
         let extent = self.inner.volume.alloc_local(len)?;
         let (region, offset) = self.inner.region_at(extent.start.raw())?;
@@ -1424,7 +1435,9 @@ pub struct File {
 impl File {
     fn writable(&self) -> Result<()> {
         if !self.write {
-            return Err(FsError::BadHandle("the file is not open for writing".into()));
+            return Err(FsError::BadHandle(
+                "the file is not open for writing".into(),
+            ));
         }
         self.fs.inner.check_running()
     }
@@ -1446,7 +1459,9 @@ impl File {
     /// Reads at `offset`; returns the bytes read (short at the end of the file).
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
         if !self.read {
-            return Err(FsError::BadHandle("the file is not open for reading".into()));
+            return Err(FsError::BadHandle(
+                "the file is not open for reading".into(),
+            ));
         }
         let size = self.inode.size.load(Ordering::Acquire);
         if offset >= size || buf.is_empty() {
@@ -1571,7 +1586,9 @@ impl Buffer {
     }
 
     fn into_extent(mut self) -> Extent {
-        self.extent.take().expect("an uncommitted buffer has its extent")
+        self.extent
+            .take()
+            .expect("an uncommitted buffer has its extent")
     }
 }
 

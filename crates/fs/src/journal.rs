@@ -236,7 +236,9 @@ impl MetaOp {
             6 => {
                 let (m, s, r) = (d.u32("maps")?, d.u32("sizes")?, d.u32("retired")?);
                 if Self::batch_bytes(m as usize, s as usize, r as usize) > MAX_RECORD {
-                    return Err(d.error(format!("batch of {m} maps, {s} sizes, {r} retirements is too large")));
+                    return Err(d.error(format!(
+                        "batch of {m} maps, {s} sizes, {r} retirements is too large"
+                    )));
                 }
                 let mut maps = Vec::with_capacity(m as usize);
                 for _ in 0..m {
@@ -309,11 +311,11 @@ impl Journal {
         let mut header = [0u8; HEADER];
         while tail + HEADER as u64 <= region.len() {
             region.read(tail, &mut header)?;
-            let len = u32::from_le_bytes(header[0..4].try_into().expect("4")) as u64;
+            let len = u64::from(u32::from_le_bytes(header[0..4].try_into().expect("4")));
             let rec_epoch = u64::from_le_bytes(header[16..24].try_into().expect("8"));
             if len < HEADER as u64 + 8
                 || len > MAX_RECORD as u64
-                || len % 8 != 0
+                || !len.is_multiple_of(8)
                 || tail + len > region.len()
                 || rec_epoch != epoch
             {
@@ -385,7 +387,8 @@ impl Journal {
         let end = self.tail + bytes.len() as u64;
         self.region.fill(end, HEADER as u64, 0)?;
         self.region.write(self.tail, &bytes)?;
-        self.region.persist(self.tail, bytes.len() as u64 + HEADER as u64)?;
+        self.region
+            .persist(self.tail, bytes.len() as u64 + HEADER as u64)?;
         self.tail = end;
         Ok(Some(bytes.len() as u64 + HEADER as u64))
     }
@@ -471,6 +474,9 @@ mod tests {
         bytes[4..8].copy_from_slice(&crc.to_le_bytes());
         region.write(0, &bytes).unwrap();
         let err = Journal::recover(region, 2, 1).unwrap_err().to_string();
-        assert!(err.contains("journal of slot 2") && err.contains("kind 99"), "{err}");
+        assert!(
+            err.contains("journal of slot 2") && err.contains("kind 99"),
+            "{err}"
+        );
     }
 }

@@ -56,8 +56,8 @@ pub mod snapshot;
 
 pub use error::{FsError, Result};
 pub use fs::{
-    Buffer, CheckpointMode, DirEntry, File, FormatOptions, Fs, FsOptions, FsStats, MAX_FILE_SIZE, MAX_IO,
-    OpenOptions, ROOT_INO, Stat,
+    Buffer, CheckpointMode, DirEntry, File, FormatOptions, Fs, FsOptions, FsStats, MAX_FILE_SIZE,
+    MAX_IO, OpenOptions, ROOT_INO, Stat,
 };
 pub use journal::Kind;
 pub use log::{LogArea, LogRecord};

@@ -195,7 +195,10 @@ mod tests {
         overlay.insert(start, 3 * STRETCH, 7 << 30, 5);
         let pieces = overlay.lookup(0, 5 * STRETCH);
         assert_eq!(pieces.len(), 4);
-        assert_eq!(pieces.iter().map(|p| p.end - p.start).sum::<u64>(), 3 * STRETCH);
+        assert_eq!(
+            pieces.iter().map(|p| p.end - p.start).sum::<u64>(),
+            3 * STRETCH
+        );
         for p in &pieces {
             assert_eq!(p.src - (7 << 30), p.start - start);
         }

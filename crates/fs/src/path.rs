@@ -16,7 +16,9 @@ pub fn check_name(name: &str) -> Result<()> {
         return Err(FsError::NameTooLong(name.to_owned()));
     }
     if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0']) {
-        return Err(FsError::Invalid(format!("`{name}` is not a valid file name")));
+        return Err(FsError::Invalid(format!(
+            "`{name}` is not a valid file name"
+        )));
     }
     Ok(())
 }
@@ -27,7 +29,9 @@ pub fn components(path: &str) -> Result<Vec<&str>> {
         return Err(FsError::NameTooLong(format!("{}...", &path[..64])));
     }
     if !path.starts_with('/') {
-        return Err(FsError::Invalid(format!("`{path}` is not an absolute path")));
+        return Err(FsError::Invalid(format!(
+            "`{path}` is not an absolute path"
+        )));
     }
     let mut out = Vec::new();
     for name in path.split('/').filter(|c| !c.is_empty() && *c != ".") {
@@ -51,7 +55,10 @@ mod tests {
         assert!(matches!(components("a/b"), Err(FsError::Invalid(_))));
         assert!(matches!(components("/a/../b"), Err(FsError::Invalid(_))));
         let long = "x".repeat(256);
-        assert!(matches!(components(&format!("/{long}")), Err(FsError::NameTooLong(_))));
+        assert!(matches!(
+            components(&format!("/{long}")),
+            Err(FsError::NameTooLong(_))
+        ));
         assert!(components(&format!("/{}", "x".repeat(255))).is_ok());
         let deep = "/abc".repeat(1025);
         assert!(matches!(components(&deep), Err(FsError::NameTooLong(_))));

@@ -98,13 +98,7 @@ impl RangeLocks {
         Ok(Some(self.insert(&mut held, start, end, mode)))
     }
 
-    fn insert(
-        &self,
-        held: &mut Table,
-        start: u64,
-        end: u64,
-        mode: LockMode,
-    ) -> RangeGuard<'_> {
+    fn insert(&self, held: &mut Table, start: u64, end: u64, mode: LockMode) -> RangeGuard<'_> {
         held.next_id += 1;
         let id = held.next_id;
         held.held.push(Held {

@@ -175,7 +175,9 @@ impl Fs {
                         let watermark = retired.get_mut(slot as usize).ok_or_else(|| {
                             FsError::corrupt(
                                 format!("journal of slot {index}"),
-                                format!("a batch retires records of slot {slot}, which does not exist"),
+                                format!(
+                                    "a batch retires records of slot {slot}, which does not exist"
+                                ),
                             )
                         })?;
                         *watermark = (*watermark).max(seq);
@@ -223,12 +225,18 @@ impl Fs {
                         if inode.kind != Kind::File {
                             return Err(FsError::corrupt(
                                 format!("log area of slot {slot}"),
-                                format!("record {} writes directory {}", record.sequence, record.inode),
+                                format!(
+                                    "record {} writes directory {}",
+                                    record.sequence, record.inode
+                                ),
                             ));
                         }
-                        inode
-                            .overlay
-                            .insert(record.offset, record.length, record.buffer, record.order);
+                        inode.overlay.insert(
+                            record.offset,
+                            record.length,
+                            record.buffer,
+                            record.order,
+                        );
                         inode.size = inode.size.max(record.offset + record.length);
                     }
                     live.push((slot, record));
@@ -239,14 +247,30 @@ impl Fs {
 
         // 5. Ownership.
         let mut owned: Vec<(u64, u64, String)> = Vec::new();
-        owned.push((root.snapshot_addr, root.snapshot_len.next_multiple_of(BLOCK), "the snapshot".into()));
+        owned.push((
+            root.snapshot_addr,
+            root.snapshot_len.next_multiple_of(BLOCK),
+            "the snapshot".into(),
+        ));
         for (i, areas) in root.slots.iter().enumerate() {
-            owned.push((areas.log_addr, areas.log_len.next_multiple_of(BLOCK), format!("log area of slot {i}")));
-            owned.push((areas.journal_addr, areas.journal_len.next_multiple_of(BLOCK), format!("journal of slot {i}")));
+            owned.push((
+                areas.log_addr,
+                areas.log_len.next_multiple_of(BLOCK),
+                format!("log area of slot {i}"),
+            ));
+            owned.push((
+                areas.journal_addr,
+                areas.journal_len.next_multiple_of(BLOCK),
+                format!("journal of slot {i}"),
+            ));
         }
         for (ino, inode) in &inodes {
             for run in inode.extents.runs() {
-                owned.push((run.addr, run.blocks * BLOCK, format!("file {ino} block {}", run.file_block)));
+                owned.push((
+                    run.addr,
+                    run.blocks * BLOCK,
+                    format!("file {ino} block {}", run.file_block),
+                ));
             }
         }
         let buffer_runs = merge_pages(live.iter().map(|(_, r)| (r.buffer, r.length)));
@@ -277,7 +301,8 @@ impl Fs {
             buffer_runs.iter().map(|&(s, l)| extent_of(s, l)).collect(),
             live.len() as u64,
         ));
-        let mut pending: Vec<VecDeque<Pending>> = (0..root.slots.len()).map(|_| VecDeque::new()).collect();
+        let mut pending: Vec<VecDeque<Pending>> =
+            (0..root.slots.len()).map(|_| VecDeque::new()).collect();
         for (slot, r) in &live {
             pending[*slot as usize].push_back(Pending {
                 slot: *slot,
@@ -316,7 +341,7 @@ impl Fs {
             .collect();
         let inner = Arc::new(Inner {
             id: Inner::new_id(),
-            volume: Arc::clone(&volume),
+            volume,
             devices,
             owner,
             root: Mutex::new(root),
@@ -334,7 +359,9 @@ impl Fs {
             signal: Signal::default(),
             counters: FsCounters::default(),
         });
-        for (index, ((log, journal), queue)) in logs.into_iter().zip(journals).zip(pending).enumerate() {
+        for (index, ((log, journal), queue)) in
+            logs.into_iter().zip(journals).zip(pending).enumerate()
+        {
             let slot = inner.make_slot(index as u32, log, journal, queue);
             inner.slots[index].set(slot).expect("each slot once");
         }
@@ -361,7 +388,11 @@ fn merge_pages(spans: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
     let mut merged: Vec<(u64, u64)> = Vec::new();
     for (start, end) in pages {
         match merged.last_mut() {
-            Some(last) if start <= last.1 && GlobalAddress::from_raw(start).device() == GlobalAddress::from_raw(last.0).device() => {
+            Some(last)
+                if start <= last.1
+                    && GlobalAddress::from_raw(start).device()
+                        == GlobalAddress::from_raw(last.0).device() =>
+            {
                 last.1 = last.1.max(end);
             }
             _ => merged.push((start, end)),
@@ -429,12 +460,18 @@ fn check_tree(inodes: &HashMap<u64, Replayed>) -> Result<()> {
             if child.kind == Kind::Dir && child.parent != dir {
                 return Err(FsError::corrupt(
                     "file-system namespace",
-                    format!("directory {ino} is in {dir} but says its parent is {}", child.parent),
+                    format!(
+                        "directory {ino} is in {dir} but says its parent is {}",
+                        child.parent
+                    ),
                 ));
             }
         }
     }
-    if let Some(orphan) = inodes.keys().find(|&&i| i != ROOT_INO && !named.contains_key(&i)) {
+    if let Some(orphan) = inodes
+        .keys()
+        .find(|&&i| i != ROOT_INO && !named.contains_key(&i))
+    {
         return Err(FsError::corrupt(
             "file-system namespace",
             format!("inode {orphan} has no name"),
@@ -443,7 +480,7 @@ fn check_tree(inodes: &HashMap<u64, Replayed>) -> Result<()> {
     Ok(())
 }
 
-fn dir_mut<'a>(inodes: &'a mut HashMap<u64, Replayed>, ino: u64) -> Result<&'a mut Replayed, String> {
+fn dir_mut(inodes: &mut HashMap<u64, Replayed>, ino: u64) -> Result<&mut Replayed, String> {
     match inodes.get_mut(&ino) {
         Some(d) if d.kind == Kind::Dir => Ok(d),
         Some(_) => Err(format!("inode {ino} is not a directory")),
@@ -489,7 +526,9 @@ fn replay(inodes: &mut HashMap<u64, Replayed>, op: &MetaOp) -> Result<(), String
         MetaOp::Remove { parent, ino, name } => {
             let dir = dir_mut(inodes, *parent)?;
             if dir.entries.get(name) != Some(ino) {
-                return Err(format!("removal of `{name}` (inode {ino}) from {parent}, which does not hold it"));
+                return Err(format!(
+                    "removal of `{name}` (inode {ino}) from {parent}, which does not hold it"
+                ));
             }
             dir.entries.remove(name);
             if inodes.get(ino).is_some_and(|i| !i.entries.is_empty()) {
@@ -507,7 +546,9 @@ fn replay(inodes: &mut HashMap<u64, Replayed>, op: &MetaOp) -> Result<(), String
         } => {
             let src = dir_mut(inodes, *src_parent)?;
             if src.entries.get(src_name) != Some(ino) {
-                return Err(format!("rename of `{src_name}` (inode {ino}) from {src_parent}, which does not hold it"));
+                return Err(format!(
+                    "rename of `{src_name}` (inode {ino}) from {src_parent}, which does not hold it"
+                ));
             }
             src.entries.remove(src_name);
             let dst = dir_mut(inodes, *dst_parent)?;

@@ -21,13 +21,23 @@ fn namespace_operations_and_their_errors() {
     assert!(matches!(fs.rmdir("/a/b/file"), Err(FsError::NotDir(_))));
     assert!(matches!(fs.stat("/nope"), Err(FsError::NotFound(_))));
     assert!(matches!(fs.create("/a/b/file/x"), Err(FsError::NotDir(_))));
-    assert!(matches!(fs.rename("/a", "/a/b/c"), Err(FsError::Invalid(_))));
+    assert!(matches!(
+        fs.rename("/a", "/a/b/c"),
+        Err(FsError::Invalid(_))
+    ));
     let long = "n".repeat(256);
     let err = fs.create(&format!("/{long}")).unwrap_err();
     assert_eq!(err.errno(), libc::ENAMETOOLONG);
     assert_eq!(FsError::NotFound("x".into()).errno(), libc::ENOENT);
     assert!(matches!(
-        fs.open_file("/a/b/file", OpenOptions { create: true, exclusive: true, ..OpenOptions::create() }),
+        fs.open_file(
+            "/a/b/file",
+            OpenOptions {
+                create: true,
+                exclusive: true,
+                ..OpenOptions::create()
+            }
+        ),
         Err(FsError::Exists(_))
     ));
 
@@ -38,7 +48,12 @@ fn namespace_operations_and_their_errors() {
     fs.rename("/a/b/file", "/g").unwrap();
     let st = fs.stat("/g").unwrap();
     assert_eq!((st.kind, st.size), (Kind::File, 5));
-    let names: Vec<_> = fs.readdir("/").unwrap().into_iter().map(|e| e.name).collect();
+    let names: Vec<_> = fs
+        .readdir("/")
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
     assert_eq!(names, vec!["a", "g"]);
     assert!(fs.readdir("/a/b").unwrap().is_empty());
     fs.rmdir("/a/b").unwrap();
@@ -48,7 +63,12 @@ fn namespace_operations_and_their_errors() {
     fs.unmount().unwrap();
 
     let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
-    let names: Vec<_> = fs.readdir("/").unwrap().into_iter().map(|e| e.name).collect();
+    let names: Vec<_> = fs
+        .readdir("/")
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
     assert_eq!(names, vec!["g", "z"]);
     let g = fs.open_read("/g").unwrap();
     let mut buf = [0u8; 16];

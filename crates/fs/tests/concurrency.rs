@@ -43,7 +43,8 @@ fn disjoint_and_overlapping_writers() {
             s.spawn(move || {
                 for round in 0..20u32 {
                     for b in (w as usize..blocks).step_by(writers as usize) {
-                        file.write_at(&block_of(w, round), (b * BLOCK) as u64).unwrap();
+                        file.write_at(&block_of(w, round), (b * BLOCK) as u64)
+                            .unwrap();
                     }
                 }
             });
@@ -52,7 +53,11 @@ fn disjoint_and_overlapping_writers() {
     let mut data = vec![0u8; blocks * BLOCK];
     file.read_at(&mut data, 0).unwrap();
     for (i, block) in data.chunks(BLOCK).enumerate() {
-        assert_eq!(block, &block_of((i % writers as usize) as u8, 19)[..], "block {i}");
+        assert_eq!(
+            block,
+            &block_of((i % writers as usize) as u8, 19)[..],
+            "block {i}"
+        );
     }
 
     // Overlapping: multi-block writes at unaligned and aligned offsets over the same range,
@@ -91,6 +96,9 @@ fn disjoint_and_overlapping_writers() {
     fs.abandon();
     let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
     let mut again = vec![0u8; blocks * BLOCK];
-    fs.open_read("/shared").unwrap().read_at(&mut again, 0).unwrap();
+    fs.open_read("/shared")
+        .unwrap()
+        .read_at(&mut again, 0)
+        .unwrap();
     assert!(again == data, "recovery changed the file");
 }

@@ -51,7 +51,12 @@ const IMAGES_PER_POINT: usize = 6;
 fn check_op(name: &str, setup: impl Fn(&Fs), op: impl Fn(&Fs)) {
     let tracer = Tracer::new();
     let region = traced(&tracer, DEVICE);
-    let fs = Fs::format(volume_over(vec![region.clone()]).unwrap(), &small_format(), options()).unwrap();
+    let fs = Fs::format(
+        volume_over(vec![region.clone()]).unwrap(),
+        &small_format(),
+        options(),
+    )
+    .unwrap();
     setup(&fs);
     let before = state(&fs);
     let first = tracer.fence_count();
@@ -66,8 +71,13 @@ fn check_op(name: &str, setup: impl Fn(&Fs), op: impl Fn(&Fs)) {
             images += 1;
             let replay = Tracer::new();
             let copy = replay.region_with(image.regions[0].clone());
-            let recovered = Fs::open(volume_over(vec![copy]).unwrap(), options())
-                .unwrap_or_else(|e| panic!("{name}: point {point} ({}): recovery failed: {e}", image.description));
+            let recovered =
+                Fs::open(volume_over(vec![copy]).unwrap(), options()).unwrap_or_else(|e| {
+                    panic!(
+                        "{name}: point {point} ({}): recovery failed: {e}",
+                        image.description
+                    )
+                });
             let got = state(&recovered);
             recovered.abandon();
             if got == before && point < last {
@@ -89,7 +99,10 @@ fn check_op(name: &str, setup: impl Fn(&Fs), op: impl Fn(&Fs)) {
     }
     assert!(saw_after, "{name}: no image shows the operation done");
     assert!(saw_before, "{name}: no image shows the operation not done");
-    eprintln!("{name}: {} fences, {images} images, all before or after", last - first);
+    eprintln!(
+        "{name}: {} fences, {images} images, all before or after",
+        last - first
+    );
     fs.abandon();
 }
 
@@ -102,7 +115,11 @@ fn write(fs: &Fs, path: &str, offset: u64, len: usize, tag: u64) {
 
 #[test]
 fn write_into_a_new_file() {
-    check_op("write", |fs| drop(fs.create("/f").unwrap()), |fs| write(fs, "/f", 0, 10_000, 1));
+    check_op(
+        "write",
+        |fs| drop(fs.create("/f").unwrap()),
+        |fs| write(fs, "/f", 0, 10_000, 1),
+    );
 }
 
 #[test]
@@ -142,7 +159,11 @@ fn zero_copy_buffer_commit() {
 
 #[test]
 fn create_and_mkdir() {
-    check_op("create", |fs| fs.mkdir("/d", 0o755).unwrap(), |fs| drop(fs.create("/d/new").unwrap()));
+    check_op(
+        "create",
+        |fs| fs.mkdir("/d", 0o755).unwrap(),
+        |fs| drop(fs.create("/d/new").unwrap()),
+    );
     check_op("mkdir", |_| {}, |fs| fs.mkdir("/d", 0o755).unwrap());
 }
 
@@ -157,7 +178,11 @@ fn unlink_and_rmdir() {
         },
         |fs| fs.unlink("/f").unwrap(),
     );
-    check_op("rmdir", |fs| fs.mkdir("/d", 0o755).unwrap(), |fs| fs.rmdir("/d").unwrap());
+    check_op(
+        "rmdir",
+        |fs| fs.mkdir("/d", 0o755).unwrap(),
+        |fs| fs.rmdir("/d").unwrap(),
+    );
 }
 
 #[test]
@@ -198,7 +223,12 @@ fn checkpoint_moves_everything_and_changes_nothing_visible() {
     // and the logs must have been used: check both by hand.
     let tracer = Tracer::new();
     let region = traced(&tracer, DEVICE);
-    let fs = Fs::format(volume_over(vec![region]).unwrap(), &small_format(), options()).unwrap();
+    let fs = Fs::format(
+        volume_over(vec![region]).unwrap(),
+        &small_format(),
+        options(),
+    )
+    .unwrap();
     write(&fs, "/f", 0, 64 << 10, 1);
     write(&fs, "/f", 100, 5000, 2);
     write(&fs, "/g", 8192, 3000, 3);
@@ -216,9 +246,16 @@ fn checkpoint_moves_everything_and_changes_nothing_visible() {
         for image in tracer.crash_images(point, IMAGES_PER_POINT, point as u64) {
             images += 1;
             let replay = Tracer::new();
-            let recovered = Fs::open(volume_over(vec![replay.region_with(image.regions[0].clone())]).unwrap(), options())
-                .unwrap_or_else(|e| panic!("checkpoint: point {point}: {e}"));
-            assert!(state(&recovered) == expect, "checkpoint: point {point} ({}) lost data", image.description);
+            let recovered = Fs::open(
+                volume_over(vec![replay.region_with(image.regions[0].clone())]).unwrap(),
+                options(),
+            )
+            .unwrap_or_else(|e| panic!("checkpoint: point {point}: {e}"));
+            assert!(
+                state(&recovered) == expect,
+                "checkpoint: point {point} ({}) lost data",
+                image.description
+            );
             recovered.abandon();
         }
     }

@@ -33,9 +33,21 @@ fn decode(data: &[u8], slot: u64) -> Option<u64> {
     }
     let sequence = u64::from_le_bytes(data[..8].try_into().unwrap());
     let crc = u32::from_le_bytes(data[16..20].try_into().unwrap());
-    assert_eq!(crc, crc32c::crc32c(&data[20..]), "slot {slot}: torn block (sequence {sequence})");
-    assert_eq!(u64::from_le_bytes(data[8..16].try_into().unwrap()), slot, "slot {slot}: block of another slot");
-    assert_eq!(data, &block(sequence, slot, data.len())[..], "slot {slot}: payload differs");
+    assert_eq!(
+        crc,
+        crc32c::crc32c(&data[20..]),
+        "slot {slot}: torn block (sequence {sequence})"
+    );
+    assert_eq!(
+        u64::from_le_bytes(data[8..16].try_into().unwrap()),
+        slot,
+        "slot {slot}: block of another slot"
+    );
+    assert_eq!(
+        data,
+        &block(sequence, slot, data.len())[..],
+        "slot {slot}: payload differs"
+    );
     Some(sequence)
 }
 
@@ -59,7 +71,8 @@ fn child_writer() {
     let stdout = std::io::stdout();
     for sequence in start.. {
         let slot = rng.random_range(0..SLOTS);
-        file.write_at(&block(sequence, slot, size_of(slot)), slot * STRIDE).unwrap();
+        file.write_at(&block(sequence, slot, size_of(slot)), slot * STRIDE)
+            .unwrap();
         use std::io::Write;
         writeln!(stdout.lock(), "ack {sequence} {slot}").unwrap();
     }
@@ -80,7 +93,13 @@ fn acknowledged_writes_survive_kill_9() {
     let mut total_acks = 0;
     for round in 0..rounds {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_writer", "--nocapture", "--test-threads", "1"])
+            .args([
+                "--exact",
+                "child_writer",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
             .env(ENV, &shm.dir)
             .env("LOCUS_KILL_START", next.to_string())
             .stdout(Stdio::piped())
@@ -120,12 +139,12 @@ fn acknowledged_writes_survive_kill_9() {
 
         let fs = Fs::open(open_volume(&shm.dir), small_options())
             .unwrap_or_else(|e| panic!("round {round}: recovery failed: {e}"));
-        let file = match fs.open_read("/blocks") {
-            Ok(f) => f,
-            Err(_) => {
-                assert!(acked.iter().all(Option::is_none), "round {round}: the file is gone");
-                continue;
-            }
+        let Ok(file) = fs.open_read("/blocks") else {
+            assert!(
+                acked.iter().all(Option::is_none),
+                "round {round}: the file is gone"
+            );
+            continue;
         };
         for slot in 0..SLOTS {
             let mut data = vec![0u8; size_of(slot)];
@@ -137,7 +156,10 @@ fn acknowledged_writes_survive_kill_9() {
                 (None, None) => {}
                 (Some(a), Some(f)) => {
                     // The newest acknowledged, or the one in flight at the kill (newer).
-                    assert!(f >= a, "round {round}: slot {slot} holds {f}, {a} was acknowledged");
+                    assert!(
+                        f >= a,
+                        "round {round}: slot {slot} holds {f}, {a} was acknowledged"
+                    );
                     acked[slot as usize] = Some(f);
                 }
                 (None, Some(f)) => acked[slot as usize] = Some(f),
@@ -148,5 +170,8 @@ fn acknowledged_writes_survive_kill_9() {
         fs.abandon();
     }
     eprintln!("{rounds} kills, {total_acks} acknowledged writes checked");
-    assert!(total_acks > rounds, "the child barely wrote: {total_acks} acks in {rounds} rounds");
+    assert!(
+        total_acks > rounds,
+        "the child barely wrote: {total_acks} acks in {rounds} rounds"
+    );
 }

@@ -47,7 +47,11 @@ fn a_full_log_pushes_back_until_the_checkpoint_retires() {
         Err(FsError::LogFull { pending: 4, .. })
     ));
     log.retire_through(2);
-    assert_eq!(log.append(1, 4, 1, 4, 5).unwrap().sequence, 5, "reuses slot 0");
+    assert_eq!(
+        log.append(1, 4, 1, 4, 5).unwrap().sequence,
+        5,
+        "reuses slot 0"
+    );
     assert_eq!(log.append(1, 5, 1, 5, 6).unwrap().sequence, 6);
     let (_, records) = reopen(&tracer, 2).unwrap();
     assert_eq!(

@@ -12,13 +12,36 @@ use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Write { file: usize, offset: u64, len: usize, tag: u64 },
-    WriteBuffer { file: usize, block: u64, shift: u64, blocks: u64, tag: u64 },
-    Truncate { file: usize, size: u64 },
-    Unlink { file: usize },
-    Rename { from: usize, to: usize },
-    Mkdir { dir: usize },
-    Rmdir { dir: usize },
+    Write {
+        file: usize,
+        offset: u64,
+        len: usize,
+        tag: u64,
+    },
+    WriteBuffer {
+        file: usize,
+        block: u64,
+        shift: u64,
+        blocks: u64,
+        tag: u64,
+    },
+    Truncate {
+        file: usize,
+        size: u64,
+    },
+    Unlink {
+        file: usize,
+    },
+    Rename {
+        from: usize,
+        to: usize,
+    },
+    Mkdir {
+        dir: usize,
+    },
+    Rmdir {
+        dir: usize,
+    },
     Reopen,
     Crash,
 }
@@ -72,7 +95,12 @@ fn compare(fs: &Fs, model: &Model) -> Result<(), TestCaseError> {
             .map(|p| p[p.rfind('/').unwrap() + 1..].to_owned())
             .collect();
         expect.sort();
-        let got: Vec<String> = fs.readdir(shown).unwrap().into_iter().map(|e| e.name).collect();
+        let got: Vec<String> = fs
+            .readdir(shown)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
         prop_assert_eq!(got, expect, "entries of {}", shown);
     }
     for (path, content) in &model.files {
@@ -83,7 +111,9 @@ fn compare(fs: &Fs, model: &Model) -> Result<(), TestCaseError> {
         prop_assert_eq!(n, content.len());
         if back[..n] != content[..] {
             let first = back.iter().zip(content).position(|(a, b)| a != b).unwrap();
-            return Err(TestCaseError::fail(format!("{path} differs first at byte {first}")));
+            return Err(TestCaseError::fail(format!(
+                "{path} differs first at byte {first}"
+            )));
         }
     }
     Ok(())
@@ -91,12 +121,20 @@ fn compare(fs: &Fs, model: &Model) -> Result<(), TestCaseError> {
 
 fn run(ops: Vec<Op>, name: &str, mode: fs::CheckpointMode) -> Result<(), TestCaseError> {
     let shm = shm_volume(name, 128 << 20);
-    let options = fs::FsOptions { checkpoint: mode, ..small_options() };
+    let options = fs::FsOptions {
+        checkpoint: mode,
+        ..small_options()
+    };
     let mut fs = Fs::format(open_volume(&shm.dir), &small_format(), options.clone()).unwrap();
     let mut model = Model::default();
     for op in ops {
         match &op {
-            Op::Write { file, offset, len, tag } => {
+            Op::Write {
+                file,
+                offset,
+                len,
+                tag,
+            } => {
                 let path = file_path(*file);
                 let data = pattern(*tag, *offset, *len);
                 let result = fs.create(&path).and_then(|f| f.write_at(&data, *offset));
@@ -112,7 +150,13 @@ fn run(ops: Vec<Op>, name: &str, mode: fs::CheckpointMode) -> Result<(), TestCas
                     prop_assert!(matches!(result, Err(FsError::NotFound(_))), "{:?}", result);
                 }
             }
-            Op::WriteBuffer { file, block, shift, blocks, tag } => {
+            Op::WriteBuffer {
+                file,
+                block,
+                shift,
+                blocks,
+                tag,
+            } => {
                 let path = file_path(*file);
                 let offset = block * 4096 + shift;
                 let data = pattern(*tag, offset, (blocks * 4096) as usize);
@@ -178,7 +222,11 @@ fn run(ops: Vec<Op>, name: &str, mode: fs::CheckpointMode) -> Result<(), TestCas
                 let result = fs.rmdir(path);
                 let prefix = format!("{path}/");
                 let exists = model.dirs.iter().any(|d| d == path);
-                let empty = !model.dirs.iter().chain(model.files.keys()).any(|p| p.starts_with(&prefix));
+                let empty = !model
+                    .dirs
+                    .iter()
+                    .chain(model.files.keys())
+                    .any(|p| p.starts_with(&prefix));
                 if exists && empty {
                     result.unwrap();
                     model.dirs.retain(|d| d != path);

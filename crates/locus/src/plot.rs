@@ -176,7 +176,13 @@ where
 
 /// One bar per case: `values[i]` over `labels[i]`, with a reference line at 1 (for ratios
 /// of locus to a baseline measured in the same run).
-pub fn ratio_bars(path: &Path, title: &str, y_desc: &str, labels: &[String], values: &[f64]) -> Result<()> {
+pub fn ratio_bars(
+    path: &Path,
+    title: &str,
+    y_desc: &str,
+    labels: &[String],
+    values: &[f64],
+) -> Result<()> {
     let extension = path.extension().and_then(|e| e.to_str());
     if !matches!(extension, Some("svg" | "png")) {
         bail!("--plot {}: use a .svg or .png file name", path.display());
@@ -187,9 +193,21 @@ pub fn ratio_bars(path: &Path, title: &str, y_desc: &str, labels: &[String], val
     register_font()?;
     let size = (60 + 36 * labels.len() as u32, 520);
     if extension == Some("svg") {
-        draw_bars(&SVGBackend::new(path, size).into_drawing_area(), title, y_desc, labels, values)
+        draw_bars(
+            &SVGBackend::new(path, size).into_drawing_area(),
+            title,
+            y_desc,
+            labels,
+            values,
+        )
     } else {
-        draw_bars(&BitMapBackend::new(path, size).into_drawing_area(), title, y_desc, labels, values)
+        draw_bars(
+            &BitMapBackend::new(path, size).into_drawing_area(),
+            title,
+            y_desc,
+            labels,
+            values,
+        )
     }
 }
 
@@ -235,8 +253,15 @@ where
         .map_err(err)?;
     chart
         .draw_series(values.iter().enumerate().map(|(i, &v)| {
-            let color = if v >= 1.0 { BLUE.mix(0.7) } else { RED.mix(0.7) };
-            Rectangle::new([(i as f64 - 0.35, 0.0), (i as f64 + 0.35, v)], color.filled())
+            let color = if v >= 1.0 {
+                BLUE.mix(0.7)
+            } else {
+                RED.mix(0.7)
+            };
+            Rectangle::new(
+                [(i as f64 - 0.35, 0.0), (i as f64 + 0.35, v)],
+                color.filled(),
+            )
         }))
         .map_err(err)?;
     chart

@@ -94,14 +94,20 @@ pub fn volume_over(regions: Vec<Region>) -> volume::Result<Arc<Volume>> {
 }
 
 pub fn format_over(regions: Vec<Region>) -> Fs {
-    Fs::format(volume_over(regions).unwrap(), &small_format(), small_options()).unwrap()
+    Fs::format(
+        volume_over(regions).unwrap(),
+        &small_format(),
+        small_options(),
+    )
+    .unwrap()
 }
 
 /// Deterministic bytes for (tag, offset).
 pub fn pattern(tag: u64, offset: u64, len: usize) -> Vec<u8> {
     (0..len as u64)
         .map(|i| {
-            let x = (tag.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (offset + i)).wrapping_mul(0x2545_F491_4F6C_DD1D);
+            let x = (tag.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (offset + i))
+                .wrapping_mul(0x2545_F491_4F6C_DD1D);
             (x >> 56) as u8
         })
         .collect()

@@ -150,13 +150,20 @@ pub fn run(sysfs: &Path, args: &FsBenchArgs) -> Result<()> {
         bail!("--threads must be 1..=64");
     }
     let topology = topology::Topology::read_from(sysfs)?;
-    let scratch = Scratch(args.dir.join(format!("locus-bench-fs-{}", std::process::id())));
+    let scratch = Scratch(
+        args.dir
+            .join(format!("locus-bench-fs-{}", std::process::id())),
+    );
     let volume_dir = scratch.0.join("volume");
     let in_flight = 64 * args.prelim_buffers as u64 * args.prelim_buffer_size;
     let volume_bytes = (2 * args.size + in_flight + (256 << 20)).next_multiple_of(2 << 20);
     let config = volume::default_config(&volume_dir, &topology, Some(volume_bytes))?;
-    volume::Volume::format(&volume_dir, &config, true)
-        .with_context(|| format!("formatting a {volume_bytes}-byte scratch volume in {}", volume_dir.display()))?;
+    volume::Volume::format(&volume_dir, &config, true).with_context(|| {
+        format!(
+            "formatting a {volume_bytes}-byte scratch volume in {}",
+            volume_dir.display()
+        )
+    })?;
     let volume = Arc::new(volume::Volume::open(
         &volume_dir,
         topology,
@@ -295,7 +302,10 @@ fn measure(
         barrier.wait();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a bench thread panicked"))))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a bench thread panicked")))
+            })
             .collect()
     });
     let started = Instant::now() - deadline;
@@ -352,12 +362,16 @@ fn report(cases: &[Case], args: &FsBenchArgs) -> Result<()> {
                 t.iops,
                 t.bytes_per_sec / 1e9,
                 l.iops / t.iops.max(1e-9),
-                l.write_amplification.map_or("-".into(), |w| format!("{w:.3}")),
+                l.write_amplification
+                    .map_or("-".into(), |w| format!("{w:.3}")),
                 l.backpressure_waits.map_or("-".into(), |w| w.to_string()),
             );
         }
         for op in ["randwrite", "seqwrite", "randread", "seqread"] {
-            let one: Vec<_> = pairs.iter().filter(|(l, _)| l.op == op && l.threads == 1).collect();
+            let one: Vec<_> = pairs
+                .iter()
+                .filter(|(l, _)| l.op == op && l.threads == 1)
+                .collect();
             for (l1, _) in one {
                 if let Some((l2, _)) = pairs
                     .iter()
@@ -377,8 +391,17 @@ fn report(cases: &[Case], args: &FsBenchArgs) -> Result<()> {
             .iter()
             .map(|(l, _)| format!("{} {} x{}", l.op, bs_name(l.bs_bytes), l.threads))
             .collect();
-        let ratios: Vec<f64> = pairs.iter().map(|(l, t)| l.iops / t.iops.max(1e-9)).collect();
-        crate::plot::ratio_bars(path, "locus file system / tmpfs pwrite-pread", "ratio (IOPS)", &labels, &ratios)?;
+        let ratios: Vec<f64> = pairs
+            .iter()
+            .map(|(l, t)| l.iops / t.iops.max(1e-9))
+            .collect();
+        crate::plot::ratio_bars(
+            path,
+            "locus file system / tmpfs pwrite-pread",
+            "ratio (IOPS)",
+            &labels,
+            &ratios,
+        )?;
         if !args.json {
             println!("plot written to {}", path.display());
         }
