@@ -21,11 +21,11 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("cache", &[]),
     ("uring", &["topology"]),
     ("nbd", &[]),
-    ("fs", &["pmem", "volume"]),
+    ("fs", &["topology", "pmem", "volume"]),
     ("sim", &["cache"]),
     (
         "locus",
-        &["topology", "pmem", "volume", "cache", "sim", "uring"],
+        &["topology", "pmem", "volume", "fs", "cache", "sim", "uring"],
     ),
 ];
 
