@@ -90,17 +90,17 @@ fn run_loop(inner: &Inner) -> Result<()> {
             }
             continue;
         }
-        let mut state = inner.signal.state.lock().expect("checkpoint state");
+        let state = inner.signal.state.lock().expect("checkpoint state");
         if state.stop || state.snapshot_wanted || state.drain_wanted || state.abandon {
             continue;
         }
-        state.sleeping = true;
-        let (mut state, _) = inner
+        inner.signal.sleeping.store(true, Ordering::Release);
+        let (_state, _) = inner
             .signal
             .wake
             .wait_timeout(state, Duration::from_millis(2))
             .expect("checkpoint state");
-        state.sleeping = false;
+        inner.signal.sleeping.store(false, Ordering::Release);
     }
 }
 

@@ -203,11 +203,14 @@ pub(crate) struct Signal {
     pub(crate) wake: Condvar,
     /// Wakes threads waiting for checkpoint progress.
     pub(crate) progress: Condvar,
+    /// The checkpoint thread is waiting on `wake`. Writers read it without the lock, so the
+    /// common write takes no shared lock; a wake-up missed in the race costs at most the
+    /// thread's 2 ms wait.
+    pub(crate) sleeping: AtomicBool,
 }
 
 #[derive(Debug, Default)]
 pub(crate) struct SignalState {
-    pub(crate) sleeping: bool,
     pub(crate) snapshot_wanted: bool,
     pub(crate) drain_wanted: bool,
     pub(crate) stop: bool,
@@ -591,7 +594,7 @@ impl Inner {
                 return Err(FsError::Shutdown(why.clone()));
             }
             state.drain_wanted = true;
-            if state.sleeping {
+            if self.signal.sleeping.load(Ordering::Acquire) {
                 self.signal.wake.notify_all();
             }
             state = self
@@ -623,8 +626,8 @@ impl Inner {
     }
 
     fn wake_checkpoint(&self) {
-        let state = self.signal.state.lock().expect("checkpoint state");
-        if state.sleeping {
+        if self.signal.sleeping.load(Ordering::Acquire) {
+            let _state = self.signal.state.lock().expect("checkpoint state");
             self.signal.wake.notify_all();
         }
     }
