@@ -3,10 +3,20 @@
 //!
 //! Ranges are rounded out to a granule between 4 KiB and 2 MiB (per file), so two writes in
 //! the same granule serialise even when their bytes do not overlap: a granule is the unit a
-//! checkpoint may remap or copy, and it must not move under a writer. Held locks sit in a
-//! short list (one entry per holder, bounded by the threads using the file).
+//! checkpoint may remap or copy, and it must not move under a writer.
+//!
+//! Held ranges sit in [`SHARDS`] tables chosen by 2 MiB stretch of the file, each behind its
+//! own cache line. A range is entered in the table of every stretch it touches, so two
+//! overlapping ranges always meet in at least one table. Writers and the checkpoint work on
+//! different stretches most of the time, and then never touch the same lock word: with one
+//! table for the whole file, the lock word bounced between their cores on every write and
+//! cost more than the rest of a 4 KiB write together (measured with `perf`).
+//!
+//! A locker takes the tables it needs in index order; if one holds a conflicting range it
+//! lets go of all the others and waits on that one table, then starts over, so no locker
+//! waits while holding a table.
 
-use std::sync::{Condvar, Mutex};
+use std::sync::{Condvar, Mutex, MutexGuard};
 
 use crate::error::{FsError, Result};
 
@@ -14,6 +24,10 @@ use crate::error::{FsError, Result};
 pub const MIN_GRANULE: u64 = 4096;
 /// Largest granule.
 pub const MAX_GRANULE: u64 = 2 << 20;
+/// How many tables a file's locks are spread over.
+pub const SHARDS: usize = 16;
+/// The part of a file whose ranges share a table (and the largest granule).
+const STRETCH: u64 = MAX_GRANULE;
 
 /// Shared (read) or exclusive (write).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,21 +46,27 @@ struct Held {
     mode: LockMode,
 }
 
-/// Held ranges, the next holder id, and how many lockers wait (unlocking wakes them only
-/// when there are any: the common path makes no system call).
+/// Held ranges of one table and how many lockers wait on it (unlocking wakes them only when
+/// there are any: the common path makes no system call).
 #[derive(Debug, Default)]
 struct Table {
-    next_id: u64,
     held: Vec<Held>,
     waiting: usize,
+}
+
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Shard {
+    table: Mutex<Table>,
+    released: Condvar,
 }
 
 /// The range locks of one file.
 #[derive(Debug)]
 pub struct RangeLocks {
     granule: u64,
-    held: Mutex<Table>,
-    released: Condvar,
+    next_id: std::sync::atomic::AtomicU64,
+    shards: [Shard; SHARDS],
 }
 
 /// A held range; released when dropped.
@@ -54,6 +74,30 @@ pub struct RangeLocks {
 pub struct RangeGuard<'a> {
     locks: &'a RangeLocks,
     id: u64,
+    shards: ShardSet,
+}
+
+/// The tables a range touches, as a bit set (bit i = shard i).
+#[derive(Debug, Clone, Copy)]
+struct ShardSet(u32);
+
+impl ShardSet {
+    fn of(start: u64, end: u64) -> Self {
+        let first = start / STRETCH;
+        let last = (end - 1) / STRETCH;
+        if last - first + 1 >= SHARDS as u64 {
+            return Self((1u32 << SHARDS) - 1);
+        }
+        let mut bits = 0u32;
+        for stretch in first..=last {
+            bits |= 1 << (stretch % SHARDS as u64);
+        }
+        Self(bits)
+    }
+
+    fn iter(self) -> impl Iterator<Item = usize> {
+        (0..SHARDS).filter(move |i| self.0 & (1 << i) != 0)
+    }
 }
 
 impl RangeLocks {
@@ -66,21 +110,29 @@ impl RangeLocks {
         }
         Ok(Self {
             granule,
-            held: Mutex::new(Table::default()),
-            released: Condvar::new(),
+            next_id: std::sync::atomic::AtomicU64::new(1),
+            shards: Default::default(),
         })
     }
 
     /// Waits until `[offset, offset + len)` can be held in `mode`, then holds it.
     pub fn lock(&self, offset: u64, len: u64, mode: LockMode) -> Result<RangeGuard<'_>> {
         let (start, end) = self.round(offset, len)?;
-        let mut held = self.held.lock().expect("range lock table");
-        while conflicts(&held.held, start, end, mode) {
-            held.waiting += 1;
-            held = self.released.wait(held).expect("range lock table");
-            held.waiting -= 1;
+        let shards = ShardSet::of(start, end);
+        loop {
+            match self.try_enter(start, end, mode, shards) {
+                Ok(guard) => return Ok(guard),
+                Err((index, mut table)) => {
+                    // Every other table is released; wait here, then start over.
+                    let shard = &self.shards[index];
+                    table.waiting += 1;
+                    while conflicts(&table.held, start, end, mode) {
+                        table = shard.released.wait(table).expect("range lock table");
+                    }
+                    table.waiting -= 1;
+                }
+            }
         }
-        Ok(self.insert(&mut held, start, end, mode))
     }
 
     /// Holds the range if nothing conflicts now; `None` otherwise.
@@ -91,23 +143,51 @@ impl RangeLocks {
         mode: LockMode,
     ) -> Result<Option<RangeGuard<'_>>> {
         let (start, end) = self.round(offset, len)?;
-        let mut held = self.held.lock().expect("range lock table");
-        if conflicts(&held.held, start, end, mode) {
-            return Ok(None);
-        }
-        Ok(Some(self.insert(&mut held, start, end, mode)))
+        Ok(self
+            .try_enter(start, end, mode, ShardSet::of(start, end))
+            .ok())
     }
 
-    fn insert(&self, held: &mut Table, start: u64, end: u64, mode: LockMode) -> RangeGuard<'_> {
-        held.next_id += 1;
-        let id = held.next_id;
-        held.held.push(Held {
+    /// Takes the tables of `shards` in order and enters the range in all of them, or
+    /// returns the first table with a conflict (still locked; the others released).
+    fn try_enter(
+        &self,
+        start: u64,
+        end: u64,
+        mode: LockMode,
+        shards: ShardSet,
+    ) -> std::result::Result<RangeGuard<'_>, (usize, MutexGuard<'_, Table>)> {
+        let mut tables: Vec<MutexGuard<'_, Table>> = Vec::new();
+        let mut single = None;
+        for index in shards.iter() {
+            let table = self.shards[index].table.lock().expect("range lock table");
+            if conflicts(&table.held, start, end, mode) {
+                return Err((index, table));
+            }
+            if single.is_none() && tables.is_empty() {
+                single = Some(table);
+            } else {
+                tables.extend(single.take());
+                tables.push(table);
+            }
+        }
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let held = Held {
             id,
             start,
             end,
             mode,
-        });
-        RangeGuard { locks: self, id }
+        };
+        for table in single.iter_mut().chain(tables.iter_mut()) {
+            table.held.push(held);
+        }
+        Ok(RangeGuard {
+            locks: self,
+            id,
+            shards,
+        })
     }
 
     fn round(&self, offset: u64, len: u64) -> Result<(u64, u64)> {
@@ -130,12 +210,17 @@ fn conflicts(held: &[Held], start: u64, end: u64, mode: LockMode) -> bool {
 
 impl Drop for RangeGuard<'_> {
     fn drop(&mut self) {
-        let mut held = self.locks.held.lock().expect("range lock table");
-        held.held.retain(|h| h.id != self.id);
-        let waiting = held.waiting > 0;
-        drop(held);
-        if waiting {
-            self.locks.released.notify_all();
+        for index in self.shards.iter() {
+            let shard = &self.locks.shards[index];
+            let mut table = shard.table.lock().expect("range lock table");
+            if let Some(at) = table.held.iter().position(|h| h.id == self.id) {
+                table.held.swap_remove(at);
+            }
+            let waiting = table.waiting > 0;
+            drop(table);
+            if waiting {
+                shard.released.notify_all();
+            }
         }
     }
 }
@@ -222,6 +307,70 @@ mod tests {
             waiter.join().unwrap();
         });
         assert!(acquired.load(std::sync::atomic::Ordering::SeqCst));
+    }
+
+    #[test]
+    fn ranges_meet_in_every_table_they_share() {
+        const MIB2: u64 = 2 << 20;
+        let locks = RangeLocks::new(4096).unwrap();
+        // Stretches 0 and SHARDS share a table but not bytes.
+        let a = locks.try_lock(0, 4096, LockMode::Exclusive).unwrap();
+        let b = locks
+            .try_lock(SHARDS as u64 * MIB2, 4096, LockMode::Exclusive)
+            .unwrap();
+        assert!(a.is_some() && b.is_some(), "same table, disjoint bytes");
+        // A range across a stretch boundary conflicts with a holder in its second stretch.
+        let c = locks
+            .try_lock(3 * MIB2 + 8192, 4096, LockMode::Exclusive)
+            .unwrap()
+            .expect("free");
+        assert!(
+            locks
+                .try_lock(3 * MIB2 - 4096, 16384, LockMode::Shared)
+                .unwrap()
+                .is_none(),
+            "overlap found in the second stretch's table"
+        );
+        // A whole-file range conflicts with every holder, far ones included.
+        assert!(
+            locks
+                .try_lock(0, u64::MAX / 2, LockMode::Exclusive)
+                .unwrap()
+                .is_none()
+        );
+        drop((a, b, c));
+        let whole = locks
+            .try_lock(0, u64::MAX / 2, LockMode::Exclusive)
+            .unwrap()
+            .expect("everything released");
+        assert!(
+            locks
+                .try_lock(1000 * MIB2, 1, LockMode::Shared)
+                .unwrap()
+                .is_none()
+        );
+        drop(whole);
+    }
+
+    #[test]
+    fn a_waiter_on_one_table_does_not_hold_another() {
+        const MIB2: u64 = 2 << 20;
+        let locks = RangeLocks::new(4096).unwrap();
+        let far = locks.lock(MIB2, 4096, LockMode::Exclusive).unwrap();
+        std::thread::scope(|scope| {
+            // Waits on stretch 1's table for `far`, having given up stretch 0's.
+            let spanning = scope.spawn(|| {
+                let _g = locks.lock(0, MIB2 + 4096, LockMode::Exclusive).unwrap();
+            });
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            let near = locks
+                .try_lock(0, 4096, LockMode::Exclusive)
+                .unwrap()
+                .expect("stretch 0 must stay free while the spanning locker waits");
+            drop(near);
+            drop(far);
+            spanning.join().unwrap();
+        });
     }
 
     #[test]

@@ -9,6 +9,8 @@ use volume::buddy::{BuddyAllocator, MAX_BLOCK_PAGES};
 enum Op {
     Alloc(u64),
     Free(usize),
+    /// Free a range that holds at least one free page: must be refused, changing nothing.
+    DoubleFree(u64, u64),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -16,6 +18,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (1u64..=40).prop_map(Op::Alloc),
         1 => (1u64..=(3 * MAX_BLOCK_PAGES)).prop_map(Op::Alloc),
         3 => any::<usize>().prop_map(Op::Free),
+        1 => (any::<u64>(), 1u64..=70).prop_map(|(at, pages)| Op::DoubleFree(at, pages)),
     ]
 }
 
@@ -66,6 +69,19 @@ proptest! {
                     }
                 }
                 Op::Free(_) => {}
+                Op::DoubleFree(at, pages) => {
+                    let start = at % total;
+                    let pages = pages.min(total - start);
+                    let range = start as usize..(start + pages) as usize;
+                    if used[range].iter().any(|u| !u) {
+                        let before = buddy.free_pages();
+                        prop_assert!(
+                            buddy.free(start, pages).is_err(),
+                            "freeing {pages} pages at {start} that include a free page was accepted"
+                        );
+                        prop_assert_eq!(buddy.free_pages(), before);
+                    }
+                }
             }
             let in_use = used.iter().filter(|&&u| u).count() as u64;
             prop_assert_eq!(buddy.free_pages(), total - in_use);

@@ -45,6 +45,10 @@ pub struct FsBenchArgs {
     #[arg(long, default_value = "1,2", value_delimiter = ',')]
     threads: Vec<usize>,
 
+    /// Operations to run, comma-separated: randwrite, seqwrite, randread, seqread.
+    #[arg(long, default_value = "randwrite,seqwrite,randread,seqread", value_delimiter = ',', value_parser = parse_op)]
+    ops: Vec<Op>,
+
     /// Seconds per case.
     #[arg(long, default_value_t = 0.5)]
     seconds: f64,
@@ -56,6 +60,12 @@ pub struct FsBenchArgs {
     /// Bytes of each preliminary buffer.
     #[arg(long, default_value = "8M", value_parser = parse_size)]
     prelim_buffer_size: u64,
+
+    /// When the file system checkpoints: `background` (continuously, the normal mode) or
+    /// `on-demand` (only when a writer runs out of log or buffer space, and at the end of each
+    /// case, whose time includes it): the second measures logging alone.
+    #[arg(long, default_value = "background", value_parser = parse_checkpoint)]
+    checkpoint: fs::CheckpointMode,
 
     /// Directory on tmpfs for the scratch volume and the baseline file.
     #[arg(long, default_value = "/dev/shm")]
@@ -175,6 +185,7 @@ pub fn run(sysfs: &Path, args: &FsBenchArgs) -> Result<()> {
         fs::FsOptions {
             prelim_buffers: args.prelim_buffers,
             prelim_buffer_bytes: args.prelim_buffer_size,
+            checkpoint: args.checkpoint,
             ..fs::FsOptions::default()
         },
     )?;
@@ -197,7 +208,7 @@ pub fn run(sysfs: &Path, args: &FsBenchArgs) -> Result<()> {
     fs.checkpoint()?;
 
     let mut cases = Vec::new();
-    for op in Op::ALL {
+    for op in Op::ALL.into_iter().filter(|op| args.ops.contains(op)) {
         for &bs in &args.bs {
             for &threads in &args.threads {
                 for engine in ["locus", "tmpfs"] {
@@ -237,6 +248,25 @@ pub fn run(sysfs: &Path, args: &FsBenchArgs) -> Result<()> {
     drop(locus);
     fs.unmount()?;
     report(&cases, args)
+}
+
+fn parse_op(name: &str) -> Result<Op, String> {
+    Op::ALL
+        .into_iter()
+        .find(|op| op.name() == name)
+        .ok_or_else(|| {
+            format!("unknown operation {name:?}: expected randwrite, seqwrite, randread or seqread")
+        })
+}
+
+fn parse_checkpoint(name: &str) -> Result<fs::CheckpointMode, String> {
+    match name {
+        "background" => Ok(fs::CheckpointMode::Background),
+        "on-demand" => Ok(fs::CheckpointMode::OnDemand),
+        _ => Err(format!(
+            "unknown checkpoint mode {name:?}: expected background or on-demand"
+        )),
+    }
 }
 
 fn pattern_bytes(len: usize, seed: u64) -> Vec<u8> {
