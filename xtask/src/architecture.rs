@@ -22,6 +22,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("uring", &["topology"]),
     ("nbd", &[]),
     ("fs", &["topology", "pmem", "volume"]),
+    ("fs-capi", &["topology", "volume", "fs"]),
     ("sim", &["cache"]),
     (
         "locus",
@@ -38,6 +39,10 @@ const UNSAFE_ALLOWED: &[(&str, &str)] = &[
     (
         "crates/pmem/",
         "the only code that maps or stores to persistent memory",
+    ),
+    (
+        "crates/fs-capi/",
+        "the C API: turning C callers' pointers into handles and slices",
     ),
 ];
 

@@ -112,6 +112,7 @@ impl FsError {
             Self::LogFull { .. } => libc::EAGAIN,
             Self::Volume(volume::VolumeError::NoSpace { .. }) => libc::ENOSPC,
             Self::Shutdown(_) => libc::ESHUTDOWN,
+            Self::NoFileSystem => libc::ENODEV,
             _ => libc::EIO,
         }
     }

@@ -1,0 +1,200 @@
+/*
+ * Exercises locus_fs.h from C, the way a C program uses it. Run as
+ *   api_test VOLUME_DIR write    format, build a tree, check every call and error; unmount
+ *   api_test VOLUME_DIR crash    open, write more, then _exit without closing anything
+ *   api_test VOLUME_DIR verify   open (recovering), check everything the other runs wrote
+ * Prints "ok <phase>" and exits 0 when every check holds; otherwise names the failed check
+ * and exits 1.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "locus_fs.h"
+
+#define CHECK(cond, ...)                                                      \
+    do {                                                                      \
+        if (!(cond)) {                                                        \
+            fprintf(stderr, "check failed at line %d: %s: ", __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                     \
+            fprintf(stderr, " (last error: %s)\n", locus_last_error());       \
+            exit(1);                                                          \
+        }                                                                     \
+    } while (0)
+
+#define MIB (1024 * 1024)
+
+static unsigned char pattern(uint64_t i, unsigned seed) { return (unsigned char)(i * 7 + seed); }
+
+static void fill(unsigned char *buf, size_t len, uint64_t base, unsigned seed) {
+    for (size_t i = 0; i < len; i++) buf[i] = pattern(base + i, seed);
+}
+
+static void expect_bytes(locus_file *f, uint64_t off, size_t len, uint64_t base, unsigned seed) {
+    unsigned char *got = malloc(len);
+    ssize_t n = locus_pread(f, got, len, off);
+    CHECK(n == (ssize_t)len, "read %zd of %zu bytes at %llu", n, len, (unsigned long long)off);
+    for (size_t i = 0; i < len; i++)
+        CHECK(got[i] == pattern(base + i, seed), "byte %llu is %u, wanted %u",
+              (unsigned long long)(off + i), got[i], pattern(base + i, seed));
+    free(got);
+}
+
+static void write_phase(const char *dir) {
+    CHECK(locus_fs_api_version() == LOCUS_FS_API_VERSION, "version %u", locus_fs_api_version());
+    struct locus_fs_options opts = LOCUS_FS_OPTIONS_INIT;
+    opts.prelim_buffers = 2;
+    locus_fs *fs = locus_fs_format(dir, &opts);
+    CHECK(fs != NULL, "format %s: errno %d", dir, errno);
+
+    CHECK(locus_mkdir(fs, "/d", 0755) == 0, "mkdir");
+    CHECK(locus_mkdir(fs, "/d", 0755) == -EEXIST, "second mkdir");
+    locus_file *f = locus_open(fs, "/d/f", O_CREAT | O_EXCL | O_RDWR, 0644);
+    CHECK(f != NULL, "create /d/f");
+
+    /* 1 MiB in 64 KiB pieces, then 1000 bytes at an unaligned offset over it. */
+    unsigned char *buf = malloc(MIB);
+    fill(buf, MIB, 0, 1);
+    for (uint64_t off = 0; off < MIB; off += 65536)
+        CHECK(locus_pwrite(f, buf + off, 65536, off) == 65536, "pwrite at %llu",
+              (unsigned long long)off);
+    fill(buf, 1000, 0, 2);
+    CHECK(locus_pwrite(f, buf, 1000, 5000) == 1000, "unaligned pwrite");
+    expect_bytes(f, 0, 5000, 0, 1);
+    expect_bytes(f, 5000, 1000, 0, 2);
+    expect_bytes(f, 6000, MIB - 6000, 6000, 1);
+
+    /* A zero-copy write from a persistent buffer, appended at 1 MiB. */
+    locus_buffer *b = locus_buffer_new(fs, 8192);
+    CHECK(b != NULL && locus_buffer_len(b) == 8192, "buffer");
+    fill(buf, 8192, 0, 3);
+    CHECK(locus_buffer_write(b, 0, buf, 8192) == 0, "buffer write");
+    unsigned char back[16];
+    CHECK(locus_buffer_read(b, 100, back, 16) == 0 && back[0] == pattern(100, 3), "buffer read");
+    CHECK(locus_buffer_write(b, 8190, buf, 16) == -EINVAL, "buffer write past its end");
+    CHECK(locus_write_buffer(f, b, MIB) == 0, "write_buffer");
+    struct locus_stat st;
+    CHECK(locus_fstat(f, &st) == 0 && st.size == MIB + 8192 && st.kind == LOCUS_KIND_FILE &&
+              st.mode == 0644,
+          "fstat size %llu kind %u mode %o", (unsigned long long)st.size, st.kind, st.mode);
+    CHECK(locus_pread(f, buf, 100, MIB + 8192) == 0, "read past the end");
+    CHECK(locus_fsync(f) == 0, "fsync");
+
+    /* Errors: errno values and a message naming the problem. */
+    CHECK(locus_open(fs, "/d/f", O_CREAT | O_EXCL | O_RDWR, 0644) == NULL && errno == EEXIST,
+          "exclusive create of an existing file: errno %d", errno);
+    CHECK(strstr(locus_last_error(), "/d/f") != NULL, "message names the path: %s",
+          locus_last_error());
+    CHECK(locus_open(fs, "/d/missing", O_RDONLY, 0) == NULL && errno == ENOENT, "missing");
+    CHECK(locus_open(fs, "/d/f", O_RDWR | O_APPEND, 0) == NULL && errno == EINVAL, "O_APPEND");
+    CHECK(locus_open(fs, "/d/f/x", O_RDONLY, 0) == NULL && errno == ENOTDIR, "file as dir");
+    char long_name[300] = "/";
+    memset(long_name + 1, 'n', 256);
+    CHECK(locus_open(fs, long_name, O_CREAT | O_RDWR, 0644) == NULL && errno == ENAMETOOLONG,
+          "256-byte name: errno %d", errno);
+    CHECK(locus_pwrite(NULL, buf, 1, 0) == -EBADF, "NULL file");
+    CHECK(locus_stat(fs, NULL, &st) == -EINVAL, "NULL path");
+    locus_file *ro = locus_open(fs, "/d/f", O_RDONLY, 0);
+    CHECK(ro != NULL, "open read-only");
+    CHECK(locus_pwrite(ro, buf, 1, 0) == -EBADF, "write to a read-only handle");
+    CHECK(locus_close(ro) == 0, "close read-only");
+
+    /* Namespace: rename, readdir, unlink, rmdir, truncate, chmod. */
+    CHECK(locus_rename(fs, "/d/f", "/d/g") == 0, "rename");
+    CHECK(locus_stat(fs, "/d/f", &st) == -ENOENT, "old name gone");
+    locus_file *h = locus_open(fs, "/d/h", O_CREAT | O_WRONLY, 0600);
+    CHECK(h != NULL && locus_close(h) == 0, "create /d/h");
+    CHECK(locus_rmdir(fs, "/d") == -ENOTEMPTY, "rmdir of a full directory");
+    locus_dir *dir_list = locus_opendir(fs, "/d");
+    CHECK(dir_list != NULL, "opendir");
+    struct locus_dirent ent;
+    int seen_g = 0, seen_h = 0, count = 0;
+    while (locus_readdir(dir_list, &ent) == 1) {
+        count++;
+        seen_g |= strcmp(ent.name, "g") == 0 && ent.kind == LOCUS_KIND_FILE;
+        seen_h |= strcmp(ent.name, "h") == 0;
+    }
+    locus_closedir(dir_list);
+    CHECK(count == 2 && seen_g && seen_h, "readdir saw %d entries", count);
+    CHECK(locus_unlink(fs, "/d/h") == 0, "unlink");
+    CHECK(locus_unlink(fs, "/d/h") == -ENOENT, "second unlink");
+    CHECK(locus_truncate(fs, "/d/g", MIB + 4096) == 0, "truncate");
+    CHECK(locus_chmod(fs, "/d/g", 0640) == 0, "chmod");
+    CHECK(locus_stat(fs, "/d/g", &st) == 0 && st.size == MIB + 4096 && st.mode == 0640,
+          "stat after truncate: %llu %o", (unsigned long long)st.size, st.mode);
+    CHECK(locus_ftruncate(f, MIB + 4096) == 0, "ftruncate on the renamed open file");
+
+    struct locus_fs_stats stats;
+    CHECK(locus_fs_stats(fs, &stats) == 0, "stats");
+    CHECK(stats.caller_bytes >= MIB + 1000 + 8192 && stats.writes >= 18 &&
+              stats.write_amplification >= 1.0,
+          "stats: %llu bytes, %llu writes, wa %f", (unsigned long long)stats.caller_bytes,
+          (unsigned long long)stats.writes, stats.write_amplification);
+    CHECK(locus_fs_checkpoint(fs) == 0, "checkpoint");
+    CHECK(locus_fs_stats(fs, &stats) == 0 && stats.records_pending == 0, "drained: %llu",
+          (unsigned long long)stats.records_pending);
+    CHECK(locus_close(f) == 0, "close");
+    CHECK(locus_fs_unmount(fs) == 0, "unmount");
+    free(buf);
+}
+
+static void crash_phase(const char *dir) {
+    locus_fs *fs = locus_fs_open(dir, NULL);
+    CHECK(fs != NULL, "open: errno %d", errno);
+    locus_file *f = locus_open(fs, "/crash", O_CREAT | O_RDWR | O_TRUNC, 0644);
+    CHECK(f != NULL, "create /crash");
+    unsigned char buf[4096];
+    for (uint64_t i = 0; i < 64; i++) {
+        fill(buf, sizeof buf, i * 4096, 4);
+        CHECK(locus_pwrite(f, buf, sizeof buf, i * 4096) == 4096, "crash write %llu",
+              (unsigned long long)i);
+    }
+    /* Acknowledged: gone without a close, a checkpoint or an unmount. */
+    printf("ok crash\n");
+    fflush(stdout);
+    _exit(0);
+}
+
+static void verify_phase(const char *dir) {
+    locus_fs *fs = locus_fs_open(dir, NULL);
+    CHECK(fs != NULL, "open after the crash: errno %d", errno);
+    locus_file *g = locus_open(fs, "/d/g", O_RDONLY, 0);
+    CHECK(g != NULL, "open /d/g");
+    expect_bytes(g, 0, 5000, 0, 1);
+    expect_bytes(g, 5000, 1000, 0, 2);
+    expect_bytes(g, 6000, MIB - 6000, 6000, 1);
+    expect_bytes(g, MIB, 4096, 0, 3);
+    struct locus_stat st;
+    CHECK(locus_fstat(g, &st) == 0 && st.size == MIB + 4096, "size %llu",
+          (unsigned long long)st.size);
+    CHECK(locus_close(g) == 0, "close /d/g");
+    locus_file *c = locus_open(fs, "/crash", O_RDONLY, 0);
+    CHECK(c != NULL, "open /crash");
+    expect_bytes(c, 0, 64 * 4096, 0, 4);
+    CHECK(locus_close(c) == 0, "close /crash");
+    CHECK(locus_stat(fs, "/d/h", &st) == -ENOENT, "unlinked file stays gone");
+    CHECK(locus_fs_unmount(fs) == 0, "unmount");
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s VOLUME_DIR write|crash|verify\n", argv[0]);
+        return 2;
+    }
+    if (strcmp(argv[2], "write") == 0)
+        write_phase(argv[1]);
+    else if (strcmp(argv[2], "crash") == 0)
+        crash_phase(argv[1]);
+    else if (strcmp(argv[2], "verify") == 0)
+        verify_phase(argv[1]);
+    else {
+        fprintf(stderr, "unknown phase %s\n", argv[2]);
+        return 2;
+    }
+    printf("ok %s\n", argv[2]);
+    return 0;
+}
