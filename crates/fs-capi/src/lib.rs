@@ -384,9 +384,10 @@ pub unsafe extern "C" fn locus_fs_format(
     call_ptr(|| {
         let options = fs_options(options)?;
         let volume = open_volume(volume_dir)?;
+        let capacity = volume.stats().iter().map(|d| d.capacity_bytes).sum();
         Ok(Box::new(LocusFs(Fs::format(
             volume,
-            &fs::FormatOptions::default(),
+            &fs::FormatOptions::scaled_to(capacity),
             options,
         )?)))
     })

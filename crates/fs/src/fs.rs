@@ -63,6 +63,23 @@ impl Default for FormatOptions {
     }
 }
 
+impl FormatOptions {
+    /// The defaults, with log areas and journals shrunk for a small volume of
+    /// `volume_bytes` so the file system's own structures stay a small part of it: a
+    /// journal of 1/512 of the volume (64 KiB..=1 MiB; the checkpoint's is 16 times that)
+    /// and a log area of one record per 16 KiB (256..=16384 records). From 512 MiB up this
+    /// is [`FormatOptions::default`].
+    pub fn scaled_to(volume_bytes: u64) -> Self {
+        Self {
+            log_records: (volume_bytes / (16 << 10)).clamp(256, 16 << 10),
+            journal_bytes: (volume_bytes / 512)
+                .next_power_of_two()
+                .clamp(64 << 10, 1 << 20),
+            ..Self::default()
+        }
+    }
+}
+
 /// How to run an open file system.
 #[derive(Debug, Clone)]
 pub struct FsOptions {

@@ -62,3 +62,4 @@ pub use fs::{
 pub use journal::Kind;
 pub use log::{LogArea, LogRecord};
 pub use range_lock::{LockMode, RangeGuard, RangeLocks};
+pub use recovery::FsCheck;

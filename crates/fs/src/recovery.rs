@@ -49,6 +49,33 @@ struct Replayed {
     overlay: Overlay,
 }
 
+/// What [`Fs::check`] found on a file system that would open.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct FsCheck {
+    /// Generation of the root copy in use.
+    pub generation: u64,
+    /// Epoch of the snapshot and journals.
+    pub epoch: u64,
+    /// Thread slots with log areas and journals.
+    pub slots: u64,
+    /// Regular files.
+    pub files: u64,
+    /// Directories, the root included.
+    pub directories: u64,
+    /// Sum of the files' sizes.
+    pub file_bytes: u64,
+    /// Bytes of blocks mapped into files.
+    pub mapped_bytes: u64,
+    /// Journal records written since the snapshot (replayed at open).
+    pub journal_records: u64,
+    /// Logged writes not yet checkpointed (replayed at open).
+    pub log_records: u64,
+    /// Bytes those writes carry.
+    pub log_bytes: u64,
+    /// Volume memory the file system owns: snapshot, logs, journals, file blocks, buffers.
+    pub owned_bytes: u64,
+}
+
 /// What one replay step is.
 enum Step {
     Meta(u32, JournalRecord),
@@ -129,168 +156,58 @@ impl Fs {
         Fs::open(volume, options)
     }
 
+    /// Checks the file system on `volume` (freshly opened: nothing owned yet) without
+    /// changing anything on media: reads the root, snapshot, journals and logs, replays them
+    /// in DRAM, checks the directory tree and that no memory is claimed twice or lies outside
+    /// the volume (the volume's allocator is left with it marked owned). Damage is the same
+    /// named error [`Fs::open`] would give; [`FsError::NoFileSystem`] when there is none.
+    pub fn check(volume: &Volume) -> Result<FsCheck> {
+        let loaded = load(volume)?;
+        volume.mark_owned(
+            loaded
+                .owned
+                .iter()
+                .map(|&(start, len, _)| extent_of(start, len)),
+        )?;
+        let files = loaded.inodes.values().filter(|i| i.kind == Kind::File);
+        Ok(FsCheck {
+            generation: loaded.root.generation,
+            epoch: loaded.root.epoch,
+            slots: loaded.root.slots.len() as u64,
+            files: files.clone().count() as u64,
+            directories: loaded
+                .inodes
+                .values()
+                .filter(|i| i.kind == Kind::Dir)
+                .count() as u64,
+            file_bytes: files.clone().map(|i| i.size).sum(),
+            mapped_bytes: files
+                .map(|i| i.extents.runs().map(|r| r.blocks * BLOCK).sum::<u64>())
+                .sum(),
+            journal_records: loaded.journal_records,
+            log_records: loaded.live.len() as u64,
+            log_bytes: loaded.live.iter().map(|(_, r)| r.length).sum(),
+            owned_bytes: loaded.owned.iter().map(|o| o.1).sum(),
+        })
+    }
+
     /// Opens the file system on `volume` (freshly opened: nothing owned yet), recovering
     /// whatever a crash left in the logs.
     pub fn open(volume: Arc<Volume>, options: FsOptions) -> Result<Fs> {
         check_options(&options)?;
-        let owner = volume.owner_area(0)?;
-        let root = Root::read(&owner)?;
-        if root.volume_uuid != volume.uuid() {
-            return Err(FsError::corrupt(
-                "file-system root",
-                format!(
-                    "it belongs to volume {}, not this one ({})",
-                    volume::hex(&root.volume_uuid),
-                    volume::hex(&volume.uuid())
-                ),
-            ));
-        }
-        // 1. The snapshot.
-        let snapshot_region = volume.region(&extent_of(root.snapshot_addr, root.snapshot_len))?;
-        let mut bytes = vec![0u8; root.snapshot_len as usize];
-        snapshot_region.read(0, &mut bytes)?;
-        let snapshot = Snapshot::decode(&bytes)?;
-        if snapshot.epoch != root.epoch {
-            return Err(FsError::corrupt(
-                "file-system snapshot",
-                format!("epoch {} but the root is at {}", snapshot.epoch, root.epoch),
-            ));
-        }
-        let mut inodes = load_snapshot(&snapshot)?;
-        let mut next_ino = snapshot.next_ino;
-        let mut next_order = snapshot.next_order;
-
-        // 2. Journals.
-        let mut retired: Vec<u64> = (0..root.slots.len())
-            .map(|i| snapshot.retired.get(i).copied().unwrap_or(0))
-            .collect();
-        let mut steps: Vec<Step> = Vec::new();
-        let mut journals = Vec::new();
-        for (index, areas) in root.slots.iter().enumerate() {
-            let region = volume.region(&extent_of(areas.journal_addr, areas.journal_len))?;
-            let (journal, records) = Journal::recover(region, index as u32, root.epoch)?;
-            for record in records {
-                if let MetaOp::Batch { retired: r, .. } = &record.op {
-                    for &(slot, seq) in r {
-                        let watermark = retired.get_mut(slot as usize).ok_or_else(|| {
-                            FsError::corrupt(
-                                format!("journal of slot {index}"),
-                                format!(
-                                    "a batch retires records of slot {slot}, which does not exist"
-                                ),
-                            )
-                        })?;
-                        *watermark = (*watermark).max(seq);
-                    }
-                }
-                steps.push(Step::Meta(index as u32, record));
-            }
-            journals.push(journal);
-        }
-
-        // 3. Log areas.
-        let mut logs = Vec::new();
-        for (index, areas) in root.slots.iter().enumerate() {
-            let region = volume.region(&extent_of(areas.log_addr, areas.log_len))?;
-            let (log, live) = LogArea::recover(region, retired[index])?;
-            if log.id() != index as u32 {
-                return Err(FsError::corrupt(
-                    format!("log area of slot {index}"),
-                    format!("its header says area {}", log.id()),
-                ));
-            }
-            steps.extend(live.into_iter().map(|r| Step::Data(index as u32, r)));
-            logs.push(log);
-        }
-
-        // 4. Replay in global order.
-        steps.sort_by_key(Step::order);
-        let mut live: Vec<(u32, LogRecord)> = Vec::new();
-        for step in steps {
-            next_order = next_order.max(step.order() + 1);
-            match step {
-                Step::Meta(slot, record) => {
-                    replay(&mut inodes, &record.op).map_err(|problem| {
-                        FsError::corrupt(
-                            format!("journal of slot {slot} (record of order {})", record.order),
-                            problem,
-                        )
-                    })?;
-                    if let MetaOp::Create { ino, .. } = record.op {
-                        next_ino = next_ino.max(ino + 1);
-                    }
-                }
-                Step::Data(slot, record) => {
-                    if let Some(inode) = inodes.get_mut(&record.inode) {
-                        if inode.kind != Kind::File {
-                            return Err(FsError::corrupt(
-                                format!("log area of slot {slot}"),
-                                format!(
-                                    "record {} writes directory {}",
-                                    record.sequence, record.inode
-                                ),
-                            ));
-                        }
-                        inode.overlay.insert(
-                            record.offset,
-                            record.length,
-                            record.buffer,
-                            record.order,
-                        );
-                        inode.size = inode.size.max(record.offset + record.length);
-                    }
-                    live.push((slot, record));
-                }
-            }
-        }
-        check_tree(&inodes)?;
-
-        // 5. Ownership.
-        let mut owned: Vec<(u64, u64, String)> = Vec::new();
-        owned.push((
-            root.snapshot_addr,
-            root.snapshot_len.next_multiple_of(BLOCK),
-            "the snapshot".into(),
-        ));
-        for (i, areas) in root.slots.iter().enumerate() {
-            owned.push((
-                areas.log_addr,
-                areas.log_len.next_multiple_of(BLOCK),
-                format!("log area of slot {i}"),
-            ));
-            owned.push((
-                areas.journal_addr,
-                areas.journal_len.next_multiple_of(BLOCK),
-                format!("journal of slot {i}"),
-            ));
-        }
-        for (ino, inode) in &inodes {
-            for run in inode.extents.runs() {
-                owned.push((
-                    run.addr,
-                    run.blocks * BLOCK,
-                    format!("file {ino} block {}", run.file_block),
-                ));
-            }
-        }
-        let buffer_runs = merge_pages(live.iter().map(|(_, r)| (r.buffer, r.length)));
-        for &(start, len) in &buffer_runs {
-            owned.push((start, len, "buffers of live log records".into()));
-        }
-        owned.sort_by_key(|o| o.0);
-        for pair in owned.windows(2) {
-            if pair[0].0 + pair[0].1 > pair[1].0 {
-                return Err(FsError::corrupt(
-                    "file-system metadata",
-                    format!(
-                        "{} and {} claim the same memory at {}",
-                        pair[0].2,
-                        pair[1].2,
-                        GlobalAddress::from_raw(pair[1].0)
-                    ),
-                ));
-            }
-        }
+        let Loaded {
+            owner,
+            root,
+            inodes,
+            next_ino,
+            next_order,
+            journals,
+            logs,
+            live,
+            owned,
+            buffer_runs,
+            ..
+        } = load(&volume)?;
         volume.mark_owned(owned.iter().map(|&(start, len, _)| extent_of(start, len)))?;
 
         // Build the running file system.
@@ -374,6 +291,195 @@ impl Fs {
             inner,
         })
     }
+}
+
+/// What steps 1-5 of recovery find, before anything is changed: the state the file system
+/// opens with, and every piece of memory it owns.
+struct Loaded {
+    owner: pmem::Region,
+    root: Root,
+    inodes: HashMap<u64, Replayed>,
+    next_ino: u64,
+    next_order: u64,
+    journals: Vec<Journal>,
+    journal_records: u64,
+    logs: Vec<LogArea>,
+    live: Vec<(u32, LogRecord)>,
+    owned: Vec<(u64, u64, String)>,
+    buffer_runs: Vec<(u64, u64)>,
+}
+
+/// Reads the root, snapshot, journals and logs, replays them in DRAM and lists what the file
+/// system owns (refusing memory claimed twice). Writes nothing.
+fn load(volume: &Volume) -> Result<Loaded> {
+    let owner = volume.owner_area(0)?;
+    let root = Root::read(&owner)?;
+    if root.volume_uuid != volume.uuid() {
+        return Err(FsError::corrupt(
+            "file-system root",
+            format!(
+                "it belongs to volume {}, not this one ({})",
+                volume::hex(&root.volume_uuid),
+                volume::hex(&volume.uuid())
+            ),
+        ));
+    }
+    // 1. The snapshot.
+    let snapshot_region = volume.region(&extent_of(root.snapshot_addr, root.snapshot_len))?;
+    let mut bytes = vec![0u8; root.snapshot_len as usize];
+    snapshot_region.read(0, &mut bytes)?;
+    let snapshot = Snapshot::decode(&bytes)?;
+    if snapshot.epoch != root.epoch {
+        return Err(FsError::corrupt(
+            "file-system snapshot",
+            format!("epoch {} but the root is at {}", snapshot.epoch, root.epoch),
+        ));
+    }
+    let mut inodes = load_snapshot(&snapshot)?;
+    let mut next_ino = snapshot.next_ino;
+    let mut next_order = snapshot.next_order;
+
+    // 2. Journals.
+    let mut retired: Vec<u64> = (0..root.slots.len())
+        .map(|i| snapshot.retired.get(i).copied().unwrap_or(0))
+        .collect();
+    let mut steps: Vec<Step> = Vec::new();
+    let mut journal_records = 0u64;
+    let mut journals = Vec::new();
+    for (index, areas) in root.slots.iter().enumerate() {
+        let region = volume.region(&extent_of(areas.journal_addr, areas.journal_len))?;
+        let (journal, records) = Journal::recover(region, index as u32, root.epoch)?;
+        for record in records {
+            if let MetaOp::Batch { retired: r, .. } = &record.op {
+                for &(slot, seq) in r {
+                    let watermark = retired.get_mut(slot as usize).ok_or_else(|| {
+                        FsError::corrupt(
+                            format!("journal of slot {index}"),
+                            format!("a batch retires records of slot {slot}, which does not exist"),
+                        )
+                    })?;
+                    *watermark = (*watermark).max(seq);
+                }
+            }
+            journal_records += 1;
+            steps.push(Step::Meta(index as u32, record));
+        }
+        journals.push(journal);
+    }
+
+    // 3. Log areas.
+    let mut logs = Vec::new();
+    for (index, areas) in root.slots.iter().enumerate() {
+        let region = volume.region(&extent_of(areas.log_addr, areas.log_len))?;
+        let (log, live) = LogArea::recover(region, retired[index])?;
+        if log.id() != index as u32 {
+            return Err(FsError::corrupt(
+                format!("log area of slot {index}"),
+                format!("its header says area {}", log.id()),
+            ));
+        }
+        steps.extend(live.into_iter().map(|r| Step::Data(index as u32, r)));
+        logs.push(log);
+    }
+
+    // 4. Replay in global order.
+    steps.sort_by_key(Step::order);
+    let mut live: Vec<(u32, LogRecord)> = Vec::new();
+    for step in steps {
+        next_order = next_order.max(step.order() + 1);
+        match step {
+            Step::Meta(slot, record) => {
+                replay(&mut inodes, &record.op).map_err(|problem| {
+                    FsError::corrupt(
+                        format!("journal of slot {slot} (record of order {})", record.order),
+                        problem,
+                    )
+                })?;
+                if let MetaOp::Create { ino, .. } = record.op {
+                    next_ino = next_ino.max(ino + 1);
+                }
+            }
+            Step::Data(slot, record) => {
+                if let Some(inode) = inodes.get_mut(&record.inode) {
+                    if inode.kind != Kind::File {
+                        return Err(FsError::corrupt(
+                            format!("log area of slot {slot}"),
+                            format!(
+                                "record {} writes directory {}",
+                                record.sequence, record.inode
+                            ),
+                        ));
+                    }
+                    inode
+                        .overlay
+                        .insert(record.offset, record.length, record.buffer, record.order);
+                    inode.size = inode.size.max(record.offset + record.length);
+                }
+                live.push((slot, record));
+            }
+        }
+    }
+    check_tree(&inodes)?;
+
+    // 5. Ownership.
+    let mut owned: Vec<(u64, u64, String)> = Vec::new();
+    owned.push((
+        root.snapshot_addr,
+        root.snapshot_len.next_multiple_of(BLOCK),
+        "the snapshot".into(),
+    ));
+    for (i, areas) in root.slots.iter().enumerate() {
+        owned.push((
+            areas.log_addr,
+            areas.log_len.next_multiple_of(BLOCK),
+            format!("log area of slot {i}"),
+        ));
+        owned.push((
+            areas.journal_addr,
+            areas.journal_len.next_multiple_of(BLOCK),
+            format!("journal of slot {i}"),
+        ));
+    }
+    for (ino, inode) in &inodes {
+        for run in inode.extents.runs() {
+            owned.push((
+                run.addr,
+                run.blocks * BLOCK,
+                format!("file {ino} block {}", run.file_block),
+            ));
+        }
+    }
+    let buffer_runs = merge_pages(live.iter().map(|(_, r)| (r.buffer, r.length)));
+    for &(start, len) in &buffer_runs {
+        owned.push((start, len, "buffers of live log records".into()));
+    }
+    owned.sort_by_key(|o| o.0);
+    for pair in owned.windows(2) {
+        if pair[0].0 + pair[0].1 > pair[1].0 {
+            return Err(FsError::corrupt(
+                "file-system metadata",
+                format!(
+                    "{} and {} claim the same memory at {}",
+                    pair[0].2,
+                    pair[1].2,
+                    GlobalAddress::from_raw(pair[1].0)
+                ),
+            ));
+        }
+    }
+    Ok(Loaded {
+        owner,
+        root,
+        inodes,
+        next_ino,
+        next_order,
+        journals,
+        journal_records,
+        logs,
+        live,
+        owned,
+        buffer_runs,
+    })
 }
 
 /// Page runs covering every `(address, length)`, merged.

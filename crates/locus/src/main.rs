@@ -59,7 +59,7 @@ fn main() -> ExitCode {
         Command::Topology(args) => commands::topology::run(&cli.sysfs, args),
         Command::Format(args) => commands::format::run(&cli.volume, &cli.sysfs, args),
         Command::Status(args) => commands::status::run(&cli.volume, &cli.sysfs, args),
-        Command::Fsck(args) => commands::fsck::run(&cli.volume, args),
+        Command::Fsck(args) => commands::fsck::run(&cli.volume, &cli.sysfs, args),
         Command::Sim(args) => commands::sim::run(args),
         Command::Bench(args) => commands::bench::run(&cli.sysfs, args),
     };

@@ -32,6 +32,7 @@ fn format_two_devices_then_status_reports_them() {
             &format!("{},node=0,size=8M", a.display()),
             "--device",
             &format!("{},node=0,size=16M", b.display()),
+            "--no-fs",
         ],
     );
     assert!(output.status.success(), "{}", text(&output.stderr));
@@ -234,4 +235,87 @@ fn fsck_reports_every_problem_by_device() {
         "{}",
         text(&output.stdout)
     );
+}
+
+#[test]
+fn fsck_checks_the_file_system_and_repairs_what_is_safe() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let output = locus(dir.path(), &["format", "--emulate", "64M"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(text(&output.stdout).contains("with an empty file system"));
+
+    let fsck_json = |args: &[&str]| {
+        let output = locus(dir.path(), args);
+        let report: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+            panic!(
+                "locus {args:?}: {e}: {}{}",
+                text(&output.stdout),
+                text(&output.stderr)
+            )
+        });
+        (output.status.code(), report)
+    };
+    let (code, report) = fsck_json(&["fsck", "--json"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(report["fs"]["state"], "present");
+    assert_eq!(report["fs"]["files"], 0);
+    assert_eq!(report["fs"]["directories"], 1);
+
+    // Logged writes a crash left behind: reported, then replayed by --repair.
+    {
+        let topology = topology::Topology::read_live().unwrap();
+        let volume = volume::Volume::open(dir.path(), topology, &Default::default()).unwrap();
+        let options = fs::FsOptions {
+            checkpoint: fs::CheckpointMode::OnDemand,
+            ..fs::FsOptions::default()
+        };
+        let fs = fs::Fs::open(std::sync::Arc::new(volume), options).unwrap();
+        fs.mkdir("/d", 0o755).unwrap();
+        let file = fs.create("/d/f").unwrap();
+        for i in 0..10u8 {
+            file.write_at(&[i; 4096], u64::from(i) * 4096).unwrap();
+        }
+        drop(file); // no checkpoint: dropping is not closing
+        fs.abandon(); // stops like a crash: the writes stay in the logs
+    }
+    let (code, report) = fsck_json(&["fsck", "--json"]);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["fs"]["files"], 1);
+    assert_eq!(report["fs"]["directories"], 2);
+    assert_eq!(report["fs"]["log_records"], 10, "{report}");
+    assert_eq!(report["fs"]["file_bytes"], 40960);
+    let (code, report) = fsck_json(&["fsck", "--repair", "--json"]);
+    assert_eq!(code, Some(0), "{report}");
+    assert!(
+        report["repaired"]
+            .as_str()
+            .unwrap()
+            .contains("10 logged write")
+    );
+    let (_, report) = fsck_json(&["fsck", "--json"]);
+    assert_eq!(report["fs"]["log_records"], 0, "replayed: {report}");
+    assert_eq!(report["fs"]["mapped_bytes"], 40960, "{report}");
+    let status = locus(dir.path(), &["status"]);
+    assert!(
+        text(&status.stdout).contains("file system: 1 file, 2 directories"),
+        "{}",
+        text(&status.stdout)
+    );
+
+    // Both root copies damaged: named, exit 1, nothing "repaired".
+    let device = dir.path().join("node0.pmem");
+    let mut bytes = std::fs::read(&device).unwrap();
+    bytes[4096 + 100] ^= 0x5a;
+    bytes[2 * 4096 + 100] ^= 0x5a;
+    std::fs::write(&device, bytes).unwrap();
+    let output = locus(dir.path(), &["fsck", "--repair"]);
+    assert_eq!(output.status.code(), Some(1));
+    let out = text(&output.stdout);
+    assert!(
+        out.contains("problem: file system:") && out.contains("root copy"),
+        "{out}"
+    );
+    assert!(!out.contains("repaired"), "{out}");
+    let (_, report) = fsck_json(&["status", "--json"]);
+    assert_eq!(report["fs"]["state"], "damaged");
 }

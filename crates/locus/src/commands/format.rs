@@ -9,7 +9,8 @@ use volume::{DeviceConfig, Volume, VolumeConfig};
 
 use crate::size::{format_bytes, parse_size};
 
-/// Create a volume in the --volume directory from persistent-memory devices.
+/// Create a volume in the --volume directory from persistent-memory devices, with an empty
+/// file system on it (unless --no-fs).
 ///
 /// Devices come from --device, or --emulate, or a locus.toml already in the directory; with
 /// none of them, the embedded default is created: one emulated device per NUMA node, a file
@@ -32,6 +33,11 @@ pub struct FormatArgs {
     /// Format even if the directory already holds a volume (its data is lost).
     #[arg(long)]
     force: bool,
+
+    /// Leave the volume bare: no file system on it (`locus serve` and the file-system API
+    /// need one; create it later with `locus format --force`).
+    #[arg(long)]
+    no_fs: bool,
 
     /// Cache-flush policy: auto (flush unless the platform reports eADR), always, never.
     #[arg(long, default_value = "auto", value_parser = ["auto", "always", "never"])]
@@ -74,6 +80,9 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FormatArgs) -> Result<()> {
     }
     let uuid = Volume::format(dir, &config, args.force)
         .with_context(|| format!("formatting a volume in {}", dir.display()))?;
+    if !args.no_fs {
+        super::volume::format_fs(dir, super::volume::read_topology(sysfs)?)?;
+    }
     let written = VolumeConfig::read(dir)?.context("locus.toml vanished after format")?;
     println!(
         "formatted volume {} in {} with {} device(s):",
@@ -91,6 +100,11 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FormatArgs) -> Result<()> {
                 .node
                 .map_or_else(String::new, |n| format!(", node {n}")),
         );
+    }
+    if args.no_fs {
+        println!("no file system (--no-fs)");
+    } else {
+        println!("with an empty file system");
     }
     Ok(())
 }

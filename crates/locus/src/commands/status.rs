@@ -13,7 +13,9 @@ use crate::size::format_bytes;
 /// For each device of the volume in the --volume directory: path, kind, NUMA node (now and
 /// at format), persistence mode, capacity, free space, candidate/fat state and allocations
 /// served locally and remotely by this process; then the order in which each node uses the
-/// devices. Creates the embedded default volume if there is none, and says so.
+/// devices; the file system on the volume (files, bytes, writes waiting to be replayed),
+/// checked without changing it, so FREE counts its memory as used. Creates the embedded
+/// default volume (with an empty file system) if there is none, and says so.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     /// Print one JSON object instead of a table.
@@ -28,6 +30,8 @@ struct Report {
     devices: Vec<volume::DeviceStats>,
     /// For every node with CPUs: device indexes in allocation order.
     orders: Vec<NodeOrder>,
+    /// The file system on the volume, checked without changing it.
+    fs: super::volume::FsState,
 }
 
 #[derive(Debug, Serialize)]
@@ -52,11 +56,13 @@ pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
             })
         })
         .collect();
+    let fs = super::volume::FsState::of(&volume);
     let report = Report {
         volume: dir.display().to_string(),
         uuid: volume::hex(&volume.uuid()),
         devices: volume.stats(),
         orders,
+        fs,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -120,6 +126,8 @@ pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
     for row in &rows {
         line(row.iter().map(String::as_str).collect());
     }
+    println!();
+    println!("{}", report.fs.describe());
     println!();
     println!("Allocation order per node (the first non-fat device is the target):");
     for order in &report.orders {

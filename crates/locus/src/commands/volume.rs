@@ -2,26 +2,114 @@
 //! embedded default when there is none yet.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use topology::Topology;
+
+use crate::size::format_bytes;
 use volume::{OpenOptions, Volume, VolumeConfig};
 
 /// Opens the volume in `dir`. With no `locus.toml` there, formats the embedded default (one
-/// emulated device per node) first and says so on stderr.
+/// emulated device per node, with an empty file system) first and says so on stderr.
 pub fn open_or_create_default(dir: &Path, sysfs: &Path) -> Result<Volume> {
-    let topology = Topology::read_from(sysfs)
-        .with_context(|| format!("reading the NUMA topology from {}", sysfs.display()))?;
+    let topology = read_topology(sysfs)?;
     if VolumeConfig::read(dir)?.is_none() {
         let config = volume::default_config(dir, &topology, None)?;
         Volume::format(dir, &config, false)?;
+        format_fs(dir, topology.clone())?;
         eprintln!(
             "locus: no volume at {}; created the embedded default: {} emulated device(s), one per \
-             NUMA node, each bound to its node (survives process crashes, not reboots)",
+             NUMA node, each bound to its node (survives process crashes, not reboots), with an \
+             empty file system",
             dir.display(),
             config.devices.len()
         );
     }
+    open(dir, topology)
+}
+
+/// Reads the machine's layout.
+pub fn read_topology(sysfs: &Path) -> Result<Topology> {
+    Topology::read_from(sysfs)
+        .with_context(|| format!("reading the NUMA topology from {}", sysfs.display()))
+}
+
+/// Opens the volume in `dir`.
+pub fn open(dir: &Path, topology: Topology) -> Result<Volume> {
     Volume::open(dir, topology, &OpenOptions::default())
         .with_context(|| format!("opening the volume at {}", dir.display()))
+}
+
+/// Creates an empty file system on the (closed) volume in `dir`, replacing any there.
+pub fn format_fs(dir: &Path, topology: Topology) -> Result<()> {
+    let volume = Arc::new(open(dir, topology)?);
+    let capacity = volume.stats().iter().map(|d| d.capacity_bytes).sum();
+    let layout = fs::FormatOptions::scaled_to(capacity);
+    let fs = fs::Fs::format(volume, &layout, fs::FsOptions::default()).with_context(|| {
+        format!(
+            "formatting a file system on the volume at {}",
+            dir.display()
+        )
+    })?;
+    fs.unmount()
+        .with_context(|| format!("closing the new file system at {}", dir.display()))
+}
+
+/// What a volume's file system looks like to `status` and `fsck`.
+#[derive(Debug, serde::Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum FsState {
+    /// It would open; what recovery found.
+    Present(fs::FsCheck),
+    /// The volume carries none.
+    None,
+    /// Recovery refuses it; the error names the structure.
+    Damaged {
+        /// What is wrong, and where.
+        error: String,
+    },
+}
+
+impl FsState {
+    /// Checks the file system on a freshly opened `volume` (changes nothing on media; the
+    /// volume's allocator then counts the file system's memory as used).
+    pub fn of(volume: &Volume) -> Self {
+        match fs::Fs::check(volume) {
+            Ok(check) => Self::Present(check),
+            Err(fs::FsError::NoFileSystem) => Self::None,
+            Err(e) => Self::Damaged {
+                error: e.to_string(),
+            },
+        }
+    }
+
+    /// One line for people.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Present(c) => format!(
+                "file system: {}, {}, {} in files ({} mapped); {} ({}) and {} to replay; root \
+                 generation {}",
+                count(c.files, "file"),
+                count(c.directories, "directory"),
+                format_bytes(c.file_bytes),
+                format_bytes(c.mapped_bytes),
+                count(c.log_records, "logged write"),
+                format_bytes(c.log_bytes),
+                count(c.journal_records, "journal record"),
+                c.generation
+            ),
+            Self::None => "file system: none (create one with `locus format --force`)".into(),
+            Self::Damaged { error } => format!("file system: damaged: {error}"),
+        }
+    }
+}
+
+/// "1 file", "2 files", "3 directories".
+fn count(n: u64, noun: &str) -> String {
+    match (n, noun.strip_suffix('y')) {
+        (1, _) => format!("1 {noun}"),
+        (_, Some(stem)) => format!("{n} {stem}ies"),
+        (_, None) => format!("{n} {noun}s"),
+    }
 }
