@@ -120,6 +120,14 @@ fn invalid(message: impl Into<String>) -> Failure {
     }
 }
 
+/// A NULL where a handle belongs.
+fn null_handle(what: &str) -> Failure {
+    Failure {
+        errno: libc::EBADF,
+        message: format!("{what} is NULL"),
+    }
+}
+
 fn remember(message: &str) {
     let text = CString::new(message.replace('\0', " ")).unwrap_or_default();
     LAST_ERROR.with(|last| *last.borrow_mut() = text);
@@ -183,10 +191,7 @@ unsafe fn str_arg<'a>(text: *const c_char, what: &str) -> Result<&'a str, Failur
 /// `handle` is NULL or a live handle of this type from this library, not being freed.
 unsafe fn handle<'a, T>(handle: *const T, what: &str) -> Result<&'a T, Failure> {
     // SAFETY: by the caller's contract a non-NULL pointer is a live `Box<T>` of ours.
-    unsafe { handle.as_ref() }.ok_or_else(|| Failure {
-        errno: libc::EBADF,
-        message: format!("{what} is NULL"),
-    })
+    unsafe { handle.as_ref() }.ok_or_else(|| null_handle(what))
 }
 
 fn fs_options(options: *const LocusFsOptions) -> Result<FsOptions, Failure> {
@@ -482,10 +487,7 @@ pub unsafe extern "C" fn locus_open(
 pub unsafe extern "C" fn locus_close(file: *mut LocusFile) -> c_int {
     status(call(|| {
         if file.is_null() {
-            return Err(Failure {
-                errno: libc::EBADF,
-                message: "file is NULL".into(),
-            });
+            return Err(null_handle("file"));
         }
         // SAFETY: a live `Box<LocusFile>` of ours, handed back for good.
         let file = unsafe { Box::from_raw(file) };
@@ -698,10 +700,7 @@ pub unsafe extern "C" fn locus_opendir(fs: *mut LocusFs, path: *const c_char) ->
 pub unsafe extern "C" fn locus_readdir(dir: *mut LocusDir, entry: *mut LocusDirent) -> c_int {
     status(call(|| {
         if dir.is_null() {
-            return Err(Failure {
-                errno: libc::EBADF,
-                message: "dir is NULL".into(),
-            });
+            return Err(null_handle("dir"));
         }
         if entry.is_null() {
             return Err(invalid("entry is NULL"));
@@ -776,10 +775,7 @@ pub unsafe extern "C" fn locus_buffer_write(
 ) -> c_int {
     status(call(|| {
         if buffer.is_null() {
-            return Err(Failure {
-                errno: libc::EBADF,
-                message: "buffer is NULL".into(),
-            });
+            return Err(null_handle("buffer"));
         }
         // SAFETY: a live `Box<LocusBuffer>` of ours, used by one thread at a time; `data`
         // by the header's contract.
@@ -832,10 +828,7 @@ pub unsafe extern "C" fn locus_write_buffer(
 ) -> c_int {
     status(call(|| {
         let buffer = if buffer.is_null() {
-            return Err(Failure {
-                errno: libc::EBADF,
-                message: "buffer is NULL".into(),
-            });
+            return Err(null_handle("buffer"));
         } else {
             // SAFETY: a live `Box<LocusBuffer>` of ours, handed back for good.
             unsafe { Box::from_raw(buffer) }

@@ -187,43 +187,20 @@ impl BuddyAllocator {
 
     /// The first free page in `[start, start + pages)`, if any.
     fn first_free(&self, start: u64, pages: u64) -> Option<u64> {
-        let end = start + pages;
-        let mut page = start;
-        while page < end {
-            let (word, bit) = ((page / 64) as usize, page % 64);
-            let span = (64 - bit).min(end - page);
-            let mask = if span == 64 {
-                u64::MAX
-            } else {
-                ((1u64 << span) - 1) << bit
-            };
+        map_words(start, pages).find_map(|(word, mask)| {
             let hits = self.free_map[word] & mask;
-            if hits != 0 {
-                return Some(word as u64 * 64 + u64::from(hits.trailing_zeros()));
-            }
-            page += span;
-        }
-        None
+            (hits != 0).then(|| word as u64 * 64 + u64::from(hits.trailing_zeros()))
+        })
     }
 
     /// Sets (`free`) or clears the free-map bits of `[start, start + pages)`.
     fn mark(&mut self, start: u64, pages: u64, free: bool) {
-        let end = start + pages;
-        let mut page = start;
-        while page < end {
-            let (word, bit) = ((page / 64) as usize, page % 64);
-            let span = (64 - bit).min(end - page);
-            let mask = if span == 64 {
-                u64::MAX
-            } else {
-                ((1u64 << span) - 1) << bit
-            };
+        for (word, mask) in map_words(start, pages) {
             if free {
                 self.free_map[word] |= mask;
             } else {
                 self.free_map[word] &= !mask;
             }
-            page += span;
         }
     }
 
@@ -274,6 +251,26 @@ impl BuddyAllocator {
         self.mark(start, 1 << order, true);
         self.free[order as usize].insert(start);
     }
+}
+
+/// The free-map words `[start, start + pages)` touches, each with the mask of its bits.
+fn map_words(start: u64, pages: u64) -> impl Iterator<Item = (usize, u64)> {
+    let end = start + pages;
+    let mut page = start;
+    std::iter::from_fn(move || {
+        if page >= end {
+            return None;
+        }
+        let (word, bit) = ((page / 64) as usize, page % 64);
+        let span = (64 - bit).min(end - page);
+        let mask = if span == 64 {
+            u64::MAX
+        } else {
+            ((1u64 << span) - 1) << bit
+        };
+        page += span;
+        Some((word, mask))
+    })
 }
 
 /// Splits `[start, start + pages)` into the fewest aligned power-of-two blocks of at most
