@@ -194,6 +194,18 @@ unsafe fn handle<'a, T>(handle: *const T, what: &str) -> Result<&'a T, Failure> 
     unsafe { handle.as_ref() }.ok_or_else(|| null_handle(what))
 }
 
+/// Takes back a handle the caller hands over for good (close, unmount, commit, free).
+///
+/// # Safety
+/// `handle` is NULL or a live handle of this type from this library, not used afterwards.
+unsafe fn take<T>(handle: *mut T, what: &str) -> Result<Box<T>, Failure> {
+    if handle.is_null() {
+        return Err(null_handle(what));
+    }
+    // SAFETY: by the caller's contract a live `Box<T>` of ours, never used again.
+    Ok(unsafe { Box::from_raw(handle) })
+}
+
 fn fs_options(options: *const LocusFsOptions) -> Result<FsOptions, Failure> {
     let mut result = FsOptions::default();
     // SAFETY: the header says `options` is NULL or points to a `struct locus_fs_options`.
@@ -405,12 +417,8 @@ pub unsafe extern "C" fn locus_fs_format(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn locus_fs_unmount(fs: *mut LocusFs) -> c_int {
     status(call(|| {
-        if fs.is_null() {
-            return Err(invalid("fs is NULL"));
-        }
-        // SAFETY: a live `Box<LocusFs>` of ours, handed back for good.
-        let fs = unsafe { Box::from_raw(fs) };
-        fs.0.unmount()?;
+        // SAFETY: the header's contract: `fs` is not used afterwards.
+        unsafe { take(fs, "fs") }?.0.unmount()?;
         Ok(0)
     }))
 }
@@ -486,12 +494,8 @@ pub unsafe extern "C" fn locus_open(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn locus_close(file: *mut LocusFile) -> c_int {
     status(call(|| {
-        if file.is_null() {
-            return Err(null_handle("file"));
-        }
-        // SAFETY: a live `Box<LocusFile>` of ours, handed back for good.
-        let file = unsafe { Box::from_raw(file) };
-        file.0.close()?;
+        // SAFETY: the header's contract: `file` is not used afterwards.
+        unsafe { take(file, "file") }?.0.close()?;
         Ok(0)
     }))
 }
@@ -733,10 +737,8 @@ pub unsafe extern "C" fn locus_readdir(dir: *mut LocusDir, entry: *mut LocusDire
 /// `dir` is NULL or a live handle, not used afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn locus_closedir(dir: *mut LocusDir) {
-    if !dir.is_null() {
-        // SAFETY: a live `Box<LocusDir>` of ours, handed back for good.
-        drop(unsafe { Box::from_raw(dir) });
-    }
+    // SAFETY: the header's contract: `dir` is not used afterwards.
+    drop(unsafe { take(dir, "dir") });
 }
 
 /// A persistent buffer on the calling thread's node.
@@ -827,12 +829,8 @@ pub unsafe extern "C" fn locus_write_buffer(
     offset: u64,
 ) -> c_int {
     status(call(|| {
-        let buffer = if buffer.is_null() {
-            return Err(null_handle("buffer"));
-        } else {
-            // SAFETY: a live `Box<LocusBuffer>` of ours, handed back for good.
-            unsafe { Box::from_raw(buffer) }
-        };
+        // SAFETY: the header's contract: `buffer` is consumed.
+        let buffer = unsafe { take(buffer, "buffer") }?;
         // SAFETY: the header's contract for handles.
         let file = unsafe { handle(file, "file") }?;
         file.0.write_buffer(buffer.0, offset)?;
@@ -846,8 +844,6 @@ pub unsafe extern "C" fn locus_write_buffer(
 /// `buffer` is NULL or a live buffer, not used afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn locus_buffer_free(buffer: *mut LocusBuffer) {
-    if !buffer.is_null() {
-        // SAFETY: a live `Box<LocusBuffer>` of ours, handed back for good.
-        drop(unsafe { Box::from_raw(buffer) });
-    }
+    // SAFETY: the header's contract: `buffer` is not used afterwards.
+    drop(unsafe { take(buffer, "buffer") });
 }
