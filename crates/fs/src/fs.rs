@@ -1498,6 +1498,50 @@ impl File {
         Ok(n as usize)
     }
 
+    /// The parts of `[offset, offset + len)` (clipped to the file) that hold written data, as
+    /// sorted, disjoint `[start, end)` byte ranges; everything else is a hole that reads as
+    /// zeros and uses no memory. Ranges follow the 4 KiB blocks of checkpointed extents and
+    /// the exact bytes of writes still in the logs.
+    pub fn data_ranges(&self, offset: u64, len: u64) -> Result<Vec<std::ops::Range<u64>>> {
+        let end = offset.saturating_add(len).min(self.len());
+        if offset >= end {
+            return Ok(Vec::new());
+        }
+        // The checkpoint moves a write from the overlay to the extents under its range lock.
+        let _range = self
+            .inode
+            .locks
+            .lock(offset, end - offset, LockMode::Shared)?;
+        let mut ranges: Vec<std::ops::Range<u64>> = self
+            .inode
+            .extents
+            .read()
+            .expect("extent map")
+            .lookup(offset / BLOCK, end.div_ceil(BLOCK))
+            .into_iter()
+            .map(|run| {
+                let start = run.file_block * BLOCK;
+                start.max(offset)..(start + run.blocks * BLOCK).min(end)
+            })
+            .collect();
+        ranges.extend(
+            self.inode
+                .overlay
+                .lookup(offset, end)
+                .into_iter()
+                .map(|piece| piece.start..piece.end),
+        );
+        ranges.sort_unstable_by_key(|r| r.start);
+        let mut merged: Vec<std::ops::Range<u64>> = Vec::with_capacity(ranges.len());
+        for range in ranges.into_iter().filter(|r| r.start < r.end) {
+            match merged.last_mut() {
+                Some(last) if range.start <= last.end => last.end = last.end.max(range.end),
+                _ => merged.push(range),
+            }
+        }
+        Ok(merged)
+    }
+
     /// Sets the size (grow with zeros or shrink).
     pub fn set_len(&self, size: u64) -> Result<()> {
         self.writable()?;

@@ -16,8 +16,8 @@ use clap::{Parser, Subcommand};
 ///
 /// locus pools every NUMA node's memory-bus storage into one volume and allocates each write
 /// from the device nearest the writing CPU; it also simulates hybrid DRAM/NVRAM caches over
-/// block traces and does io_uring I/O to SSDs through a registered buffer pool. (The file
-/// system and NBD serving are being built.) Logs go to stderr and are chosen with RUST_LOG
+/// block traces and does io_uring I/O to SSDs through a registered buffer pool. Its
+/// crash-atomic file system is served to the network over NBD (`locus serve`). Logs go to stderr and are chosen with RUST_LOG
 /// (e.g. RUST_LOG=debug).
 #[derive(Debug, Parser)]
 #[command(name = "locus", version, about, long_about, propagate_version = true)]
@@ -44,6 +44,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    Serve(commands::serve::ServeArgs),
     Topology(commands::topology::TopologyArgs),
     Format(commands::format::FormatArgs),
     Status(commands::status::StatusArgs),
@@ -56,6 +57,7 @@ fn main() -> ExitCode {
     init_logging();
     let cli = Cli::parse();
     let result = match &cli.command {
+        Command::Serve(args) => commands::serve::run(&cli.volume, &cli.sysfs, args),
         Command::Topology(args) => commands::topology::run(&cli.sysfs, args),
         Command::Format(args) => commands::format::run(&cli.volume, &cli.sysfs, args),
         Command::Status(args) => commands::status::run(&cli.volume, &cli.sysfs, args),

@@ -180,7 +180,7 @@ impl Request {
         }
         let end = self.offset.checked_add(u64::from(self.length));
         if end.is_none_or(|end| end > limits.size_bytes) {
-            let errno = if self.command == command::WRITE {
+            let errno = if matches!(self.command, command::WRITE | command::WRITE_ZEROES) {
                 errno::ENOSPC
             } else {
                 errno::EINVAL

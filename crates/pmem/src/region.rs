@@ -211,6 +211,43 @@ impl Region {
         Ok(())
     }
 
+    /// Lets `fill` write `[offset, offset + len)` in place (through the cache), for filling
+    /// persistent memory straight from a source such as a socket without a bounce buffer.
+    /// Not durable until flushed and fenced. The caller must own the range for the duration:
+    /// nothing else may read or store there meanwhile (file-system buffers are owned by one
+    /// handle).
+    pub fn fill_with<R>(
+        &self,
+        offset: u64,
+        len: u64,
+        fill: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R> {
+        let at = self.absolute(offset, len)?;
+        let len = usize::try_from(len).expect("a checked range fits in memory");
+        match &self.inner.backing {
+            Backing::Mapped(mapping) => {
+                // SAFETY: `absolute` checked the range lies inside the mapping, which stays
+                // mapped while `self` holds its `Arc`; the caller owns the range, so this is
+                // the only reference to those bytes while `fill` runs.
+                let bytes = unsafe { std::slice::from_raw_parts_mut(mapping.base().add(at), len) };
+                Ok(fill(bytes))
+            }
+            Backing::Traced { state, region } => {
+                let mut bytes = vec![0u8; len];
+                state
+                    .lock()
+                    .expect("trace lock")
+                    .read(*region, at, &mut bytes);
+                let result = fill(&mut bytes);
+                state
+                    .lock()
+                    .expect("trace lock")
+                    .store(*region, at, &bytes, false);
+                Ok(result)
+            }
+        }
+    }
+
     /// Sets `len` bytes at `offset` to `byte` (through the cache).
     pub fn fill(&self, offset: u64, len: u64, byte: u8) -> Result<()> {
         const CHUNK: usize = 64 * 1024;

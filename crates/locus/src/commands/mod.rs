@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod format;
 pub mod fsck;
+pub mod serve;
 pub mod sim;
 pub mod status;
 pub mod topology;

@@ -1,0 +1,325 @@
+//! A file of the locus file system as an NBD export.
+//!
+//! Writes are received straight into a persistent buffer allocated by the receiving thread
+//! (pinned to its channel's node, so the buffer is on that node) and committed with
+//! `File::write_buffer`: the bytes the socket delivered are the bytes the file keeps, and
+//! they are durable when the reply leaves. FLUSH and FUA therefore have nothing left to do.
+
+use std::ops::Range;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use nbd::consts::errno;
+use nbd::server::{Export, ExportError, Payload};
+
+use crate::size::format_bytes;
+
+/// What `--export NAME=fs:/PATH[,size=SIZE][,ro]` asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportSpec {
+    /// Export name clients ask for.
+    pub name: String,
+    /// File in the file system.
+    pub path: String,
+    /// Size to create the file with, or to grow it to.
+    pub size: Option<u64>,
+    /// Refuse writes.
+    pub read_only: bool,
+}
+
+impl ExportSpec {
+    /// Parses `NAME=fs:/PATH[,size=SIZE][,ro]`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (name, rest) = text
+            .split_once('=')
+            .ok_or_else(|| format!("{text:?}: expected NAME=fs:/PATH[,size=SIZE][,ro]"))?;
+        if name.is_empty() || name.len() > nbd::consts::MAX_STRING_BYTES {
+            return Err(format!("{text:?}: the export name must be 1 to 4096 bytes"));
+        }
+        let mut parts = rest.split(',');
+        let target = parts.next().unwrap_or_default();
+        let path = target
+            .strip_prefix("fs:")
+            .ok_or_else(|| format!("{text:?}: the export must be a file system path, fs:/PATH"))?;
+        if !path.starts_with('/') || path == "/" {
+            return Err(format!(
+                "{text:?}: {path:?} is not an absolute file path in the file system"
+            ));
+        }
+        let mut spec = Self {
+            name: name.to_owned(),
+            path: path.to_owned(),
+            size: None,
+            read_only: false,
+        };
+        for part in parts {
+            match part.split_once('=') {
+                Some(("size", size)) => {
+                    let size =
+                        crate::size::parse_size(size).map_err(|e| format!("{text:?}: {e}"))?;
+                    spec.size = Some(check_size(size).map_err(|e| format!("{text:?}: {e}"))?);
+                }
+                None if part == "ro" => spec.read_only = true,
+                None if part == "rw" => spec.read_only = false,
+                _ => {
+                    return Err(format!(
+                        "{text:?}: unknown setting {part:?} (size=SIZE, ro)"
+                    ));
+                }
+            }
+        }
+        Ok(spec)
+    }
+}
+
+/// Export sizes are whole 512-byte sectors, so a client that honours the minimum block size
+/// can reach every byte.
+pub fn check_size(size: u64) -> Result<u64, String> {
+    if size == 0 || !size.is_multiple_of(u64::from(nbd::server::MIN_BLOCK_BYTES)) {
+        return Err(format!(
+            "size {size}: a positive multiple of {} bytes",
+            nbd::server::MIN_BLOCK_BYTES
+        ));
+    }
+    Ok(size)
+}
+
+/// An open file served over NBD.
+#[derive(Debug)]
+pub struct FsExport {
+    file: fs::File,
+    path: String,
+    size: u64,
+    read_only: bool,
+}
+
+/// Largest zero run written per call when zeroing.
+const ZERO_CHUNK: usize = 1 << 20;
+
+impl FsExport {
+    /// Opens (creating parent directories and the file, and growing it, as asked) the file
+    /// `spec` names.
+    pub fn open(fs: &fs::Fs, spec: &ExportSpec) -> Result<Self> {
+        let exists = match fs.stat(&spec.path) {
+            Ok(stat) if stat.kind == fs::Kind::Dir => {
+                bail!("export {:?}: {} is a directory", spec.name, spec.path)
+            }
+            Ok(_) => true,
+            Err(fs::FsError::NotFound(_)) => false,
+            Err(e) => return Err(e).with_context(|| format!("export {:?}", spec.name)),
+        };
+        if !exists {
+            if spec.read_only {
+                bail!(
+                    "export {:?}: {} does not exist (a read-only export serves an existing file)",
+                    spec.name,
+                    spec.path
+                );
+            }
+            if spec.size.is_none() {
+                bail!(
+                    "export {:?}: {} does not exist; give size=SIZE to create it",
+                    spec.name,
+                    spec.path
+                );
+            }
+            create_parents(fs, &spec.path)?;
+        }
+        let options = if spec.read_only {
+            fs::OpenOptions::default()
+        } else {
+            fs::OpenOptions::create()
+        };
+        let file = fs
+            .open_file(&spec.path, options)
+            .with_context(|| format!("export {:?}: opening {}", spec.name, spec.path))?;
+        let current = file.len();
+        let size = match spec.size {
+            Some(size) if size > current && !spec.read_only => {
+                file.set_len(size).with_context(|| {
+                    format!(
+                        "export {:?}: sizing {} to {size} bytes",
+                        spec.name, spec.path
+                    )
+                })?;
+                size
+            }
+            Some(size) if size != current => bail!(
+                "export {:?}: {} has {current} bytes, not {size}; locus does not shrink (or, \
+                 read-only, grow) an exported file — remove it or give its size",
+                spec.name,
+                spec.path
+            ),
+            _ => current,
+        };
+        check_size(size)
+            .map_err(|e| anyhow::anyhow!("export {:?}: {} has {e}", spec.name, spec.path))?;
+        Ok(Self {
+            file,
+            path: spec.path.clone(),
+            size,
+            read_only: spec.read_only,
+        })
+    }
+}
+
+fn create_parents(fs: &fs::Fs, path: &str) -> Result<()> {
+    let parent = Path::new(path).parent().unwrap_or(Path::new("/"));
+    let mut at = String::new();
+    for part in parent.components().skip(1) {
+        at.push('/');
+        at.push_str(&part.as_os_str().to_string_lossy());
+        match fs.mkdir(&at, 0o755) {
+            Ok(()) | Err(fs::FsError::Exists(_)) => {}
+            Err(e) => return Err(e).with_context(|| format!("creating directory {at}")),
+        }
+    }
+    Ok(())
+}
+
+/// The NBD error for a file-system error.
+fn nbd_error(e: &fs::FsError) -> ExportError {
+    let code = match e.errno() {
+        libc::ENOSPC | libc::EDQUOT | libc::EFBIG => errno::ENOSPC,
+        libc::ENOMEM | libc::EAGAIN => errno::ENOMEM,
+        libc::EINVAL => errno::EINVAL,
+        libc::EPERM | libc::EACCES | libc::EBADF | libc::EROFS => errno::EPERM,
+        libc::ESHUTDOWN => errno::ESHUTDOWN,
+        _ => errno::EIO,
+    };
+    ExportError::new(code, e.to_string())
+}
+
+impl Export for FsExport {
+    type Staged = fs::Buffer;
+
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    fn description(&self) -> String {
+        format!(
+            "locus file {} ({}{})",
+            self.path,
+            format_bytes(self.size),
+            if self.read_only { ", read-only" } else { "" }
+        )
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+        let n = self.file.read_at(buf, offset).map_err(|e| nbd_error(&e))?;
+        // The export keeps its size; a file shortened behind our back reads as zeros.
+        buf[n..].fill(0);
+        Ok(())
+    }
+
+    fn data_ranges(&self, offset: u64, len: u64) -> Result<Vec<Range<u64>>, ExportError> {
+        self.file
+            .data_ranges(offset, len)
+            .map_err(|e| nbd_error(&e))
+    }
+
+    fn receive(&self, payload: &mut Payload<'_>) -> Result<fs::Buffer, ExportError> {
+        let len = u64::from(payload.remaining());
+        let mut buffer = self.file.fs().buffer(len).map_err(|e| nbd_error(&e))?;
+        buffer
+            .region()
+            .fill_with(0, len, |bytes| payload.receive(bytes))
+            .map_err(|e| ExportError::io(e.to_string()))??;
+        Ok(buffer)
+    }
+
+    fn commit(&self, staged: fs::Buffer, offset: u64) -> Result<(), ExportError> {
+        self.file
+            .write_buffer(staged, offset)
+            .map_err(|e| nbd_error(&e))
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, provision: bool) -> Result<(), ExportError> {
+        // Holes already read as zeros; only data (or, to provision, everything) is written.
+        let ranges = if provision {
+            std::iter::once(offset..offset + len).collect()
+        } else {
+            self.data_ranges(offset, len)?
+        };
+        let zeros = vec![0u8; ZERO_CHUNK.min(len as usize)];
+        for range in ranges {
+            let mut at = range.start;
+            while at < range.end {
+                let n = (range.end - at).min(zeros.len() as u64);
+                self.file
+                    .write_at(&zeros[..n as usize], at)
+                    .map_err(|e| nbd_error(&e))?;
+                at += n;
+            }
+        }
+        Ok(())
+    }
+
+    fn zeroes_fast(&self, offset: u64, len: u64, provision: bool) -> Result<bool, ExportError> {
+        // Zeroing data in memory beats receiving the zeros; provisioning holes is a write.
+        Ok(!provision || {
+            let data: u64 = self
+                .data_ranges(offset, len)?
+                .iter()
+                .map(|r| r.end - r.start)
+                .sum();
+            data == len
+        })
+    }
+
+    fn trim(&self, _offset: u64, _len: u64) -> Result<(), ExportError> {
+        // The protocol lets a server ignore TRIM (the data stays readable). The file system
+        // cannot yet free a range inside a file, so nothing is freed.
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), ExportError> {
+        // Every write was durable before its reply; this is a barrier for the record.
+        self.file.sync_all().map_err(|e| nbd_error(&e))
+    }
+
+    fn cache(&self, _offset: u64, _len: u64) -> Result<(), ExportError> {
+        // The data sits on the memory bus already; there is nothing to prefetch.
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn export_specs_parse_and_bad_ones_are_named() {
+        assert_eq!(
+            ExportSpec::parse("disk=fs:/vm/disk.img,size=2G,ro"),
+            Ok(ExportSpec {
+                name: "disk".into(),
+                path: "/vm/disk.img".into(),
+                size: Some(2 << 30),
+                read_only: true
+            })
+        );
+        assert_eq!(
+            ExportSpec::parse("d=fs:/x").map(|s| (s.size, s.read_only)),
+            Ok((None, false))
+        );
+        for (bad, says) in [
+            ("disk", "expected NAME=fs:/PATH"),
+            ("=fs:/x", "1 to 4096 bytes"),
+            ("d=/x", "fs:/PATH"),
+            ("d=fs:x", "absolute"),
+            ("d=fs:/", "absolute"),
+            ("d=fs:/x,size=1000", "multiple of 512"),
+            ("d=fs:/x,size=lots", "lots"),
+            ("d=fs:/x,fast", "unknown setting"),
+        ] {
+            let e = ExportSpec::parse(bad).expect_err(bad);
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+}

@@ -1,0 +1,395 @@
+//! `locus serve`: files of the volume's file system served over NBD, with one channel per
+//! NUMA node.
+
+mod export;
+
+use std::io::Write as _;
+use std::net::{IpAddr, TcpListener};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+use nbd::server::{
+    ChannelReport, ChannelSpec, Exports, Inherited, Listener, Server, ServerConfig, Snapshot,
+    Submit, TerminationSignals,
+};
+use topology::Topology;
+
+pub use export::{ExportSpec, FsExport};
+
+use crate::size::{format_bytes, parse_size};
+
+/// Where the default export lives in the file system.
+const DEFAULT_EXPORT_PATH: &str = "/exports/default";
+/// The default export's name (the empty name also selects it).
+const DEFAULT_EXPORT_NAME: &str = "default";
+/// The default export's size when it is created.
+const DEFAULT_EXPORT_BYTES: u64 = 1 << 30;
+/// IANA's NBD port.
+const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
+
+/// Serve files of the volume's file system over NBD.
+///
+/// Any NBD client can use the exports with no locus code: the Linux kernel (nbd-client),
+/// qemu (nbd:// disks, qemu-img, qemu-io), libnbd's nbdinfo, nbdcopy and nbdsh, and fio's
+/// nbd engine. With no --export, serves the default export: a 1 GiB file (/exports/default,
+/// created on first use, sparse) answering the name "default" and the empty name, so
+/// `nbdinfo nbd://localhost` works as is. With --export, the first export answers the
+/// empty name. The volume is the embedded default unless --volume (or LOCUS_VOLUME) names
+/// another; it is created when missing.
+///
+/// Every write is durable in persistent memory before its reply is sent (FLUSH and FUA are
+/// barriers with nothing left to do), so the export advertises multi-connection safety.
+/// Write payloads are received straight into persistent buffers on the receiving channel's
+/// node, which become the file's data without a second copy.
+///
+/// Channels: one per NUMA node with CPUs (--channels to change). A channel's threads are
+/// pinned to its node's CPUs; a TCP connection goes to a channel of the node of the NIC it
+/// arrived on, loopback and Unix-socket connections are spread round-robin.
+///
+/// Listens on 127.0.0.1:10809 unless --listen or --unix say otherwise; under systemd-style
+/// socket activation (LISTEN_PID/LISTEN_FDS, as `nbdinfo -- locus serve` does) it serves the
+/// inherited sockets instead. SIGINT, SIGTERM or SIGHUP stop it: no new connections, every
+/// request in progress finished and answered, everything checkpointed, the volume closed.
+///
+/// Exit status: 0 after a clean stop; 1 if it could not start (bad export, busy address,
+/// unusable volume) or could not stop cleanly; 2 for bad arguments.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// TCP address to listen on (repeatable). Default 127.0.0.1:10809 when neither --listen
+    /// nor --unix is given.
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: Vec<String>,
+
+    /// Unix-domain socket to listen on (repeatable); a stale socket file there is replaced.
+    #[arg(long, value_name = "PATH")]
+    unix: Vec<PathBuf>,
+
+    /// An export (repeatable): NAME=fs:/PATH[,size=SIZE][,ro]. The file is created (with its
+    /// directories) when missing, which needs size=; an existing file is grown to size= (never
+    /// shrunk). ro serves an existing file read-only.
+    #[arg(long = "export", value_name = "NAME=fs:/PATH[,size=SIZE][,ro]", value_parser = ExportSpec::parse)]
+    exports: Vec<ExportSpec>,
+
+    /// Size of the default export when there is no --export: created with it, or grown to
+    /// it (default 1G on creation, else the file's size).
+    #[arg(long, value_name = "SIZE", value_parser = parse_export_size)]
+    default_size: Option<u64>,
+
+    /// Channels (default: one per NUMA node with CPUs). Channel i runs on node i modulo the
+    /// number of nodes.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    channels: Option<u32>,
+
+    /// inline: a connection's thread executes each request itself (the paper's faster
+    /// design); queued: it queues requests for its channel's worker threads, which reply out
+    /// of order.
+    #[arg(long, value_enum, default_value_t = SubmitArg::Inline)]
+    submit: SubmitArg,
+
+    /// Worker threads per channel with --submit queued.
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=256))]
+    workers: u32,
+
+    /// Most open connections; more are refused during negotiation with a policy error. Each
+    /// connection writing inline uses one of the file system's writer slots (63 by default).
+    #[arg(long, value_name = "N", default_value_t = 48, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    max_connections: u32,
+
+    /// Print every channel's counters (requests, bytes, errors, latency) every SECONDS to
+    /// stderr. They are always printed once at shutdown.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_interval)]
+    stats_interval: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum SubmitArg {
+    Inline,
+    Queued,
+}
+
+fn parse_export_size(text: &str) -> Result<u64, String> {
+    export::check_size(parse_size(text)?)
+}
+
+fn parse_interval(text: &str) -> Result<Duration, String> {
+    let seconds: f64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if !(0.1..=86_400.0).contains(&seconds) {
+        return Err(format!("{seconds} s: 0.1 to 86400"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
+    // Before any thread starts, so that every thread inherits the mask and the signals are
+    // taken only by `wait` below.
+    let signals = TerminationSignals::block().context("blocking termination signals")?;
+    let listeners = listeners(args)?;
+    let volume = Arc::new(super::volume::open_or_create_default(dir, sysfs)?);
+    let topology = volume.topology().clone();
+    let fs = fs::Fs::open(Arc::clone(&volume), fs::FsOptions::default()).map_err(|e| match e {
+        fs::FsError::NoFileSystem => anyhow::anyhow!(
+            "the volume at {} has no file system; create one with `locus format --force`",
+            dir.display()
+        ),
+        e => anyhow::Error::new(e).context(format!("opening the file system at {}", dir.display())),
+    })?;
+    let specs = if args.exports.is_empty() {
+        vec![ExportSpec {
+            name: DEFAULT_EXPORT_NAME.into(),
+            path: DEFAULT_EXPORT_PATH.into(),
+            size: args.default_size.or_else(|| {
+                fs.stat(DEFAULT_EXPORT_PATH)
+                    .is_err()
+                    .then_some(DEFAULT_EXPORT_BYTES)
+            }),
+            read_only: false,
+        }]
+    } else {
+        args.exports.clone()
+    };
+    let mut entries = Vec::with_capacity(specs.len());
+    for spec in &specs {
+        entries.push((spec.name.clone(), Arc::new(FsExport::open(&fs, spec)?)));
+    }
+    let exports = Exports::new(entries).map_err(anyhow::Error::msg)?;
+    let channels = channel_specs(&topology, args.channels);
+    let config = ServerConfig {
+        submit: match args.submit {
+            SubmitArg::Inline => Submit::Inline,
+            SubmitArg::Queued => Submit::Queued,
+        },
+        workers_per_channel: args.workers as usize,
+        max_connections: args.max_connections as usize,
+        ..ServerConfig::default()
+    };
+    let mut server = Server::new(config, exports, channels, nic_nodes(&topology));
+    let mut places = Vec::new();
+    for listener in listeners {
+        places.push(listener.describe());
+        server.listen(listener);
+    }
+    let described: Vec<String> = specs
+        .iter()
+        .map(|s| {
+            format!(
+                "{} ({}{})",
+                s.name,
+                s.path,
+                if s.read_only { ", ro" } else { "" }
+            )
+        })
+        .collect();
+    eprintln!(
+        "locus: serving {} on {} with {} ({} submission); stop with Ctrl-C or SIGTERM",
+        described.join(", "),
+        places.join(", "),
+        describe_channels(&server.channels()),
+        match args.submit {
+            SubmitArg::Inline => "inline",
+            SubmitArg::Queued => "queued",
+        }
+    );
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let signal = {
+        let stop = Arc::clone(&stop);
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                let signal = signals.wait();
+                stop.store(true, Ordering::Release);
+                signal
+            })
+            .context("starting the signal thread")?
+    };
+    let mut last = server.channels();
+    let mut last_at = Instant::now();
+    let tick = args.stats_interval.unwrap_or(Duration::from_secs(3600));
+    let mut next = Instant::now() + tick;
+    while !stop.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(50).min(tick));
+        if args.stats_interval.is_some() && Instant::now() >= next {
+            let now = server.channels();
+            print_stats("interval", &now, Some((&last, last_at.elapsed())));
+            last = now;
+            last_at = Instant::now();
+            next += tick;
+        }
+    }
+    let signal = signal
+        .join()
+        .map_err(|_| anyhow::anyhow!("the signal thread panicked"))?
+        .context("waiting for a signal")?;
+    eprintln!("locus: signal {signal}: stopping — finishing requests in progress");
+    let reports = server.shutdown();
+    print_stats("total", &reports, None);
+    fs.unmount()
+        .context("checkpointing and closing the file system")?;
+    eprintln!("locus: stopped cleanly; every acknowledged write is in its file");
+    Ok(())
+}
+
+fn listeners(args: &ServeArgs) -> Result<Vec<Listener>> {
+    if let Some(inherited) =
+        nbd::server::inherited_listeners().context("adopting sockets from LISTEN_FDS")?
+    {
+        if !args.listen.is_empty() || !args.unix.is_empty() {
+            bail!("--listen/--unix and socket activation (LISTEN_FDS) exclude each other");
+        }
+        if inherited.is_empty() {
+            bail!("socket activation passed no sockets (LISTEN_FDS=0)");
+        }
+        return Ok(inherited
+            .into_iter()
+            .map(|i| match i {
+                Inherited::Tcp(l) => Listener::Tcp(l),
+                Inherited::Unix(l) => Listener::Unix(l, None),
+            })
+            .collect());
+    }
+    let mut out = Vec::new();
+    let tcp: Vec<&str> = if args.listen.is_empty() && args.unix.is_empty() {
+        vec![DEFAULT_LISTEN]
+    } else {
+        args.listen.iter().map(String::as_str).collect()
+    };
+    for address in tcp {
+        let listener = TcpListener::bind(address)
+            .with_context(|| format!("listening on {address} (is another server using it?)"))?;
+        out.push(Listener::Tcp(listener));
+    }
+    for path in &args.unix {
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            if !meta.file_type().is_socket() {
+                bail!(
+                    "{} exists and is not a socket; not replacing it",
+                    path.display()
+                );
+            }
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                bail!("{}: another server is listening there", path.display());
+            }
+            std::fs::remove_file(path)
+                .with_context(|| format!("removing the stale socket {}", path.display()))?;
+        }
+        let listener =
+            UnixListener::bind(path).with_context(|| format!("listening on {}", path.display()))?;
+        out.push(Listener::Unix(listener, Some(path.clone())));
+    }
+    Ok(out)
+}
+
+/// One channel per node with CPUs, or `count` channels dealt round-robin over those nodes.
+fn channel_specs(topology: &Topology, count: Option<u32>) -> Vec<ChannelSpec> {
+    let nodes: Vec<ChannelSpec> = topology
+        .nodes
+        .iter()
+        .filter(|n| !n.cpus.is_empty())
+        .map(|n| ChannelSpec {
+            node: Some(n.id),
+            cpus: n.cpus.clone(),
+        })
+        .collect();
+    if nodes.is_empty() {
+        let count = count.unwrap_or(1) as usize;
+        return vec![
+            ChannelSpec {
+                node: None,
+                cpus: Vec::new()
+            };
+            count
+        ];
+    }
+    let count = count.map_or(nodes.len(), |c| c as usize);
+    (0..count).map(|i| nodes[i % nodes.len()].clone()).collect()
+}
+
+/// This host's addresses on NICs whose node is known.
+fn nic_nodes(topology: &Topology) -> Vec<(IpAddr, u32)> {
+    let addresses = match nbd::server::interface_addresses() {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list interface addresses; connections are spread over channels");
+            return Vec::new();
+        }
+    };
+    addresses
+        .into_iter()
+        .filter_map(|(name, ip)| {
+            let node = topology.nics.iter().find(|n| n.name == name)?.node?;
+            Some((ip, node))
+        })
+        .collect()
+}
+
+fn describe_channels(reports: &[ChannelReport]) -> String {
+    let parts: Vec<String> = reports
+        .iter()
+        .map(|r| match r.spec.node {
+            Some(node) => format!(
+                "{} on node {node} (CPUs {})",
+                r.id,
+                topology::cpulist::format(&r.spec.cpus)
+            ),
+            None => format!("{} unpinned", r.id),
+        })
+        .collect();
+    format!(
+        "{} channel{}: {}",
+        reports.len(),
+        if reports.len() == 1 { "" } else { "s" },
+        parts.join(", ")
+    )
+}
+
+/// Prints one line per channel: totals, or the change over an interval.
+fn print_stats(label: &str, now: &[ChannelReport], interval: Option<(&[ChannelReport], Duration)>) {
+    let mut out = std::io::stderr().lock();
+    for report in now {
+        let (stats, rate): (Snapshot, Option<f64>) = match interval {
+            Some((before, elapsed)) => {
+                let before = before
+                    .iter()
+                    .find(|b| b.id == report.id)
+                    .map_or(report.stats, |b| b.stats);
+                (report.stats.since(&before), Some(elapsed.as_secs_f64()))
+            }
+            None => (report.stats, None),
+        };
+        let quantile = |q| {
+            stats
+                .latency_quantile_micros(q)
+                .map_or_else(|| "-".to_owned(), |us| format!("<{us} µs"))
+        };
+        let per_second = rate
+            .filter(|s| *s > 0.0)
+            .map(|s| format!(" ({:.0} req/s)", stats.requests() as f64 / s))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "locus: {label} channel {}: {} connections ({} open), {} requests{per_second}: {} \
+             reads ({}), {} writes ({}), {} other, {} errors; latency p50 {} p99 {} max {}",
+            report.id,
+            stats.connections,
+            stats.open_connections,
+            stats.requests(),
+            stats.reads,
+            format_bytes(stats.read_bytes),
+            stats.writes,
+            format_bytes(stats.written_bytes),
+            stats.others,
+            stats.errors,
+            quantile(0.5),
+            quantile(0.99),
+            quantile(1.0),
+        );
+    }
+}

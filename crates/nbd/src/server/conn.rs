@@ -1,0 +1,647 @@
+//! One connection: the fixed-newstyle handshake, then transmission. Requests are read by the
+//! connection's thread; with inline submission it also executes them and replies, with
+//! queued submission it hands them (write payloads already received) to its channel's
+//! workers, which reply in whatever order they finish.
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::Shutdown;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+use super::Shared;
+use super::channel::{Channel, Job};
+use super::export::{Export, ExportError, Payload, skip};
+use super::net::Stream;
+use super::{MAX_PAYLOAD_BYTES, MIN_BLOCK_BYTES, PREFERRED_BLOCK_BYTES, Submit};
+use crate::consts::{command, command_flags, errno, info, option, state, transmission_flags};
+use crate::handshake::{self, ClientFlags, OPTION_HEADER_BYTES, OptionHeader};
+use crate::option_reply;
+use crate::options::{ERR_INVALID, ERR_TOO_BIG, ERR_UNKNOWN, ERR_UNSUP, MAX_OPTION_BYTES};
+use crate::reply;
+use crate::request::{Limits, REQUEST_BYTES, Request};
+use crate::{NbdError, NbdOption};
+
+/// The id of the one metadata context locus serves.
+const BASE_ALLOCATION_ID: u32 = 1;
+const BASE_ALLOCATION: &str = "base:allocation";
+/// Most extents in one block-status reply.
+const MAX_EXTENTS: usize = 1 << 16;
+
+/// Why a connection ended.
+#[derive(Debug)]
+pub(crate) enum End {
+    /// The client said goodbye (`NBD_OPT_ABORT`, `NBD_CMD_DISC`) or closed between requests.
+    Clean,
+    /// The server is stopping.
+    Shutdown,
+    /// A socket error.
+    Io(io::Error),
+    /// The client broke the protocol in a way that leaves no answer.
+    Protocol(String),
+}
+
+impl From<io::Error> for End {
+    fn from(e: io::Error) -> Self {
+        End::Io(e)
+    }
+}
+
+impl std::fmt::Display for End {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            End::Clean => f.write_str("closed by the client"),
+            End::Shutdown => f.write_str("closed: the server is stopping"),
+            End::Io(e) => write!(f, "connection error: {e}"),
+            End::Protocol(m) => write!(f, "protocol violation: {m}"),
+        }
+    }
+}
+
+/// What the handshake settled.
+struct Negotiated<E> {
+    export: Arc<E>,
+    name: String,
+    structured: bool,
+    base_allocation: bool,
+    block_size_agreed: bool,
+}
+
+/// The transmission flags of an export.
+pub(crate) fn transmission_flags<E: Export>(export: &E) -> u16 {
+    use transmission_flags as t;
+    let mut flags = t::HAS_FLAGS
+        | t::SEND_FLUSH
+        | t::SEND_FUA
+        | t::SEND_TRIM
+        | t::SEND_WRITE_ZEROES
+        | t::SEND_DF
+        | t::SEND_CACHE
+        | t::SEND_FAST_ZERO
+        // Every acknowledged write is durable in the shared file, whichever connection
+        // wrote it, so FLUSH and FUA hold across connections.
+        | t::CAN_MULTI_CONN;
+    if export.read_only() {
+        flags |= t::READ_ONLY;
+    }
+    flags
+}
+
+/// Serves one connection to its end.
+pub(crate) fn serve<E: Export>(
+    shared: &Arc<Shared<E>>,
+    channel: &Arc<Channel<E>>,
+    mut stream: Stream,
+) -> End {
+    if let Err(e) = stream.set_read_timeout(Some(shared.config.handshake_timeout)) {
+        return End::Io(e);
+    }
+    let negotiated = match handshake(shared, &mut stream) {
+        Ok(Some(n)) => n,
+        Ok(None) => return End::Clean,
+        Err(end) => return end,
+    };
+    if let Err(e) = stream.set_read_timeout(None) {
+        return End::Io(e);
+    }
+    let writer = match stream.try_clone() {
+        Ok(w) => w,
+        Err(e) => return End::Io(e),
+    };
+    tracing::debug!(export = %negotiated.name, structured = negotiated.structured, "transmission");
+    let conn = Arc::new(Conn {
+        limits: Limits {
+            size_bytes: negotiated.export.size(),
+            transmission_flags: transmission_flags(&*negotiated.export),
+            structured_replies: negotiated.structured,
+            meta_contexts: negotiated.base_allocation,
+            max_payload_bytes: MAX_PAYLOAD_BYTES,
+            // Constraints bind only clients that asked for them in NBD_OPT_GO; the file
+            // system takes any byte range, so the others get the protocol's default of 1.
+            min_block_bytes: if negotiated.block_size_agreed {
+                MIN_BLOCK_BYTES
+            } else {
+                1
+            },
+        },
+        export: negotiated.export,
+        channel: Arc::clone(channel),
+        writer: Mutex::new(writer),
+        in_flight: Mutex::new(0),
+        finished: Condvar::new(),
+        broken: AtomicBool::new(false),
+    });
+    let end = transmission(shared, &conn, &mut stream);
+    conn.wait_idle();
+    end
+}
+
+fn handshake<E: Export>(
+    shared: &Shared<E>,
+    stream: &mut Stream,
+) -> Result<Option<Negotiated<E>>, End> {
+    stream.write_all(&handshake::greeting())?;
+    let mut flags = [0u8; 4];
+    stream.read_exact(&mut flags)?;
+    let client = ClientFlags::decode(flags).map_err(protocol)?;
+    let mut structured = false;
+    // The export the last NBD_OPT_SET_META_CONTEXT selected base:allocation on.
+    let mut selected: Option<String> = None;
+    loop {
+        let mut header = [0u8; OPTION_HEADER_BYTES];
+        stream.read_exact(&mut header)?;
+        let header = OptionHeader::decode(&header).map_err(protocol)?;
+        let code = header.option;
+        if header.len > MAX_OPTION_BYTES {
+            if code == option::EXPORT_NAME {
+                return Err(End::Protocol(format!(
+                    "export name of {} bytes",
+                    header.len
+                )));
+            }
+            skip(stream, u64::from(header.len))?;
+            let message = format!(
+                "option data of {} bytes (at most {MAX_OPTION_BYTES})",
+                header.len
+            );
+            stream.write_all(&option_reply::error(code, ERR_TOO_BIG, &message))?;
+            continue;
+        }
+        let mut data = vec![0u8; header.len as usize];
+        stream.read_exact(&mut data)?;
+        let decoded = match NbdOption::decode(code, &data) {
+            Ok(decoded) => decoded,
+            Err(NbdError::Option { reply, message, .. }) => {
+                stream.write_all(&option_reply::error(code, reply, &message))?;
+                continue;
+            }
+            Err(e) => return Err(protocol(e)),
+        };
+        let find = |name: &str| {
+            shared
+                .exports
+                .find(name)
+                .map(|(n, e)| (n.to_owned(), Arc::clone(e)))
+        };
+        match decoded {
+            NbdOption::ExportName(name) => {
+                let Some((name, export)) = find(&name) else {
+                    return Err(End::Protocol(format!("no export named {name:?}")));
+                };
+                let reply = handshake::export_name_reply(
+                    export.size(),
+                    transmission_flags(&*export),
+                    client.no_zeroes,
+                );
+                stream.write_all(&reply)?;
+                let base_allocation = structured && selected.as_deref() == Some(name.as_str());
+                return Ok(Some(Negotiated {
+                    export,
+                    name,
+                    structured,
+                    base_allocation,
+                    block_size_agreed: false,
+                }));
+            }
+            NbdOption::Abort => {
+                // The client may already have closed; the reply is a courtesy.
+                let _ = stream.write_all(&option_reply::ack(code));
+                return Ok(None);
+            }
+            NbdOption::List => {
+                let mut out = Vec::new();
+                for (name, export) in shared.exports.iter() {
+                    out.extend(option_reply::server(code, name, &export.description()));
+                }
+                out.extend(option_reply::ack(code));
+                stream.write_all(&out)?;
+            }
+            NbdOption::StartTls => {
+                let message = "TLS is not supported by this server";
+                stream.write_all(&option_reply::error(code, ERR_UNSUP, message))?;
+            }
+            NbdOption::Info { go, name, requests } => {
+                let Some((canonical, export)) = find(&name) else {
+                    let message = format!("no export named {name:?}");
+                    stream.write_all(&option_reply::error(code, ERR_UNKNOWN, &message))?;
+                    continue;
+                };
+                let mut out =
+                    option_reply::info_export(code, export.size(), transmission_flags(&*export));
+                if requests.contains(&info::NAME) {
+                    out.extend(option_reply::info_text(code, info::NAME, &canonical));
+                }
+                if requests.contains(&info::DESCRIPTION) {
+                    out.extend(option_reply::info_text(
+                        code,
+                        info::DESCRIPTION,
+                        &export.description(),
+                    ));
+                }
+                out.extend(option_reply::info_block_size(
+                    code,
+                    MIN_BLOCK_BYTES,
+                    PREFERRED_BLOCK_BYTES,
+                    MAX_PAYLOAD_BYTES,
+                ));
+                out.extend(option_reply::ack(code));
+                stream.write_all(&out)?;
+                if go {
+                    let base_allocation =
+                        structured && selected.as_deref() == Some(canonical.as_str());
+                    return Ok(Some(Negotiated {
+                        export,
+                        name: canonical,
+                        structured,
+                        base_allocation,
+                        block_size_agreed: requests.contains(&info::BLOCK_SIZE),
+                    }));
+                }
+            }
+            NbdOption::StructuredReply => {
+                structured = true;
+                stream.write_all(&option_reply::ack(code))?;
+            }
+            NbdOption::MetaContext { set, name, queries } => {
+                if !structured {
+                    let message = "negotiate structured replies before metadata contexts";
+                    stream.write_all(&option_reply::error(code, ERR_INVALID, message))?;
+                    continue;
+                }
+                let Some((canonical, _)) = find(&name) else {
+                    let message = format!("no export named {name:?}");
+                    stream.write_all(&option_reply::error(code, ERR_UNKNOWN, &message))?;
+                    continue;
+                };
+                // Listing with no query, or with the namespace wildcard, shows every context.
+                let matched = queries
+                    .iter()
+                    .any(|q| q == BASE_ALLOCATION || (!set && (q == "base:" || q == "base:*")))
+                    || (!set && queries.is_empty());
+                let mut out = Vec::new();
+                if matched {
+                    out.extend(option_reply::meta_context(
+                        code,
+                        BASE_ALLOCATION_ID,
+                        BASE_ALLOCATION,
+                    ));
+                }
+                out.extend(option_reply::ack(code));
+                stream.write_all(&out)?;
+                if set {
+                    selected = matched.then_some(canonical);
+                }
+            }
+            NbdOption::Unknown(other) => {
+                let message = format!("option {other} is not supported");
+                stream.write_all(&option_reply::error(code, ERR_UNSUP, &message))?;
+            }
+        }
+    }
+}
+
+fn protocol(e: NbdError) -> End {
+    let (NbdError::Disconnect(m)
+    | NbdError::Option { message: m, .. }
+    | NbdError::Request { message: m, .. }) = e;
+    End::Protocol(m)
+}
+
+/// A connection in transmission, shared by its reading thread and (queued) the channel's
+/// workers.
+pub(crate) struct Conn<E: Export> {
+    limits: Limits,
+    export: Arc<E>,
+    pub(crate) channel: Arc<Channel<E>>,
+    writer: Mutex<Stream>,
+    in_flight: Mutex<usize>,
+    finished: Condvar,
+    broken: AtomicBool,
+}
+
+impl<E: Export> std::fmt::Debug for Conn<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+impl<E: Export> Conn<E> {
+    fn wait_idle(&self) {
+        let mut n = self.in_flight.lock().expect("in-flight count");
+        while *n > 0 {
+            n = self.finished.wait(n).expect("in-flight count");
+        }
+    }
+
+    fn wait_below(&self, limit: usize) {
+        let mut n = self.in_flight.lock().expect("in-flight count");
+        while *n >= limit {
+            n = self.finished.wait(n).expect("in-flight count");
+        }
+        *n += 1;
+    }
+
+    fn done(&self) {
+        *self.in_flight.lock().expect("in-flight count") -= 1;
+        self.finished.notify_all();
+    }
+
+    /// Sends one reply made of `slices`; a failure breaks the connection (its reader stops).
+    fn send(&self, slices: &mut [IoSlice<'_>]) {
+        if self.broken.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut writer = self.writer.lock().expect("connection writer");
+        if let Err(e) = writer.write_all_slices(slices) {
+            tracing::debug!(error = %e, "sending a reply failed; closing the connection");
+            self.broken.store(true, Ordering::Relaxed);
+            writer.shutdown(Shutdown::Both);
+        }
+    }
+
+    fn reply_error(&self, request: &Request, error: &ExportError) {
+        let structured_only = matches!(request.command, command::READ | command::BLOCK_STATUS);
+        if self.limits.structured_replies && structured_only {
+            let chunk = reply::error(request.cookie, error.errno, &error.message);
+            self.send(&mut [IoSlice::new(&chunk)]);
+        } else {
+            let header = reply::simple(request.cookie, error.errno);
+            self.send(&mut [IoSlice::new(&header)]);
+        }
+    }
+
+    fn reply_ok(&self, request: &Request) {
+        let header = reply::simple(request.cookie, 0);
+        self.send(&mut [IoSlice::new(&header)]);
+    }
+}
+
+fn transmission<E: Export>(shared: &Shared<E>, conn: &Arc<Conn<E>>, stream: &mut Stream) -> End {
+    let mut scratch = Vec::new();
+    loop {
+        if conn.broken.load(Ordering::Relaxed) {
+            return End::Io(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "a reply could not be sent",
+            ));
+        }
+        let mut header = [0u8; REQUEST_BYTES];
+        match read_header(stream, &mut header) {
+            Ok(true) => {}
+            Ok(false) if shared.stopping.load(Ordering::Acquire) => return End::Shutdown,
+            Ok(false) => return End::Clean,
+            Err(e) => return End::Io(e),
+        }
+        let started = Instant::now();
+        let request = match Request::decode(&header) {
+            Ok(r) => r,
+            Err(e) => return protocol(e),
+        };
+        match request.check(&conn.limits) {
+            Ok(()) => {}
+            Err(NbdError::Request { errno, message }) => {
+                if request.has_payload()
+                    && let Err(e) = skip(stream, u64::from(request.length))
+                {
+                    return End::Io(e);
+                }
+                conn.reply_error(&request, &ExportError::new(errno, message));
+                conn.channel.counters.request(
+                    request.command,
+                    request.length,
+                    false,
+                    started.elapsed(),
+                );
+                continue;
+            }
+            Err(e) => return protocol(e),
+        }
+        if request.command == command::DISC {
+            return End::Clean;
+        }
+        let staged = if request.command == command::WRITE {
+            let mut payload = Payload::new(stream, request.length);
+            let staged = conn.export.receive(&mut payload);
+            if let Err(e) = payload.finish() {
+                return End::Io(e);
+            }
+            Some(staged)
+        } else {
+            None
+        };
+        let job = Job {
+            conn: Arc::clone(conn),
+            request,
+            staged,
+            started,
+        };
+        match shared.config.submit {
+            Submit::Inline => {
+                conn.wait_below(1);
+                complete(job, &mut scratch);
+            }
+            Submit::Queued => {
+                conn.wait_below(shared.config.max_in_flight);
+                conn.channel.enqueue(job);
+            }
+        }
+    }
+}
+
+/// Reads a request header; `false` when the connection closed cleanly before its first byte.
+fn read_header(stream: &mut Stream, header: &mut [u8; REQUEST_BYTES]) -> io::Result<bool> {
+    let mut at = 0;
+    while at < header.len() {
+        match stream.read(&mut header[at..]) {
+            Ok(0) if at == 0 => return Ok(false),
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("connection closed {at} bytes into a request header"),
+                ));
+            }
+            Ok(n) => at += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+/// Executes a checked request and sends its reply; counts it on the connection's channel.
+pub(crate) fn complete<E: Export>(job: Job<E>, scratch: &mut Vec<u8>) {
+    let Job {
+        conn,
+        request,
+        staged,
+        started,
+    } = job;
+    let result = execute(&conn, &request, staged, scratch);
+    if let Err(e) = &result {
+        tracing::debug!(command = request.command, offset = request.offset, len = request.length, error = %e, "request failed");
+        conn.reply_error(&request, e);
+    }
+    conn.channel.counters.request(
+        request.command,
+        request.length,
+        result.is_ok(),
+        started.elapsed(),
+    );
+    conn.done();
+}
+
+fn execute<E: Export>(
+    conn: &Conn<E>,
+    request: &Request,
+    staged: Option<Result<E::Staged, ExportError>>,
+    scratch: &mut Vec<u8>,
+) -> Result<(), ExportError> {
+    let export = &*conn.export;
+    let (offset, len) = (request.offset, u64::from(request.length));
+    match request.command {
+        command::READ => return read(conn, request, scratch),
+        command::WRITE => {
+            let staged = staged.expect("a write carries its received payload")?;
+            export.commit(staged, offset)?;
+        }
+        command::FLUSH => export.flush()?,
+        command::TRIM => export.trim(offset, len)?,
+        command::CACHE => export.cache(offset, len)?,
+        command::WRITE_ZEROES => {
+            let provision = request.flags & command_flags::NO_HOLE != 0;
+            if request.flags & command_flags::FAST_ZERO != 0
+                && !export.zeroes_fast(offset, len, provision)?
+            {
+                return Err(ExportError::new(
+                    errno::ENOTSUP,
+                    "zeroing this range would be no faster than writing it",
+                ));
+            }
+            export.write_zeroes(offset, len, provision)?;
+        }
+        command::BLOCK_STATUS => return block_status(conn, request),
+        other => unreachable!("command {other} passed the request check"),
+    }
+    conn.reply_ok(request);
+    Ok(())
+}
+
+fn read<E: Export>(
+    conn: &Conn<E>,
+    request: &Request,
+    scratch: &mut Vec<u8>,
+) -> Result<(), ExportError> {
+    let len = request.length as usize;
+    scratch.resize(len, 0);
+    let data = &mut scratch[..len];
+    conn.export.read(request.offset, data)?;
+    let cookie = request.cookie;
+    if !conn.limits.structured_replies {
+        let header = reply::simple(cookie, 0);
+        conn.send(&mut [IoSlice::new(&header), IoSlice::new(data)]);
+        return Ok(());
+    }
+    let pieces = if request.flags & command_flags::DF != 0 {
+        vec![(0..len as u64, true)]
+    } else {
+        let ranges = conn
+            .export
+            .data_ranges(request.offset, u64::from(request.length))?;
+        pieces(request.offset, u64::from(request.length), &ranges)
+    };
+    // One chunk per data run or hole; the last carries the DONE flag.
+    let mut headers: Vec<Vec<u8>> = Vec::with_capacity(pieces.len());
+    for (i, (range, is_data)) in pieces.iter().enumerate() {
+        let done = i + 1 == pieces.len();
+        let at = request.offset + range.start;
+        let piece_len = (range.end - range.start) as u32;
+        headers.push(if *is_data {
+            reply::offset_data_prefix(cookie, at, piece_len, done).to_vec()
+        } else {
+            reply::offset_hole(cookie, at, piece_len, done)
+        });
+    }
+    let mut slices = Vec::with_capacity(pieces.len() * 2);
+    for ((range, is_data), header) in pieces.iter().zip(&headers) {
+        slices.push(IoSlice::new(header));
+        if *is_data {
+            slices.push(IoSlice::new(
+                &data[range.start as usize..range.end as usize],
+            ));
+        }
+    }
+    conn.send(&mut slices);
+    Ok(())
+}
+
+/// Splits `[0, len)` (relative to `offset`) into data runs and holes, given the export's data
+/// ranges (absolute).
+fn pieces(offset: u64, len: u64, data: &[Range<u64>]) -> Vec<(Range<u64>, bool)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    for range in data {
+        let start = range.start.max(offset) - offset;
+        let end = (range.end.min(offset + len)).saturating_sub(offset);
+        if start >= end {
+            continue;
+        }
+        if start > at {
+            out.push((at..start, false));
+        }
+        out.push((start..end, true));
+        at = end;
+    }
+    if at < len {
+        out.push((at..len, false));
+    }
+    out
+}
+
+fn block_status<E: Export>(conn: &Conn<E>, request: &Request) -> Result<(), ExportError> {
+    let len = u64::from(request.length);
+    let ranges = conn.export.data_ranges(request.offset, len)?;
+    let mut extents: Vec<(u32, u32)> = pieces(request.offset, len, &ranges)
+        .into_iter()
+        .take(MAX_EXTENTS)
+        .map(|(range, is_data)| {
+            let flags = if is_data {
+                0
+            } else {
+                state::HOLE | state::ZERO
+            };
+            ((range.end - range.start) as u32, flags)
+        })
+        .collect();
+    if request.flags & command_flags::REQ_ONE != 0 {
+        extents.truncate(1);
+    }
+    let chunk = reply::block_status(request.cookie, BASE_ALLOCATION_ID, &extents, true);
+    conn.send(&mut [IoSlice::new(&chunk)]);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_cover_the_request_with_data_runs_and_holes_in_order() {
+        // Request [100, 200): data at [50, 120) and [150, 160) and [190, 400).
+        let p = pieces(100, 100, &[50..120, 150..160, 190..400]);
+        assert_eq!(
+            p,
+            vec![
+                (0..20, true),
+                (20..50, false),
+                (50..60, true),
+                (60..90, false),
+                (90..100, true)
+            ]
+        );
+        assert_eq!(pieces(0, 10, &[]), vec![(0..10, false)]);
+        assert_eq!(pieces(0, 10, &[0..10, 20..30]), vec![(0..10, true)]);
+    }
+}

@@ -1,0 +1,218 @@
+//! What the server serves: the [`Export`] trait a storage back end implements, the
+//! [`Payload`] of a write it receives from, and the named set of exports.
+
+use std::io::{self, Read};
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::consts::errno;
+
+/// A failed operation on an export: the protocol error to reply with and a message (sent to
+/// clients that negotiated structured replies, and logged).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportError {
+    /// `NBD_E*` value.
+    pub errno: u32,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl ExportError {
+    /// An error with protocol value `errno`.
+    pub fn new(errno: u32, message: impl Into<String>) -> Self {
+        Self {
+            errno,
+            message: message.into(),
+        }
+    }
+
+    /// `NBD_EIO`.
+    pub fn io(message: impl Into<String>) -> Self {
+        Self::new(errno::EIO, message)
+    }
+}
+
+impl std::fmt::Display for ExportError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (NBD error {})", self.message, self.errno)
+    }
+}
+
+/// One block device served over NBD. Offsets and lengths reaching an export were checked
+/// against its size and the negotiated limits.
+///
+/// A write arrives in two steps so that its payload can go straight from the socket into the
+/// memory that will hold it: [`Export::receive`] runs on the thread reading the connection
+/// and fills a staging area of the export's choosing (for locus files: a persistent buffer on
+/// the channel's node), [`Export::commit`] makes it the data at `offset` (inline, or later on
+/// a channel worker).
+pub trait Export: Send + Sync + 'static {
+    /// A received, not yet committed write payload.
+    type Staged: Send + 'static;
+
+    /// Size in bytes (a multiple of 512).
+    fn size(&self) -> u64;
+
+    /// Writes, trims and zeroing are refused with `EPERM`.
+    fn read_only(&self) -> bool;
+
+    /// One line for people (`NBD_INFO_DESCRIPTION`, `NBD_OPT_LIST`).
+    fn description(&self) -> String;
+
+    /// Fills `buf` with the bytes at `offset`.
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError>;
+
+    /// The parts of `[offset, offset + len)` holding data, sorted and disjoint; the rest are
+    /// holes that read as zeros.
+    fn data_ranges(&self, offset: u64, len: u64) -> Result<Vec<Range<u64>>, ExportError>;
+
+    /// Receives a write payload of `payload.remaining()` bytes into a staging area. Whatever
+    /// it leaves unread is skipped by the server.
+    fn receive(&self, payload: &mut Payload<'_>) -> Result<Self::Staged, ExportError>;
+
+    /// Makes a received payload the data at `offset`, durable when this returns.
+    fn commit(&self, staged: Self::Staged, offset: u64) -> Result<(), ExportError>;
+
+    /// Makes `[offset, offset + len)` read as zeros; with `provision`, every byte of it
+    /// must also be backed by memory afterwards (`NBD_CMD_FLAG_NO_HOLE`).
+    fn write_zeroes(&self, offset: u64, len: u64, provision: bool) -> Result<(), ExportError>;
+
+    /// Whether `write_zeroes` of this range would cost less than writing it
+    /// (`NBD_CMD_FLAG_FAST_ZERO`); must answer without changing anything.
+    fn zeroes_fast(&self, offset: u64, len: u64, provision: bool) -> Result<bool, ExportError>;
+
+    /// A hint that `[offset, offset + len)` is no longer needed.
+    fn trim(&self, offset: u64, len: u64) -> Result<(), ExportError>;
+
+    /// Every write that was acknowledged is durable when this returns.
+    fn flush(&self) -> Result<(), ExportError>;
+
+    /// A hint that `[offset, offset + len)` will be read soon.
+    fn cache(&self, offset: u64, len: u64) -> Result<(), ExportError>;
+}
+
+/// The payload of one write, read from the connection as the export asks for it.
+#[derive(Debug)]
+pub struct Payload<'a> {
+    stream: &'a mut dyn ReadDebug,
+    remaining: u32,
+    failed: Option<io::Error>,
+}
+
+/// `Read` that can be debug-printed (a connection's socket).
+pub trait ReadDebug: Read + std::fmt::Debug {}
+impl<T: Read + std::fmt::Debug> ReadDebug for T {}
+
+impl<'a> Payload<'a> {
+    pub(crate) fn new(stream: &'a mut dyn ReadDebug, len: u32) -> Self {
+        Self {
+            stream,
+            remaining: len,
+            failed: None,
+        }
+    }
+
+    /// Bytes not yet received.
+    pub fn remaining(&self) -> u32 {
+        self.remaining
+    }
+
+    /// Receives exactly `buf.len()` bytes (at most [`Payload::remaining`]) into `buf`. A
+    /// connection failure is reported as `EIO` here and ends the connection afterwards.
+    pub fn receive(&mut self, buf: &mut [u8]) -> Result<(), ExportError> {
+        if buf.len() > self.remaining as usize {
+            return Err(ExportError::new(
+                errno::EINVAL,
+                format!(
+                    "asked for {} payload bytes, {} remain",
+                    buf.len(),
+                    self.remaining
+                ),
+            ));
+        }
+        if let Some(e) = &self.failed {
+            return Err(ExportError::io(format!("connection failed: {e}")));
+        }
+        match self.stream.read_exact(buf) {
+            Ok(()) => {
+                self.remaining -= buf.len() as u32;
+                Ok(())
+            }
+            Err(e) => {
+                let message = format!("connection failed inside a write payload: {e}");
+                self.failed = Some(e);
+                Err(ExportError::io(message))
+            }
+        }
+    }
+
+    /// Reads and drops what the export left; fails if the connection does.
+    pub(crate) fn finish(mut self) -> io::Result<()> {
+        if let Some(e) = self.failed.take() {
+            return Err(e);
+        }
+        skip(self.stream, u64::from(self.remaining))
+    }
+}
+
+/// Reads and drops `len` bytes.
+pub(crate) fn skip(stream: &mut dyn ReadDebug, len: u64) -> io::Result<()> {
+    let copied = io::copy(&mut stream.take(len), &mut io::sink())?;
+    if copied < len {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!(
+                "connection closed {} bytes before the end of a payload",
+                len - copied
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The named exports of a server, one of them the default (answering the empty name).
+#[derive(Debug)]
+pub struct Exports<E> {
+    entries: Vec<(String, Arc<E>)>,
+    default: usize,
+}
+
+impl<E> Exports<E> {
+    /// Exports in listing order; the first is the default. Names must be unique, non-empty
+    /// and at most 4096 bytes.
+    pub fn new(entries: Vec<(String, Arc<E>)>) -> Result<Self, String> {
+        if entries.is_empty() {
+            return Err("a server needs at least one export".into());
+        }
+        for (i, (name, _)) in entries.iter().enumerate() {
+            if name.is_empty() || name.len() > crate::consts::MAX_STRING_BYTES {
+                return Err(format!(
+                    "export name {name:?}: 1 to {} bytes",
+                    crate::consts::MAX_STRING_BYTES
+                ));
+            }
+            if entries[..i].iter().any(|(other, _)| other == name) {
+                return Err(format!("export name {name:?} is given twice"));
+            }
+        }
+        Ok(Self {
+            entries,
+            default: 0,
+        })
+    }
+
+    /// The export a client asked for by name; the empty name is the default export.
+    pub fn find(&self, name: &str) -> Option<(&str, &Arc<E>)> {
+        let entry = if name.is_empty() {
+            self.entries.get(self.default)
+        } else {
+            self.entries.iter().find(|(n, _)| n == name)
+        };
+        entry.map(|(n, e)| (n.as_str(), e))
+    }
+
+    /// Every export, in listing order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Arc<E>)> {
+        self.entries.iter().map(|(n, e)| (n.as_str(), e))
+    }
+}

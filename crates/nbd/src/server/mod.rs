@@ -1,0 +1,379 @@
+//! An NBD server over the codec: listeners, connections placed on NUMA channels, inline or
+//! queued request submission, limits, counters, and an orderly stop.
+//!
+//! Threads: one acceptor per listener; one thread per connection, pinned to its channel's
+//! CPUs, which negotiates and then reads requests — and with [`Submit::Inline`] executes
+//! each one and replies before reading the next (the Tyche paper's better design: no
+//! hand-off, no queue, the data stays in the cache of the CPU that received it). With
+//! [`Submit::Queued`] the connection thread receives requests (write payloads included) and
+//! queues them on its channel, whose worker threads execute them and reply as they finish,
+//! so replies may leave out of order; a connection has at most
+//! [`ServerConfig::max_in_flight`] requests queued, after which it stops reading (TCP flow
+//! control holds the client back).
+
+mod channel;
+mod conn;
+mod export;
+mod net;
+mod stats;
+mod sys;
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Shutdown};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+pub use channel::ChannelSpec;
+pub use export::{Export, ExportError, Exports, Payload, ReadDebug};
+pub use net::Listener;
+pub use stats::{LATENCY_BUCKETS, Snapshot};
+pub use sys::{Inherited, TerminationSignals, inherited_listeners, interface_addresses};
+
+use channel::Channel;
+use net::Stream;
+
+/// Minimum block size advertised (and enforced on clients that agreed to it).
+pub const MIN_BLOCK_BYTES: u32 = 512;
+/// Preferred block size advertised: the file system's block.
+pub const PREFERRED_BLOCK_BYTES: u32 = 4096;
+/// Largest read or write payload accepted (the protocol's portable maximum, 32 MiB).
+pub const MAX_PAYLOAD_BYTES: u32 = 32 << 20;
+
+/// How requests reach the code that executes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Submit {
+    /// The connection's thread executes each request itself.
+    Inline,
+    /// The connection's thread queues requests for its channel's workers.
+    Queued,
+}
+
+impl std::str::FromStr for Submit {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "inline" => Ok(Self::Inline),
+            "queued" => Ok(Self::Queued),
+            other => Err(format!("{other:?}: inline or queued")),
+        }
+    }
+}
+
+/// Server settings.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Inline or queued submission.
+    pub submit: Submit,
+    /// Worker threads per channel with queued submission.
+    pub workers_per_channel: usize,
+    /// Open connections beyond this are refused during the handshake (`NBD_REP_ERR_POLICY`).
+    pub max_connections: usize,
+    /// Requests one connection may have queued (queued submission).
+    pub max_in_flight: usize,
+    /// A client must finish negotiating within this time.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            submit: Submit::Inline,
+            workers_per_channel: 2,
+            max_connections: 256,
+            max_in_flight: 64,
+            handshake_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// One channel's placement and counters.
+#[derive(Debug, Clone)]
+pub struct ChannelReport {
+    /// Channel number.
+    pub id: usize,
+    /// Where it runs.
+    pub spec: ChannelSpec,
+    /// Its counters.
+    pub stats: Snapshot,
+}
+
+/// Handshakes refused at once while at the connection limit; beyond this, excess
+/// connections are closed without a word.
+const MAX_REFUSING: usize = 16;
+
+pub(crate) struct Shared<E: Export> {
+    pub(crate) config: ServerConfig,
+    pub(crate) exports: Exports<E>,
+    channels: Vec<Arc<Channel<E>>>,
+    /// Local addresses of NICs with a known node.
+    nic_nodes: Vec<(IpAddr, u32)>,
+    pub(crate) stopping: AtomicBool,
+    next_channel: AtomicUsize,
+    open: AtomicUsize,
+    refusing: AtomicUsize,
+    next_id: AtomicU64,
+    /// A clone of every live connection, to end them at shutdown.
+    live: Mutex<HashMap<u64, Stream>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// A running server. Dropping it without [`Server::shutdown`] leaves its threads serving.
+pub struct Server<E: Export> {
+    shared: Arc<Shared<E>>,
+    acceptors: Vec<(Arc<Listener>, JoinHandle<()>)>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl<E: Export> std::fmt::Debug for Server<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("config", &self.shared.config)
+            .field("channels", &self.shared.channels)
+            .finish()
+    }
+}
+
+impl<E: Export> Server<E> {
+    /// A server with one channel per spec (at least one). `nic_nodes` maps this host's
+    /// addresses to the node of their NIC; connections arriving on one go to a channel of
+    /// that node, all others (loopback, Unix sockets, unknown NICs) are spread round-robin.
+    pub fn new(
+        config: ServerConfig,
+        exports: Exports<E>,
+        channels: Vec<ChannelSpec>,
+        nic_nodes: Vec<(IpAddr, u32)>,
+    ) -> Self {
+        assert!(!channels.is_empty(), "a server needs at least one channel");
+        let channels: Vec<Arc<Channel<E>>> = channels
+            .into_iter()
+            .enumerate()
+            .map(|(id, spec)| Arc::new(Channel::new(id, spec)))
+            .collect();
+        let workers = match config.submit {
+            Submit::Inline => Vec::new(),
+            Submit::Queued => channels
+                .iter()
+                .flat_map(|c| c.start_workers(config.workers_per_channel.max(1)))
+                .collect(),
+        };
+        Self {
+            shared: Arc::new(Shared {
+                config,
+                exports,
+                channels,
+                nic_nodes,
+                stopping: AtomicBool::new(false),
+                next_channel: AtomicUsize::new(0),
+                open: AtomicUsize::new(0),
+                refusing: AtomicUsize::new(0),
+                next_id: AtomicU64::new(1),
+                live: Mutex::new(HashMap::new()),
+                threads: Mutex::new(Vec::new()),
+            }),
+            acceptors: Vec::new(),
+            workers,
+        }
+    }
+
+    /// Starts accepting connections on `listener`.
+    pub fn listen(&mut self, listener: Listener) {
+        let listener = Arc::new(listener);
+        let shared = Arc::clone(&self.shared);
+        let accepting = Arc::clone(&listener);
+        let handle = std::thread::Builder::new()
+            .name("nbd-accept".into())
+            .spawn(move || shared.accept_loop(&accepting))
+            .expect("spawning an acceptor");
+        self.acceptors.push((listener, handle));
+    }
+
+    /// Every channel's counters now.
+    pub fn channels(&self) -> Vec<ChannelReport> {
+        self.shared.reports()
+    }
+
+    /// Stops accepting, ends every connection after the request it is executing (queued
+    /// requests are finished and answered), stops the workers, and returns the final counters.
+    pub fn shutdown(self) -> Vec<ChannelReport> {
+        let shared = self.shared;
+        shared.stopping.store(true, Ordering::Release);
+        for (listener, _) in &self.acceptors {
+            if let Err(e) = listener.stop() {
+                tracing::warn!(listener = %listener.describe(), error = %e, "could not stop accepting");
+            }
+        }
+        for (listener, handle) in self.acceptors {
+            let _ = handle.join();
+            listener.remove_path();
+        }
+        for stream in shared.live.lock().expect("live connections").values() {
+            stream.shutdown(Shutdown::Read);
+        }
+        let threads = std::mem::take(&mut *shared.threads.lock().expect("connection threads"));
+        for handle in threads {
+            let _ = handle.join();
+        }
+        for channel in &shared.channels {
+            channel.close();
+        }
+        for handle in self.workers {
+            let _ = handle.join();
+        }
+        shared.reports()
+    }
+}
+
+impl<E: Export> Shared<E> {
+    fn reports(&self) -> Vec<ChannelReport> {
+        self.channels
+            .iter()
+            .map(|c| ChannelReport {
+                id: c.id,
+                spec: c.spec.clone(),
+                stats: c.snapshot(),
+            })
+            .collect()
+    }
+
+    fn accept_loop(self: &Arc<Self>, listener: &Listener) {
+        loop {
+            let accepted = listener.accept();
+            if self.stopping.load(Ordering::Acquire) {
+                return;
+            }
+            match accepted {
+                Ok((stream, local)) => self.start(stream, local),
+                Err(e) => {
+                    // Out of fds or memory: wait for connections to end rather than spin.
+                    tracing::warn!(listener = %listener.describe(), error = %e, "accept failed");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    }
+
+    fn place(&self, local: Option<IpAddr>) -> usize {
+        if let Some(ip) = local.filter(|ip| !ip.is_loopback())
+            && let Some(&(_, node)) = self.nic_nodes.iter().find(|(a, _)| *a == ip)
+        {
+            let best = self
+                .channels
+                .iter()
+                .filter(|c| c.spec.node == Some(node))
+                .min_by_key(|c| c.counters.open_connections.load(Ordering::Relaxed));
+            if let Some(channel) = best {
+                return channel.id;
+            }
+        }
+        self.next_channel.fetch_add(1, Ordering::Relaxed) % self.channels.len()
+    }
+
+    fn start(self: &Arc<Self>, stream: Stream, local: Option<IpAddr>) {
+        let mut threads = self.threads.lock().expect("connection threads");
+        threads.retain(|t| !t.is_finished());
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let Ok(clone) = stream.try_clone() else {
+            tracing::warn!("could not duplicate a connection's socket; closing it");
+            return;
+        };
+        let refuse = self.open.load(Ordering::Relaxed) >= self.config.max_connections;
+        if refuse && self.refusing.fetch_add(1, Ordering::Relaxed) >= MAX_REFUSING {
+            self.refusing.fetch_sub(1, Ordering::Relaxed);
+            return;
+        }
+        self.live
+            .lock()
+            .expect("live connections")
+            .insert(id, clone);
+        let shared = Arc::clone(self);
+        let spawned = if refuse {
+            std::thread::Builder::new()
+                .name("nbd-refuse".into())
+                .spawn(move || {
+                    refuse_handshake(
+                        stream,
+                        shared.config.max_connections,
+                        shared.config.handshake_timeout,
+                    );
+                    shared.refusing.fetch_sub(1, Ordering::Relaxed);
+                    shared.live.lock().expect("live connections").remove(&id);
+                })
+        } else {
+            let channel = Arc::clone(&self.channels[self.place(local)]);
+            self.open.fetch_add(1, Ordering::Relaxed);
+            channel.counters.connections.fetch_add(1, Ordering::Relaxed);
+            channel
+                .counters
+                .open_connections
+                .fetch_add(1, Ordering::Relaxed);
+            std::thread::Builder::new()
+                .name(format!("nbd-ch{}-c{id}", channel.id))
+                .spawn(move || {
+                    channel.enter();
+                    let end = conn::serve(&shared, &channel, stream);
+                    match &end {
+                        conn::End::Clean | conn::End::Shutdown => {
+                            tracing::debug!(connection = id, channel = channel.id, "{end}");
+                        }
+                        conn::End::Io(_) | conn::End::Protocol(_) => {
+                            tracing::info!(connection = id, channel = channel.id, "{end}");
+                        }
+                    }
+                    channel
+                        .counters
+                        .open_connections
+                        .fetch_sub(1, Ordering::Relaxed);
+                    shared.open.fetch_sub(1, Ordering::Relaxed);
+                    shared.live.lock().expect("live connections").remove(&id);
+                })
+        };
+        match spawned {
+            Ok(handle) => threads.push(handle),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not start a connection thread; closing it");
+                self.live.lock().expect("live connections").remove(&id);
+            }
+        }
+    }
+}
+
+/// Answers a handshake while at the connection limit: every option gets
+/// `NBD_REP_ERR_POLICY` with the reason, so clients can tell the user why.
+fn refuse_handshake(mut stream: Stream, limit: usize, timeout: Duration) {
+    use crate::handshake::{OPTION_HEADER_BYTES, OptionHeader};
+    use std::io::{Read, Write};
+    let _ = stream.set_read_timeout(Some(timeout));
+    let message = format!("the server is serving its maximum of {limit} connections; try later");
+    let result = (|| -> std::io::Result<()> {
+        stream.write_all(&crate::handshake::greeting())?;
+        let mut flags = [0u8; 4];
+        stream.read_exact(&mut flags)?;
+        for _ in 0..16 {
+            let mut header = [0u8; OPTION_HEADER_BYTES];
+            stream.read_exact(&mut header)?;
+            let Ok(header) = OptionHeader::decode(&header) else {
+                return Ok(());
+            };
+            if header.option == crate::consts::option::EXPORT_NAME {
+                return Ok(());
+            }
+            export::skip(&mut stream, u64::from(header.len))?;
+            if header.option == crate::consts::option::ABORT {
+                stream.write_all(&crate::option_reply::ack(header.option))?;
+                return Ok(());
+            }
+            stream.write_all(&crate::option_reply::error(
+                header.option,
+                crate::options::ERR_POLICY,
+                &message,
+            ))?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "refused connection ended");
+    }
+}

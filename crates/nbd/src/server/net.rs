@@ -1,0 +1,134 @@
+//! Sockets: TCP and Unix-domain listeners and connections behind one type each.
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{IpAddr, Shutdown, TcpListener, TcpStream};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// A listening socket.
+#[derive(Debug)]
+pub enum Listener {
+    /// TCP.
+    Tcp(TcpListener),
+    /// Unix-domain; the path (if the server created it) is removed when the server stops.
+    Unix(UnixListener, Option<PathBuf>),
+}
+
+impl Listener {
+    /// Where clients connect, for logs.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Tcp(l) => l
+                .local_addr()
+                .map_or_else(|_| "tcp socket".into(), |a| format!("nbd://{a}")),
+            Self::Unix(l, _) => l
+                .local_addr()
+                .ok()
+                .and_then(|a| {
+                    a.as_pathname()
+                        .map(|p| format!("nbd+unix:///?socket={}", p.display()))
+                })
+                .unwrap_or_else(|| "unix socket".into()),
+        }
+    }
+
+    /// Accepts one connection and the local address it arrived on (TCP only).
+    pub(crate) fn accept(&self) -> io::Result<(Stream, Option<IpAddr>)> {
+        match self {
+            Self::Tcp(l) => {
+                let (stream, _) = l.accept()?;
+                stream.set_nodelay(true)?;
+                let local = stream.local_addr().ok().map(|a| a.ip());
+                Ok((Stream::Tcp(stream), local))
+            }
+            Self::Unix(l, _) => Ok((Stream::Unix(l.accept()?.0), None)),
+        }
+    }
+
+    pub(crate) fn stop(&self) -> io::Result<()> {
+        match self {
+            Self::Tcp(l) => super::sys::stop_accepting(l),
+            Self::Unix(l, _) => super::sys::stop_accepting(l),
+        }
+    }
+
+    pub(crate) fn remove_path(&self) {
+        if let Self::Unix(_, Some(path)) = self {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// A connection.
+#[derive(Debug)]
+pub(crate) enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    pub(crate) fn try_clone(&self) -> io::Result<Self> {
+        Ok(match self {
+            Self::Tcp(s) => Self::Tcp(s.try_clone()?),
+            Self::Unix(s) => Self::Unix(s.try_clone()?),
+        })
+    }
+
+    pub(crate) fn shutdown(&self, how: Shutdown) {
+        let _ = match self {
+            Self::Tcp(s) => s.shutdown(how),
+            Self::Unix(s) => s.shutdown(how),
+        };
+    }
+
+    pub(crate) fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match self {
+            Self::Tcp(s) => s.set_read_timeout(timeout),
+            Self::Unix(s) => s.set_read_timeout(timeout),
+        }
+    }
+
+    /// Writes every slice, in order, with as few system calls as the kernel allows.
+    pub(crate) fn write_all_slices(&mut self, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
+        IoSlice::advance_slices(&mut slices, 0);
+        while !slices.is_empty() {
+            match self.write_vectored(slices) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => IoSlice::advance_slices(&mut slices, n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Self::Tcp(s) => s.read(buf),
+            Self::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Self::Tcp(s) => s.write(buf),
+            Self::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Self::Tcp(s) => s.write_vectored(bufs),
+            Self::Unix(s) => s.write_vectored(bufs),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}

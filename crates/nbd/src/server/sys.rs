@@ -1,0 +1,251 @@
+//! The server's system calls that std does not wrap: adopting sockets inherited through
+//! systemd-style socket activation, listing interface addresses (to find the NIC, and so the
+//! node, a connection arrived on), blocking and waiting for termination signals, and waking a
+//! thread blocked in `accept`.
+//!
+//! This is the only module of the crate with `unsafe`.
+
+#![allow(
+    unsafe_code,
+    reason = "the server's one gateway to fd adoption, getifaddrs and signal masks"
+)]
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::unix::net::UnixListener;
+
+/// First inherited fd under socket activation (`SD_LISTEN_FDS_START`).
+const LISTEN_FDS_START: RawFd = 3;
+/// Most inherited sockets adopted.
+const MAX_LISTEN_FDS: usize = 64;
+
+/// A listening socket inherited from the process that started us.
+#[derive(Debug)]
+pub enum Inherited {
+    /// A TCP socket.
+    Tcp(TcpListener),
+    /// A Unix-domain socket.
+    Unix(UnixListener),
+}
+
+/// The sockets passed by socket activation (`LISTEN_PID` = this process, `LISTEN_FDS` = n:
+/// fds 3..3+n), or `None` when the environment does not pass any to this process.
+pub fn inherited_listeners() -> io::Result<Option<Vec<Inherited>>> {
+    let Ok(pid) = std::env::var("LISTEN_PID") else {
+        return Ok(None);
+    };
+    if pid.trim().parse::<u32>().ok() != Some(std::process::id()) {
+        return Ok(None);
+    }
+    let count = std::env::var("LISTEN_FDS").unwrap_or_default();
+    let count: usize = count.trim().parse().map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("LISTEN_FDS={count:?} is not a number"),
+        )
+    })?;
+    if count > MAX_LISTEN_FDS {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("LISTEN_FDS={count}: at most {MAX_LISTEN_FDS} sockets"),
+        ));
+    }
+    let mut listeners = Vec::with_capacity(count);
+    for fd in (LISTEN_FDS_START..).take(count) {
+        let domain = socket_option(fd, libc::SO_DOMAIN).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("inherited fd {fd} (LISTEN_FDS) is not a socket: {e}"),
+            )
+        })?;
+        if socket_option(fd, libc::SO_ACCEPTCONN)? == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("inherited fd {fd} (LISTEN_FDS) is not a listening socket"),
+            ));
+        }
+        // `fd` is an open listening socket (getsockopt succeeded on it) that socket activation
+        // handed to this process; nothing else in the process owns it, and it is adopted once.
+        let listener = match domain {
+            // SAFETY: as above.
+            libc::AF_UNIX => Inherited::Unix(unsafe { UnixListener::from_raw_fd(fd) }),
+            libc::AF_INET | libc::AF_INET6 => {
+                // SAFETY: as above.
+                Inherited::Tcp(unsafe { TcpListener::from_raw_fd(fd) })
+            }
+            other => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("inherited fd {fd} has socket domain {other}, not TCP or Unix"),
+                ));
+            }
+        };
+        set_cloexec(fd)?;
+        listeners.push(listener);
+    }
+    Ok(Some(listeners))
+}
+
+fn socket_option(fd: RawFd, option: libc::c_int) -> io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `value` and `len` are valid for writes of the sizes given; a bad fd only makes
+    // the call fail.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            option,
+            (&raw mut value).cast(),
+            &raw mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(value)
+}
+
+fn set_cloexec(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl on an fd this process owns, with integer arguments only.
+    let rc = unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Every (interface name, address) pair of this host (`getifaddrs`).
+pub fn interface_addresses() -> io::Result<Vec<(String, IpAddr)>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head into `head`, which is valid for a write.
+    if unsafe { libc::getifaddrs(&raw mut head) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut out = Vec::new();
+    let mut entry = head;
+    while !entry.is_null() {
+        // SAFETY: `entry` is a node of the list getifaddrs built, alive until freeifaddrs.
+        let ifa = unsafe { &*entry };
+        entry = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
+            .to_string_lossy()
+            .into_owned();
+        // SAFETY: ifa_addr points to a sockaddr whose family says its real type and size.
+        let address = unsafe {
+            match i32::from((*ifa.ifa_addr).sa_family) {
+                libc::AF_INET => {
+                    let sin = &*ifa.ifa_addr.cast::<libc::sockaddr_in>();
+                    Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(
+                        sin.sin_addr.s_addr,
+                    ))))
+                }
+                libc::AF_INET6 => {
+                    let sin6 = &*ifa.ifa_addr.cast::<libc::sockaddr_in6>();
+                    Some(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)))
+                }
+                _ => None,
+            }
+        };
+        if let Some(address) = address {
+            out.push((name, address));
+        }
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once; no reference into it survives.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
+}
+
+/// SIGINT, SIGTERM and SIGHUP blocked in the calling thread (and every thread it starts
+/// afterwards), to be taken synchronously with [`TerminationSignals::wait`].
+#[derive(Debug)]
+pub struct TerminationSignals {
+    set: libc::sigset_t,
+}
+
+impl TerminationSignals {
+    /// Blocks the signals. Call before starting any thread, so that all inherit the mask.
+    pub fn block() -> io::Result<Self> {
+        // SAFETY: sigemptyset/sigaddset initialise and fill `set`, a plain value owned here;
+        // pthread_sigmask reads it and changes only the calling thread's mask.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&raw mut set);
+            for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::sigaddset(&raw mut set, signal);
+            }
+            let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, std::ptr::null_mut());
+            if rc != 0 {
+                return Err(io::Error::from_raw_os_error(rc));
+            }
+            Ok(Self { set })
+        }
+    }
+
+    /// Waits for one of the signals and returns its number.
+    pub fn wait(&self) -> io::Result<i32> {
+        let mut signal: libc::c_int = 0;
+        // SAFETY: `self.set` was initialised by `block`; `signal` is valid for a write.
+        let rc = unsafe { libc::sigwait(&raw const self.set, &raw mut signal) };
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        Ok(signal)
+    }
+}
+
+/// Wakes every thread blocked in `accept` on `listener` (they fail with `EINVAL`), so that
+/// an acceptor can stop without another connection arriving.
+pub fn stop_accepting(listener: &impl AsRawFd) -> io::Result<()> {
+    // SAFETY: shutdown on an fd the caller's listener owns; no memory is passed.
+    let rc = unsafe { libc::shutdown(listener.as_raw_fd(), libc::SHUT_RD) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stopping_wakes_a_blocked_accept_on_tcp_and_unix() {
+        let tcp = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let dir = std::env::temp_dir().join(format!("locus-nbd-sys-{}", std::process::id()));
+        let _ = std::fs::remove_file(&dir);
+        let unix = UnixListener::bind(&dir).expect("bind unix");
+        std::thread::scope(|s| {
+            let t = s.spawn(|| tcp.accept().is_err());
+            let u = s.spawn(|| unix.accept().is_err());
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            stop_accepting(&tcp).expect("shutdown tcp");
+            stop_accepting(&unix).expect("shutdown unix");
+            assert!(
+                t.join().expect("tcp thread"),
+                "accept returned a connection"
+            );
+            assert!(
+                u.join().expect("unix thread"),
+                "accept returned a connection"
+            );
+        });
+        let _ = std::fs::remove_file(&dir);
+    }
+
+    #[test]
+    fn loopback_is_among_the_interface_addresses() {
+        let addresses = interface_addresses().expect("getifaddrs");
+        assert!(
+            addresses
+                .iter()
+                .any(|(name, ip)| name == "lo" && *ip == IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            "{addresses:?}"
+        );
+    }
+}
