@@ -131,6 +131,14 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
     // Before any thread starts, so that every thread inherits the mask and the signals are
     // taken only by `wait` below.
     let signals = TerminationSignals::block().context("blocking termination signals")?;
+    for (i, spec) in args.exports.iter().enumerate() {
+        if args.exports[..i]
+            .iter()
+            .any(|other| other.name == spec.name)
+        {
+            bail!("export name {:?} is given twice", spec.name);
+        }
+    }
     let listeners = listeners(args)?;
     let volume = Arc::new(super::volume::open_or_create_default(dir, sysfs)?);
     let topology = volume.topology().clone();
