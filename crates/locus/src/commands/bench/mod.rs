@@ -1,6 +1,7 @@
 //! `locus bench`: measurements printed as numbers, one suite per file.
 
 pub mod fs;
+pub mod nbd;
 pub mod sim;
 pub mod uring;
 pub mod volume;
@@ -19,6 +20,7 @@ pub struct BenchArgs {
 enum Suite {
     Volume(volume::VolumeBenchArgs),
     Fs(fs::FsBenchArgs),
+    Nbd(nbd::NbdBenchArgs),
     Sim(sim::SimBenchArgs),
     Uring(uring::UringBenchArgs),
 }
@@ -27,6 +29,7 @@ pub fn run(sysfs: &std::path::Path, args: &BenchArgs) -> Result<()> {
     match &args.suite {
         Suite::Volume(args) => volume::run(sysfs, args),
         Suite::Fs(args) => fs::run(sysfs, args),
+        Suite::Nbd(args) => nbd::run(args),
         Suite::Sim(args) => sim::run(args),
         Suite::Uring(args) => uring::run(args),
     }

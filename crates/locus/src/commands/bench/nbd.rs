@@ -1,0 +1,353 @@
+//! `locus bench nbd`: fio's nbd engine against `locus serve` and, in the same run, against
+//! `nbdkit memory` and `qemu-nbd` serving a file on tmpfs, over loopback TCP.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use serde::Serialize;
+
+use crate::size::{format_bytes, parse_size};
+
+/// Measure NBD serving: fio's nbd engine (one job, queue depth 16) with random reads and
+/// writes of 4 KiB, 64 KiB and 1 MiB against `locus serve`, `nbdkit memory` and `qemu-nbd`
+/// (on a tmpfs file), each over loopback TCP, in one run. Servers that are not installed are
+/// skipped with a note. Every export is filled before the read cases, so reads return data,
+/// not holes. Prints IOPS, GB/s and locus's ratio to each other server.
+///
+/// locus serves a fresh volume in /dev/shm (removed afterwards), with every write durable
+/// before its reply; nbdkit's memory plugin keeps data in DRAM, qemu-nbd in the page cache
+/// (--cache=writeback), neither durable.
+#[derive(Debug, Args)]
+pub struct NbdBenchArgs {
+    /// Print one JSON object per case instead of a table.
+    #[arg(long)]
+    json: bool,
+
+    /// Seconds per case.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+
+    /// Region of each export the cases touch (the exports are 1 GiB).
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    size: u64,
+
+    /// Block sizes (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values = ["4K", "64K", "1M"], value_parser = parse_size)]
+    bs: Vec<u64>,
+
+    /// Queue depth of the fio job.
+    #[arg(long, default_value_t = 16)]
+    iodepth: u32,
+
+    /// locus serve's submission: inline or queued.
+    #[arg(long, default_value = "inline")]
+    submit: String,
+}
+
+/// Export size for every server.
+const EXPORT_BYTES: u64 = 1 << 30;
+
+#[derive(Debug, Serialize)]
+struct Case {
+    suite: &'static str,
+    engine: &'static str,
+    op: &'static str,
+    bs_bytes: u64,
+    iodepth: u32,
+    iops: f64,
+    bytes_per_sec: f64,
+    latency_mean_ns: f64,
+    durable: bool,
+}
+
+/// A server process, stopped (SIGTERM, then SIGKILL) when dropped.
+struct Running {
+    engine: &'static str,
+    child: Child,
+    port: u16,
+    durable: bool,
+    cleanup: Vec<PathBuf>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for path in &self.cleanup {
+            let _ = std::fs::remove_dir_all(path);
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+fn installed(program: &str) -> bool {
+    Command::new(program)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+fn wait_for(running: &mut Running) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while TcpStream::connect(("127.0.0.1", running.port)).is_err() {
+        if let Some(status) = running.child.try_wait()? {
+            bail!("{} exited with {status} before listening", running.engine);
+        }
+        if Instant::now() > deadline {
+            bail!("{} did not listen within 60 s", running.engine);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+fn start_locus(submit: &str) -> Result<Running> {
+    let dir = tempdir("locus-bench-nbd")?;
+    let port = free_port()?;
+    let exe = std::env::current_exe().context("finding the locus binary")?;
+    let child = Command::new(exe)
+        .args(["--volume", dir.to_str().unwrap_or_default(), "serve"])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--default-size", &EXPORT_BYTES.to_string()])
+        .args(["--submit", submit])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting locus serve")?;
+    let mut running = Running {
+        engine: "locus",
+        child,
+        port,
+        durable: true,
+        cleanup: vec![dir],
+    };
+    wait_for(&mut running)?;
+    Ok(running)
+}
+
+fn start_nbdkit() -> Result<Running> {
+    let port = free_port()?;
+    let child = Command::new("nbdkit")
+        .args(["--foreground", "--exit-with-parent", "-p", &port.to_string()])
+        .args(["--ipaddr", "127.0.0.1", "memory", &EXPORT_BYTES.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting nbdkit")?;
+    let mut running = Running {
+        engine: "nbdkit-memory",
+        child,
+        port,
+        durable: false,
+        cleanup: Vec::new(),
+    };
+    wait_for(&mut running)?;
+    Ok(running)
+}
+
+fn start_qemu_nbd() -> Result<Running> {
+    let port = free_port()?;
+    let dir = tempdir("locus-bench-qemu-nbd")?;
+    let image = dir.join("disk.img");
+    std::fs::File::create(&image)
+        .and_then(|f| f.set_len(EXPORT_BYTES))
+        .with_context(|| format!("creating {}", image.display()))?;
+    let child = Command::new("qemu-nbd")
+        .args(["--persistent", "--shared=8", "--format=raw", "--cache=writeback"])
+        .args(["--bind=127.0.0.1", &format!("--port={port}")])
+        .arg(&image)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting qemu-nbd")?;
+    let mut running = Running {
+        engine: "qemu-nbd",
+        child,
+        port,
+        durable: false,
+        cleanup: vec![dir],
+    };
+    wait_for(&mut running)?;
+    Ok(running)
+}
+
+fn tempdir(prefix: &str) -> Result<PathBuf> {
+    let dir = Path::new("/dev/shm").join(format!("{prefix}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
+fn fio(
+    port: u16,
+    rw: &str,
+    bs: u64,
+    size: u64,
+    iodepth: u32,
+    seconds: Option<f64>,
+) -> Result<serde_json::Value> {
+    let mut command = Command::new("fio");
+    command.args([
+        "--name=locus-bench-nbd",
+        "--ioengine=nbd",
+        &format!("--uri=nbd://127.0.0.1:{port}/"),
+        &format!("--rw={rw}"),
+        &format!("--bs={bs}"),
+        &format!("--iodepth={iodepth}"),
+        &format!("--size={size}"),
+        "--numjobs=1",
+        "--randrepeat=0",
+        "--norandommap",
+        "--output-format=json",
+    ]);
+    if let Some(seconds) = seconds {
+        command.args([
+            "--time_based".to_owned(),
+            format!("--runtime={}ms", (seconds * 1000.0) as u64),
+        ]);
+    }
+    let output = command.output().context("running fio")?;
+    if !output.status.success() {
+        bail!(
+            "fio failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    let start = text.find('{').context("fio printed no JSON")?;
+    serde_json::from_str(&text[start..]).context("parsing fio's JSON")
+}
+
+pub fn run(args: &NbdBenchArgs) -> Result<()> {
+    anyhow::ensure!(
+        args.seconds > 0.0 && args.seconds <= 600.0,
+        "--seconds must be in (0, 600]"
+    );
+    anyhow::ensure!(
+        args.submit == "inline" || args.submit == "queued",
+        "--submit: inline or queued"
+    );
+    anyhow::ensure!(
+        (1..=EXPORT_BYTES).contains(&args.size),
+        "--size: 1 byte to 1 GiB"
+    );
+    anyhow::ensure!(
+        args.bs.iter().all(|&b| b >= 512 && b <= 32 << 20 && b % 512 == 0),
+        "--bs: multiples of 512 bytes up to 32M"
+    );
+    if !installed("fio") {
+        bail!("fio is not installed (Debian: apt-get install fio)");
+    }
+    let mut starters: Vec<(&str, Box<dyn Fn() -> Result<Running>>)> = Vec::new();
+    let submit = args.submit.clone();
+    starters.push(("locus", Box::new(move || start_locus(&submit))));
+    if installed("nbdkit") {
+        starters.push(("nbdkit-memory", Box::new(start_nbdkit)));
+    } else {
+        eprintln!("note: nbdkit is not installed; skipping nbdkit memory (Debian: nbdkit)");
+    }
+    if installed("qemu-nbd") {
+        starters.push(("qemu-nbd", Box::new(start_qemu_nbd)));
+    } else {
+        eprintln!("note: qemu-nbd is not installed; skipping it (Debian: qemu-utils)");
+    }
+    let mut cases = Vec::new();
+    for (name, start) in &starters {
+        let server = start().with_context(|| format!("starting {name}"))?;
+        // Fill the region once so that reads find data.
+        fio(server.port, "write", 1 << 20, args.size, args.iodepth, None)
+            .with_context(|| format!("filling {name}'s export"))?;
+        for &bs in &args.bs {
+            for op in ["randread", "randwrite"] {
+                let doc = fio(server.port, op, bs, args.size, args.iodepth, Some(args.seconds))
+                    .with_context(|| format!("{op} {bs} on {name}"))?;
+                let side = &doc["jobs"][0][if op == "randread" { "read" } else { "write" }];
+                cases.push(Case {
+                    suite: "nbd",
+                    engine: server.engine,
+                    op,
+                    bs_bytes: bs,
+                    iodepth: args.iodepth,
+                    iops: side["iops"].as_f64().unwrap_or(0.0),
+                    bytes_per_sec: side["bw_bytes"].as_f64().unwrap_or(0.0),
+                    latency_mean_ns: side["clat_ns"]["mean"].as_f64().unwrap_or(0.0),
+                    durable: server.durable,
+                });
+                if !args.json {
+                    eprint!(".");
+                }
+            }
+        }
+    }
+    if args.json {
+        for case in &cases {
+            println!("{}", serde_json::to_string(case)?);
+        }
+    } else {
+        eprintln!();
+        print_table(&cases, args);
+    }
+    Ok(())
+}
+
+fn print_table(cases: &[Case], args: &NbdBenchArgs) {
+    println!(
+        "fio nbd engine, 1 job, queue depth {}, loopback TCP, {} region, {} s per case; locus \
+         submission {}",
+        args.iodepth,
+        format_bytes(args.size),
+        args.seconds,
+        args.submit
+    );
+    println!(
+        "{:<10} {:>6} {:<14} {:>10} {:>8} {:>9} {:>9} {:>11}",
+        "op", "bs", "engine", "IOPS", "GB/s", "mean us", "durable", "locus vs"
+    );
+    for case in cases {
+        let locus = cases
+            .iter()
+            .find(|c| c.engine == "locus" && c.op == case.op && c.bs_bytes == case.bs_bytes);
+        let ratio = match locus {
+            Some(l) if case.engine != "locus" && case.bytes_per_sec > 0.0 => {
+                format!("{:.2}x", l.bytes_per_sec / case.bytes_per_sec)
+            }
+            _ => String::new(),
+        };
+        println!(
+            "{:<10} {:>6} {:<14} {:>10.0} {:>8.2} {:>9.1} {:>9} {:>11}",
+            case.op,
+            format_bytes(case.bs_bytes)
+                .replace(".00 ", "")
+                .replace("KiB", "K")
+                .replace("MiB", "M"),
+            case.engine,
+            case.iops,
+            case.bytes_per_sec / 1e9,
+            case.latency_mean_ns / 1000.0,
+            if case.durable { "yes" } else { "no" },
+            ratio,
+        );
+    }
+}
