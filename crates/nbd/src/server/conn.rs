@@ -26,6 +26,10 @@ use crate::{NbdError, NbdOption};
 /// The id of the one metadata context locus serves.
 const BASE_ALLOCATION_ID: u32 = 1;
 const BASE_ALLOCATION: &str = "base:allocation";
+/// Replies up to this size may be held back (corked); larger ones go out at once.
+const CORK_REPLY_BYTES: usize = 16 << 10;
+/// Held-back replies are sent once they add up to this much.
+const CORK_FLUSH_BYTES: usize = 128 << 10;
 /// Most extents in one block-status reply.
 const MAX_EXTENTS: usize = 1 << 16;
 
@@ -128,12 +132,15 @@ pub(crate) fn serve<E: Export>(
         export: negotiated.export,
         channel: Arc::clone(channel),
         writer: Mutex::new(writer),
+        corked: shared.config.submit == Submit::Inline,
+        pending: Mutex::new(Vec::new()),
         in_flight: Mutex::new(0),
         finished: Condvar::new(),
         broken: AtomicBool::new(false),
     });
     let end = transmission(shared, &conn, &mut stream);
     conn.wait_idle();
+    conn.flush_pending();
     end
 }
 
@@ -315,6 +322,11 @@ pub(crate) struct Conn<E: Export> {
     export: Arc<E>,
     pub(crate) channel: Arc<Channel<E>>,
     writer: Mutex<Stream>,
+    /// Inline submission holds small replies back while more requests are already queued
+    /// on the socket, and sends them together before it would wait: one system call (and
+    /// one wake-up of the client) for a burst instead of one per request.
+    corked: bool,
+    pending: Mutex<Vec<u8>>,
     in_flight: Mutex<usize>,
     finished: Condvar,
     broken: AtomicBool,
@@ -349,11 +361,48 @@ impl<E: Export> Conn<E> {
         self.finished.notify_all();
     }
 
-    /// Sends one reply made of `slices`; a failure breaks the connection (its reader stops).
+    /// Sends one reply made of `slices` (or, corked, queues a small one); a failure breaks
+    /// the connection (its reader stops).
     fn send(&self, slices: &mut [IoSlice<'_>]) {
         if self.broken.load(Ordering::Relaxed) {
             return;
         }
+        if self.corked {
+            let len: usize = slices.iter().map(|s| s.len()).sum();
+            let mut pending = self.pending.lock().expect("pending replies");
+            if len <= CORK_REPLY_BYTES {
+                for slice in slices.iter() {
+                    pending.extend_from_slice(slice);
+                }
+                if pending.len() >= CORK_FLUSH_BYTES {
+                    self.write(&mut [IoSlice::new(&pending)]);
+                    pending.clear();
+                }
+                return;
+            }
+            if !pending.is_empty() {
+                self.write(&mut [IoSlice::new(&pending)]);
+                pending.clear();
+            }
+        }
+        self.write(slices);
+    }
+
+    /// Sends the replies held back.
+    fn flush_pending(&self) {
+        if !self.corked {
+            return;
+        }
+        let mut pending = self.pending.lock().expect("pending replies");
+        if !pending.is_empty() {
+            if !self.broken.load(Ordering::Relaxed) {
+                self.write(&mut [IoSlice::new(&pending)]);
+            }
+            pending.clear();
+        }
+    }
+
+    fn write(&self, slices: &mut [IoSlice<'_>]) {
         let mut writer = self.writer.lock().expect("connection writer");
         if let Err(e) = writer.write_all_slices(slices) {
             tracing::debug!(error = %e, "sending a reply failed; closing the connection");
@@ -389,7 +438,7 @@ fn transmission<E: Export>(shared: &Shared<E>, conn: &Arc<Conn<E>>, stream: &mut
             ));
         }
         let mut header = [0u8; REQUEST_BYTES];
-        match read_header(stream, &mut header) {
+        match read_header(conn, stream, &mut header) {
             Ok(true) => {}
             Ok(false) if shared.stopping.load(Ordering::Acquire) => return End::Shutdown,
             Ok(false) => return End::Clean,
@@ -452,8 +501,31 @@ fn transmission<E: Export>(shared: &Shared<E>, conn: &Arc<Conn<E>>, stream: &mut
 }
 
 /// Reads a request header; `false` when the connection closed cleanly before its first byte.
-fn read_header(stream: &mut Stream, header: &mut [u8; REQUEST_BYTES]) -> io::Result<bool> {
+/// Replies held back are sent before the thread would wait for the client.
+fn read_header<E: Export>(
+    conn: &Conn<E>,
+    stream: &mut Stream,
+    header: &mut [u8; REQUEST_BYTES],
+) -> io::Result<bool> {
     let mut at = 0;
+    if conn.corked {
+        loop {
+            match super::sys::recv_now(stream, &mut header[at..]) {
+                Ok(0) if at == 0 => return Ok(false),
+                Ok(0) => break,
+                Ok(n) => {
+                    at += n;
+                    if at == header.len() {
+                        return Ok(true);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        conn.flush_pending();
+    }
     while at < header.len() {
         match stream.read(&mut header[at..]) {
             Ok(0) if at == 0 => return Ok(false),

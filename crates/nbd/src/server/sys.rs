@@ -199,6 +199,24 @@ impl TerminationSignals {
     }
 }
 
+/// Receives what is already queued on the socket, without waiting (`MSG_DONTWAIT`):
+/// `WouldBlock` when nothing is, `Ok(0)` at the end of the stream.
+pub fn recv_now(socket: &impl AsRawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for writes of its length and outlives the call.
+    let n = unsafe {
+        libc::recv(
+            socket.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
 /// Wakes every thread blocked in `accept` on `listener` (they fail with `EINVAL`), so that
 /// an acceptor can stop without another connection arriving.
 pub fn stop_accepting(listener: &impl AsRawFd) -> io::Result<()> {

@@ -48,6 +48,9 @@ pub struct NbdBenchArgs {
     submit: String,
 }
 
+/// Starts one server.
+type Starter = Box<dyn Fn() -> Result<Running>>;
+
 /// Export size for every server.
 const EXPORT_BYTES: u64 = 1 << 30;
 
@@ -149,7 +152,12 @@ fn start_locus(submit: &str) -> Result<Running> {
 fn start_nbdkit() -> Result<Running> {
     let port = free_port()?;
     let child = Command::new("nbdkit")
-        .args(["--foreground", "--exit-with-parent", "-p", &port.to_string()])
+        .args([
+            "--foreground",
+            "--exit-with-parent",
+            "-p",
+            &port.to_string(),
+        ])
         .args(["--ipaddr", "127.0.0.1", "memory", &EXPORT_BYTES.to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -174,7 +182,12 @@ fn start_qemu_nbd() -> Result<Running> {
         .and_then(|f| f.set_len(EXPORT_BYTES))
         .with_context(|| format!("creating {}", image.display()))?;
     let child = Command::new("qemu-nbd")
-        .args(["--persistent", "--shared=8", "--format=raw", "--cache=writeback"])
+        .args([
+            "--persistent",
+            "--shared=8",
+            "--format=raw",
+            "--cache=writeback",
+        ])
         .args(["--bind=127.0.0.1", &format!("--port={port}")])
         .arg(&image)
         .stdout(Stdio::null())
@@ -254,13 +267,15 @@ pub fn run(args: &NbdBenchArgs) -> Result<()> {
         "--size: 1 byte to 1 GiB"
     );
     anyhow::ensure!(
-        args.bs.iter().all(|&b| b >= 512 && b <= 32 << 20 && b % 512 == 0),
+        args.bs
+            .iter()
+            .all(|&b| (512..=32 << 20).contains(&b) && b % 512 == 0),
         "--bs: multiples of 512 bytes up to 32M"
     );
     if !installed("fio") {
         bail!("fio is not installed (Debian: apt-get install fio)");
     }
-    let mut starters: Vec<(&str, Box<dyn Fn() -> Result<Running>>)> = Vec::new();
+    let mut starters: Vec<(&str, Starter)> = Vec::new();
     let submit = args.submit.clone();
     starters.push(("locus", Box::new(move || start_locus(&submit))));
     if installed("nbdkit") {
@@ -281,8 +296,15 @@ pub fn run(args: &NbdBenchArgs) -> Result<()> {
             .with_context(|| format!("filling {name}'s export"))?;
         for &bs in &args.bs {
             for op in ["randread", "randwrite"] {
-                let doc = fio(server.port, op, bs, args.size, args.iodepth, Some(args.seconds))
-                    .with_context(|| format!("{op} {bs} on {name}"))?;
+                let doc = fio(
+                    server.port,
+                    op,
+                    bs,
+                    args.size,
+                    args.iodepth,
+                    Some(args.seconds),
+                )
+                .with_context(|| format!("{op} {bs} on {name}"))?;
                 let side = &doc["jobs"][0][if op == "randread" { "read" } else { "write" }];
                 cases.push(Case {
                     suite: "nbd",
