@@ -345,6 +345,7 @@ fn real_clients_see_the_exports_and_move_data_intact() {
                 "--verify=crc32c",
                 "--do_verify=1",
                 "--verify_fatal=1",
+                "--verify_state_save=0",
             ],
         );
         let report = text(&fio.stdout);
@@ -406,6 +407,7 @@ fn queued_submission_and_several_channels_serve_correctly() {
             "--verify=crc32c",
             "--do_verify=1",
             "--verify_fatal=1",
+            "--verify_state_save=0",
         ],
     );
     assert!(
