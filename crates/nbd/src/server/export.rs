@@ -170,11 +170,10 @@ pub(crate) fn skip(stream: &mut dyn ReadDebug, len: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// The named exports of a server, one of them the default (answering the empty name).
+/// The named exports of a server; the first is the default (it answers the empty name).
 #[derive(Debug)]
 pub struct Exports<E> {
     entries: Vec<(String, Arc<E>)>,
-    default: usize,
 }
 
 impl<E> Exports<E> {
@@ -195,16 +194,13 @@ impl<E> Exports<E> {
                 return Err(format!("export name {name:?} is given twice"));
             }
         }
-        Ok(Self {
-            entries,
-            default: 0,
-        })
+        Ok(Self { entries })
     }
 
     /// The export a client asked for by name; the empty name is the default export.
     pub fn find(&self, name: &str) -> Option<(&str, &Arc<E>)> {
         let entry = if name.is_empty() {
-            self.entries.get(self.default)
+            self.entries.first()
         } else {
             self.entries.iter().find(|(n, _)| n == name)
         };
