@@ -25,6 +25,23 @@ enum Suite {
     Uring(uring::UringBenchArgs),
 }
 
+/// Runs a fio command given `--output-format=json` and returns its report.
+fn fio_report(command: &mut std::process::Command) -> Result<serde_json::Value> {
+    use anyhow::Context;
+    let output = command.output().context("running fio")?;
+    if !output.status.success() {
+        anyhow::bail!(
+            "fio failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    // fio may print notes before the JSON document.
+    let start = text.find('{').context("fio printed no JSON")?;
+    serde_json::from_str(&text[start..]).context("parsing fio's JSON")
+}
+
 pub fn run(sysfs: &std::path::Path, args: &BenchArgs) -> Result<()> {
     match &args.suite {
         Suite::Volume(args) => volume::run(sysfs, args),

@@ -240,17 +240,7 @@ fn fio(
             format!("--runtime={}ms", (seconds * 1000.0) as u64),
         ]);
     }
-    let output = command.output().context("running fio")?;
-    if !output.status.success() {
-        bail!(
-            "fio failed: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    let text = String::from_utf8_lossy(&output.stdout);
-    let start = text.find('{').context("fio printed no JSON")?;
-    serde_json::from_str(&text[start..]).context("parsing fio's JSON")
+    super::fio_report(&mut command)
 }
 
 pub fn run(args: &NbdBenchArgs) -> Result<()> {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::Args;
 use rand_offsets::Offsets;
 use serde::Serialize;
@@ -285,33 +285,23 @@ fn run_fio(
     seconds: f64,
     fixed: bool,
 ) -> Result<Case> {
-    let output = Command::new("fio")
-        .args([
-            "--name=locus-bench",
-            &format!("--filename={}", path.display()),
-            "--ioengine=io_uring",
-            "--direct=1",
-            &format!("--rw={}", op_name(op)),
-            &format!("--bs={bs}"),
-            &format!("--iodepth={iodepth}"),
-            &format!("--size={size}"),
-            &format!("--fixedbufs={}", u8::from(fixed)),
-            "--time_based",
-            &format!("--runtime={}ms", (seconds * 1000.0) as u64),
-            "--ramp_time=0",
-            "--randrepeat=0",
-            "--norandommap",
-            "--output-format=json",
-        ])
-        .output()
-        .context("running fio")?;
-    if !output.status.success() {
-        bail!("fio failed: {}", String::from_utf8_lossy(&output.stderr));
-    }
-    let text = String::from_utf8_lossy(&output.stdout);
-    let start = text.find('{').context("fio printed no JSON")?;
-    let doc: serde_json::Value =
-        serde_json::from_str(&text[start..]).context("parsing fio's JSON")?;
+    let doc = super::fio_report(Command::new("fio").args([
+        "--name=locus-bench",
+        &format!("--filename={}", path.display()),
+        "--ioengine=io_uring",
+        "--direct=1",
+        &format!("--rw={}", op_name(op)),
+        &format!("--bs={bs}"),
+        &format!("--iodepth={iodepth}"),
+        &format!("--size={size}"),
+        &format!("--fixedbufs={}", u8::from(fixed)),
+        "--time_based",
+        &format!("--runtime={}ms", (seconds * 1000.0) as u64),
+        "--ramp_time=0",
+        "--randrepeat=0",
+        "--norandommap",
+        "--output-format=json",
+    ]))?;
     let side = &doc["jobs"][0][if op == Op::Read { "read" } else { "write" }];
     Ok(Case {
         suite: "uring",
