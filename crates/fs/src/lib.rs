@@ -52,6 +52,7 @@ pub mod path;
 pub mod range_lock;
 mod recovery;
 pub mod root;
+mod setup;
 pub mod snapshot;
 
 pub use error::{FsError, Result};
@@ -63,3 +64,4 @@ pub use journal::Kind;
 pub use log::{LogArea, LogRecord};
 pub use range_lock::{LockMode, RangeGuard, RangeLocks};
 pub use recovery::FsCheck;
+pub use setup::{create_default_volume, format_volume};

@@ -15,9 +15,9 @@ use volume::{OpenOptions, Volume, VolumeConfig};
 pub fn open_or_create_default(dir: &Path, sysfs: &Path) -> Result<Volume> {
     let topology = read_topology(sysfs)?;
     if VolumeConfig::read(dir)?.is_none() {
-        let config = volume::default_config(dir, &topology, None)?;
-        Volume::format(dir, &config, false)?;
-        format_fs(dir, topology.clone())?;
+        let config = fs::create_default_volume(dir, &topology).with_context(|| {
+            format!("creating the embedded default volume at {}", dir.display())
+        })?;
         eprintln!(
             "locus: no volume at {}; created the embedded default: {} emulated device(s), one per \
              NUMA node, each bound to its node (survives process crashes, not reboots), with an \
@@ -43,17 +43,8 @@ pub fn open(dir: &Path, topology: Topology) -> Result<Volume> {
 
 /// Creates an empty file system on the (closed) volume in `dir`, replacing any there.
 pub fn format_fs(dir: &Path, topology: Topology) -> Result<()> {
-    let volume = Arc::new(open(dir, topology)?);
-    let capacity = volume.stats().iter().map(|d| d.capacity_bytes).sum();
-    let layout = fs::FormatOptions::scaled_to(capacity);
-    let fs = fs::Fs::format(volume, &layout, fs::FsOptions::default()).with_context(|| {
-        format!(
-            "formatting a file system on the volume at {}",
-            dir.display()
-        )
-    })?;
-    fs.unmount()
-        .with_context(|| format!("closing the new file system at {}", dir.display()))
+    fs::format_volume(dir, topology)
+        .with_context(|| format!("formatting a file system on the volume at {}", dir.display()))
 }
 
 /// What a volume's file system looks like to `status` and `fsck`.

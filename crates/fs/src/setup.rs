@@ -1,0 +1,29 @@
+//! Putting a file system on a volume directory: the embedded default volume that the `locus`
+//! binary and the preload library create when `LOCUS_VOLUME` names no volume yet.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use topology::Topology;
+use volume::{Volume, VolumeConfig};
+
+use crate::{FormatOptions, Fs, FsOptions, Result};
+
+/// Creates the embedded default volume in `dir` (one emulated device per NUMA node with
+/// memory, each bound to its node; see [`volume::default_config`]) with an empty file
+/// system, and returns its configuration. Refuses a directory that holds a volume already.
+pub fn create_default_volume(dir: &Path, topology: &Topology) -> Result<VolumeConfig> {
+    let config = volume::default_config(dir, topology, None)?;
+    Volume::format(dir, &config, false)?;
+    format_volume(dir, topology.clone())?;
+    Ok(config)
+}
+
+/// Opens the (closed) volume in `dir` and writes an empty file system on it, laid out by
+/// [`FormatOptions::scaled_to`] its capacity, replacing any file system there.
+pub fn format_volume(dir: &Path, topology: Topology) -> Result<()> {
+    let volume = Arc::new(Volume::open(dir, topology, &Default::default())?);
+    let capacity = volume.stats().iter().map(|d| d.capacity_bytes).sum();
+    let fs = Fs::format(volume, &FormatOptions::scaled_to(capacity), FsOptions::default())?;
+    fs.unmount()
+}

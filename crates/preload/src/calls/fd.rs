@@ -1,0 +1,571 @@
+//! Opening and closing: `open` and its variants, `close`, `dup*`, `fcntl`, `flock`, `lockf`,
+//! `ioctl`.
+
+use std::ffi::{c_char, c_int, c_ulong};
+use std::sync::Arc;
+
+use fs::{FsError, Kind, OpenOptions};
+use libc::{mode_t, off_t};
+
+use super::{fs_errno, int, route, umask, unit};
+use crate::locks::{Kind as LockKind, Owner, Space};
+use crate::state::{self, Desc, Node, Slot};
+use crate::{errno, real};
+
+/// Status flags an open file description keeps (and `F_GETFL` reports).
+const STATUS_FLAGS: c_int = libc::O_ACCMODE
+    | libc::O_APPEND
+    | libc::O_NONBLOCK
+    | libc::O_DIRECT
+    | libc::O_NOATIME
+    | libc::O_SYNC
+    | libc::O_DSYNC
+    | libc::O_ASYNC
+    | libc::O_PATH;
+/// Flags `F_SETFL` may change.
+const SETFL_FLAGS: c_int =
+    libc::O_APPEND | libc::O_NONBLOCK | libc::O_DIRECT | libc::O_NOATIME | libc::O_ASYNC;
+
+/// Opens the locus file or directory `path` with `open(2)`'s flags; returns the new fd.
+pub(crate) fn open_locus(
+    path: &str,
+    trailing_slash: bool,
+    flags: c_int,
+    mode: mode_t,
+) -> Result<c_int, c_int> {
+    if flags & libc::O_TMPFILE == libc::O_TMPFILE {
+        return Err(libc::EOPNOTSUPP);
+    }
+    let access = flags & libc::O_ACCMODE;
+    if access == libc::O_ACCMODE {
+        return Err(libc::EINVAL);
+    }
+    let write = access != libc::O_RDONLY && flags & libc::O_PATH == 0;
+    let create = flags & libc::O_CREAT != 0 && flags & libc::O_PATH == 0;
+    let desc = state::with_fs(|fs| {
+        match fs.stat(path) {
+            Ok(st) if st.kind == Kind::Dir => {
+                if create && flags & libc::O_EXCL != 0 {
+                    return Err(libc::EEXIST);
+                }
+                if write || create {
+                    return Err(libc::EISDIR);
+                }
+                return Ok(Desc::new(
+                    Node::Dir(Default::default()),
+                    path.to_owned(),
+                    st.ino,
+                    flags & STATUS_FLAGS,
+                ));
+            }
+            Ok(_) if flags & libc::O_DIRECTORY != 0 || trailing_slash => {
+                return Err(libc::ENOTDIR);
+            }
+            Err(FsError::NotFound(_)) if create && trailing_slash => return Err(libc::EISDIR),
+            Err(FsError::NotFound(_)) if create && flags & libc::O_DIRECTORY != 0 => {
+                return Err(libc::EINVAL);
+            }
+            _ => {}
+        }
+        let options = OpenOptions {
+            read: access != libc::O_WRONLY,
+            write,
+            create,
+            exclusive: create && flags & libc::O_EXCL != 0,
+            // O_TRUNC without write access is unspecified; it truncates nothing here.
+            truncate: write && flags & libc::O_TRUNC != 0,
+            mode: (mode & 0o7777) & !umask(),
+        };
+        let file = fs.open_file(path, options).map_err(|e| fs_errno(&e))?;
+        let ino = file.ino();
+        Ok(Desc::new(
+            Node::File(file),
+            path.to_owned(),
+            ino,
+            flags & STATUS_FLAGS,
+        ))
+    })?;
+    state::new_fd(desc, flags & libc::O_CLOEXEC != 0)
+}
+
+unsafe fn open_at(dirfd: c_int, path: *const c_char, flags: c_int, mode: mode_t) -> c_int {
+    route!(dirfd, path,
+        kernel(dirfd, path) => {
+            // SAFETY: the caller's arguments, unchanged (or a path we built).
+            unsafe { real::openat(dirfd, path, flags, mode) }
+        },
+        locus(inner, slash) => int(state::run(|| open_locus(&inner, slash, flags, mode))),
+    )
+}
+
+/// `open(2)`.
+///
+/// # Safety
+/// C's contract: `path` is a NUL-terminated string; `mode` is read only with `O_CREAT`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn open(path: *const c_char, flags: c_int, mode: mode_t) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { open_at(libc::AT_FDCWD, path, flags, mode) }
+}
+
+/// `open64(2)`.
+///
+/// # Safety
+/// As [`open`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn open64(path: *const c_char, flags: c_int, mode: mode_t) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { open_at(libc::AT_FDCWD, path, flags, mode) }
+}
+
+/// `openat(2)`.
+///
+/// # Safety
+/// As [`open`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn openat(
+    dirfd: c_int,
+    path: *const c_char,
+    flags: c_int,
+    mode: mode_t,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { open_at(dirfd, path, flags, mode) }
+}
+
+/// `openat64(2)`.
+///
+/// # Safety
+/// As [`open`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn openat64(
+    dirfd: c_int,
+    path: *const c_char,
+    flags: c_int,
+    mode: mode_t,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { open_at(dirfd, path, flags, mode) }
+}
+
+/// `__open_2`: `open` with `_FORTIFY_SOURCE` (no mode: O_CREAT is refused by the caller).
+///
+/// # Safety
+/// As [`open`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __open_2(path: *const c_char, flags: c_int) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { open_at(libc::AT_FDCWD, path, flags, 0) }
+}
+
+/// `__open64_2`.
+///
+/// # Safety
+/// As [`open`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __open64_2(path: *const c_char, flags: c_int) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { open_at(libc::AT_FDCWD, path, flags, 0) }
+}
+
+/// `__openat_2`.
+///
+/// # Safety
+/// As [`open`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __openat_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { open_at(dirfd, path, flags, 0) }
+}
+
+/// `__openat64_2`.
+///
+/// # Safety
+/// As [`open`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __openat64_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { open_at(dirfd, path, flags, 0) }
+}
+
+/// `creat(2)`.
+///
+/// # Safety
+/// As [`open`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn creat(path: *const c_char, mode: mode_t) -> c_int {
+    let flags = libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC;
+    // SAFETY: forwarded contract.
+    unsafe { open_at(libc::AT_FDCWD, path, flags, mode) }
+}
+
+/// `creat64(2)`.
+///
+/// # Safety
+/// As [`open`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn creat64(path: *const c_char, mode: mode_t) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { creat(path, mode) }
+}
+
+/// Closes a locus fd: forgets it, drops the process's record locks on the file (POSIX:
+/// closing any fd of a file releases them), gives the number back to the kernel.
+fn close_locus(fd: c_int) -> Result<(), c_int> {
+    let slot = state::uninstall(fd).ok_or(libc::EBADF)?;
+    if slot.desc.usable().is_ok() {
+        state::locks().release(slot.desc.ino, Space::Record, Owner::Process);
+    }
+    // SAFETY: `fd` is the reservation we made for this locus fd.
+    unsafe { real::close(fd) };
+    state::release(slot);
+    Ok(())
+}
+
+/// `close(2)`.
+///
+/// # Safety
+/// None beyond C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if !state::is_locus(fd) {
+        // SAFETY: passed through.
+        return unsafe { real::close(fd) };
+    }
+    unit(state::run(|| close_locus(fd)))
+}
+
+/// `dup(2)`.
+///
+/// # Safety
+/// None beyond C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    if !state::is_locus(fd) {
+        // SAFETY: passed through.
+        return unsafe { real::dup(fd) };
+    }
+    int(state::run(|| dup_from(fd, None, false)))
+}
+
+/// A new locus fd (the lowest free number ≥ `at_least`) sharing `fd`'s description.
+fn dup_from(fd: c_int, at_least: Option<c_int>, cloexec: bool) -> Result<c_int, c_int> {
+    let desc = state::desc(fd)?;
+    desc.usable()?;
+    let new = state::reserve(at_least)?;
+    state::install(new, Slot { desc, cloexec });
+    Ok(new)
+}
+
+/// `dup2`/`dup3` onto `newfd`: whichever side is locus, the table follows the kernel.
+fn dup_onto(oldfd: c_int, newfd: c_int, cloexec: bool) -> Result<c_int, c_int> {
+    let old_locus = state::slot(oldfd);
+    if let Some(slot) = &old_locus {
+        slot.desc.usable()?;
+    }
+    let flags = if old_locus.is_some() || cloexec {
+        libc::O_CLOEXEC
+    } else {
+        0
+    };
+    // SAFETY: dup3 on the caller's numbers (for a locus oldfd, on our reservation).
+    let result = unsafe { real::dup3(oldfd, newfd, flags) };
+    if result < 0 {
+        return Err(errno::get());
+    }
+    let replaced = match old_locus {
+        Some(slot) => state::install(
+            newfd,
+            Slot {
+                desc: slot.desc,
+                cloexec,
+            },
+        ),
+        None => state::uninstall(newfd),
+    };
+    if let Some(replaced) = replaced {
+        if replaced.desc.usable().is_ok() {
+            state::locks().release(replaced.desc.ino, Space::Record, Owner::Process);
+        }
+        state::release(replaced);
+    }
+    Ok(newfd)
+}
+
+/// `dup2(2)`.
+///
+/// # Safety
+/// None beyond C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dup2(oldfd: c_int, newfd: c_int) -> c_int {
+    if !state::is_locus(oldfd) && !state::is_locus(newfd) {
+        // SAFETY: passed through.
+        return unsafe { real::dup2(oldfd, newfd) };
+    }
+    if oldfd == newfd {
+        return newfd;
+    }
+    int(state::run(|| dup_onto(oldfd, newfd, false)))
+}
+
+/// `dup3(2)`.
+///
+/// # Safety
+/// None beyond C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dup3(oldfd: c_int, newfd: c_int, flags: c_int) -> c_int {
+    if !state::is_locus(oldfd) && !state::is_locus(newfd) {
+        // SAFETY: passed through.
+        return unsafe { real::dup3(oldfd, newfd, flags) };
+    }
+    if oldfd == newfd || flags & !libc::O_CLOEXEC != 0 {
+        errno::set(libc::EINVAL);
+        return -1;
+    }
+    int(state::run(|| {
+        dup_onto(oldfd, newfd, flags & libc::O_CLOEXEC != 0)
+    }))
+}
+
+/// A lock request's byte range `[start, end)` from `struct flock`.
+fn lock_range(desc: &Desc, lock: &libc::flock) -> Result<(u64, u64), c_int> {
+    let base: i64 = match c_int::from(lock.l_whence) {
+        libc::SEEK_SET => 0,
+        libc::SEEK_CUR => *desc.pos.lock() as i64,
+        libc::SEEK_END => desc.file()?.len() as i64,
+        _ => return Err(libc::EINVAL),
+    };
+    let start = base.checked_add(lock.l_start).ok_or(libc::EOVERFLOW)?;
+    let (start, end) = match lock.l_len {
+        0 => (start, u64::MAX as i128),
+        len if len > 0 => (start, i128::from(start) + i128::from(len)),
+        len => (start + len, i128::from(start)),
+    };
+    if start < 0 {
+        return Err(libc::EINVAL);
+    }
+    Ok((start as u64, end.min(u64::MAX as i128) as u64))
+}
+
+/// `fcntl`'s lock commands.
+fn fcntl_lock(desc: &Arc<Desc>, cmd: c_int, lock: *mut libc::flock) -> Result<c_int, c_int> {
+    if lock.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: the caller passes a `struct flock *` with the lock commands.
+    let lock = unsafe { &mut *lock };
+    let ofd = matches!(
+        cmd,
+        libc::F_OFD_GETLK | libc::F_OFD_SETLK | libc::F_OFD_SETLKW
+    );
+    if ofd && lock.l_pid != 0 {
+        return Err(libc::EINVAL);
+    }
+    let owner = if ofd {
+        Owner::Description(desc.id)
+    } else {
+        Owner::Process
+    };
+    let range = lock_range(desc, lock)?;
+    let kind = match c_int::from(lock.l_type) {
+        libc::F_RDLCK => LockKind::Shared,
+        libc::F_WRLCK => LockKind::Exclusive,
+        libc::F_UNLCK => LockKind::Unlock,
+        _ => return Err(libc::EINVAL),
+    };
+    let access = desc.status.load(std::sync::atomic::Ordering::Relaxed) & libc::O_ACCMODE;
+    let locks = state::locks();
+    if matches!(cmd, libc::F_GETLK | libc::F_OFD_GETLK) {
+        if kind == LockKind::Unlock {
+            return Err(libc::EINVAL);
+        }
+        match locks.test(
+            desc.ino,
+            Space::Record,
+            owner,
+            range,
+            kind == LockKind::Exclusive,
+        ) {
+            None => lock.l_type = libc::F_UNLCK as i16,
+            Some(held) => {
+                lock.l_type = if held.exclusive {
+                    libc::F_WRLCK
+                } else {
+                    libc::F_RDLCK
+                } as i16;
+                lock.l_whence = libc::SEEK_SET as i16;
+                lock.l_start = held.start as i64;
+                lock.l_len = if held.end == u64::MAX {
+                    0
+                } else {
+                    (held.end - held.start) as i64
+                };
+                // SAFETY: getpid cannot fail.
+                lock.l_pid = match held.owner {
+                    Owner::Process => unsafe { libc::getpid() },
+                    Owner::Description(_) => -1,
+                };
+            }
+        }
+        return Ok(0);
+    }
+    match kind {
+        LockKind::Shared if access == libc::O_WRONLY => return Err(libc::EBADF),
+        LockKind::Exclusive if access == libc::O_RDONLY => return Err(libc::EBADF),
+        _ => {}
+    }
+    let wait = matches!(cmd, libc::F_SETLKW | libc::F_OFD_SETLKW);
+    locks
+        .set(desc.ino, Space::Record, owner, range, kind, wait)
+        .map(|()| 0)
+        .map_err(|_| libc::EAGAIN)
+}
+
+fn fcntl_locus(fd: c_int, cmd: c_int, arg: c_ulong) -> Result<c_int, c_int> {
+    let slot = state::slot(fd).ok_or(libc::EBADF)?;
+    let desc = &slot.desc;
+    desc.usable()?;
+    use std::sync::atomic::Ordering::Relaxed;
+    match cmd {
+        libc::F_DUPFD => dup_from(fd, Some(arg as c_int), false),
+        libc::F_DUPFD_CLOEXEC => dup_from(fd, Some(arg as c_int), true),
+        libc::F_GETFD => Ok(if slot.cloexec { libc::FD_CLOEXEC } else { 0 }),
+        libc::F_SETFD => {
+            state::set_cloexec(fd, arg as c_int & libc::FD_CLOEXEC != 0)?;
+            Ok(0)
+        }
+        libc::F_GETFL => Ok(desc.status.load(Relaxed) | libc::O_LARGEFILE),
+        libc::F_SETFL => {
+            let keep = desc.status.load(Relaxed) & !SETFL_FLAGS;
+            desc.status
+                .store(keep | (arg as c_int & SETFL_FLAGS), Relaxed);
+            Ok(0)
+        }
+        libc::F_GETLK
+        | libc::F_SETLK
+        | libc::F_SETLKW
+        | libc::F_OFD_GETLK
+        | libc::F_OFD_SETLK
+        | libc::F_OFD_SETLKW => {
+            desc.file()?;
+            fcntl_lock(desc, cmd, arg as *mut libc::flock)
+        }
+        // Leases, notifications, seals, pipe sizes, owners: not for locus files.
+        _ => Err(libc::EINVAL),
+    }
+}
+
+/// `fcntl(2)`.
+///
+/// # Safety
+/// C's contract for `cmd`'s argument.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    if !state::is_locus(fd) {
+        // SAFETY: passed through.
+        return unsafe { real::fcntl(fd, cmd, arg) };
+    }
+    int(state::run(|| fcntl_locus(fd, cmd, arg)))
+}
+
+/// `fcntl64`.
+///
+/// # Safety
+/// As [`fcntl`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { fcntl(fd, cmd, arg) }
+}
+
+/// `flock(2)`.
+///
+/// # Safety
+/// None beyond C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn flock(fd: c_int, operation: c_int) -> c_int {
+    if !state::is_locus(fd) {
+        // SAFETY: passed through.
+        return unsafe { real::flock(fd, operation) };
+    }
+    unit(state::run(|| {
+        let desc = state::desc(fd)?;
+        desc.usable()?;
+        let kind = match operation & !libc::LOCK_NB {
+            libc::LOCK_SH => LockKind::Shared,
+            libc::LOCK_EX => LockKind::Exclusive,
+            libc::LOCK_UN => LockKind::Unlock,
+            _ => return Err(libc::EINVAL),
+        };
+        let wait = operation & libc::LOCK_NB == 0;
+        state::locks()
+            .set(
+                desc.ino,
+                Space::Flock,
+                Owner::Description(desc.id),
+                (0, u64::MAX),
+                kind,
+                wait,
+            )
+            .map_err(|_| libc::EWOULDBLOCK)
+    }))
+}
+
+/// `lockf(3)`: process-owned record locks from the current offset.
+///
+/// # Safety
+/// None beyond C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn lockf(fd: c_int, cmd: c_int, len: off_t) -> c_int {
+    if !state::is_locus(fd) {
+        // SAFETY: passed through.
+        return unsafe { real::lockf64(fd, cmd, len) };
+    }
+    int(state::run(|| {
+        let desc = state::desc(fd)?;
+        desc.file()?;
+        let mut lock: libc::flock = 
+            // SAFETY: plain data.
+            unsafe { std::mem::zeroed() };
+        lock.l_whence = libc::SEEK_CUR as i16;
+        lock.l_len = len;
+        let (command, kind) = match cmd {
+            libc::F_LOCK => (libc::F_SETLKW, libc::F_WRLCK),
+            libc::F_TLOCK => (libc::F_SETLK, libc::F_WRLCK),
+            libc::F_ULOCK => (libc::F_SETLK, libc::F_UNLCK),
+            libc::F_TEST => (libc::F_GETLK, libc::F_WRLCK),
+            _ => return Err(libc::EINVAL),
+        };
+        lock.l_type = kind as i16;
+        fcntl_lock(&desc, command, &mut lock)?;
+        if cmd == libc::F_TEST && c_int::from(lock.l_type) != libc::F_UNLCK {
+            return Err(libc::EACCES);
+        }
+        Ok(0)
+    }))
+}
+
+/// `lockf64(3)`.
+///
+/// # Safety
+/// None beyond C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn lockf64(fd: c_int, cmd: c_int, len: off_t) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { lockf(fd, cmd, len) }
+}
+
+/// `ioctl(2)`: no device requests apply to locus files (`ENOTTY`, as for any regular file
+/// without the request).
+///
+/// # Safety
+/// C's contract for `request`'s argument.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_int {
+    if !state::is_locus(fd) {
+        // SAFETY: passed through.
+        return unsafe { real::ioctl(fd, request, arg) };
+    }
+    errno::set(libc::ENOTTY);
+    -1
+}

@@ -1,0 +1,1068 @@
+//! Names and attributes: the `stat` family (with the `__xstat` forms older programs call),
+//! `statfs`/`statvfs`, `access`, `unlink`, `rename`, `mkdir`, `rmdir`, `chmod`, `chown`, time
+//! stamps, extended attributes, links and `chdir`.
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+use fs::{FsError, Kind, Stat};
+use libc::{mode_t, size_t, ssize_t};
+
+use super::{fs_errno, int, route, size, umask, unit};
+use crate::state::{self, Node};
+use crate::stat::{device, fill_stat, fill_statfs, fill_statvfs, fill_statx, may_access};
+use crate::{errno, real};
+
+/// Attributes of an inside path (a trailing slash needs a directory).
+fn stat_path(fs: &fs::Fs, path: &str, trailing_slash: bool) -> Result<Stat, c_int> {
+    let st = fs.stat(path).map_err(|e| fs_errno(&e))?;
+    if trailing_slash && st.kind != Kind::Dir {
+        return Err(libc::ENOTDIR);
+    }
+    Ok(st)
+}
+
+fn stat_fd(fd: c_int) -> Result<(Stat, (u32, u32)), c_int> {
+    let desc = state::desc(fd)?;
+    desc.usable()?;
+    match &desc.node {
+        Node::File(file) => Ok((file.stat(), device(file.fs()))),
+        Node::Dir(_) => state::with_fs(|fs| Ok((stat_path(fs, &desc.path, false)?, device(fs)))),
+    }
+}
+
+fn locus_stat(path: &str, slash: bool, buf: *mut libc::stat) -> c_int {
+    if buf.is_null() {
+        errno::set(libc::EFAULT);
+        return -1;
+    }
+    unit(state::run(|| {
+        state::with_fs(|fs| {
+            let st = stat_path(fs, path, slash)?;
+            // SAFETY: the caller's `struct stat *`, checked non-null.
+            fill_stat(&st, device(fs), unsafe { &mut *buf });
+            Ok(())
+        })
+    }))
+}
+
+/// `fstatat` for everyone: `AT_EMPTY_PATH` on a locus fd, a locus path, or libc's.
+unsafe fn stat_at(dirfd: c_int, path: *const c_char, buf: *mut libc::stat, flags: c_int) -> c_int {
+    // SAFETY: a NUL-terminated path per C's contract.
+    let empty = !path.is_null() && unsafe { *path } == 0;
+    if empty && flags & libc::AT_EMPTY_PATH != 0 && state::is_locus(dirfd) {
+        // SAFETY: forwarded contract.
+        return unsafe { fstat64(dirfd, buf) };
+    }
+    route!(dirfd, path,
+        // SAFETY: passed through.
+        kernel(dirfd, path) => unsafe { real::fstatat64(dirfd, path, buf, flags) },
+        locus(inner, slash) => locus_stat(&inner, slash, buf),
+    )
+}
+
+/// `stat(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn stat(path: *const c_char, buf: *mut libc::stat) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { stat_at(libc::AT_FDCWD, path, buf, 0) }
+}
+
+/// `stat64(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn stat64(path: *const c_char, buf: *mut libc::stat) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { stat_at(libc::AT_FDCWD, path, buf, 0) }
+}
+
+/// `lstat(2)` (there are no symbolic links in locus).
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn lstat(path: *const c_char, buf: *mut libc::stat) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { stat_at(libc::AT_FDCWD, path, buf, libc::AT_SYMLINK_NOFOLLOW) }
+}
+
+/// `lstat64(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn lstat64(path: *const c_char, buf: *mut libc::stat) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { stat_at(libc::AT_FDCWD, path, buf, libc::AT_SYMLINK_NOFOLLOW) }
+}
+
+/// `fstatat(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fstatat(
+    dirfd: c_int,
+    path: *const c_char,
+    buf: *mut libc::stat,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { stat_at(dirfd, path, buf, flags) }
+}
+
+/// `fstatat64(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fstatat64(
+    dirfd: c_int,
+    path: *const c_char,
+    buf: *mut libc::stat,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { stat_at(dirfd, path, buf, flags) }
+}
+
+/// `fstat64(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fstat64(fd: c_int, buf: *mut libc::stat) -> c_int {
+    if !state::is_locus(fd) {
+        // SAFETY: passed through.
+        return unsafe { real::fstat64(fd, buf) };
+    }
+    if buf.is_null() {
+        errno::set(libc::EFAULT);
+        return -1;
+    }
+    unit(state::run(|| {
+        let (st, dev) = stat_fd(fd)?;
+        // SAFETY: the caller's `struct stat *`, checked non-null.
+        fill_stat(&st, dev, unsafe { &mut *buf });
+        Ok(())
+    }))
+}
+
+/// `fstat(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fstat(fd: c_int, buf: *mut libc::stat) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { fstat64(fd, buf) }
+}
+
+// The `__xstat` family: glibc before 2.33 compiled `stat()` into these, with a structure
+// version first (1 on x86-64 is today's `struct stat`). libc's own copies cannot be looked up
+// by name any more, so kernel paths go to today's functions.
+
+/// `__xstat`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __xstat(_ver: c_int, path: *const c_char, buf: *mut libc::stat) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { stat_at(libc::AT_FDCWD, path, buf, 0) }
+}
+
+/// `__xstat64`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __xstat64(_ver: c_int, path: *const c_char, buf: *mut libc::stat) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { stat_at(libc::AT_FDCWD, path, buf, 0) }
+}
+
+/// `__lxstat`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __lxstat(_ver: c_int, path: *const c_char, buf: *mut libc::stat) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { stat_at(libc::AT_FDCWD, path, buf, libc::AT_SYMLINK_NOFOLLOW) }
+}
+
+/// `__lxstat64`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __lxstat64(
+    _ver: c_int,
+    path: *const c_char,
+    buf: *mut libc::stat,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { stat_at(libc::AT_FDCWD, path, buf, libc::AT_SYMLINK_NOFOLLOW) }
+}
+
+/// `__fxstat`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __fxstat(_ver: c_int, fd: c_int, buf: *mut libc::stat) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { fstat64(fd, buf) }
+}
+
+/// `__fxstat64`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __fxstat64(_ver: c_int, fd: c_int, buf: *mut libc::stat) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { fstat64(fd, buf) }
+}
+
+/// `__fxstatat`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __fxstatat(
+    _ver: c_int,
+    dirfd: c_int,
+    path: *const c_char,
+    buf: *mut libc::stat,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { stat_at(dirfd, path, buf, flags) }
+}
+
+/// `__fxstatat64`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __fxstatat64(
+    _ver: c_int,
+    dirfd: c_int,
+    path: *const c_char,
+    buf: *mut libc::stat,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { stat_at(dirfd, path, buf, flags) }
+}
+
+/// `statx(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn statx(
+    dirfd: c_int,
+    path: *const c_char,
+    flags: c_int,
+    mask: c_uint,
+    buf: *mut libc::statx,
+) -> c_int {
+    if buf.is_null() {
+        // SAFETY: passed through (the kernel reports the fault).
+        return unsafe { real::statx(dirfd, path, flags, mask, buf) };
+    }
+    // SAFETY: a NUL-terminated path per C's contract.
+    let empty = !path.is_null() && unsafe { *path } == 0;
+    if empty && flags & libc::AT_EMPTY_PATH != 0 && state::is_locus(dirfd) {
+        return unit(state::run(|| {
+            let (st, dev) = stat_fd(dirfd)?;
+            // SAFETY: the caller's buffer, checked non-null.
+            fill_statx(&st, dev, unsafe { &mut *buf });
+            Ok(())
+        }));
+    }
+    route!(dirfd, path,
+        // SAFETY: passed through.
+        kernel(dirfd, path) => unsafe { real::statx(dirfd, path, flags, mask, buf) },
+        locus(inner, slash) => unit(state::run(|| state::with_fs(|fs| {
+            let st = stat_path(fs, &inner, slash)?;
+            // SAFETY: the caller's buffer, checked non-null.
+            fill_statx(&st, device(fs), unsafe { &mut *buf });
+            Ok(())
+        }))),
+    )
+}
+
+macro_rules! statfs_calls {
+    ($($name:ident, $fname:ident: $ty:ty, $fill:ident, $real:ident, $freal:ident;)*) => {$(
+        #[doc = concat!("`", stringify!($name), "`: the volume's capacity and free space.")]
+        ///
+        /// # Safety
+        /// C's.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(path: *const c_char, buf: *mut $ty) -> c_int {
+            route!(libc::AT_FDCWD, path,
+                // SAFETY: passed through.
+                kernel(_dirfd, path) => unsafe { real::$real(path, buf) },
+                locus(inner, slash) => unit(state::run(|| state::with_fs(|fs| {
+                    stat_path(fs, &inner, slash)?;
+                    if buf.is_null() {
+                        return Err(libc::EFAULT);
+                    }
+                    // SAFETY: the caller's buffer, checked non-null.
+                    $fill(fs, unsafe { &mut *buf });
+                    Ok(())
+                }))),
+            )
+        }
+
+        #[doc = concat!("`", stringify!($fname), "`.")]
+        ///
+        /// # Safety
+        /// C's.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $fname(fd: c_int, buf: *mut $ty) -> c_int {
+            if !state::is_locus(fd) {
+                // SAFETY: passed through.
+                return unsafe { real::$freal(fd, buf) };
+            }
+            unit(state::run(|| {
+                let desc = state::desc(fd)?;
+                desc.usable()?;
+                if buf.is_null() {
+                    return Err(libc::EFAULT);
+                }
+                // SAFETY: the caller's buffer, checked non-null.
+                state::with_fs(|fs| Ok($fill(fs, unsafe { &mut *buf })))
+            }))
+        }
+    )*};
+}
+
+statfs_calls! {
+    statfs, fstatfs: libc::statfs, fill_statfs, statfs64, fstatfs64;
+    statfs64, fstatfs64: libc::statfs, fill_statfs, statfs64, fstatfs64;
+    statvfs, fstatvfs: libc::statvfs, fill_statvfs, statvfs64, fstatvfs64;
+    statvfs64, fstatvfs64: libc::statvfs, fill_statvfs, statvfs64, fstatvfs64;
+}
+
+fn check_access(path: &str, slash: bool, mode: c_int, effective: bool) -> Result<(), c_int> {
+    if mode & !(libc::R_OK | libc::W_OK | libc::X_OK) != 0 {
+        return Err(libc::EINVAL);
+    }
+    state::with_fs(|fs| {
+        let st = stat_path(fs, path, slash)?;
+        if may_access(&st, mode, effective) {
+            Ok(())
+        } else {
+            Err(libc::EACCES)
+        }
+    })
+}
+
+/// `faccessat(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn faccessat(
+    dirfd: c_int,
+    path: *const c_char,
+    mode: c_int,
+    flags: c_int,
+) -> c_int {
+    route!(dirfd, path,
+        // SAFETY: passed through.
+        kernel(dirfd, path) => unsafe { real::faccessat(dirfd, path, mode, flags) },
+        locus(inner, slash) => unit(state::run(|| {
+            check_access(&inner, slash, mode, flags & libc::AT_EACCESS != 0)
+        })),
+    )
+}
+
+/// `access(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn access(path: *const c_char, mode: c_int) -> c_int {
+    route!(libc::AT_FDCWD, path,
+        // SAFETY: passed through.
+        kernel(_dirfd, path) => unsafe { real::access(path, mode) },
+        locus(inner, slash) => unit(state::run(|| check_access(&inner, slash, mode, false))),
+    )
+}
+
+/// `euidaccess(3)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn euidaccess(path: *const c_char, mode: c_int) -> c_int {
+    route!(libc::AT_FDCWD, path,
+        // SAFETY: passed through.
+        kernel(_dirfd, path) => unsafe { real::euidaccess(path, mode) },
+        locus(inner, slash) => unit(state::run(|| check_access(&inner, slash, mode, true))),
+    )
+}
+
+/// `eaccess(3)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn eaccess(path: *const c_char, mode: c_int) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { euidaccess(path, mode) }
+}
+
+fn remove(path: &str, slash: bool, dir: bool) -> Result<(), c_int> {
+    if path == "/" {
+        return Err(if dir { libc::EBUSY } else { libc::EISDIR });
+    }
+    state::with_fs(|fs| {
+        let st = stat_path(fs, path, slash)?;
+        match (st.kind, dir) {
+            (Kind::Dir, false) => return Err(libc::EISDIR),
+            (Kind::File, true) => return Err(libc::ENOTDIR),
+            _ => {}
+        }
+        let removed = if dir { fs.rmdir(path) } else { fs.unlink(path) };
+        removed.map_err(|e| fs_errno(&e))
+    })
+}
+
+/// `unlinkat(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
+    route!(dirfd, path,
+        // SAFETY: passed through.
+        kernel(dirfd, path) => unsafe { real::unlinkat(dirfd, path, flags) },
+        locus(inner, slash) => unit(state::run(|| {
+            if flags & !libc::AT_REMOVEDIR != 0 {
+                return Err(libc::EINVAL);
+            }
+            remove(&inner, slash, flags & libc::AT_REMOVEDIR != 0)
+        })),
+    )
+}
+
+/// `unlink(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn unlink(path: *const c_char) -> c_int {
+    route!(libc::AT_FDCWD, path,
+        // SAFETY: passed through.
+        kernel(_dirfd, path) => unsafe { real::unlink(path) },
+        locus(inner, slash) => unit(state::run(|| remove(&inner, slash, false))),
+    )
+}
+
+/// `rmdir(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rmdir(path: *const c_char) -> c_int {
+    route!(libc::AT_FDCWD, path,
+        // SAFETY: passed through.
+        kernel(_dirfd, path) => unsafe { real::rmdir(path) },
+        locus(inner, _slash) => unit(state::run(|| remove(&inner, false, true))),
+    )
+}
+
+fn make_dir(path: &str, mode: mode_t) -> Result<(), c_int> {
+    if path == "/" {
+        return Err(libc::EEXIST);
+    }
+    state::with_fs(|fs| {
+        fs.mkdir(path, (mode & 0o7777) & !umask())
+            .map_err(|e| fs_errno(&e))
+    })
+}
+
+/// `mkdirat(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mkdirat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int {
+    route!(dirfd, path,
+        // SAFETY: passed through.
+        kernel(dirfd, path) => unsafe { real::mkdirat(dirfd, path, mode) },
+        locus(inner, _slash) => unit(state::run(|| make_dir(&inner, mode))),
+    )
+}
+
+/// `mkdir(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mkdir(path: *const c_char, mode: mode_t) -> c_int {
+    route!(libc::AT_FDCWD, path,
+        // SAFETY: passed through.
+        kernel(_dirfd, path) => unsafe { real::mkdir(path, mode) },
+        locus(inner, _slash) => unit(state::run(|| make_dir(&inner, mode))),
+    )
+}
+
+/// Where one side of a rename leads.
+enum Side {
+    Locus(String, bool),
+    Kernel(c_int, *const c_char),
+    KernelPath(std::ffi::CString),
+}
+
+/// # Safety
+/// `path` is null or NUL-terminated.
+unsafe fn side(dirfd: c_int, path: *const c_char) -> Result<Side, c_int> {
+    // SAFETY: forwarded contract.
+    Ok(match unsafe { super::resolve(dirfd, path) }? {
+        super::Resolved::Locus {
+            path,
+            trailing_slash,
+        } => Side::Locus(path, trailing_slash),
+        super::Resolved::Kernel => Side::Kernel(dirfd, path),
+        super::Resolved::KernelPath(p) => Side::KernelPath(p),
+    })
+}
+
+/// `renameat2(2)`: within locus, atomic; between locus and another file system, `EXDEV`
+/// (so `mv` copies); `RENAME_NOREPLACE` is honoured, `RENAME_EXCHANGE` and
+/// `RENAME_WHITEOUT` are `EINVAL`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn renameat2(
+    fromfd: c_int,
+    from: *const c_char,
+    tofd: c_int,
+    to: *const c_char,
+    flags: c_uint,
+) -> c_int {
+    // SAFETY: C's contract for both paths.
+    let sides = unsafe { side(fromfd, from).and_then(|a| Ok((a, side(tofd, to)?))) };
+    let (a, b) = match sides {
+        Ok(sides) => sides,
+        Err(e) => {
+            errno::set(e);
+            return -1;
+        }
+    };
+    let kernel = |side: &Side| match side {
+        Side::Kernel(fd, p) => Some((*fd, *p)),
+        Side::KernelPath(p) => Some((libc::AT_FDCWD, p.as_ptr())),
+        Side::Locus(..) => None,
+    };
+    match (&a, &b) {
+        (Side::Locus(from, _), Side::Locus(to, to_slash)) => unit(state::run(|| {
+            if flags & !libc::RENAME_NOREPLACE != 0 {
+                return Err(libc::EINVAL);
+            }
+            if from == "/" || to == "/" {
+                return Err(libc::EBUSY);
+            }
+            state::with_fs(|fs| {
+                let st = stat_path(fs, from, false)?;
+                if *to_slash && st.kind != Kind::Dir {
+                    return Err(libc::ENOTDIR);
+                }
+                if flags & libc::RENAME_NOREPLACE != 0 && fs.stat(to).is_ok() {
+                    return Err(libc::EEXIST);
+                }
+                if from == to {
+                    return Ok(());
+                }
+                fs.rename(from, to).map_err(|e| rename_errno(&e))
+            })
+        })),
+        (Side::Locus(..), _) | (_, Side::Locus(..)) => {
+            errno::set(libc::EXDEV);
+            -1
+        }
+        _ => {
+            let ((fa, pa), (fb, pb)) = (kernel(&a).expect("kernel"), kernel(&b).expect("kernel"));
+            // SAFETY: passed through.
+            unsafe { real::renameat2(fa, pa, fb, pb, flags) }
+        }
+    }
+}
+
+/// Moving a directory into itself is `EINVAL` in POSIX.
+fn rename_errno(e: &FsError) -> c_int {
+    match e {
+        FsError::Invalid(_) => libc::EINVAL,
+        other => fs_errno(other),
+    }
+}
+
+/// `renameat(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn renameat(
+    fromfd: c_int,
+    from: *const c_char,
+    tofd: c_int,
+    to: *const c_char,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { renameat2(fromfd, from, tofd, to, 0) }
+}
+
+/// `rename(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rename(from: *const c_char, to: *const c_char) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { renameat2(libc::AT_FDCWD, from, libc::AT_FDCWD, to, 0) }
+}
+
+fn change_mode(path: &str, mode: mode_t) -> Result<(), c_int> {
+    state::with_fs(|fs| fs.chmod(path, mode & 0o7777).map_err(|e| fs_errno(&e)))
+}
+
+/// `fchmodat(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fchmodat(
+    dirfd: c_int,
+    path: *const c_char,
+    mode: mode_t,
+    flags: c_int,
+) -> c_int {
+    route!(dirfd, path,
+        // SAFETY: passed through.
+        kernel(dirfd, path) => unsafe { real::fchmodat(dirfd, path, mode, flags) },
+        locus(inner, _slash) => unit(state::run(|| change_mode(&inner, mode))),
+    )
+}
+
+/// `chmod(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn chmod(path: *const c_char, mode: mode_t) -> c_int {
+    route!(libc::AT_FDCWD, path,
+        // SAFETY: passed through.
+        kernel(_dirfd, path) => unsafe { real::chmod(path, mode) },
+        locus(inner, _slash) => unit(state::run(|| change_mode(&inner, mode))),
+    )
+}
+
+/// `fchmod(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fchmod(fd: c_int, mode: mode_t) -> c_int {
+    if !state::is_locus(fd) {
+        // SAFETY: passed through.
+        return unsafe { real::fchmod(fd, mode) };
+    }
+    unit(state::run(|| {
+        let desc = state::desc(fd)?;
+        desc.usable()?;
+        change_mode(&desc.path, mode)
+    }))
+}
+
+/// Locus files belong to the calling user: "changing" to that owner (or -1) succeeds, any
+/// other owner is `EPERM`.
+fn change_owner(uid: libc::uid_t, gid: libc::gid_t) -> Result<(), c_int> {
+    // SAFETY: these id calls cannot fail.
+    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    if (uid == u32::MAX || uid == euid) && (gid == u32::MAX || gid == egid) {
+        Ok(())
+    } else {
+        Err(libc::EPERM)
+    }
+}
+
+fn exists(path: &str, slash: bool) -> Result<(), c_int> {
+    state::with_fs(|fs| stat_path(fs, path, slash).map(drop))
+}
+
+/// `fchownat(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fchownat(
+    dirfd: c_int,
+    path: *const c_char,
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+    flags: c_int,
+) -> c_int {
+    route!(dirfd, path,
+        // SAFETY: passed through.
+        kernel(dirfd, path) => unsafe { real::fchownat(dirfd, path, uid, gid, flags) },
+        locus(inner, slash) => unit(state::run(|| {
+            exists(&inner, slash)?;
+            change_owner(uid, gid)
+        })),
+    )
+}
+
+/// `chown(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn chown(path: *const c_char, uid: libc::uid_t, gid: libc::gid_t) -> c_int {
+    route!(libc::AT_FDCWD, path,
+        // SAFETY: passed through.
+        kernel(_dirfd, path) => unsafe { real::chown(path, uid, gid) },
+        locus(inner, slash) => unit(state::run(|| {
+            exists(&inner, slash)?;
+            change_owner(uid, gid)
+        })),
+    )
+}
+
+/// `lchown(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn lchown(path: *const c_char, uid: libc::uid_t, gid: libc::gid_t) -> c_int {
+    route!(libc::AT_FDCWD, path,
+        // SAFETY: passed through.
+        kernel(_dirfd, path) => unsafe { real::lchown(path, uid, gid) },
+        locus(inner, slash) => unit(state::run(|| {
+            exists(&inner, slash)?;
+            change_owner(uid, gid)
+        })),
+    )
+}
+
+/// `fchown(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fchown(fd: c_int, uid: libc::uid_t, gid: libc::gid_t) -> c_int {
+    if !state::is_locus(fd) {
+        // SAFETY: passed through.
+        return unsafe { real::fchown(fd, uid, gid) };
+    }
+    unit(state::run(|| {
+        state::desc(fd)?.usable()?;
+        change_owner(uid, gid)
+    }))
+}
+
+/// Time stamps: the file system records the last modification itself and cannot be told
+/// another time. Setting "now" (no times given) succeeds; explicit times are `EOPNOTSUPP`.
+fn times_now(explicit: bool) -> Result<(), c_int> {
+    if explicit {
+        Err(libc::EOPNOTSUPP)
+    } else {
+        Ok(())
+    }
+}
+
+/// True when a `utimensat` time pair asks for anything but "now" / "leave".
+///
+/// # Safety
+/// `times` is null or two valid timespecs.
+unsafe fn explicit_timespecs(times: *const libc::timespec) -> bool {
+    if times.is_null() {
+        return false;
+    }
+    // SAFETY: two entries per C's contract.
+    let pair = unsafe { std::slice::from_raw_parts(times, 2) };
+    pair.iter()
+        .any(|t| t.tv_nsec != libc::UTIME_NOW && t.tv_nsec != libc::UTIME_OMIT)
+}
+
+/// `utimensat(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn utimensat(
+    dirfd: c_int,
+    path: *const c_char,
+    times: *const libc::timespec,
+    flags: c_int,
+) -> c_int {
+    if path.is_null() && state::is_locus(dirfd) {
+        // SAFETY: forwarded contract (futimens form).
+        return unsafe { futimens(dirfd, times) };
+    }
+    route!(dirfd, path,
+        // SAFETY: passed through.
+        kernel(dirfd, path) => unsafe { real::utimensat(dirfd, path, times, flags) },
+        locus(inner, slash) => unit(state::run(|| {
+            exists(&inner, slash)?;
+            // SAFETY: C's contract.
+            times_now(unsafe { explicit_timespecs(times) })
+        })),
+    )
+}
+
+/// `futimens(3)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn futimens(fd: c_int, times: *const libc::timespec) -> c_int {
+    if !state::is_locus(fd) {
+        // SAFETY: passed through.
+        return unsafe { real::futimens(fd, times) };
+    }
+    unit(state::run(|| {
+        state::desc(fd)?.usable()?;
+        // SAFETY: C's contract.
+        times_now(unsafe { explicit_timespecs(times) })
+    }))
+}
+
+macro_rules! path_times {
+    ($($name:ident($ty:ty);)*) => {$(
+        #[doc = concat!("`", stringify!($name), "`: see `utimensat`.")]
+        ///
+        /// # Safety
+        /// C's.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(path: *const c_char, times: *const $ty) -> c_int {
+            route!(libc::AT_FDCWD, path,
+                // SAFETY: passed through.
+                kernel(_dirfd, path) => unsafe { real::$name(path, times) },
+                locus(inner, slash) => unit(state::run(|| {
+                    exists(&inner, slash)?;
+                    times_now(!times.is_null())
+                })),
+            )
+        }
+    )*};
+}
+
+path_times! {
+    utimes(libc::timeval);
+    lutimes(libc::timeval);
+    utime(libc::utimbuf);
+}
+
+/// `futimes(3)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn futimes(fd: c_int, times: *const libc::timeval) -> c_int {
+    if !state::is_locus(fd) {
+        // SAFETY: passed through.
+        return unsafe { real::futimes(fd, times) };
+    }
+    unit(state::run(|| {
+        state::desc(fd)?.usable()?;
+        times_now(!times.is_null())
+    }))
+}
+
+// Extended attributes: locus keeps none. Reads and lists find nothing to report
+// (`EOPNOTSUPP`, which `ls` and `cp` take as "no ACL, no label"), writes are refused.
+
+macro_rules! xattr_path {
+    ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {$(
+        #[doc = concat!("`", stringify!($name), "(2)`: `EOPNOTSUPP` on locus files.")]
+        ///
+        /// # Safety
+        /// C's.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(path: *const c_char $(, $arg: $ty)*) -> $ret {
+            route!(libc::AT_FDCWD, path,
+                // SAFETY: passed through.
+                kernel(_dirfd, path) => unsafe { real::$name(path $(, $arg)*) },
+                locus(inner, slash) => {
+                    let result = state::run(|| {
+                        exists(&inner, slash)?;
+                        Err::<(), c_int>(libc::EOPNOTSUPP)
+                    });
+                    errno::set(result.err().unwrap_or(libc::EOPNOTSUPP));
+                    -1
+                },
+            )
+        }
+    )*};
+}
+
+xattr_path! {
+    getxattr(name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t;
+    lgetxattr(name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t;
+    setxattr(name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int;
+    lsetxattr(name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int;
+    listxattr(list: *mut c_char, size: size_t) -> ssize_t;
+    llistxattr(list: *mut c_char, size: size_t) -> ssize_t;
+    removexattr(name: *const c_char) -> c_int;
+    lremovexattr(name: *const c_char) -> c_int;
+}
+
+macro_rules! xattr_fd {
+    ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {$(
+        #[doc = concat!("`", stringify!($name), "(2)`: `EOPNOTSUPP` on locus files.")]
+        ///
+        /// # Safety
+        /// C's.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(fd: c_int $(, $arg: $ty)*) -> $ret {
+            if !state::is_locus(fd) {
+                // SAFETY: passed through.
+                return unsafe { real::$name(fd $(, $arg)*) };
+            }
+            errno::set(libc::EOPNOTSUPP);
+            -1
+        }
+    )*};
+}
+
+xattr_fd! {
+    fgetxattr(name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t;
+    fsetxattr(name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int;
+    flistxattr(list: *mut c_char, size: size_t) -> ssize_t;
+    fremovexattr(name: *const c_char) -> c_int;
+}
+
+/// `readlinkat(2)`: nothing in locus is a symbolic link (`EINVAL`).
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn readlinkat(
+    dirfd: c_int,
+    path: *const c_char,
+    buf: *mut c_char,
+    len: size_t,
+) -> ssize_t {
+    route!(dirfd, path,
+        // SAFETY: passed through.
+        kernel(dirfd, path) => unsafe { real::readlinkat(dirfd, path, buf, len) },
+        locus(inner, slash) => size(state::run(|| {
+            exists(&inner, slash)?;
+            Err(libc::EINVAL)
+        })),
+    )
+}
+
+/// `readlink(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn readlink(path: *const c_char, buf: *mut c_char, len: size_t) -> ssize_t {
+    // SAFETY: forwarded contract.
+    unsafe { readlinkat(libc::AT_FDCWD, path, buf, len) }
+}
+
+/// `symlinkat(2)`: locus has no symbolic links (`EPERM`, as file systems without them say).
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn symlinkat(
+    target: *const c_char,
+    dirfd: c_int,
+    path: *const c_char,
+) -> c_int {
+    route!(dirfd, path,
+        // SAFETY: passed through.
+        kernel(dirfd, path) => unsafe { real::symlinkat(target, dirfd, path) },
+        locus(_inner, _slash) => int(Err(libc::EPERM)),
+    )
+}
+
+/// `symlink(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn symlink(target: *const c_char, path: *const c_char) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { symlinkat(target, libc::AT_FDCWD, path) }
+}
+
+/// `linkat(2)`: locus files have one name each (`EPERM`; `EXDEV` across file systems).
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn linkat(
+    fromfd: c_int,
+    from: *const c_char,
+    tofd: c_int,
+    to: *const c_char,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: C's contract for both paths.
+    let sides = unsafe { side(fromfd, from).and_then(|a| Ok((a, side(tofd, to)?))) };
+    match sides {
+        Err(e) => int(Err(e)),
+        Ok((Side::Locus(..), Side::Locus(..))) => int(Err(libc::EPERM)),
+        Ok((Side::Locus(..), _) | (_, Side::Locus(..))) => int(Err(libc::EXDEV)),
+        // SAFETY: passed through.
+        Ok(_) => unsafe { real::linkat(fromfd, from, tofd, to, flags) },
+    }
+}
+
+/// `link(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn link(from: *const c_char, to: *const c_char) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { linkat(libc::AT_FDCWD, from, libc::AT_FDCWD, to, 0) }
+}
+
+/// `chdir(2)` into locus: the kernel's working directory cannot be a locus directory, so
+/// relative paths would silently mean something else — refused with `EOPNOTSUPP`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn chdir(path: *const c_char) -> c_int {
+    route!(libc::AT_FDCWD, path,
+        // SAFETY: passed through.
+        kernel(_dirfd, path) => unsafe { real::chdir(path) },
+        locus(inner, slash) => int(state::run(|| {
+            exists(&inner, slash)?;
+            Err(libc::EOPNOTSUPP)
+        })),
+    )
+}
+
+/// `fchdir(2)`: see [`chdir`].
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fchdir(fd: c_int) -> c_int {
+    if !state::is_locus(fd) {
+        // SAFETY: passed through.
+        return unsafe { real::fchdir(fd) };
+    }
+    errno::set(libc::EOPNOTSUPP);
+    -1
+}

@@ -1,0 +1,164 @@
+//! The intercepted C functions. Each one first decides, as cheaply as it can, whether the
+//! call is locus's — a locus fd (one bitmap load), a path under the mount prefix (a prefix
+//! comparison), a locus directory stream — and otherwise passes it to libc unchanged.
+//!
+//! Every exported function is `unsafe extern "C"` with the C prototype of the libc function
+//! it stands in for; the callers are C programs that uphold those prototypes' contracts
+//! (valid pointers for the sizes they pass), which is what each `SAFETY` comment relies on.
+//! `open`, `openat` and `fcntl` are variadic in C: they are defined here with their optional
+//! argument as a named one, which the x86-64 and AArch64 Linux calling conventions pass in
+//! the same register either way (an absent argument is read but not used).
+
+pub(crate) mod dir;
+pub(crate) mod fd;
+pub(crate) mod io;
+pub(crate) mod meta;
+pub(crate) mod stdio;
+
+use std::ffi::{CStr, CString, c_char, c_int};
+
+use libc::ssize_t;
+
+use crate::path::Target;
+use crate::state::{self, Node};
+use crate::errno;
+
+#[cfg(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))))]
+compile_error!("liblocus_preload.so supports Linux on x86-64 and AArch64 (variadic calls)");
+
+/// Returns a C int result, setting `errno` on failure.
+pub(crate) fn int(result: Result<c_int, c_int>) -> c_int {
+    result.unwrap_or_else(|e| {
+        errno::set(e);
+        -1
+    })
+}
+
+/// Returns a byte count, setting `errno` on failure.
+pub(crate) fn size(result: Result<usize, c_int>) -> ssize_t {
+    match result {
+        Ok(n) => n as ssize_t,
+        Err(e) => {
+            errno::set(e);
+            -1
+        }
+    }
+}
+
+/// Returns 0, setting `errno` on failure.
+pub(crate) fn unit(result: Result<(), c_int>) -> c_int {
+    int(result.map(|()| 0))
+}
+
+/// The errno of a file-system error.
+pub(crate) fn fs_errno(e: &fs::FsError) -> c_int {
+    e.errno()
+}
+
+/// Where a (dirfd, path) pair leads.
+#[derive(Debug)]
+pub(crate) enum Resolved {
+    /// A locus path (inside the file system).
+    Locus { path: String, trailing_slash: bool },
+    /// The kernel's, unchanged.
+    Kernel,
+    /// The kernel's, but named relative to a locus directory: this absolute path instead.
+    KernelPath(CString),
+}
+
+/// Decides whose `path` (relative to `dirfd`) is.
+///
+/// # Safety
+/// `path` is null or a NUL-terminated string.
+pub(crate) unsafe fn resolve(dirfd: c_int, path: *const c_char) -> Result<Resolved, c_int> {
+    if path.is_null() || state::inside() {
+        return Ok(Resolved::Kernel);
+    }
+    // SAFETY: non-null and NUL-terminated per the caller's contract.
+    let bytes = unsafe { CStr::from_ptr(path) }.to_bytes();
+    let Some(config) = state::config() else {
+        return Ok(Resolved::Kernel);
+    };
+    if bytes.first() == Some(&b'/') {
+        return Ok(match config.mount.classify(bytes) {
+            Target::Locus {
+                path,
+                trailing_slash,
+            } => Resolved::Locus {
+                path,
+                trailing_slash,
+            },
+            // `/locus/../etc` names `/etc`, but the kernel would look for `/locus` first,
+            // which does not exist for it: hand it the folded path.
+            Target::Kernel if bytes.starts_with(config.mount.prefix()) => {
+                let folded = crate::path::normalize(bytes).expect("absolute");
+                Resolved::KernelPath(CString::new(folded).map_err(|_| libc::EINVAL)?)
+            }
+            Target::Kernel => Resolved::Kernel,
+        });
+    }
+    if dirfd == libc::AT_FDCWD || !state::is_locus(dirfd) {
+        return Ok(Resolved::Kernel);
+    }
+    let desc = state::desc(dirfd)?;
+    desc.usable()?;
+    if !matches!(desc.node, Node::Dir(_)) {
+        return Err(libc::ENOTDIR);
+    }
+    if bytes.is_empty() {
+        return Err(libc::ENOENT);
+    }
+    let (target, full) = config.mount.join(&desc.path, bytes);
+    Ok(match target {
+        Target::Locus {
+            path,
+            trailing_slash,
+        } => Resolved::Locus {
+            path,
+            trailing_slash,
+        },
+        Target::Kernel => Resolved::KernelPath(CString::new(full).map_err(|_| libc::EINVAL)?),
+    })
+}
+
+/// Calls `kernel` with the path to hand to libc (the caller's, or the rewritten one with
+/// `AT_FDCWD`), or `locus` with the inside path.
+macro_rules! route {
+    (
+        $dirfd:expr, $path:expr,
+        kernel($kdirfd:ident, $kpath:ident) => $kernel:expr,
+        locus($lpath:ident, $slash:ident) => $locus:expr $(,)?
+    ) => {{
+        // SAFETY: `$path` is the caller's NUL-terminated path (or null).
+        match unsafe { $crate::calls::resolve($dirfd, $path) } {
+            Err(e) => {
+                $crate::errno::set(e);
+                <_ as $crate::real::Failed>::FAILED
+            }
+            Ok($crate::calls::Resolved::Kernel) => {
+                let ($kdirfd, $kpath) = ($dirfd, $path);
+                $kernel
+            }
+            Ok($crate::calls::Resolved::KernelPath(rewritten)) => {
+                let ($kdirfd, $kpath) = (libc::AT_FDCWD, rewritten.as_ptr());
+                let _ = $kdirfd;
+                $kernel
+            }
+            Ok($crate::calls::Resolved::Locus { path: $lpath, trailing_slash: $slash }) => {
+                let _ = $slash;
+                $locus
+            }
+        }
+    }};
+}
+pub(crate) use route;
+
+/// The current umask (read without changing it for longer than two calls).
+pub(crate) fn umask() -> u32 {
+    // SAFETY: umask cannot fail; the second call restores the first's change.
+    unsafe {
+        let mask = libc::umask(0o022);
+        libc::umask(mask);
+        mask
+    }
+}

@@ -1,0 +1,165 @@
+//! The stdio calls that open files. glibc's `FILE` reads and writes through internal calls
+//! no library can intercept, so a locus `FILE` is a `fopencookie` stream whose callbacks are
+//! this library's `read`, `write`, `lseek` and `close`. (`fileno` of such a stream is -1, as
+//! for every cookie stream.)
+
+use std::ffi::{CStr, c_char, c_int, c_void};
+
+use libc::{FILE, off64_t, size_t, ssize_t};
+
+use super::fd::open_locus;
+use super::route;
+use crate::{errno, real, state};
+
+/// glibc's `cookie_io_functions_t`.
+#[repr(C)]
+struct CookieFunctions {
+    read: unsafe extern "C" fn(*mut c_void, *mut c_char, size_t) -> ssize_t,
+    write: unsafe extern "C" fn(*mut c_void, *const c_char, size_t) -> ssize_t,
+    seek: unsafe extern "C" fn(*mut c_void, *mut off64_t, c_int) -> c_int,
+    close: unsafe extern "C" fn(*mut c_void) -> c_int,
+}
+
+unsafe extern "C" {
+    fn fopencookie(cookie: *mut c_void, mode: *const c_char, functions: CookieFunctions)
+    -> *mut FILE;
+}
+
+fn cookie_fd(cookie: *mut c_void) -> c_int {
+    cookie as usize as c_int
+}
+
+unsafe extern "C" fn cookie_read(cookie: *mut c_void, buf: *mut c_char, len: size_t) -> ssize_t {
+    // SAFETY: stdio passes its buffer of `len` bytes.
+    unsafe { super::io::read(cookie_fd(cookie), buf.cast(), len) }
+}
+
+unsafe extern "C" fn cookie_write(
+    cookie: *mut c_void,
+    buf: *const c_char,
+    len: size_t,
+) -> ssize_t {
+    // SAFETY: stdio passes its buffer of `len` bytes.
+    let n = unsafe { super::io::write(cookie_fd(cookie), buf.cast(), len) };
+    // A cookie writer reports failure as 0 written (errno set).
+    n.max(0)
+}
+
+unsafe extern "C" fn cookie_seek(cookie: *mut c_void, pos: *mut off64_t, whence: c_int) -> c_int {
+    // SAFETY: stdio passes a valid position pointer.
+    unsafe {
+        let at = super::io::lseek64(cookie_fd(cookie), *pos, whence);
+        if at < 0 {
+            return -1;
+        }
+        *pos = at;
+    }
+    0
+}
+
+unsafe extern "C" fn cookie_close(cookie: *mut c_void) -> c_int {
+    // SAFETY: the stream owns its fd.
+    unsafe { super::fd::close(cookie_fd(cookie)) }
+}
+
+/// Opens a stream over the locus fd `fd` (which it owns from now on).
+///
+/// # Safety
+/// `mode` is a NUL-terminated stdio mode.
+unsafe fn stream(fd: c_int, mode: *const c_char) -> *mut FILE {
+    let functions = CookieFunctions {
+        read: cookie_read,
+        write: cookie_write,
+        seek: cookie_seek,
+        close: cookie_close,
+    };
+    // SAFETY: a valid mode and function table; the cookie is the fd number.
+    let file = unsafe { fopencookie(fd as usize as *mut c_void, mode, functions) };
+    if file.is_null() {
+        let e = errno::get();
+        // SAFETY: our fd.
+        unsafe { super::fd::close(fd) };
+        errno::set(e);
+    }
+    file
+}
+
+/// `open(2)` flags of a stdio mode ("r", "w+", "ax", "re", ...).
+fn mode_flags(mode: &[u8]) -> Result<c_int, c_int> {
+    let (first, rest) = mode.split_first().ok_or(libc::EINVAL)?;
+    let plus = rest.contains(&b'+');
+    let mut flags = match (first, plus) {
+        (b'r', false) => libc::O_RDONLY,
+        (b'r', true) => libc::O_RDWR,
+        (b'w', false) => libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+        (b'w', true) => libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC,
+        (b'a', false) => libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND,
+        (b'a', true) => libc::O_RDWR | libc::O_CREAT | libc::O_APPEND,
+        _ => return Err(libc::EINVAL),
+    };
+    if rest.contains(&b'x') {
+        flags |= libc::O_EXCL;
+    }
+    if rest.contains(&b'e') {
+        flags |= libc::O_CLOEXEC;
+    }
+    Ok(flags)
+}
+
+/// `fopen64(3)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fopen64(path: *const c_char, mode: *const c_char) -> *mut FILE {
+    route!(libc::AT_FDCWD, path,
+        // SAFETY: passed through.
+        kernel(_dirfd, path) => unsafe { real::fopen64(path, mode) },
+        locus(inner, slash) => {
+            let opened = state::run(|| {
+                if mode.is_null() {
+                    return Err(libc::EINVAL);
+                }
+                // SAFETY: a NUL-terminated mode per C's contract.
+                let flags = mode_flags(unsafe { CStr::from_ptr(mode) }.to_bytes())?;
+                open_locus(&inner, slash, flags, 0o666)
+            });
+            match opened {
+                // SAFETY: checked mode; our fd.
+                Ok(fd) => unsafe { stream(fd, mode) },
+                Err(e) => {
+                    errno::set(e);
+                    std::ptr::null_mut()
+                }
+            }
+        },
+    )
+}
+
+/// `fopen(3)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fopen(path: *const c_char, mode: *const c_char) -> *mut FILE {
+    // SAFETY: forwarded contract.
+    unsafe { fopen64(path, mode) }
+}
+
+/// `fdopen(3)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE {
+    if !state::is_locus(fd) {
+        // SAFETY: passed through.
+        return unsafe { real::fdopen(fd, mode) };
+    }
+    if mode.is_null() {
+        errno::set(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
+    // SAFETY: checked mode; the caller hands the fd to the stream.
+    unsafe { stream(fd, mode) }
+}

@@ -1,0 +1,138 @@
+//! What `stat`, `statx` and `statfs` report for locus files. The file system keeps no
+//! owners and one time stamp: files belong to the calling user, and access, change and
+//! modification times all show the last modification.
+
+use std::ffi::c_int;
+
+use fs::{Fs, Kind, Stat};
+
+/// `f_type` of `statfs`: "LOCU".
+pub const LOCUS_MAGIC: i64 = 0x4c4f_4355;
+/// The block size reported.
+pub const BLOCK: i64 = 4096;
+
+/// The device number of the volume: major 0 (anonymous devices), a minor from its uuid.
+pub fn device(fs: &Fs) -> (u32, u32) {
+    let uuid = fs.volume().uuid();
+    let minor = u32::from_le_bytes([uuid[0], uuid[1], uuid[2], 0]) | 0x10_0000;
+    (0, minor & 0xfff_ffff)
+}
+
+fn type_bits(kind: Kind) -> u32 {
+    match kind {
+        Kind::File => libc::S_IFREG,
+        Kind::Dir => libc::S_IFDIR,
+    }
+}
+
+/// Fills a `struct stat`.
+pub fn fill_stat(st: &Stat, dev: (u32, u32), out: &mut libc::stat) {
+    // SAFETY: `libc::stat` is plain data; all-zero is a valid value.
+    *out = unsafe { std::mem::zeroed() };
+    out.st_dev = libc::makedev(dev.0, dev.1);
+    out.st_ino = st.ino;
+    out.st_mode = type_bits(st.kind) | (st.mode & 0o7777);
+    out.st_nlink = st.nlink;
+    // SAFETY: geteuid/getegid cannot fail.
+    (out.st_uid, out.st_gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    out.st_size = st.size as i64;
+    out.st_blksize = BLOCK;
+    out.st_blocks = st.allocated.div_ceil(512) as i64;
+    let (sec, nsec) = ((st.mtime_ns / 1_000_000_000) as i64, (st.mtime_ns % 1_000_000_000) as i64);
+    (out.st_atime, out.st_atime_nsec) = (sec, nsec);
+    (out.st_mtime, out.st_mtime_nsec) = (sec, nsec);
+    (out.st_ctime, out.st_ctime_nsec) = (sec, nsec);
+}
+
+/// Fills a `struct statx` (every basic field but the birth time).
+pub fn fill_statx(st: &Stat, dev: (u32, u32), out: &mut libc::statx) {
+    // SAFETY: `libc::statx` is plain data; all-zero is a valid value.
+    *out = unsafe { std::mem::zeroed() };
+    out.stx_mask = libc::STATX_BASIC_STATS;
+    out.stx_blksize = BLOCK as u32;
+    out.stx_nlink = st.nlink as u32;
+    // SAFETY: geteuid/getegid cannot fail.
+    (out.stx_uid, out.stx_gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    out.stx_mode = (type_bits(st.kind) | (st.mode & 0o7777)) as u16;
+    out.stx_ino = st.ino;
+    out.stx_size = st.size;
+    out.stx_blocks = st.allocated.div_ceil(512);
+    // SAFETY: plain data; all-zero is valid.
+    let mut time: libc::statx_timestamp = unsafe { std::mem::zeroed() };
+    time.tv_sec = (st.mtime_ns / 1_000_000_000) as i64;
+    time.tv_nsec = (st.mtime_ns % 1_000_000_000) as u32;
+    out.stx_atime = time;
+    out.stx_mtime = time;
+    out.stx_ctime = time;
+    (out.stx_dev_major, out.stx_dev_minor) = dev;
+}
+
+/// Capacity and free space of the volume, in blocks of [`BLOCK`].
+pub fn space(fs: &Fs) -> (u64, u64, u64) {
+    let stats = fs.volume().stats();
+    let total: u64 = stats.iter().map(|d| d.capacity_bytes).sum();
+    let free: u64 = stats.iter().map(|d| d.free_bytes).sum();
+    let files = fs.stats().inodes;
+    (total / BLOCK as u64, free / BLOCK as u64, files)
+}
+
+/// Fills a `struct statfs`.
+pub fn fill_statfs(fs: &Fs, out: &mut libc::statfs) {
+    let (blocks, free, files) = space(fs);
+    // SAFETY: plain data; all-zero is valid.
+    *out = unsafe { std::mem::zeroed() };
+    out.f_type = LOCUS_MAGIC;
+    out.f_bsize = BLOCK;
+    out.f_frsize = BLOCK;
+    out.f_blocks = blocks;
+    out.f_bfree = free;
+    out.f_bavail = free;
+    out.f_files = files + free;
+    out.f_ffree = free;
+    out.f_namelen = fs::path::MAX_NAME as i64;
+}
+
+/// Fills a `struct statvfs`.
+pub fn fill_statvfs(fs: &Fs, out: &mut libc::statvfs) {
+    let (blocks, free, files) = space(fs);
+    // SAFETY: plain data; all-zero is valid.
+    *out = unsafe { std::mem::zeroed() };
+    out.f_bsize = BLOCK as u64;
+    out.f_frsize = BLOCK as u64;
+    out.f_blocks = blocks;
+    out.f_bfree = free;
+    out.f_bavail = free;
+    out.f_files = files + free;
+    out.f_ffree = free;
+    out.f_favail = free;
+    out.f_namemax = fs::path::MAX_NAME as u64;
+}
+
+/// The `d_type` of a directory entry.
+pub fn dirent_type(kind: Kind) -> u8 {
+    match kind {
+        Kind::File => libc::DT_REG,
+        Kind::Dir => libc::DT_DIR,
+    }
+}
+
+/// Whether the calling user may access a file of `st` as `mode` (`R_OK`, `W_OK`, `X_OK`).
+/// The user owns every locus file; root passes read and write always and execute when any
+/// execute bit is set (or for directories), as in the kernel.
+pub fn may_access(st: &Stat, mode: c_int, effective: bool) -> bool {
+    // SAFETY: these id calls cannot fail.
+    let uid = unsafe {
+        if effective {
+            libc::geteuid()
+        } else {
+            libc::getuid()
+        }
+    };
+    let want = |bit: c_int| mode & bit != 0;
+    if uid == 0 {
+        return !want(libc::X_OK) || st.kind == Kind::Dir || st.mode & 0o111 != 0;
+    }
+    (!want(libc::R_OK) || st.mode & 0o400 != 0)
+        && (!want(libc::W_OK) || st.mode & 0o200 != 0)
+        && (!want(libc::X_OK) || st.mode & 0o100 != 0)
+}
