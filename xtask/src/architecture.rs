@@ -23,6 +23,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("nbd", &["topology"]),
     ("fs", &["topology", "pmem", "volume"]),
     ("fs-capi", &["topology", "volume", "fs"]),
+    ("preload", &["topology", "volume", "fs"]),
     ("sim", &["cache"]),
     (
         "locus",
@@ -49,6 +50,10 @@ const UNSAFE_ALLOWED: &[(&str, &str)] = &[
     (
         "crates/fs-capi/",
         "the C API: turning C callers' pointers into handles and slices",
+    ),
+    (
+        "crates/preload/",
+        "the LD_PRELOAD library: stands in for libc functions, with C pointers and fds",
     ),
 ];
 

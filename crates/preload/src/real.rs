@@ -99,6 +99,11 @@ real! {
     fn rmdir(path: *const c_char) -> c_int;
     fn chdir(path: *const c_char) -> c_int;
     fn fchdir(fd: c_int) -> c_int;
+    fn getcwd(buf: *mut c_char, size: size_t) -> *mut c_char;
+    fn get_current_dir_name() -> *mut c_char;
+    fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     fn chmod(path: *const c_char, mode: mode_t) -> c_int;
     fn fchmod(fd: c_int, mode: mode_t) -> c_int;
     fn fchmodat(dirfd: c_int, path: *const c_char, mode: mode_t, flags: c_int) -> c_int;

@@ -182,6 +182,10 @@ fn mount() -> Result<Fs, c_int> {
 /// Unmounts cleanly at process exit (checkpoint, snapshot), unless another thread is busy
 /// in the file system: then the exit is a crash, which recovery handles.
 extern "C" fn unmount_at_exit() {
+    // stdio flushes its buffers after the atexit handlers: streams over locus files must
+    // write theirs while the file system is still mounted.
+    // SAFETY: fflush(NULL) flushes every stream; no arguments to get wrong.
+    unsafe { libc::fflush(std::ptr::null_mut()) };
     let _inside = Guard::enter();
     let Some(mut mounted) = MOUNT.try_write_for(std::time::Duration::from_secs(1)) else {
         return;
@@ -334,14 +338,21 @@ fn mark(fd: c_int, on: bool) {
     }
 }
 
-/// The entry of a locus fd.
-pub(crate) fn slot(fd: c_int) -> Option<Slot> {
-    FDS.read().as_ref()?.get(&fd).cloned()
+/// The entry of a locus fd; a suspended one (see "Suspending fds") is reopened first, and
+/// if that cannot happen now (the volume is busy), its error is returned.
+pub(crate) fn slot(fd: c_int) -> Result<Slot, c_int> {
+    if PENDING_COUNT.load(Ordering::Relaxed) > 0 {
+        adopt_suspended()?;
+    }
+    FDS.read()
+        .as_ref()
+        .and_then(|t| t.get(&fd).cloned())
+        .ok_or(libc::EBADF)
 }
 
-/// The description of a locus fd, or `EBADF`.
+/// The description of a locus fd.
 pub(crate) fn desc(fd: c_int) -> Result<Arc<Desc>, c_int> {
-    slot(fd).map(|s| s.desc).ok_or(libc::EBADF)
+    slot(fd).map(|s| s.desc)
 }
 
 /// Records `fd` (already reserved from the kernel) as a locus fd; returns what it replaced.
@@ -355,8 +366,18 @@ pub(crate) fn install(fd: c_int, slot: Slot) -> Option<Slot> {
     replaced
 }
 
-/// Forgets `fd` as a locus fd; returns its entry.
+/// Forgets `fd` as a locus fd; returns its entry (none for a suspended fd, which is simply
+/// dropped).
 pub(crate) fn uninstall(fd: c_int) -> Option<Slot> {
+    if PENDING_COUNT.load(Ordering::Relaxed) > 0 {
+        let mut pending = PENDING.lock();
+        if let Some(i) = pending.iter().position(|h| h.fd == fd) {
+            pending.swap_remove(i);
+            PENDING_COUNT.store(pending.len(), Ordering::Relaxed);
+            mark(fd, false);
+            return None;
+        }
+    }
     let mut fds = FDS.write();
     let removed = fds.as_mut()?.remove(&fd);
     if removed.is_some() {
@@ -413,6 +434,37 @@ pub(crate) fn reserve(at_least: Option<c_int>) -> Result<c_int, c_int> {
     if fd < 0 { Err(errno::get()) } else { Ok(fd) }
 }
 
+/// Moves an fd this library opened for itself (the volume's lock file, its devices) far
+/// above the numbers programs pick: shells `dup2` onto 3..9 and 10.. at will, and must not
+/// close the volume lock or a device under the file system. The new number is the lowest
+/// free one from half the fd limit up (never below 64); if none is free, `fd` stays.
+pub(crate) fn move_internal(fd: c_int) -> c_int {
+    static BASE: OnceLock<c_int> = OnceLock::new();
+    let base = *BASE.get_or_init(|| {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: a valid out-pointer.
+        let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
+        let soft = if ok { limit.rlim_cur.min(1 << 20) } else { 1024 };
+        ((soft / 2) as c_int).max(64)
+    });
+    if fd >= base {
+        return fd;
+    }
+    // SAFETY: our own fd; the duplicate keeps close-on-exec (the library's fds never cross an
+    // exec), the original is closed only when the move succeeded.
+    unsafe {
+        let moved = real::fcntl(fd, libc::F_DUPFD_CLOEXEC, base as libc::c_ulong);
+        if moved < 0 {
+            return fd;
+        }
+        real::close(fd);
+        moved
+    }
+}
+
 /// Opens a locus fd for `desc`, returning the number.
 pub(crate) fn new_fd(desc: Desc, cloexec: bool) -> Result<c_int, c_int> {
     let fd = reserve(None)?;
@@ -466,19 +518,51 @@ extern "C" fn before_fork() {
     // `after_fork_parent` / `after_fork_child`, in the same thread of the same process
     // image, before either returns.
     std::mem::forget(MOUNT.write());
+    std::mem::forget(PENDING.lock());
     std::mem::forget(FDS.write());
+    // SAFETY: we hold FDS and PENDING exclusively (forgotten guards above).
+    let dropped = unsafe { suspend_all(&mut *FDS.data_ptr(), &mut *PENDING.data_ptr()) };
+    // Dropping descriptions releases their locks: before the lock table is taken.
+    drop(dropped);
     std::mem::forget(STREAMS.lock());
     std::mem::forget(locks().mutex().lock());
     std::mem::forget(APPEND.lock());
-    if OPEN.load(Ordering::Relaxed) == 0 {
-        // SAFETY: we hold MOUNT exclusively (forgotten guard above).
-        let mounted = unsafe { &mut *MOUNT.data_ptr() };
-        if let Some(fs) = mounted.take()
-            && let Err(e) = fs.unmount()
-        {
-            eprintln!("locus preload: unmounting before fork: {e}");
+    // SAFETY: we hold MOUNT exclusively (forgotten guard above).
+    let mounted = unsafe { &mut *MOUNT.data_ptr() };
+    if let Some(fs) = mounted.take()
+        && let Err(e) = fs.unmount()
+    {
+        eprintln!("locus preload: unmounting before fork: {e}");
+    }
+}
+
+/// Suspends every open locus fd: its description (path, inode, offset, flags) moves to the
+/// pending list, to be reopened on next use by whichever process that is. Returns the
+/// descriptions, to be dropped by the caller.
+fn suspend_all(fds: &mut Option<HashMap<c_int, Slot>>, pending: &mut Vec<Handoff>) -> Vec<Slot> {
+    let Some(table) = fds.as_mut() else {
+        return Vec::new();
+    };
+    let mut dropped = Vec::with_capacity(table.len());
+    for (fd, slot) in table.drain() {
+        OPEN.fetch_sub(1, Ordering::Relaxed);
+        if slot.desc.usable().is_ok() {
+            pending.push(Handoff {
+                fd,
+                ino: slot.desc.ino,
+                pos: *slot.desc.pos.lock(),
+                status: slot.desc.status.load(Ordering::Relaxed),
+                path: slot.desc.path.clone(),
+                cloexec: slot.cloexec,
+            });
+            dropped.push(slot);
+        } else {
+            mark(fd, false);
+            std::mem::forget(slot);
         }
     }
+    PENDING_COUNT.store(pending.len(), Ordering::Relaxed);
+    dropped
 }
 
 fn unlock_all() {
@@ -488,6 +572,7 @@ fn unlock_all() {
         locks().mutex().force_unlock();
         STREAMS.force_unlock();
         FDS.force_unlock_write();
+        PENDING.force_unlock();
         MOUNT.force_unlock_write();
     }
 }
@@ -507,12 +592,14 @@ extern "C" fn after_fork_child() {
     if let Some(fs) = mounted.take() {
         std::mem::forget(fs);
     }
-    locks().clear();
     unlock_all();
+    // The child is single-threaded now: nobody can take the table between these two lines.
+    locks().clear();
 }
 
 /// Registers the fork and exit handlers (run once, from the library's constructor).
 pub(crate) fn install_handlers() {
+    receive_handoff();
     // SAFETY: the handlers are `extern "C" fn()` with static lifetime.
     unsafe {
         libc::pthread_atfork(
@@ -522,4 +609,222 @@ pub(crate) fn install_handlers() {
         );
         libc::atexit(unmount_at_exit);
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// The working directory inside locus.
+
+static CWD: RwLock<Option<String>> = RwLock::new(None);
+static CWD_SET: AtomicBool = AtomicBool::new(false);
+
+/// The locus directory the process has `chdir`ed into, if any: relative paths (with
+/// `AT_FDCWD`) resolve against it.
+pub(crate) fn cwd() -> Option<String> {
+    if !CWD_SET.load(Ordering::Relaxed) {
+        return None;
+    }
+    CWD.read().clone()
+}
+
+/// Sets (or, with `None`, clears: the kernel's working directory applies again) the locus
+/// working directory.
+pub(crate) fn set_cwd(dir: Option<String>) {
+    let mut cwd = CWD.write();
+    CWD_SET.store(dir.is_some(), Ordering::Relaxed);
+    *cwd = dir;
+}
+
+// ---------------------------------------------------------------------------------------
+// Handing locus fds over `exec`.
+//
+// `exec` replaces the process image and with it the mount, so a locus fd the program meant
+// to keep (no `FD_CLOEXEC`) — a shell's `cmd < /locus/f` — would be lost. Before `exec` the
+// library describes each such fd (number, inode, offset, status flags, path) and the locus
+// working directory in `LOCUS_PRELOAD_HANDOFF`, and lets the fd's kernel reservation survive
+// the exec. The new image's copy of the library reads the description at load and reopens
+// the files by path on first use, checking the inode (a file renamed over in between is not
+// silently swapped in: its fd is closed instead). The old image's mount simply ends with
+// the exec; every acknowledged write is durable, and the next mount recovers the rest.
+
+/// The environment variable carrying the description.
+pub const HANDOFF_ENV: &str = "LOCUS_PRELOAD_HANDOFF";
+
+#[derive(Debug, Clone)]
+struct Handoff {
+    fd: c_int,
+    ino: u64,
+    pos: u64,
+    status: c_int,
+    path: String,
+    cloexec: bool,
+}
+
+static PENDING: Mutex<Vec<Handoff>> = Mutex::new(Vec::new());
+static PENDING_COUNT: AtomicUsize = AtomicUsize::new(0);
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<String> {
+    if text.len() % 2 != 0 {
+        return None;
+    }
+    let bytes = (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    String::from_utf8(bytes).ok()
+}
+
+/// The description to hand over and the fds whose reservations must survive, or `None`
+/// when nothing needs handing over.
+pub(crate) fn handoff_for_exec() -> Option<(String, Vec<c_int>)> {
+    let mut lines = Vec::new();
+    let mut fds = Vec::new();
+    if let Some(table) = FDS.read().as_ref() {
+        for (&fd, slot) in table {
+            if slot.cloexec || slot.desc.usable().is_err() {
+                continue;
+            }
+            let desc = &slot.desc;
+            lines.push(format!(
+                "fd {fd} {} {} {} {}",
+                desc.ino,
+                *desc.pos.lock(),
+                desc.status.load(Ordering::Relaxed),
+                hex(desc.path.as_bytes())
+            ));
+            fds.push(fd);
+        }
+    }
+    for h in PENDING.lock().iter().filter(|h| !h.cloexec) {
+        lines.push(format!(
+            "fd {} {} {} {} {}",
+            h.fd,
+            h.ino,
+            h.pos,
+            h.status,
+            hex(h.path.as_bytes())
+        ));
+        fds.push(h.fd);
+    }
+    if let Some(dir) = cwd() {
+        lines.push(format!("cwd {}", hex(dir.as_bytes())));
+    }
+    (!lines.is_empty()).then(|| (lines.join(";"), fds))
+}
+
+/// Reads a handed-over description (at library load; nothing is mounted yet).
+fn receive_handoff() {
+    let Some(text) = std::env::var_os(HANDOFF_ENV) else {
+        return;
+    };
+    // SAFETY: the name is a literal; the process is still single-threaded (library load).
+    unsafe { libc::unsetenv(c"LOCUS_PRELOAD_HANDOFF".as_ptr()) };
+    let text = text.to_string_lossy();
+    let mut pending = Vec::new();
+    for item in text.split(';') {
+        let fields: Vec<&str> = item.split(' ').collect();
+        match fields.as_slice() {
+            ["fd", fd, ino, pos, status, path] => {
+                let parsed = (|| {
+                    Some(Handoff {
+                        fd: fd.parse().ok()?,
+                        ino: ino.parse().ok()?,
+                        pos: pos.parse().ok()?,
+                        status: status.parse().ok()?,
+                        path: unhex(path)?,
+                        cloexec: false,
+                    })
+                })();
+                match parsed {
+                    Some(h) if h.fd >= 0 => pending.push(h),
+                    _ => eprintln!("locus preload: ignoring a malformed handed-over fd: {item}"),
+                }
+            }
+            ["cwd", path] => match unhex(path) {
+                Some(dir) => set_cwd(Some(dir)),
+                None => eprintln!("locus preload: ignoring a malformed working directory"),
+            },
+            _ => eprintln!("locus preload: ignoring a malformed handover entry: {item}"),
+        }
+    }
+    for h in &pending {
+        mark(h.fd, true);
+    }
+    PENDING_COUNT.store(pending.len(), Ordering::Relaxed);
+    let std_fds: Vec<c_int> = pending.iter().map(|h| h.fd).filter(|fd| *fd <= 2).collect();
+    *PENDING.lock() = pending;
+    for fd in std_fds {
+        crate::calls::stdio::follow_std(fd, true);
+    }
+}
+
+/// Reopens every suspended or handed-over fd (on the first call that needs one). When the
+/// volume cannot be mounted now, they stay suspended and the mount's error is returned.
+fn adopt_suspended() -> Result<(), c_int> {
+    let _inside = Guard::enter();
+    // Mount first, holding nothing (lock order: MOUNT before PENDING).
+    with_fs(|_| Ok(()))?;
+    let list = std::mem::take(&mut *PENDING.lock());
+    PENDING_COUNT.store(0, Ordering::Relaxed);
+    for h in list {
+        match reopen(&h) {
+            Ok(desc) => {
+                install(
+                    h.fd,
+                    Slot {
+                        desc: Arc::new(desc),
+                        cloexec: h.cloexec,
+                    },
+                );
+                // The reservation is ours again: keep it from leaking into a later exec
+                // unless handed over.
+                // SAFETY: our reservation fd.
+                unsafe { real::fcntl(h.fd, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_ulong) };
+            }
+            Err(e) => {
+                eprintln!(
+                    "locus preload: fd {} ({}) cannot be reopened after fork or exec: {}",
+                    h.fd,
+                    h.path,
+                    std::io::Error::from_raw_os_error(e)
+                );
+                mark(h.fd, false);
+                // SAFETY: the reservation left for this fd.
+                unsafe { real::close(h.fd) };
+            }
+        }
+    }
+    Ok(())
+}
+
+fn reopen(h: &Handoff) -> Result<Desc, c_int> {
+    with_fs(|fs| {
+        let st = fs.stat(&h.path).map_err(|e| e.errno())?;
+        if st.ino != h.ino {
+            return Err(libc::ESTALE);
+        }
+        let node = match st.kind {
+            fs::Kind::Dir => Node::Dir(Mutex::new(None)),
+            fs::Kind::File => {
+                let access = h.status & libc::O_ACCMODE;
+                let file = fs
+                    .open_file(
+                        &h.path,
+                        fs::OpenOptions {
+                            read: access != libc::O_WRONLY,
+                            write: access != libc::O_RDONLY,
+                            ..Default::default()
+                        },
+                    )
+                    .map_err(|e| e.errno())?;
+                Node::File(file)
+            }
+        };
+        let desc = Desc::new(node, h.path.clone(), h.ino, h.status);
+        *desc.pos.lock() = h.pos;
+        Ok(desc)
+    })
 }

@@ -92,7 +92,12 @@ unsafe fn open_at(dirfd: c_int, path: *const c_char, flags: c_int, mode: mode_t)
     route!(dirfd, path,
         kernel(dirfd, path) => {
             // SAFETY: the caller's arguments, unchanged (or a path we built).
-            unsafe { real::openat(dirfd, path, flags, mode) }
+            let fd = unsafe { real::openat(dirfd, path, flags, mode) };
+            if fd >= 0 && state::inside() {
+                state::move_internal(fd)
+            } else {
+                fd
+            }
         },
         locus(inner, slash) => int(state::run(|| open_locus(&inner, slash, flags, mode))),
     )
@@ -212,7 +217,13 @@ pub unsafe extern "C" fn creat64(path: *const c_char, mode: mode_t) -> c_int {
 /// Closes a locus fd: forgets it, drops the process's record locks on the file (POSIX:
 /// closing any fd of a file releases them), gives the number back to the kernel.
 fn close_locus(fd: c_int) -> Result<(), c_int> {
-    let slot = state::uninstall(fd).ok_or(libc::EBADF)?;
+    super::stdio::follow_std(fd, false);
+    let Some(slot) = state::uninstall(fd) else {
+        // A suspended fd (see `state`): nothing is open in the file system.
+        // SAFETY: the reservation of that fd.
+        unsafe { real::close(fd) };
+        return Ok(());
+    };
     if slot.desc.usable().is_ok() {
         state::locks().release(slot.desc.ino, Space::Record, Owner::Process);
     }
@@ -259,7 +270,11 @@ fn dup_from(fd: c_int, at_least: Option<c_int>, cloexec: bool) -> Result<c_int, 
 
 /// `dup2`/`dup3` onto `newfd`: whichever side is locus, the table follows the kernel.
 fn dup_onto(oldfd: c_int, newfd: c_int, cloexec: bool) -> Result<c_int, c_int> {
-    let old_locus = state::slot(oldfd);
+    let old_locus = if state::is_locus(oldfd) {
+        Some(state::slot(oldfd)?)
+    } else {
+        None
+    };
     if let Some(slot) = &old_locus {
         slot.desc.usable()?;
     }
@@ -273,6 +288,7 @@ fn dup_onto(oldfd: c_int, newfd: c_int, cloexec: bool) -> Result<c_int, c_int> {
     if result < 0 {
         return Err(errno::get());
     }
+    super::stdio::follow_std(newfd, old_locus.is_some());
     let replaced = match old_locus {
         Some(slot) => state::install(
             newfd,
@@ -422,7 +438,7 @@ fn fcntl_lock(desc: &Arc<Desc>, cmd: c_int, lock: *mut libc::flock) -> Result<c_
 }
 
 fn fcntl_locus(fd: c_int, cmd: c_int, arg: c_ulong) -> Result<c_int, c_int> {
-    let slot = state::slot(fd).ok_or(libc::EBADF)?;
+    let slot = state::slot(fd)?;
     let desc = &slot.desc;
     desc.usable()?;
     use std::sync::atomic::Ordering::Relaxed;

@@ -1036,19 +1036,30 @@ pub unsafe extern "C" fn link(from: *const c_char, to: *const c_char) -> c_int {
     unsafe { linkat(libc::AT_FDCWD, from, libc::AT_FDCWD, to, 0) }
 }
 
-/// `chdir(2)` into locus: the kernel's working directory cannot be a locus directory, so
-/// relative paths would silently mean something else — refused with `EOPNOTSUPP`.
+/// `chdir(2)`: into a locus directory, the library keeps the working directory itself (the
+/// kernel's stays where it was) and resolves relative paths against it; anywhere else, the
+/// kernel's `chdir`, which ends the locus one.
 ///
 /// # Safety
 /// C's.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn chdir(path: *const c_char) -> c_int {
     route!(libc::AT_FDCWD, path,
-        // SAFETY: passed through.
-        kernel(_dirfd, path) => unsafe { real::chdir(path) },
-        locus(inner, slash) => int(state::run(|| {
-            exists(&inner, slash)?;
-            Err(libc::EOPNOTSUPP)
+        kernel(_dirfd, path) => {
+            // SAFETY: passed through.
+            let rc = unsafe { real::chdir(path) };
+            if rc == 0 {
+                state::set_cwd(None);
+            }
+            rc
+        },
+        locus(inner, _slash) => unit(state::run(|| {
+            let st = state::with_fs(|fs| stat_path(fs, &inner, false))?;
+            if st.kind != Kind::Dir {
+                return Err(libc::ENOTDIR);
+            }
+            state::set_cwd(Some(inner.clone()));
+            Ok(())
         })),
     )
 }
@@ -1061,8 +1072,73 @@ pub unsafe extern "C" fn chdir(path: *const c_char) -> c_int {
 pub unsafe extern "C" fn fchdir(fd: c_int) -> c_int {
     if !state::is_locus(fd) {
         // SAFETY: passed through.
-        return unsafe { real::fchdir(fd) };
+        let rc = unsafe { real::fchdir(fd) };
+        if rc == 0 {
+            state::set_cwd(None);
+        }
+        return rc;
     }
-    errno::set(libc::EOPNOTSUPP);
-    -1
+    unit(state::run(|| {
+        let desc = state::desc(fd)?;
+        desc.usable()?;
+        match desc.node {
+            Node::Dir(_) => {
+                state::set_cwd(Some(desc.path.clone()));
+                Ok(())
+            }
+            Node::File(_) => Err(libc::ENOTDIR),
+        }
+    }))
+}
+
+/// `getcwd(3)`: the locus working directory when there is one.
+///
+/// # Safety
+/// C's: `buf` is null or holds `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn getcwd(buf: *mut c_char, len: size_t) -> *mut c_char {
+    let Some(dir) = state::cwd().filter(|_| !state::inside()) else {
+        // SAFETY: passed through.
+        return unsafe { real::getcwd(buf, len) };
+    };
+    let Some(config) = state::config() else {
+        // SAFETY: passed through.
+        return unsafe { real::getcwd(buf, len) };
+    };
+    let path = config.mount.outside(&dir);
+    let need = path.len() + 1;
+    // SAFETY: glibc's extension (null buffer: allocate) or the caller's buffer of `len`.
+    unsafe {
+        let out = if buf.is_null() {
+            let out = libc::malloc(need.max(len)).cast::<c_char>();
+            if out.is_null() {
+                errno::set(libc::ENOMEM);
+                return out;
+            }
+            out
+        } else {
+            if len < need {
+                errno::set(if len == 0 { libc::EINVAL } else { libc::ERANGE });
+                return std::ptr::null_mut();
+            }
+            buf
+        };
+        std::ptr::copy_nonoverlapping(path.as_ptr().cast::<c_char>(), out, path.len());
+        *out.add(path.len()) = 0;
+        out
+    }
+}
+
+/// `get_current_dir_name(3)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn get_current_dir_name() -> *mut c_char {
+    if state::cwd().is_none() {
+        // SAFETY: passed through.
+        return unsafe { real::get_current_dir_name() };
+    }
+    // SAFETY: allocating form.
+    unsafe { getcwd(std::ptr::null_mut(), 0) }
 }

@@ -10,6 +10,7 @@
 //! the same register either way (an absent argument is read but not used).
 
 pub(crate) mod dir;
+pub(crate) mod exec;
 pub(crate) mod fd;
 pub(crate) mod io;
 pub(crate) mod meta;
@@ -97,18 +98,25 @@ pub(crate) unsafe fn resolve(dirfd: c_int, path: *const c_char) -> Result<Resolv
             Target::Kernel => Resolved::Kernel,
         });
     }
-    if dirfd == libc::AT_FDCWD || !state::is_locus(dirfd) {
+    let base = if dirfd == libc::AT_FDCWD {
+        match state::cwd() {
+            Some(dir) => dir,
+            None => return Ok(Resolved::Kernel),
+        }
+    } else if state::is_locus(dirfd) {
+        let desc = state::desc(dirfd)?;
+        desc.usable()?;
+        if !matches!(desc.node, Node::Dir(_)) {
+            return Err(libc::ENOTDIR);
+        }
+        desc.path.clone()
+    } else {
         return Ok(Resolved::Kernel);
-    }
-    let desc = state::desc(dirfd)?;
-    desc.usable()?;
-    if !matches!(desc.node, Node::Dir(_)) {
-        return Err(libc::ENOTDIR);
-    }
+    };
     if bytes.is_empty() {
         return Err(libc::ENOENT);
     }
-    let (target, full) = config.mount.join(&desc.path, bytes);
+    let (target, full) = config.mount.join(&base, bytes);
     Ok(match target {
         Target::Locus {
             path,

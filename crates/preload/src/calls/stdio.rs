@@ -4,6 +4,7 @@
 //! for every cookie stream.)
 
 use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use libc::{FILE, off64_t, size_t, ssize_t};
 
@@ -23,6 +24,71 @@ struct CookieFunctions {
 unsafe extern "C" {
     fn fopencookie(cookie: *mut c_void, mode: *const c_char, functions: CookieFunctions)
     -> *mut FILE;
+}
+
+unsafe extern "C" {
+    static mut stdin: *mut FILE;
+    static mut stdout: *mut FILE;
+    static mut stderr: *mut FILE;
+}
+
+/// The streams `stdin`, `stdout`, `stderr` had before they were made to follow a locus fd.
+static ORIGINAL: [AtomicPtr<FILE>; 3] = [const { AtomicPtr::new(std::ptr::null_mut()) }; 3];
+
+/// Makes `stdin`/`stdout`/`stderr` follow fd 0/1/2 when it becomes (`locus`) or stops being
+/// a locus fd. glibc's standard streams read and write through internal calls no library
+/// can intercept, so while the fd is locus the stream is a cookie stream over this library's
+/// `read`/`write` on that fd number (the way a shell's `echo hello > /locus/f` reaches the
+/// file); the original stream comes back, flushed, when the fd is the kernel's again.
+pub(crate) fn follow_std(fd: c_int, locus: bool) {
+    if !(0..=2).contains(&fd) {
+        return;
+    }
+    let original = &ORIGINAL[fd as usize];
+    // SAFETY: the standard stream variables are glibc's documented, assignable globals; the
+    // program's own uses of them are as racy as ever (stdio's rules apply).
+    unsafe {
+        let slot: *mut *mut FILE = match fd {
+            0 => &raw mut stdin,
+            1 => &raw mut stdout,
+            _ => &raw mut stderr,
+        };
+        let current = *slot;
+        if locus {
+            let mode = if fd == 0 { c"r" } else { c"w" };
+            let functions = CookieFunctions {
+                read: cookie_read,
+                write: cookie_write,
+                seek: cookie_seek,
+                close: cookie_keep,
+            };
+            let stream = fopencookie(fd as usize as *mut c_void, mode.as_ptr(), functions);
+            if stream.is_null() {
+                return;
+            }
+            if fd == 2 {
+                libc::setvbuf(stream, std::ptr::null_mut(), libc::_IONBF, 0);
+            }
+            libc::fflush(current);
+            if original.load(Ordering::Relaxed).is_null() {
+                original.store(current, Ordering::Relaxed);
+            } else {
+                libc::fclose(current);
+            }
+            *slot = stream;
+        } else {
+            let saved = original.swap(std::ptr::null_mut(), Ordering::Relaxed);
+            if !saved.is_null() {
+                libc::fclose(current);
+                *slot = saved;
+            }
+        }
+    }
+}
+
+/// Closing a standard stream's cookie leaves the fd alone (the fd is the program's).
+unsafe extern "C" fn cookie_keep(_cookie: *mut c_void) -> c_int {
+    0
 }
 
 fn cookie_fd(cookie: *mut c_void) -> c_int {

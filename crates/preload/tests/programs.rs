@@ -1,0 +1,499 @@
+//! Real programs under `liblocus_preload.so`: coreutils compared with tmpfs, fio's `psync`,
+//! `pvsync` and `pvsync2` engines with verification, a shell script, Python's `os` calls
+//! (locks, dup, seek holes, mmap, fork), and a kill -9 in the middle of a fio write job.
+//!
+//! Each test formats a small volume of its own on /dev/shm and runs the programs with
+//! `LD_PRELOAD`, `LOCUS_VOLUME` and `LOCUS_MOUNT` set; the test process itself is not
+//! preloaded and reads the volume back through the `fs` crate where it checks contents.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+
+const MOUNT: &str = "/locus";
+
+/// The freshly built library: cargo builds the cdylib beside this test's binary.
+fn library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary");
+    let deps = exe.parent().expect("deps directory");
+    for candidate in [
+        deps.join("liblocus_preload.so"),
+        deps.parent().unwrap().join("liblocus_preload.so"),
+    ] {
+        if candidate.exists() {
+            return candidate;
+        }
+    }
+    panic!("liblocus_preload.so not found next to {}", exe.display());
+}
+
+/// A formatted 256 MiB volume with an empty file system.
+fn volume() -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("locus-preload-test")
+        .tempdir_in("/dev/shm")
+        .expect("tempdir on /dev/shm");
+    let topology = topology::Topology::read_live().expect("topology");
+    let config = volume::default_config(dir.path(), &topology, Some(256 << 20)).expect("config");
+    volume::Volume::format(dir.path(), &config, false).expect("format volume");
+    fs::format_volume(dir.path(), topology).expect("format fs");
+    dir
+}
+
+/// A command that runs under the preload library on `vol`.
+fn preloaded(vol: &Path, program: &str) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.env("LD_PRELOAD", library())
+        .env("LOCUS_VOLUME", vol)
+        .env("LOCUS_MOUNT", MOUNT)
+        // The system's python3 (the one with the standard library the tests use).
+        .env("PATH", format!("/usr/bin:/bin:{}", std::env::var("PATH").unwrap_or_default()));
+    cmd
+}
+
+fn ok(output: Output, what: &str) -> String {
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{what} failed ({}):\nstdout:\n{stdout}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+/// Opens the volume in the test process and returns the file system.
+fn open_fs(vol: &Path) -> fs::Fs {
+    let topology = topology::Topology::read_live().expect("topology");
+    let volume = volume::Volume::open(vol, topology, &Default::default()).expect("open volume");
+    fs::Fs::open(Arc::new(volume), fs::FsOptions::default()).expect("mount")
+}
+
+fn read_all(fs: &fs::Fs, path: &str) -> Vec<u8> {
+    let file = fs.open_read(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let mut data = vec![0u8; file.len() as usize];
+    let mut done = 0;
+    while done < data.len() {
+        let n = file.read_at(&mut data[done..], done as u64).expect("read");
+        assert!(n > 0);
+        done += n;
+    }
+    data
+}
+
+fn have(program: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// The same coreutils script on tmpfs (no preload) and on locus (preloaded): identical
+/// output, error messages included, with the root replaced by `ROOT`.
+#[test]
+fn coreutils_behave_as_on_tmpfs() {
+    let vol = volume();
+    let tmp = tempfile::tempdir_in("/dev/shm").unwrap();
+    let source = tmp.path().join("source");
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    std::fs::write(&source, &data).unwrap();
+    let script = r#"
+        set -u
+        R=$1; SRC=$2
+        mkdir $R/d && echo mkdir ok
+        mkdir -p $R/p/q/r && ls -d $R/p/q/r | sed "s|$R|ROOT|"
+        rm -r $R/p
+        mkdir $R/d 2>&1 | sed "s|$R|ROOT|"
+        cp $SRC $R/d/a && echo cp ok
+        cat $R/d/a | md5sum
+        md5sum < $R/d/a
+        dd if=$SRC of=$R/d/b bs=4096 count=20 2>/dev/null && echo dd ok
+        dd if=$SRC of=$R/d/b bs=1000 seek=7 skip=3 count=5 conv=notrunc 2>/dev/null
+        md5sum $R/d/b | sed "s|$R|ROOT|"
+        truncate -s 123457 $R/d/b
+        stat -c '%s %F %a %h' $R/d/b && stat -c '%F %a %h' $R/d
+        truncate -s 1000 $R/d/b && md5sum $R/d/b | sed "s|$R|ROOT|"
+        mv $R/d/b $R/d/c && echo mv ok
+        ls $R/d
+        ls -a $R/d
+        cat $R/d/b 2>&1 | sed "s|$R|ROOT|"
+        rmdir $R/d 2>&1 | sed "s|$R|ROOT|"
+        mkdir $R/e
+        mv $R/d/c $R/e/ && ls $R/e
+        cp $R/d/a $R/e/a2 && cmp $R/d/a $R/e/a2 && echo cmp ok
+        chmod 600 $R/e/a2 && stat -c '%a' $R/e/a2
+        ls -1 $R/e
+        rm $R/d/a && ls $R/d | wc -l
+        rm $R/nothing 2>&1 | sed "s|$R|ROOT|"
+        rm -r $R/e && echo rm -r ok
+        ls $R
+        rmdir $R/d && echo rmdir ok
+        ls $R | wc -l
+        dd if=$SRC of=$R/big bs=64k 2>/dev/null && cp $R/big $3/back && cmp $SRC $3/back && echo roundtrip ok
+        rm $R/big
+    "#;
+    let run = |root: &str, preload: bool| {
+        let out_dir = tempfile::tempdir().unwrap();
+        let mut cmd = if preload {
+            preloaded(vol.path(), "sh")
+        } else {
+            Command::new("sh")
+        };
+        let output = cmd
+            .arg("-c")
+            .arg(script)
+            .arg("script")
+            .arg(root)
+            .arg(&source)
+            .arg(out_dir.path())
+            .output()
+            .expect("sh");
+        (
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let tmpfs_root = tmp.path().join("root");
+    std::fs::create_dir(&tmpfs_root).unwrap();
+    let (expected, expected_err) = run(tmpfs_root.to_str().unwrap(), false);
+    let (got, got_err) = run(MOUNT, true);
+    assert!(expected.contains("roundtrip ok"), "tmpfs run broken:\n{expected}\n{expected_err}");
+    assert_eq!(got, expected, "stderr on locus:\n{got_err}");
+    assert!(got_err.is_empty(), "unexpected stderr on locus:\n{got_err}");
+}
+
+/// A shell creates, appends, renames and reads back, with redirections the shell itself
+/// performs and commands it forks.
+#[test]
+fn a_shell_script_creates_renames_appends_and_reads_back() {
+    let vol = volume();
+    let script = r#"
+        set -e
+        mkdir /locus/s
+        echo first > /locus/s/log
+        echo second >> /locus/s/log
+        printf 'third\n' >> /locus/s/log
+        mv /locus/s/log /locus/s/log.1
+        test -f /locus/s/log.1 && test ! -e /locus/s/log && echo renamed
+        while read line; do echo "read: $line"; done < /locus/s/log.1
+        cat /locus/s/log.1
+        exec 3>>/locus/s/log.1
+        echo fourth >&3
+        exec 3>&-
+        wc -l < /locus/s/log.1
+        [ "$(head -c 5 /locus/s/log.1)" = first ] && echo head ok
+    "#;
+    let out = ok(
+        preloaded(vol.path(), "bash").args(["-c", script]).output().unwrap(),
+        "bash script",
+    );
+    assert_eq!(
+        out,
+        "renamed\nread: first\nread: second\nread: third\nfirst\nsecond\nthird\n4\nhead ok\n"
+    );
+    let fs = open_fs(vol.path());
+    assert_eq!(read_all(&fs, "/s/log.1"), b"first\nsecond\nthird\nfourth\n");
+    assert!(fs.stat("/s/log").is_err());
+}
+
+/// fio's synchronous engines write with `verify=crc32c`, read everything back and check it;
+/// the files are then on the volume, at their size, as the test process sees it.
+#[test]
+fn fio_sync_engines_verify_their_data() {
+    if !have("fio") {
+        eprintln!("skipped: fio is not installed");
+        return;
+    }
+    let vol = volume();
+    for (engine, bs) in [("psync", "4k"), ("pvsync", "16k"), ("pvsync2", "1k,4k,64k")] {
+        let output = preloaded(vol.path(), "fio")
+            .args([
+                "--name=verify",
+                &format!("--ioengine={engine}"),
+                &format!("--filename_format={MOUNT}/fio.{engine}.$jobnum"),
+                "--size=8m",
+                "--rw=randwrite",
+                &format!("--bs={}", bs.split(',').next().unwrap()),
+                "--verify=crc32c",
+                "--verify_fatal=1",
+                "--verify_state_save=0",
+                "--numjobs=2",
+                "--thread",
+                "--group_reporting",
+            ])
+            .args(if engine == "pvsync2" {
+                vec!["--bssplit=1k/30:4k/40:64k/30".to_string(), "--hipri=1".into()]
+            } else {
+                vec![]
+            })
+            .output()
+            .unwrap();
+        let out = ok(output, &format!("fio {engine}"));
+        assert!(out.contains("err= 0"), "fio {engine} reported an error:\n{out}");
+    }
+    let fs = open_fs(vol.path());
+    for engine in ["psync", "pvsync", "pvsync2"] {
+        for job in 0..2 {
+            let st = fs
+                .stat(&format!("/fio.{engine}.{job}"))
+                .expect("fio's file is on the volume");
+            assert_eq!(st.size, 8 << 20, "{engine}");
+            assert!(st.allocated >= 4 << 20, "{engine}: {} bytes held", st.allocated);
+        }
+    }
+}
+
+/// kill -9 in the middle of a sequential fio write job: everything fio reported written
+/// (its last status line before the kill) reads back and verifies afterwards.
+#[test]
+fn kill_9_during_a_fio_write_loses_nothing_reported() {
+    if !have("fio") {
+        eprintln!("skipped: fio is not installed");
+        return;
+    }
+    let vol = volume();
+    let job = |extra: &[&str]| {
+        let mut cmd = preloaded(vol.path(), "fio");
+        cmd.args([
+            "--name=crash",
+            &format!("--filename={MOUNT}/crash"),
+            "--ioengine=psync",
+            "--rw=write",
+            "--bs=64k",
+            "--size=160m",
+            "--verify=crc32c",
+            "--verify_state_save=0",
+            "--thread",
+            "--rate=40m",
+        ])
+        .args(extra);
+        cmd
+    };
+    let mut child = job(&["--status-interval=1", "--output-format=json", "--do_verify=0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    // fio prints one JSON document per interval; keep the write bytes of each.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            text.push_str(&line);
+            text.push('\n');
+            let docs = serde_json::Deserializer::from_str(&text).into_iter::<serde_json::Value>();
+            let mut consumed = 0;
+            for doc in docs {
+                let Ok(doc) = doc else { break };
+                if let Some(bytes) = doc["jobs"][0]["write"]["io_bytes"].as_u64() {
+                    let _ = tx.send(bytes);
+                }
+                consumed = text.len();
+            }
+            if consumed > 0 {
+                text.clear();
+            }
+        }
+    });
+    let mut reported = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while reported < (48 << 20) && std::time::Instant::now() < deadline {
+        if let Ok(bytes) = rx.recv_timeout(std::time::Duration::from_secs(5)) {
+            reported = reported.max(bytes);
+        }
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    reader.join().unwrap();
+    while let Ok(bytes) = rx.try_recv() {
+        reported = reported.max(bytes);
+    }
+    assert!(reported >= 48 << 20, "fio reported only {reported} bytes in 60 s");
+    assert!(reported < 160 << 20, "fio finished before the kill");
+
+    // Recovery runs in the next process that mounts the volume: fio itself, verifying.
+    let size = format!("--size={reported}");
+    let out = ok(job(&[&size, "--verify_only"]).output().unwrap(), "fio verify_only");
+    assert!(out.contains("err= 0"), "verification failed:\n{out}");
+    let fs = open_fs(vol.path());
+    assert!(fs.stat("/crash").unwrap().size >= reported);
+}
+
+/// Python's `os` module: positional I/O, `O_APPEND`, dup2, fcntl/flock/lockf locks, seek
+/// data/holes, select, mmap (private works, shared is refused), fstat, and the errno of
+/// each refusal.
+#[test]
+fn python_os_calls_see_posix_semantics() {
+    if !have("python3") {
+        eprintln!("skipped: python3 is not installed");
+        return;
+    }
+    let vol = volume();
+    let script = r#"
+import errno, fcntl, mmap, os, select, stat
+M = "/locus"
+fd = os.open(M + "/p", os.O_CREAT | os.O_RDWR | os.O_EXCL, 0o640)
+assert fd > 2
+try:
+    os.open(M + "/p", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    raise SystemExit("O_EXCL opened an existing file")
+except FileExistsError:
+    pass
+assert os.pwrite(fd, b"hello world", 0) == 11
+assert os.pread(fd, 5, 6) == b"world"
+assert os.lseek(fd, 0, os.SEEK_CUR) == 0
+os.write(fd, b"HELLO")
+assert os.pread(fd, 11, 0) == b"HELLO world"
+assert os.fstat(fd).st_size == 11
+assert stat.S_IMODE(os.fstat(fd).st_mode) == 0o640
+assert stat.S_ISREG(os.stat(M + "/p").st_mode)
+# O_APPEND through a second description
+a = os.open(M + "/p", os.O_WRONLY | os.O_APPEND)
+os.write(a, b"!")
+assert os.pread(fd, 20, 0) == b"HELLO world!"
+assert fcntl.fcntl(a, fcntl.F_GETFL) & os.O_APPEND
+# dup2 onto a number, shares the offset
+d = os.dup2(fd, 50)
+assert d == 50
+os.lseek(fd, 6, os.SEEK_SET)
+assert os.read(50, 5) == b"world"
+assert os.lseek(fd, 0, os.SEEK_CUR) == 11
+assert fcntl.fcntl(50, fcntl.F_GETFD) == 0
+assert fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+os.close(50)
+try:
+    os.read(50, 1)
+    raise SystemExit("read after close")
+except OSError as e:
+    assert e.errno == errno.EBADF, e
+# holes
+os.ftruncate(fd, 1 << 20)
+os.pwrite(fd, b"x" * 4096, 512 << 10)
+assert os.lseek(fd, 0, os.SEEK_HOLE) == 4096 * ((12 + 4095) // 4096) or os.lseek(fd, 0, os.SEEK_HOLE) == 12, os.lseek(fd, 0, os.SEEK_HOLE)
+assert os.lseek(fd, 4096, os.SEEK_DATA) == 512 << 10
+try:
+    os.lseek(fd, 1 << 20, os.SEEK_DATA)
+    raise SystemExit("SEEK_DATA past the end")
+except OSError as e:
+    assert e.errno == errno.ENXIO
+# locks: OFD locks conflict between descriptions, flock too
+g = os.open(M + "/p", os.O_RDWR)
+fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 10, 0)
+fcntl.flock(fd, fcntl.LOCK_EX)
+try:
+    fcntl.flock(g, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    raise SystemExit("second flock succeeded")
+except BlockingIOError:
+    pass
+fcntl.flock(fd, fcntl.LOCK_UN)
+fcntl.flock(g, fcntl.LOCK_EX | fcntl.LOCK_NB)
+# select on a locus fd: ready, as a regular file
+r, w, _ = select.select([fd], [fd], [], 0)
+assert r == [fd] and w == [fd]
+# mmap
+m = mmap.mmap(fd, 4096, mmap.MAP_PRIVATE, mmap.PROT_READ)
+assert m[:5] == b"HELLO"
+m.close()
+try:
+    mmap.mmap(fd, 4096, mmap.MAP_SHARED)
+    raise SystemExit("shared mapping accepted")
+except OSError as e:
+    assert e.errno == errno.ENODEV, e
+# errors programs rely on
+for call, want in [
+    (lambda: os.open(M + "/missing/x", os.O_RDONLY), errno.ENOENT),
+    (lambda: os.open(M + "/p/x", os.O_RDONLY), errno.ENOTDIR),
+    (lambda: os.mkdir(M + "/p"), errno.EEXIST),
+    (lambda: os.rmdir(M + "/p"), errno.ENOTDIR),
+    (lambda: os.unlink(M), errno.EISDIR),
+    (lambda: os.rename(M + "/p", "/tmp/elsewhere"), errno.EXDEV),
+    (lambda: os.read(a, 1), errno.EBADF),
+    (lambda: os.write(os.open(M + "/p", os.O_RDONLY), b"x"), errno.EBADF),
+    (lambda: os.open(M + "/" + "n" * 256, os.O_CREAT | os.O_WRONLY), errno.ENAMETOOLONG),
+    (lambda: os.symlink("/tmp", M + "/l"), errno.EPERM),
+]:
+    try:
+        call()
+        raise SystemExit("no error; expected " + errno.errorcode[want])
+    except OSError as e:
+        assert e.errno == want, (e, errno.errorcode[want])
+# directories
+os.mkdir(M + "/dir")
+for name in ["b", "a", "c"]:
+    os.close(os.open(M + "/dir/" + name, os.O_CREAT | os.O_WRONLY))
+assert sorted(os.listdir(M + "/dir")) == ["a", "b", "c"]
+dfd = os.open(M + "/dir", os.O_RDONLY | os.O_DIRECTORY)
+assert os.stat("a", dir_fd=dfd).st_size == 0
+os.rename("a", "z", src_dir_fd=dfd, dst_dir_fd=dfd)
+assert sorted(os.listdir(dfd)) == ["b", "c", "z"]
+os.unlink("z", dir_fd=dfd)
+assert [e.name for e in sorted(os.scandir(M + "/dir"), key=lambda e: e.name)] == ["b", "c"]
+# fork: the parent lets go of the volume; its fds are suspended and reopened on use. The
+# child (or the parent) mounts on first use; the other gets EBUSY until it lets go.
+r1, w1 = os.pipe()
+r2, w2 = os.pipe()
+pid = os.fork()
+if pid == 0:
+    code = 0
+    if os.pread(fd, 5, 0) != b"HELLO":
+        code = 10
+    f = os.open(M + "/child", os.O_CREAT | os.O_WRONLY)
+    os.write(f, b"from the child")
+    os.write(w1, b"x")
+    os.read(r2, 1)
+    os.close(f)
+    os._exit(code)
+os.read(r1, 1)
+try:
+    os.pread(fd, 5, 0)
+    raise SystemExit("the parent used the volume while the child held it")
+except OSError as e:
+    assert e.errno == errno.EBUSY, e
+os.write(w2, b"x")
+_, status = os.waitpid(pid, 0)
+assert os.WEXITSTATUS(status) == 0, os.WEXITSTATUS(status)
+assert os.pread(fd, 5, 0) == b"HELLO"
+assert os.lseek(fd, 0, os.SEEK_CUR) == 11
+with open(M + "/child", "rb") as f:
+    assert f.read() == b"from the child"
+# a child program executed with a locus fd as its stdin and stdout
+import subprocess
+with open(M + "/child", "rb") as src, open(M + "/copy", "wb") as dst:
+    subprocess.run(["cat"], stdin=src, stdout=dst, check=True)
+with open(M + "/copy", "rb") as f:
+    assert f.read() == b"from the child"
+for f in [fd, a, g, dfd]:
+    os.close(f)
+print("python ok")
+"#;
+    let out = ok(
+        preloaded(vol.path(), "python3").args(["-c", script]).output().unwrap(),
+        "python script",
+    );
+    assert_eq!(out, "python ok\n");
+    let fs = open_fs(vol.path());
+    assert_eq!(&read_all(&fs, "/p")[..12], b"HELLO world!");
+    assert_eq!(read_all(&fs, "/child"), b"from the child");
+}
+
+/// Paths outside the mount prefix are untouched: a preloaded `cp` between tmpfs files works
+/// and never creates the volume.
+#[test]
+fn other_paths_pass_through_without_mounting() {
+    let tmp = tempfile::tempdir_in("/dev/shm").unwrap();
+    let unused = tmp.path().join("no-volume-here");
+    std::fs::write(tmp.path().join("a"), b"plain file").unwrap();
+    ok(
+        preloaded(&unused, "cp")
+            .arg(tmp.path().join("a"))
+            .arg(tmp.path().join("b"))
+            .output()
+            .unwrap(),
+        "cp on tmpfs",
+    );
+    assert_eq!(std::fs::read(tmp.path().join("b")).unwrap(), b"plain file");
+    assert!(!unused.exists(), "the preload library touched the volume directory");
+}
