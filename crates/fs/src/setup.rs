@@ -24,6 +24,10 @@ pub fn create_default_volume(dir: &Path, topology: &Topology) -> Result<VolumeCo
 pub fn format_volume(dir: &Path, topology: Topology) -> Result<()> {
     let volume = Arc::new(Volume::open(dir, topology, &Default::default())?);
     let capacity = volume.stats().iter().map(|d| d.capacity_bytes).sum();
-    let fs = Fs::format(volume, &FormatOptions::scaled_to(capacity), FsOptions::default())?;
+    let fs = Fs::format(
+        volume,
+        &FormatOptions::scaled_to(capacity),
+        FsOptions::default(),
+    )?;
     fs.unmount()
 }

@@ -192,7 +192,11 @@ mod tests {
             .set(7, Space::Record, B, (50, 60), Kind::Shared, false)
             .unwrap_err();
         assert_eq!(conflict.owner, A);
-        assert!(locks.set(7, Space::Record, P, (99, 200), Kind::Shared, false).is_err());
+        assert!(
+            locks
+                .set(7, Space::Record, P, (99, 200), Kind::Shared, false)
+                .is_err()
+        );
         locks
             .set(7, Space::Record, B, (100, 200), Kind::Shared, false)
             .unwrap();
@@ -226,11 +230,18 @@ mod tests {
             40
         );
         assert_eq!(
-            locks.test(1, Space::Record, B, (59, 70), true).unwrap().start,
+            locks
+                .test(1, Space::Record, B, (59, 70), true)
+                .unwrap()
+                .start,
             60
         );
         locks.release(1, Space::Record, A);
-        assert!(locks.test(1, Space::Record, B, (0, u64::MAX), true).is_none());
+        assert!(
+            locks
+                .test(1, Space::Record, B, (0, u64::MAX), true)
+                .is_none()
+        );
     }
 
     #[test]

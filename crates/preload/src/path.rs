@@ -77,7 +77,7 @@ impl Mount {
             return Target::Kernel;
         };
         let rest = match normal.strip_prefix(self.prefix.as_slice()) {
-            Some(rest) if rest.is_empty() => b"/".as_slice(),
+            Some(b"") => b"/".as_slice(),
             Some(rest) if rest.starts_with(b"/") => rest,
             _ => return Target::Kernel,
         };

@@ -38,7 +38,10 @@ pub fn fill_stat(st: &Stat, dev: (u32, u32), out: &mut libc::stat) {
     out.st_size = st.size as i64;
     out.st_blksize = BLOCK;
     out.st_blocks = st.allocated.div_ceil(512) as i64;
-    let (sec, nsec) = ((st.mtime_ns / 1_000_000_000) as i64, (st.mtime_ns % 1_000_000_000) as i64);
+    let (sec, nsec) = (
+        (st.mtime_ns / 1_000_000_000) as i64,
+        (st.mtime_ns % 1_000_000_000) as i64,
+    );
     (out.st_atime, out.st_atime_nsec) = (sec, nsec);
     (out.st_mtime, out.st_mtime_nsec) = (sec, nsec);
     (out.st_ctime, out.st_ctime_nsec) = (sec, nsec);

@@ -72,7 +72,8 @@ fn read_config() -> Result<Config, String> {
             volume.display()
         ));
     }
-    let sysfs = std::env::var_os("LOCUS_SYSFS").map_or_else(|| PathBuf::from("/sys"), PathBuf::from);
+    let sysfs =
+        std::env::var_os("LOCUS_SYSFS").map_or_else(|| PathBuf::from("/sys"), PathBuf::from);
     Ok(Config {
         mount,
         volume,
@@ -447,7 +448,11 @@ pub(crate) fn move_internal(fd: c_int) -> c_int {
         };
         // SAFETY: a valid out-pointer.
         let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
-        let soft = if ok { limit.rlim_cur.min(1 << 20) } else { 1024 };
+        let soft = if ok {
+            limit.rlim_cur.min(1 << 20)
+        } else {
+            1024
+        };
         ((soft / 2) as c_int).max(64)
     });
     if fd >= base {
@@ -667,7 +672,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn unhex(text: &str) -> Option<String> {
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return None;
     }
     let bytes = (0..text.len())

@@ -48,11 +48,17 @@ fn preloaded(vol: &Path, program: &str) -> Command {
         .env("LOCUS_VOLUME", vol)
         .env("LOCUS_MOUNT", MOUNT)
         // The system's python3 (the one with the standard library the tests use).
-        .env("PATH", format!("/usr/bin:/bin:{}", std::env::var("PATH").unwrap_or_default()));
+        .env(
+            "PATH",
+            format!(
+                "/usr/bin:/bin:{}",
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        );
     cmd
 }
 
-fn ok(output: Output, what: &str) -> String {
+fn ok(output: &Output, what: &str) -> String {
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(
         output.status.success(),
@@ -96,7 +102,9 @@ fn coreutils_behave_as_on_tmpfs() {
     let vol = volume();
     let tmp = tempfile::tempdir_in("/dev/shm").unwrap();
     let source = tmp.path().join("source");
-    let data: Vec<u8> = (0..300_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let data: Vec<u8> = (0..300_000u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
     std::fs::write(&source, &data).unwrap();
     let script = r#"
         set -u
@@ -158,7 +166,10 @@ fn coreutils_behave_as_on_tmpfs() {
     std::fs::create_dir(&tmpfs_root).unwrap();
     let (expected, expected_err) = run(tmpfs_root.to_str().unwrap(), false);
     let (got, got_err) = run(MOUNT, true);
-    assert!(expected.contains("roundtrip ok"), "tmpfs run broken:\n{expected}\n{expected_err}");
+    assert!(
+        expected.contains("roundtrip ok"),
+        "tmpfs run broken:\n{expected}\n{expected_err}"
+    );
     assert_eq!(got, expected, "stderr on locus:\n{got_err}");
     assert!(got_err.is_empty(), "unexpected stderr on locus:\n{got_err}");
 }
@@ -185,7 +196,10 @@ fn a_shell_script_creates_renames_appends_and_reads_back() {
         [ "$(head -c 5 /locus/s/log.1)" = first ] && echo head ok
     "#;
     let out = ok(
-        preloaded(vol.path(), "bash").args(["-c", script]).output().unwrap(),
+        &preloaded(vol.path(), "bash")
+            .args(["-c", script])
+            .output()
+            .unwrap(),
         "bash script",
     );
     assert_eq!(
@@ -223,14 +237,20 @@ fn fio_sync_engines_verify_their_data() {
                 "--group_reporting",
             ])
             .args(if engine == "pvsync2" {
-                vec!["--bssplit=1k/30:4k/40:64k/30".to_string(), "--hipri=1".into()]
+                vec![
+                    "--bssplit=1k/30:4k/40:64k/30".to_string(),
+                    "--hipri=1".into(),
+                ]
             } else {
                 vec![]
             })
             .output()
             .unwrap();
-        let out = ok(output, &format!("fio {engine}"));
-        assert!(out.contains("err= 0"), "fio {engine} reported an error:\n{out}");
+        let out = ok(&output, &format!("fio {engine}"));
+        assert!(
+            out.contains("err= 0"),
+            "fio {engine} reported an error:\n{out}"
+        );
     }
     let fs = open_fs(vol.path());
     for engine in ["psync", "pvsync", "pvsync2"] {
@@ -239,7 +259,11 @@ fn fio_sync_engines_verify_their_data() {
                 .stat(&format!("/fio.{engine}.{job}"))
                 .expect("fio's file is on the volume");
             assert_eq!(st.size, 8 << 20, "{engine}");
-            assert!(st.allocated >= 4 << 20, "{engine}: {} bytes held", st.allocated);
+            assert!(
+                st.allocated >= 4 << 20,
+                "{engine}: {} bytes held",
+                st.allocated
+            );
         }
     }
 }
@@ -270,11 +294,15 @@ fn kill_9_during_a_fio_write_loses_nothing_reported() {
         .args(extra);
         cmd
     };
-    let mut child = job(&["--status-interval=1", "--output-format=json", "--do_verify=0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = job(&[
+        "--status-interval=1",
+        "--output-format=json",
+        "--do_verify=0",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
     let stdout = child.stdout.take().unwrap();
     // fio prints one JSON document per interval; keep the write bytes of each.
     let (tx, rx) = std::sync::mpsc::channel();
@@ -311,12 +339,18 @@ fn kill_9_during_a_fio_write_loses_nothing_reported() {
     while let Ok(bytes) = rx.try_recv() {
         reported = reported.max(bytes);
     }
-    assert!(reported >= 48 << 20, "fio reported only {reported} bytes in 60 s");
+    assert!(
+        reported >= 48 << 20,
+        "fio reported only {reported} bytes in 60 s"
+    );
     assert!(reported < 160 << 20, "fio finished before the kill");
 
     // Recovery runs in the next process that mounts the volume: fio itself, verifying.
     let size = format!("--size={reported}");
-    let out = ok(job(&[&size, "--verify_only"]).output().unwrap(), "fio verify_only");
+    let out = ok(
+        &job(&[&size, "--verify_only"]).output().unwrap(),
+        "fio verify_only",
+    );
     assert!(out.contains("err= 0"), "verification failed:\n{out}");
     let fs = open_fs(vol.path());
     assert!(fs.stat("/crash").unwrap().size >= reported);
@@ -471,7 +505,10 @@ for f in [fd, a, g, dfd]:
 print("python ok")
 "#;
     let out = ok(
-        preloaded(vol.path(), "python3").args(["-c", script]).output().unwrap(),
+        &preloaded(vol.path(), "python3")
+            .args(["-c", script])
+            .output()
+            .unwrap(),
         "python script",
     );
     assert_eq!(out, "python ok\n");
@@ -488,7 +525,7 @@ fn other_paths_pass_through_without_mounting() {
     let unused = tmp.path().join("no-volume-here");
     std::fs::write(tmp.path().join("a"), b"plain file").unwrap();
     ok(
-        preloaded(&unused, "cp")
+        &preloaded(&unused, "cp")
             .arg(tmp.path().join("a"))
             .arg(tmp.path().join("b"))
             .output()
@@ -496,5 +533,8 @@ fn other_paths_pass_through_without_mounting() {
         "cp on tmpfs",
     );
     assert_eq!(std::fs::read(tmp.path().join("b")).unwrap(), b"plain file");
-    assert!(!unused.exists(), "the preload library touched the volume directory");
+    assert!(
+        !unused.exists(),
+        "the preload library touched the volume directory"
+    );
 }

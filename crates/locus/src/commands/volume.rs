@@ -2,7 +2,6 @@
 //! embedded default when there is none yet.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use topology::Topology;
@@ -43,8 +42,12 @@ pub fn open(dir: &Path, topology: Topology) -> Result<Volume> {
 
 /// Creates an empty file system on the (closed) volume in `dir`, replacing any there.
 pub fn format_fs(dir: &Path, topology: Topology) -> Result<()> {
-    fs::format_volume(dir, topology)
-        .with_context(|| format!("formatting a file system on the volume at {}", dir.display()))
+    fs::format_volume(dir, topology).with_context(|| {
+        format!(
+            "formatting a file system on the volume at {}",
+            dir.display()
+        )
+    })
 }
 
 /// What a volume's file system looks like to `status` and `fsck`.

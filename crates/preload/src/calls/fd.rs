@@ -353,14 +353,14 @@ fn lock_range(desc: &Desc, lock: &libc::flock) -> Result<(u64, u64), c_int> {
     };
     let start = base.checked_add(lock.l_start).ok_or(libc::EOVERFLOW)?;
     let (start, end) = match lock.l_len {
-        0 => (start, u64::MAX as i128),
+        0 => (start, i128::from(u64::MAX)),
         len if len > 0 => (start, i128::from(start) + i128::from(len)),
         len => (start + len, i128::from(start)),
     };
     if start < 0 {
         return Err(libc::EINVAL);
     }
-    Ok((start as u64, end.min(u64::MAX as i128) as u64))
+    Ok((start as u64, end.min(i128::from(u64::MAX)) as u64))
 }
 
 /// `fcntl`'s lock commands.
@@ -418,6 +418,7 @@ fn fcntl_lock(desc: &Arc<Desc>, cmd: c_int, lock: *mut libc::flock) -> Result<c_
                 };
                 // SAFETY: getpid cannot fail.
                 lock.l_pid = match held.owner {
+                    // SAFETY: getpid cannot fail.
                     Owner::Process => unsafe { libc::getpid() },
                     Owner::Description(_) => -1,
                 };
@@ -540,9 +541,8 @@ pub unsafe extern "C" fn lockf(fd: c_int, cmd: c_int, len: off_t) -> c_int {
     int(state::run(|| {
         let desc = state::desc(fd)?;
         desc.file()?;
-        let mut lock: libc::flock = 
-            // SAFETY: plain data.
-            unsafe { std::mem::zeroed() };
+        // SAFETY: plain data; all-zero is valid.
+        let mut lock: libc::flock = unsafe { std::mem::zeroed() };
         lock.l_whence = libc::SEEK_CUR as i16;
         lock.l_len = len;
         let (command, kind) = match cmd {

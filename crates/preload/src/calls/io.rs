@@ -66,7 +66,10 @@ fn read_at(file: &fs::File, buf: &mut [u8], offset: u64) -> Result<usize, c_int>
 /// cut to that, which `write(2)` allows).
 fn write_at(file: &fs::File, data: &[u8], offset: u64) -> Result<usize, c_int> {
     let data = &data[..data.len().min(MAX_IO as usize)];
-    if offset.checked_add(data.len() as u64).is_none_or(|end| end > MAX_FILE_SIZE) {
+    if offset
+        .checked_add(data.len() as u64)
+        .is_none_or(|end| end > MAX_FILE_SIZE)
+    {
         return Err(libc::EFBIG);
     }
     file.write_at(data, offset).map_err(|e| fs_errno(&e))?;
@@ -277,12 +280,13 @@ fn readv_desc(desc: &Desc, iov: &[iovec], off: Option<u64>) -> Result<usize, c_i
 fn writev_desc(desc: &Desc, iov: &[iovec], off: Option<u64>) -> Result<usize, c_int> {
     writable(desc)?;
     let gathered: std::borrow::Cow<'_, [u8]> = match iov {
-        // SAFETY (both arms): each vector describes caller memory of `iov_len` bytes.
+        // SAFETY: the vector describes caller memory of `iov_len` bytes.
         [one] => unsafe { input(one.iov_base, one.iov_len) }.into(),
         many => {
             let total: usize = many.iter().map(|v| v.iov_len).sum();
             let mut all = Vec::with_capacity(total);
             for v in many {
+                // SAFETY: each vector describes caller memory of `iov_len` bytes.
                 all.extend_from_slice(unsafe { input(v.iov_base, v.iov_len) });
             }
             all.into()
@@ -433,7 +437,11 @@ pub unsafe extern "C" fn preadv64v2(
         return unsafe { real::preadv64v2(fd, iov, n, off, flags) };
     }
     if flags & !RWF_KNOWN != 0 || off < -1 {
-        errno::set(if off < -1 { libc::EINVAL } else { libc::EOPNOTSUPP });
+        errno::set(if off < -1 {
+            libc::EINVAL
+        } else {
+            libc::EOPNOTSUPP
+        });
         return -1;
     }
     preadv_locus(fd, iov, n, off)
@@ -473,7 +481,11 @@ pub unsafe extern "C" fn pwritev64v2(
         return unsafe { real::pwritev64v2(fd, iov, n, off, flags) };
     }
     if flags & !RWF_KNOWN != 0 || off < -1 {
-        errno::set(if off < -1 { libc::EINVAL } else { libc::EOPNOTSUPP });
+        errno::set(if off < -1 {
+            libc::EINVAL
+        } else {
+            libc::EOPNOTSUPP
+        });
         return -1;
     }
     pwritev_locus(fd, iov, n, off, flags)
@@ -780,7 +792,12 @@ pub unsafe extern "C" fn posix_fallocate(fd: c_int, off: off_t, len: off_t) -> c
 /// # Safety
 /// None beyond C's.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn posix_fadvise64(fd: c_int, off: off_t, len: off_t, advice: c_int) -> c_int {
+pub unsafe extern "C" fn posix_fadvise64(
+    fd: c_int,
+    off: off_t,
+    len: off_t,
+    advice: c_int,
+) -> c_int {
     if !state::is_locus(fd) {
         // SAFETY: passed through.
         return unsafe { real::posix_fadvise64(fd, off, len, advice) };
@@ -834,7 +851,11 @@ unsafe fn copy(
             }
         };
         if got < 0 {
-            return if done > 0 { Ok(done) } else { Err(errno::get()) };
+            return if done > 0 {
+                Ok(done)
+            } else {
+                Err(errno::get())
+            };
         }
         if got == 0 {
             break;

@@ -8,8 +8,8 @@ use fs::{FsError, Kind, Stat};
 use libc::{mode_t, size_t, ssize_t};
 
 use super::{fs_errno, int, route, size, umask, unit};
-use crate::state::{self, Node};
 use crate::stat::{device, fill_stat, fill_statfs, fill_statvfs, fill_statx, may_access};
+use crate::state::{self, Node};
 use crate::{errno, real};
 
 /// Attributes of an inside path (a trailing slash needs a directory).
@@ -181,7 +181,11 @@ pub unsafe extern "C" fn __xstat(_ver: c_int, path: *const c_char, buf: *mut lib
 /// # Safety
 /// C's.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __xstat64(_ver: c_int, path: *const c_char, buf: *mut libc::stat) -> c_int {
+pub unsafe extern "C" fn __xstat64(
+    _ver: c_int,
+    path: *const c_char,
+    buf: *mut libc::stat,
+) -> c_int {
     // SAFETY: forwarded contract.
     unsafe { stat_at(libc::AT_FDCWD, path, buf, 0) }
 }

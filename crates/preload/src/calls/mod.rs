@@ -20,11 +20,14 @@ use std::ffi::{CStr, CString, c_char, c_int};
 
 use libc::ssize_t;
 
+use crate::errno;
 use crate::path::Target;
 use crate::state::{self, Node};
-use crate::errno;
 
-#[cfg(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))))]
+#[cfg(not(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+)))]
 compile_error!("liblocus_preload.so supports Linux on x86-64 and AArch64 (variadic calls)");
 
 /// Returns a C int result, setting `errno` on failure.
@@ -152,7 +155,10 @@ macro_rules! route {
                 let _ = $kdirfd;
                 $kernel
             }
-            Ok($crate::calls::Resolved::Locus { path: $lpath, trailing_slash: $slash }) => {
+            Ok($crate::calls::Resolved::Locus {
+                path: $lpath,
+                trailing_slash: $slash,
+            }) => {
                 let _ = $slash;
                 $locus
             }

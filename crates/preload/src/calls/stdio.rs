@@ -22,8 +22,11 @@ struct CookieFunctions {
 }
 
 unsafe extern "C" {
-    fn fopencookie(cookie: *mut c_void, mode: *const c_char, functions: CookieFunctions)
-    -> *mut FILE;
+    fn fopencookie(
+        cookie: *mut c_void,
+        mode: *const c_char,
+        functions: CookieFunctions,
+    ) -> *mut FILE;
 }
 
 unsafe extern "C" {
@@ -100,11 +103,7 @@ unsafe extern "C" fn cookie_read(cookie: *mut c_void, buf: *mut c_char, len: siz
     unsafe { super::io::read(cookie_fd(cookie), buf.cast(), len) }
 }
 
-unsafe extern "C" fn cookie_write(
-    cookie: *mut c_void,
-    buf: *const c_char,
-    len: size_t,
-) -> ssize_t {
+unsafe extern "C" fn cookie_write(cookie: *mut c_void, buf: *const c_char, len: size_t) -> ssize_t {
     // SAFETY: stdio passes its buffer of `len` bytes.
     let n = unsafe { super::io::write(cookie_fd(cookie), buf.cast(), len) };
     // A cookie writer reports failure as 0 written (errno set).

@@ -2,6 +2,7 @@
 
 pub mod fs;
 pub mod nbd;
+pub mod preload;
 pub mod sim;
 pub mod uring;
 pub mod volume;
@@ -21,6 +22,7 @@ enum Suite {
     Volume(volume::VolumeBenchArgs),
     Fs(fs::FsBenchArgs),
     Nbd(nbd::NbdBenchArgs),
+    Preload(preload::PreloadBenchArgs),
     Sim(sim::SimBenchArgs),
     Uring(uring::UringBenchArgs),
 }
@@ -47,6 +49,7 @@ pub fn run(sysfs: &std::path::Path, args: &BenchArgs) -> Result<()> {
         Suite::Volume(args) => volume::run(sysfs, args),
         Suite::Fs(args) => fs::run(sysfs, args),
         Suite::Nbd(args) => nbd::run(args),
+        Suite::Preload(args) => preload::run(sysfs, args),
         Suite::Sim(args) => sim::run(args),
         Suite::Uring(args) => uring::run(args),
     }

@@ -97,7 +97,7 @@ impl Drop for Running {
     }
 }
 
-fn installed(program: &str) -> bool {
+pub(super) fn installed(program: &str) -> bool {
     Command::new(program)
         .arg("--version")
         .stdout(Stdio::null())
