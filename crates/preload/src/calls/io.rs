@@ -275,11 +275,9 @@ fn readv_desc(desc: &Desc, iov: &[iovec], off: Option<u64>) -> Result<usize, c_i
     Ok(done)
 }
 
-/// Writes the vectors as one atomic write (one log record) at `off` (`None`: the
-/// description's offset).
-fn writev_desc(desc: &Desc, iov: &[iovec], off: Option<u64>) -> Result<usize, c_int> {
-    writable(desc)?;
-    let gathered: std::borrow::Cow<'_, [u8]> = match iov {
+/// The vectors' bytes in one slice: borrowed for a single vector, copied for several.
+fn gather(iov: &[iovec]) -> std::borrow::Cow<'_, [u8]> {
+    match iov {
         // SAFETY: the vector describes caller memory of `iov_len` bytes.
         [one] => unsafe { input(one.iov_base, one.iov_len) }.into(),
         many => {
@@ -291,10 +289,17 @@ fn writev_desc(desc: &Desc, iov: &[iovec], off: Option<u64>) -> Result<usize, c_
             }
             all.into()
         }
-    };
+    }
+}
+
+/// Writes the vectors as one atomic write (one log record) at `off` (`None`: the
+/// description's offset).
+fn writev_desc(desc: &Desc, iov: &[iovec], off: Option<u64>) -> Result<usize, c_int> {
+    writable(desc)?;
+    let data = gather(iov);
     match off {
-        None => write_here(desc, &gathered),
-        Some(off) => pwrite_desc(desc, &gathered, off),
+        None => write_here(desc, &data),
+        Some(off) => pwrite_desc(desc, &data, off),
     }
 }
 
@@ -350,13 +355,9 @@ fn pwritev_locus(fd: c_int, iov: *const iovec, n: c_int, off: off_t, flags: c_in
         let iov = unsafe { vectors(iov, n)? };
         if flags & libc::RWF_APPEND != 0 {
             let file = writable(&desc)?;
+            let data = gather(iov);
             let _append = state::APPEND.lock();
-            let mut all = Vec::new();
-            for v in iov {
-                // SAFETY: caller memory of `iov_len` bytes.
-                all.extend_from_slice(unsafe { input(v.iov_base, v.iov_len) });
-            }
-            return write_at(file, &all, file.len());
+            return write_at(file, &data, file.len());
         }
         writev_desc(&desc, iov, off)
     }))

@@ -368,9 +368,7 @@ fn report(cases: &[Case], args: &FsBenchArgs) -> Result<()> {
         })
         .collect();
     if args.json {
-        for case in cases {
-            println!("{}", serde_json::to_string(case)?);
-        }
+        super::print_json(cases)?;
     } else {
         println!(
             "file system: locus (write_at/read_at) vs pwrite/pread on tmpfs; file {}, {} s per case",

@@ -27,6 +27,22 @@ enum Suite {
     Uring(uring::UringBenchArgs),
 }
 
+/// Prints one JSON object per case, one per line (`--json` of every suite).
+fn print_json<T: serde::Serialize>(cases: &[T]) -> Result<()> {
+    for case in cases {
+        println!("{}", serde_json::to_string(case)?);
+    }
+    Ok(())
+}
+
+/// A block size as the tables show it: `4K`, `64K`, `2M`, `1536B`.
+fn short_size(bytes: u64) -> String {
+    crate::size::format_bytes(bytes)
+        .replace(".00 ", "")
+        .replace("KiB", "K")
+        .replace("MiB", "M")
+}
+
 /// Runs a fio command given `--output-format=json` and returns its report.
 fn fio_report(command: &mut std::process::Command) -> Result<serde_json::Value> {
     use anyhow::Context;

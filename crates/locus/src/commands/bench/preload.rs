@@ -229,9 +229,7 @@ pub fn run(sysfs: &Path, args: &PreloadBenchArgs) -> Result<()> {
         }
     }
     if args.json {
-        for case in &cases {
-            println!("{}", serde_json::to_string(case)?);
-        }
+        super::print_json(&cases)?;
     } else {
         eprintln!();
         print_table(&cases, args);
@@ -266,10 +264,7 @@ fn print_table(cases: &[Case], args: &PreloadBenchArgs) {
         println!(
             "{:>4} {:>6} {:<14} {:>10.0} {:>8.2} {:>9.1} {:>13}",
             case.numjobs,
-            format_bytes(case.bs_bytes)
-                .replace(".00 ", "")
-                .replace("KiB", "K")
-                .replace("MiB", "M"),
+            super::short_size(case.bs_bytes),
             case.engine,
             case.iops,
             case.bytes_per_sec / 1e9,

@@ -98,9 +98,7 @@ pub fn run(args: &SimBenchArgs) -> Result<()> {
         });
     }
     if args.json {
-        for case in &cases {
-            println!("{}", serde_json::to_string(case)?);
-        }
+        super::print_json(&cases)?;
         return Ok(());
     }
     println!(

@@ -15,7 +15,7 @@ use rand_offsets::Offsets;
 use serde::Serialize;
 use uring::{DirectFile, Engine, Op, PoolConfig, Strategy};
 
-use crate::size::{format_bytes, parse_size};
+use crate::size::parse_size;
 
 /// Random O_DIRECT reads and writes: the uDMA pool against per-request registration,
 /// unregistered buffers, a bounce copy, and fio's io_uring engine (fixedbufs=0 and 1).
@@ -143,9 +143,7 @@ pub fn run(args: &UringBenchArgs) -> Result<()> {
         }
     }
     if args.json {
-        for case in &cases {
-            println!("{}", serde_json::to_string(case)?);
-        }
+        super::print_json(&cases)?;
     } else {
         eprintln!();
         print_table(&cases, &path, args.iodepth);
@@ -354,10 +352,7 @@ fn print_table(cases: &[Case], path: &Path, iodepth: u32) {
         println!(
             "{:<10} {:>6} {:<13} {:>10.0} {:>12.1} {:>11.1} {:>11.1} {:>9} {:>9} {:>9}",
             case.op,
-            format_bytes(case.bs_bytes)
-                .replace(".00 ", "")
-                .replace("KiB", "K")
-                .replace("MiB", "M"),
+            super::short_size(case.bs_bytes),
             case.engine,
             case.iops,
             case.bytes_per_sec / 1e6,
