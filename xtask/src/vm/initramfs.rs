@@ -19,6 +19,9 @@ use super::topology::{PmemMode, VmTopology};
 
 pub const MARKER: &str = "@@locus-vm";
 
+/// The guest NIC's address (qemu's user network hands out this one by default).
+pub const NIC_ADDRESS: &str = "10.0.2.15";
+
 /// One command the guest runs.
 #[derive(Debug, Clone)]
 pub struct Step {
@@ -131,6 +134,12 @@ fail() {{ marker "setup-failed $*"; marker done; poweroff -f; }}
 for module in {modules}; do
     insmod /lib/modules/$module.ko || fail "insmod $module"
 done
+# Loopback, and the NIC with an address of its own (qemu's user network), so that servers in
+# the guest can be reached through it.
+ip link set lo up || fail "bringing up lo"
+if [ -e /sys/class/net/eth0 ]; then
+    ip link set eth0 up && ip addr add {NIC_ADDRESS}/24 dev eth0 || fail "configuring eth0"
+fi
 
 # qemu's NVDIMMs have no labels, so the kernel sees raw namespaces without DAX. Give each
 # the mode the topology asks for, the way ndctl does it: claim the namespace with the

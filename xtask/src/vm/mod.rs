@@ -89,12 +89,12 @@ pub fn run(root: &Path, args: &VmTestArgs) -> Result<ExitCode> {
     for (package, test) in GUEST_TESTS {
         binaries.push((build_test(root, package, test)?, (*test).to_owned()));
     }
-    for (host_path, name) in GUEST_TOOLS {
+    for (host_path, name, package) in GUEST_TOOLS {
         let path = Path::new(host_path);
         if path.exists() {
             binaries.push((path.to_owned(), (*name).to_owned()));
         } else {
-            eprintln!("vm-test: {host_path} is missing (install e2fsprogs); guests get no {name}");
+            eprintln!("vm-test: {host_path} is missing (install {package}); guests get no {name}");
         }
     }
 
@@ -202,13 +202,18 @@ const GUEST_TESTS: &[(&str, &str)] = &[
     ("volume", "numa_placement"),
     ("pmem", "dax_devices"),
     ("uring", "numa_buffers"),
+    ("locus", "serve_numa"),
 ];
 
 /// The guest's virtio disk (O_DIRECT needs a real block device; the root is a RAM file system).
 const GUEST_DISK: &str = "/dev/vda";
 
-/// Host programs the guest tests use, and their name in the guest's /bin.
-const GUEST_TOOLS: &[(&str, &str)] = &[("/usr/sbin/mke2fs", "mkfs.ext4")];
+/// Host programs the guest tests use, and their name in the guest's /bin (with the shared
+/// libraries they load).
+const GUEST_TOOLS: &[(&str, &str, &str)] = &[
+    ("/usr/sbin/mke2fs", "mkfs.ext4", "e2fsprogs"),
+    ("/usr/bin/nbdcopy", "nbdcopy", "libnbd-bin"),
+];
 
 /// Builds one integration test in release mode and returns its executable.
 fn build_test(root: &Path, package: &str, test: &str) -> Result<PathBuf> {
@@ -280,6 +285,7 @@ fn suite_steps() -> Vec<Step> {
         argv: vec![
             "/bin/env".into(),
             format!("LOCUS_URING_TEST_DEVICE={GUEST_DISK}"),
+            "LOCUS_BIN=/bin/locus".into(),
             format!("/bin/{test}"),
             "--test-threads=1".into(),
             "--nocapture".into(),

@@ -477,6 +477,10 @@ fn transmission<E: Export>(shared: &Shared<E>, conn: &Arc<Conn<E>>, stream: &mut
             if let Err(e) = payload.finish() {
                 return End::Io(e);
             }
+            if let Ok(staged) = &staged {
+                let node = conn.export.staged_node(staged);
+                conn.channel.counters.payload(conn.channel.spec.node, node);
+            }
             Some(staged)
         } else {
             None

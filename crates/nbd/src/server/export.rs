@@ -70,6 +70,12 @@ pub trait Export: Send + Sync + 'static {
     /// it leaves unread is skipped by the server.
     fn receive(&self, payload: &mut Payload<'_>) -> Result<Self::Staged, ExportError>;
 
+    /// The NUMA node of the memory `staged` sits in, if the export knows it; counted per
+    /// channel against the channel's node.
+    fn staged_node(&self, _staged: &Self::Staged) -> Option<u32> {
+        None
+    }
+
     /// Makes a received payload the data at `offset`, durable when this returns.
     fn commit(&self, staged: Self::Staged, offset: u64) -> Result<(), ExportError>;
 

@@ -28,7 +28,7 @@ use std::time::Duration;
 pub use channel::ChannelSpec;
 pub use export::{Export, ExportError, Exports, Payload, ReadDebug};
 pub use net::Listener;
-pub use stats::{LATENCY_BUCKETS, Snapshot};
+pub use stats::{LATENCY_BUCKETS, RECORDED_CPUS, Snapshot};
 pub use sys::{Inherited, TerminationSignals, inherited_listeners, interface_addresses};
 
 use channel::Channel;

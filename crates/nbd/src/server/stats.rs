@@ -1,5 +1,7 @@
-//! A channel's counters: connections, requests by kind, bytes, errors and a latency
-//! histogram with power-of-two microsecond buckets. Updated with relaxed atomics by the
+//! A channel's counters: connections, requests by kind, bytes, errors, a latency
+//! histogram with power-of-two microsecond buckets, and where the channel's work actually
+//! happened — the CPUs the kernel ran its requests on (`sched_getcpu` per request) and the
+//! nodes its write payloads were received into. Updated with relaxed atomics by the
 //! channel's own threads only, so they stay in the channel's cache lines.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,6 +12,11 @@ use crate::consts::command;
 /// Latency buckets: bucket `i` counts requests that took less than `2^i` µs (the last one
 /// everything slower).
 pub const LATENCY_BUCKETS: usize = 32;
+
+/// CPUs the per-channel CPU set can record (ids below this; higher ones are counted as
+/// unrecorded).
+pub const RECORDED_CPUS: usize = CPU_WORDS * 64;
+const CPU_WORDS: usize = 16;
 
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
@@ -22,12 +29,18 @@ pub(crate) struct Counters {
     written_bytes: AtomicU64,
     errors: AtomicU64,
     latency: [AtomicU64; LATENCY_BUCKETS],
+    cpus: [AtomicU64; CPU_WORDS],
+    cpus_unrecorded: AtomicU64,
+    payloads_on_node: AtomicU64,
+    payloads_off_node: AtomicU64,
+    payloads_unplaced: AtomicU64,
 }
 
 impl Counters {
-    /// Counts one finished request.
+    /// Counts one finished request, and the CPU the calling thread runs on.
     pub(crate) fn request(&self, cmd: u16, len: u32, ok: bool, latency: Duration) {
         let relaxed = Ordering::Relaxed;
+        self.ran_on(topology::current_cpu().ok());
         match (cmd, ok) {
             (command::READ, true) => {
                 self.reads.fetch_add(1, relaxed);
@@ -49,6 +62,30 @@ impl Counters {
         self.latency[bucket.min(LATENCY_BUCKETS - 1)].fetch_add(1, relaxed);
     }
 
+    /// Adds `cpu` to the set of CPUs the channel ran on. The word is only written when the
+    /// bit is new, so a pinned channel stops writing it after its first requests.
+    fn ran_on(&self, cpu: Option<u32>) {
+        let Some(cpu) = cpu.map(|c| c as usize).filter(|&c| c < RECORDED_CPUS) else {
+            self.cpus_unrecorded.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let (word, bit) = (&self.cpus[cpu / 64], 1u64 << (cpu % 64));
+        if word.load(Ordering::Relaxed) & bit == 0 {
+            word.fetch_or(bit, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts one write payload received into memory on `payload_node`, for a channel on
+    /// `channel_node` (either may be unknown).
+    pub(crate) fn payload(&self, channel_node: Option<u32>, payload_node: Option<u32>) {
+        let counter = match (channel_node, payload_node) {
+            (Some(channel), Some(payload)) if channel == payload => &self.payloads_on_node,
+            (Some(_), Some(_)) => &self.payloads_off_node,
+            _ => &self.payloads_unplaced,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn snapshot(&self) -> Snapshot {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Snapshot {
@@ -61,6 +98,11 @@ impl Counters {
             written_bytes: load(&self.written_bytes),
             errors: load(&self.errors),
             latency: std::array::from_fn(|i| load(&self.latency[i])),
+            cpus: std::array::from_fn(|i| load(&self.cpus[i])),
+            cpus_unrecorded: load(&self.cpus_unrecorded),
+            payloads_on_node: load(&self.payloads_on_node),
+            payloads_off_node: load(&self.payloads_off_node),
+            payloads_unplaced: load(&self.payloads_unplaced),
         }
     }
 }
@@ -86,6 +128,18 @@ pub struct Snapshot {
     pub errors: u64,
     /// Requests per latency bucket (see [`LATENCY_BUCKETS`]).
     pub latency: [u64; LATENCY_BUCKETS],
+    /// Bit set of the CPUs (below [`RECORDED_CPUS`]) the kernel ran the channel's requests
+    /// on, as `sched_getcpu` told when each finished; see [`Snapshot::cpus_used`].
+    pub cpus: [u64; CPU_WORDS],
+    /// Requests whose CPU could not be recorded (an id too high, or `sched_getcpu` failed).
+    pub cpus_unrecorded: u64,
+    /// Write payloads received into memory on the channel's own node.
+    pub payloads_on_node: u64,
+    /// Write payloads received into memory on another node (the channel's node had no
+    /// room, or its threads were not where they were pinned).
+    pub payloads_off_node: u64,
+    /// Write payloads whose memory, or whose channel, has no known node.
+    pub payloads_unplaced: u64,
 }
 
 impl Snapshot {
@@ -111,7 +165,15 @@ impl Snapshot {
         None
     }
 
-    /// The change since `earlier` (open connections stay as now).
+    /// The CPUs the channel's requests ran on, ascending.
+    pub fn cpus_used(&self) -> Vec<u32> {
+        (0..RECORDED_CPUS as u32)
+            .filter(|&cpu| self.cpus[cpu as usize / 64] & (1 << (cpu % 64)) != 0)
+            .collect()
+    }
+
+    /// The change since `earlier` (open connections stay as now; the CPU set is the whole
+    /// run's, since a set cannot be subtracted).
     pub fn since(&self, earlier: &Snapshot) -> Snapshot {
         Snapshot {
             connections: self.connections - earlier.connections,
@@ -123,6 +185,11 @@ impl Snapshot {
             written_bytes: self.written_bytes - earlier.written_bytes,
             errors: self.errors - earlier.errors,
             latency: std::array::from_fn(|i| self.latency[i] - earlier.latency[i]),
+            cpus: self.cpus,
+            cpus_unrecorded: self.cpus_unrecorded - earlier.cpus_unrecorded,
+            payloads_on_node: self.payloads_on_node - earlier.payloads_on_node,
+            payloads_off_node: self.payloads_off_node - earlier.payloads_off_node,
+            payloads_unplaced: self.payloads_unplaced - earlier.payloads_unplaced,
         }
     }
 }
@@ -152,5 +219,39 @@ mod tests {
             (90, 10, 1, 101)
         );
         assert_eq!((s.read_bytes, s.written_bytes), (90 * 4096, 10 * 512));
+        let cpu = topology::current_cpu().unwrap();
+        assert!(
+            s.cpus_used().contains(&cpu),
+            "{:?} lacks {cpu}",
+            s.cpus_used()
+        );
+    }
+
+    #[test]
+    fn cpu_set_and_payload_nodes_are_recorded() {
+        let c = Counters::default();
+        for cpu in [3, 0, 3, 64, 1023] {
+            c.ran_on(Some(cpu));
+        }
+        c.ran_on(Some(RECORDED_CPUS as u32));
+        c.ran_on(None);
+        c.payload(Some(1), Some(1));
+        c.payload(Some(1), Some(1));
+        c.payload(Some(1), Some(0));
+        c.payload(None, Some(0));
+        c.payload(Some(1), None);
+        let s = c.snapshot();
+        assert_eq!(s.cpus_used(), vec![0, 3, 64, 1023]);
+        assert_eq!(s.cpus_unrecorded, 2);
+        assert_eq!(
+            (s.payloads_on_node, s.payloads_off_node, s.payloads_unplaced),
+            (2, 1, 2)
+        );
+        let later = {
+            c.payload(Some(1), Some(1));
+            c.snapshot()
+        };
+        assert_eq!(later.since(&s).payloads_on_node, 1);
+        assert_eq!(later.since(&s).cpus_used(), vec![0, 3, 64, 1023]);
     }
 }

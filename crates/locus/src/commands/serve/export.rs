@@ -233,6 +233,10 @@ impl Export for FsExport {
         Ok(buffer)
     }
 
+    fn staged_node(&self, staged: &fs::Buffer) -> Option<u32> {
+        staged.node()
+    }
+
     fn commit(&self, staged: fs::Buffer, offset: u64) -> Result<(), ExportError> {
         self.file
             .write_buffer(staged, offset)

@@ -105,6 +105,13 @@ pub struct ServeArgs {
     /// stderr. They are always printed once at shutdown.
     #[arg(long, value_name = "SECONDS", value_parser = parse_interval)]
     stats_interval: Option<Duration>,
+
+    /// Print the counters as JSON, one object per channel and report on its own line
+    /// (fields: report, channel, node, cpus, ran_on_cpus, connections, open_connections,
+    /// requests, reads, read_bytes, writes, written_bytes, others, errors, latency_us,
+    /// payloads; see docs/nbd.md).
+    #[arg(long)]
+    stats_json: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -226,7 +233,12 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
         std::thread::sleep(Duration::from_millis(50).min(tick));
         if args.stats_interval.is_some() && Instant::now() >= next {
             let now = server.channels();
-            print_stats("interval", &now, Some((&last, last_at.elapsed())));
+            print_stats(
+                "interval",
+                &now,
+                Some((&last, last_at.elapsed())),
+                args.stats_json,
+            );
             last = now;
             last_at = Instant::now();
             next += tick;
@@ -238,7 +250,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
         .context("waiting for a signal")?;
     eprintln!("locus: signal {signal}: stopping — finishing requests in progress");
     let reports = server.shutdown();
-    print_stats("total", &reports, None);
+    print_stats("total", &reports, None, args.stats_json);
     fs.unmount()
         .context("checkpointing and closing the file system")?;
     eprintln!("locus: stopped cleanly; every acknowledged write is in its file");
@@ -359,10 +371,15 @@ fn describe_channels(reports: &[ChannelReport]) -> String {
 }
 
 /// Prints one line per channel: totals, or the change over an interval.
-fn print_stats(label: &str, now: &[ChannelReport], interval: Option<(&[ChannelReport], Duration)>) {
+fn print_stats(
+    label: &str,
+    now: &[ChannelReport],
+    interval: Option<(&[ChannelReport], Duration)>,
+    json: bool,
+) {
     let mut out = std::io::stderr().lock();
     for report in now {
-        let (stats, rate): (Snapshot, Option<f64>) = match interval {
+        let (stats, seconds): (Snapshot, Option<f64>) = match interval {
             Some((before, elapsed)) => {
                 let before = before
                     .iter()
@@ -372,32 +389,95 @@ fn print_stats(label: &str, now: &[ChannelReport], interval: Option<(&[ChannelRe
             }
             None => (report.stats, None),
         };
-        let quantile = |q| {
-            stats
-                .latency_quantile_micros(q)
-                .map_or_else(|| "-".to_owned(), |us| format!("<{us} µs"))
+        let line = if json {
+            stats_json(label, report, &stats, seconds).to_string()
+        } else {
+            stats_text(label, report, &stats, seconds)
         };
-        let per_second = rate
-            .filter(|s| *s > 0.0)
-            .map(|s| format!(" ({:.0} req/s)", stats.requests() as f64 / s))
-            .unwrap_or_default();
-        let _ = writeln!(
-            out,
-            "locus: {label} channel {}: {} connections ({} open), {} requests{per_second}: {} \
-             reads ({}), {} writes ({}), {} other, {} errors; latency p50 {} p99 {} max {}",
-            report.id,
-            stats.connections,
-            stats.open_connections,
-            stats.requests(),
-            stats.reads,
-            format_bytes(stats.read_bytes),
-            stats.writes,
-            format_bytes(stats.written_bytes),
-            stats.others,
-            stats.errors,
-            quantile(0.5),
-            quantile(0.99),
-            quantile(1.0),
-        );
+        let _ = writeln!(out, "{line}");
     }
+}
+
+fn stats_text(
+    label: &str,
+    report: &ChannelReport,
+    stats: &Snapshot,
+    seconds: Option<f64>,
+) -> String {
+    let quantile = |q| {
+        stats
+            .latency_quantile_micros(q)
+            .map_or_else(|| "-".to_owned(), |us| format!("<{us} µs"))
+    };
+    let per_second = seconds
+        .filter(|s| *s > 0.0)
+        .map(|s| format!(" ({:.0} req/s)", stats.requests() as f64 / s))
+        .unwrap_or_default();
+    let cpus = stats.cpus_used();
+    let ran_on = if cpus.is_empty() {
+        "no requests yet".to_owned()
+    } else {
+        format!("ran on CPUs {}", topology::cpulist::format(&cpus))
+    };
+    let payloads = stats.payloads_on_node + stats.payloads_off_node + stats.payloads_unplaced;
+    let placed = match report.spec.node {
+        Some(node) if payloads > 0 => format!(
+            "; write payloads: {} on node {node}, {} elsewhere, {} unplaced",
+            stats.payloads_on_node, stats.payloads_off_node, stats.payloads_unplaced
+        ),
+        _ => String::new(),
+    };
+    format!(
+        "locus: {label} channel {}: {} connections ({} open), {} requests{per_second}: {} \
+         reads ({}), {} writes ({}), {} other, {} errors; latency p50 {} p99 {} max {}; \
+         {ran_on}{placed}",
+        report.id,
+        stats.connections,
+        stats.open_connections,
+        stats.requests(),
+        stats.reads,
+        format_bytes(stats.read_bytes),
+        stats.writes,
+        format_bytes(stats.written_bytes),
+        stats.others,
+        stats.errors,
+        quantile(0.5),
+        quantile(0.99),
+        quantile(1.0),
+    )
+}
+
+fn stats_json(
+    label: &str,
+    report: &ChannelReport,
+    stats: &Snapshot,
+    seconds: Option<f64>,
+) -> serde_json::Value {
+    serde_json::json!({
+        "report": label,
+        "seconds": seconds,
+        "channel": report.id,
+        "node": report.spec.node,
+        "cpus": report.spec.cpus,
+        "ran_on_cpus": stats.cpus_used(),
+        "connections": stats.connections,
+        "open_connections": stats.open_connections,
+        "requests": stats.requests(),
+        "reads": stats.reads,
+        "read_bytes": stats.read_bytes,
+        "writes": stats.writes,
+        "written_bytes": stats.written_bytes,
+        "others": stats.others,
+        "errors": stats.errors,
+        "latency_us": {
+            "p50": stats.latency_quantile_micros(0.5),
+            "p99": stats.latency_quantile_micros(0.99),
+            "max": stats.latency_quantile_micros(1.0),
+        },
+        "payloads": {
+            "on_node": stats.payloads_on_node,
+            "off_node": stats.payloads_off_node,
+            "unplaced": stats.payloads_unplaced,
+        },
+    })
 }
