@@ -38,6 +38,8 @@ pub const MAX_IO: u64 = 1 << 30;
 pub const MAX_FILE_SIZE: u64 = 1 << 50;
 /// Range locks cover whole files up to here.
 const WHOLE_FILE: u64 = 1 << 62;
+/// Holes lent by [`File::read_with`] point here.
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
 /// How a new file system is laid out.
 #[derive(Debug, Clone)]
@@ -1046,29 +1048,90 @@ impl Inner {
     /// Reads `buf.len()` bytes at `offset` as the file holds them now (the caller clamps to
     /// the size and holds the range shared).
     pub(crate) fn read_into(&self, inode: &Inode, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let end = offset + buf.len() as u64;
-        buf.fill(0);
+        self.lend(inode, offset, buf.len() as u64, |slices| {
+            let mut at = 0;
+            for slice in slices {
+                buf[at..at + slice.len()].copy_from_slice(slice);
+                at += slice.len();
+            }
+        })
+    }
+
+    /// Lends `[offset, offset + len)` of `inode` to `f` as slices of the persistent memory
+    /// holding it (newest logged data over checkpointed extents, [`ZEROS`] for holes), in
+    /// file order. The caller holds the range lock, so nothing stores there meanwhile.
+    pub(crate) fn lend<R>(
+        &self,
+        inode: &Inode,
+        offset: u64,
+        len: u64,
+        f: impl FnOnce(&[&[u8]]) -> R,
+    ) -> Result<R> {
+        let end = offset + len;
         let runs = inode
             .extents
             .read()
             .expect("extent map")
             .lookup(offset / BLOCK, end.div_ceil(BLOCK));
-        for run in runs {
-            let run_start = run.file_block * BLOCK;
-            let from = run_start.max(offset);
-            let to = (run_start + run.blocks * BLOCK).min(end);
-            self.read_pmem(
-                run.addr + (from - run_start),
-                &mut buf[(from - offset) as usize..(to - offset) as usize],
-            )?;
+        let pieces = inode.overlay.lookup(offset, end);
+        // (file start, file end, source address or None for zeros), covering the range.
+        let mut segments: Vec<(u64, u64, Option<u64>)> = Vec::new();
+        let mut runs = runs.iter().peekable();
+        let mut base = |from: u64, to: u64, out: &mut Vec<(u64, u64, Option<u64>)>| {
+            let mut at = from;
+            while at < to {
+                while runs
+                    .peek()
+                    .is_some_and(|r| (r.file_block + r.blocks) * BLOCK <= at)
+                {
+                    runs.next();
+                }
+                match runs.peek() {
+                    Some(run) if run.file_block * BLOCK <= at => {
+                        let run_end = ((run.file_block + run.blocks) * BLOCK).min(to);
+                        out.push((at, run_end, Some(run.addr + (at - run.file_block * BLOCK))));
+                        at = run_end;
+                    }
+                    next => {
+                        let hole_end = next.map_or(to, |r| (r.file_block * BLOCK).min(to));
+                        out.push((at, hole_end, None));
+                        at = hole_end;
+                    }
+                }
+            }
+        };
+        let mut at = offset;
+        for piece in &pieces {
+            base(at, piece.start, &mut segments);
+            segments.push((piece.start, piece.end, Some(piece.src)));
+            at = piece.end;
         }
-        for piece in inode.overlay.lookup(offset, end) {
-            self.read_pmem(
-                piece.src,
-                &mut buf[(piece.start - offset) as usize..(piece.end - offset) as usize],
-            )?;
+        base(at, end, &mut segments);
+
+        let mut parts: Vec<(&Region, u64, u64)> = Vec::with_capacity(segments.len());
+        for &(start, stop, source) in &segments {
+            if let Some(addr) = source {
+                let (region, region_offset) = self.region_at(addr)?;
+                parts.push((region, region_offset, stop - start));
+            }
         }
-        Ok(())
+        Ok(Region::lend(&parts, |lent| {
+            let mut lent = lent.iter();
+            let mut slices: Vec<&[u8]> = Vec::with_capacity(segments.len());
+            for &(start, stop, source) in &segments {
+                if source.is_some() {
+                    slices.push(lent.next().expect("one lent slice per pmem segment"));
+                } else {
+                    let mut left = (stop - start) as usize;
+                    while left > 0 {
+                        let n = left.min(ZEROS.len());
+                        slices.push(&ZEROS[..n]);
+                        left -= n;
+                    }
+                }
+            }
+            f(&slices)
+        })?)
     }
 
     /// Waits until the slot's log area has a free record slot. Only the slot's thread
@@ -1496,6 +1559,34 @@ impl File {
             .inner
             .read_into(&self.inode, offset, &mut buf[..n as usize])?;
         Ok(n as usize)
+    }
+
+    /// Lends the bytes of `[offset, offset + len)`, clipped to the file, to `f` as slices in
+    /// file order — the persistent memory that holds them, not a copy (holes lend zeros) —
+    /// and returns how many bytes they cover with what `f` returned. Writers of the range
+    /// and the checkpoint wait while `f` runs, so it should only hand the bytes on (a
+    /// socket send that would block should copy what is left and return).
+    pub fn read_with<R>(
+        &self,
+        offset: u64,
+        len: u64,
+        f: impl FnOnce(&[&[u8]]) -> R,
+    ) -> Result<(u64, R)> {
+        if !self.read {
+            return Err(FsError::BadHandle(
+                "the file is not open for reading".into(),
+            ));
+        }
+        let size = self.inode.size.load(Ordering::Acquire);
+        let n = len.min(size.saturating_sub(offset)).min(MAX_IO);
+        if n == 0 {
+            return Ok((0, f(&[])));
+        }
+        let _range = self.inode.locks.lock(offset, n, LockMode::Shared)?;
+        let size = self.inode.size.load(Ordering::Acquire);
+        let n = n.min(size.saturating_sub(offset));
+        let result = self.fs.inner.lend(&self.inode, offset, n, f)?;
+        Ok((n, result))
     }
 
     /// The parts of `[offset, offset + len)` (clipped to the file) that hold written data, as

@@ -115,6 +115,14 @@ fn compare(fs: &Fs, model: &Model) -> Result<(), TestCaseError> {
                 "{path} differs first at byte {first}"
             )));
         }
+        // The same bytes lent in place, from an unaligned offset past the end of the file.
+        let from = content.len() / 3 + 1;
+        let (covered, lent) = file
+            .read_with(from as u64, content.len() as u64, |slices| slices.concat())
+            .unwrap();
+        let expect = content.get(from..).unwrap_or_default();
+        prop_assert_eq!(covered, expect.len() as u64, "bytes lent from {}", path);
+        prop_assert!(lent == expect, "{} lent other bytes from {}", path, from);
     }
     Ok(())
 }

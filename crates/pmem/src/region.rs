@@ -6,9 +6,10 @@
 //! become durable at any moment before `persist`, so correctness must come from ordering and
 //! checksums, never from "not flushed yet".
 //!
-//! No references into the memory are handed out: data is copied in and out, and 8-byte
-//! commit words are accessed atomically. Overlapping concurrent writes to the same bytes are
-//! a caller bug (the result is some interleaving), never undefined behaviour in safe code.
+//! References into the memory are handed out only for the duration of a closure, and only
+//! to callers that own the range meanwhile (`fill_with` to receive into a buffer, `lend` to
+//! send from one); otherwise data is copied in and out, and 8-byte commit words are accessed
+//! atomically.
 
 #![allow(
     unsafe_code,
@@ -248,6 +249,51 @@ impl Region {
         }
     }
 
+    /// Lends the bytes of several ranges, each `(region, offset, len)`, to `f` as slices of
+    /// the mapped memory itself, in the order given — for sending persistent data to a
+    /// socket without copying it first (traced regions lend copies). The caller must keep
+    /// every store out of these ranges while `f` runs (the file system holds the range lock
+    /// that writers and its checkpoint need); `f` should be short for that reason.
+    pub fn lend<R>(parts: &[(&Region, u64, u64)], f: impl FnOnce(&[&[u8]]) -> R) -> Result<R> {
+        enum Source {
+            Mapped(*const u8, usize),
+            Copied(usize),
+        }
+        let mut copies: Vec<Vec<u8>> = Vec::new();
+        let mut sources = Vec::with_capacity(parts.len());
+        for &(region, offset, len) in parts {
+            let at = region.absolute(offset, len)?;
+            let len = usize::try_from(len).expect("a checked range fits in memory");
+            match &region.inner.backing {
+                Backing::Mapped(mapping) => {
+                    // SAFETY: `absolute` checked the range lies inside the mapping.
+                    sources.push(Source::Mapped(unsafe { mapping.base().add(at) }, len));
+                }
+                Backing::Traced { state, region } => {
+                    let mut bytes = vec![0u8; len];
+                    state
+                        .lock()
+                        .expect("trace lock")
+                        .read(*region, at, &mut bytes);
+                    copies.push(bytes);
+                    sources.push(Source::Copied(copies.len() - 1));
+                }
+            }
+        }
+        let slices: Vec<&[u8]> = sources
+            .iter()
+            .map(|source| match *source {
+                // SAFETY: the range is inside a mapping that stays mapped while `parts`
+                // borrows its region (each holds an `Arc` of it), the slices do not outlive
+                // `f`, and the caller keeps stores out of the range meanwhile, so the bytes
+                // do not change under the shared reference.
+                Source::Mapped(base, len) => unsafe { std::slice::from_raw_parts(base, len) },
+                Source::Copied(index) => copies[index].as_slice(),
+            })
+            .collect();
+        Ok(f(&slices))
+    }
+
     /// Sets `len` bytes at `offset` to `byte` (through the cache).
     pub fn fill(&self, offset: u64, len: u64, byte: u8) -> Result<()> {
         const CHUNK: usize = 64 * 1024;
@@ -399,4 +445,24 @@ pub(crate) fn lines(offset: usize, len: usize) -> impl Iterator<Item = usize> {
     let first = offset - offset % CACHE_LINE;
     let end = offset + len;
     (first..end).step_by(CACHE_LINE)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::Tracer;
+
+    use super::Region;
+
+    #[test]
+    fn lend_hands_out_the_ranges_in_order_and_checks_bounds() {
+        let tracer = Tracer::new();
+        let a = tracer.region_with((0..=255).collect());
+        let b = tracer.region_with(vec![7; 16]);
+        let joined = Region::lend(&[(&a, 250, 6), (&b, 3, 2), (&a, 0, 1)], |slices| {
+            slices.concat()
+        })
+        .unwrap();
+        assert_eq!(joined, [250, 251, 252, 253, 254, 255, 7, 7, 0]);
+        assert!(Region::lend(&[(&a, 0, 1), (&b, 10, 7)], |_| ()).is_err());
+    }
 }

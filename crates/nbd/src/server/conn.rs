@@ -405,10 +405,49 @@ impl<E: Export> Conn<E> {
     fn write(&self, slices: &mut [IoSlice<'_>]) {
         let mut writer = self.writer.lock().expect("connection writer");
         if let Err(e) = writer.write_all_slices(slices) {
-            tracing::debug!(error = %e, "sending a reply failed; closing the connection");
-            self.broken.store(true, Ordering::Relaxed);
-            writer.shutdown(Shutdown::Both);
+            self.break_on(&writer, &e);
         }
+    }
+
+    /// A send failed: the connection is finished.
+    fn break_on(&self, stream: &Stream, e: &io::Error) {
+        tracing::debug!(error = %e, "sending a reply failed; closing the connection");
+        self.broken.store(true, Ordering::Relaxed);
+        stream.shutdown(Shutdown::Both);
+    }
+
+    /// Holds a small reply back (corked connections); true when the held-back replies
+    /// should now be sent. Never waits for the socket.
+    fn hold(&self, slices: &mut [IoSlice<'_>]) -> bool {
+        let mut pending = self.pending.lock().expect("pending replies");
+        for slice in slices.iter() {
+            pending.extend_from_slice(slice);
+        }
+        pending.len() >= CORK_FLUSH_BYTES
+    }
+
+    /// The connection's writer, with every held-back reply sent first; `None` once the
+    /// connection is broken.
+    fn writer_after_pending(&self) -> Option<std::sync::MutexGuard<'_, Stream>> {
+        if self.broken.load(Ordering::Relaxed) {
+            return None;
+        }
+        // Same lock order as `send`: held-back replies, then the writer.
+        let pending = self
+            .corked
+            .then(|| self.pending.lock().expect("pending replies"));
+        let mut writer = self.writer.lock().expect("connection writer");
+        if let Some(mut pending) = pending
+            && !pending.is_empty()
+        {
+            let result = writer.write_all_slices(&mut [IoSlice::new(&pending)]);
+            pending.clear();
+            if let Err(e) = result {
+                self.break_on(&writer, &e);
+                return None;
+            }
+        }
+        Some(writer)
     }
 
     fn reply_error(&self, request: &Request, error: &ExportError) {
@@ -610,52 +649,142 @@ fn read<E: Export>(
     request: &Request,
     scratch: &mut Vec<u8>,
 ) -> Result<(), ExportError> {
-    let len = request.length as usize;
-    scratch.resize(len, 0);
-    let data = &mut scratch[..len];
-    conn.export.read(request.offset, data)?;
     let cookie = request.cookie;
-    if !conn.limits.structured_replies {
-        let header = reply::simple(cookie, 0);
-        conn.send(&mut [IoSlice::new(&header), IoSlice::new(data)]);
-        return Ok(());
-    }
-    let pieces = if request.flags & command_flags::DF != 0 {
-        vec![(0..len as u64, true)]
+    let len = u64::from(request.length);
+    // The reply's framing: one simple header, or one chunk per data run or hole (the last
+    // with the DONE flag).
+    let (headers, pieces): (Vec<Vec<u8>>, Vec<Piece>) = if !conn.limits.structured_replies {
+        (
+            vec![reply::simple(cookie, 0).to_vec()],
+            vec![(0..len, true)],
+        )
     } else {
-        let ranges = conn
-            .export
-            .data_ranges(request.offset, u64::from(request.length))?;
-        pieces(request.offset, u64::from(request.length), &ranges)
-    };
-    // One chunk per data run or hole; the last carries the DONE flag.
-    let mut headers: Vec<Vec<u8>> = Vec::with_capacity(pieces.len());
-    for (i, (range, is_data)) in pieces.iter().enumerate() {
-        let done = i + 1 == pieces.len();
-        let at = request.offset + range.start;
-        let piece_len = (range.end - range.start) as u32;
-        headers.push(if *is_data {
-            reply::offset_data_prefix(cookie, at, piece_len, done).to_vec()
+        let pieces = if request.flags & command_flags::DF != 0 {
+            vec![(0..len, true)]
         } else {
-            reply::offset_hole(cookie, at, piece_len, done)
-        });
+            let ranges = conn.export.data_ranges(request.offset, len)?;
+            pieces(request.offset, len, &ranges)
+        };
+        let headers = pieces
+            .iter()
+            .enumerate()
+            .map(|(i, (range, is_data))| {
+                let done = i + 1 == pieces.len();
+                let at = request.offset + range.start;
+                let piece_len = (range.end - range.start) as u32;
+                if *is_data {
+                    reply::offset_data_prefix(cookie, at, piece_len, done).to_vec()
+                } else {
+                    reply::offset_hole(cookie, at, piece_len, done)
+                }
+            })
+            .collect();
+        (headers, pieces)
+    };
+    let reply_bytes = headers.iter().map(Vec::len).sum::<usize>()
+        + pieces
+            .iter()
+            .filter(|(_, is_data)| *is_data)
+            .map(|(r, _)| (r.end - r.start) as usize)
+            .sum::<usize>();
+
+    if conn.corked && reply_bytes <= CORK_REPLY_BYTES {
+        // A small reply joins the held-back ones: copied once, from the export's memory.
+        let (mut full, mut short) = (false, false);
+        conn.export.read_with(
+            request.offset,
+            request.length,
+            scratch,
+            &mut |data| match frame(&headers, &pieces, data) {
+                Some(mut slices) => full = conn.hold(&mut slices),
+                None => short = true,
+            },
+        )?;
+        if full {
+            conn.flush_pending();
+        }
+        return if short { Err(short_read()) } else { Ok(()) };
     }
-    let mut slices = Vec::with_capacity(pieces.len() * 2);
-    for ((range, is_data), header) in pieces.iter().zip(&headers) {
-        slices.push(IoSlice::new(header));
-        if *is_data {
-            slices.push(IoSlice::new(
-                &data[range.start as usize..range.end as usize],
-            ));
+
+    // A large reply is sent from the export's memory itself. The export holds writers (and
+    // its checkpoint) off that memory while it is lent, so only what the socket takes at
+    // once is sent from it; the rest is copied out and sent after the export let go.
+    let mut writer = conn.writer_after_pending();
+    let Some(stream) = writer.as_deref_mut() else {
+        return Ok(());
+    };
+    let mut rest = Vec::new();
+    let (mut failed, mut short) = (None, false);
+    conn.export
+        .read_with(request.offset, request.length, scratch, &mut |data| {
+            let Some(mut slices) = frame(&headers, &pieces, data) else {
+                short = true;
+                return;
+            };
+            let mut unsent = slices.as_mut_slice();
+            match stream.send_now(&mut unsent) {
+                Ok(true) => {}
+                Ok(false) => {
+                    for slice in unsent.iter() {
+                        rest.extend_from_slice(slice);
+                    }
+                }
+                Err(e) => failed = Some(e),
+            }
+        })?;
+    if failed.is_none()
+        && !rest.is_empty()
+        && let Err(e) = stream.write_all_slices(&mut [IoSlice::new(&rest)])
+    {
+        failed = Some(e);
+    }
+    if let Some(e) = failed {
+        conn.break_on(stream, &e);
+    }
+    if short { Err(short_read()) } else { Ok(()) }
+}
+
+fn short_read() -> ExportError {
+    ExportError::io("the export handed over fewer bytes than were asked for")
+}
+
+/// The slices of a read reply: each header, followed for data pieces by their bytes taken in
+/// order from `data` (which covers the whole request; hole bytes are skipped). `None` when
+/// `data` falls short.
+fn frame<'a>(
+    headers: &'a [Vec<u8>],
+    pieces: &[Piece],
+    data: &[&'a [u8]],
+) -> Option<Vec<IoSlice<'a>>> {
+    let mut out = Vec::with_capacity(headers.len() + data.len() + 1);
+    let mut slices = data.iter();
+    let mut current: &[u8] = &[];
+    for (header, (range, is_data)) in headers.iter().zip(pieces) {
+        out.push(IoSlice::new(header));
+        let mut left = (range.end - range.start) as usize;
+        while left > 0 {
+            if current.is_empty() {
+                current = slices.next()?;
+                continue;
+            }
+            let n = left.min(current.len());
+            if *is_data {
+                out.push(IoSlice::new(&current[..n]));
+            }
+            current = &current[n..];
+            left -= n;
         }
     }
-    conn.send(&mut slices);
-    Ok(())
+    Some(out)
 }
+
+/// Part of a read reply relative to the request's offset, and whether it is data (or a
+/// hole).
+type Piece = (Range<u64>, bool);
 
 /// Splits `[0, len)` (relative to `offset`) into data runs and holes, given the export's data
 /// ranges (absolute).
-fn pieces(offset: u64, len: u64, data: &[Range<u64>]) -> Vec<(Range<u64>, bool)> {
+fn pieces(offset: u64, len: u64, data: &[Range<u64>]) -> Vec<Piece> {
     let mut out = Vec::new();
     let mut at = 0;
     for range in data {
@@ -719,5 +848,21 @@ mod tests {
         );
         assert_eq!(pieces(0, 10, &[]), vec![(0..10, false)]);
         assert_eq!(pieces(0, 10, &[0..10, 20..30]), vec![(0..10, true)]);
+    }
+
+    #[test]
+    fn frames_take_data_bytes_across_lent_slices_and_skip_holes() {
+        let bytes: Vec<u8> = (0..10).collect();
+        // Lent in uneven slices; pieces: data [0,3), hole [3,7), data [7,10).
+        let lent: [&[u8]; 3] = [&bytes[..2], &bytes[2..8], &bytes[8..]];
+        let headers = vec![b"A".to_vec(), b"H".to_vec(), b"B".to_vec()];
+        let pieces = [(0..3, true), (3..7, false), (7..10, true)];
+        let framed = frame(&headers, &pieces, &lent).unwrap();
+        let joined: Vec<u8> = framed.iter().flat_map(|s| s.iter().copied()).collect();
+        assert_eq!(joined, b"A\x00\x01\x02HB\x07\x08\x09");
+        assert!(
+            frame(&headers, &pieces, &lent[..2]).is_none(),
+            "short data is reported"
+        );
     }
 }

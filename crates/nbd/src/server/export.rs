@@ -62,6 +62,24 @@ pub trait Export: Send + Sync + 'static {
     /// Fills `buf` with the bytes at `offset`.
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError>;
 
+    /// Hands the bytes at `[offset, offset + len)` to `send` as slices that cover the range
+    /// in order, called once. An export whose data sits in memory lends that memory (no
+    /// copy) and keeps writers off it until `send` returns — which only sends what the
+    /// socket takes at once and copies the rest. The default reads into `scratch`.
+    fn read_with(
+        &self,
+        offset: u64,
+        len: u32,
+        scratch: &mut Vec<u8>,
+        send: &mut dyn FnMut(&[&[u8]]),
+    ) -> Result<(), ExportError> {
+        let len = len as usize;
+        scratch.resize(len, 0);
+        self.read(offset, &mut scratch[..len])?;
+        send(&[&scratch[..len]]);
+        Ok(())
+    }
+
     /// The parts of `[offset, offset + len)` holding data, sorted and disjoint; the rest are
     /// holes that read as zeros.
     fn data_ranges(&self, offset: u64, len: u64) -> Result<Vec<Range<u64>>, ExportError>;

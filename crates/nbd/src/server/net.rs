@@ -104,6 +104,24 @@ impl Stream {
     }
 }
 
+impl Stream {
+    /// Sends as much of `slices` as the socket takes without waiting and advances past it;
+    /// returns true when everything went.
+    pub(crate) fn send_now<'a>(&mut self, slices: &mut &mut [IoSlice<'a>]) -> io::Result<bool> {
+        IoSlice::advance_slices(slices, 0);
+        while !slices.is_empty() {
+            match super::sys::send_now(self, slices) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => IoSlice::advance_slices(slices, n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+}
+
 impl std::os::fd::AsRawFd for Stream {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
         match self {

@@ -217,6 +217,29 @@ pub fn recv_now(socket: &impl AsRawFd, buf: &mut [u8]) -> io::Result<usize> {
     Ok(n as usize)
 }
 
+/// Sends what the socket takes now from `slices` (at most `IOV_MAX` of them), without
+/// waiting (`MSG_DONTWAIT`, and `MSG_NOSIGNAL`: a closed peer is an error, not a signal).
+pub fn send_now(socket: &impl AsRawFd, slices: &[io::IoSlice<'_>]) -> io::Result<usize> {
+    let count = slices.len().min(libc::UIO_MAXIOV as usize);
+    // SAFETY: a zeroed msghdr is valid (no name, no control data).
+    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+    // `IoSlice` is ABI-compatible with `iovec` on Unix; sendmsg only reads through it.
+    message.msg_iov = slices.as_ptr().cast_mut().cast();
+    message.msg_iovlen = count as _;
+    // SAFETY: `message` points at `count` valid iovecs whose buffers outlive the call.
+    let n = unsafe {
+        libc::sendmsg(
+            socket.as_raw_fd(),
+            &message,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
 /// Wakes every thread blocked in `accept` on `listener` (they fail with `EINVAL`), so that
 /// an acceptor can stop without another connection arriving.
 pub fn stop_accepting(listener: &impl AsRawFd) -> io::Result<()> {

@@ -95,6 +95,8 @@ pub struct FsExport {
 
 /// Largest zero run written per call when zeroing.
 const ZERO_CHUNK: usize = 1 << 20;
+/// Zeros lent for the part of a read past the end of a file shortened behind the export.
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
 impl FsExport {
     /// Opens (creating parent directories and the file, and growing it, as asked) the file
@@ -214,6 +216,34 @@ impl Export for FsExport {
         let n = self.file.read_at(buf, offset).map_err(|e| nbd_error(&e))?;
         // The export keeps its size; a file shortened behind our back reads as zeros.
         buf[n..].fill(0);
+        Ok(())
+    }
+
+    fn read_with(
+        &self,
+        offset: u64,
+        len: u32,
+        _scratch: &mut Vec<u8>,
+        send: &mut dyn FnMut(&[&[u8]]),
+    ) -> Result<(), ExportError> {
+        let len = u64::from(len);
+        self.file
+            .read_with(offset, len, |data| {
+                // The export keeps its size; a file shortened behind our back reads as zeros.
+                let covered: u64 = data.iter().map(|d| d.len() as u64).sum();
+                if covered == len {
+                    return send(data);
+                }
+                let mut padded = data.to_vec();
+                let mut left = (len - covered) as usize;
+                while left > 0 {
+                    let n = left.min(ZEROS.len());
+                    padded.push(&ZEROS[..n]);
+                    left -= n;
+                }
+                send(&padded);
+            })
+            .map_err(|e| nbd_error(&e))?;
         Ok(())
     }
 
