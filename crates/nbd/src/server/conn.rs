@@ -134,7 +134,7 @@ pub(crate) fn serve<E: Export>(
         writer: Mutex::new(writer),
         corked: shared.config.submit == Submit::Inline,
         pending: Mutex::new(Vec::new()),
-        in_flight: Mutex::new(0),
+        in_flight: Mutex::default(),
         finished: Condvar::new(),
         broken: AtomicBool::new(false),
     });
@@ -327,7 +327,7 @@ pub(crate) struct Conn<E: Export> {
     /// one wake-up of the client) for a burst instead of one per request.
     corked: bool,
     pending: Mutex<Vec<u8>>,
-    in_flight: Mutex<usize>,
+    in_flight: Mutex<InFlight>,
     finished: Condvar,
     broken: AtomicBool,
 }
@@ -340,24 +340,57 @@ impl<E: Export> std::fmt::Debug for Conn<E> {
     }
 }
 
+/// A connection's requests taken on and not yet answered, and the write payload bytes they
+/// hold in received buffers.
+#[derive(Debug, Default)]
+struct InFlight {
+    requests: usize,
+    bytes: usize,
+}
+
+impl InFlight {
+    /// Whether one more request holding `bytes` fits within `(requests, bytes)` limits; a
+    /// connection with nothing in flight may always take one (any payload the protocol
+    /// allows must be servable).
+    fn admits(&self, bytes: usize, (max_requests, max_bytes): (usize, usize)) -> bool {
+        self.requests == 0 || (self.requests < max_requests && self.bytes + bytes <= max_bytes)
+    }
+}
+
+/// Bytes a request holds while in flight: a write's received payload.
+fn payload_bytes(request: &Request) -> usize {
+    if request.command == command::WRITE {
+        request.length as usize
+    } else {
+        0
+    }
+}
+
 impl<E: Export> Conn<E> {
     fn wait_idle(&self) {
         let mut n = self.in_flight.lock().expect("in-flight count");
-        while *n > 0 {
+        while n.requests > 0 {
             n = self.finished.wait(n).expect("in-flight count");
         }
     }
 
-    fn wait_below(&self, limit: usize) {
+    /// Waits until `request` may be taken on (within `limits`), and counts it in flight.
+    fn admit(&self, request: &Request, limits: (usize, usize)) {
+        let bytes = payload_bytes(request);
         let mut n = self.in_flight.lock().expect("in-flight count");
-        while *n >= limit {
+        while !n.admits(bytes, limits) {
             n = self.finished.wait(n).expect("in-flight count");
         }
-        *n += 1;
+        n.requests += 1;
+        n.bytes += bytes;
     }
 
-    fn done(&self) {
-        *self.in_flight.lock().expect("in-flight count") -= 1;
+    /// `request` is finished (or was dropped before it ran).
+    fn done(&self, request: &Request) {
+        let mut n = self.in_flight.lock().expect("in-flight count");
+        n.requests -= 1;
+        n.bytes -= payload_bytes(request);
+        drop(n);
         self.finished.notify_all();
     }
 
@@ -510,10 +543,23 @@ fn transmission<E: Export>(shared: &Shared<E>, conn: &Arc<Conn<E>>, stream: &mut
         if request.command == command::DISC {
             return End::Clean;
         }
+        // Admitted before its payload is received: the limits bound the buffers a queued
+        // connection holds, not just its requests.
+        match shared.config.submit {
+            Submit::Inline => conn.admit(&request, (1, usize::MAX)),
+            Submit::Queued => conn.admit(
+                &request,
+                (
+                    shared.config.max_in_flight,
+                    shared.config.max_in_flight_bytes,
+                ),
+            ),
+        }
         let staged = if request.command == command::WRITE {
             let mut payload = Payload::new(stream, request.length);
             let staged = conn.export.receive(&mut payload);
             if let Err(e) = payload.finish() {
+                conn.done(&request);
                 return End::Io(e);
             }
             if let Ok(staged) = &staged {
@@ -531,14 +577,8 @@ fn transmission<E: Export>(shared: &Shared<E>, conn: &Arc<Conn<E>>, stream: &mut
             started,
         };
         match shared.config.submit {
-            Submit::Inline => {
-                conn.wait_below(1);
-                complete(job, &mut scratch);
-            }
-            Submit::Queued => {
-                conn.wait_below(shared.config.max_in_flight);
-                conn.channel.enqueue(job);
-            }
+            Submit::Inline => complete(job, &mut scratch),
+            Submit::Queued => conn.channel.enqueue(job),
         }
     }
 }
@@ -605,7 +645,7 @@ pub(crate) fn complete<E: Export>(job: Job<E>, scratch: &mut Vec<u8>) {
         result.is_ok(),
         started.elapsed(),
     );
-    conn.done();
+    conn.done(&request);
 }
 
 fn execute<E: Export>(
@@ -848,6 +888,27 @@ mod tests {
         );
         assert_eq!(pieces(0, 10, &[]), vec![(0..10, false)]);
         assert_eq!(pieces(0, 10, &[0..10, 20..30]), vec![(0..10, true)]);
+    }
+
+    #[test]
+    fn in_flight_limits_bound_requests_and_payload_bytes_but_never_block_an_idle_connection() {
+        let limits = (4, 100);
+        let idle = InFlight::default();
+        assert!(
+            idle.admits(1_000, limits),
+            "an oversized payload still goes alone"
+        );
+        let busy = InFlight {
+            requests: 2,
+            bytes: 60,
+        };
+        assert!(busy.admits(40, limits));
+        assert!(!busy.admits(41, limits));
+        let full = InFlight {
+            requests: 4,
+            bytes: 0,
+        };
+        assert!(!full.admits(0, limits));
     }
 
     #[test]

@@ -8,8 +8,9 @@
 //! [`Submit::Queued`] the connection thread receives requests (write payloads included) and
 //! queues them on its channel, whose worker threads execute them and reply as they finish,
 //! so replies may leave out of order; a connection has at most
-//! [`ServerConfig::max_in_flight`] requests queued, after which it stops reading (TCP flow
-//! control holds the client back).
+//! [`ServerConfig::max_in_flight`] requests and [`ServerConfig::max_in_flight_bytes`] of
+//! write payloads queued, after which it stops reading (TCP flow control holds the client
+//! back).
 
 mod channel;
 mod conn;
@@ -73,6 +74,9 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Requests one connection may have queued (queued submission).
     pub max_in_flight: usize,
+    /// Write payload bytes one connection may hold in received, not yet committed buffers
+    /// (queued submission); a single request larger than this still goes, alone.
+    pub max_in_flight_bytes: usize,
     /// A client must finish negotiating within this time.
     pub handshake_timeout: Duration,
 }
@@ -84,6 +88,7 @@ impl Default for ServerConfig {
             workers_per_channel: 2,
             max_connections: 256,
             max_in_flight: 64,
+            max_in_flight_bytes: 64 << 20,
             handshake_timeout: Duration::from_secs(30),
         }
     }
