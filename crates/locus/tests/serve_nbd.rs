@@ -803,6 +803,69 @@ for i in range(96):
 print("all there")
 "#;
 
+/// A READ reply is sent from the file system's memory while the range is held; a client
+/// that stops reading must not keep it held: writers of the same range (and everything
+/// else) go on, and the stalled client still gets the bytes as they were when it asked.
+#[test]
+fn a_client_that_stops_reading_stalls_only_itself() {
+    if !require(&["nbdcopy", "nbdsh"]) {
+        return;
+    }
+    let dir = volume();
+    let server = Serve::start(dir.path(), &["--default-size", "64M"]);
+    let image = dir.path().join("before.img");
+    let before = random_file(&image, 32 << 20, 11);
+    run("nbdcopy", &[image.to_str().unwrap(), &server.uri("")]);
+
+    // 32 MiB asked for and not read: far more than the socket buffers hold.
+    let mut stalled = Raw::connect(&server.socket);
+    stalled.send(&[0, 0, 0, 1]); // fixed newstyle
+    stalled.go("");
+    stalled.request(0, 42, 0, 32 << 20);
+    std::thread::sleep(Duration::from_millis(300));
+
+    // Another client overwrites the start of that range while the reply is stuck.
+    let mut writer = client("nbdsh")
+        .args([
+            "-u",
+            &server.uri(""),
+            "-c",
+            "h.pwrite(b'\\x5a' * 65536, 0, nbd.CMD_FLAG_FUA); print('written')",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while writer.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "a write waited for a client that does not read its reply"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = writer.wait_with_output().unwrap();
+    assert!(
+        text(&output.stdout).contains("written"),
+        "{}",
+        text(&output.stderr)
+    );
+
+    // The stalled client reads at last: the data as it was when it asked.
+    let (error, cookie) = stalled.simple_reply();
+    assert_eq!((error, cookie), (0, 42));
+    let data = stalled.read(32 << 20);
+    assert!(data == before, "the stalled read did not return the bytes it asked for");
+
+    let after = dir.path().join("after.img");
+    run("nbdcopy", &[&server.uri(""), after.to_str().unwrap()]);
+    let now = std::fs::read(&after).unwrap();
+    assert!(now[..65536].iter().all(|&b| b == 0x5a), "the write is missing");
+    assert!(now[65536..32 << 20] == before[65536..], "bytes after the write changed");
+    drop(stalled);
+    assert!(server.stop().0.success());
+}
+
 #[test]
 fn acknowledged_writes_survive_kill_9() {
     if !require(&["nbdsh"]) {
