@@ -855,13 +855,22 @@ fn a_client_that_stops_reading_stalls_only_itself() {
     let (error, cookie) = stalled.simple_reply();
     assert_eq!((error, cookie), (0, 42));
     let data = stalled.read(32 << 20);
-    assert!(data == before, "the stalled read did not return the bytes it asked for");
+    assert!(
+        data == before,
+        "the stalled read did not return the bytes it asked for"
+    );
 
     let after = dir.path().join("after.img");
     run("nbdcopy", &[&server.uri(""), after.to_str().unwrap()]);
     let now = std::fs::read(&after).unwrap();
-    assert!(now[..65536].iter().all(|&b| b == 0x5a), "the write is missing");
-    assert!(now[65536..32 << 20] == before[65536..], "bytes after the write changed");
+    assert!(
+        now[..65536].iter().all(|&b| b == 0x5a),
+        "the write is missing"
+    );
+    assert!(
+        now[65536..32 << 20] == before[65536..],
+        "bytes after the write changed"
+    );
     drop(stalled);
     assert!(server.stop().0.success());
 }
