@@ -6,6 +6,8 @@
 //! (Debian: libnbd-bin, python3-libnbd, qemu-utils, fio) the tests say so and pass, except
 //! under CI=true, where `.ci/run` installs them and a missing one is a failure.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -97,18 +99,11 @@ impl Serve {
             socket,
             log,
         };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !serve.log().contains("locus: serving") {
-            if let Some(status) = serve.child.as_mut().unwrap().try_wait().expect("wait") {
-                panic!("locus serve exited with {status}: {}", serve.log());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "locus serve did not start: {}",
-                serve.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        common::wait_until_serving(
+            serve.child.as_mut().unwrap(),
+            &serve.log,
+            Duration::from_secs(60),
+        );
         serve
     }
 

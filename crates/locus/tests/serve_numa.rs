@@ -14,11 +14,13 @@
 //! - a TCP connection to an address of a NIC with a known node lands on a channel of that
 //!   node (in the guests the NIC sits behind a PCI expander bridge on a chosen node).
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::net::{IpAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 use topology::Topology;
@@ -118,18 +120,7 @@ impl Serve {
             .spawn()
             .expect("start locus serve");
         let mut serve = Serve { child, log };
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while !serve.log().contains("locus: serving") {
-            if let Some(status) = serve.child.try_wait().expect("wait") {
-                panic!("locus serve exited with {status}: {}", serve.log());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "locus serve did not start: {}",
-                serve.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        common::wait_until_serving(&mut serve.child, &serve.log, Duration::from_secs(120));
         serve
     }
 

@@ -255,42 +255,41 @@ impl Region {
     /// every store out of these ranges while `f` runs (the file system holds the range lock
     /// that writers and its checkpoint need); `f` should be short for that reason.
     pub fn lend<R>(parts: &[(&Region, u64, u64)], f: impl FnOnce(&[&[u8]]) -> R) -> Result<R> {
-        enum Source {
-            Mapped(*const u8, usize),
-            Copied(usize),
-        }
+        // Traced regions are read first (checking every range), so that mapped ranges can
+        // then be lent in the same pass that collects the slices; `copies` stays empty (no
+        // allocation) unless a region is traced.
         let mut copies: Vec<Vec<u8>> = Vec::new();
-        let mut sources = Vec::with_capacity(parts.len());
         for &(region, offset, len) in parts {
             let at = region.absolute(offset, len)?;
-            let len = usize::try_from(len).expect("a checked range fits in memory");
+            if let Backing::Traced { state, region } = &region.inner.backing {
+                let mut bytes = vec![0u8; len as usize];
+                state
+                    .lock()
+                    .expect("trace lock")
+                    .read(*region, at, &mut bytes);
+                copies.push(bytes);
+            }
+        }
+        let mut copies = copies.iter();
+        let mut slices: Vec<&[u8]> = Vec::with_capacity(parts.len());
+        for &(region, offset, len) in parts {
             match &region.inner.backing {
                 Backing::Mapped(mapping) => {
-                    // SAFETY: `absolute` checked the range lies inside the mapping.
-                    sources.push(Source::Mapped(unsafe { mapping.base().add(at) }, len));
+                    let at = region.absolute(offset, len)?;
+                    // SAFETY: `absolute` checked the range lies inside the mapping, which
+                    // stays mapped while `parts` borrows its region (each holds an `Arc` of
+                    // it); the slices do not outlive `f`, and the caller keeps stores out
+                    // of the range meanwhile, so the bytes do not change under the shared
+                    // reference.
+                    slices.push(unsafe {
+                        std::slice::from_raw_parts(mapping.base().add(at), len as usize)
+                    });
                 }
-                Backing::Traced { state, region } => {
-                    let mut bytes = vec![0u8; len];
-                    state
-                        .lock()
-                        .expect("trace lock")
-                        .read(*region, at, &mut bytes);
-                    copies.push(bytes);
-                    sources.push(Source::Copied(copies.len() - 1));
+                Backing::Traced { .. } => {
+                    slices.push(copies.next().expect("one copy per traced part"));
                 }
             }
         }
-        let slices: Vec<&[u8]> = sources
-            .iter()
-            .map(|source| match *source {
-                // SAFETY: the range is inside a mapping that stays mapped while `parts`
-                // borrows its region (each holds an `Arc` of it), the slices do not outlive
-                // `f`, and the caller keeps stores out of the range meanwhile, so the bytes
-                // do not change under the shared reference.
-                Source::Mapped(base, len) => unsafe { std::slice::from_raw_parts(base, len) },
-                Source::Copied(index) => copies[index].as_slice(),
-            })
-            .collect();
         Ok(f(&slices))
     }
 
