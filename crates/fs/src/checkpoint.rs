@@ -26,6 +26,11 @@ use crate::journal::{Kind, MAX_RECORD, MapEntry, MetaOp};
 use crate::range_lock::LockMode;
 use crate::snapshot::{InodeImage, Snapshot};
 
+/// A batch this large is taken again at once; a smaller one waits [`GATHER_WAIT`] (or a
+/// writer's wake-up at this many queued records) for more.
+pub(crate) const GATHER_RECORDS: usize = 256;
+const GATHER_WAIT: Duration = Duration::from_micros(500);
+
 /// Starts the checkpoint thread.
 pub(crate) fn spawn(inner: Arc<Inner>) -> Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
@@ -73,7 +78,25 @@ fn run_loop(inner: &Inner) -> Result<()> {
             snapshot(inner)?;
         }
         inner.signal.progress.notify_all();
+        if moved >= GATHER_RECORDS || (moved > 0 && (draining || stop)) {
+            continue;
+        }
         if moved > 0 {
+            // A small batch: let records gather for a moment, so the per-batch work (the
+            // journal record, its flush and fence, the wake-ups) is shared by more of them.
+            let state = inner.signal.state.lock().expect("checkpoint state");
+            if state.stop || state.snapshot_wanted || state.drain_wanted || state.abandon {
+                continue;
+            }
+            inner.signal.sleeping.store(true, Ordering::Release);
+            drop(
+                inner
+                    .signal
+                    .wake
+                    .wait_timeout(state, GATHER_WAIT)
+                    .expect("checkpoint state"),
+            );
+            inner.signal.sleeping.store(false, Ordering::Release);
             continue;
         }
         if stop {

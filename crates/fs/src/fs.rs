@@ -1198,7 +1198,7 @@ impl Inner {
         slot.counters
             .media_bytes
             .fetch_add(crate::log::SLOT_BYTES, Ordering::Relaxed);
-        if depth == 1 || depth.is_multiple_of(256) {
+        if depth.is_multiple_of(crate::checkpoint::GATHER_RECORDS) {
             self.wake_checkpoint();
         }
         Ok(())

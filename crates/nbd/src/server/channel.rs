@@ -34,6 +34,9 @@ pub(crate) struct Job<E: Export> {
 struct Queue<E: Export> {
     jobs: VecDeque<Job<E>>,
     closed: bool,
+    /// Workers asleep waiting for a job: a job is announced only when one is, so a busy
+    /// channel makes no wake-up system call per request.
+    idle: usize,
 }
 
 /// One channel.
@@ -63,6 +66,7 @@ impl<E: Export> Channel<E> {
             queue: Mutex::new(Queue {
                 jobs: VecDeque::new(),
                 closed: false,
+                idle: 0,
             }),
             ready: Condvar::new(),
         }
@@ -81,8 +85,11 @@ impl<E: Export> Channel<E> {
     pub(crate) fn enqueue(&self, job: Job<E>) {
         let mut queue = self.queue.lock().expect("channel queue");
         queue.jobs.push_back(job);
+        let wake = queue.idle > 0;
         drop(queue);
-        self.ready.notify_one();
+        if wake {
+            self.ready.notify_one();
+        }
     }
 
     /// Starts `workers` threads that execute queued requests until [`Channel::close`].
@@ -111,7 +118,9 @@ impl<E: Export> Channel<E> {
                     if queue.closed {
                         return;
                     }
+                    queue.idle += 1;
                     queue = self.ready.wait(queue).expect("channel queue");
+                    queue.idle -= 1;
                 }
             };
             complete(job, &mut scratch);

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use super::Shared;
 use super::channel::{Channel, Job};
-use super::export::{Export, ExportError, Payload, skip};
+use super::export::{Ahead, Export, ExportError, Payload, skip};
 use super::net::Stream;
 use super::{MAX_PAYLOAD_BYTES, MIN_BLOCK_BYTES, PREFERRED_BLOCK_BYTES, Submit};
 use crate::consts::{command, command_flags, errno, info, option, state, transmission_flags};
@@ -346,6 +346,9 @@ impl<E: Export> std::fmt::Debug for Conn<E> {
 struct InFlight {
     requests: usize,
     bytes: usize,
+    /// Threads waiting for a request to finish: `done` wakes them only when there are any,
+    /// so the common path makes no system call (a condition variable's notify always does).
+    waiting: usize,
 }
 
 impl InFlight {
@@ -370,7 +373,9 @@ impl<E: Export> Conn<E> {
     fn wait_idle(&self) {
         let mut n = self.in_flight.lock().expect("in-flight count");
         while n.requests > 0 {
+            n.waiting += 1;
             n = self.finished.wait(n).expect("in-flight count");
+            n.waiting -= 1;
         }
     }
 
@@ -379,7 +384,9 @@ impl<E: Export> Conn<E> {
         let bytes = payload_bytes(request);
         let mut n = self.in_flight.lock().expect("in-flight count");
         while !n.admits(bytes, limits) {
+            n.waiting += 1;
             n = self.finished.wait(n).expect("in-flight count");
+            n.waiting -= 1;
         }
         n.requests += 1;
         n.bytes += bytes;
@@ -390,8 +397,11 @@ impl<E: Export> Conn<E> {
         let mut n = self.in_flight.lock().expect("in-flight count");
         n.requests -= 1;
         n.bytes -= payload_bytes(request);
+        let wake = n.waiting > 0;
         drop(n);
-        self.finished.notify_all();
+        if wake {
+            self.finished.notify_all();
+        }
     }
 
     /// Sends one reply made of `slices` (or, corked, queues a small one); a failure breaks
@@ -502,6 +512,7 @@ impl<E: Export> Conn<E> {
 
 fn transmission<E: Export>(shared: &Shared<E>, conn: &Arc<Conn<E>>, stream: &mut Stream) -> End {
     let mut scratch = Vec::new();
+    let mut ahead = Ahead::default();
     loop {
         if conn.broken.load(Ordering::Relaxed) {
             return End::Io(io::Error::new(
@@ -510,7 +521,7 @@ fn transmission<E: Export>(shared: &Shared<E>, conn: &Arc<Conn<E>>, stream: &mut
             ));
         }
         let mut header = [0u8; REQUEST_BYTES];
-        match read_header(conn, stream, &mut header) {
+        match read_header(conn, stream, &mut header, &mut ahead) {
             Ok(true) => {}
             Ok(false) if shared.stopping.load(Ordering::Acquire) => return End::Shutdown,
             Ok(false) => return End::Clean,
@@ -556,7 +567,7 @@ fn transmission<E: Export>(shared: &Shared<E>, conn: &Arc<Conn<E>>, stream: &mut
             ),
         }
         let staged = if request.command == command::WRITE {
-            let mut payload = Payload::new(stream, request.length);
+            let mut payload = Payload::new(stream, request.length, &mut ahead);
             let staged = conn.export.receive(&mut payload);
             if let Err(e) = payload.finish() {
                 conn.done(&request);
@@ -583,14 +594,20 @@ fn transmission<E: Export>(shared: &Shared<E>, conn: &Arc<Conn<E>>, stream: &mut
     }
 }
 
-/// Reads a request header; `false` when the connection closed cleanly before its first byte.
-/// Replies held back are sent before the thread would wait for the client.
+/// Reads a request header, starting with the bytes of it already taken after the last write
+/// payload; `false` when the connection closed cleanly before its first byte. Replies held
+/// back are sent before the thread would wait for the client.
 fn read_header<E: Export>(
     conn: &Conn<E>,
     stream: &mut Stream,
     header: &mut [u8; REQUEST_BYTES],
+    ahead: &mut Ahead,
 ) -> io::Result<bool> {
-    let mut at = 0;
+    let mut at = std::mem::take(&mut ahead.len);
+    header[..at].copy_from_slice(&ahead.bytes[..at]);
+    if at == header.len() {
+        return Ok(true);
+    }
     if conn.corked {
         loop {
             match super::sys::recv_now(stream, &mut header[at..]) {
@@ -901,12 +918,14 @@ mod tests {
         let busy = InFlight {
             requests: 2,
             bytes: 60,
+            waiting: 0,
         };
         assert!(busy.admits(40, limits));
         assert!(!busy.admits(41, limits));
         let full = InFlight {
             requests: 4,
             bytes: 0,
+            waiting: 0,
         };
         assert!(!full.admits(0, limits));
     }

@@ -6,6 +6,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::consts::errno;
+use crate::request::REQUEST_BYTES;
 
 /// A failed operation on an export: the protocol error to reply with and a message (sent to
 /// clients that negotiated structured replies, and logged).
@@ -121,6 +122,17 @@ pub struct Payload<'a> {
     stream: &'a mut dyn ReadDebug,
     remaining: u32,
     failed: Option<io::Error>,
+    ahead: &'a mut Ahead,
+}
+
+/// Bytes that follow a write payload on the connection, taken by the same system call as
+/// the payload's last bytes: the start of the next request header. A busy connection thus
+/// needs one receive per write rather than two (header, then payload), and the payload
+/// still goes straight into the export's buffer.
+#[derive(Debug, Default)]
+pub(crate) struct Ahead {
+    pub(crate) bytes: [u8; REQUEST_BYTES],
+    pub(crate) len: usize,
 }
 
 /// `Read` that can be debug-printed (a connection's socket).
@@ -128,11 +140,15 @@ pub trait ReadDebug: Read + std::fmt::Debug {}
 impl<T: Read + std::fmt::Debug> ReadDebug for T {}
 
 impl<'a> Payload<'a> {
-    pub(crate) fn new(stream: &'a mut dyn ReadDebug, len: u32) -> Self {
+    /// A payload of `len` bytes; its last receive may also take up to a request header's
+    /// worth of what follows it, into `ahead` (which must be empty).
+    pub(crate) fn new(stream: &'a mut dyn ReadDebug, len: u32, ahead: &'a mut Ahead) -> Self {
+        debug_assert_eq!(ahead.len, 0, "bytes ahead not consumed");
         Self {
             stream,
             remaining: len,
             failed: None,
+            ahead,
         }
     }
 
@@ -157,7 +173,13 @@ impl<'a> Payload<'a> {
         if let Some(e) = &self.failed {
             return Err(ExportError::io(format!("connection failed: {e}")));
         }
-        match self.stream.read_exact(buf) {
+        let last = buf.len() == self.remaining as usize;
+        let received = if last {
+            read_exact_and_ahead(&mut *self.stream, buf, self.ahead)
+        } else {
+            self.stream.read_exact(buf)
+        };
+        match received {
             Ok(()) => {
                 self.remaining -= buf.len() as u32;
                 Ok(())
@@ -177,6 +199,41 @@ impl<'a> Payload<'a> {
         }
         skip(self.stream, u64::from(self.remaining))
     }
+}
+
+/// Fills `buf`, and with the same reads takes whatever of the next request header has
+/// already arrived into `ahead` (never waiting for it).
+fn read_exact_and_ahead(
+    stream: &mut dyn ReadDebug,
+    buf: &mut [u8],
+    ahead: &mut Ahead,
+) -> io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        let mut slices = [
+            io::IoSliceMut::new(&mut buf[got..]),
+            io::IoSliceMut::new(&mut ahead.bytes[ahead.len..]),
+        ];
+        match stream.read_vectored(&mut slices) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "connection closed {} bytes before the end of a payload",
+                        buf.len() - got
+                    ),
+                ));
+            }
+            Ok(n) => {
+                let into_buf = n.min(buf.len() - got);
+                got += into_buf;
+                ahead.len += n - into_buf;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Reads and drops `len` bytes.
@@ -234,5 +291,66 @@ impl<E> Exports<E> {
     /// Every export, in listing order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Arc<E>)> {
         self.entries.iter().map(|(n, e)| (n.as_str(), e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+
+    /// Over a real socket: the payload's bytes land in the buffer, up to a header's worth of
+    /// what follows lands ahead, and nothing beyond that is taken.
+    #[test]
+    fn the_last_receive_takes_the_next_header_and_no_more() {
+        for split in [0usize, 1, 100, 4095, 4096] {
+            let (mut client, mut server) = UnixStream::pair().expect("socket pair");
+            let payload: Vec<u8> = (0..4096u32).map(|i| (i * 13 + 5) as u8).collect();
+            let following: Vec<u8> = (0..64u8).map(|i| 200u8.wrapping_add(i)).collect();
+            client.write_all(&payload[..split]).expect("send");
+            let sender = std::thread::spawn({
+                let mut client = client.try_clone().expect("clone");
+                let rest = [&payload[split..], &following[..]].concat();
+                move || {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    client.write_all(&rest).expect("send");
+                }
+            });
+            let mut ahead = Ahead::default();
+            let mut buf = vec![0u8; 4096];
+            let mut p = Payload::new(&mut server, 4096, &mut ahead);
+            p.receive(&mut buf[..1000]).expect("first part");
+            p.receive(&mut buf[1000..]).expect("last part");
+            assert_eq!(p.remaining(), 0);
+            p.finish().expect("nothing left to skip");
+            sender.join().expect("sender");
+            assert_eq!(buf, payload, "split {split}");
+            assert!(ahead.len <= REQUEST_BYTES);
+            assert_eq!(&ahead.bytes[..ahead.len], &following[..ahead.len]);
+            // Whatever was not taken ahead is still on the socket, in order.
+            drop(client);
+            let mut rest = Vec::new();
+            server.read_to_end(&mut rest).expect("rest");
+            assert_eq!(rest, &following[ahead.len..], "split {split}");
+        }
+    }
+
+    #[test]
+    fn a_payload_cut_short_is_an_io_error_that_ends_the_connection() {
+        let (mut client, mut server) = UnixStream::pair().expect("socket pair");
+        client.write_all(&[7u8; 100]).expect("send");
+        drop(client);
+        let mut ahead = Ahead::default();
+        let mut buf = vec![0u8; 512];
+        let mut p = Payload::new(&mut server, 512, &mut ahead);
+        let e = p.receive(&mut buf).expect_err("cut short");
+        assert_eq!(e.errno, errno::EIO);
+        assert!(
+            e.message.contains("412 bytes before the end"),
+            "{}",
+            e.message
+        );
+        assert!(p.finish().is_err());
     }
 }

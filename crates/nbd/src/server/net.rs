@@ -138,6 +138,13 @@ impl Read for Stream {
             Self::Unix(s) => s.read(buf),
         }
     }
+
+    fn read_vectored(&mut self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
+        match self {
+            Self::Tcp(s) => s.read_vectored(bufs),
+            Self::Unix(s) => s.read_vectored(bufs),
+        }
+    }
 }
 
 impl Write for Stream {
