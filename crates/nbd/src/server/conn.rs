@@ -12,7 +12,8 @@ use std::time::Instant;
 
 use super::Shared;
 use super::channel::{Channel, Job};
-use super::export::{Ahead, Export, ExportError, Payload, skip};
+use super::export::{Export, ExportError, Payload, skip, skip_stream};
+use super::inbox::Inbox;
 use super::net::Stream;
 use super::{MAX_PAYLOAD_BYTES, MIN_BLOCK_BYTES, PREFERRED_BLOCK_BYTES, Submit};
 use crate::consts::{command, command_flags, errno, info, option, state, transmission_flags};
@@ -167,7 +168,7 @@ fn handshake<E: Export>(
                     header.len
                 )));
             }
-            skip(stream, u64::from(header.len))?;
+            skip_stream(stream, u64::from(header.len))?;
             let message = format!(
                 "option data of {} bytes (at most {MAX_OPTION_BYTES})",
                 header.len
@@ -512,7 +513,7 @@ impl<E: Export> Conn<E> {
 
 fn transmission<E: Export>(shared: &Shared<E>, conn: &Arc<Conn<E>>, stream: &mut Stream) -> End {
     let mut scratch = Vec::new();
-    let mut ahead = Ahead::default();
+    let mut inbox = Inbox::default();
     loop {
         if conn.broken.load(Ordering::Relaxed) {
             return End::Io(io::Error::new(
@@ -521,7 +522,7 @@ fn transmission<E: Export>(shared: &Shared<E>, conn: &Arc<Conn<E>>, stream: &mut
             ));
         }
         let mut header = [0u8; REQUEST_BYTES];
-        match read_header(conn, stream, &mut header, &mut ahead) {
+        match read_header(conn, stream, &mut header, &mut inbox) {
             Ok(true) => {}
             Ok(false) if shared.stopping.load(Ordering::Acquire) => return End::Shutdown,
             Ok(false) => return End::Clean,
@@ -536,7 +537,7 @@ fn transmission<E: Export>(shared: &Shared<E>, conn: &Arc<Conn<E>>, stream: &mut
             Ok(()) => {}
             Err(NbdError::Request { errno, message }) => {
                 if request.has_payload()
-                    && let Err(e) = skip(stream, u64::from(request.length))
+                    && let Err(e) = skip(&mut inbox, stream, u64::from(request.length))
                 {
                     return End::Io(e);
                 }
@@ -567,7 +568,7 @@ fn transmission<E: Export>(shared: &Shared<E>, conn: &Arc<Conn<E>>, stream: &mut
             ),
         }
         let staged = if request.command == command::WRITE {
-            let mut payload = Payload::new(stream, request.length, &mut ahead);
+            let mut payload = Payload::new(&mut inbox, stream, request.length);
             let staged = conn.export.receive(&mut payload);
             if let Err(e) = payload.finish() {
                 conn.done(&request);
@@ -594,53 +595,49 @@ fn transmission<E: Export>(shared: &Shared<E>, conn: &Arc<Conn<E>>, stream: &mut
     }
 }
 
-/// Reads a request header, starting with the bytes of it already taken after the last write
-/// payload; `false` when the connection closed cleanly before its first byte. Replies held
-/// back are sent before the thread would wait for the client.
+/// Reads a request header from the connection's input; `false` when the connection closed
+/// cleanly before its first byte. Replies held back are sent before the thread would wait
+/// for the client.
 fn read_header<E: Export>(
     conn: &Conn<E>,
     stream: &mut Stream,
     header: &mut [u8; REQUEST_BYTES],
-    ahead: &mut Ahead,
+    inbox: &mut Inbox,
 ) -> io::Result<bool> {
-    let mut at = std::mem::take(&mut ahead.len);
-    header[..at].copy_from_slice(&ahead.bytes[..at]);
-    if at == header.len() {
-        return Ok(true);
-    }
-    if conn.corked {
-        loop {
-            match super::sys::recv_now(stream, &mut header[at..]) {
-                Ok(0) if at == 0 => return Ok(false),
-                Ok(0) => break,
-                Ok(n) => {
-                    at += n;
-                    if at == header.len() {
-                        return Ok(true);
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) => return Err(e),
-            }
+    loop {
+        let buffered = inbox.buffered();
+        if buffered.len() >= REQUEST_BYTES {
+            header.copy_from_slice(&buffered[..REQUEST_BYTES]);
+            inbox.consume(REQUEST_BYTES);
+            return Ok(true);
         }
-        conn.flush_pending();
-    }
-    while at < header.len() {
-        match stream.read(&mut header[at..]) {
-            Ok(0) if at == 0 => return Ok(false),
+        let received = if conn.corked {
+            match inbox.fill_now(stream) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    conn.flush_pending();
+                    inbox.fill(stream)
+                }
+                other => other,
+            }
+        } else {
+            inbox.fill(stream)
+        };
+        match received {
+            Ok(0) if inbox.buffered().is_empty() => return Ok(false),
             Ok(0) => {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
-                    format!("connection closed {at} bytes into a request header"),
+                    format!(
+                        "connection closed {} bytes into a request header",
+                        inbox.buffered().len()
+                    ),
                 ));
             }
-            Ok(n) => at += n,
+            Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(true)
 }
 
 /// Executes a checked request and sends its reply; counts it on the connection's channel.

@@ -5,8 +5,8 @@ use std::io::{self, Read};
 use std::ops::Range;
 use std::sync::Arc;
 
+use super::inbox::{INBOX_BYTES, Inbox};
 use crate::consts::errno;
-use crate::request::REQUEST_BYTES;
 
 /// A failed operation on an export: the protocol error to reply with and a message (sent to
 /// clients that negotiated structured replies, and logged).
@@ -42,11 +42,11 @@ impl std::fmt::Display for ExportError {
 /// One block device served over NBD. Offsets and lengths reaching an export were checked
 /// against its size and the negotiated limits.
 ///
-/// A write arrives in two steps so that its payload can go straight from the socket into the
-/// memory that will hold it: [`Export::receive`] runs on the thread reading the connection
-/// and fills a staging area of the export's choosing (for locus files: a persistent buffer on
-/// the channel's node), [`Export::commit`] makes it the data at `offset` (inline, or later on
-/// a channel worker).
+/// A write arrives in two steps so that its payload goes once into the memory that will hold
+/// it: [`Export::receive`] runs on the thread reading the connection and copies the payload,
+/// as it arrives, into a staging area of the export's choosing (for locus files: a persistent
+/// buffer on the channel's node), [`Export::commit`] makes it the data at `offset` (inline,
+/// or later on a channel worker).
 pub trait Export: Send + Sync + 'static {
     /// A received, not yet committed write payload.
     type Staged: Send + 'static;
@@ -116,23 +116,15 @@ pub trait Export: Send + Sync + 'static {
     fn cache(&self, offset: u64, len: u64) -> Result<(), ExportError>;
 }
 
-/// The payload of one write, read from the connection as the export asks for it.
+/// The payload of one write, taken from the connection as the export asks for it: piece by
+/// piece as it arrives ([`Payload::receive_with`]) or into one slice ([`Payload::receive`]).
 #[derive(Debug)]
 pub struct Payload<'a> {
+    inbox: &'a mut Inbox,
     stream: &'a mut dyn ReadDebug,
     remaining: u32,
+    received: u64,
     failed: Option<io::Error>,
-    ahead: &'a mut Ahead,
-}
-
-/// Bytes that follow a write payload on the connection, taken by the same system call as
-/// the payload's last bytes: the start of the next request header. A busy connection thus
-/// needs one receive per write rather than two (header, then payload), and the payload
-/// still goes straight into the export's buffer.
-#[derive(Debug, Default)]
-pub(crate) struct Ahead {
-    pub(crate) bytes: [u8; REQUEST_BYTES],
-    pub(crate) len: usize,
 }
 
 /// `Read` that can be debug-printed (a connection's socket).
@@ -140,21 +132,41 @@ pub trait ReadDebug: Read + std::fmt::Debug {}
 impl<T: Read + std::fmt::Debug> ReadDebug for T {}
 
 impl<'a> Payload<'a> {
-    /// A payload of `len` bytes; its last receive may also take up to a request header's
-    /// worth of what follows it, into `ahead` (which must be empty).
-    pub(crate) fn new(stream: &'a mut dyn ReadDebug, len: u32, ahead: &'a mut Ahead) -> Self {
-        debug_assert_eq!(ahead.len, 0, "bytes ahead not consumed");
+    /// A payload of `len` bytes: first what `inbox` holds, then more from `stream`.
+    pub(crate) fn new(inbox: &'a mut Inbox, stream: &'a mut dyn ReadDebug, len: u32) -> Self {
         Self {
+            inbox,
             stream,
             remaining: len,
+            received: 0,
             failed: None,
-            ahead,
         }
     }
 
     /// Bytes not yet received.
     pub fn remaining(&self) -> u32 {
         self.remaining
+    }
+
+    /// Receives the rest of the payload, calling `f(at, piece)` for each piece in order
+    /// (`at`: the piece's offset in the payload) as it arrives. The pieces are lent from the
+    /// connection's input buffer, which stays in the CPU's cache: copying them on is cheap.
+    /// A connection failure is reported as `EIO` and ends the connection afterwards; an
+    /// error from `f` stops the receive (the server skips the rest).
+    pub fn receive_with(
+        &mut self,
+        mut f: impl FnMut(u64, &[u8]) -> Result<(), ExportError>,
+    ) -> Result<(), ExportError> {
+        self.check_alive()?;
+        while self.remaining > 0 {
+            if self.inbox.buffered().is_empty() {
+                self.refill()?;
+            }
+            let n = self.inbox.buffered().len().min(self.remaining as usize);
+            f(self.received, &self.inbox.buffered()[..n])?;
+            self.take(n);
+        }
+        Ok(())
     }
 
     /// Receives exactly `buf.len()` bytes (at most [`Payload::remaining`]) into `buf`. A
@@ -170,26 +182,27 @@ impl<'a> Payload<'a> {
                 ),
             ));
         }
-        if let Some(e) = &self.failed {
-            return Err(ExportError::io(format!("connection failed: {e}")));
-        }
-        let last = buf.len() == self.remaining as usize;
-        let received = if last {
-            read_exact_and_ahead(&mut *self.stream, buf, self.ahead)
-        } else {
-            self.stream.read_exact(buf)
-        };
-        match received {
-            Ok(()) => {
-                self.remaining -= buf.len() as u32;
-                Ok(())
+        self.check_alive()?;
+        let mut got = 0;
+        while got < buf.len() {
+            if self.inbox.buffered().is_empty() {
+                if buf.len() - got >= INBOX_BYTES {
+                    // A large slice is better filled directly than through the buffer.
+                    let direct = self.stream.read_exact(&mut buf[got..]);
+                    self.fail_on(direct)?;
+                    let n = buf.len() - got;
+                    self.remaining -= n as u32;
+                    self.received += n as u64;
+                    return Ok(());
+                }
+                self.refill()?;
             }
-            Err(e) => {
-                let message = format!("connection failed inside a write payload: {e}");
-                self.failed = Some(e);
-                Err(ExportError::io(message))
-            }
+            let n = self.inbox.buffered().len().min(buf.len() - got);
+            buf[got..got + n].copy_from_slice(&self.inbox.buffered()[..n]);
+            self.take(n);
+            got += n;
         }
+        Ok(())
     }
 
     /// Reads and drops what the export left; fails if the connection does.
@@ -197,47 +210,75 @@ impl<'a> Payload<'a> {
         if let Some(e) = self.failed.take() {
             return Err(e);
         }
-        skip(self.stream, u64::from(self.remaining))
+        skip(self.inbox, self.stream, u64::from(self.remaining))
+    }
+
+    fn check_alive(&self) -> Result<(), ExportError> {
+        match &self.failed {
+            Some(e) => Err(ExportError::io(format!("connection failed: {e}"))),
+            None => Ok(()),
+        }
+    }
+
+    fn take(&mut self, n: usize) {
+        self.inbox.consume(n);
+        self.remaining -= n as u32;
+        self.received += n as u64;
+    }
+
+    fn refill(&mut self) -> Result<(), ExportError> {
+        let filled = match self.inbox.fill(&mut *self.stream) {
+            Ok(0) => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "connection closed {} bytes before the end of a payload",
+                    self.remaining
+                ),
+            )),
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
+            Err(e) => Err(e),
+        };
+        self.fail_on(filled)
+    }
+
+    fn fail_on(&mut self, result: io::Result<()>) -> Result<(), ExportError> {
+        result.map_err(|e| {
+            let message = format!("connection failed inside a write payload: {e}");
+            self.failed = Some(e);
+            ExportError::io(message)
+        })
     }
 }
 
-/// Fills `buf`, and with the same reads takes whatever of the next request header has
-/// already arrived into `ahead` (never waiting for it).
-fn read_exact_and_ahead(
-    stream: &mut dyn ReadDebug,
-    buf: &mut [u8],
-    ahead: &mut Ahead,
-) -> io::Result<()> {
-    let mut got = 0;
-    while got < buf.len() {
-        let mut slices = [
-            io::IoSliceMut::new(&mut buf[got..]),
-            io::IoSliceMut::new(&mut ahead.bytes[ahead.len..]),
-        ];
-        match stream.read_vectored(&mut slices) {
-            Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!(
-                        "connection closed {} bytes before the end of a payload",
-                        buf.len() - got
-                    ),
-                ));
+/// Reads and drops `len` bytes of a connection: first what `inbox` holds, then from
+/// `stream`.
+pub(crate) fn skip(inbox: &mut Inbox, stream: &mut dyn ReadDebug, len: u64) -> io::Result<()> {
+    let mut left = len;
+    while left > 0 {
+        if inbox.buffered().is_empty() {
+            match inbox.fill(stream) {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!("connection closed {left} bytes before the end of a payload"),
+                    ));
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
             }
-            Ok(n) => {
-                let into_buf = n.min(buf.len() - got);
-                got += into_buf;
-                ahead.len += n - into_buf;
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
         }
+        let n = (inbox.buffered().len() as u64).min(left) as usize;
+        inbox.consume(n);
+        left -= n as u64;
     }
     Ok(())
 }
 
-/// Reads and drops `len` bytes.
-pub(crate) fn skip(stream: &mut dyn ReadDebug, len: u64) -> io::Result<()> {
+/// Reads and drops `len` bytes of a connection with nothing buffered (the handshake reads
+/// exactly what it needs).
+pub(crate) fn skip_stream(stream: &mut dyn ReadDebug, len: u64) -> io::Result<()> {
     let copied = io::copy(&mut stream.take(len), &mut io::sink())?;
     if copied < len {
         return Err(io::Error::new(
@@ -300,10 +341,10 @@ mod tests {
     use std::io::Write;
     use std::os::unix::net::UnixStream;
 
-    /// Over a real socket: the payload's bytes land in the buffer, up to a header's worth of
-    /// what follows lands ahead, and nothing beyond that is taken.
+    /// Over a real socket, the payload arriving in uneven pieces: every byte lands at its
+    /// offset, and what follows the payload stays buffered or on the socket, in order.
     #[test]
-    fn the_last_receive_takes_the_next_header_and_no_more() {
+    fn payload_pieces_arrive_in_order_and_the_next_request_is_left_alone() {
         for split in [0usize, 1, 100, 4095, 4096] {
             let (mut client, mut server) = UnixStream::pair().expect("socket pair");
             let payload: Vec<u8> = (0..4096u32).map(|i| (i * 13 + 5) as u8).collect();
@@ -317,23 +358,45 @@ mod tests {
                     client.write_all(&rest).expect("send");
                 }
             });
-            let mut ahead = Ahead::default();
+            let mut inbox = Inbox::with_capacity(1000);
             let mut buf = vec![0u8; 4096];
-            let mut p = Payload::new(&mut server, 4096, &mut ahead);
-            p.receive(&mut buf[..1000]).expect("first part");
-            p.receive(&mut buf[1000..]).expect("last part");
+            let mut p = Payload::new(&mut inbox, &mut server, 4096);
+            p.receive(&mut buf[..10]).expect("a first slice");
+            p.receive_with(|at, piece| {
+                let at = at as usize;
+                buf[at..at + piece.len()].copy_from_slice(piece);
+                Ok(())
+            })
+            .expect("the rest, piece by piece");
             assert_eq!(p.remaining(), 0);
             p.finish().expect("nothing left to skip");
             sender.join().expect("sender");
             assert_eq!(buf, payload, "split {split}");
-            assert!(ahead.len <= REQUEST_BYTES);
-            assert_eq!(&ahead.bytes[..ahead.len], &following[..ahead.len]);
-            // Whatever was not taken ahead is still on the socket, in order.
             drop(client);
-            let mut rest = Vec::new();
+            let mut rest = inbox.buffered().to_vec();
             server.read_to_end(&mut rest).expect("rest");
-            assert_eq!(rest, &following[ahead.len..], "split {split}");
+            assert_eq!(rest, following, "split {split}");
         }
+    }
+
+    #[test]
+    fn what_an_export_leaves_is_skipped_up_to_the_next_request() {
+        let (mut client, mut server) = UnixStream::pair().expect("socket pair");
+        client.write_all(&[1u8; 3000]).expect("send");
+        client.write_all(b"next").expect("send");
+        drop(client);
+        let mut inbox = Inbox::with_capacity(512);
+        let mut p = Payload::new(&mut inbox, &mut server, 3000);
+        let mut first = [0u8; 100];
+        p.receive(&mut first).expect("part");
+        let e = p
+            .receive_with(|_, _| Err(ExportError::new(errno::ENOSPC, "full")))
+            .expect_err("the export gave up");
+        assert_eq!(e.errno, errno::ENOSPC);
+        p.finish().expect("skipped");
+        let mut rest = inbox.buffered().to_vec();
+        server.read_to_end(&mut rest).expect("rest");
+        assert_eq!(rest, b"next");
     }
 
     #[test]
@@ -341,9 +404,9 @@ mod tests {
         let (mut client, mut server) = UnixStream::pair().expect("socket pair");
         client.write_all(&[7u8; 100]).expect("send");
         drop(client);
-        let mut ahead = Ahead::default();
+        let mut inbox = Inbox::default();
         let mut buf = vec![0u8; 512];
-        let mut p = Payload::new(&mut server, 512, &mut ahead);
+        let mut p = Payload::new(&mut inbox, &mut server, 512);
         let e = p.receive(&mut buf).expect_err("cut short");
         assert_eq!(e.errno, errno::EIO);
         assert!(

@@ -15,6 +15,7 @@
 mod channel;
 mod conn;
 mod export;
+mod inbox;
 mod net;
 mod stats;
 mod sys;
@@ -365,7 +366,7 @@ fn refuse_handshake(mut stream: Stream, limit: usize, timeout: Duration) {
             if header.option == crate::consts::option::EXPORT_NAME {
                 return Ok(());
             }
-            export::skip(&mut stream, u64::from(header.len))?;
+            export::skip_stream(&mut stream, u64::from(header.len))?;
             if header.option == crate::consts::option::ABORT {
                 stream.write_all(&crate::option_reply::ack(header.option))?;
                 return Ok(());

@@ -45,8 +45,8 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
 ///
 /// Every write is durable in persistent memory before its reply is sent (FLUSH and FUA are
 /// barriers with nothing left to do), so the export advertises multi-connection safety.
-/// Write payloads are received straight into persistent buffers on the receiving channel's
-/// node, which become the file's data without a second copy.
+/// Write payloads are copied with non-temporal stores into persistent buffers on the
+/// receiving channel's node, which become the file's data.
 ///
 /// Channels: one per NUMA node with CPUs (--channels to change). A channel's threads are
 /// pinned to its node's CPUs; a TCP connection goes to a channel of the node of the NIC it
