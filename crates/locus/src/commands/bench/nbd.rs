@@ -16,7 +16,9 @@ use crate::size::{format_bytes, parse_size};
 /// writes of 4 KiB, 64 KiB and 1 MiB against `locus serve`, `nbdkit memory` and `qemu-nbd`
 /// (on a tmpfs file), each over loopback TCP, in one run. Servers that are not installed are
 /// skipped with a note. Every export is filled before the read cases, so reads return data,
-/// not holes. Prints IOPS, GB/s and locus's ratio to each other server.
+/// not holes. The servers run side by side: each case runs on every server in turn, --rounds
+/// times, and the median run is reported, so a shared machine's drift hits all of them
+/// alike. Prints IOPS, GB/s and locus's ratio to each other server.
 ///
 /// locus serves a fresh volume in /dev/shm (removed afterwards), with every write durable
 /// before its reply; nbdkit's memory plugin keeps data in DRAM, qemu-nbd in the page cache
@@ -27,9 +29,13 @@ pub struct NbdBenchArgs {
     #[arg(long)]
     json: bool,
 
-    /// Seconds per case.
-    #[arg(long, default_value_t = 3.0)]
+    /// Seconds per run of a case.
+    #[arg(long, default_value_t = 2.0)]
     seconds: f64,
+
+    /// Runs of each case per server, alternating between servers; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
 
     /// Region of each export the cases touch (the exports are 1 GiB).
     #[arg(long, default_value = "256M", value_parser = parse_size)]
@@ -65,6 +71,11 @@ struct Case {
     bytes_per_sec: f64,
     latency_mean_ns: f64,
     durable: bool,
+    /// Runs this case had on this server; the figures above are the median run's.
+    rounds: u32,
+    /// The slowest and fastest runs, to show how much the machine varied.
+    bytes_per_sec_min: f64,
+    bytes_per_sec_max: f64,
 }
 
 /// A server process, stopped (SIGTERM, then SIGKILL) when dropped.
@@ -248,6 +259,7 @@ pub fn run(args: &NbdBenchArgs) -> Result<()> {
         args.seconds > 0.0 && args.seconds <= 600.0,
         "--seconds must be in (0, 600]"
     );
+    anyhow::ensure!((1..=20).contains(&args.rounds), "--rounds: 1 to 20");
     anyhow::ensure!(
         args.submit == "inline" || args.submit == "queued",
         "--submit: inline or queued"
@@ -278,39 +290,27 @@ pub fn run(args: &NbdBenchArgs) -> Result<()> {
     } else {
         eprintln!("note: qemu-nbd is not installed; skipping it (Debian: qemu-utils)");
     }
-    let mut cases = Vec::new();
+    let mut servers = Vec::new();
     for (name, start) in &starters {
         let server = start().with_context(|| format!("starting {name}"))?;
         // Fill the region once so that reads find data.
         fio(server.port, "write", 1 << 20, args.size, args.iodepth, None)
             .with_context(|| format!("filling {name}'s export"))?;
-        for &bs in &args.bs {
-            for op in ["randread", "randwrite"] {
-                let doc = fio(
-                    server.port,
-                    op,
-                    bs,
-                    args.size,
-                    args.iodepth,
-                    Some(args.seconds),
-                )
-                .with_context(|| format!("{op} {bs} on {name}"))?;
-                let side = &doc["jobs"][0][if op == "randread" { "read" } else { "write" }];
-                cases.push(Case {
-                    suite: "nbd",
-                    engine: server.engine,
-                    op,
-                    bs_bytes: bs,
-                    iodepth: args.iodepth,
-                    iops: side["iops"].as_f64().unwrap_or(0.0),
-                    bytes_per_sec: side["bw_bytes"].as_f64().unwrap_or(0.0),
-                    latency_mean_ns: side["clat_ns"]["mean"].as_f64().unwrap_or(0.0),
-                    durable: server.durable,
-                });
-                if !args.json {
-                    eprint!(".");
+        servers.push(server);
+    }
+    let mut cases = Vec::new();
+    for &bs in &args.bs {
+        for op in ["randread", "randwrite"] {
+            let mut runs: Vec<Vec<Case>> = servers.iter().map(|_| Vec::new()).collect();
+            for _ in 0..args.rounds {
+                for (server, runs) in servers.iter().zip(&mut runs) {
+                    runs.push(run_case(server, op, bs, args)?);
+                    if !args.json {
+                        eprint!(".");
+                    }
                 }
             }
+            cases.extend(runs.into_iter().map(median));
         }
     }
     if args.json {
@@ -322,18 +322,63 @@ pub fn run(args: &NbdBenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// One timed fio run of `op` at `bs` against `server`.
+fn run_case(server: &Running, op: &'static str, bs: u64, args: &NbdBenchArgs) -> Result<Case> {
+    let doc = fio(
+        server.port,
+        op,
+        bs,
+        args.size,
+        args.iodepth,
+        Some(args.seconds),
+    )
+    .with_context(|| format!("{op} {bs} on {}", server.engine))?;
+    let side = &doc["jobs"][0][if op == "randread" { "read" } else { "write" }];
+    let bytes_per_sec = side["bw_bytes"].as_f64().unwrap_or(0.0);
+    Ok(Case {
+        suite: "nbd",
+        engine: server.engine,
+        op,
+        bs_bytes: bs,
+        iodepth: args.iodepth,
+        iops: side["iops"].as_f64().unwrap_or(0.0),
+        bytes_per_sec,
+        latency_mean_ns: side["clat_ns"]["mean"].as_f64().unwrap_or(0.0),
+        durable: server.durable,
+        rounds: 1,
+        bytes_per_sec_min: bytes_per_sec,
+        bytes_per_sec_max: bytes_per_sec,
+    })
+}
+
+/// The median run (by throughput; the lower middle one for an even count), with the number
+/// of runs and their range.
+fn median(mut runs: Vec<Case>) -> Case {
+    assert!(!runs.is_empty(), "a case has at least one run");
+    runs.sort_by(|a, b| a.bytes_per_sec.total_cmp(&b.bytes_per_sec));
+    let rounds = runs.len() as u32;
+    let min = runs[0].bytes_per_sec;
+    let max = runs[runs.len() - 1].bytes_per_sec;
+    let mut middle = runs.swap_remove((runs.len() - 1) / 2);
+    middle.rounds = rounds;
+    middle.bytes_per_sec_min = min;
+    middle.bytes_per_sec_max = max;
+    middle
+}
+
 fn print_table(cases: &[Case], args: &NbdBenchArgs) {
     println!(
-        "fio nbd engine, 1 job, queue depth {}, loopback TCP, {} region, {} s per case; locus \
-         submission {}",
+        "fio nbd engine, 1 job, queue depth {}, loopback TCP, {} region; median of {} runs of \
+         {} s per case and server, servers taking turns; locus submission {}",
         args.iodepth,
         format_bytes(args.size),
+        args.rounds,
         args.seconds,
         args.submit
     );
     println!(
-        "{:<10} {:>6} {:<14} {:>10} {:>8} {:>9} {:>9} {:>11}",
-        "op", "bs", "engine", "IOPS", "GB/s", "mean us", "durable", "locus vs"
+        "{:<10} {:>6} {:<14} {:>10} {:>8} {:>13} {:>9} {:>9} {:>11}",
+        "op", "bs", "engine", "IOPS", "GB/s", "GB/s range", "mean us", "durable", "locus vs"
     );
     for case in cases {
         let locus = cases
@@ -346,12 +391,17 @@ fn print_table(cases: &[Case], args: &NbdBenchArgs) {
             _ => String::new(),
         };
         println!(
-            "{:<10} {:>6} {:<14} {:>10.0} {:>8.2} {:>9.1} {:>9} {:>11}",
+            "{:<10} {:>6} {:<14} {:>10.0} {:>8.2} {:>13} {:>9.1} {:>9} {:>11}",
             case.op,
             super::short_size(case.bs_bytes),
             case.engine,
             case.iops,
             case.bytes_per_sec / 1e9,
+            format!(
+                "{:.2}-{:.2}",
+                case.bytes_per_sec_min / 1e9,
+                case.bytes_per_sec_max / 1e9
+            ),
             case.latency_mean_ns / 1000.0,
             if case.durable { "yes" } else { "no" },
             ratio,
