@@ -20,11 +20,20 @@ use std::time::Duration;
 use volume::Extent;
 
 use crate::error::{FsError, Result};
-use crate::extent_map::{BLOCK, Run};
+use crate::extent_map::{BLOCK, ExtentMap, Run};
 use crate::fs::{CheckpointMode, Inner, Pending, Slot, now_ns};
 use crate::journal::{Kind, MAX_RECORD, MapEntry, MetaOp};
 use crate::range_lock::LockMode;
-use crate::snapshot::{InodeImage, Snapshot};
+use crate::snapshot::{InodeImage, Snapshot, SnapshotIndex};
+
+/// Whole-block runs of a record at least this long are remapped into the file; shorter
+/// ones are copied into the file's existing blocks (remapped only into holes). Remapping
+/// 4 KiB overwrites one by one left a randomly written file with an extent per block — a
+/// snapshot of ~20 bytes per 4 KiB, which needs one contiguous extent — and a free for
+/// every write; a 4 KiB non-temporal copy costs about as much as the remap's bookkeeping.
+/// Runs of 64 KiB or more keep the copy-free remap, and bound a file's extents by its size
+/// over 64 KiB.
+pub(crate) const REMAP_MIN_BLOCKS: u64 = 16;
 
 /// A batch this large is taken again at once; a smaller one waits [`GATHER_WAIT`] (or a
 /// writer's wake-up at this many queued records) for more.
@@ -306,17 +315,35 @@ fn apply_record(inner: &Inner, record: &Pending, work: &mut Work) -> Result<()> 
             let src = piece.src + (pos - piece.start);
             if pos == block_start && piece.end - pos >= BLOCK && src.is_multiple_of(BLOCK) {
                 let blocks = (piece.end - pos) / BLOCK;
-                work.freed.extend(extents.map(block, blocks, src));
-                for i in 0..blocks {
-                    record.set.take_page(src + i * BLOCK);
+                if blocks >= REMAP_MIN_BLOCKS {
+                    remap(inode.ino, &mut extents, record, block, blocks, src, work);
+                } else {
+                    // Few whole blocks: copied into the blocks the file has, so that small
+                    // overwrites neither fragment its extent map nor churn the allocator;
+                    // remapped only where the file has a hole.
+                    let mut i = 0;
+                    while i < blocks {
+                        if let Some(target) = extents.get(block + i) {
+                            inner.copy_pmem(src + i * BLOCK, target, BLOCK)?;
+                            work.copied += BLOCK;
+                            i += 1;
+                            continue;
+                        }
+                        let holes = (i..blocks)
+                            .take_while(|&j| extents.get(block + j).is_none())
+                            .count() as u64;
+                        remap(
+                            inode.ino,
+                            &mut extents,
+                            record,
+                            block + i,
+                            holes,
+                            src + i * BLOCK,
+                            work,
+                        );
+                        i += holes;
+                    }
                 }
-                work.maps.push(MapEntry {
-                    ino: inode.ino,
-                    file_block: block,
-                    blocks,
-                    addr: src,
-                });
-                work.remapped += blocks;
                 pos += blocks * BLOCK;
                 continue;
             }
@@ -325,10 +352,7 @@ fn apply_record(inner: &Inner, record: &Pending, work: &mut Work) -> Result<()> 
             let len = (to - pos) as usize;
             match extents.get(block) {
                 Some(target) => {
-                    let mut bytes = vec![0u8; len];
-                    inner.read_pmem(src, &mut bytes)?;
-                    let (region, at) = inner.region_at(target + within as u64)?;
-                    region.write_nt(at, &bytes)?;
+                    inner.copy_pmem(src, target + within as u64, len as u64)?;
                     work.copied += len as u64;
                 }
                 None => {
@@ -359,6 +383,30 @@ fn apply_record(inner: &Inner, record: &Pending, work: &mut Work) -> Result<()> 
     entry.0 = entry.0.max(end);
     entry.1 = now_ns();
     Ok(())
+}
+
+/// Makes `blocks` whole blocks of a record's buffer at `src` the file's blocks from `block`
+/// on (no copy); the blocks they replace are freed once the batch is committed.
+fn remap(
+    ino: u64,
+    extents: &mut ExtentMap,
+    record: &Pending,
+    block: u64,
+    blocks: u64,
+    src: u64,
+    work: &mut Work,
+) {
+    work.freed.extend(extents.map(block, blocks, src));
+    for i in 0..blocks {
+        record.set.take_page(src + i * BLOCK);
+    }
+    work.maps.push(MapEntry {
+        ino,
+        file_block: block,
+        blocks,
+        addr: src,
+    });
+    work.remapped += blocks;
 }
 
 /// Writes the whole metadata to a fresh extent, names it in a new root (a new epoch), and
@@ -412,10 +460,10 @@ pub(crate) fn snapshot(inner: &Inner) -> Result<()> {
         inodes,
     };
     let bytes = image.encode();
-    let extent = inner.volume.alloc_local(bytes.len() as u64)?;
-    let (region, at) = inner.region_at(extent.start.raw())?;
-    region.write_nt(at, &bytes)?;
-    region.fence();
+    let written = write_snapshot(inner, &bytes)?;
+    if let Some(region) = inner.devices.first() {
+        region.fence();
+    }
     let old = Extent {
         start: volume::GlobalAddress::from_raw(root.snapshot_addr),
         len_bytes: root.snapshot_len.next_multiple_of(BLOCK),
@@ -423,21 +471,126 @@ pub(crate) fn snapshot(inner: &Inner) -> Result<()> {
     let mut next = root.clone();
     next.generation += 1;
     next.epoch += 1;
-    next.snapshot_addr = extent.start.raw();
-    next.snapshot_len = bytes.len() as u64;
+    next.snapshot_addr = written.named.start.raw();
+    next.snapshot_len = written.named_len;
     next.write(&inner.owner)?;
     for slot in created_slots(inner) {
         slot.journal.lock().expect("journal").reset(next.epoch)?;
     }
     *root = next;
     drop(root);
+    let old_pieces = std::mem::replace(
+        &mut *inner.snapshot_pieces.lock().expect("snapshot pieces"),
+        written.pieces,
+    );
     inner.volume.free(old)?;
+    for piece in old_pieces {
+        inner.volume.free(piece)?;
+    }
     inner.counters.metadata_bytes.fetch_add(
-        bytes.len() as u64 + crate::root::ROOT_BYTES,
+        written.named_len + written.pieces_bytes + crate::root::ROOT_BYTES,
         Ordering::Relaxed,
     );
     inner.counters.snapshots.fetch_add(1, Ordering::Relaxed);
     Ok(())
+}
+
+/// Where a snapshot went: the extent the root names (the snapshot, or an index of its
+/// pieces) and its length, and the pieces.
+struct Written {
+    named: Extent,
+    named_len: u64,
+    pieces: Vec<Extent>,
+    pieces_bytes: u64,
+}
+
+/// Writes a snapshot's bytes (non-temporal; durable at the caller's fence) into one fresh
+/// extent, or — when free memory is left only in smaller pieces, as after many small
+/// frees — into as few pieces as it can get, named by an index. A snapshot that cannot be
+/// placed must not stop the file system for want of one contiguous extent.
+fn write_snapshot(inner: &Inner, bytes: &[u8]) -> Result<Written> {
+    let len = bytes.len() as u64;
+    match inner.volume.alloc_local(len) {
+        Ok(extent) => {
+            let (region, at) = inner.region_at(extent.start.raw())?;
+            region.write_nt(at, bytes)?;
+            return Ok(Written {
+                named: extent,
+                named_len: len,
+                pieces: Vec::new(),
+                pieces_bytes: 0,
+            });
+        }
+        Err(volume::VolumeError::NoSpace { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let mut pieces: Vec<Extent> = Vec::new();
+    let give_back = |pieces: &[Extent]| {
+        for &piece in pieces {
+            if let Err(e) = inner.volume.free(piece) {
+                tracing::error!(error = %e, "returning a snapshot piece failed");
+            }
+        }
+    };
+    let mut placed = 0u64;
+    let mut want = len.next_multiple_of(BLOCK) / 2;
+    while placed < len {
+        let left = (len - placed).next_multiple_of(BLOCK);
+        let size = want.clamp(BLOCK, left).next_multiple_of(BLOCK);
+        match inner.volume.alloc_local(size) {
+            Ok(piece) if pieces.len() < crate::snapshot::MAX_PIECES as usize => {
+                let used = size.min(len - placed);
+                let (region, at) = inner.region_at(piece.start.raw())?;
+                region.write_nt(at, &bytes[placed as usize..(placed + used) as usize])?;
+                placed += used;
+                pieces.push(piece);
+            }
+            Ok(piece) => {
+                give_back(&[piece]);
+                give_back(&pieces);
+                return Err(FsError::Volume(volume::VolumeError::NoSpace {
+                    len_bytes: len,
+                }));
+            }
+            Err(volume::VolumeError::NoSpace { .. }) if size > BLOCK => want = size / 2,
+            Err(e) => {
+                give_back(&pieces);
+                return Err(e.into());
+            }
+        }
+    }
+    let index = SnapshotIndex {
+        total: len,
+        pieces: pieces
+            .iter()
+            .scan(0u64, |placed, piece| {
+                let used = piece.len_bytes.min(len - *placed);
+                *placed += used;
+                Some((piece.start.raw(), used))
+            })
+            .collect(),
+    }
+    .encode();
+    let named = match inner.volume.alloc_local(index.len() as u64) {
+        Ok(extent) => extent,
+        Err(e) => {
+            give_back(&pieces);
+            return Err(e.into());
+        }
+    };
+    let (region, at) = inner.region_at(named.start.raw())?;
+    region.write_nt(at, &index)?;
+    tracing::info!(
+        bytes = len,
+        pieces = pieces.len(),
+        "snapshot written in pieces: no single free extent could hold it"
+    );
+    Ok(Written {
+        named,
+        named_len: index.len() as u64,
+        pieces,
+        pieces_bytes: len,
+    })
 }
 
 /// Stops the checkpoint thread after it has moved everything and written a final snapshot.

@@ -246,6 +246,9 @@ pub(crate) struct Inner {
     pub(crate) devices: Vec<Region>,
     pub(crate) owner: Region,
     pub(crate) root: Mutex<Root>,
+    /// The pieces of the current snapshot when the root names an index (else empty); freed
+    /// with it when the next snapshot is durable.
+    pub(crate) snapshot_pieces: Mutex<Vec<Extent>>,
     pub(crate) options: FsOptions,
     pub(crate) inodes: RwLock<HashMap<u64, Arc<Inode>>>,
     pub(crate) next_ino: AtomicU64,
@@ -427,6 +430,17 @@ impl Inner {
     pub(crate) fn read_pmem(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
         let (region, offset) = self.region_at(addr)?;
         region.read(offset, buf)?;
+        Ok(())
+    }
+
+    /// Copies `len` bytes of persistent memory from `src` to `dst` with non-temporal stores
+    /// (durable at the next fence); the ranges must not overlap.
+    pub(crate) fn copy_pmem(&self, src: u64, dst: u64, len: u64) -> Result<()> {
+        let (from, from_at) = self.region_at(src)?;
+        let (to, to_at) = self.region_at(dst)?;
+        Region::lend(&[(from, from_at, len)], |slices| {
+            to.write_nt(to_at, slices[0])
+        })??;
         Ok(())
     }
 

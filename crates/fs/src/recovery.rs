@@ -34,7 +34,7 @@ use crate::log::{LogArea, LogRecord};
 use crate::overlay::Overlay;
 use crate::range_lock::RangeLocks;
 use crate::root::Root;
-use crate::snapshot::{InodeImage, Snapshot};
+use crate::snapshot::{INDEX_MAGIC, InodeImage, Snapshot, SnapshotIndex};
 
 /// An inode while the logs are replayed.
 #[derive(Debug)]
@@ -74,6 +74,8 @@ pub struct FsCheck {
     pub log_bytes: u64,
     /// Volume memory the file system owns: snapshot, logs, journals, file blocks, buffers.
     pub owned_bytes: u64,
+    /// Pieces the snapshot is in: 0 when it is one extent, else how many its index names.
+    pub snapshot_pieces: u64,
 }
 
 /// What one replay step is.
@@ -188,6 +190,7 @@ impl Fs {
             log_records: loaded.live.len() as u64,
             log_bytes: loaded.live.iter().map(|(_, r)| r.length).sum(),
             owned_bytes: loaded.owned.iter().map(|o| o.1).sum(),
+            snapshot_pieces: loaded.snapshot_pieces.len() as u64,
         })
     }
 
@@ -206,6 +209,7 @@ impl Fs {
             live,
             owned,
             buffer_runs,
+            snapshot_pieces,
             ..
         } = load(&volume)?;
         volume.mark_owned(owned.iter().map(|&(start, len, _)| extent_of(start, len)))?;
@@ -262,6 +266,7 @@ impl Fs {
             devices,
             owner,
             root: Mutex::new(root),
+            snapshot_pieces: Mutex::new(snapshot_pieces),
             options,
             inodes: RwLock::new(table),
             next_ino: AtomicU64::new(next_ino),
@@ -307,6 +312,8 @@ struct Loaded {
     live: Vec<(u32, LogRecord)>,
     owned: Vec<(u64, u64, String)>,
     buffer_runs: Vec<(u64, u64)>,
+    /// The pieces the snapshot is in, when the root names an index (else empty).
+    snapshot_pieces: Vec<Extent>,
 }
 
 /// Reads the root, snapshot, journals and logs, replays them in DRAM and lists what the file
@@ -324,10 +331,23 @@ fn load(volume: &Volume) -> Result<Loaded> {
             ),
         ));
     }
-    // 1. The snapshot.
+    // 1. The snapshot (or an index of the pieces it is in).
     let snapshot_region = volume.region(&extent_of(root.snapshot_addr, root.snapshot_len))?;
     let mut bytes = vec![0u8; root.snapshot_len as usize];
     snapshot_region.read(0, &mut bytes)?;
+    let mut snapshot_pieces = Vec::new();
+    if bytes.len() >= 8 && bytes[..8] == INDEX_MAGIC.to_le_bytes() {
+        let index = SnapshotIndex::decode(&bytes)?;
+        let mut joined = Vec::with_capacity(index.total as usize);
+        for &(addr, len) in &index.pieces {
+            let region = volume.region(&extent_of(addr, len))?;
+            let at = joined.len();
+            joined.resize(at + len as usize, 0);
+            region.read(0, &mut joined[at..])?;
+            snapshot_pieces.push(extent_of(addr, len));
+        }
+        bytes = joined;
+    }
     let snapshot = Snapshot::decode(&bytes)?;
     if snapshot.epoch != root.epoch {
         return Err(FsError::corrupt(
@@ -426,8 +446,19 @@ fn load(volume: &Volume) -> Result<Loaded> {
     owned.push((
         root.snapshot_addr,
         root.snapshot_len.next_multiple_of(BLOCK),
-        "the snapshot".into(),
+        if snapshot_pieces.is_empty() {
+            "the snapshot".into()
+        } else {
+            "the snapshot index".into()
+        },
     ));
+    for (i, piece) in snapshot_pieces.iter().enumerate() {
+        owned.push((
+            piece.start.raw(),
+            piece.len_bytes,
+            format!("snapshot piece {i}"),
+        ));
+    }
     for (i, areas) in root.slots.iter().enumerate() {
         owned.push((
             areas.log_addr,
@@ -479,6 +510,7 @@ fn load(volume: &Volume) -> Result<Loaded> {
         live,
         owned,
         buffer_runs,
+        snapshot_pieces,
     })
 }
 

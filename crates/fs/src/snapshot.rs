@@ -12,6 +12,92 @@ pub const SNAPSHOT_MAGIC: u64 = u64::from_le_bytes(*b"LOCUSSNP");
 /// Format version.
 pub const SNAPSHOT_VERSION: u32 = 1;
 
+/// `LOCUSSNX`: a snapshot index, which the root names instead of the snapshot when no single
+/// extent could hold the snapshot (free memory left in pieces).
+pub const INDEX_MAGIC: u64 = u64::from_le_bytes(*b"LOCUSSNX");
+/// Index format version.
+pub const INDEX_VERSION: u32 = 1;
+/// Most pieces one index names.
+pub const MAX_PIECES: u32 = 1 << 16;
+
+/// Where a snapshot's bytes lie when they are in pieces: `(global address, length)` of each
+/// piece, in order; the snapshot is their concatenation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotIndex {
+    /// Length of the snapshot (the sum of the pieces).
+    pub total: u64,
+    /// The pieces, in order.
+    pub pieces: Vec<(u64, u64)>,
+}
+
+impl SnapshotIndex {
+    /// Encodes it, checksum last.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Encoder::default();
+        e.u64(INDEX_MAGIC)
+            .u32(INDEX_VERSION)
+            .u32(self.pieces.len() as u32)
+            .u64(self.total);
+        for &(addr, len) in &self.pieces {
+            e.u64(addr).u64(len);
+        }
+        let crc = crc32c::crc32c(&e.0);
+        e.u32(crc);
+        e.0
+    }
+
+    /// Decodes and checks an index; every failure names what is wrong.
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let structure = "file-system snapshot index";
+        let d = Decoder::new(bytes, structure);
+        if bytes.len() < 28 {
+            return Err(d.error(format!("{} bytes is too short", bytes.len())));
+        }
+        let (body, crc) = bytes.split_at(bytes.len() - 4);
+        let mut d = Decoder::new(body, structure);
+        if d.u64("magic")? != INDEX_MAGIC {
+            return Err(d.error("magic is not LOCUSSNX"));
+        }
+        if u32::from_le_bytes(crc.try_into().expect("4")) != crc32c::crc32c(body) {
+            return Err(d.error("crc32c mismatch"));
+        }
+        let version = d.u32("version")?;
+        if version != INDEX_VERSION {
+            return Err(d.error(format!("version {version}, expected {INDEX_VERSION}")));
+        }
+        let count = d.u32("piece count")?;
+        if count == 0 || count > MAX_PIECES {
+            return Err(d.error(format!("{count} pieces; 1..={MAX_PIECES}")));
+        }
+        let total = d.u64("total length")?;
+        if d.remaining() != count as usize * 16 {
+            return Err(d.error(format!(
+                "{} bytes of pieces for {count} pieces of 16 bytes",
+                d.remaining()
+            )));
+        }
+        let mut pieces = Vec::with_capacity(count as usize);
+        let mut sum = 0u64;
+        for i in 0..count {
+            let addr = d.u64("piece address")?;
+            let len = d.u64("piece length")?;
+            if len == 0 {
+                return Err(d.error(format!("piece {i} is empty")));
+            }
+            sum = sum
+                .checked_add(len)
+                .ok_or_else(|| d.error("piece lengths overflow"))?;
+            pieces.push((addr, len));
+        }
+        if sum != total {
+            return Err(d.error(format!(
+                "pieces add up to {sum} bytes, the index says {total}"
+            )));
+        }
+        Ok(Self { total, pieces })
+    }
+}
+
 /// One inode as a snapshot stores it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InodeImage {
@@ -222,5 +308,37 @@ mod tests {
             assert!(err.contains("file-system snapshot"), "byte {i}: {err}");
         }
         assert!(Snapshot::decode(&bytes[..bytes.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn an_index_round_trips_and_rejects_every_flipped_byte_and_bad_sums() {
+        let index = SnapshotIndex {
+            total: 12_288 + 100,
+            pieces: vec![(1 << 21, 8192), (3 << 21, 4096 + 100)],
+        };
+        let bytes = index.encode();
+        assert_eq!(SnapshotIndex::decode(&bytes).unwrap(), index);
+        for i in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0x10;
+            let err = SnapshotIndex::decode(&bad).unwrap_err().to_string();
+            assert!(err.contains("snapshot index"), "byte {i}: {err}");
+        }
+        let short = SnapshotIndex {
+            total: 5,
+            pieces: vec![(0, 4)],
+        };
+        let err = SnapshotIndex::decode(&short.encode())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("add up to 4 bytes, the index says 5"), "{err}");
+        let empty = SnapshotIndex {
+            total: 0,
+            pieces: vec![(0, 0)],
+        };
+        let err = SnapshotIndex::decode(&empty.encode())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("piece 0 is empty"), "{err}");
     }
 }

@@ -4,6 +4,8 @@
 mod common;
 
 use common::*;
+use std::sync::Arc;
+
 use fs::{Fs, FsError, Kind, OpenOptions};
 
 #[test]
@@ -135,4 +137,127 @@ fn writes_reads_truncate_and_recovery_without_unmount() {
     eprintln!("recovered with {pending} records pending at the crash");
     fs.checkpoint().unwrap();
     check(&f, &model);
+}
+
+/// With free memory left only in 4 KiB pieces, a snapshot cannot get one extent: it goes
+/// into pieces named by an index, and the file system recovers from it with every file and
+/// every later change in place.
+#[test]
+fn a_snapshot_goes_into_pieces_when_no_extent_can_hold_it() {
+    let shm = shm_volume("snapshot-pieces", 64 << 20);
+    let volume = open_volume(&shm.dir);
+    let fs = Fs::format(Arc::clone(&volume), &small_format(), small_options()).unwrap();
+    let name = |i: usize| format!("/a-file-with-a-name-long-enough-to-fill-pages-{i:04}");
+    for i in 0..400 {
+        let f = fs.create(&name(i)).unwrap();
+        f.write_at(&[i as u8; 100], 0).unwrap();
+    }
+    fs.checkpoint().unwrap();
+    // Take every free page, then give back every other one by address: no two free pages
+    // are neighbours.
+    let mut taken = Vec::new();
+    while let Ok(page) = volume.alloc_local(4096) {
+        taken.push(page);
+    }
+    assert!(taken.len() > 1000, "{} pages free", taken.len());
+    for page in taken
+        .iter()
+        .filter(|p| (p.start.raw() / 4096).is_multiple_of(2))
+    {
+        volume.free(*page).unwrap();
+    }
+    // Metadata changes until the journal fills and a snapshot is written; then stop as a
+    // crash would, so that recovery reads that snapshot.
+    let before = fs.stats().snapshots;
+    let mut changes = 0;
+    while fs.stats().snapshots == before {
+        assert!(changes < 100_000, "no snapshot after {changes} changes");
+        fs.chmod(&name(changes % 400), 0o600 + (changes % 2) as u32)
+            .unwrap();
+        changes += 1;
+    }
+    fs.chmod(&name(7), 0o640).unwrap();
+    fs.abandon();
+    drop(volume);
+
+    let check = Fs::check(&open_volume(&shm.dir)).unwrap();
+    assert!(
+        check.snapshot_pieces > 1,
+        "the snapshot should be in pieces: {check:?}"
+    );
+    assert_eq!(check.files, 400);
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    for i in [0, 1, 199, 399] {
+        let f = fs.open_read(&name(i)).unwrap();
+        let mut buf = [0u8; 100];
+        assert_eq!(f.read_at(&mut buf, 0).unwrap(), 100);
+        assert_eq!(buf, [i as u8; 100], "file {i}");
+    }
+    assert_eq!(fs.stat(&name(7)).unwrap().mode & 0o777, 0o640);
+    assert_eq!(fs.readdir("/").unwrap().len(), 400);
+    fs.unmount().unwrap();
+}
+
+/// Whole-block overwrites shorter than 64 KiB are copied into the file's blocks (its extent
+/// map keeps one run); 64 KiB and longer are remapped without a copy; a short whole-block
+/// write into a hole is remapped (there is no block to copy into).
+#[test]
+fn small_overwrites_are_copied_in_place_and_large_ones_remapped() {
+    let shm = shm_volume("copy-or-remap", 128 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    let f = fs.create("/f").unwrap();
+    let mut model = vec![0u8; 4 << 20];
+    for (i, b) in model.iter_mut().enumerate() {
+        *b = (i / 4096) as u8;
+    }
+    f.write_at(&model[..1 << 20], 0).unwrap();
+    fs.checkpoint().unwrap();
+    let start = fs.stats();
+    let mapped = |fs: &Fs| fs.stats();
+    // 4 KiB and 16 KiB overwrites at block boundaries.
+    for (k, (at, len)) in [
+        (0usize, 4096usize),
+        (8192, 16384),
+        (900 << 10, 4096),
+        (4096 * 200, 60 << 10),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let data = vec![0xa0 + k as u8; len];
+        f.write_at(&data, at as u64).unwrap();
+        model[at..at + len].copy_from_slice(&data);
+    }
+    fs.checkpoint().unwrap();
+    let after_small = mapped(&fs);
+    assert_eq!(
+        after_small.remapped_blocks, start.remapped_blocks,
+        "short overwrites must not remap"
+    );
+    assert_eq!(
+        after_small.copied_bytes - start.copied_bytes,
+        (4096 + 16384 + 4096 + (60 << 10)) as u64
+    );
+    // 64 KiB overwrite: remapped; 8 KiB into a hole past the end: remapped.
+    let big = vec![0xbb; 64 << 10];
+    f.write_at(&big, 128 << 10).unwrap();
+    model[128 << 10..192 << 10].copy_from_slice(&big);
+    let tail = vec![0xcc; 8192];
+    f.write_at(&tail, 2 << 20).unwrap();
+    model[2 << 20..(2 << 20) + 8192].copy_from_slice(&tail);
+    fs.checkpoint().unwrap();
+    let after_big = mapped(&fs);
+    assert_eq!(
+        after_big.remapped_blocks - after_small.remapped_blocks,
+        16 + 2
+    );
+    assert_eq!(after_big.copied_bytes, after_small.copied_bytes);
+    let len = f.len() as usize;
+    let mut back = vec![0u8; len];
+    assert_eq!(f.read_at(&mut back, 0).unwrap(), len);
+    let mut expected = model[..len].to_vec();
+    expected[1 << 20..2 << 20].fill(0);
+    assert_eq!(back, expected);
+    drop(f);
+    fs.unmount().unwrap();
 }
