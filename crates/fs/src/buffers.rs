@@ -127,7 +127,9 @@ pub(crate) struct Placement {
 /// the checkpoint has retired every record in it (the writer waits otherwise: backpressure).
 #[derive(Debug)]
 pub(crate) struct Pool {
-    buffers: Vec<Option<(std::sync::Arc<BufferSet>, u64)>>,
+    /// Each buffer: its set, its address, its capacity (`buffer_bytes`, or less when free
+    /// memory was too fragmented for a whole one).
+    buffers: Vec<Option<(std::sync::Arc<BufferSet>, u64, u64)>>,
     current: usize,
     cursor: u64,
     buffer_bytes: u64,
@@ -154,12 +156,19 @@ impl Pool {
     /// Space for `len` bytes destined for file offset `offset`. A write holding at least one
     /// whole block is placed at the same offset within a page as in the file, so the
     /// checkpoint can remap its whole blocks; smaller writes are packed.
-    pub(crate) fn reserve(&mut self, volume: &Volume, offset: u64, len: u64) -> Result<Reserve> {
+    /// New buffers come from `alloc`.
+    pub(crate) fn reserve(
+        &mut self,
+        volume: &Volume,
+        offset: u64,
+        len: u64,
+        alloc: &dyn Fn(u64) -> Result<Extent>,
+    ) -> Result<Reserve> {
         debug_assert!(len <= self.buffer_bytes);
         let has_whole_block = offset.next_multiple_of(BLOCK) + BLOCK <= offset + len;
         loop {
             match &self.buffers[self.current] {
-                Some((set, base)) if !set.is_sealed() => {
+                Some((set, base, capacity)) if !set.is_sealed() => {
                     let at = if has_whole_block {
                         // The first position at or after the cursor with the file's in-page
                         // offset.
@@ -168,7 +177,7 @@ impl Pool {
                     } else {
                         self.cursor.next_multiple_of(64)
                     };
-                    if at + len <= self.buffer_bytes {
+                    if at + len <= *capacity {
                         self.cursor = at + len;
                         set.add_record();
                         return Ok(Reserve::Placed(Placement {
@@ -184,11 +193,22 @@ impl Pool {
                     self.cursor = 0;
                 }
                 // Sealed, with records the checkpoint has not retired yet.
-                Some((set, _)) if !set.is_reclaimed() => return Ok(Reserve::Wait),
+                Some((set, _, _)) if !set.is_reclaimed() => return Ok(Reserve::Wait),
                 _ => {
-                    let extent = volume.alloc_local(self.buffer_bytes)?;
+                    // A whole buffer if free memory has one; else the largest power-of-two
+                    // fraction of one it has, down to what this write needs.
+                    let needed = (offset % BLOCK + len).next_multiple_of(BLOCK);
+                    let mut size = self.buffer_bytes;
+                    let extent = loop {
+                        match alloc(size) {
+                            Err(crate::error::FsError::Volume(volume::VolumeError::NoSpace {
+                                ..
+                            })) if size / 2 >= needed => size = (size / 2).next_multiple_of(BLOCK),
+                            other => break other?,
+                        }
+                    };
                     let set = std::sync::Arc::new(BufferSet::new(vec![extent]));
-                    self.buffers[self.current] = Some((set, extent.start.raw()));
+                    self.buffers[self.current] = Some((set, extent.start.raw(), extent.len_bytes));
                     self.cursor = 0;
                 }
             }
@@ -197,7 +217,7 @@ impl Pool {
 
     /// Seals every buffer (at unmount): the checkpoint reclaims each when its records retire.
     pub(crate) fn seal_all(&mut self, volume: &Volume) -> Result<()> {
-        for (set, _) in self.buffers.iter_mut().flatten() {
+        for (set, _, _) in self.buffers.iter_mut().flatten() {
             if !set.is_reclaimed() && set.seal() {
                 set.reclaim(volume)?;
             }

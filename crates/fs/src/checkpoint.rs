@@ -461,6 +461,9 @@ pub(crate) fn snapshot(inner: &Inner) -> Result<()> {
     };
     let bytes = image.encode();
     let written = write_snapshot(inner, &bytes)?;
+    inner
+        .snapshot_bytes
+        .store(bytes.len() as u64, Ordering::Relaxed);
     if let Some(region) = inner.devices.first() {
         region.fence();
     }

@@ -249,6 +249,8 @@ pub(crate) struct Inner {
     /// The pieces of the current snapshot when the root names an index (else empty); freed
     /// with it when the next snapshot is durable.
     pub(crate) snapshot_pieces: Mutex<Vec<Extent>>,
+    /// Length of the current snapshot, for the writers' reserve.
+    pub(crate) snapshot_bytes: AtomicU64,
     pub(crate) options: FsOptions,
     pub(crate) inodes: RwLock<HashMap<u64, Arc<Inode>>>,
     pub(crate) next_ino: AtomicU64,
@@ -431,6 +433,52 @@ impl Inner {
         let (region, offset) = self.region_at(addr)?;
         region.read(offset, buf)?;
         Ok(())
+    }
+
+    /// Allocates `len` bytes on the calling thread's node for a writer's buffer, leaving the
+    /// checkpoint its reserve ([`Inner::reserve_bytes`]): `NoSpace`, without waiting, when
+    /// the allocation would cut into it.
+    pub(crate) fn alloc_buffer(&self, len: u64) -> Result<Extent> {
+        let needed = self.reserve_bytes() + len.next_multiple_of(BLOCK);
+        // The published figure is within 1/256 of each device of the truth: count exactly
+        // (every allocator lock) only when it is close.
+        let published = self.volume.free_bytes_published();
+        if published < needed + self.volume.data_bytes() / 128 && self.volume.free_bytes() < needed
+        {
+            return Err(FsError::Volume(volume::VolumeError::NoSpace {
+                len_bytes: len,
+            }));
+        }
+        Ok(self.volume.alloc_local(len)?)
+    }
+
+    /// Memory writers leave free for the checkpoint, which must never fail for want of it:
+    /// room for two snapshots (the next is written before the last is freed) and for fresh
+    /// pages under partial writes into holes — at least 1 MiB, and 1/512 of the volume.
+    pub(crate) fn reserve_bytes(&self) -> u64 {
+        2 * self
+            .snapshot_bytes
+            .load(Ordering::Relaxed)
+            .next_multiple_of(BLOCK)
+            + (self.volume.data_bytes() / 512).max(1 << 20)
+    }
+
+    /// Runs an allocation `f` until it succeeds or fails for a reason other than space. Out
+    /// of space while the checkpoint holds records — whose buffers, and the blocks they
+    /// replace, it frees as it moves them — the writer waits for it and tries again rather
+    /// than fail a write that will fit in a moment; `NoSpace` when nothing is left to free.
+    /// Never called with a range lock held (the checkpoint takes range locks).
+    pub(crate) fn with_space<T>(&self, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+        loop {
+            match f() {
+                Err(FsError::Volume(volume::VolumeError::NoSpace { .. }))
+                    if self.pending_records.load(Ordering::Acquire) > 0 =>
+                {
+                    self.wait_for_progress()?;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Copies `len` bytes of persistent memory from `src` to `dst` with non-temporal stores
@@ -1230,18 +1278,21 @@ impl Inner {
         let (set, addr) = if len > self.options.prelim_buffer_bytes {
             // Too large for the pool: a buffer of its own, at the file's in-page offset so
             // its whole blocks can be remapped.
-            let extent = self.volume.alloc_local(len + offset % BLOCK)?;
+            let extent = self.with_space(|| self.alloc_buffer(len + offset % BLOCK))?;
             (
                 Arc::new(BufferSet::sealed_with(vec![extent], 1)),
                 extent.start.raw() + offset % BLOCK,
             )
         } else {
             loop {
-                let reserved =
-                    slot.pool
-                        .lock()
-                        .expect("buffer pool")
-                        .reserve(&self.volume, offset, len)?;
+                let reserved = self.with_space(|| {
+                    slot.pool.lock().expect("buffer pool").reserve(
+                        &self.volume,
+                        offset,
+                        len,
+                        &|bytes| self.alloc_buffer(bytes),
+                    )
+                })?;
                 match reserved {
                     Reserve::Placed(p) => break (p.set, p.addr),
                     Reserve::Wait => self.wait_for_progress()?,
@@ -1470,7 +1521,7 @@ impl Fs {
                 "buffer of {len} bytes; 1..={MAX_IO}"
             )));
         }
-        let extent = self.inner.volume.alloc_local(len)?;
+        let extent = self.inner.with_space(|| self.inner.alloc_buffer(len))?;
         let (region, offset) = self.inner.region_at(extent.start.raw())?;
         Ok(Buffer {
             fs: self.clone(),

@@ -210,6 +210,7 @@ impl Fs {
             owned,
             buffer_runs,
             snapshot_pieces,
+            snapshot_bytes,
             ..
         } = load(&volume)?;
         volume.mark_owned(owned.iter().map(|&(start, len, _)| extent_of(start, len)))?;
@@ -267,6 +268,7 @@ impl Fs {
             owner,
             root: Mutex::new(root),
             snapshot_pieces: Mutex::new(snapshot_pieces),
+            snapshot_bytes: AtomicU64::new(snapshot_bytes),
             options,
             inodes: RwLock::new(table),
             next_ino: AtomicU64::new(next_ino),
@@ -314,6 +316,8 @@ struct Loaded {
     buffer_runs: Vec<(u64, u64)>,
     /// The pieces the snapshot is in, when the root names an index (else empty).
     snapshot_pieces: Vec<Extent>,
+    /// The snapshot's length.
+    snapshot_bytes: u64,
 }
 
 /// Reads the root, snapshot, journals and logs, replays them in DRAM and lists what the file
@@ -349,6 +353,7 @@ fn load(volume: &Volume) -> Result<Loaded> {
         bytes = joined;
     }
     let snapshot = Snapshot::decode(&bytes)?;
+    let snapshot_bytes = bytes.len() as u64;
     if snapshot.epoch != root.epoch {
         return Err(FsError::corrupt(
             "file-system snapshot",
@@ -511,6 +516,7 @@ fn load(volume: &Volume) -> Result<Loaded> {
         owned,
         buffer_runs,
         snapshot_pieces,
+        snapshot_bytes,
     })
 }
 

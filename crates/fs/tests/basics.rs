@@ -261,3 +261,78 @@ fn small_overwrites_are_copied_in_place_and_large_ones_remapped() {
     drop(f);
     fs.unmount().unwrap();
 }
+
+/// Overwrites on a nearly full volume wait for the checkpoint to free what they replace
+/// instead of failing; a write that cannot fit gets `NoSpace` (ENOSPC), and the file system
+/// goes on working and opens clean afterwards.
+#[test]
+fn a_full_volume_answers_no_space_and_keeps_working() {
+    let shm = shm_volume("full", 64 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    let f = fs.create("/big").unwrap();
+    let chunk = vec![0x5a; 1 << 20];
+    let mut written = 0u64;
+    let err = loop {
+        match f.write_at(&chunk, written) {
+            Ok(()) => written += 1 << 20,
+            Err(e) => break e,
+        }
+        assert!(written < 64 << 20, "wrote more than the volume holds");
+    };
+    assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+    assert!(written >= 40 << 20, "only {written} bytes fit");
+    // Then in 4 KiB writes, to the last page writers may have.
+    let page = vec![0x5a; 4096];
+    let err = loop {
+        match f.write_at(&page, written) {
+            Ok(()) => written += 4096,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+    // The writers left the checkpoint its reserve: a snapshot still fits.
+    let before = fs.stats().snapshots;
+    let mut changes = 0u32;
+    while fs.stats().snapshots == before {
+        assert!(changes < 100_000, "no snapshot after {changes} changes");
+        fs.chmod("/big", 0o600 + changes % 2).unwrap();
+        changes += 1;
+    }
+    // An overwrite needs room for its log buffer until the checkpoint has moved it; with
+    // none left beyond the reserve it is refused too. Give 64 KiB back.
+    let e = f.write_at(&page, 0).expect_err("no room left for a buffer");
+    assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+    written -= 64 << 10;
+    f.set_len(written).unwrap();
+    // Keep overwriting the file in 4 KiB pieces, through 64 KiB of headroom: every write
+    // must fit once the checkpoint has moved the earlier ones (copied in place) and freed
+    // their buffers, so writers wait for it when memory runs short.
+    let mut state = 12345u64;
+    let mut model = vec![0x5a_u8; written as usize];
+    for i in 0..5000u64 {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let len = 4096;
+        let at = (state >> 20) % (written - len) / 4096 * 4096;
+        let data = vec![(i % 251) as u8; len as usize];
+        // Half through a buffer of its own (as `locus serve` writes), half through the pool.
+        let done = if i % 2 == 0 {
+            fs.buffer(len).and_then(|mut buffer| {
+                buffer.write(0, &data)?;
+                f.write_buffer(buffer, at)
+            })
+        } else {
+            f.write_at(&data, at)
+        };
+        done.unwrap_or_else(|e| panic!("overwrite {i} at {at}: {e}"));
+        model[at as usize..(at + len) as usize].copy_from_slice(&data);
+    }
+    let mut back = vec![0u8; written as usize];
+    assert_eq!(f.read_at(&mut back, 0).unwrap(), written as usize);
+    assert!(back == model, "the file differs from what was written");
+    drop(f);
+    fs.unmount().unwrap();
+    let check = Fs::check(&open_volume(&shm.dir)).unwrap();
+    assert_eq!(check.file_bytes, written);
+}

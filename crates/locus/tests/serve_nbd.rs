@@ -870,6 +870,70 @@ fn a_client_that_stops_reading_stalls_only_itself() {
     assert!(server.stop().0.success());
 }
 
+/// An export larger than its volume: writes past the space get ENOSPC (not a dropped
+/// connection or a stopped file system), everything written before reads back, the server
+/// stops cleanly and the volume checks clean.
+#[test]
+fn an_export_larger_than_its_volume_answers_enospc_and_keeps_serving() {
+    if !require(&["nbdsh"]) {
+        return;
+    }
+    let dir = volume(); // 512 MiB
+    let server = Serve::start(dir.path(), &["--default-size", "1G"]);
+    let output = client("nbdsh")
+        .args(["-u", &server.uri(""), "-c", FILL_TO_ENOSPC])
+        .output()
+        .expect("run nbdsh");
+    let stdout = text(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("ENOSPC after"),
+        "{stdout}\n{}\nserver: {}",
+        text(&output.stderr),
+        server.log()
+    );
+    let mib: u64 = stdout
+        .split_whitespace()
+        .nth(2)
+        .and_then(|n| n.parse().ok())
+        .expect("MiB count");
+    assert!((400..512).contains(&mib), "{stdout}");
+    // A new connection is served as before.
+    run(
+        "nbdsh",
+        &[
+            "-u",
+            &server.uri(""),
+            "-c",
+            "assert h.pread(4096, 4096) == b'\\x42' * 4096",
+        ],
+    );
+    let (status, log) = server.stop();
+    assert!(status.success(), "{log}");
+    let fsck = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["--volume", dir.path().to_str().unwrap(), "fsck"])
+        .output()
+        .expect("run locus fsck");
+    assert!(fsck.status.success(), "{}", text(&fsck.stdout));
+}
+
+const FILL_TO_ENOSPC: &str = r#"
+import errno
+import nbd
+chunk = b'\x42' * (1 << 20)
+n = 0
+while True:
+    try:
+        h.pwrite(chunk, n << 20)
+    except nbd.Error as e:
+        # libnbd gives the errno's name.
+        assert e.errno == errno.errorcode[errno.ENOSPC], (e.errno, e.string)
+        break
+    n += 1
+    assert n < 1024, "wrote past the volume"
+assert h.pread(1 << 20, (n - 1) << 20) == chunk
+print("ENOSPC after", n, "MiB")
+"#;
+
 #[test]
 fn acknowledged_writes_survive_kill_9() {
     if !require(&["nbdsh"]) {

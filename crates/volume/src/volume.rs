@@ -519,6 +519,27 @@ impl Volume {
             .slice(PAGE_BYTES, DATA_OFFSET_BYTES - PAGE_BYTES)?)
     }
 
+    /// Free bytes over every device, as last published by the allocators: a relaxed read,
+    /// within 1/256 of each device's capacity of the truth (see [`Volume::free_bytes`]).
+    pub fn free_bytes_published(&self) -> u64 {
+        (0..self.device_count())
+            .map(|d| self.monitor.free_bytes(d))
+            .sum()
+    }
+
+    /// Free bytes over every device, exactly (takes every allocator shard's lock).
+    pub fn free_bytes(&self) -> u64 {
+        self.devices
+            .iter()
+            .map(|d| d.allocator.free_pages() * PAGE_BYTES)
+            .sum()
+    }
+
+    /// Bytes the devices hold for allocation in all (their data areas).
+    pub fn data_bytes(&self) -> u64 {
+        self.devices.iter().map(|d| d.superblock.data_bytes).sum()
+    }
+
     /// Every device's state.
     pub fn stats(&self) -> Vec<DeviceStats> {
         self.devices
