@@ -87,6 +87,11 @@ impl ExtentMap {
         self.unmap(file_block, u64::MAX)
     }
 
+    /// Removes every mapping of blocks `[from, to)` (a hole punched); returns what was mapped.
+    pub fn punch(&mut self, from: u64, to: u64) -> Vec<Run> {
+        self.unmap(from, to)
+    }
+
     /// The page of one block, or `None` for a hole.
     pub fn get(&self, file_block: u64) -> Option<u64> {
         let (_, run) = self.runs.range(..=file_block).next_back()?;

@@ -1014,6 +1014,61 @@ impl Inner {
         }
     }
 
+    fn punch_hole(self: &Arc<Self>, inode: &Arc<Inode>, offset: u64, len: u64) -> Result<()> {
+        let end = (offset + len).min(inode.size.load(Ordering::Acquire));
+        if offset >= end {
+            return Ok(());
+        }
+        let (first, last) = (offset.div_ceil(BLOCK), end / BLOCK);
+        if first >= last {
+            // Inside one block: zeros are all it takes.
+            return self.write_at(inode, &ZEROS[..(end - offset) as usize], offset);
+        }
+        // The partial blocks at the edges get zeros, as writes; they are logged before the
+        // hole's record, so replay orders them the same way.
+        if offset < first * BLOCK {
+            self.write_at(inode, &ZEROS[..(first * BLOCK - offset) as usize], offset)?;
+        }
+        if last * BLOCK < end {
+            self.write_at(inode, &ZEROS[..(end - last * BLOCK) as usize], last * BLOCK)?;
+        }
+        self.check_running()?;
+        let slot = self.slot()?;
+        loop {
+            // As truncation: no batch half done, writers and readers off the range.
+            let batch = self.batch.lock().expect("batch lock");
+            let range =
+                inode
+                    .locks
+                    .lock(first * BLOCK, (last - first) * BLOCK, LockMode::Exclusive)?;
+            let gate = self.gate.read().expect("metadata gate");
+            let time = now_ns();
+            let op = MetaOp::Punch {
+                ino: inode.ino,
+                first_block: first,
+                blocks: last - first,
+                time,
+            };
+            if self.journal(&slot, &op)? {
+                let freed = inode
+                    .extents
+                    .write()
+                    .expect("extent map")
+                    .punch(first, last);
+                inode.overlay.punch(first * BLOCK, last * BLOCK);
+                inode.attr().mtime = time;
+                drop(gate);
+                drop(range);
+                drop(batch);
+                return self.free_runs(&freed);
+            }
+            drop(gate);
+            drop(range);
+            drop(batch);
+            self.wait_for_snapshot()?;
+        }
+    }
+
     fn truncate_locked(&self, slot: &Slot, inode: &Inode, size: u64) -> Result<bool> {
         let fs = self;
         {
@@ -1696,6 +1751,16 @@ impl File {
             }
         }
         Ok(merged)
+    }
+
+    /// Makes `[offset, offset + len)` read as zeros and gives the memory of the whole blocks
+    /// inside it back to the volume (a hole, as `fallocate(PUNCH_HOLE | KEEP_SIZE)`): those
+    /// blocks are unmapped by one journal record, the partial blocks at the edges get zeros
+    /// written. The size never changes; the part of the range beyond the end is ignored.
+    pub fn punch_hole(&self, offset: u64, len: u64) -> Result<()> {
+        self.writable()?;
+        check_io(offset, len)?;
+        self.fs.inner.punch_hole(&self.inode, offset, len)
     }
 
     /// Sets the size (grow with zeros or shrink).

@@ -99,6 +99,18 @@ pub enum MetaOp {
         /// New permission bits.
         mode: u32,
     },
+    /// Whole blocks of a file unmapped (a hole punched; the size is kept); their memory is
+    /// freed, and logged writes into them that are older than this are dropped.
+    Punch {
+        /// The file.
+        ino: u64,
+        /// First block.
+        first_block: u64,
+        /// Blocks (> 0).
+        blocks: u64,
+        /// Time of the change.
+        time: u64,
+    },
     /// A checkpoint batch: blocks moved into files, sizes reached, and the data-log records
     /// that are now part of their files (retired through a sequence, per slot).
     Batch {
@@ -120,6 +132,7 @@ impl MetaOp {
             Self::Truncate { .. } => 4,
             Self::SetMode { .. } => 5,
             Self::Batch { .. } => 6,
+            Self::Punch { .. } => 7,
         }
     }
 
@@ -168,6 +181,14 @@ impl MetaOp {
             }
             Self::SetMode { ino, mode } => {
                 e.u64(*ino).u32(*mode);
+            }
+            Self::Punch {
+                ino,
+                first_block,
+                blocks,
+                time,
+            } => {
+                e.u64(*ino).u64(*first_block).u64(*blocks).u64(*time);
             }
             Self::Batch {
                 maps,
@@ -233,6 +254,23 @@ impl MetaOp {
                 ino: d.u64("ino")?,
                 mode: d.u32("mode")?,
             },
+            7 => {
+                let ino = d.u64("ino")?;
+                let first_block = d.u64("first_block")?;
+                let blocks = d.u64("blocks")?;
+                let time = d.u64("time")?;
+                if blocks == 0 || first_block.checked_add(blocks).is_none() {
+                    return Err(d.error(format!(
+                        "hole of {blocks} blocks from block {first_block} is not a range"
+                    )));
+                }
+                Self::Punch {
+                    ino,
+                    first_block,
+                    blocks,
+                    time,
+                }
+            }
             6 => {
                 let (m, s, r) = (d.u32("maps")?, d.u32("sizes")?, d.u32("retired")?);
                 if Self::batch_bytes(m as usize, s as usize, r as usize) > MAX_RECORD {

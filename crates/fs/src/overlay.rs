@@ -162,6 +162,13 @@ impl Overlay {
         }
     }
 
+    /// Drops every piece inside `[from, to)` (a hole punched), keeping the parts outside.
+    pub fn punch(&self, from: u64, to: u64) {
+        for (shard, start, end) in stretches(from, to) {
+            self.shard(shard).cut(start, end);
+        }
+    }
+
     /// True when no piece is pending.
     pub fn is_empty(&self) -> bool {
         (0..SHARDS).all(|s| self.shard(s).0.is_empty())

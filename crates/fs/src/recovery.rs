@@ -729,6 +729,23 @@ fn replay(inodes: &mut HashMap<u64, Replayed>, op: &MetaOp) -> Result<(), String
             file.size = *size;
             file.mtime = *time;
         }
+        MetaOp::Punch {
+            ino,
+            first_block,
+            blocks,
+            time,
+        } => {
+            let file = match inodes.get_mut(ino) {
+                Some(f) if f.kind == Kind::File => f,
+                _ => return Err(format!("hole punched in {ino}, which is not a file")),
+            };
+            file.extents.punch(*first_block, first_block + blocks);
+            file.overlay.punch(
+                first_block.saturating_mul(BLOCK),
+                (first_block + blocks).saturating_mul(BLOCK),
+            );
+            file.mtime = *time;
+        }
         MetaOp::SetMode { ino, mode } => {
             inodes
                 .get_mut(ino)

@@ -218,6 +218,26 @@ fn truncate_shrink_and_grow() {
 }
 
 #[test]
+fn punch_a_block_aligned_hole() {
+    // Aligned: one journal record, so the hole is all there or not at all (unaligned edges
+    // are ordinary writes before it).
+    check_op(
+        "punch hole",
+        |fs| {
+            write(fs, "/f", 0, 40_000, 1);
+            fs.checkpoint().unwrap();
+            write(fs, "/f", 8192, 12_000, 2);
+        },
+        |fs| {
+            fs.open_file("/f", fs::OpenOptions::read_write())
+                .unwrap()
+                .punch_hole(4096, 16_384)
+                .unwrap();
+        },
+    );
+}
+
+#[test]
 fn checkpoint_moves_everything_and_changes_nothing_visible() {
     // The checkpoint does not change the visible state, so here every image must equal it,
     // and the logs must have been used: check both by hand.

@@ -29,6 +29,11 @@ enum Op {
         file: usize,
         size: u64,
     },
+    Punch {
+        file: usize,
+        offset: u64,
+        len: u64,
+    },
     Unlink {
         file: usize,
     },
@@ -60,6 +65,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0usize..8, 0u64..40, prop_oneof![Just(0u64), 1u64..4096], 1u64..8, any::<u64>())
             .prop_map(|(file, block, shift, blocks, tag)| Op::WriteBuffer { file, block, shift, blocks, tag }),
         2 => (0usize..8, 0u64..250_000).prop_map(|(file, size)| Op::Truncate { file, size }),
+        2 => (0usize..8, 0u64..200_000, 1u64..60_000)
+            .prop_map(|(file, offset, len)| Op::Punch { file, offset, len }),
         1 => (0usize..8).prop_map(|file| Op::Unlink { file }),
         2 => (0usize..8, 0usize..8).prop_map(|(from, to)| Op::Rename { from, to }),
         2 => (0usize..3).prop_map(|dir| Op::Mkdir { dir }),
@@ -192,6 +199,22 @@ fn run(ops: Vec<Op>, name: &str, mode: fs::CheckpointMode) -> Result<(), TestCas
                     Some(content) => {
                         result.unwrap();
                         content.resize(*size as usize, 0);
+                    }
+                    None => prop_assert!(result.is_err()),
+                }
+            }
+            Op::Punch { file, offset, len } => {
+                let path = file_path(*file);
+                let result = fs
+                    .open_file(&path, fs::OpenOptions::read_write())
+                    .and_then(|f| f.punch_hole(*offset, *len));
+                match model.files.get_mut(&path) {
+                    Some(content) => {
+                        result.unwrap();
+                        let end = ((offset + len) as usize).min(content.len());
+                        if (*offset as usize) < end {
+                            content[*offset as usize..end].fill(0);
+                        }
                     }
                     None => prop_assert!(result.is_err()),
                 }

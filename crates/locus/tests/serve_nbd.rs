@@ -870,6 +870,74 @@ fn a_client_that_stops_reading_stalls_only_itself() {
     assert!(server.stop().0.success());
 }
 
+/// TRIM and WRITE_ZEROES (without NO_HOLE) punch holes: the range reads as zeros, block
+/// status calls it a hole, and its memory goes back to the volume (fsck counts the mapped
+/// bytes of the files afterwards).
+#[test]
+fn trim_and_write_zeroes_give_memory_back() {
+    if !require(&["nbdsh", "nbdinfo"]) {
+        return;
+    }
+    let dir = volume();
+    let server = Serve::start(dir.path(), &["--default-size", "64M"]);
+    let output = client("nbdsh")
+        .args(["-u", &server.uri(""), "-c", TRIM_AND_ZERO])
+        .output()
+        .expect("run nbdsh");
+    assert!(
+        output.status.success() && text(&output.stdout).contains("holes read as zeros"),
+        "{}\n{}\nserver: {}",
+        text(&output.stdout),
+        text(&output.stderr),
+        server.log()
+    );
+    // Block status: [8 MiB, 40 MiB) is a hole (type 3: hole, reads as zeros), the rest data.
+    let map = run("nbdinfo", &["--map", "--json", &server.uri("")]);
+    let map: serde_json::Value = serde_json::from_slice(&map.stdout).expect("map JSON");
+    let hole = map
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["offset"] == 8 << 20)
+        .unwrap_or_else(|| panic!("no extent starts at 8 MiB: {map}"));
+    assert_eq!(
+        (hole["length"].clone(), hole["type"].clone()),
+        ((32 << 20).into(), 3.into()),
+        "{map}"
+    );
+    let (status, log) = server.stop();
+    assert!(status.success(), "{log}");
+    let fsck = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["--volume", dir.path().to_str().unwrap(), "fsck", "--json"])
+        .output()
+        .expect("run locus fsck");
+    assert!(fsck.status.success(), "{}", text(&fsck.stdout));
+    let report: serde_json::Value = serde_json::from_slice(&fsck.stdout).expect("fsck JSON");
+    assert_eq!(
+        report["fs"]["mapped_bytes"],
+        (64u64 << 20) - (32 << 20) - 4096,
+        "64 MiB written, 32 MiB and one block punched: {report}"
+    );
+}
+
+const TRIM_AND_ZERO: &str = r#"
+chunk = b'\xab' * (8 << 20)
+for i in range(8):
+    h.pwrite(chunk, i << 23)
+h.trim(16 << 20, 8 << 20)            # [8, 24) MiB
+h.zero(16 << 20, 24 << 20)           # [24, 40) MiB, holes allowed
+# Not 4 KiB aligned: the block inside is freed, the edges zeroed, nothing else touched.
+at = (48 << 20) + 512
+h.trim(8192, at)
+assert h.pread(512, at - 512) == b'\xab' * 512
+assert h.pread(8192, at) == bytes(8192)
+assert h.pread(512, at + 8192) == b'\xab' * 512
+assert h.pread(1 << 20, 8 << 20) == bytes(1 << 20)
+assert h.pread(1 << 20, 39 << 20) == bytes(1 << 20)
+assert h.pread(1 << 20, 40 << 20) == b'\xab' * (1 << 20)
+print("holes read as zeros")
+"#;
+
 /// An export larger than its volume: writes past the space get ENOSPC (not a dropped
 /// connection or a stopped file system), everything written before reads back, the server
 /// stops cleanly and the volume checks clean.

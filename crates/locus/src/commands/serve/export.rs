@@ -274,28 +274,25 @@ impl Export for FsExport {
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, provision: bool) -> Result<(), ExportError> {
-        // Holes already read as zeros; only data (or, to provision, everything) is written.
-        let ranges = if provision {
-            std::iter::once(offset..offset + len).collect()
-        } else {
-            self.data_ranges(offset, len)?
-        };
+        if !provision {
+            // A hole reads as zeros and gives the memory back.
+            return self.punch(offset, len);
+        }
+        // NO_HOLE: every byte must be backed by memory, so zeros are written.
         let zeros = vec![0u8; ZERO_CHUNK.min(len as usize)];
-        for range in ranges {
-            let mut at = range.start;
-            while at < range.end {
-                let n = (range.end - at).min(zeros.len() as u64);
-                self.file
-                    .write_at(&zeros[..n as usize], at)
-                    .map_err(|e| nbd_error(&e))?;
-                at += n;
-            }
+        let (mut at, end) = (offset, offset + len);
+        while at < end {
+            let n = (end - at).min(zeros.len() as u64);
+            self.file
+                .write_at(&zeros[..n as usize], at)
+                .map_err(|e| nbd_error(&e))?;
+            at += n;
         }
         Ok(())
     }
 
     fn zeroes_fast(&self, offset: u64, len: u64, provision: bool) -> Result<bool, ExportError> {
-        // Zeroing data in memory beats receiving the zeros; provisioning holes is a write.
+        // A punched hole is one journal record; provisioning holes is a write.
         Ok(!provision || {
             let data: u64 = self
                 .data_ranges(offset, len)?
@@ -306,10 +303,10 @@ impl Export for FsExport {
         })
     }
 
-    fn trim(&self, _offset: u64, _len: u64) -> Result<(), ExportError> {
-        // The protocol lets a server ignore TRIM (the data stays readable). The file system
-        // cannot yet free a range inside a file, so nothing is freed.
-        Ok(())
+    fn trim(&self, offset: u64, len: u64) -> Result<(), ExportError> {
+        // The protocol leaves a trimmed range's contents unspecified: it becomes a hole
+        // (zeros), and its whole blocks go back to the volume.
+        self.punch(offset, len)
     }
 
     fn flush(&self) -> Result<(), ExportError> {
@@ -320,6 +317,17 @@ impl Export for FsExport {
     fn cache(&self, _offset: u64, _len: u64) -> Result<(), ExportError> {
         // The data sits on the memory bus already; there is nothing to prefetch.
         Ok(())
+    }
+}
+
+impl FsExport {
+    /// Punches a hole over `[offset, offset + len)`, unless it holds no data already (then
+    /// there is nothing to free, and no journal record is spent on it).
+    fn punch(&self, offset: u64, len: u64) -> Result<(), ExportError> {
+        if self.data_ranges(offset, len)?.is_empty() {
+            return Ok(());
+        }
+        self.file.punch_hole(offset, len).map_err(|e| nbd_error(&e))
     }
 }
 
