@@ -116,6 +116,8 @@ fn coreutils_behave_as_on_tmpfs() {
         cp $SRC $R/d/a && echo cp ok
         cat $R/d/a | md5sum
         md5sum < $R/d/a
+        cp $R/d/a $R/d/h && fallocate -p -o 5000 -l 70000 $R/d/h && md5sum < $R/d/h
+        stat -c '%s' $R/d/h && rm $R/d/h
         dd if=$SRC of=$R/d/b bs=4096 count=20 2>/dev/null && echo dd ok
         dd if=$SRC of=$R/d/b bs=1000 seek=7 skip=3 count=5 conv=notrunc 2>/dev/null
         md5sum $R/d/b | sed "s|$R|ROOT|"

@@ -711,7 +711,9 @@ pub unsafe extern "C" fn truncate(path: *const c_char, len: off_t) -> c_int {
 
 /// `fallocate` for a locus file: mode 0 grows the file to cover the range (blocks are
 /// allocated when written, so nothing is reserved); `FALLOC_FL_KEEP_SIZE` alone has nothing
-/// to do; punching holes, zeroing, collapsing and inserting ranges are `EOPNOTSUPP`.
+/// to do; `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE` punches a hole (`File::punch_hole`:
+/// the range reads as zeros, its whole blocks are freed); zeroing, collapsing and inserting
+/// ranges are `EOPNOTSUPP`, as is a punch without `KEEP_SIZE` (as in Linux).
 fn allocate(fd: c_int, mode: c_int, off: off_t, len: off_t) -> Result<(), c_int> {
     let desc = state::desc(fd)?;
     let file = match writable(&desc) {
@@ -733,6 +735,9 @@ fn allocate(fd: c_int, mode: c_int, off: off_t, len: off_t) -> Result<(), c_int>
             Ok(())
         }
         libc::FALLOC_FL_KEEP_SIZE => Ok(()),
+        m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => file
+            .punch_hole(off as u64, len as u64)
+            .map_err(|e| fs_errno(&e)),
         _ => Err(libc::EOPNOTSUPP),
     }
 }
