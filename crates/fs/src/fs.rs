@@ -1757,9 +1757,17 @@ impl File {
     /// inside it back to the volume (a hole, as `fallocate(PUNCH_HOLE | KEEP_SIZE)`): those
     /// blocks are unmapped by one journal record, the partial blocks at the edges get zeros
     /// written. The size never changes; the part of the range beyond the end is ignored.
+    /// Not bounded by [`MAX_IO`]: no data moves.
     pub fn punch_hole(&self, offset: u64, len: u64) -> Result<()> {
         self.writable()?;
-        check_io(offset, len)?;
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > MAX_FILE_SIZE)
+        {
+            return Err(FsError::Invalid(format!(
+                "{len} bytes at offset {offset} end beyond the largest file ({MAX_FILE_SIZE})"
+            )));
+        }
         self.fs.inner.punch_hole(&self.inode, offset, len)
     }
 

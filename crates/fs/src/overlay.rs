@@ -164,6 +164,14 @@ impl Overlay {
 
     /// Drops every piece inside `[from, to)` (a hole punched), keeping the parts outside.
     pub fn punch(&self, from: u64, to: u64) {
+        if to - from >= STRETCH * SHARDS as u64 {
+            // Every shard is touched: cut each once over the whole range (pieces never
+            // cross a stretch edge, so each shard holds only its own stretches).
+            for shard in 0..SHARDS {
+                self.shard(shard).cut(from, to);
+            }
+            return;
+        }
         for (shard, start, end) in stretches(from, to) {
             self.shard(shard).cut(start, end);
         }
@@ -211,6 +219,45 @@ mod tests {
         }
         overlay.truncate(STRETCH);
         assert_eq!(overlay.lookup(0, 8 * STRETCH).len(), 1);
+    }
+
+    #[test]
+    fn a_punch_keeps_what_lies_outside_it_short_or_spanning_every_shard() {
+        for (from, to) in [(5000, 9000), (100, 100 + 20 * STRETCH)] {
+            let overlay = Overlay::default();
+            // Pieces in 40 stretches, each straddling a stretch edge.
+            for i in 0..40 {
+                overlay.insert(i * STRETCH + STRETCH - 3000, 6000, (i + 1) << 32, i + 1);
+            }
+            overlay.insert(4000, 6000, 99 << 32, 99);
+            let before = overlay.lookup(0, 50 * STRETCH);
+            overlay.punch(from, to);
+            let after = overlay.lookup(0, 50 * STRETCH);
+            let bytes = |pieces: &[Piece], inside: bool| -> u64 {
+                pieces
+                    .iter()
+                    .map(|p| {
+                        let (s, e) = (p.start.max(from), p.end.min(to));
+                        let within = e.saturating_sub(s);
+                        if inside {
+                            within
+                        } else {
+                            p.end - p.start - within
+                        }
+                    })
+                    .sum()
+            };
+            assert_eq!(
+                bytes(&after, true),
+                0,
+                "punch [{from}, {to}) left bytes inside"
+            );
+            assert_eq!(
+                bytes(&after, false),
+                bytes(&before, false),
+                "[{from}, {to})"
+            );
+        }
     }
 
     proptest::proptest! {
