@@ -527,62 +527,36 @@ fn write_snapshot(inner: &Inner, bytes: &[u8]) -> Result<Written> {
         Err(volume::VolumeError::NoSpace { .. }) => {}
         Err(e) => return Err(e.into()),
     }
-    let mut pieces: Vec<Extent> = Vec::new();
-    let give_back = |pieces: &[Extent]| {
-        for &piece in pieces {
-            if let Err(e) = inner.volume.free(piece) {
-                tracing::error!(error = %e, "returning a snapshot piece failed");
-            }
+    // Each piece with the bytes of the snapshot it holds.
+    let mut pieces: Vec<(Extent, u64)> = Vec::new();
+    let named = place_in_pieces(inner, bytes, &mut pieces).and_then(|()| {
+        let index = SnapshotIndex {
+            total: len,
+            pieces: pieces
+                .iter()
+                .map(|(p, used)| (p.start.raw(), *used))
+                .collect(),
         }
-    };
-    let mut placed = 0u64;
-    let mut want = len.next_multiple_of(BLOCK) / 2;
-    while placed < len {
-        let left = (len - placed).next_multiple_of(BLOCK);
-        let size = want.clamp(BLOCK, left).next_multiple_of(BLOCK);
-        match inner.volume.alloc_local(size) {
-            Ok(piece) if pieces.len() < crate::snapshot::MAX_PIECES as usize => {
-                let used = size.min(len - placed);
-                let (region, at) = inner.region_at(piece.start.raw())?;
-                region.write_nt(at, &bytes[placed as usize..(placed + used) as usize])?;
-                placed += used;
-                pieces.push(piece);
-            }
-            Ok(piece) => {
-                give_back(&[piece]);
-                give_back(&pieces);
-                return Err(FsError::Volume(volume::VolumeError::NoSpace {
-                    len_bytes: len,
-                }));
-            }
-            Err(volume::VolumeError::NoSpace { .. }) if size > BLOCK => want = size / 2,
-            Err(e) => {
-                give_back(&pieces);
-                return Err(e.into());
-            }
-        }
-    }
-    let index = SnapshotIndex {
-        total: len,
-        pieces: pieces
-            .iter()
-            .scan(0u64, |placed, piece| {
-                let used = piece.len_bytes.min(len - *placed);
-                *placed += used;
-                Some((piece.start.raw(), used))
-            })
-            .collect(),
-    }
-    .encode();
-    let named = match inner.volume.alloc_local(index.len() as u64) {
-        Ok(extent) => extent,
+        .encode();
+        let named = inner.volume.alloc_local(index.len() as u64)?;
+        // Given back with the pieces if writing it fails.
+        pieces.push((named, 0));
+        let (region, at) = inner.region_at(named.start.raw())?;
+        region.write_nt(at, &index)?;
+        pieces.pop();
+        Ok((named, index.len() as u64))
+    });
+    let (named, named_len) = match named {
+        Ok(named) => named,
         Err(e) => {
-            give_back(&pieces);
-            return Err(e.into());
+            for (piece, _) in pieces {
+                if let Err(e) = inner.volume.free(piece) {
+                    tracing::error!(error = %e, "returning a snapshot piece failed");
+                }
+            }
+            return Err(e);
         }
     };
-    let (region, at) = inner.region_at(named.start.raw())?;
-    region.write_nt(at, &index)?;
     tracing::info!(
         bytes = len,
         pieces = pieces.len(),
@@ -590,10 +564,41 @@ fn write_snapshot(inner: &Inner, bytes: &[u8]) -> Result<Written> {
     );
     Ok(Written {
         named,
-        named_len: index.len() as u64,
-        pieces,
+        named_len,
+        pieces: pieces.into_iter().map(|(p, _)| p).collect(),
         pieces_bytes: len,
     })
+}
+
+/// Writes `bytes` into as few free extents as it can get (halving the size it asks for
+/// when none is that large), appending each to `pieces` as it is allocated — so that the
+/// caller gives them all back if this fails.
+fn place_in_pieces(inner: &Inner, bytes: &[u8], pieces: &mut Vec<(Extent, u64)>) -> Result<()> {
+    let len = bytes.len() as u64;
+    let mut placed = 0u64;
+    let mut want = len.next_multiple_of(BLOCK) / 2;
+    while placed < len {
+        if pieces.len() == crate::snapshot::MAX_PIECES as usize {
+            return Err(FsError::Volume(volume::VolumeError::NoSpace {
+                len_bytes: len,
+            }));
+        }
+        let size = want.clamp(BLOCK, (len - placed).next_multiple_of(BLOCK));
+        let piece = match inner.volume.alloc_local(size) {
+            Ok(piece) => piece,
+            Err(volume::VolumeError::NoSpace { .. }) if size > BLOCK => {
+                want = (size / 2).next_multiple_of(BLOCK);
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let used = size.min(len - placed);
+        pieces.push((piece, used));
+        let (region, at) = inner.region_at(piece.start.raw())?;
+        region.write_nt(at, &bytes[placed as usize..(placed + used) as usize])?;
+        placed += used;
+    }
+    Ok(())
 }
 
 /// Stops the checkpoint thread after it has moved everything and written a final snapshot.

@@ -227,18 +227,9 @@ impl<'a> Payload<'a> {
     }
 
     fn refill(&mut self) -> Result<(), ExportError> {
-        let filled = match self.inbox.fill(&mut *self.stream) {
-            Ok(0) => Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!(
-                    "connection closed {} bytes before the end of a payload",
-                    self.remaining
-                ),
-            )),
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
-            Err(e) => Err(e),
-        };
+        let filled = self
+            .inbox
+            .fill_within_payload(&mut *self.stream, u64::from(self.remaining));
         self.fail_on(filled)
     }
 
@@ -257,17 +248,7 @@ pub(crate) fn skip(inbox: &mut Inbox, stream: &mut dyn ReadDebug, len: u64) -> i
     let mut left = len;
     while left > 0 {
         if inbox.buffered().is_empty() {
-            match inbox.fill(stream) {
-                Ok(0) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        format!("connection closed {left} bytes before the end of a payload"),
-                    ));
-                }
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
+            inbox.fill_within_payload(stream, left)?;
         }
         let n = (inbox.buffered().len() as u64).min(left) as usize;
         inbox.consume(n);

@@ -80,6 +80,25 @@ impl Inbox {
         Ok(n)
     }
 
+    /// [`Inbox::fill`] in the middle of a payload with `left` bytes to come: the end of the
+    /// stream is an error that says so; an interrupted receive is retried by the caller's
+    /// loop (it returns with nothing added).
+    pub(crate) fn fill_within_payload(
+        &mut self,
+        stream: &mut dyn Read,
+        left: u64,
+    ) -> io::Result<()> {
+        match self.fill(stream) {
+            Ok(0) => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("connection closed {left} bytes before the end of a payload"),
+            )),
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Like [`Inbox::fill`], without waiting: `WouldBlock` when nothing has arrived.
     pub(crate) fn fill_now(&mut self, socket: &impl AsRawFd) -> io::Result<usize> {
         let space = self.make_room();
