@@ -346,6 +346,14 @@ impl Region {
         }
     }
 
+    /// Faults every page of the mapping in for writing (traced regions: nothing to do).
+    pub(crate) fn populate(&self) -> std::io::Result<()> {
+        match &self.inner.backing {
+            Backing::Mapped(mapping) => mapping.populate(),
+            Backing::Traced { .. } => Ok(()),
+        }
+    }
+
     /// Writes back the cache lines of `[offset, offset + len)`. Not ordered until `fence`.
     pub fn flush(&self, offset: u64, len: u64) -> Result<()> {
         let at = self.absolute(offset, len)?;

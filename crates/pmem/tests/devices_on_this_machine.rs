@@ -29,6 +29,8 @@ fn emulated_device_pages_land_on_its_node_and_data_survives_reopening() {
         device.mode()
     );
     assert_eq!(device.size_bytes(), 8 << 20);
+    // Placement queries see pages mapped into this process: map them all first.
+    device.prefault();
     let nodes = device.sample_page_nodes(64).unwrap();
     assert_eq!(
         nodes,

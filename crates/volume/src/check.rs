@@ -59,7 +59,7 @@ pub fn check(dir: &Path) -> Result<CheckReport> {
     let mut found: Vec<(String, Superblock)> = Vec::new();
     for device in &config.devices {
         let path = device.path.display().to_string();
-        let outcome = device.open_source(flush).and_then(|source| {
+        let outcome = device.open_source(flush, false).and_then(|source| {
             let superblock = Superblock::read(&source.region, &path)?;
             Ok((superblock, source.node))
         });

@@ -71,10 +71,18 @@ impl DeviceConfig {
         }
     }
 
-    /// Maps the existing device, as a source for opening or checking the volume.
-    pub fn open_source(&self, flush: pmem::FlushPolicy) -> Result<crate::volume::DeviceSource> {
+    /// Maps the existing device, as a source for opening or checking the volume; with
+    /// `prefault`, every page is mapped now ([`pmem::Device::prefault`]).
+    pub fn open_source(
+        &self,
+        flush: pmem::FlushPolicy,
+        prefault: bool,
+    ) -> Result<crate::volume::DeviceSource> {
         let kind = self.kind()?;
         let opened = pmem::Device::open(&self.spec(kind, flush))?;
+        if prefault {
+            opened.prefault();
+        }
         Ok(crate::volume::DeviceSource {
             label: self.path.display().to_string(),
             kind: Some(kind),

@@ -46,6 +46,9 @@ pub struct OpenOptions {
     /// Smallest allocator shard: a device is split into one shard per CPU, but no shard is
     /// smaller than this (it is also the largest extent).
     pub shard_min_bytes: u64,
+    /// Map every page of emulated devices at open ([`pmem::Device::prefault`]): for
+    /// long-running users (`locus serve`); short commands and preloaded programs skip it.
+    pub prefault: bool,
 }
 
 impl Default for OpenOptions {
@@ -55,6 +58,7 @@ impl Default for OpenOptions {
             check_interval: Some(Duration::from_secs(1)),
             probe: None,
             shard_min_bytes: 64 << 20,
+            prefault: true,
         }
     }
 }
@@ -323,7 +327,7 @@ impl Volume {
         let flush = existing.flush_policy().expect("validated");
         // Only devices whose kind was recorded at format can hold a superblock of ours.
         for device in existing.devices.iter().filter(|d| d.kind.is_some()) {
-            if let Ok(source) = device.open_source(flush)
+            if let Ok(source) = device.open_source(flush, false)
                 && Superblock::read(&source.region, &source.label).is_ok()
             {
                 return Ok(true);
@@ -342,7 +346,7 @@ impl Volume {
         let sources = config
             .devices
             .iter()
-            .map(|device| device.open_source(flush))
+            .map(|device| device.open_source(flush, options.prefault))
             .collect::<Result<Vec<_>>>()?;
         let mut volume = Self::open_devices(sources, topology, options)?;
         volume.dir = Some(dir.to_owned());

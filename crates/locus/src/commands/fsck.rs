@@ -53,7 +53,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
     };
     if report.volume.is_clean() {
         let topology = super::volume::read_topology(sysfs)?;
-        let volume = super::volume::open(dir, topology)?;
+        let volume = super::volume::open(dir, topology, false)?;
         let state = FsState::of(&volume);
         if args.repair
             && let FsState::Present(check) = &state
@@ -61,7 +61,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
             // The check marked the file system's memory owned; recovery wants a volume
             // that owns nothing yet.
             drop(volume);
-            let volume = super::volume::open(dir, super::volume::read_topology(sysfs)?)?;
+            let volume = super::volume::open(dir, super::volume::read_topology(sysfs)?, false)?;
             let fs = fs::Fs::open(Arc::new(volume), fs::FsOptions::default())
                 .context("opening the file system to repair it")?;
             fs.unmount().context("writing the repaired file system")?;

@@ -42,7 +42,7 @@ struct NodeOrder {
 }
 
 pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
-    let volume = super::volume::open_or_create_default(dir, sysfs)?;
+    let volume = super::volume::open_or_create_default(dir, sysfs, false)?;
     let orders: Vec<NodeOrder> = volume
         .topology()
         .nodes

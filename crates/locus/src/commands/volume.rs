@@ -11,7 +11,9 @@ use volume::{OpenOptions, Volume, VolumeConfig};
 
 /// Opens the volume in `dir`. With no `locus.toml` there, formats the embedded default (one
 /// emulated device per node, with an empty file system) first and says so on stderr.
-pub fn open_or_create_default(dir: &Path, sysfs: &Path) -> Result<Volume> {
+/// `prefault`: map every page of emulated devices now (for `serve`; see
+/// [`volume::OpenOptions::prefault`]).
+pub fn open_or_create_default(dir: &Path, sysfs: &Path, prefault: bool) -> Result<Volume> {
     let topology = read_topology(sysfs)?;
     if VolumeConfig::read(dir)?.is_none() {
         let config = fs::create_default_volume(dir, &topology).with_context(|| {
@@ -25,7 +27,7 @@ pub fn open_or_create_default(dir: &Path, sysfs: &Path) -> Result<Volume> {
             config.devices.len()
         );
     }
-    open(dir, topology)
+    open(dir, topology, prefault)
 }
 
 /// Reads the machine's layout.
@@ -35,8 +37,12 @@ pub fn read_topology(sysfs: &Path) -> Result<Topology> {
 }
 
 /// Opens the volume in `dir`.
-pub fn open(dir: &Path, topology: Topology) -> Result<Volume> {
-    Volume::open(dir, topology, &OpenOptions::default())
+pub fn open(dir: &Path, topology: Topology, prefault: bool) -> Result<Volume> {
+    let options = OpenOptions {
+        prefault,
+        ..OpenOptions::default()
+    };
+    Volume::open(dir, topology, &options)
         .with_context(|| format!("opening the volume at {}", dir.display()))
 }
 

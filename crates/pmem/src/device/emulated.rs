@@ -32,7 +32,6 @@ pub(super) fn create(
     )?;
     bind(&mapping, node, path)?;
     mapping::allocate(&file, size_bytes, path)?;
-    populate(&mapping, path);
     Ok((
         mapping,
         PersistenceMode::Emulated(FlushInstruction::detect()),
@@ -45,19 +44,10 @@ pub(super) fn open(path: &Path, node: Option<u32>) -> Result<(Mapping, Persisten
     let len = super::file_len(&file, path)?;
     let mapping = Mapping::new(file, super::usize_len(len, path)?, MapFlags::Shared, path)?;
     bind(&mapping, node, path)?;
-    populate(&mapping, path);
     Ok((
         mapping,
         PersistenceMode::Emulated(FlushInstruction::detect()),
     ))
-}
-
-/// Maps every page now: no faults on the data path, and placement queries see every page.
-/// Older kernels lack the call; the pages are then faulted in on first use instead.
-fn populate(mapping: &Mapping, path: &Path) {
-    if let Err(error) = mapping.populate() {
-        tracing::debug!(path = %path.display(), %error, "could not pre-fault the emulated device");
-    }
 }
 
 fn bind(mapping: &Mapping, node: Option<u32>, path: &Path) -> Result<()> {

@@ -147,7 +147,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
         }
     }
     let listeners = listeners(args)?;
-    let volume = Arc::new(super::volume::open_or_create_default(dir, sysfs)?);
+    let volume = Arc::new(super::volume::open_or_create_default(dir, sysfs, true)?);
     let topology = volume.topology().clone();
     let fs = fs::Fs::open(Arc::clone(&volume), fs::FsOptions::default()).map_err(|e| match e {
         fs::FsError::NoFileSystem => anyhow::anyhow!(
