@@ -5,7 +5,7 @@ use std::io::{self, Read};
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::inbox::{INBOX_BYTES, Inbox};
+use super::inbox::Inbox;
 use crate::consts::errno;
 
 /// A failed operation on an export: the protocol error to reply with and a message (sent to
@@ -186,15 +186,6 @@ impl<'a> Payload<'a> {
         let mut got = 0;
         while got < buf.len() {
             if self.inbox.buffered().is_empty() {
-                if buf.len() - got >= INBOX_BYTES {
-                    // A large slice is better filled directly than through the buffer.
-                    let direct = self.stream.read_exact(&mut buf[got..]);
-                    self.fail_on(direct)?;
-                    let n = buf.len() - got;
-                    self.remaining -= n as u32;
-                    self.received += n as u64;
-                    return Ok(());
-                }
                 self.refill()?;
             }
             let n = self.inbox.buffered().len().min(buf.len() - got);
