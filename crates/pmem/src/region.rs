@@ -7,9 +7,8 @@
 //! checksums, never from "not flushed yet".
 //!
 //! References into the memory are handed out only for the duration of a closure, and only
-//! to callers that own the range meanwhile (`fill_with` to receive into a buffer, `lend` to
-//! send from one); otherwise data is copied in and out, and 8-byte commit words are accessed
-//! atomically.
+//! to callers that keep stores out of the range meanwhile (`lend`, to send from it);
+//! otherwise data is copied in and out, and 8-byte commit words are accessed atomically.
 
 #![allow(
     unsafe_code,
@@ -210,43 +209,6 @@ impl Region {
             }
         }
         Ok(())
-    }
-
-    /// Lets `fill` write `[offset, offset + len)` in place (through the cache), for filling
-    /// persistent memory straight from a source such as a socket without a bounce buffer.
-    /// Not durable until flushed and fenced. The caller must own the range for the duration:
-    /// nothing else may read or store there meanwhile (file-system buffers are owned by one
-    /// handle).
-    pub fn fill_with<R>(
-        &self,
-        offset: u64,
-        len: u64,
-        fill: impl FnOnce(&mut [u8]) -> R,
-    ) -> Result<R> {
-        let at = self.absolute(offset, len)?;
-        let len = usize::try_from(len).expect("a checked range fits in memory");
-        match &self.inner.backing {
-            Backing::Mapped(mapping) => {
-                // SAFETY: `absolute` checked the range lies inside the mapping, which stays
-                // mapped while `self` holds its `Arc`; the caller owns the range, so this is
-                // the only reference to those bytes while `fill` runs.
-                let bytes = unsafe { std::slice::from_raw_parts_mut(mapping.base().add(at), len) };
-                Ok(fill(bytes))
-            }
-            Backing::Traced { state, region } => {
-                let mut bytes = vec![0u8; len];
-                state
-                    .lock()
-                    .expect("trace lock")
-                    .read(*region, at, &mut bytes);
-                let result = fill(&mut bytes);
-                state
-                    .lock()
-                    .expect("trace lock")
-                    .store(*region, at, &bytes, false);
-                Ok(result)
-            }
-        }
     }
 
     /// Lends the bytes of several ranges, each `(region, offset, len)`, to `f` as slices of
