@@ -298,14 +298,21 @@ fn apply_record(inner: &Inner, record: &Pending, work: &mut Work) -> Result<()> 
     let pieces = inode
         .overlay
         .take_record(record.offset, record.len, record.order);
+    // The size the write reached, as far as the file still has it: a later truncation
+    // (which cannot run during a batch) cut it, a punched hole or a newer write did not —
+    // even when neither left any of its bytes to move.
+    let reached = (record.offset + record.len).min(inode.size.load(Ordering::Acquire));
     if pieces.is_empty() {
+        if !inode.dead.load(Ordering::Acquire) {
+            note_size(work, inode.ino, reached);
+        }
         return Ok(());
     }
     let mut extents = inode.extents.write().expect("extent map");
     if inode.dead.load(Ordering::Acquire) {
         return Ok(());
     }
-    let mut end = 0;
+    let mut end = reached;
     for piece in pieces {
         end = end.max(piece.end);
         let mut pos = piece.start;
@@ -379,10 +386,15 @@ fn apply_record(inner: &Inner, record: &Pending, work: &mut Work) -> Result<()> 
             pos = to;
         }
     }
-    let entry = work.sizes.entry(inode.ino).or_insert((0, 0));
-    entry.0 = entry.0.max(end);
-    entry.1 = now_ns();
+    note_size(work, inode.ino, end);
     Ok(())
+}
+
+/// The batch records that file `ino` is at least `size` bytes (modified now).
+fn note_size(work: &mut Work, ino: u64, size: u64) {
+    let entry = work.sizes.entry(ino).or_insert((0, 0));
+    entry.0 = entry.0.max(size);
+    entry.1 = now_ns();
 }
 
 /// Makes `blocks` whole blocks of a record's buffer at `src` the file's blocks from `block`

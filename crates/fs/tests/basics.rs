@@ -412,3 +412,40 @@ fn punching_a_hole_frees_whole_blocks_and_orders_with_logged_writes() {
     drop(g);
     fs.unmount().unwrap();
 }
+
+/// A write that grew the file keeps the size it reached when a hole is punched over it
+/// before the checkpoint moved it (the checkpoint has none of its bytes left to move, but
+/// must still record the size), across unmount and across a crash.
+#[test]
+fn a_hole_over_a_growing_write_keeps_the_size() {
+    for crash in [false, true] {
+        let shm = shm_volume(&format!("punch-size-{crash}"), 64 << 20);
+        let lazy = fs::FsOptions {
+            checkpoint: fs::CheckpointMode::OnDemand,
+            ..small_options()
+        };
+        let fs = Fs::format(open_volume(&shm.dir), &small_format(), lazy.clone()).unwrap();
+        let f = fs.create("/f").unwrap();
+        f.write_at(&[1; 8192], 0).unwrap();
+        fs.checkpoint().unwrap();
+        // Grows the file to 40 KiB; then the hole takes every byte of it.
+        f.write_at(&[2; 32768], 8192).unwrap();
+        f.punch_hole(8192, 32768).unwrap();
+        assert_eq!(f.len(), 40960);
+        fs.checkpoint().unwrap();
+        drop(f);
+        if crash {
+            fs.abandon();
+        } else {
+            fs.unmount().unwrap();
+        }
+        let fs = Fs::open(open_volume(&shm.dir), lazy).unwrap();
+        let f = fs.open_read("/f").unwrap();
+        assert_eq!(f.len(), 40960, "crash {crash}");
+        let mut back = vec![9u8; 40960];
+        assert_eq!(f.read_at(&mut back, 0).unwrap(), 40960);
+        assert!(back[..8192].iter().all(|&b| b == 1) && back[8192..].iter().all(|&b| b == 0));
+        drop(f);
+        fs.unmount().unwrap();
+    }
+}
