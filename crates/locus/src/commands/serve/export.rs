@@ -94,6 +94,16 @@ pub struct FsExport {
     read_only: bool,
 }
 
+/// A received write payload: persistent buffers, each with its offset in the payload — one
+/// buffer, unless free memory had no single extent that large (see [`FsExport::buffers`]).
+#[derive(Debug)]
+pub struct Staged {
+    pieces: Vec<(u64, fs::Buffer)>,
+}
+
+/// Smallest piece a write payload is split into when memory is fragmented.
+const PIECE_MIN: u64 = 4096;
+
 /// Largest zero run written per call when zeroing.
 const ZERO_CHUNK: usize = 1 << 20;
 /// Zeros lent for the part of a read past the end of a file shortened behind the export.
@@ -194,7 +204,7 @@ fn nbd_error(e: &fs::FsError) -> ExportError {
 }
 
 impl Export for FsExport {
-    type Staged = fs::Buffer;
+    type Staged = Staged;
 
     fn size(&self) -> u64 {
         self.size
@@ -254,23 +264,38 @@ impl Export for FsExport {
             .map_err(|e| nbd_error(&e))
     }
 
-    fn receive(&self, payload: &mut Payload<'_>) -> Result<fs::Buffer, ExportError> {
-        let len = u64::from(payload.remaining());
-        let mut buffer = self.file.fs().buffer(len).map_err(|e| nbd_error(&e))?;
+    fn receive(&self, payload: &mut Payload<'_>) -> Result<Staged, ExportError> {
+        let mut pieces = self.buffers(u64::from(payload.remaining()))?;
         // Non-temporal copies out of the connection's cache-hot input buffer: nothing to
         // write back at commit (see the nbd server's `inbox` for the measurements).
-        payload.receive_with(|at, piece| buffer.write(at, piece).map_err(|e| nbd_error(&e)))?;
-        Ok(buffer)
+        payload.receive_with(|mut at, mut bytes| {
+            while !bytes.is_empty() {
+                let i = pieces.partition_point(|(start, _)| *start <= at) - 1;
+                let (start, buffer) = &mut pieces[i];
+                let n = (buffer.len() - (at - *start)).min(bytes.len() as u64);
+                buffer
+                    .write(at - *start, &bytes[..n as usize])
+                    .map_err(|e| nbd_error(&e))?;
+                (at, bytes) = (at + n, &bytes[n as usize..]);
+            }
+            Ok(())
+        })?;
+        Ok(Staged { pieces })
     }
 
-    fn staged_node(&self, staged: &fs::Buffer) -> Option<u32> {
-        staged.node()
+    fn staged_node(&self, staged: &Staged) -> Option<u32> {
+        staged.pieces.first().and_then(|(_, buffer)| buffer.node())
     }
 
-    fn commit(&self, staged: fs::Buffer, offset: u64) -> Result<(), ExportError> {
-        self.file
-            .write_buffer(staged, offset)
-            .map_err(|e| nbd_error(&e))
+    fn commit(&self, staged: Staged, offset: u64) -> Result<(), ExportError> {
+        // Pieces are committed in order, each atomic; NBD promises no more for a write (a
+        // crash may leave part of one that was not acknowledged).
+        for (at, buffer) in staged.pieces {
+            self.file
+                .write_buffer(buffer, offset + at)
+                .map_err(|e| nbd_error(&e))?;
+        }
+        Ok(())
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, provision: bool) -> Result<(), ExportError> {
@@ -321,6 +346,35 @@ impl Export for FsExport {
 }
 
 impl FsExport {
+    /// Persistent buffers for a payload of `len` bytes: one, or — when free memory has no
+    /// single extent that large (it fragments as blocks replaced by remapped writes are
+    /// freed) — pieces of the largest power-of-two size it has, down to 4 KiB, each starting
+    /// at a multiple of its size in the payload so whole blocks stay remappable. ENOSPC only
+    /// when not even 4 KiB is free beyond the file system's reserve.
+    fn buffers(&self, len: u64) -> Result<Vec<(u64, fs::Buffer)>, ExportError> {
+        let fs = self.file.fs();
+        match fs.buffer(len) {
+            Ok(buffer) => return Ok(vec![(0, buffer)]),
+            Err(e) if e.errno() == libc::ENOSPC && len > PIECE_MIN => {}
+            Err(e) => return Err(nbd_error(&e)),
+        }
+        let mut size = (len / 2).next_power_of_two().max(PIECE_MIN);
+        let mut pieces = Vec::new();
+        let mut at = 0;
+        while at < len {
+            let n = size.min(len - at);
+            match fs.buffer(n) {
+                Ok(buffer) => {
+                    pieces.push((at, buffer));
+                    at += n;
+                }
+                Err(e) if e.errno() == libc::ENOSPC && size > PIECE_MIN => size /= 2,
+                Err(e) => return Err(nbd_error(&e)),
+            }
+        }
+        Ok(pieces)
+    }
+
     /// Punches a hole over `[offset, offset + len)`, unless it holds no data already (then
     /// there is nothing to free, and no journal record is spent on it).
     fn punch(&self, offset: u64, len: u64) -> Result<(), ExportError> {
