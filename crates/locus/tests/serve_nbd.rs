@@ -62,6 +62,19 @@ fn run(program: &str, args: &[&str]) -> Output {
     output
 }
 
+/// Runs a Python `script` in nbdsh — connected first to `uri` when given — with `env` set.
+fn nbdsh(uri: Option<&str>, script: &str, env: &[(&str, &str)]) -> Output {
+    let mut command = client("nbdsh");
+    if let Some(uri) = uri {
+        command.args(["-u", uri]);
+    }
+    command.args(["-c", script]);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.output().expect("run nbdsh")
+}
+
 /// A volume in shared memory with an empty file system.
 fn volume() -> tempfile::TempDir {
     volume_of("512M")
@@ -536,17 +549,11 @@ fn nbdsh_negative_requests_get_the_protocols_errors_and_the_connection_stays_usa
             "ro=fs:/ro.img,ro",
         ],
     );
-    let script = dir.path().join("negative.py");
-    std::fs::write(&script, NEGATIVE).unwrap();
-    let output = client("nbdsh")
-        .args([
-            "-c",
-            &format!("exec(open({:?}).read())", script.to_str().unwrap()),
-        ])
-        .env("RW_URI", server.uri("rw"))
-        .env("RO_URI", server.uri("ro"))
-        .output()
-        .expect("run nbdsh");
+    let output = nbdsh(
+        None,
+        NEGATIVE,
+        &[("RW_URI", &server.uri("rw")), ("RO_URI", &server.uri("ro"))],
+    );
     assert!(
         output.status.success() && text(&output.stdout).contains("negative tests passed"),
         "{}\n{}\nserver: {}",
@@ -885,10 +892,7 @@ fn trim_and_write_zeroes_give_memory_back() {
     }
     let dir = volume();
     let server = Serve::start(dir.path(), &["--default-size", "64M"]);
-    let output = client("nbdsh")
-        .args(["-u", &server.uri(""), "-c", TRIM_AND_ZERO])
-        .output()
-        .expect("run nbdsh");
+    let output = nbdsh(Some(&server.uri("")), TRIM_AND_ZERO, &[]);
     assert!(
         output.status.success() && text(&output.stdout).contains("holes read as zeros"),
         "{}\n{}\nserver: {}",
@@ -954,21 +958,13 @@ fn random_writes_trims_and_zeroes_agree_with_a_model_across_kill_9() {
         return;
     }
     let dir = volume_of("96M");
-    let script = dir.path().join("model.py");
-    std::fs::write(&script, RANDOM_OPS).unwrap();
     let model = dir.path().join("model.bin");
     let run_script = |server: &Serve, mode: &str| {
-        let output = client("nbdsh")
-            .args([
-                "-u",
-                &server.uri(""),
-                "-c",
-                &format!("exec(open({:?}).read())", script.to_str().unwrap()),
-            ])
-            .env("MODEL", &model)
-            .env("MODE", mode)
-            .output()
-            .expect("run nbdsh");
+        let output = nbdsh(
+            Some(&server.uri("")),
+            RANDOM_OPS,
+            &[("MODEL", model.to_str().unwrap()), ("MODE", mode)],
+        );
         assert!(
             output.status.success(),
             "{mode}: {}\n{}\nserver: {}",
@@ -1046,10 +1042,7 @@ fn an_export_larger_than_its_volume_answers_enospc_and_keeps_serving() {
     }
     let dir = volume(); // 512 MiB
     let server = Serve::start(dir.path(), &["--default-size", "1G"]);
-    let output = client("nbdsh")
-        .args(["-u", &server.uri(""), "-c", FILL_TO_ENOSPC])
-        .output()
-        .expect("run nbdsh");
+    let output = nbdsh(Some(&server.uri("")), FILL_TO_ENOSPC, &[]);
     let stdout = text(&output.stdout);
     assert!(
         output.status.success() && stdout.contains("ENOSPC after"),
@@ -1108,17 +1101,8 @@ fn acknowledged_writes_survive_kill_9() {
     let dir = volume();
     for round in 0..2 {
         let server = Serve::start(dir.path(), &["--default-size", "16M"]);
-        let script = dir.path().join("write.py");
         let source = WRITE_ACKNOWLEDGED.replace("bytes([i])", &format!("bytes([i + {round}])"));
-        std::fs::write(&script, source).unwrap();
-        let output = client("nbdsh")
-            .args([
-                "-c",
-                &format!("exec(open({:?}).read())", script.to_str().unwrap()),
-            ])
-            .env("URI", server.uri(""))
-            .output()
-            .unwrap();
+        let output = nbdsh(None, &source, &[("URI", &server.uri(""))]);
         assert!(
             text(&output.stdout).contains("acknowledged"),
             "{}",
@@ -1127,17 +1111,8 @@ fn acknowledged_writes_survive_kill_9() {
         server.kill9();
 
         let server = Serve::start(dir.path(), &[]);
-        let check = dir.path().join("check.py");
         let source = CHECK_ACKNOWLEDGED.replace("bytes([i])", &format!("bytes([i + {round}])"));
-        std::fs::write(&check, source).unwrap();
-        let output = client("nbdsh")
-            .args([
-                "-c",
-                &format!("exec(open({:?}).read())", check.to_str().unwrap()),
-            ])
-            .env("URI", server.uri(""))
-            .output()
-            .unwrap();
+        let output = nbdsh(None, &source, &[("URI", &server.uri(""))]);
         assert!(
             text(&output.stdout).contains("all there"),
             "round {round}: {}{}",
