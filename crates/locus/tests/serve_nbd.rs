@@ -75,6 +75,17 @@ fn nbdsh(uri: Option<&str>, script: &str, env: &[(&str, &str)]) -> Output {
     command.output().expect("run nbdsh")
 }
 
+/// `locus fsck [extra]` on the volume in `dir`, which must check clean; its stdout.
+fn fsck(dir: &Path, extra: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["--volume", dir.to_str().unwrap(), "fsck"])
+        .args(extra)
+        .output()
+        .expect("run locus fsck");
+    assert!(output.status.success(), "{}", text(&output.stdout));
+    text(&output.stdout)
+}
+
 /// A volume in shared memory with an empty file system.
 fn volume() -> tempfile::TempDir {
     volume_of("512M")
@@ -373,16 +384,8 @@ fn real_clients_see_the_exports_and_move_data_intact() {
         !dir.path().join("nbd.sock").exists(),
         "the socket was left behind"
     );
-    let fsck = Command::new(env!("CARGO_BIN_EXE_locus"))
-        .args(["--volume", dir.path().to_str().unwrap(), "fsck"])
-        .output()
-        .unwrap();
-    assert!(fsck.status.success(), "{}", text(&fsck.stdout));
-    assert!(
-        text(&fsck.stdout).contains("0 logged writes"),
-        "{}",
-        text(&fsck.stdout)
-    );
+    let report = fsck(dir.path(), &[]);
+    assert!(report.contains("0 logged writes"), "{report}");
 }
 
 #[test]
@@ -916,12 +919,8 @@ fn trim_and_write_zeroes_give_memory_back() {
     );
     let (status, log) = server.stop();
     assert!(status.success(), "{log}");
-    let fsck = Command::new(env!("CARGO_BIN_EXE_locus"))
-        .args(["--volume", dir.path().to_str().unwrap(), "fsck", "--json"])
-        .output()
-        .expect("run locus fsck");
-    assert!(fsck.status.success(), "{}", text(&fsck.stdout));
-    let report: serde_json::Value = serde_json::from_slice(&fsck.stdout).expect("fsck JSON");
+    let report: serde_json::Value =
+        serde_json::from_str(&fsck(dir.path(), &["--json"])).expect("fsck JSON");
     assert_eq!(
         report["fs"]["mapped_bytes"],
         (64u64 << 20) - (32 << 20) - 4096,
@@ -981,11 +980,7 @@ fn random_writes_trims_and_zeroes_agree_with_a_model_across_kill_9() {
     assert!(run_script(&server, "check").contains("the export equals the model"));
     let (status, log) = server.stop();
     assert!(status.success(), "{log}");
-    let fsck = Command::new(env!("CARGO_BIN_EXE_locus"))
-        .args(["--volume", dir.path().to_str().unwrap(), "fsck"])
-        .output()
-        .expect("run locus fsck");
-    assert!(fsck.status.success(), "{}", text(&fsck.stdout));
+    fsck(dir.path(), &[]);
 }
 
 const RANDOM_OPS: &str = r#"
@@ -1068,11 +1063,7 @@ fn an_export_larger_than_its_volume_answers_enospc_and_keeps_serving() {
     );
     let (status, log) = server.stop();
     assert!(status.success(), "{log}");
-    let fsck = Command::new(env!("CARGO_BIN_EXE_locus"))
-        .args(["--volume", dir.path().to_str().unwrap(), "fsck"])
-        .output()
-        .expect("run locus fsck");
-    assert!(fsck.status.success(), "{}", text(&fsck.stdout));
+    fsck(dir.path(), &[]);
 }
 
 const FILL_TO_ENOSPC: &str = r#"
