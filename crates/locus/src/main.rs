@@ -4,6 +4,7 @@
 //! logging set-up and the mapping of errors to an exit status.
 
 mod commands;
+mod output;
 mod plot;
 mod size;
 
@@ -29,7 +30,7 @@ struct Cli {
         long,
         global = true,
         env = "LOCUS_VOLUME",
-        default_value = "/dev/shm/locus"
+        default_value = volume::DEFAULT_DIR
     )]
     volume: PathBuf,
 
@@ -65,13 +66,33 @@ fn main() -> ExitCode {
         Command::Sim(args) => commands::sim::run(args),
         Command::Bench(args) => commands::bench::run(&cli.sysfs, args),
     };
-    match result {
+    match result.and_then(|()| output::flush().map_err(anyhow::Error::from)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("locus: {error:#}");
-            ExitCode::FAILURE
-        }
+        Err(error) => match error.downcast_ref::<output::StdoutError>() {
+            Some(stdout) if stdout.is_closed_pipe() => ExitCode::SUCCESS,
+            _ => {
+                eprintln!("locus: {}", describe(&error));
+                ExitCode::FAILURE
+            }
+        },
     }
+}
+
+/// The error and its causes on one line, each cause once: an error whose message already
+/// quotes its source (`... (os error 20)`) is not followed by that source again.
+fn describe(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let line = cause.to_string();
+        if text.contains(&line) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&line);
+    }
+    text
 }
 
 fn init_logging() {
@@ -93,5 +114,22 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn a_cause_already_quoted_is_not_repeated() {
+        let io = std::io::Error::from_raw_os_error(20);
+        let error = anyhow::Error::new(io)
+            .context(format!(
+                "opening /x/y: {}",
+                std::io::Error::from_raw_os_error(20)
+            ))
+            .context("reading the volume");
+        assert_eq!(
+            describe(&error),
+            "reading the volume: opening /x/y: Not a directory (os error 20)"
+        );
+        let plain = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(describe(&plain), "outer: inner");
     }
 }

@@ -100,7 +100,9 @@ fn status_creates_the_embedded_default_and_says_so() {
         "{stdout}"
     );
 
+    // An empty directory made for it gets the embedded default.
     let fresh = dir.path().join("fresh");
+    std::fs::create_dir(&fresh).unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_locus"))
         .args(["--volume", fresh.to_str().unwrap(), "status", "--json"])
         .output()
@@ -112,6 +114,41 @@ fn status_creates_the_embedded_default_and_says_so() {
         text(&output.stderr)
     );
     assert!(fresh.join("locus.toml").exists());
+}
+
+#[test]
+fn a_mistyped_volume_gets_no_volume_and_nothing_is_left_behind() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let typo = dir.path().join("vlume").join("x");
+    for command in [
+        &["status"][..],
+        &["fsck"],
+        &["fsck", "--repair"],
+        &["serve"],
+    ] {
+        let output = locus(&typo, command);
+        assert_eq!(output.status.code(), Some(1), "{command:?}");
+        let stderr = text(&output.stderr);
+        assert!(
+            stderr.contains(&format!("no volume at {}", typo.display())),
+            "{command:?}: {stderr}"
+        );
+        assert!(
+            !stderr.contains("created the embedded default"),
+            "{command:?}: {stderr}"
+        );
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert!(left.is_empty(), "{command:?} left {left:?}");
+    }
+    // A path through a file is no volume either, not an I/O error.
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"x").unwrap();
+    let output = locus(&file.join("vol"), &["status"]);
+    assert!(
+        text(&output.stderr).contains("no volume at"),
+        "{}",
+        text(&output.stderr)
+    );
 }
 
 #[test]

@@ -35,7 +35,7 @@ pub(crate) struct Config {
 /// The default mount prefix.
 pub const DEFAULT_MOUNT: &str = "/locus";
 /// The default volume directory (the `locus` binary's default too).
-pub const DEFAULT_VOLUME: &str = "/dev/shm/locus";
+pub const DEFAULT_VOLUME: &str = volume::DEFAULT_DIR;
 
 static CONFIG: OnceLock<Option<Config>> = OnceLock::new();
 
@@ -149,6 +149,13 @@ fn mount() -> Result<Fs, c_int> {
         let topology = topology::Topology::read_from(&config.sysfs)
             .map_err(|e| FsError::Invalid(format!("reading the NUMA topology: {e}")))?;
         if volume::VolumeConfig::read(&config.volume)?.is_none() {
+            // Only at the default location or in an empty directory: a mistyped LOCUS_VOLUME
+            // gets ENODEV, not a new volume.
+            if !volume::may_create_default_in(&config.volume) {
+                return Err(FsError::Volume(volume::VolumeError::NoVolume {
+                    dir: config.volume.clone(),
+                }));
+            }
             let created = fs::create_default_volume(&config.volume, &topology)?;
             eprintln!(
                 "locus preload: no volume at {}; created the embedded default ({} emulated \

@@ -46,6 +46,12 @@ impl CheckReport {
 
 /// Checks the volume in `dir` (taking its lock, so nothing changes it meanwhile).
 pub fn check(dir: &Path) -> Result<CheckReport> {
+    // Nothing is created (directory, lock file) where there is no volume.
+    if VolumeConfig::read(dir)?.is_none() {
+        return Err(VolumeError::NoVolume {
+            dir: dir.to_owned(),
+        });
+    }
     let _lock = VolumeLock::acquire(dir)?;
     let config = VolumeConfig::read(dir)?.ok_or_else(|| VolumeError::NoVolume {
         dir: dir.to_owned(),

@@ -12,6 +12,8 @@ use crate::error::{Result, VolumeError};
 
 /// The name of the config file in a volume directory.
 pub const CONFIG_FILE: &str = "locus.toml";
+/// Where the embedded default volume lives when no other directory is named.
+pub const DEFAULT_DIR: &str = "/dev/shm/locus";
 /// Largest config file read (a volume has at most 256 devices).
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
@@ -92,6 +94,14 @@ impl DeviceConfig {
     }
 }
 
+/// Whether a command that finds no volume in `dir` may create the embedded default there:
+/// only at [`DEFAULT_DIR`], or in an empty directory someone made for it. A mistyped path
+/// must get "no volume there", not 1 GiB of emulated device and a lock file.
+pub fn may_create_default_in(dir: &Path) -> bool {
+    dir == Path::new(DEFAULT_DIR)
+        || std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_none())
+}
+
 impl VolumeConfig {
     /// Reads `dir/locus.toml`; `Ok(None)` when there is none.
     pub fn read(dir: &Path) -> Result<Option<Self>> {
@@ -115,7 +125,14 @@ impl VolumeConfig {
                 }
                 text
             }
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                ) =>
+            {
+                return Ok(None);
+            }
             Err(source) => {
                 return Err(VolumeError::Io {
                     path,

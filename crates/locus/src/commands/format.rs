@@ -1,5 +1,6 @@
 //! `locus format`: make devices into a new volume.
 
+use crate::output::outln;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -84,14 +85,14 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FormatArgs) -> Result<()> {
         super::volume::format_fs(dir, super::volume::read_topology(sysfs)?)?;
     }
     let written = VolumeConfig::read(dir)?.context("locus.toml vanished after format")?;
-    println!(
+    outln!(
         "formatted volume {} in {} with {} device(s):",
         volume::hex(&uuid),
         dir.display(),
         written.devices.len()
     );
     for (index, device) in written.devices.iter().enumerate() {
-        println!(
+        outln!(
             "  {index}: {} ({}, {}{})",
             device.path.display(),
             device.kind.as_deref().unwrap_or("?"),
@@ -102,9 +103,9 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FormatArgs) -> Result<()> {
         );
     }
     if args.no_fs {
-        println!("no file system (--no-fs)");
+        outln!("no file system (--no-fs)");
     } else {
-        println!("with an empty file system");
+        outln!("with an empty file system");
     }
     Ok(())
 }

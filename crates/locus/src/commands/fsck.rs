@@ -1,6 +1,7 @@
 //! `locus fsck`: check a volume and its file system, report every problem, and repair what
 //! is safe to repair.
 
+use crate::output::outln;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -74,33 +75,33 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
     }
     let fs_damaged = matches!(report.fs, Some(FsState::Damaged { .. }));
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        println!(
+        outln!(
             "volume {}: {} device(s)",
             dir.display(),
             report.volume.devices.len()
         );
         for device in &report.volume.devices {
             let index = device.index.map_or_else(|| "?".into(), |i| i.to_string());
-            println!("  {index:>3}  {}  {}", device.path, device.status);
+            outln!("  {index:>3}  {}  {}", device.path, device.status);
         }
         for warning in &report.volume.warnings {
-            println!("warning: {warning}");
+            outln!("warning: {warning}");
         }
         for problem in &report.volume.problems {
-            println!("problem: {problem}");
+            outln!("problem: {problem}");
         }
         match &report.fs {
-            Some(FsState::Damaged { error }) => println!("problem: file system: {error}"),
-            Some(state) => println!("{}", state.describe()),
-            None => println!("file system: not checked (the volume has problems)"),
+            Some(FsState::Damaged { error }) => outln!("problem: file system: {error}"),
+            Some(state) => outln!("{}", state.describe()),
+            None => outln!("file system: not checked (the volume has problems)"),
         }
         if let Some(repaired) = &report.repaired {
-            println!("repaired: {repaired}");
+            outln!("repaired: {repaired}");
         }
         if report.volume.is_clean() && !fs_damaged {
-            println!("clean");
+            outln!("clean");
         }
     }
     if !report.volume.is_clean() {

@@ -1,6 +1,7 @@
 //! `locus sim`: replay a block trace through the hybrid DRAM/NVRAM cache policies over a grid
 //! of cache sizes; or generate a synthetic trace.
 
+use crate::output::outln;
 use std::io::{BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
@@ -177,7 +178,7 @@ pub fn run(args: &SimArgs) -> Result<()> {
             writeln!(out, "{}", serde_json::to_string(&point)?)?;
         }
     } else {
-        print_table(&results);
+        print_table(&results)?;
     }
     if let Some(plot) = &args.plot {
         crate::plot::fig3(
@@ -208,8 +209,8 @@ fn read(path: &Path, args: &SimArgs) -> Result<sim::Trace> {
     )?)
 }
 
-fn print_table(results: &[GridResult]) {
-    println!(
+fn print_table(results: &[GridResult]) -> Result<()> {
+    outln!(
         "{:<6} {:>10} {:>10} {:>14} {:>12} {:>14} {:>10} {:>12}",
         "policy",
         "dram",
@@ -223,7 +224,7 @@ fn print_table(results: &[GridResult]) {
     let mut sorted: Vec<&GridResult> = results.iter().collect();
     sorted.sort_by_key(|r| (r.dram_bytes, r.nvram_bytes, r.policy));
     for r in sorted {
-        println!(
+        outln!(
             "{:<6} {:>10} {:>10} {:>14} {:>12} {:>14} {:>10} {:>12}",
             r.policy.name(),
             format_bytes(r.dram_bytes),
@@ -236,6 +237,7 @@ fn print_table(results: &[GridResult]) {
             r.final_flush,
         );
     }
+    Ok(())
 }
 
 fn generate(args: &SimArgs) -> Result<()> {

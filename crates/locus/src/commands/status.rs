@@ -1,5 +1,6 @@
 //! `locus status`: the volume's devices, where they are, how full, and how allocation goes.
 
+use crate::output::outln;
 use std::path::Path;
 
 use anyhow::Result;
@@ -65,16 +66,16 @@ pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
         fs,
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
-    println!(
+    outln!(
         "volume {} ({} device(s)), uuid {}",
         report.volume,
         report.devices.len(),
         report.uuid
     );
-    println!();
+    outln!();
     let rows: Vec<[String; 9]> = report
         .devices
         .iter()
@@ -114,25 +115,26 @@ pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
             *w = (*w).max(cell.len());
         }
     }
-    let line = |cells: Vec<&str>| {
+    let line = |cells: Vec<&str>| -> Result<()> {
         let text: Vec<String> = cells
             .iter()
             .zip(&widths)
             .map(|(c, w)| format!("{c:<w$}", w = *w))
             .collect();
-        println!("{}", text.join("  ").trim_end());
+        outln!("{}", text.join("  ").trim_end());
+        Ok(())
     };
-    line(header.to_vec());
+    line(header.to_vec())?;
     for row in &rows {
-        line(row.iter().map(String::as_str).collect());
+        line(row.iter().map(String::as_str).collect())?;
     }
-    println!();
-    println!("{}", report.fs.describe());
-    println!();
-    println!("Allocation order per node (the first non-fat device is the target):");
+    outln!();
+    outln!("{}", report.fs.describe());
+    outln!();
+    outln!("Allocation order per node (the first non-fat device is the target):");
     for order in &report.orders {
         let list: Vec<String> = order.devices.iter().map(u32::to_string).collect();
-        println!(
+        outln!(
             "  node {}: devices {}  target {}",
             order.node,
             list.join(", "),
@@ -146,8 +148,8 @@ pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
         .iter()
         .any(|d| d.kind.as_deref() == Some("emulated"))
     {
-        println!();
-        println!(
+        outln!();
+        outln!(
             "Emulated devices live in shared memory: they survive process crashes, not reboots."
         );
     }

@@ -1,5 +1,6 @@
 //! `locus topology`: the machine's NUMA layout, memory devices, NICs and latency order.
 
+use crate::output::{out, outln};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -81,9 +82,9 @@ pub fn run(sysfs: &Path, args: &TopologyArgs) -> Result<()> {
             candidate_orders,
             probe,
         };
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!(
+        out!(
             "{}",
             render(&topology, sysfs, &candidate_orders, probe.as_ref())
         );

@@ -3,19 +3,30 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use topology::Topology;
 
 use crate::size::format_bytes;
 use volume::{OpenOptions, Volume, VolumeConfig};
 
-/// Opens the volume in `dir`. With no `locus.toml` there, formats the embedded default (one
-/// emulated device per node, with an empty file system) first and says so on stderr.
+/// Opens the volume in `dir`. With no `locus.toml` there, and `dir` the default location or an
+/// empty directory ([`volume::may_create_default_in`]), formats the embedded default (one
+/// emulated device per node, with an empty file system) first and says so on stderr; anywhere
+/// else it is an error that names the directory and leaves nothing behind.
 /// `prefault`: map every page of emulated devices now (for `serve`; see
 /// [`volume::OpenOptions::prefault`]).
 pub fn open_or_create_default(dir: &Path, sysfs: &Path, prefault: bool) -> Result<Volume> {
     let topology = read_topology(sysfs)?;
     if VolumeConfig::read(dir)?.is_none() {
+        if !volume::may_create_default_in(dir) {
+            bail!(
+                "no volume at {} (no locus.toml); the embedded default is created only at {} \
+                 or in an empty directory; create one there with `locus format --volume {}`",
+                dir.display(),
+                volume::DEFAULT_DIR,
+                dir.display()
+            );
+        }
         let config = fs::create_default_volume(dir, &topology).with_context(|| {
             format!("creating the embedded default volume at {}", dir.display())
         })?;

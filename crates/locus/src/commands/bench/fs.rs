@@ -8,6 +8,7 @@
 //! the numbers are sustained ones; write amplification is bytes stored to persistent memory
 //! over bytes written by the caller, from the file system's own counters.
 
+use crate::output::outln;
 use std::fs::File as StdFile;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -370,17 +371,26 @@ fn report(cases: &[Case], args: &FsBenchArgs) -> Result<()> {
     if args.json {
         super::print_json(cases)?;
     } else {
-        println!(
+        outln!(
             "file system: locus (write_at/read_at) vs pwrite/pread on tmpfs; file {}, {} s per case",
             crate::size::format_bytes(args.size),
             args.seconds
         );
-        println!(
+        outln!(
             "{:<10} {:>5} {:>3} {:>12} {:>9} {:>12} {:>9} {:>7} {:>6} {:>6}",
-            "op", "bs", "thr", "locus IOPS", "GB/s", "tmpfs IOPS", "GB/s", "ratio", "WA", "waits"
+            "op",
+            "bs",
+            "thr",
+            "locus IOPS",
+            "GB/s",
+            "tmpfs IOPS",
+            "GB/s",
+            "ratio",
+            "WA",
+            "waits"
         );
         for (l, t) in &pairs {
-            println!(
+            outln!(
                 "{:<10} {:>5} {:>3} {:>12.0} {:>9.2} {:>12.0} {:>9.2} {:>6.2}x {:>6} {:>6}",
                 l.op,
                 bs_name(l.bs_bytes),
@@ -405,7 +415,7 @@ fn report(cases: &[Case], args: &FsBenchArgs) -> Result<()> {
                     .iter()
                     .find(|(l, _)| l.op == op && l.threads == 2 && l.bs_bytes == l1.bs_bytes)
                 {
-                    println!(
+                    outln!(
                         "  {op} {}: 2 threads / 1 thread = {:.2}x",
                         bs_name(l1.bs_bytes),
                         l2.iops / l1.iops.max(1e-9)
@@ -431,7 +441,7 @@ fn report(cases: &[Case], args: &FsBenchArgs) -> Result<()> {
             &ratios,
         )?;
         if !args.json {
-            println!("plot written to {}", path.display());
+            outln!("plot written to {}", path.display());
         }
     }
     Ok(())

@@ -7,6 +7,7 @@ pub mod sim;
 pub mod uring;
 pub mod volume;
 
+use crate::output::outln;
 use anyhow::Result;
 use clap::{Args, Subcommand};
 
@@ -30,7 +31,7 @@ enum Suite {
 /// Prints one JSON object per case, one per line (`--json` of every suite).
 fn print_json<T: serde::Serialize>(cases: &[T]) -> Result<()> {
     for case in cases {
-        println!("{}", serde_json::to_string(case)?);
+        outln!("{}", serde_json::to_string(case)?);
     }
     Ok(())
 }

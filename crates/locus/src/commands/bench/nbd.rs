@@ -1,6 +1,7 @@
 //! `locus bench nbd`: fio's nbd engine against `locus serve` and, in the same run, against
 //! `nbdkit memory` and `qemu-nbd` serving a file on tmpfs, over loopback TCP.
 
+use crate::output::outln;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -317,7 +318,7 @@ pub fn run(args: &NbdBenchArgs) -> Result<()> {
         super::print_json(&cases)?;
     } else {
         eprintln!();
-        print_table(&cases, args);
+        print_table(&cases, args)?;
     }
     Ok(())
 }
@@ -366,8 +367,8 @@ fn median(mut runs: Vec<Case>) -> Case {
     middle
 }
 
-fn print_table(cases: &[Case], args: &NbdBenchArgs) {
-    println!(
+fn print_table(cases: &[Case], args: &NbdBenchArgs) -> Result<()> {
+    outln!(
         "fio nbd engine, 1 job, queue depth {}, loopback TCP, {} region; median of {} runs of \
          {} s per case and server, servers taking turns; locus submission {}",
         args.iodepth,
@@ -376,9 +377,17 @@ fn print_table(cases: &[Case], args: &NbdBenchArgs) {
         args.seconds,
         args.submit
     );
-    println!(
+    outln!(
         "{:<10} {:>6} {:<14} {:>10} {:>8} {:>13} {:>9} {:>9} {:>11}",
-        "op", "bs", "engine", "IOPS", "GB/s", "GB/s range", "mean us", "durable", "locus vs"
+        "op",
+        "bs",
+        "engine",
+        "IOPS",
+        "GB/s",
+        "GB/s range",
+        "mean us",
+        "durable",
+        "locus vs"
     );
     for case in cases {
         let locus = cases
@@ -390,7 +399,7 @@ fn print_table(cases: &[Case], args: &NbdBenchArgs) {
             }
             _ => String::new(),
         };
-        println!(
+        outln!(
             "{:<10} {:>6} {:<14} {:>10.0} {:>8.2} {:>13} {:>9.1} {:>9} {:>11}",
             case.op,
             super::short_size(case.bs_bytes),
@@ -407,4 +416,5 @@ fn print_table(cases: &[Case], args: &NbdBenchArgs) {
             ratio,
         );
     }
+    Ok(())
 }

@@ -1,6 +1,7 @@
 //! `locus bench preload`: the same fio job on tmpfs and on locus through
 //! `liblocus_preload.so`, side by side in one run.
 
+use crate::output::outln;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -232,21 +233,27 @@ pub fn run(sysfs: &Path, args: &PreloadBenchArgs) -> Result<()> {
         super::print_json(&cases)?;
     } else {
         eprintln!();
-        print_table(&cases, args);
+        print_table(&cases, args)?;
     }
     Ok(())
 }
 
-fn print_table(cases: &[Case], args: &PreloadBenchArgs) {
-    println!(
+fn print_table(cases: &[Case], args: &PreloadBenchArgs) -> Result<()> {
+    outln!(
         "fio psync randwrite, one {} file per job, {} s per case; locus through \
          liblocus_preload.so (durable), tmpfs (not durable), tmpfs with the library loaded",
         format_bytes(args.size),
         args.seconds
     );
-    println!(
+    outln!(
         "{:>4} {:>6} {:<14} {:>10} {:>8} {:>9} {:>13}",
-        "jobs", "bs", "engine", "IOPS", "GB/s", "mean us", "locus/tmpfs"
+        "jobs",
+        "bs",
+        "engine",
+        "IOPS",
+        "GB/s",
+        "mean us",
+        "locus/tmpfs"
     );
     for case in cases {
         let ratio = if case.engine == "locus" {
@@ -261,7 +268,7 @@ fn print_table(cases: &[Case], args: &PreloadBenchArgs) {
         } else {
             String::new()
         };
-        println!(
+        outln!(
             "{:>4} {:>6} {:<14} {:>10.0} {:>8.2} {:>9.1} {:>13}",
             case.numjobs,
             super::short_size(case.bs_bytes),
@@ -272,4 +279,5 @@ fn print_table(cases: &[Case], args: &PreloadBenchArgs) {
             ratio,
         );
     }
+    Ok(())
 }

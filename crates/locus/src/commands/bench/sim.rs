@@ -4,6 +4,7 @@
 //! over 1 M blocks, zipf 0.9, 40% writes), parses it once (timed), then replays it through
 //! each policy single-threaded (timed). End-to-end rate = requests / (parse + replay).
 
+use crate::output::outln;
 use std::time::Instant;
 
 use anyhow::Result;
@@ -101,19 +102,22 @@ pub fn run(args: &SimBenchArgs) -> Result<()> {
         super::print_json(&cases)?;
         return Ok(());
     }
-    println!(
+    outln!(
         "trace: {} requests, {} distinct 4 KiB blocks, zipf 0.9, 40% writes; DRAM {} MiB, NVRAM {} MiB; one thread",
         trace.requests,
         trace.distinct_blocks,
         args.dram >> 20,
         args.nvram >> 20
     );
-    println!(
+    outln!(
         "{:<8} {:>10} {:>16} {:>26}",
-        "step", "seconds", "requests/s", "with parsing, requests/s"
+        "step",
+        "seconds",
+        "requests/s",
+        "with parsing, requests/s"
     );
     for case in &cases {
-        println!(
+        outln!(
             "{:<8} {:>10.3} {:>16.0} {:>26}",
             case.op,
             case.seconds,

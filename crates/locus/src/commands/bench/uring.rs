@@ -5,6 +5,7 @@
 //! disk I/O). Every case runs at the same queue depth for the same time; latency is measured
 //! per request from submission to completion.
 
+use crate::output::outln;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -146,7 +147,7 @@ pub fn run(args: &UringBenchArgs) -> Result<()> {
         super::print_json(&cases)?;
     } else {
         eprintln!();
-        print_table(&cases, &path, args.iodepth);
+        print_table(&cases, &path, args.iodepth)?;
     }
     Ok(())
 }
@@ -316,12 +317,12 @@ fn run_fio(
     })
 }
 
-fn print_table(cases: &[Case], path: &Path, iodepth: u32) {
-    println!(
+fn print_table(cases: &[Case], path: &Path, iodepth: u32) -> Result<()> {
+    outln!(
         "O_DIRECT random I/O on {}, queue depth {iodepth}",
         path.display()
     );
-    println!(
+    outln!(
         "{:<10} {:>6} {:<13} {:>10} {:>12} {:>11} {:>11} {:>9} {:>9} {:>9}",
         "op",
         "bs",
@@ -349,7 +350,7 @@ fn print_table(cases: &[Case], path: &Path, iodepth: u32) {
                 .filter(|&b| b > 0.0)
                 .map_or_else(|| "-".into(), |b| format!("{:.2}x", case.bytes_per_sec / b))
         };
-        println!(
+        outln!(
             "{:<10} {:>6} {:<13} {:>10.0} {:>12.1} {:>11.1} {:>11.1} {:>9} {:>9} {:>9}",
             case.op,
             super::short_size(case.bs_bytes),
@@ -363,4 +364,5 @@ fn print_table(cases: &[Case], path: &Path, iodepth: u32) {
             ratio("unregistered"),
         );
     }
+    Ok(())
 }

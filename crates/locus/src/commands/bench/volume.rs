@@ -6,6 +6,7 @@
 //! extents for its own node, then frees them, until the time is up; allocations and frees are
 //! timed separately.
 
+use crate::output::outln;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
@@ -78,17 +79,21 @@ pub fn run(sysfs: &std::path::Path, args: &VolumeBenchArgs) -> Result<()> {
     }
     if args.json {
         for case in &cases {
-            println!("{}", serde_json::to_string(case)?);
+            outln!("{}", serde_json::to_string(case)?);
         }
     } else {
-        println!(
+        outln!(
             "volume manager: {} device(s) of {} MiB, batches of {BATCH}",
             volume.device_count(),
             DEVICE_BYTES >> 20
         );
-        println!(
+        outln!(
             "{:<6} {:>8} {:>8} {:>14} {:>12}",
-            "op", "bs", "threads", "ops/s", "local share"
+            "op",
+            "bs",
+            "threads",
+            "ops/s",
+            "local share"
         );
         for case in &cases {
             let bs = if case.bs_bytes >= 1 << 20 {
@@ -96,7 +101,7 @@ pub fn run(sysfs: &std::path::Path, args: &VolumeBenchArgs) -> Result<()> {
             } else {
                 format!("{}K", case.bs_bytes >> 10)
             };
-            println!(
+            outln!(
                 "{:<6} {:>8} {:>8} {:>14.0} {:>11.1}%",
                 case.op,
                 bs,
