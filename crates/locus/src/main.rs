@@ -6,6 +6,7 @@
 mod commands;
 mod output;
 mod plot;
+mod progress;
 mod size;
 
 use std::path::PathBuf;
@@ -23,17 +24,6 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "locus", version, about, long_about, propagate_version = true)]
 struct Cli {
-    /// Directory that holds the volume: its locus.toml and, for emulated devices, their
-    /// files. The default volume lives in shared memory: it survives process crashes, not
-    /// reboots.
-    #[arg(
-        long,
-        global = true,
-        env = "LOCUS_VOLUME",
-        default_value = volume::DEFAULT_DIR
-    )]
-    volume: PathBuf,
-
     /// Read the machine's layout from this sysfs tree instead of /sys (for inspecting a
     /// copy of another machine's sysfs, and for tests).
     #[arg(long, global = true, env = "LOCUS_SYSFS", default_value = topology::LIVE_SYSFS)]
@@ -58,11 +48,11 @@ fn main() -> ExitCode {
     init_logging();
     let cli = Cli::parse();
     let result = match &cli.command {
-        Command::Serve(args) => commands::serve::run(&cli.volume, &cli.sysfs, args),
+        Command::Serve(args) => commands::serve::run(&args.volume.path, &cli.sysfs, args),
         Command::Topology(args) => commands::topology::run(&cli.sysfs, args),
-        Command::Format(args) => commands::format::run(&cli.volume, &cli.sysfs, args),
-        Command::Status(args) => commands::status::run(&cli.volume, &cli.sysfs, args),
-        Command::Fsck(args) => commands::fsck::run(&cli.volume, &cli.sysfs, args),
+        Command::Format(args) => commands::format::run(&args.volume.path, &cli.sysfs, args),
+        Command::Status(args) => commands::status::run(&args.volume.path, &cli.sysfs, args),
+        Command::Fsck(args) => commands::fsck::run(&args.volume.path, &cli.sysfs, args),
         Command::Sim(args) => commands::sim::run(args),
         Command::Bench(args) => commands::bench::run(&cli.sysfs, args),
     };

@@ -14,6 +14,27 @@ const FONT_CANDIDATES: &[&str] = &[
     "/usr/share/fonts/dejavu/DejaVuSans.ttf",
 ];
 
+/// Checks, before any work, that a plot can be written to `path`: a `.svg` or `.png` name, a
+/// font to lay text out with, and a directory that exists and takes a new file there.
+pub fn check_target(path: &Path) -> Result<()> {
+    let extension = path.extension().and_then(|e| e.to_str());
+    if !matches!(extension, Some("svg" | "png")) {
+        bail!("--plot {}: use a .svg or .png file name", path.display());
+    }
+    font_path()?;
+    let existed = path.exists();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .with_context(|| format!("--plot {}: cannot write there", path.display()))?;
+    if !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}
+
 /// The NBM paper's Fig. 3: for each policy but NVLRU, storage accesses normalised to NVLRU
 /// against NVRAM size (log scale), one line per DRAM size.
 pub fn fig3(path: &Path, results: &[GridResult], title: &str) -> Result<()> {
@@ -47,8 +68,8 @@ pub fn fig3(path: &Path, results: &[GridResult], title: &str) -> Result<()> {
     }
 }
 
-fn register_font() -> Result<()> {
-    let path = std::env::var("LOCUS_PLOT_FONT")
+fn font_path() -> Result<String> {
+    std::env::var("LOCUS_PLOT_FONT")
         .ok()
         .or_else(|| {
             FONT_CANDIDATES
@@ -56,7 +77,11 @@ fn register_font() -> Result<()> {
                 .find(|p| Path::new(p).exists())
                 .map(|p| (*p).to_owned())
         })
-        .context("plots need a TrueType font: install fonts-dejavu-core or set LOCUS_PLOT_FONT")?;
+        .context("plots need a TrueType font: install fonts-dejavu-core or set LOCUS_PLOT_FONT")
+}
+
+fn register_font() -> Result<()> {
+    let path = font_path()?;
     let bytes = std::fs::read(&path).with_context(|| format!("reading font {path}"))?;
     // plotters keeps registered fonts for the life of the process.
     let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
@@ -74,7 +99,7 @@ fn draw<B: DrawingBackend>(
 where
     B::ErrorType: 'static,
 {
-    let err = |e: DrawingAreaErrorKind<B::ErrorType>| anyhow::anyhow!("drawing the plot: {e:?}");
+    let err = |e: DrawingAreaErrorKind<B::ErrorType>| anyhow::anyhow!("drawing the plot: {e}");
     root.fill(&WHITE).map_err(err)?;
     let root = root
         .titled(
@@ -221,7 +246,7 @@ fn draw_bars<B: DrawingBackend>(
 where
     B::ErrorType: 'static,
 {
-    let err = |e: DrawingAreaErrorKind<B::ErrorType>| anyhow::anyhow!("drawing the plot: {e:?}");
+    let err = |e: DrawingAreaErrorKind<B::ErrorType>| anyhow::anyhow!("drawing the plot: {e}");
     root.fill(&WHITE).map_err(err)?;
     let y_max = values.iter().copied().fold(1.0f64, f64::max) * 1.15;
     let n = labels.len();

@@ -78,7 +78,7 @@ fn nbdsh(uri: Option<&str>, script: &str, env: &[(&str, &str)]) -> Output {
 /// `locus fsck [extra]` on the volume in `dir`, which must check clean; its stdout.
 fn fsck(dir: &Path, extra: &[&str]) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_locus"))
-        .args(["--volume", dir.to_str().unwrap(), "fsck"])
+        .args(["fsck", "--volume", dir.to_str().unwrap()])
         .args(extra)
         .output()
         .expect("run locus fsck");
@@ -95,8 +95,8 @@ fn volume() -> tempfile::TempDir {
 fn volume_of(size: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir_in("/dev/shm").expect("tempdir in /dev/shm");
     let output = Command::new(env!("CARGO_BIN_EXE_locus"))
-        .args(["--volume", dir.path().to_str().unwrap()])
-        .args(["format", &format!("--emulate={size}")])
+        .args(["format", "--volume", dir.path().to_str().unwrap()])
+        .arg(format!("--emulate={size}"))
         .output()
         .expect("run locus format");
     assert!(output.status.success(), "{}", text(&output.stderr));
@@ -115,7 +115,7 @@ impl Serve {
         let socket = volume.join("nbd.sock");
         let log = volume.join(format!("serve-{}.log", std::process::id()));
         let child = Command::new(env!("CARGO_BIN_EXE_locus"))
-            .args(["--volume", volume.to_str().unwrap(), "serve", "--unix"])
+            .args(["serve", "--volume", volume.to_str().unwrap(), "--unix"])
             .arg(&socket)
             .args(args)
             .env("RUST_LOG", "info")
@@ -1127,9 +1127,9 @@ fn libnbd_starts_the_server_by_socket_activation() {
             "--",
             "[",
             env!("CARGO_BIN_EXE_locus"),
+            "serve",
             "--volume",
             dir.path().to_str().unwrap(),
-            "serve",
             "--export",
             "act=fs:/act.img,size=2M",
             "]",
@@ -1145,7 +1145,7 @@ fn bad_exports_and_busy_addresses_fail_to_start_with_a_reason() {
     let dir = volume();
     let serve = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_locus"))
-            .args(["--volume", dir.path().to_str().unwrap(), "serve"])
+            .args(["serve", "--volume", dir.path().to_str().unwrap()])
             .args(args)
             .output()
             .unwrap()
@@ -1189,6 +1189,12 @@ fn bad_exports_and_busy_addresses_fail_to_start_with_a_reason() {
             text(&output.stderr).contains(says),
             "{args:?}: {}",
             text(&output.stderr)
+        );
+    }
+    for socket in ["/dev/shm/unused.sock", "/dev/shm/unused2.sock"] {
+        assert!(
+            !Path::new(socket).exists(),
+            "a failed start left {socket} behind"
         );
     }
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

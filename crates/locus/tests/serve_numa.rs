@@ -71,8 +71,8 @@ fn nbdcopy(from: &str, to: &str) {
 fn volume() -> tempfile::TempDir {
     let dir = tempfile::tempdir_in("/dev/shm").expect("tempdir in /dev/shm");
     let output = Command::new(locus())
-        .args(["--volume", dir.path().to_str().unwrap()])
-        .args(["format", "--emulate=32M"])
+        .args(["format", "--volume", dir.path().to_str().unwrap()])
+        .arg("--emulate=32M")
         .output()
         .expect("run locus format");
     assert!(output.status.success(), "{}", text(&output.stderr));
@@ -108,9 +108,9 @@ impl Serve {
         let log = volume.join("serve.log");
         let child = Command::new(locus())
             .args([
+                "serve",
                 "--volume",
                 volume.to_str().unwrap(),
-                "serve",
                 "--stats-json",
             ])
             .args(["--default-size", "16M"])

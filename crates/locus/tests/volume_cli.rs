@@ -8,9 +8,10 @@ use serde_json::Value;
 
 fn locus(volume: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(&args[..1])
         .arg("--volume")
         .arg(volume)
-        .args(args)
+        .args(&args[1..])
         .output()
         .expect("run locus")
 }
@@ -104,7 +105,7 @@ fn status_creates_the_embedded_default_and_says_so() {
     let fresh = dir.path().join("fresh");
     std::fs::create_dir(&fresh).unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_locus"))
-        .args(["--volume", fresh.to_str().unwrap(), "status", "--json"])
+        .args(["status", "--volume", fresh.to_str().unwrap(), "--json"])
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", text(&output.stderr));

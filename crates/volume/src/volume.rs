@@ -295,13 +295,12 @@ impl Volume {
             let opened = if kind == DeviceKind::DevDax {
                 pmem::Device::open(&spec)?
             } else {
-                let size = device.size_bytes.ok_or_else(|| VolumeError::Config {
-                    path: dir.join(crate::config::CONFIG_FILE),
-                    problem: format!(
-                        "device {}: size_bytes is needed to create it",
-                        device.path.display()
-                    ),
-                })?;
+                let Some(size) = device.size_bytes else {
+                    return Err(VolumeError::Config {
+                        path: dir.join(crate::config::CONFIG_FILE),
+                        problem: missing_size(&device.path),
+                    });
+                };
                 pmem::Device::create(&spec, size)?
             };
             entry.size_bytes = Some(opened.size_bytes());
@@ -681,6 +680,28 @@ fn device_orders(
         orders[node.id as usize] = order;
     }
     Ok(orders)
+}
+
+/// Why a device with no size cannot be formatted, in the words of the user's mistake.
+fn missing_size(path: &Path) -> String {
+    let shown = path.display();
+    if std::fs::symlink_metadata(path).is_ok() {
+        return format!(
+            "device {shown}: an existing file is formatted at the size it is given \
+             (`--device {shown},size=SIZE`, or `size_bytes` in locus.toml)"
+        );
+    }
+    if path.starts_with("/dev") && !path.starts_with("/dev/shm") {
+        format!(
+            "device {shown} does not exist (device-DAX devices appear as /dev/daxX.Y once their \
+             namespace is in devdax mode; `locus topology` lists the ones this machine has)"
+        )
+    } else {
+        format!(
+            "device {shown} does not exist; to create it as a file, give its size: \
+             `--device {shown},size=SIZE`"
+        )
+    }
 }
 
 /// Lower-case hex of a uuid.

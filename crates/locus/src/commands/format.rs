@@ -21,6 +21,9 @@ use crate::size::{format_bytes, parse_size};
 /// else an ordinary file persisted with msync.
 #[derive(Debug, Args)]
 pub struct FormatArgs {
+    #[command(flatten)]
+    pub volume: crate::commands::volume::VolumeDir,
+
     /// A device: PATH[,node=N][,size=SIZE][,kind=emulated|daxfile|devdax|file]. Repeat for
     /// several; they are numbered in the order given. Files are created with SIZE; an
     /// emulated device needs node=N.
@@ -79,11 +82,26 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FormatArgs) -> Result<()> {
     if config.devices.is_empty() {
         bail!("no devices to format");
     }
+    let total: u64 = config.devices.iter().filter_map(|d| d.size_bytes).sum();
+    let spinner = crate::progress::spinner(
+        if total > 0 {
+            format!(
+                "formatting {} device(s), {}",
+                config.devices.len(),
+                format_bytes(total)
+            )
+        } else {
+            format!("formatting {} device(s)", config.devices.len())
+        },
+        true,
+    );
     let uuid = Volume::format(dir, &config, args.force)
         .with_context(|| format!("formatting a volume in {}", dir.display()))?;
     if !args.no_fs {
+        spinner.set_message("creating the file system");
         super::volume::format_fs(dir, super::volume::read_topology(sysfs)?)?;
     }
+    spinner.finish_and_clear();
     let written = VolumeConfig::read(dir)?.context("locus.toml vanished after format")?;
     outln!(
         "formatted volume {} in {} with {} device(s):",

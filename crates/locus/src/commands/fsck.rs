@@ -26,6 +26,9 @@ use super::volume::FsState;
 /// guessed around: the data a broken structure describes cannot be trusted.
 #[derive(Debug, Args)]
 pub struct FsckArgs {
+    #[command(flatten)]
+    pub volume: crate::commands::volume::VolumeDir,
+
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,

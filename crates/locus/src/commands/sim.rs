@@ -128,6 +128,9 @@ pub fn run(args: &SimArgs) -> Result<()> {
                 .with_context(|| format!("unknown policy `{name}` (nbm, nvlru, nvmin, lru)"))
         })
         .collect::<Result<Vec<_>>>()?;
+    if let Some(plot) = &args.plot {
+        crate::plot::check_target(plot)?;
+    }
     let trace = read(path, args)?;
     eprintln!(
         "{}: {} requests ({} reads, {} writes), {} block accesses, {} distinct {} blocks{}",
@@ -148,7 +151,7 @@ pub fn run(args: &SimArgs) -> Result<()> {
         .threads
         .unwrap_or_else(|| topology::current_affinity().map_or(1, |c| c.len().max(1)));
     let total = policies.len() * args.dram.len() * args.nvram.len();
-    let bar = progress_bar(total as u64, !args.json);
+    let bar = crate::progress::steps(total as u64, "grid points", !args.json);
     let results = sim::run_grid(
         &trace,
         &policies,
@@ -175,7 +178,8 @@ pub fn run(args: &SimArgs) -> Result<()> {
                 final_flush: r.final_flush,
                 normalized_to_nvlru: r.normalized_to_nvlru,
             };
-            writeln!(out, "{}", serde_json::to_string(&point)?)?;
+            writeln!(out, "{}", serde_json::to_string(&point)?)
+                .map_err(crate::output::StdoutError)?;
         }
     } else {
         print_table(&results)?;
@@ -202,11 +206,15 @@ fn read(path: &Path, args: &SimArgs) -> Result<sim::Trace> {
         skip_bad: args.skip_bad,
     };
     let name = path.display().to_string();
-    Ok(sim::read_trace(
-        BufReader::with_capacity(1 << 20, file),
+    let length = file.metadata().map_or(0, |m| m.len());
+    let bar = crate::progress::bytes(length, "reading the trace", !args.json);
+    let trace = sim::read_trace(
+        BufReader::with_capacity(1 << 20, bar.wrap_read(file)),
         &name,
         &options,
-    )?)
+    );
+    bar.finish_and_clear();
+    Ok(trace?)
 }
 
 fn print_table(results: &[GridResult]) -> Result<()> {
@@ -260,18 +268,4 @@ fn generate(args: &SimArgs) -> Result<()> {
         }
     }
     Ok(())
-}
-
-pub fn progress_bar(total: u64, visible: bool) -> indicatif::ProgressBar {
-    if !visible || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = indicatif::ProgressBar::new(total);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{bar:40} {pos}/{len} grid points, {elapsed} elapsed, {eta} left",
-        )
-        .expect("valid template"),
-    );
-    bar
 }

@@ -19,6 +19,9 @@ use crate::size::format_bytes;
 /// default volume (with an empty file system) if there is none, and says so.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
+    #[command(flatten)]
+    pub volume: crate::commands::volume::VolumeDir,
+
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,

@@ -1,13 +1,29 @@
 //! Opening the volume named by `--volume` for the commands that need one, creating the
 //! embedded default when there is none yet.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use topology::Topology;
 
 use crate::size::format_bytes;
 use volume::{OpenOptions, Volume, VolumeConfig};
+
+/// `--volume DIR`, for the commands that work on a volume (serve, format, status, fsck).
+#[derive(Debug, clap::Args)]
+pub struct VolumeDir {
+    /// Directory that holds the volume: its locus.toml and, for emulated devices, their
+    /// files. The default volume lives in shared memory: it survives process crashes, not
+    /// reboots. `status` and `serve` create the embedded default there when it is the default
+    /// location or an empty directory.
+    #[arg(
+        long = "volume",
+        value_name = "DIR",
+        env = "LOCUS_VOLUME",
+        default_value = volume::DEFAULT_DIR
+    )]
+    pub path: PathBuf,
+}
 
 /// Opens the volume in `dir`. With no `locus.toml` there, and `dir` the default location or an
 /// empty directory ([`volume::may_create_default_in`]), formats the embedded default (one

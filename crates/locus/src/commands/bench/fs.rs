@@ -119,14 +119,6 @@ struct Case {
     backpressure_waits: Option<u64>,
 }
 
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 enum Engine<'a> {
     Locus(&'a fs::File),
     Tmpfs(&'a StdFile),
@@ -160,12 +152,15 @@ pub fn run(sysfs: &Path, args: &FsBenchArgs) -> Result<()> {
     if args.threads.iter().any(|&t| t == 0 || t > 64) {
         bail!("--threads must be 1..=64");
     }
+    if let Some(plot) = &args.plot {
+        crate::plot::check_target(plot)?;
+    }
     let topology = topology::Topology::read_from(sysfs)?;
-    let scratch = Scratch(
+    let scratch = super::cleanup::Scratch::new(
         args.dir
             .join(format!("locus-bench-fs-{}", std::process::id())),
     );
-    let volume_dir = scratch.0.join("volume");
+    let volume_dir = scratch.path().join("volume");
     let in_flight = 64 * args.prelim_buffers as u64 * args.prelim_buffer_size;
     let volume_bytes = (2 * args.size + in_flight + (256 << 20)).next_multiple_of(2 << 20);
     let config = volume::default_config(&volume_dir, &topology, Some(volume_bytes))?;
@@ -191,7 +186,7 @@ pub fn run(sysfs: &Path, args: &FsBenchArgs) -> Result<()> {
         },
     )?;
     let locus = fs.create("/bench")?;
-    let baseline_path = scratch.0.join("baseline.dat");
+    let baseline_path = scratch.path().join("baseline.dat");
     let baseline = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -200,6 +195,13 @@ pub fn run(sysfs: &Path, args: &FsBenchArgs) -> Result<()> {
         .open(&baseline_path)
         .with_context(|| format!("creating {}", baseline_path.display()))?;
     // Write both files in full first.
+    let filling = crate::progress::spinner(
+        format!(
+            "writing the {} test files",
+            crate::size::format_bytes(args.size)
+        ),
+        !args.json,
+    );
     let chunk = pattern_bytes(2 << 20, 7);
     for offset in (0..args.size).step_by(chunk.len()) {
         let n = chunk.len().min((args.size - offset) as usize);
@@ -207,12 +209,24 @@ pub fn run(sysfs: &Path, args: &FsBenchArgs) -> Result<()> {
         baseline.write_all_at(&chunk[..n], offset)?;
     }
     fs.checkpoint()?;
+    filling.finish_and_clear();
 
     let mut cases = Vec::new();
-    for op in Op::ALL.into_iter().filter(|op| args.ops.contains(op)) {
+    let ops: Vec<Op> = Op::ALL
+        .into_iter()
+        .filter(|op| args.ops.contains(op))
+        .collect();
+    let total = ops.len() * args.bs.len() * args.threads.len() * 2;
+    let bar = crate::progress::steps(total as u64, "cases", !args.json);
+    for op in ops {
         for &bs in &args.bs {
             for &threads in &args.threads {
                 for engine in ["locus", "tmpfs"] {
+                    bar.set_message(format!(
+                        "{} {} x{threads} on {engine}",
+                        op.name(),
+                        bs_name(bs)
+                    ));
                     let handle = match engine {
                         "locus" => Engine::Locus(&locus),
                         _ => Engine::Tmpfs(&baseline),
@@ -242,10 +256,12 @@ pub fn run(sysfs: &Path, args: &FsBenchArgs) -> Result<()> {
                         backpressure_waits: locus_writes
                             .then(|| after.backpressure_waits - before.backpressure_waits),
                     });
+                    bar.inc(1);
                 }
             }
         }
     }
+    bar.finish_and_clear();
     drop(locus);
     fs.unmount()?;
     report(&cases, args)

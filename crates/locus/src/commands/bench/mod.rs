@@ -1,5 +1,6 @@
 //! `locus bench`: measurements printed as numbers, one suite per file.
 
+mod cleanup;
 pub mod fs;
 pub mod nbd;
 pub mod preload;
@@ -47,7 +48,7 @@ fn short_size(bytes: u64) -> String {
 /// Runs a fio command given `--output-format=json` and returns its report.
 fn fio_report(command: &mut std::process::Command) -> Result<serde_json::Value> {
     use anyhow::Context;
-    let output = command.output().context("running fio")?;
+    let output = cleanup::output(command).context("running fio")?;
     if !output.status.success() {
         anyhow::bail!(
             "fio failed: {}{}",
@@ -62,6 +63,7 @@ fn fio_report(command: &mut std::process::Command) -> Result<serde_json::Value> 
 }
 
 pub fn run(sysfs: &std::path::Path, args: &BenchArgs) -> Result<()> {
+    cleanup::on_signals()?;
     match &args.suite {
         Suite::Volume(args) => volume::run(sysfs, args),
         Suite::Fs(args) => fs::run(sysfs, args),

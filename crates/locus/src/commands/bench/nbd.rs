@@ -3,7 +3,6 @@
 
 use crate::output::outln;
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -85,7 +84,9 @@ struct Running {
     child: Child,
     port: u16,
     durable: bool,
-    cleanup: Vec<PathBuf>,
+    /// Dropped after the child is reaped (fields drop after `drop`'s body).
+    _pid: super::cleanup::ChildPid,
+    _scratch: Option<super::cleanup::Scratch>,
 }
 
 impl Drop for Running {
@@ -102,10 +103,6 @@ impl Drop for Running {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
-        for path in &self.cleanup {
-            let _ = std::fs::remove_dir_all(path);
-            let _ = std::fs::remove_file(path);
-        }
     }
 }
 
@@ -138,11 +135,12 @@ fn wait_for(running: &mut Running) -> Result<()> {
 }
 
 fn start_locus(submit: &str) -> Result<Running> {
-    let dir = tempdir("locus-bench-nbd")?;
+    let scratch = super::cleanup::Scratch::shm_dir("locus-bench-nbd")?;
+    let dir = scratch.path().to_owned();
     let port = free_port()?;
     let exe = std::env::current_exe().context("finding the locus binary")?;
     let child = Command::new(exe)
-        .args(["--volume", dir.to_str().unwrap_or_default(), "serve"])
+        .args(["serve", "--volume", dir.to_str().unwrap_or_default()])
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--default-size", &EXPORT_BYTES.to_string()])
         .args(["--submit", submit])
@@ -152,10 +150,11 @@ fn start_locus(submit: &str) -> Result<Running> {
         .context("starting locus serve")?;
     let mut running = Running {
         engine: "locus",
+        _pid: super::cleanup::ChildPid::new(&child),
         child,
         port,
         durable: true,
-        cleanup: vec![dir],
+        _scratch: Some(scratch),
     };
     wait_for(&mut running)?;
     Ok(running)
@@ -177,10 +176,11 @@ fn start_nbdkit() -> Result<Running> {
         .context("starting nbdkit")?;
     let mut running = Running {
         engine: "nbdkit-memory",
+        _pid: super::cleanup::ChildPid::new(&child),
         child,
         port,
         durable: false,
-        cleanup: Vec::new(),
+        _scratch: None,
     };
     wait_for(&mut running)?;
     Ok(running)
@@ -188,7 +188,8 @@ fn start_nbdkit() -> Result<Running> {
 
 fn start_qemu_nbd() -> Result<Running> {
     let port = free_port()?;
-    let dir = tempdir("locus-bench-qemu-nbd")?;
+    let scratch = super::cleanup::Scratch::shm_dir("locus-bench-qemu-nbd")?;
+    let dir = scratch.path().to_owned();
     let image = dir.join("disk.img");
     std::fs::File::create(&image)
         .and_then(|f| f.set_len(EXPORT_BYTES))
@@ -208,20 +209,14 @@ fn start_qemu_nbd() -> Result<Running> {
         .context("starting qemu-nbd")?;
     let mut running = Running {
         engine: "qemu-nbd",
+        _pid: super::cleanup::ChildPid::new(&child),
         child,
         port,
         durable: false,
-        cleanup: vec![dir],
+        _scratch: Some(scratch),
     };
     wait_for(&mut running)?;
     Ok(running)
-}
-
-fn tempdir(prefix: &str) -> Result<PathBuf> {
-    let dir = Path::new("/dev/shm").join(format!("{prefix}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    Ok(dir)
 }
 
 fn fio(
@@ -300,24 +295,29 @@ pub fn run(args: &NbdBenchArgs) -> Result<()> {
         servers.push(server);
     }
     let mut cases = Vec::new();
+    let total = args.bs.len() * 2 * args.rounds as usize * servers.len();
+    let bar = crate::progress::steps(total as u64, "fio runs", !args.json);
     for &bs in &args.bs {
         for op in ["randread", "randwrite"] {
             let mut runs: Vec<Vec<Case>> = servers.iter().map(|_| Vec::new()).collect();
-            for _ in 0..args.rounds {
+            for round in 1..=args.rounds {
                 for (server, runs) in servers.iter().zip(&mut runs) {
+                    bar.set_message(format!(
+                        "{op} {} on {}, round {round}",
+                        super::short_size(bs),
+                        server.engine
+                    ));
                     runs.push(run_case(server, op, bs, args)?);
-                    if !args.json {
-                        eprint!(".");
-                    }
+                    bar.inc(1);
                 }
             }
             cases.extend(runs.into_iter().map(median));
         }
     }
+    bar.finish_and_clear();
     if args.json {
         super::print_json(&cases)?;
     } else {
-        eprintln!();
         print_table(&cases, args)?;
     }
     Ok(())

@@ -107,29 +107,6 @@ fn make_volume(dir: &Path, sysfs: &Path, files: u64, size: u64) -> Result<()> {
 }
 
 /// A directory in /dev/shm, removed with everything in it when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(what: &str) -> Result<Self> {
-        let dir = PathBuf::from(format!(
-            "/dev/shm/locus-bench-preload-{}-{what}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        Ok(Self(dir))
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn fio(target: &Target, bs: u64, numjobs: u32, args: &PreloadBenchArgs) -> Result<Case> {
     let mut command = Command::new("fio");
     command.args([
@@ -190,8 +167,9 @@ pub fn run(sysfs: &Path, args: &PreloadBenchArgs) -> Result<()> {
         bail!("fio is not installed (Debian: apt-get install fio)");
     }
     let library = library(args)?;
-    let tmpfs = Scratch::new("tmpfs")?;
-    let volume_dir = Scratch::new("volume")?;
+    let tmpfs = super::cleanup::Scratch::shm_dir(&format!("locus-bench-preload-{}", "tmpfs"))?;
+    let volume_dir =
+        super::cleanup::Scratch::shm_dir(&format!("locus-bench-preload-{}", "volume"))?;
     let max_jobs = u64::from(*args.numjobs.iter().max().unwrap_or(&1));
     make_volume(volume_dir.path(), sysfs, max_jobs, args.size)?;
     let targets = [
@@ -215,24 +193,26 @@ pub fn run(sysfs: &Path, args: &PreloadBenchArgs) -> Result<()> {
         },
     ];
     let mut cases = Vec::new();
+    let total = args.numjobs.len() * args.bs.len() * targets.len();
+    let bar = crate::progress::steps(total as u64, "fio runs", !args.json);
     for &numjobs in &args.numjobs {
         for &bs in &args.bs {
             for target in &targets {
-                cases.push(
-                    fio(target, bs, numjobs, args).with_context(|| {
-                        format!("randwrite {bs} x{numjobs} on {}", target.engine)
-                    })?,
+                let case = format!(
+                    "randwrite {} x{numjobs} on {}",
+                    super::short_size(bs),
+                    target.engine
                 );
-                if !args.json {
-                    eprint!(".");
-                }
+                bar.set_message(case.clone());
+                cases.push(fio(target, bs, numjobs, args).context(case)?);
+                bar.inc(1);
             }
         }
     }
+    bar.finish_and_clear();
     if args.json {
         super::print_json(&cases)?;
     } else {
-        eprintln!();
         print_table(&cases, args)?;
     }
     Ok(())

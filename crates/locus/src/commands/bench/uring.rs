@@ -110,7 +110,7 @@ pub fn run(args: &UringBenchArgs) -> Result<()> {
         None => {
             let path =
                 std::env::temp_dir().join(format!("locus-bench-uring-{}.img", std::process::id()));
-            (path.clone(), Some(Cleanup(path)))
+            (path.clone(), Some(super::cleanup::Scratch::new(path)))
         }
     };
     prepare(&path, args.size)?;
@@ -120,13 +120,28 @@ pub fn run(args: &UringBenchArgs) -> Result<()> {
         eprintln!("fio not found: install fio for the fio-fixed and fio-unfixed cases");
     }
     let mut cases = Vec::new();
+    let per_case = Strategy::ALL.len() + if fio { 2 } else { 0 };
+    let total = args.bs.len() * 2 * per_case;
+    let bar = crate::progress::steps(total as u64, "runs", !args.json);
     for &bs in &args.bs {
         for op in [Op::Read, Op::Write] {
             for strategy in Strategy::ALL {
+                bar.set_message(format!(
+                    "{} {} {strategy:?}",
+                    op_name(op),
+                    super::short_size(bs)
+                ));
                 cases.push(measure(&path, strategy, op, bs, args.iodepth, duration)?);
+                bar.inc(1);
             }
             if fio {
                 for fixed in [true, false] {
+                    bar.set_message(format!(
+                        "{} {} fio fixedbufs={}",
+                        op_name(op),
+                        super::short_size(bs),
+                        u8::from(fixed)
+                    ));
                     cases.push(run_fio(
                         &path,
                         args.size,
@@ -136,28 +151,18 @@ pub fn run(args: &UringBenchArgs) -> Result<()> {
                         args.seconds,
                         fixed,
                     )?);
+                    bar.inc(1);
                 }
-            }
-            if !args.json {
-                eprint!(".");
             }
         }
     }
+    bar.finish_and_clear();
     if args.json {
         super::print_json(&cases)?;
     } else {
-        eprintln!();
         print_table(&cases, &path, args.iodepth)?;
     }
     Ok(())
-}
-
-struct Cleanup(PathBuf);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 /// Creates the file and writes every block of it once.

@@ -49,16 +49,17 @@ pub fn run(sysfs: &std::path::Path, args: &VolumeBenchArgs) -> Result<()> {
         "--seconds must be in (0, 600]"
     );
     let topology = Topology::read_from(sysfs)?;
-    let dir = std::env::temp_dir().join(format!("locus-bench-volume-{}", std::process::id()));
-    let scratch =
-        Scratch(std::path::PathBuf::from("/dev/shm").join(dir.file_name().expect("named")));
-    let config = volume::default_config(&scratch.0, &topology, Some(DEVICE_BYTES))?;
-    Volume::format(&scratch.0, &config, false).context("formatting the scratch volume")?;
+    let scratch = super::cleanup::Scratch::new(std::path::PathBuf::from(format!(
+        "/dev/shm/locus-bench-volume-{}",
+        std::process::id()
+    )));
+    let config = volume::default_config(scratch.path(), &topology, Some(DEVICE_BYTES))?;
+    Volume::format(scratch.path(), &config, false).context("formatting the scratch volume")?;
     let options = OpenOptions {
         check_interval: None,
         ..OpenOptions::default()
     };
-    let volume = Volume::open(&scratch.0, topology, &options)?;
+    let volume = Volume::open(scratch.path(), topology, &options)?;
 
     let mut cases = Vec::new();
     for bs_bytes in [4u64 << 10, 2 << 20] {
@@ -187,13 +188,4 @@ fn measure(
         local as f64 / (local + remote) as f64
     };
     Ok(((allocs, alloc_time), (frees, free_time), share))
-}
-
-/// Removes the scratch volume directory however the bench ends.
-struct Scratch(std::path::PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }

@@ -61,9 +61,12 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
 /// unusable volume) or could not stop cleanly; 2 for bad arguments.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
+    #[command(flatten)]
+    pub volume: crate::commands::volume::VolumeDir,
+
     /// TCP address to listen on (repeatable). Default 127.0.0.1:10809 when neither --listen
     /// nor --unix is given.
-    #[arg(long, value_name = "ADDR:PORT")]
+    #[arg(long, value_name = "ADDR:PORT", value_parser = listen_address)]
     listen: Vec<String>,
 
     /// Unix-domain socket to listen on (repeatable); a stale socket file there is replaced.
@@ -147,6 +150,9 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
         }
     }
     let listeners = listeners(args)?;
+    // Until the server owns the listeners (and removes their socket files when it stops), a
+    // failed start removes the socket files it created.
+    let mut sockets = SocketFiles(args.unix.clone());
     let volume = Arc::new(super::volume::open_or_create_default(dir, sysfs, true)?);
     let topology = volume.topology().clone();
     let fs = fs::Fs::open(Arc::clone(&volume), fs::FsOptions::default()).map_err(|e| match e {
@@ -191,6 +197,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
         places.push(listener.describe());
         server.listen(listener);
     }
+    sockets.0.clear();
     let described: Vec<String> = specs
         .iter()
         .map(|s| {
@@ -255,6 +262,38 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
         .context("checkpointing and closing the file system")?;
     eprintln!("locus: stopped cleanly; every acknowledged write is in its file");
     Ok(())
+}
+
+/// Unix socket files this start created, removed if it fails before the server owns them.
+struct SocketFiles(Vec<PathBuf>);
+
+impl Drop for SocketFiles {
+    fn drop(&mut self) {
+        for path in &self.0 {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// `--listen`: an address and a port, a host name allowed (`localhost:10809`, `[::1]:10809`).
+fn listen_address(text: &str) -> Result<String, String> {
+    use std::net::ToSocketAddrs;
+    let example = "e.g. 127.0.0.1:10809, 0.0.0.0:10809 or [::1]:10809";
+    if text.parse::<u16>().is_ok() {
+        return Err(format!(
+            "`{text}` is only a port; --listen takes ADDR:PORT ({example})"
+        ));
+    }
+    if !text.contains(':') {
+        return Err(format!(
+            "`{text}` has no port; --listen takes ADDR:PORT ({example})"
+        ));
+    }
+    match text.to_socket_addrs().map(|mut addresses| addresses.next()) {
+        Ok(Some(_)) => Ok(text.to_owned()),
+        Ok(None) => Err(format!("`{text}` names no address")),
+        Err(e) => Err(format!("`{text}` is not ADDR:PORT ({example}): {e}")),
+    }
 }
 
 fn listeners(args: &ServeArgs) -> Result<Vec<Listener>> {
