@@ -41,7 +41,8 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
 /// created on first use, sparse) answering the name "default" and the empty name, so
 /// `nbdinfo nbd://localhost` works as is. With --export, the first export answers the
 /// empty name. The volume is the embedded default unless --volume (or LOCUS_VOLUME) names
-/// another; it is created when missing.
+/// another; when there is none, the embedded default is created at the default location or
+/// in an empty directory (anywhere else: "no volume at ...").
 ///
 /// Every write is durable in persistent memory before its reply is sent (FLUSH and FUA are
 /// barriers with nothing left to do), so the export advertises multi-connection safety.
@@ -53,7 +54,7 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
 /// arrived on, loopback and Unix-socket connections are spread round-robin.
 ///
 /// Listens on 127.0.0.1:10809 unless --listen or --unix say otherwise; under systemd-style
-/// socket activation (LISTEN_PID/LISTEN_FDS, as `nbdinfo -- locus serve` does) it serves the
+/// socket activation (LISTEN_PID/LISTEN_FDS, as `nbdinfo -- [ locus serve ]` does) it serves the
 /// inherited sockets instead. SIGINT, SIGTERM or SIGHUP stop it: no new connections, every
 /// request in progress finished and answered, everything checkpointed, the volume closed.
 ///
