@@ -44,6 +44,10 @@ const UNSAFE_ALLOWED: &[(&str, &str)] = &[
         "the only code that maps or stores to persistent memory",
     ),
     (
+        "crates/uring/",
+        "io_uring submission and the DMA buffers the kernel reads and writes",
+    ),
+    (
         "crates/nbd/src/server/sys.rs",
         "socket activation (adopting inherited fds), interface addresses, signal masks",
     ),
@@ -130,7 +134,13 @@ pub fn check(root: &Path) -> Result<Vec<String>> {
             .to_string_lossy()
             .into_owned();
         let text = fs::read_to_string(&file)?;
-        let reallows = text.contains("allow(unsafe_code") || text.contains("expect(unsafe_code");
+        let reallows = match reallows_unsafe(&text) {
+            Ok(found) => found,
+            Err(e) => {
+                problems.push(format!("{relative} does not parse as Rust: {e}"));
+                continue;
+            }
+        };
         if reallows
             && !UNSAFE_ALLOWED
                 .iter()
@@ -142,6 +152,37 @@ pub fn check(root: &Path) -> Result<Vec<String>> {
         }
     }
     Ok(problems)
+}
+
+/// Whether any attribute of the file — inner or outer, on any item, however rustfmt wrapped
+/// it, also inside `cfg_attr` — allows or expects the `unsafe_code` lint.
+fn reallows_unsafe(text: &str) -> syn::Result<bool> {
+    struct Finder(bool);
+    impl<'ast> syn::visit::Visit<'ast> for Finder {
+        fn visit_attribute(&mut self, attribute: &'ast syn::Attribute) {
+            self.0 |= names_unsafe_code(&attribute.meta);
+        }
+    }
+    fn names_unsafe_code(meta: &syn::Meta) -> bool {
+        let syn::Meta::List(list) = meta else {
+            return false;
+        };
+        let nested = list
+            .parse_args_with(
+                syn::punctuated::Punctuated::<syn::Meta, syn::Token![,]>::parse_terminated,
+            )
+            .unwrap_or_default();
+        if list.path.is_ident("cfg_attr") {
+            // `cfg_attr(condition, attr, ...)`: the attributes after the condition.
+            return nested.iter().skip(1).any(names_unsafe_code);
+        }
+        (list.path.is_ident("allow") || list.path.is_ident("expect"))
+            && nested.iter().any(|m| m.path().is_ident("unsafe_code"))
+    }
+    let file = syn::parse_file(text)?;
+    let mut finder = Finder(false);
+    syn::visit::visit_file(&mut finder, &file);
+    Ok(finder.0)
 }
 
 fn rust_files(root: &Path) -> Result<Vec<std::path::PathBuf>> {
@@ -174,6 +215,28 @@ mod tests {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
         let problems = check(root).unwrap();
         assert!(problems.is_empty(), "{problems:#?}");
+    }
+
+    #[test]
+    fn allowances_are_found_however_they_are_written() {
+        for text in [
+            "#![allow(unsafe_code)]",
+            "#![allow(\n    unsafe_code,\n    reason = \"wrapped by rustfmt\"\n)]",
+            "#![expect(dead_code, unsafe_code)]",
+            "mod m { #[allow(clippy::all, unsafe_code)] fn f() {} }",
+            "#[cfg_attr(test, allow(unsafe_code))] fn f() {}",
+            "impl S { #[allow( unsafe_code )] fn f(&self) {} }",
+        ] {
+            assert!(reallows_unsafe(text).unwrap(), "{text}");
+        }
+        for text in [
+            "#![allow(dead_code)]",
+            "// allow(unsafe_code) in a comment\nfn f() {}",
+            "const S: &str = \"allow(unsafe_code)\";",
+            "#![deny(unsafe_code)]",
+        ] {
+            assert!(!reallows_unsafe(text).unwrap(), "{text}");
+        }
     }
 
     #[test]

@@ -549,10 +549,27 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        // Requests still in the kernel must finish before their buffers are freed.
+        // Requests still in the kernel must finish before their buffers are freed. A wait a
+        // signal interrupted is retried. Any other failure leaves requests the kernel may
+        // still be working on: their buffers are leaked, never freed (each keeps the memory
+        // it points into mapped, so leaking it keeps that memory mapped too).
         while self.in_flight > 0 {
-            if self.wait_one().is_err() {
-                break;
+            let waited = self.ring.submit_and_wait(1);
+            let failure = match waited {
+                Ok(_) => self.collect().err().map(|e| e.to_string()),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => None,
+                Err(e) => Some(e.to_string()),
+            };
+            if let Some(problem) = failure {
+                tracing::error!(
+                    in_flight = self.in_flight,
+                    %problem,
+                    "cannot drain the io_uring; leaking the buffers of its requests"
+                );
+                for request in self.slab.drain(..).flatten() {
+                    std::mem::forget(request);
+                }
+                return;
             }
         }
     }

@@ -20,6 +20,7 @@
 )]
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{Result, UringError};
@@ -158,10 +159,13 @@ pub struct IoBuf {
     len: usize,
     tier: Tier,
     origin: Origin,
+    /// The pool memory the segments point into, kept mapped while the buffer lives even if
+    /// the pool is dropped first (large and unregistered buffers own theirs in `origin`).
+    _mapped: Vec<Arc<Memory>>,
 }
 
-// SAFETY: the segments point into memory the pool keeps alive until the buffer is returned,
-// and only the holder of the `IoBuf` touches them.
+// SAFETY: the segments point into memory this buffer keeps mapped (`_mapped`, `origin`), and
+// only the holder of the `IoBuf` touches them.
 unsafe impl Send for IoBuf {}
 
 impl IoBuf {
@@ -178,6 +182,7 @@ impl IoBuf {
             len,
             tier: Tier::Unregistered,
             origin: Origin::Unregistered(memory),
+            _mapped: Vec::new(),
         })
     }
 
@@ -285,7 +290,7 @@ impl IoBuf {
 
 #[derive(Debug)]
 struct SmallBlock {
-    memory: Memory,
+    memory: Arc<Memory>,
     slot: Option<u16>,
     for_write: bool,
     busy: bool,
@@ -293,7 +298,7 @@ struct SmallBlock {
 
 #[derive(Debug)]
 struct Chunk {
-    memory: Memory,
+    memory: Arc<Memory>,
     slot: Option<u16>,
     /// Free regions: offset → length, never adjacent (merged on release).
     free: BTreeMap<usize, usize>,
@@ -350,7 +355,7 @@ impl BufferPool {
             let memory = Memory::new(pool.config.small_bytes, pool.config.node)?;
             let slot = pool.try_register(registrar, index as u16, &memory);
             pool.small.push(SmallBlock {
-                memory,
+                memory: Arc::new(memory),
                 slot,
                 for_write: index < pool.config.small_write_blocks,
                 busy: false,
@@ -430,6 +435,7 @@ impl BufferPool {
                 len,
                 tier: Tier::Small,
                 origin: Origin::Small(index),
+                _mapped: vec![Arc::clone(&block.memory)],
             }));
         }
         if len <= self.config.chunk_bytes {
@@ -525,6 +531,7 @@ impl BufferPool {
                     Tier::Unregistered
                 },
                 origin: Origin::Medium(vec![(index, offset, need)]),
+                _mapped: vec![self.chunk_memory(index)],
             }));
         }
         // No single region: gather the largest free regions if together they suffice.
@@ -560,12 +567,24 @@ impl BufferPool {
         } else {
             Tier::Unregistered
         };
+        let mut mapped: Vec<Arc<Memory>> = Vec::new();
+        for &(index, _, _) in &regions {
+            let memory = self.chunk_memory(index);
+            if !mapped.iter().any(|m| Arc::ptr_eq(m, &memory)) {
+                mapped.push(memory);
+            }
+        }
         Ok(Some(IoBuf {
             segments,
             len,
             tier,
             origin: Origin::Medium(regions),
+            _mapped: mapped,
         }))
+    }
+
+    fn chunk_memory(&self, index: usize) -> Arc<Memory> {
+        Arc::clone(&self.chunks[index].as_ref().expect("a live chunk").memory)
     }
 
     /// Carves `len` bytes at `offset` out of a free region of chunk `index`.
@@ -605,7 +624,7 @@ impl BufferPool {
         };
         let len = memory.len();
         self.chunks[index] = Some(Chunk {
-            memory,
+            memory: Arc::new(memory),
             slot,
             free: BTreeMap::from([(0, len)]),
             free_bytes: len,
@@ -643,6 +662,7 @@ impl BufferPool {
             len,
             tier,
             origin: Origin::Large(memory, slot),
+            _mapped: Vec::new(),
         })
     }
 
@@ -659,6 +679,7 @@ impl BufferPool {
             len,
             tier: Tier::Unregistered,
             origin: Origin::Unregistered(memory),
+            _mapped: Vec::new(),
         })
     }
 
@@ -748,6 +769,34 @@ mod tests {
             max_medium_bytes: 256 << 10,
             idle: Duration::from_millis(0),
             ..PoolConfig::default()
+        }
+    }
+
+    /// Buffers of every tier stay usable when the pool that gave them is dropped first: each
+    /// keeps the memory it points into mapped (before, `fill_from` wrote to unmapped memory).
+    #[test]
+    fn buffers_outlive_their_pool() {
+        let mut table = FakeTable::default();
+        let mut pool = long_idle_pool(&mut table);
+        let mut small = pool.get(4096, true, &mut table).unwrap();
+        let mut regions: Vec<IoBuf> = fragment(&mut pool, &mut table);
+        let mut gathered = pool.get(64 << 10, true, &mut table).unwrap();
+        let mut large = pool.get(1 << 20, true, &mut table).unwrap();
+        assert_eq!(
+            (small.tier(), regions[0].tier(), large.tier()),
+            (Tier::Small, Tier::Medium, Tier::Large)
+        );
+        assert!(gathered.segments().len() > 1, "a scatter/gather buffer");
+        drop(pool);
+        for buf in [&mut small, &mut gathered, &mut large]
+            .into_iter()
+            .chain(regions.iter_mut())
+        {
+            let data: Vec<u8> = (0..buf.len()).map(|i| (i * 7 + 3) as u8).collect();
+            buf.fill_from(&data);
+            let mut back = vec![0u8; buf.len()];
+            buf.copy_to(&mut back);
+            assert!(back == data);
         }
     }
 
