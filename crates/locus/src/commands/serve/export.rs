@@ -78,7 +78,7 @@ impl ExportSpec {
 pub fn check_size(size: u64) -> Result<u64, String> {
     if size == 0 || !size.is_multiple_of(u64::from(nbd::server::MIN_BLOCK_BYTES)) {
         return Err(format!(
-            "size {size}: a positive multiple of {} bytes",
+            "{size} bytes, not a positive multiple of {} (an export is whole sectors)",
             nbd::server::MIN_BLOCK_BYTES
         ));
     }
