@@ -38,8 +38,12 @@ pub const MAX_IO: u64 = 1 << 30;
 pub const MAX_FILE_SIZE: u64 = 1 << 50;
 /// Range locks cover whole files up to here.
 const WHOLE_FILE: u64 = 1 << 62;
+/// Part of a file's byte range: its length, and where its bytes are in persistent memory
+/// (region, offset) or `None` for a hole ([`Inner::pieces`]).
+pub(crate) type Piece<'a> = (u64, Option<(&'a Region, u64)>);
+
 /// Holes lent by [`File::read_with`] point here.
-static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+pub(crate) static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
 /// How a new file system is laid out.
 #[derive(Debug, Clone)]
@@ -486,9 +490,7 @@ impl Inner {
     pub(crate) fn copy_pmem(&self, src: u64, dst: u64, len: u64) -> Result<()> {
         let (from, from_at) = self.region_at(src)?;
         let (to, to_at) = self.region_at(dst)?;
-        Region::lend(&[(from, from_at, len)], |slices| {
-            to.write_nt(to_at, slices[0])
-        })??;
+        to.copy_nt_from(to_at, from, from_at, len)?;
         Ok(())
     }
 
@@ -1165,25 +1167,23 @@ impl Inner {
     /// Reads `buf.len()` bytes at `offset` as the file holds them now (the caller clamps to
     /// the size and holds the range shared).
     pub(crate) fn read_into(&self, inode: &Inode, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.lend(inode, offset, buf.len() as u64, |slices| {
-            let mut at = 0;
-            for slice in slices {
-                buf[at..at + slice.len()].copy_from_slice(slice);
-                at += slice.len();
+        let mut at = 0;
+        for (len, source) in self.pieces(inode, offset, buf.len() as u64)? {
+            let out = &mut buf[at..at + len as usize];
+            match source {
+                Some((region, region_offset)) => region.read(region_offset, out)?,
+                None => out.fill(0),
             }
-        })
+            at += len as usize;
+        }
+        Ok(())
     }
 
-    /// Lends `[offset, offset + len)` of `inode` to `f` as slices of the persistent memory
-    /// holding it (newest logged data over checkpointed extents, [`ZEROS`] for holes), in
-    /// file order. The caller holds the range lock, so nothing stores there meanwhile.
-    pub(crate) fn lend<R>(
-        &self,
-        inode: &Inode,
-        offset: u64,
-        len: u64,
-        f: impl FnOnce(&[&[u8]]) -> R,
-    ) -> Result<R> {
+    /// Where the bytes `[offset, offset + len)` of `inode` are now, in file order: pieces of
+    /// `(length, Some((region, offset)))` in persistent memory (newest logged data over
+    /// checkpointed extents) or `(length, None)` for holes. The caller holds the range lock,
+    /// so the answer stays true while it does.
+    pub(crate) fn pieces(&self, inode: &Inode, offset: u64, len: u64) -> Result<Vec<Piece<'_>>> {
         let end = offset + len;
         let runs = inode
             .extents
@@ -1225,30 +1225,16 @@ impl Inner {
         }
         base(at, end, &mut segments);
 
-        let mut parts: Vec<(&Region, u64, u64)> = Vec::with_capacity(segments.len());
-        for &(start, stop, source) in &segments {
-            if let Some(addr) = source {
-                let (region, region_offset) = self.region_at(addr)?;
-                parts.push((region, region_offset, stop - start));
-            }
-        }
-        Ok(Region::lend(&parts, |lent| {
-            let mut lent = lent.iter();
-            let mut slices: Vec<&[u8]> = Vec::with_capacity(segments.len());
-            for &(start, stop, source) in &segments {
-                if source.is_some() {
-                    slices.push(lent.next().expect("one lent slice per pmem segment"));
-                } else {
-                    let mut left = (stop - start) as usize;
-                    while left > 0 {
-                        let n = left.min(ZEROS.len());
-                        slices.push(&ZEROS[..n]);
-                        left -= n;
-                    }
-                }
-            }
-            f(&slices)
-        })?)
+        segments
+            .into_iter()
+            .map(|(start, stop, source)| {
+                let place = match source {
+                    Some(addr) => Some(self.region_at(addr)?),
+                    None => None,
+                };
+                Ok((stop - start, place))
+            })
+            .collect()
     }
 
     /// Waits until the slot's log area has a free record slot. Only the slot's thread
@@ -1375,10 +1361,9 @@ impl Inner {
             .extent
             .expect("an uncommitted buffer has its extent")
             .start;
-        let (region, at) = self.region_at(start.raw())?;
-        if buffer.cached_stores {
-            region.flush(at, len)?;
-        }
+        let (region, _) = self.region_at(start.raw())?;
+        // `Buffer::write` stored with `write_nt` (edges flushed, or msynced on ordinary
+        // files): the fence makes the whole buffer durable before its record is written.
         region.fence();
         slot.counters.media_bytes.fetch_add(len, Ordering::Relaxed);
         let extent = buffer.into_extent();
@@ -1583,7 +1568,6 @@ impl Fs {
             region: region.slice(offset, len)?,
             extent: Some(extent),
             len,
-            cached_stores: false,
         })
     }
 
@@ -1702,10 +1686,10 @@ impl File {
         if n == 0 {
             return Ok((0, f(&[])));
         }
-        let _range = self.inode.locks.lock(offset, n, LockMode::Shared)?;
+        let range = self.inode.locks.lock(offset, n, LockMode::Shared)?;
         let size = self.inode.size.load(Ordering::Acquire);
         let n = n.min(size.saturating_sub(offset));
-        let result = self.fs.inner.lend(&self.inode, offset, n, f)?;
+        let result = crate::lend::lend(&self.fs.inner, &self.inode, &range, offset, n, f)?;
         Ok((n, result))
     }
 
@@ -1839,7 +1823,6 @@ pub struct Buffer {
     region: Region,
     extent: Option<Extent>,
     len: u64,
-    cached_stores: bool,
 }
 
 impl Buffer {
@@ -1863,13 +1846,6 @@ impl Buffer {
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.region.read(offset, buf)?;
         Ok(())
-    }
-
-    /// The buffer's persistent memory, for filling it by other means (such as receiving
-    /// from a socket). Stores through it must be flushed: the commit does that.
-    pub fn region(&mut self) -> &Region {
-        self.cached_stores = true;
-        &self.region
     }
 
     /// The node the buffer's memory is on, if known.

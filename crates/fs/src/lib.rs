@@ -46,6 +46,7 @@ pub mod extent_map;
 #[allow(clippy::module_inception)]
 mod fs;
 pub mod journal;
+mod lend;
 pub mod log;
 pub mod overlay;
 pub mod path;

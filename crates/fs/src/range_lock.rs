@@ -75,6 +75,9 @@ pub struct RangeGuard<'a> {
     locks: &'a RangeLocks,
     id: u64,
     shards: ShardSet,
+    /// The held range, rounded out to the granule.
+    start: u64,
+    end: u64,
 }
 
 /// The tables a range touches, as a bit set (bit i = shard i).
@@ -187,6 +190,8 @@ impl RangeLocks {
             locks: self,
             id,
             shards,
+            start,
+            end,
         })
     }
 
@@ -206,6 +211,15 @@ fn conflicts(held: &[Held], start: u64, end: u64, mode: LockMode) -> bool {
             && start < h.end
             && (mode == LockMode::Exclusive || h.mode == LockMode::Exclusive)
     })
+}
+
+impl RangeGuard<'_> {
+    /// Whether this guard holds `[offset, offset + len)` of `locks`.
+    pub fn covers(&self, locks: &RangeLocks, offset: u64, len: u64) -> bool {
+        std::ptr::eq(self.locks, locks)
+            && self.start <= offset
+            && offset.checked_add(len).is_some_and(|end| end <= self.end)
+    }
 }
 
 impl Drop for RangeGuard<'_> {

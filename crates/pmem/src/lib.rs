@@ -11,8 +11,10 @@
 //!   could leave, for the crash tests of every layer above.
 //!
 //! Invariants: all `unsafe` of the storage stack's data path lives here, each block with a
-//! SAFETY comment; no reference into persistent memory ever leaves this crate; every access
-//! is bounds-checked against its region before it is made.
+//! SAFETY comment; no reference into persistent memory leaves this crate except through
+//! `Region::lend`, an `unsafe fn` whose caller promises no store meanwhile; every access is
+//! bounds-checked against its region before it is made; on an ordinary file (`Msync`),
+//! `write_nt` and `flush` write their range back with `msync` before they return.
 
 #[cfg(not(target_arch = "x86_64"))]
 compile_error!("locus's pmem layer uses x86-64 cache-flush instructions");
@@ -27,6 +29,6 @@ mod trace;
 pub use cpu::{CACHE_LINE, FlushInstruction};
 pub use device::{Device, DeviceKind, DeviceSpec, FlushPolicy};
 pub use error::{PmemError, Result};
-pub use mapping::available_bytes;
+pub use mapping::{MsyncRecorder, available_bytes};
 pub use region::{PersistenceMode, Region};
 pub use trace::{CrashImage, CrashImages, Tracer};

@@ -3,9 +3,12 @@
 #![allow(unsafe_code, reason = "mmap, munmap and msync of device files")]
 
 use std::fs::File;
+use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::ptr::NonNull;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::error::{PmemError, Result};
 
@@ -104,6 +107,13 @@ impl Mapping {
         let page = topology::page_size();
         let start = offset - offset % page;
         let end = (offset + len).min(self.len);
+        if RECORDERS.load(Ordering::Relaxed) > 0 {
+            let base = self.base.as_ptr() as usize;
+            MSYNCED
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(base + start..base + end);
+        }
         // SAFETY: the page-aligned range lies inside this mapping.
         let rc = unsafe {
             libc::msync(
@@ -170,4 +180,49 @@ fn statfs(path: &Path) -> std::io::Result<libc::statfs> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(stats)
+}
+
+/// Live [`MsyncRecorder`]s.
+static RECORDERS: AtomicUsize = AtomicUsize::new(0);
+/// Address ranges `msync` wrote back while a recorder lived.
+static MSYNCED: Mutex<Vec<Range<usize>>> = Mutex::new(Vec::new());
+
+/// Records, while it lives, every address range `msync` writes back (ordinary-file devices):
+/// how tests check that each write path makes its data durable on such a device. Ranges are
+/// absolute addresses (`Region::address_of`), page-aligned; they include other threads'.
+#[derive(Debug)]
+pub struct MsyncRecorder(());
+
+impl MsyncRecorder {
+    /// Starts recording.
+    pub fn start() -> Self {
+        RECORDERS.fetch_add(1, Ordering::Relaxed);
+        Self(())
+    }
+
+    /// The ranges written back so far (since the first live recorder started).
+    pub fn ranges(&self) -> Vec<Range<usize>> {
+        MSYNCED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Whether `[address, address + len)` was written back by one call.
+    pub fn covered(&self, address: usize, len: usize) -> bool {
+        self.ranges()
+            .iter()
+            .any(|r| r.start <= address && address + len <= r.end)
+    }
+}
+
+impl Drop for MsyncRecorder {
+    fn drop(&mut self) {
+        if RECORDERS.fetch_sub(1, Ordering::Relaxed) == 1 {
+            MSYNCED
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clear();
+        }
+    }
 }

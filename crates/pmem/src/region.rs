@@ -169,43 +169,83 @@ impl Region {
     }
 
     /// Stores `data` at `offset` with non-temporal stores (bulk data); durable after the next
-    /// `fence`. Unaligned edges go through the cache and are flushed here.
+    /// `fence`. Unaligned edges go through the cache and are flushed here. On an ordinary
+    /// file (`Msync`), where a fence persists nothing, the range is written back with `msync`
+    /// before this returns.
     pub fn write_nt(&self, offset: u64, data: &[u8]) -> Result<()> {
         let at = self.absolute(offset, data.len() as u64)?;
-        match (&self.inner.backing, self.inner.mode) {
-            (Backing::Mapped(mapping), PersistenceMode::Msync) => {
-                // SAFETY: as in `write`.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        data.as_ptr(),
-                        mapping.base().add(at),
-                        data.len(),
-                    );
-                }
+        match &self.inner.backing {
+            Backing::Mapped(mapping) => {
+                // SAFETY: range checked; `data` is a Rust slice, so it cannot overlap the
+                // mapping, which no Rust reference points into.
+                unsafe { self.store_nt(mapping, at, data.as_ptr(), data.len()) }
             }
-            (Backing::Mapped(mapping), mode) => {
-                // SAFETY: range checked and disjoint from `data`, as in `write`.
-                let edges = unsafe {
-                    cpu::copy_nontemporal(mapping.base().add(at), data.as_ptr(), data.len())
-                };
-                if let Some(instruction) = flush_instruction(mode) {
-                    for (start, len) in edges {
-                        // SAFETY: each edge lies within the range just written.
-                        unsafe {
-                            cpu::flush_range(
-                                instruction,
-                                mapping.base() as usize + at + start,
-                                len,
-                            );
-                        }
-                    }
-                }
-            }
-            (Backing::Traced { state, region }, _) => {
+            Backing::Traced { state, region } => {
                 state
                     .lock()
                     .expect("trace lock")
                     .store(*region, at, data, true);
+                Ok(())
+            }
+        }
+    }
+
+    /// Copies `len` bytes at `src_offset` of `src` to `offset` of this region as `write_nt`
+    /// would store them (the ranges must not overlap). No reference into either mapping is
+    /// made, so, unlike `lend`, this needs no promise about other stores.
+    pub fn copy_nt_from(&self, offset: u64, src: &Region, src_offset: u64, len: u64) -> Result<()> {
+        let from = src.absolute(src_offset, len)?;
+        let at = self.absolute(offset, len)?;
+        match (&self.inner.backing, &src.inner.backing) {
+            (Backing::Mapped(to), Backing::Mapped(source)) => {
+                let same = Arc::ptr_eq(&self.inner, &src.inner);
+                assert!(
+                    !same || from + len as usize <= at || at + len as usize <= from,
+                    "copy_nt_from between overlapping ranges"
+                );
+                // SAFETY: both ranges were checked to lie in their mappings and do not
+                // overlap (asserted for one mapping; two mappings are two devices).
+                unsafe { self.store_nt(to, at, source.base().add(from), len as usize) }
+            }
+            _ => {
+                let mut bytes = vec![0u8; len as usize];
+                src.read(src_offset, &mut bytes)?;
+                self.write_nt(offset, &bytes)
+            }
+        }
+    }
+
+    /// The non-temporal store path of `write_nt` for a mapped region: copy, flush the
+    /// edges that went through the cache, and on `Msync` write the range back.
+    ///
+    /// # Safety
+    /// `at..at + len` must lie inside `mapping` (this region's), and `src` must be valid for
+    /// reads of `len` bytes that do not overlap it.
+    unsafe fn store_nt(
+        &self,
+        mapping: &Mapping,
+        at: usize,
+        src: *const u8,
+        len: usize,
+    ) -> Result<()> {
+        let mode = self.inner.mode;
+        if mode == PersistenceMode::Msync {
+            // SAFETY: the caller's contract.
+            unsafe { std::ptr::copy_nonoverlapping(src, mapping.base().add(at), len) };
+            return mapping.msync(at, len).map_err(|source| PmemError::Io {
+                path: "mapped file".into(),
+                action: "msync",
+                source,
+            });
+        }
+        // SAFETY: the caller's contract.
+        let edges = unsafe { cpu::copy_nontemporal(mapping.base().add(at), src, len) };
+        if let Some(instruction) = flush_instruction(mode) {
+            for (start, edge) in edges {
+                // SAFETY: each edge lies within the range just written.
+                unsafe {
+                    cpu::flush_range(instruction, mapping.base() as usize + at + start, edge);
+                }
             }
         }
         Ok(())
@@ -213,10 +253,19 @@ impl Region {
 
     /// Lends the bytes of several ranges, each `(region, offset, len)`, to `f` as slices of
     /// the mapped memory itself, in the order given — for sending persistent data to a
-    /// socket without copying it first (traced regions lend copies). The caller must keep
-    /// every store out of these ranges while `f` runs (the file system holds the range lock
-    /// that writers and its checkpoint need); `f` should be short for that reason.
-    pub fn lend<R>(parts: &[(&Region, u64, u64)], f: impl FnOnce(&[&[u8]]) -> R) -> Result<R> {
+    /// socket without copying it first (traced regions lend copies). `f` should be short:
+    /// the caller keeps writers out meanwhile.
+    ///
+    /// # Safety
+    /// While `f` runs, nothing may store to any lent range: not through any `Region` of the
+    /// device (every one of them can write), not through another mapping of the same memory,
+    /// not from another thread or process. The slices are shared references, which promise
+    /// that the bytes do not change. (To copy persistent data, use `read` or
+    /// `copy_nt_from`, which need no such promise.)
+    pub unsafe fn lend<R>(
+        parts: &[(&Region, u64, u64)],
+        f: impl FnOnce(&[&[u8]]) -> R,
+    ) -> Result<R> {
         // Traced regions are read first (checking every range), so that mapped ranges can
         // then be lent in the same pass that collects the slices; `copies` stays empty (no
         // allocation) unless a region is traced.
@@ -240,9 +289,9 @@ impl Region {
                     let at = region.absolute(offset, len)?;
                     // SAFETY: `absolute` checked the range lies inside the mapping, which
                     // stays mapped while `parts` borrows its region (each holds an `Arc` of
-                    // it); the slices do not outlive `f`, and the caller keeps stores out
-                    // of the range meanwhile, so the bytes do not change under the shared
-                    // reference.
+                    // it); the slices do not outlive `f`, and the caller's contract keeps
+                    // stores out of the range meanwhile, so the bytes do not change under
+                    // the shared reference.
                     slices.push(unsafe {
                         std::slice::from_raw_parts(mapping.base().add(at), len as usize)
                     });
@@ -427,11 +476,32 @@ mod tests {
         let tracer = Tracer::new();
         let a = tracer.region_with((0..=255).collect());
         let b = tracer.region_with(vec![7; 16]);
-        let joined = Region::lend(&[(&a, 250, 6), (&b, 3, 2), (&a, 0, 1)], |slices| {
-            slices.concat()
-        })
+        // SAFETY: nothing else holds these test regions, so nothing stores to them.
+        let joined = unsafe {
+            Region::lend(&[(&a, 250, 6), (&b, 3, 2), (&a, 0, 1)], |slices| {
+                slices.concat()
+            })
+        }
         .unwrap();
         assert_eq!(joined, [250, 251, 252, 253, 254, 255, 7, 7, 0]);
-        assert!(Region::lend(&[(&a, 0, 1), (&b, 10, 7)], |_| ()).is_err());
+        // SAFETY: as above.
+        assert!(unsafe { Region::lend(&[(&a, 0, 1), (&b, 10, 7)], |_| ()) }.is_err());
+    }
+
+    #[test]
+    fn copy_nt_from_copies_between_and_within_regions_and_refuses_overlap() {
+        let tracer = Tracer::new();
+        let a = tracer.region_with((0..=255).collect());
+        let b = tracer.region_with(vec![0; 64]);
+        b.copy_nt_from(8, &a, 100, 16).unwrap();
+        let mut out = [0u8; 32];
+        b.read(0, &mut out).unwrap();
+        assert_eq!(&out[8..24], &(100..116).collect::<Vec<u8>>()[..]);
+        assert_eq!(out[..8], [0; 8]);
+        assert!(b.copy_nt_from(60, &a, 0, 8).is_err(), "past the end");
+        assert!(
+            b.copy_nt_from(0, &a, 250, 8).is_err(),
+            "past the source's end"
+        );
     }
 }
