@@ -211,9 +211,7 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
         apply_record(inner, record, &mut work)?;
     }
     // Partial copies were non-temporal: one fence makes them durable before the commit.
-    if let Some(region) = inner.devices.first() {
-        region.fence();
-    }
+    inner.volume.fence();
     let mut retired: Vec<(u32, u64)> = Vec::new();
     for p in &batch {
         match retired.iter_mut().find(|(s, _)| *s == p.slot) {
@@ -476,9 +474,7 @@ pub(crate) fn snapshot(inner: &Inner) -> Result<()> {
     inner
         .snapshot_bytes
         .store(bytes.len() as u64, Ordering::Relaxed);
-    if let Some(region) = inner.devices.first() {
-        region.fence();
-    }
+    inner.volume.fence();
     let old = Extent {
         start: volume::GlobalAddress::from_raw(root.snapshot_addr),
         len_bytes: root.snapshot_len.next_multiple_of(BLOCK),

@@ -1085,7 +1085,7 @@ impl Inner {
                 let extent = fs.volume.alloc_local(BLOCK)?;
                 let (region, offset) = fs.region_at(extent.start.raw())?;
                 region.write_nt(offset, &bytes)?;
-                region.fence();
+                fs.volume.fence();
                 slot.counters
                     .media_bytes
                     .fetch_add(BLOCK, Ordering::Relaxed);
@@ -1343,7 +1343,7 @@ impl Inner {
         let (region, at) = self.region_at(addr)?;
         region.write_nt(at, data)?;
         // The data is durable before the record that points at it can be.
-        region.fence();
+        self.volume.fence();
         slot.counters.media_bytes.fetch_add(len, Ordering::Relaxed);
         self.commit(&slot, inode, offset, len, addr, set)
     }
@@ -1357,14 +1357,9 @@ impl Inner {
         let len = buffer.len;
         check_io(offset, len)?;
         let slot = self.slot()?;
-        let start = buffer
-            .extent
-            .expect("an uncommitted buffer has its extent")
-            .start;
-        let (region, _) = self.region_at(start.raw())?;
         // `Buffer::write` stored with `write_nt` (edges flushed, or msynced on ordinary
         // files): the fence makes the whole buffer durable before its record is written.
-        region.fence();
+        self.volume.fence();
         slot.counters.media_bytes.fetch_add(len, Ordering::Relaxed);
         let extent = buffer.into_extent();
         let set = Arc::new(BufferSet::sealed_with(vec![extent], 1));

@@ -30,5 +30,5 @@ pub use cpu::{CACHE_LINE, FlushInstruction};
 pub use device::{Device, DeviceKind, DeviceSpec, FlushPolicy};
 pub use error::{PmemError, Result};
 pub use mapping::{MsyncRecorder, available_bytes};
-pub use region::{PersistenceMode, Region};
+pub use region::{PersistenceMode, Region, fence_all};
 pub use trace::{CrashImage, CrashImages, Tracer};

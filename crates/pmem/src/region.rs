@@ -396,8 +396,10 @@ impl Region {
         Ok(())
     }
 
-    /// Orders every earlier store and flush before any later store (`sfence`).
-    pub fn fence(&self) {
+    /// Orders every earlier store and flush before any later store (`sfence`): for a mapped
+    /// region a fence of the whole CPU, for a traced one of its tracer. Layers above fence
+    /// through [`fence_all`] (one fence for every device of a volume).
+    pub(crate) fn fence(&self) {
         match &self.inner.backing {
             Backing::Mapped(_) => cpu::store_fence(),
             Backing::Traced { state, .. } => state.lock().expect("trace lock").fence(),
@@ -451,6 +453,31 @@ impl Region {
     }
 }
 
+/// Orders every earlier store and flush to any of `regions` before any later store: one CPU
+/// store fence if any of them is mapped, and one fence per distinct tracer of traced ones.
+/// A fence is a property of the CPU (and of a recording), not of one region, which is why
+/// this is not a method.
+pub fn fence_all<'a>(regions: impl IntoIterator<Item = &'a Region>) {
+    let mut mapped = false;
+    let mut tracers: Vec<&Arc<std::sync::Mutex<TraceState>>> = Vec::new();
+    for region in regions {
+        match &region.inner.backing {
+            Backing::Mapped(_) => mapped = true,
+            Backing::Traced { state, .. } => {
+                if !tracers.iter().any(|t| Arc::ptr_eq(t, state)) {
+                    tracers.push(state);
+                }
+            }
+        }
+    }
+    if mapped {
+        cpu::store_fence();
+    }
+    for state in tracers {
+        state.lock().expect("trace lock").fence();
+    }
+}
+
 fn flush_instruction(mode: PersistenceMode) -> Option<FlushInstruction> {
     match mode {
         PersistenceMode::CacheFlush(i) | PersistenceMode::Emulated(i) => Some(i),
@@ -486,6 +513,18 @@ mod tests {
         assert_eq!(joined, [250, 251, 252, 253, 254, 255, 7, 7, 0]);
         // SAFETY: as above.
         assert!(unsafe { Region::lend(&[(&a, 0, 1), (&b, 10, 7)], |_| ()) }.is_err());
+    }
+
+    #[test]
+    fn fence_all_fences_each_tracer_once() {
+        let (one, two) = (Tracer::new(), Tracer::new());
+        let a = one.region_with(vec![0; 64]);
+        let b = one.region_with(vec![0; 64]);
+        let c = two.region_with(vec![0; 64]);
+        super::fence_all([&a, &b, &c, &a]);
+        assert_eq!((one.fence_count(), two.fence_count()), (1, 1));
+        super::fence_all([&c]);
+        assert_eq!((one.fence_count(), two.fence_count()), (1, 2));
     }
 
     #[test]

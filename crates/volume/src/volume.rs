@@ -502,6 +502,12 @@ impl Volume {
             })
     }
 
+    /// Orders every earlier store and flush to any device before any later store (one CPU
+    /// fence; for traced devices, one per tracer): what "durable at the next fence" waits for.
+    pub fn fence(&self) {
+        pmem::fence_all(self.devices.iter().map(|d| &d.region));
+    }
+
     /// The node a device sits on, if known.
     pub fn device_node(&self, device: u32) -> Option<u32> {
         self.devices.get(device as usize).and_then(|d| d.node)
