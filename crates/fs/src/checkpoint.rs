@@ -302,7 +302,7 @@ fn apply_record(inner: &Inner, record: &Pending, work: &mut Work) -> Result<()> 
     let reached = (record.offset + record.len).min(inode.size.load(Ordering::Acquire));
     if pieces.is_empty() {
         if !inode.dead.load(Ordering::Acquire) {
-            note_size(work, inode.ino, reached);
+            note_size(work, inode.ino, reached, record.mtime);
         }
         return Ok(());
     }
@@ -384,15 +384,16 @@ fn apply_record(inner: &Inner, record: &Pending, work: &mut Work) -> Result<()> 
             pos = to;
         }
     }
-    note_size(work, inode.ino, end);
+    note_size(work, inode.ino, end, record.mtime);
     Ok(())
 }
 
-/// The batch records that file `ino` is at least `size` bytes (modified now).
-fn note_size(work: &mut Work, ino: u64, size: u64) {
+/// The batch records that file `ino` is at least `size` bytes, modified at the latest of its
+/// records' times (now, for records of areas that did not record times).
+fn note_size(work: &mut Work, ino: u64, size: u64, mtime: u64) {
     let entry = work.sizes.entry(ino).or_insert((0, 0));
     entry.0 = entry.0.max(size);
-    entry.1 = now_ns();
+    entry.1 = entry.1.max(if mtime == 0 { now_ns() } else { mtime });
 }
 
 /// Makes `blocks` whole blocks of a record's buffer at `src` the file's blocks from `block`

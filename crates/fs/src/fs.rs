@@ -189,6 +189,8 @@ pub(crate) struct Pending {
     pub(crate) offset: u64,
     pub(crate) len: u64,
     pub(crate) set: Arc<BufferSet>,
+    /// The write's time (0: not recorded, an area of version 1).
+    pub(crate) mtime: u64,
 }
 
 /// Counters of one slot, on its own cache lines.
@@ -840,16 +842,18 @@ impl Inner {
             if child_entries.as_ref().is_some_and(|e| !e.is_empty()) {
                 return Err(FsError::NotEmpty(path.to_owned()));
             }
+            let time = now_ns();
             let op = MetaOp::Remove {
                 parent: parent.ino,
                 ino,
                 name: name.to_owned(),
+                time,
             };
             if !fs.journal(slot, &op)? {
                 return Ok(None);
             }
             entries.remove(name);
-            parent.attr().mtime = now_ns();
+            parent.attr().mtime = time;
             drop(child_entries);
             fs.unlinked(&target)?;
             Ok(Some(()))
@@ -970,14 +974,17 @@ impl Inner {
                 dst_name: dst_name.to_owned(),
                 ino,
                 replaced: replaced.unwrap_or(0),
+                time: now_ns(),
             };
             if !fs.journal(slot, &op)? {
                 return Ok(None);
             }
+            let MetaOp::Rename { time, .. } = op else {
+                unreachable!("built above")
+            };
             drop(target_entries);
             entries_of!(src).remove(src_name);
             entries_of!(dst).insert(dst_name.to_owned(), ino);
-            let time = now_ns();
             if moving.kind == Kind::Dir {
                 moving.attr().parent = dst.ino;
             }
@@ -1262,6 +1269,7 @@ impl Inner {
         buffer: u64,
         set: Arc<BufferSet>,
     ) -> Result<()> {
+        let time = now_ns();
         self.reserve_log(slot)?;
         let _range = inode.locks.lock(offset, len, LockMode::Exclusive)?;
         let mut log = slot.log.lock().expect("log area");
@@ -1271,7 +1279,7 @@ impl Inner {
             .0
             .store(self.order.0.load(Ordering::SeqCst), Ordering::SeqCst);
         let order = self.next_order();
-        let record = match log.append(inode.ino, offset, len, buffer, order) {
+        let record = match log.append(inode.ino, offset, len, buffer, order, time) {
             Ok(record) => record,
             Err(e) => {
                 slot.inflight.0.store(u64::MAX, Ordering::SeqCst);
@@ -1281,6 +1289,11 @@ impl Inner {
         drop(log);
         inode.overlay.insert(offset, len, buffer, order);
         inode.size.fetch_max(offset + len, Ordering::AcqRel);
+        if record.mtime != 0 {
+            // Recovery takes the largest time of the records it replays: so does this.
+            let mut attr = inode.attr();
+            attr.mtime = attr.mtime.max(record.mtime);
+        }
         let depth = {
             let mut pending = slot.pending.lock().expect("pending queue");
             pending.push_back(Pending {
@@ -1291,6 +1304,7 @@ impl Inner {
                 offset,
                 len,
                 set,
+                mtime: record.mtime,
             });
             pending.len()
         };

@@ -63,6 +63,9 @@ pub enum MetaOp {
         ino: u64,
         /// The name.
         name: String,
+        /// The directory's new modification time (0 in records of kind 2, written before
+        /// times were recorded: the time is then left as it was).
+        time: u64,
     },
     /// `ino` moved from `src_parent/src_name` to `dst_parent/dst_name`, replacing `replaced`
     /// (0: nothing) there.
@@ -79,6 +82,9 @@ pub enum MetaOp {
         ino: u64,
         /// The inode the target named before, now gone (0 when none).
         replaced: u64,
+        /// Both directories' new modification time (0 in records of kind 3, written before
+        /// times were recorded: the times are then left as they were).
+        time: u64,
     },
     /// A file's size set (grow or shrink); blocks beyond it are freed.
     Truncate {
@@ -127,8 +133,8 @@ impl MetaOp {
     fn kind_code(&self) -> u8 {
         match self {
             Self::Create { .. } => 1,
-            Self::Remove { .. } => 2,
-            Self::Rename { .. } => 3,
+            Self::Remove { .. } => 8,
+            Self::Rename { .. } => 9,
             Self::Truncate { .. } => 4,
             Self::SetMode { .. } => 5,
             Self::Batch { .. } => 6,
@@ -157,8 +163,13 @@ impl MetaOp {
                 });
                 e.u32(*mode).u64(*time).name(name);
             }
-            Self::Remove { parent, ino, name } => {
-                e.u64(*parent).u64(*ino).name(name);
+            Self::Remove {
+                parent,
+                ino,
+                name,
+                time,
+            } => {
+                e.u64(*parent).u64(*ino).u64(*time).name(name);
             }
             Self::Rename {
                 src_parent,
@@ -167,9 +178,10 @@ impl MetaOp {
                 dst_name,
                 ino,
                 replaced,
+                time,
             } => {
                 e.u64(*src_parent).u64(*dst_parent).u64(*ino).u64(*replaced);
-                e.name(src_name).name(dst_name);
+                e.u64(*time).name(src_name).name(dst_name);
             }
             Self::Truncate {
                 ino,
@@ -225,16 +237,24 @@ impl MetaOp {
                 time: d.u64("time")?,
                 name: d.name("name")?,
             },
-            2 => Self::Remove {
-                parent: d.u64("parent")?,
-                ino: d.u64("ino")?,
-                name: d.name("name")?,
-            },
-            3 => {
+            // 2 and 3: Remove and Rename as written before they carried the time.
+            2 | 8 => {
+                let parent = d.u64("parent")?;
+                let ino = d.u64("ino")?;
+                let time = if kind == 8 { d.u64("time")? } else { 0 };
+                Self::Remove {
+                    parent,
+                    ino,
+                    name: d.name("name")?,
+                    time,
+                }
+            }
+            3 | 9 => {
                 let src_parent = d.u64("src_parent")?;
                 let dst_parent = d.u64("dst_parent")?;
                 let ino = d.u64("ino")?;
                 let replaced = d.u64("replaced")?;
+                let time = if kind == 9 { d.u64("time")? } else { 0 };
                 Self::Rename {
                     src_parent,
                     src_name: d.name("src_name")?,
@@ -242,6 +262,7 @@ impl MetaOp {
                     dst_name: d.name("dst_name")?,
                     ino,
                     replaced,
+                    time,
                 }
             }
             4 => Self::Truncate {
@@ -467,6 +488,13 @@ mod tests {
                 dst_name: "b".repeat(255),
                 ino: 3,
                 replaced: 4,
+                time: 11,
+            },
+            MetaOp::Remove {
+                parent: 2,
+                ino: 4,
+                name: "gone".into(),
+                time: 12,
             },
             MetaOp::Batch {
                 maps: vec![MapEntry {
@@ -491,7 +519,7 @@ mod tests {
         }
         let (_, back) = Journal::recover(region.clone(), 1, 3).unwrap();
         assert_eq!(back.iter().map(|r| r.op.clone()).collect::<Vec<_>>(), ops());
-        assert_eq!(back[2].order, 12);
+        assert_eq!(back[3].order, 13);
         // Another epoch sees nothing.
         assert!(Journal::recover(region.clone(), 1, 4).unwrap().1.is_empty());
         // Flip a byte of the second record: the scan keeps only the first.
@@ -500,6 +528,41 @@ mod tests {
         region.read(first_len + 40, &mut b).unwrap();
         region.write(first_len + 40, &[b[0] ^ 1]).unwrap();
         assert_eq!(Journal::recover(region, 1, 3).unwrap().1.len(), 1);
+    }
+
+    /// Remove and Rename records as written before they carried a time (kinds 2 and 3)
+    /// still read, with time 0 ("leave the mtime as it was").
+    #[test]
+    fn remove_and_rename_records_without_a_time_still_read() {
+        let mut remove = Encoder::default();
+        remove.u64(1).u64(5).name("old");
+        let mut rename = Encoder::default();
+        rename.u64(1).u64(2).u64(5).u64(0).name("a").name("b");
+        let read = |kind: u8, e: Encoder| {
+            let mut d = Decoder::new(&e.0, "test");
+            MetaOp::decode_payload(kind, &mut d).unwrap()
+        };
+        assert_eq!(
+            read(2, remove),
+            MetaOp::Remove {
+                parent: 1,
+                ino: 5,
+                name: "old".into(),
+                time: 0
+            }
+        );
+        assert_eq!(
+            read(3, rename),
+            MetaOp::Rename {
+                src_parent: 1,
+                src_name: "a".into(),
+                dst_parent: 2,
+                dst_name: "b".into(),
+                ino: 5,
+                replaced: 0,
+                time: 0
+            }
+        );
     }
 
     #[test]

@@ -25,7 +25,10 @@ use crate::error::{FsError, Result};
 /// `LOCUSLOG`.
 pub const LOG_MAGIC: u64 = u64::from_le_bytes(*b"LOCUSLOG");
 /// Format version.
-pub const LOG_VERSION: u32 = 1;
+pub const LOG_VERSION: u32 = 2;
+/// The version before records carried the write's time (still read, and written to as
+/// version 1: its records keep `mtime` 0).
+const LOG_VERSION_WITHOUT_TIMES: u32 = 1;
 /// Bytes of the header and of each record slot (one cache line each).
 pub const SLOT_BYTES: u64 = 64;
 /// Most record slots in one area.
@@ -48,6 +51,9 @@ pub struct LogRecord {
     pub buffer: u64,
     /// Place in the file system's global order of operations (replay order across areas).
     pub order: u64,
+    /// The write's time (ns since the Unix epoch), the file's modification time from it on;
+    /// 0 in areas of version 1, which did not record it.
+    pub mtime: u64,
 }
 
 impl LogRecord {
@@ -60,6 +66,7 @@ impl LogRecord {
             self.length,
             self.buffer,
             self.order,
+            self.mtime,
         ]
         .into_iter()
         .enumerate()
@@ -74,7 +81,7 @@ impl LogRecord {
     /// `None` for an empty or torn slot (CRC mismatch), which recovery skips.
     fn decode(bytes: &[u8; SLOT_BYTES as usize]) -> Option<Self> {
         let crc = u32::from_le_bytes(bytes[60..64].try_into().expect("4 bytes"));
-        if crc != crc32c::crc32c(&bytes[..60]) || bytes[48..60].iter().any(|&b| b != 0) {
+        if crc != crc32c::crc32c(&bytes[..60]) || bytes[56..60].iter().any(|&b| b != 0) {
             return None;
         }
         let word =
@@ -86,6 +93,7 @@ impl LogRecord {
             length: word(3),
             buffer: word(4),
             order: word(5),
+            mtime: word(6),
         };
         (record.sequence != 0).then_some(record)
     }
@@ -95,6 +103,8 @@ impl LogRecord {
 #[derive(Debug)]
 pub struct LogArea {
     region: Region,
+    /// Whether records carry their time (version 2 areas).
+    times: bool,
     id: u32,
     capacity: u64,
     next_sequence: u64,
@@ -135,6 +145,7 @@ impl LogArea {
         region.persist(0, 8)?;
         Ok(Self {
             region,
+            times: true,
             id,
             capacity,
             next_sequence: 1,
@@ -155,10 +166,11 @@ impl LogArea {
         if u64_at(0) != LOG_MAGIC {
             return Err(bad("magic", "not a locus log area".into()));
         }
-        if u32_at(8) != LOG_VERSION {
+        let version = u32_at(8);
+        if version != LOG_VERSION && version != LOG_VERSION_WITHOUT_TIMES {
             return Err(bad(
                 "version",
-                format!("{}, expected {LOG_VERSION}", u32_at(8)),
+                format!("{version}, expected {LOG_VERSION_WITHOUT_TIMES} or {LOG_VERSION}"),
             ));
         }
         let crc = u32_at(60);
@@ -221,6 +233,7 @@ impl LogArea {
         Ok((
             Self {
                 region,
+                times: version == LOG_VERSION,
                 id,
                 capacity,
                 next_sequence: expected,
@@ -269,6 +282,7 @@ impl LogArea {
         length: u64,
         buffer: u64,
         order: u64,
+        mtime: u64,
     ) -> Result<LogRecord> {
         if self.pending() == self.capacity {
             return Err(FsError::LogFull {
@@ -283,6 +297,7 @@ impl LogArea {
             length,
             buffer,
             order,
+            mtime: if self.times { mtime } else { 0 },
         };
         let at = SLOT_BYTES * ((record.sequence - 1) % self.capacity + 1);
         self.region.write(at, &record.encode())?;

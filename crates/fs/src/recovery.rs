@@ -234,6 +234,7 @@ impl Fs {
                 offset: r.offset,
                 len: r.length,
                 set: Arc::clone(&recovered),
+                mtime: r.mtime,
             });
         }
         let granule = root.granule;
@@ -439,6 +440,7 @@ fn load(volume: &Volume) -> Result<Loaded> {
                         .overlay
                         .insert(record.offset, record.length, record.buffer, record.order);
                     inode.size = inode.size.max(record.offset + record.length);
+                    inode.mtime = inode.mtime.max(record.mtime);
                 }
                 live.push((slot, record));
             }
@@ -667,7 +669,12 @@ fn replay(inodes: &mut HashMap<u64, Replayed>, op: &MetaOp) -> Result<(), String
                 },
             );
         }
-        MetaOp::Remove { parent, ino, name } => {
+        MetaOp::Remove {
+            parent,
+            ino,
+            name,
+            time,
+        } => {
             let dir = dir_mut(inodes, *parent)?;
             if dir.entries.get(name) != Some(ino) {
                 return Err(format!(
@@ -675,6 +682,9 @@ fn replay(inodes: &mut HashMap<u64, Replayed>, op: &MetaOp) -> Result<(), String
                 ));
             }
             dir.entries.remove(name);
+            if *time != 0 {
+                dir.mtime = *time;
+            }
             if inodes.get(ino).is_some_and(|i| !i.entries.is_empty()) {
                 return Err(format!("removal of directory {ino}, which is not empty"));
             }
@@ -687,6 +697,7 @@ fn replay(inodes: &mut HashMap<u64, Replayed>, op: &MetaOp) -> Result<(), String
             dst_name,
             ino,
             replaced,
+            time,
         } => {
             let src = dir_mut(inodes, *src_parent)?;
             if src.entries.get(src_name) != Some(ino) {
@@ -695,7 +706,13 @@ fn replay(inodes: &mut HashMap<u64, Replayed>, op: &MetaOp) -> Result<(), String
                 ));
             }
             src.entries.remove(src_name);
+            if *time != 0 {
+                src.mtime = *time;
+            }
             let dst = dir_mut(inodes, *dst_parent)?;
+            if *time != 0 {
+                dst.mtime = *time;
+            }
             let before = dst.entries.insert(dst_name.clone(), *ino).unwrap_or(0);
             if before != *replaced {
                 return Err(format!(

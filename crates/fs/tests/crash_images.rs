@@ -1,7 +1,7 @@
 //! Crash images for every kind of operation: record the operation on a traced volume, crash
 //! at every fence it executed (with the possible sets of pending cache lines that reached
-//! the media), recover, and require the whole file system to be exactly as before or as after
-//! the operation. At the last point (the operation returned) it must be as after.
+//! the media), recover, and require the whole file system — names, contents, and every
+//! path's mode and modification time — to be exactly as before or as after the operation. At the last point (the operation returned) it must be as after.
 
 mod common;
 
@@ -11,25 +11,42 @@ use common::*;
 use fs::{CheckpointMode, Fs, FsOptions, Kind};
 use pmem::Tracer;
 
-/// Path -> contents (`None` for a directory).
-type State = BTreeMap<String, Option<Vec<u8>>>;
+/// What a path holds: its attributes, and its contents (`None` for a directory).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    mode: u32,
+    mtime_ns: u64,
+    contents: Option<Vec<u8>>,
+}
+
+/// Path -> entry, the root directory included.
+type State = BTreeMap<String, Entry>;
 
 fn state(fs: &Fs) -> State {
     let mut out = State::new();
+    let entry = |path: &str, contents| {
+        let stat = fs.stat(path).unwrap();
+        Entry {
+            mode: stat.mode,
+            mtime_ns: stat.mtime_ns,
+            contents,
+        }
+    };
+    out.insert("/".to_owned(), entry("/", None));
     let mut dirs = vec!["/".to_owned()];
     while let Some(dir) = dirs.pop() {
-        for entry in fs.readdir(&dir).unwrap() {
-            let path = format!("{}/{}", dir.trim_end_matches('/'), entry.name);
-            match entry.kind {
+        for child in fs.readdir(&dir).unwrap() {
+            let path = format!("{}/{}", dir.trim_end_matches('/'), child.name);
+            match child.kind {
                 Kind::Dir => {
-                    out.insert(path.clone(), None);
+                    out.insert(path.clone(), entry(&path, None));
                     dirs.push(path);
                 }
                 Kind::File => {
                     let file = fs.open_read(&path).unwrap();
                     let mut data = vec![0u8; file.len() as usize];
                     assert_eq!(file.read_at(&mut data, 0).unwrap(), data.len());
-                    out.insert(path, Some(data));
+                    out.insert(path.clone(), entry(&path, Some(data)));
                 }
             }
         }

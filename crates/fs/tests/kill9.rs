@@ -108,16 +108,22 @@ fn acknowledged_writes_survive_kill_9() {
             .unwrap();
         let stdout = child.stdout.take().unwrap();
         let wait = Duration::from_millis(rng.random_range(5..60));
+        let (writing, started) = std::sync::mpsc::channel();
         let reader = std::thread::spawn(move || {
             let mut lines = Vec::new();
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
+                if line.starts_with("ack ") {
+                    let _ = writing.send(());
+                }
                 lines.push(line);
             }
             lines
         });
-        // Let it get going (recovery and the first acks), then kill at a random moment.
-        std::thread::sleep(wait + Duration::from_millis(30));
+        // Let it get going (recovery, mapping the device, the first ack: startup time varies
+        // with the machine), then kill at a random moment of its writing.
+        let _ = started.recv_timeout(Duration::from_secs(20));
+        std::thread::sleep(wait);
         child.kill().unwrap();
         child.wait().unwrap();
         let lines = reader.join().unwrap();

@@ -22,7 +22,8 @@ fn reopen(tracer: &Tracer, retired: u64) -> Result<(LogArea, Vec<fs::LogRecord>)
 fn records_come_back_in_order_and_sequences_continue() {
     let (tracer, mut log) = area(8);
     for i in 0..5 {
-        log.append(10, i * 4096, 4096, 0x100 + i, 50 + i).unwrap();
+        log.append(10, i * 4096, 4096, 0x100 + i, 50 + i, 1_000 + i)
+            .unwrap();
     }
     let (mut again, records) = reopen(&tracer, 0).unwrap();
     assert_eq!(
@@ -32,27 +33,28 @@ fn records_come_back_in_order_and_sequences_continue() {
     assert_eq!(records[2].offset, 2 * 4096);
     assert_eq!(records[4].buffer, 0x104);
     assert_eq!(records[4].order, 54);
+    assert_eq!(records[4].mtime, 1_004);
     assert_eq!(again.id(), 3);
-    assert_eq!(again.append(10, 0, 1, 1, 60).unwrap().sequence, 6);
+    assert_eq!(again.append(10, 0, 1, 1, 60, 7).unwrap().sequence, 6);
 }
 
 #[test]
 fn a_full_log_pushes_back_until_the_checkpoint_retires() {
     let (tracer, mut log) = area(4);
     for i in 0..4 {
-        log.append(1, i, 1, i, i + 1).unwrap();
+        log.append(1, i, 1, i, i + 1, 1).unwrap();
     }
     assert!(matches!(
-        log.append(1, 9, 1, 9, 9),
+        log.append(1, 9, 1, 9, 9, 1),
         Err(FsError::LogFull { pending: 4, .. })
     ));
     log.retire_through(2);
     assert_eq!(
-        log.append(1, 4, 1, 4, 5).unwrap().sequence,
+        log.append(1, 4, 1, 4, 5, 1).unwrap().sequence,
         5,
         "reuses slot 0"
     );
-    assert_eq!(log.append(1, 5, 1, 5, 6).unwrap().sequence, 6);
+    assert_eq!(log.append(1, 5, 1, 5, 6, 1).unwrap().sequence, 6);
     let (_, records) = reopen(&tracer, 2).unwrap();
     assert_eq!(
         records.iter().map(|r| r.sequence).collect::<Vec<_>>(),
@@ -77,7 +79,8 @@ fn every_crash_image_recovers_every_acknowledged_record_and_nothing_else() {
             let &(_, acked, _) = acknowledged.last().unwrap();
             acknowledged.push((tracer.fence_count(), acked, 4));
         }
-        log.append(7, i * 4096, 4096, 0x1000 + i, 100 + i).unwrap();
+        log.append(7, i * 4096, 4096, 0x1000 + i, 100 + i, 1)
+            .unwrap();
         let &(_, _, retired) = acknowledged.last().unwrap();
         acknowledged.push((tracer.fence_count(), i + 1, retired));
     }
@@ -125,7 +128,7 @@ fn every_crash_image_recovers_every_acknowledged_record_and_nothing_else() {
 fn damage_is_named() {
     let (tracer, mut log) = area(8);
     for i in 0..4 {
-        log.append(1, i, 1, i, i + 1).unwrap();
+        log.append(1, i, 1, i, i + 1, 1).unwrap();
     }
     let image = tracer.contents()[0].clone();
 
@@ -154,4 +157,34 @@ fn damage_is_named() {
             other => panic!("{other}"),
         }
     }
+}
+
+/// An area formatted before records carried their time (version 1) still opens, its
+/// records read with time 0, and new records in it keep time 0, so that they stay what a
+/// version-1 reader accepts.
+#[test]
+fn an_area_of_version_1_keeps_records_without_times() {
+    let (tracer, mut log) = area(8);
+    log.append(10, 0, 4096, 0x100, 50, 1_000).unwrap();
+    drop(log);
+    let mut image = tracer.contents()[0].clone();
+    image[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let crc = crc32c::crc32c(&image[8..24]);
+    image[60..64].copy_from_slice(&crc.to_le_bytes());
+    // The record written above has a time; a version-1 area never held such a record, so
+    // clear it the way version 1 wrote it (bytes 48..56 zero, CRC over the first 60).
+    let slot = 64;
+    image[slot + 48..slot + 56].fill(0);
+    let crc = crc32c::crc32c(&image[slot..slot + 60]);
+    image[slot + 60..slot + 64].copy_from_slice(&crc.to_le_bytes());
+    let replay = Tracer::new();
+    let region = replay.region_with(image);
+    let (mut old, records) = LogArea::recover(region.clone(), 0).unwrap();
+    assert_eq!((records.len(), records[0].mtime), (1, 0));
+    assert_eq!(
+        old.append(10, 4096, 4096, 0x200, 51, 2_000).unwrap().mtime,
+        0
+    );
+    let (_, records) = LogArea::recover(region, 0).unwrap();
+    assert_eq!(records.iter().map(|r| r.mtime).collect::<Vec<_>>(), [0, 0]);
 }

@@ -134,6 +134,19 @@ fn compare(fs: &Fs, model: &Model) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Every path's (mode, modification time), the root included: recovery must bring back
+/// exactly what the running file system showed (times are the ones its records carry).
+fn attributes(fs: &Fs, model: &Model) -> Vec<(String, u32, u64)> {
+    std::iter::once("/".to_owned())
+        .chain(model.dirs.iter().cloned())
+        .chain(model.files.keys().cloned())
+        .map(|path| {
+            let stat = fs.stat(&path).unwrap();
+            (path, stat.mode, stat.mtime_ns)
+        })
+        .collect()
+}
+
 fn run(ops: Vec<Op>, name: &str, mode: fs::CheckpointMode) -> Result<(), TestCaseError> {
     let shm = shm_volume(name, 128 << 20);
     let options = fs::FsOptions {
@@ -266,12 +279,16 @@ fn run(ops: Vec<Op>, name: &str, mode: fs::CheckpointMode) -> Result<(), TestCas
                 }
             }
             Op::Reopen => {
+                let before = attributes(&fs, &model);
                 fs.unmount().unwrap();
                 fs = Fs::open(open_volume(&shm.dir), options.clone()).unwrap();
+                prop_assert_eq!(attributes(&fs, &model), before, "attributes after a reopen");
             }
             Op::Crash => {
+                let before = attributes(&fs, &model);
                 fs.abandon();
                 fs = Fs::open(open_volume(&shm.dir), options.clone()).unwrap();
+                prop_assert_eq!(attributes(&fs, &model), before, "attributes after a crash");
             }
         }
         compare(&fs, &model).map_err(|e| TestCaseError::fail(format!("after {op:?}: {e}")))?;
