@@ -209,6 +209,15 @@ impl Policy for Nbm {
             Op::Write => self.write(access.block, sink),
         }
         self.compact();
+        // The policy's own bound (tests also replay every action against explicit tiers).
+        debug_assert!(
+            self.dram_count <= self.capacity.dram_blocks
+                && self.nvram_count <= self.capacity.nvram_blocks,
+            "NBM holds {} clean and {} dirty blocks in {:?}",
+            self.dram_count,
+            self.nvram_count,
+            self.capacity
+        );
     }
 
     fn clean_blocks(&self) -> usize {

@@ -179,6 +179,16 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
         return Ok(0);
     }
     batch.sort_unstable_by_key(|p| p.order);
+    // Orders are unique (one counter) and every one taken is below the watermark: a batch
+    // is a set of records no writer can still precede.
+    assert!(
+        batch.windows(2).all(|w| w[0].order < w[1].order),
+        "checkpoint batch orders are not strictly increasing"
+    );
+    assert!(
+        batch.last().is_some_and(|p| p.order < safe),
+        "a checkpoint batch reaches the watermark {safe}"
+    );
     // Keep an order prefix of at most `checkpoint_batch`; the rest goes back to its queues.
     let limit = inner.options.checkpoint_batch;
     let done_below = if batch.len() > limit {
@@ -266,7 +276,13 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
     inner
         .pending_records
         .fetch_sub(batch.len() as u64, Ordering::AcqRel);
-    inner.done_below.fetch_max(done_below, Ordering::AcqRel);
+    let before = inner.done_below.fetch_max(done_below, Ordering::AcqRel);
+    // Only this thread (holding the batch lock) advances it, by a prefix of the order.
+    assert!(
+        before <= batch[0].order,
+        "records below done_below {before} were checkpointed again (first order {})",
+        batch[0].order
+    );
     Ok(batch.len())
 }
 

@@ -34,7 +34,10 @@ pub const SLOT_BYTES: u64 = 64;
 /// Most record slots in one area.
 pub const MAX_RECORDS: u64 = 1 << 24;
 
-const _: () = assert!(SLOT_BYTES == 64);
+// A record is one cache line: its encoding (7 words, 4 reserved bytes, the CRC) must fill it
+// exactly, so that one flush of one line makes it durable and it cannot tear across lines.
+const _: () =
+    assert!(7 * 8 + 4 + 4 == SLOT_BYTES as usize && SLOT_BYTES == pmem::CACHE_LINE as u64);
 
 /// What a record says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -408,8 +408,15 @@ fn load(volume: &Volume) -> Result<Loaded> {
         logs.push(log);
     }
 
-    // 4. Replay in global order.
+    // 4. Replay in global order. Orders come from one counter, so two records sharing one
+    // can only be damage.
     steps.sort_by_key(Step::order);
+    if let Some(pair) = steps.windows(2).find(|w| w[0].order() == w[1].order()) {
+        return Err(FsError::corrupt(
+            "file-system journals and logs",
+            format!("two records carry the global order {}", pair[0].order()),
+        ));
+    }
     let mut live: Vec<(u32, LogRecord)> = Vec::new();
     for step in steps {
         next_order = next_order.max(step.order() + 1);
