@@ -1,0 +1,461 @@
+//! The public handles: `Fs` (and the `Mount` its last clone drops), `File`, `Buffer`.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use pmem::Region;
+use volume::{Extent, Volume};
+
+use super::*;
+use crate::error::{FsError, Result};
+use crate::extent_map::BLOCK;
+use crate::journal::Kind;
+use crate::range_lock::LockMode;
+
+/// Stops the checkpoint and writes the final snapshot when the last handle goes.
+#[derive(Debug)]
+pub(crate) struct Mount {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Err(e) = crate::checkpoint::unmount(&self.inner, &self.thread) {
+            tracing::error!(error = %e, "unmount failed; recovery will replay the logs at next open");
+        }
+    }
+}
+
+/// An open file system. Cheap to clone; the last clone (with every [`File`]) unmounts it:
+/// everything is checkpointed and a final snapshot is written.
+#[derive(Debug, Clone)]
+pub struct Fs {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) mount: Arc<Mount>,
+}
+
+impl Fs {
+    /// Opens `path`. See [`OpenOptions`].
+    pub fn open_file(&self, path: &str, options: OpenOptions) -> Result<File> {
+        let inode = match self.inner.resolve(path) {
+            Ok(inode) if options.create && options.exclusive => {
+                let _ = inode;
+                return Err(FsError::Exists(path.to_owned()));
+            }
+            Ok(inode) => inode,
+            Err(FsError::NotFound(_)) if options.create => {
+                match self.inner.create(path, Kind::File, options.mode) {
+                    Ok(inode) => inode,
+                    // Lost a race with another creator: open theirs.
+                    Err(FsError::Exists(_)) if !options.exclusive => self.inner.resolve(path)?,
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        if inode.kind == Kind::Dir && options.write {
+            return Err(FsError::IsDir(path.to_owned()));
+        }
+        inode.opens.fetch_add(1, Ordering::AcqRel);
+        let file = File {
+            fs: self.clone(),
+            inode,
+            read: options.read,
+            write: options.write,
+        };
+        if options.truncate {
+            if !options.write {
+                return Err(FsError::BadHandle(format!(
+                    "{path}: truncate needs write access"
+                )));
+            }
+            file.set_len(0)?;
+        }
+        Ok(file)
+    }
+
+    /// Opens an existing file for reading.
+    pub fn open_read(&self, path: &str) -> Result<File> {
+        self.open_file(path, OpenOptions::default())
+    }
+
+    /// Creates (or opens and keeps) a file for reading and writing.
+    pub fn create(&self, path: &str) -> Result<File> {
+        self.open_file(path, OpenOptions::create())
+    }
+
+    /// Makes a directory.
+    pub fn mkdir(&self, path: &str, mode: u32) -> Result<()> {
+        self.inner.create(path, Kind::Dir, mode).map(drop)
+    }
+
+    /// Removes an empty directory.
+    pub fn rmdir(&self, path: &str) -> Result<()> {
+        self.inner.remove(path, true)
+    }
+
+    /// Removes a file's name; its blocks are freed when the last handle closes.
+    pub fn unlink(&self, path: &str) -> Result<()> {
+        self.inner.remove(path, false)
+    }
+
+    /// Moves `from` to `to` atomically, replacing a file there (or an empty directory, when
+    /// moving a directory).
+    pub fn rename(&self, from: &str, to: &str) -> Result<()> {
+        self.inner.rename(from, to)
+    }
+
+    /// Sets the size of the file at `path`.
+    pub fn truncate(&self, path: &str, size: u64) -> Result<()> {
+        let inode = self.inner.resolve(path)?;
+        if inode.kind == Kind::Dir {
+            return Err(FsError::IsDir(path.to_owned()));
+        }
+        self.inner.set_len(&inode, size)
+    }
+
+    /// Changes permission bits.
+    pub fn chmod(&self, path: &str, mode: u32) -> Result<()> {
+        self.inner.set_mode(path, mode)
+    }
+
+    /// Attributes of `path`.
+    pub fn stat(&self, path: &str) -> Result<Stat> {
+        let inode = self.inner.resolve(path)?;
+        Ok(self.inner.stat_of(&inode))
+    }
+
+    /// The entries of a directory, sorted by name.
+    pub fn readdir(&self, path: &str) -> Result<Vec<DirEntry>> {
+        let dir = self.inner.resolve(path)?;
+        if dir.kind != Kind::Dir {
+            return Err(FsError::NotDir(path.to_owned()));
+        }
+        let entries = dir.entries.lock().expect("directory").clone();
+        Ok(entries
+            .into_iter()
+            .filter_map(|(name, ino)| {
+                let kind = self.inner.inode(ino)?.kind;
+                Some(DirEntry { name, ino, kind })
+            })
+            .collect())
+    }
+
+    /// A persistent buffer of `len` bytes on the calling thread's node, to fill and commit
+    /// with [`File::write_buffer`] without a copy.
+    pub fn buffer(&self, len: u64) -> Result<Buffer> {
+        if len == 0 || len > MAX_IO {
+            return Err(FsError::Invalid(format!(
+                "buffer of {len} bytes; 1..={MAX_IO}"
+            )));
+        }
+        let extent = self.inner.with_space(|| self.inner.alloc_buffer(len))?;
+        let (region, offset) = self.inner.region_at(extent.start.raw())?;
+        Ok(Buffer {
+            fs: self.clone(),
+            region: region.slice(offset, len)?,
+            extent: Some(extent),
+            len,
+        })
+    }
+
+    /// Waits until every write logged so far is part of its file.
+    pub fn checkpoint(&self) -> Result<()> {
+        self.inner.drain()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> FsStats {
+        self.inner.stats()
+    }
+
+    /// Stops the checkpoint thread where it is, without moving what is logged or writing a
+    /// snapshot: the media is left as a crash after the last returned operation would leave
+    /// it. For recovery tests.
+    #[doc(hidden)]
+    pub fn abandon(self) {
+        {
+            let mut state = self.inner.signal.state.lock().expect("checkpoint state");
+            state.abandon = true;
+            state.stop = true;
+            self.inner.signal.wake.notify_all();
+        }
+        if let Some(handle) = self.mount.thread.lock().expect("checkpoint thread").take() {
+            let _ = handle.join();
+        }
+    }
+
+    /// The volume under the file system.
+    pub fn volume(&self) -> &Arc<Volume> {
+        &self.inner.volume
+    }
+
+    /// Checkpoints everything, writes a final snapshot and stops the checkpoint thread. Other
+    /// clones of this handle and open files fail with `Shutdown` afterwards.
+    pub fn unmount(self) -> Result<()> {
+        crate::checkpoint::unmount(&self.mount.inner, &self.mount.thread)
+    }
+}
+
+/// An open file. Reads and writes are positional; every write is atomic and durable when it
+/// returns. Closing (or dropping) checkpoints what was logged.
+#[derive(Debug)]
+pub struct File {
+    fs: Fs,
+    inode: Arc<Inode>,
+    read: bool,
+    write: bool,
+}
+
+impl File {
+    fn writable(&self) -> Result<()> {
+        if !self.write {
+            return Err(FsError::BadHandle(
+                "the file is not open for writing".into(),
+            ));
+        }
+        self.fs.inner.check_running()
+    }
+
+    /// Writes `data` at `offset`: copied into a preliminary buffer with non-temporal stores,
+    /// then committed by one log record.
+    pub fn write_at(&self, data: &[u8], offset: u64) -> Result<()> {
+        self.writable()?;
+        self.fs.inner.write_at(&self.inode, data, offset)
+    }
+
+    /// Commits a filled persistent buffer as the bytes at `offset`, without copying it. Its
+    /// whole blocks are later remapped into the file when `offset` is 4 KiB aligned.
+    pub fn write_buffer(&self, buffer: Buffer, offset: u64) -> Result<()> {
+        self.writable()?;
+        self.fs.inner.write_buffer(&self.inode, buffer, offset)
+    }
+
+    /// Reads at `offset`; returns the bytes read (short at the end of the file).
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        if !self.read {
+            return Err(FsError::BadHandle(
+                "the file is not open for reading".into(),
+            ));
+        }
+        let size = self.inode.size.load(Ordering::Acquire);
+        if offset >= size || buf.is_empty() {
+            return Ok(0);
+        }
+        let n = (buf.len() as u64).min(size - offset).min(MAX_IO);
+        let _range = self.inode.locks.lock(offset, n, LockMode::Shared)?;
+        // The size may have shrunk while waiting.
+        let size = self.inode.size.load(Ordering::Acquire);
+        let n = n.min(size.saturating_sub(offset));
+        self.fs
+            .inner
+            .read_into(&self.inode, offset, &mut buf[..n as usize])?;
+        Ok(n as usize)
+    }
+
+    /// Lends the bytes of `[offset, offset + len)`, clipped to the file, to `f` as slices in
+    /// file order — the persistent memory that holds them, not a copy (holes lend zeros) —
+    /// and returns how many bytes they cover with what `f` returned. Writers of the range
+    /// and the checkpoint wait while `f` runs, so it should only hand the bytes on (a
+    /// socket send that would block should copy what is left and return).
+    pub fn read_with<R>(
+        &self,
+        offset: u64,
+        len: u64,
+        f: impl FnOnce(&[&[u8]]) -> R,
+    ) -> Result<(u64, R)> {
+        if !self.read {
+            return Err(FsError::BadHandle(
+                "the file is not open for reading".into(),
+            ));
+        }
+        let size = self.inode.size.load(Ordering::Acquire);
+        let n = len.min(size.saturating_sub(offset)).min(MAX_IO);
+        if n == 0 {
+            return Ok((0, f(&[])));
+        }
+        let range = self.inode.locks.lock(offset, n, LockMode::Shared)?;
+        let size = self.inode.size.load(Ordering::Acquire);
+        let n = n.min(size.saturating_sub(offset));
+        let result = crate::lend::lend(&self.fs.inner, &self.inode, &range, offset, n, f)?;
+        Ok((n, result))
+    }
+
+    /// The parts of `[offset, offset + len)` (clipped to the file) that hold written data, as
+    /// sorted, disjoint `[start, end)` byte ranges; everything else is a hole that reads as
+    /// zeros and uses no memory. Ranges follow the 4 KiB blocks of checkpointed extents and
+    /// the exact bytes of writes still in the logs.
+    pub fn data_ranges(&self, offset: u64, len: u64) -> Result<Vec<std::ops::Range<u64>>> {
+        let end = offset.saturating_add(len).min(self.len());
+        if offset >= end {
+            return Ok(Vec::new());
+        }
+        // The checkpoint moves a write from the overlay to the extents under its range lock.
+        let _range = self
+            .inode
+            .locks
+            .lock(offset, end - offset, LockMode::Shared)?;
+        let mut ranges: Vec<std::ops::Range<u64>> = self
+            .inode
+            .extents
+            .read()
+            .expect("extent map")
+            .lookup(offset / BLOCK, end.div_ceil(BLOCK))
+            .into_iter()
+            .map(|run| {
+                let start = run.file_block * BLOCK;
+                start.max(offset)..(start + run.blocks * BLOCK).min(end)
+            })
+            .collect();
+        ranges.extend(
+            self.inode
+                .overlay
+                .lookup(offset, end)
+                .into_iter()
+                .map(|piece| piece.start..piece.end),
+        );
+        ranges.sort_unstable_by_key(|r| r.start);
+        let mut merged: Vec<std::ops::Range<u64>> = Vec::with_capacity(ranges.len());
+        for range in ranges.into_iter().filter(|r| r.start < r.end) {
+            match merged.last_mut() {
+                Some(last) if range.start <= last.end => last.end = last.end.max(range.end),
+                _ => merged.push(range),
+            }
+        }
+        Ok(merged)
+    }
+
+    /// Makes `[offset, offset + len)` read as zeros and gives the memory of the whole blocks
+    /// inside it back to the volume (a hole, as `fallocate(PUNCH_HOLE | KEEP_SIZE)`): those
+    /// blocks are unmapped by one journal record, the partial blocks at the edges get zeros
+    /// written. The size never changes; the part of the range beyond the end is ignored.
+    /// Not bounded by [`MAX_IO`]: no data moves.
+    pub fn punch_hole(&self, offset: u64, len: u64) -> Result<()> {
+        self.writable()?;
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > MAX_FILE_SIZE)
+        {
+            return Err(FsError::Invalid(format!(
+                "{len} bytes at offset {offset} end beyond the largest file ({MAX_FILE_SIZE})"
+            )));
+        }
+        self.fs.inner.punch_hole(&self.inode, offset, len)
+    }
+
+    /// Sets the size (grow with zeros or shrink).
+    pub fn set_len(&self, size: u64) -> Result<()> {
+        self.writable()?;
+        self.fs.inner.set_len(&self.inode, size)
+    }
+
+    /// Bytes in the file.
+    pub fn len(&self) -> u64 {
+        self.inode.size.load(Ordering::Acquire)
+    }
+
+    /// True for an empty file.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Attributes.
+    pub fn stat(&self) -> Stat {
+        self.fs.inner.stat_of(&self.inode)
+    }
+
+    /// A barrier: every write returned before is durable (they were at return already).
+    pub fn sync_all(&self) -> Result<()> {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.fs.inner.check_running()
+    }
+
+    /// The inode number.
+    pub fn ino(&self) -> u64 {
+        self.inode.ino
+    }
+
+    /// The file system this file belongs to.
+    pub fn fs(&self) -> &Fs {
+        &self.fs
+    }
+
+    /// Closes the file after checkpointing everything logged so far.
+    pub fn close(self) -> Result<()> {
+        let result = if self.write {
+            self.fs.inner.drain()
+        } else {
+            Ok(())
+        };
+        drop(self);
+        result
+    }
+}
+
+impl Drop for File {
+    fn drop(&mut self) {
+        if self.inode.opens.fetch_sub(1, Ordering::AcqRel) == 1
+            && self.inode.attr().unlinked
+            && let Err(e) = self.fs.inner.destroy(&self.inode)
+        {
+            tracing::error!(error = %e, ino = self.inode.ino, "freeing an unlinked file failed");
+        }
+    }
+}
+
+/// A persistent buffer from [`Fs::buffer`]: fill it, then commit it with
+/// [`File::write_buffer`]. Dropped uncommitted, its memory goes back to the volume.
+#[derive(Debug)]
+pub struct Buffer {
+    pub(super) fs: Fs,
+    pub(super) region: Region,
+    pub(super) extent: Option<Extent>,
+    pub(super) len: u64,
+}
+
+impl Buffer {
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True for an empty buffer (never: buffers hold at least one byte).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies `data` in at `offset` (non-temporal stores).
+    pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<()> {
+        self.region.write_nt(offset, data)?;
+        Ok(())
+    }
+
+    /// Copies out.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.region.read(offset, buf)?;
+        Ok(())
+    }
+
+    /// The node the buffer's memory is on, if known.
+    pub fn node(&self) -> Option<u32> {
+        self.extent
+            .and_then(|e| self.fs.inner.volume.device_node(e.device()))
+    }
+
+    pub(super) fn into_extent(mut self) -> Extent {
+        self.extent
+            .take()
+            .expect("an uncommitted buffer has its extent")
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        if let Some(extent) = self.extent.take()
+            && let Err(e) = self.fs.inner.volume.free(extent)
+        {
+            tracing::error!(error = %e, "freeing an uncommitted buffer failed");
+        }
+    }
+}

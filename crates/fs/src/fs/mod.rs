@@ -1,0 +1,54 @@
+//! The file system: namespace, files, the write and read paths, and thread slots.
+//!
+//! Every operation is atomic and durable when it returns:
+//! - a data write persists its data in a persistent buffer, then one 64-byte log record that
+//!   points at it, in the calling thread's log area (no lock shared with other threads), and
+//!   publishes the data in the file's overlay index;
+//! - a metadata operation takes the directory locks it needs, logs one record in the calling
+//!   thread's journal, and applies the change in DRAM.
+//!
+//! All records carry a place in one global order, taken while the locks that order dependent
+//! operations are held; recovery merges every log and journal by it. The background
+//! checkpoint (checkpoint.rs) later moves logged data into the files' extent maps.
+
+mod handles;
+mod inode;
+mod namespace;
+mod options;
+mod read;
+mod state;
+mod write;
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use pmem::Region;
+
+pub(crate) use handles::Mount;
+pub use handles::{Buffer, File, Fs};
+pub(crate) use inode::{Attr, Inode};
+pub use inode::{DirEntry, Stat};
+pub use options::{CheckpointMode, FormatOptions, FsOptions, OpenOptions};
+pub(crate) use options::{check_format, check_options};
+pub use state::FsStats;
+pub(crate) use state::*;
+
+/// Inode number of `/`.
+pub const ROOT_INO: u64 = 1;
+/// Largest single write or read (one log record).
+pub const MAX_IO: u64 = 1 << 30;
+/// Largest file size.
+pub const MAX_FILE_SIZE: u64 = 1 << 50;
+/// Range locks cover whole files up to here.
+const WHOLE_FILE: u64 = 1 << 62;
+/// Part of a file's byte range: its length, and where its bytes are in persistent memory
+/// (region, offset) or `None` for a hole ([`Inner::pieces`]).
+pub(crate) type Piece<'a> = (u64, Option<(&'a Region, u64)>);
+
+/// Holes lent by [`File::read_with`] point here.
+pub(crate) static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+
+pub(crate) fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}

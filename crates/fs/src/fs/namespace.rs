@@ -1,0 +1,476 @@
+//! Namespace operations: path resolution, create, remove, rename, truncate, punch, chmod,
+//! stat. Each takes its directory locks, journals one record, then changes DRAM.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use volume::{Extent, GlobalAddress};
+
+use super::*;
+use crate::error::{FsError, Result};
+use crate::extent_map::{BLOCK, Run};
+use crate::journal::{Kind, MetaOp};
+use crate::path;
+use crate::range_lock::LockMode;
+
+impl Inner {
+    pub(crate) fn lookup_in(&self, dir: &Inode, name: &str, shown: &str) -> Result<Arc<Inode>> {
+        if dir.kind != Kind::Dir {
+            return Err(FsError::NotDir(shown.to_owned()));
+        }
+        let ino = dir
+            .entries
+            .lock()
+            .expect("directory")
+            .get(name)
+            .copied()
+            .ok_or_else(|| FsError::NotFound(shown.to_owned()))?;
+        self.inode(ino)
+            .ok_or_else(|| FsError::NotFound(shown.to_owned()))
+    }
+
+    pub(crate) fn resolve(&self, path: &str) -> Result<Arc<Inode>> {
+        let mut at = self.inode(ROOT_INO).expect("root directory");
+        for name in path::components(path)? {
+            at = self.lookup_in(&at, name, path)?;
+        }
+        Ok(at)
+    }
+
+    /// The directory holding the last name of `path`, and that name.
+    pub(crate) fn resolve_parent<'p>(&self, path: &'p str) -> Result<(Arc<Inode>, &'p str)> {
+        let mut names = path::components(path)?;
+        let name = names.pop().ok_or_else(|| {
+            FsError::Invalid("the root directory cannot be changed this way".into())
+        })?;
+        let mut at = self.inode(ROOT_INO).expect("root directory");
+        for n in names {
+            at = self.lookup_in(&at, n, path)?;
+        }
+        if at.kind != Kind::Dir {
+            return Err(FsError::NotDir(path.to_owned()));
+        }
+        Ok((at, name))
+    }
+
+    /// Runs a metadata operation, retrying after a snapshot if the journal was full.
+    pub(crate) fn metadata<T>(
+        self: &Arc<Self>,
+        mut op: impl FnMut(&Self, &Slot) -> Result<Option<T>>,
+    ) -> Result<T> {
+        self.check_running()?;
+        let slot = self.slot()?;
+        loop {
+            let gate = self.gate.read().expect("metadata gate");
+            let done = op(self, &slot)?;
+            drop(gate);
+            match done {
+                Some(value) => return Ok(value),
+                None => self.wait_for_snapshot()?,
+            }
+        }
+    }
+
+    pub(crate) fn create(
+        self: &Arc<Self>,
+        path: &str,
+        kind: Kind,
+        mode: u32,
+    ) -> Result<Arc<Inode>> {
+        self.metadata(|fs, slot| {
+            let (parent, name) = fs.resolve_parent(path)?;
+            let mut entries = parent.entries.lock().expect("directory");
+            if parent.attr().unlinked {
+                return Err(FsError::NotFound(path.to_owned()));
+            }
+            if entries.contains_key(name) {
+                return Err(FsError::Exists(path.to_owned()));
+            }
+            let ino = fs.next_ino.fetch_add(1, Ordering::Relaxed);
+            let time = now_ns();
+            let op = MetaOp::Create {
+                parent: parent.ino,
+                ino,
+                kind,
+                mode,
+                time,
+                name: name.to_owned(),
+            };
+            if !fs.journal(slot, &op)? {
+                return Ok(None);
+            }
+            let inode = Arc::new(Inode::new(
+                ino,
+                kind,
+                Attr {
+                    mode,
+                    mtime: time,
+                    parent: if kind == Kind::Dir { parent.ino } else { 0 },
+                    unlinked: false,
+                },
+                fs.root.lock().expect("root").granule,
+            ));
+            fs.inodes
+                .write()
+                .expect("inode table")
+                .insert(ino, Arc::clone(&inode));
+            entries.insert(name.to_owned(), ino);
+            parent.attr().mtime = time;
+            Ok(Some(inode))
+        })
+    }
+
+    pub(crate) fn remove(self: &Arc<Self>, path: &str, dir: bool) -> Result<()> {
+        self.metadata(|fs, slot| {
+            // rmdir locks parent then child; renames (which lock directories in inode order)
+            // are kept out by the rename lock.
+            let _rename = dir.then(|| fs.rename.lock().expect("rename lock"));
+            let (parent, name) = fs.resolve_parent(path)?;
+            let mut entries = parent.entries.lock().expect("directory");
+            let ino = *entries
+                .get(name)
+                .ok_or_else(|| FsError::NotFound(path.to_owned()))?;
+            let target = fs
+                .inode(ino)
+                .ok_or_else(|| FsError::NotFound(path.to_owned()))?;
+            match (dir, target.kind) {
+                (true, Kind::File) => return Err(FsError::NotDir(path.to_owned())),
+                (false, Kind::Dir) => return Err(FsError::IsDir(path.to_owned())),
+                _ => {}
+            }
+            let child_entries = dir.then(|| target.entries.lock().expect("directory"));
+            if child_entries.as_ref().is_some_and(|e| !e.is_empty()) {
+                return Err(FsError::NotEmpty(path.to_owned()));
+            }
+            let time = now_ns();
+            let op = MetaOp::Remove {
+                parent: parent.ino,
+                ino,
+                name: name.to_owned(),
+                time,
+            };
+            if !fs.journal(slot, &op)? {
+                return Ok(None);
+            }
+            entries.remove(name);
+            parent.attr().mtime = time;
+            drop(child_entries);
+            fs.unlinked(&target)?;
+            Ok(Some(()))
+        })
+    }
+
+    /// `inode` lost its name: forget it now, or at its last close.
+    pub(crate) fn unlinked(&self, inode: &Arc<Inode>) -> Result<()> {
+        inode.attr().unlinked = true;
+        if inode.opens.load(Ordering::Acquire) == 0 {
+            self.destroy(inode)?;
+        }
+        Ok(())
+    }
+
+    /// Drops an unlinked, closed inode and frees its blocks. Its removal is durable already,
+    /// so after a crash nothing owns these blocks either.
+    pub(crate) fn destroy(&self, inode: &Arc<Inode>) -> Result<()> {
+        if self
+            .inodes
+            .write()
+            .expect("inode table")
+            .remove(&inode.ino)
+            .is_none()
+        {
+            return Ok(());
+        }
+        let mut extents = inode.extents.write().expect("extent map");
+        inode.dead.store(true, Ordering::Release);
+        let runs = extents.truncate(0);
+        drop(extents);
+        inode.overlay.truncate(0);
+        self.free_runs(&runs)
+    }
+
+    pub(crate) fn free_runs(&self, runs: &[Run]) -> Result<()> {
+        for run in runs {
+            self.volume.free(Extent {
+                start: GlobalAddress::from_raw(run.addr),
+                len_bytes: run.blocks * BLOCK,
+            })?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn rename(self: &Arc<Self>, from: &str, to: &str) -> Result<()> {
+        self.metadata(|fs, slot| {
+            let _rename = fs.rename.lock().expect("rename lock");
+            let (src, src_name) = fs.resolve_parent(from)?;
+            let (dst, dst_name) = fs.resolve_parent(to)?;
+            // Lock both directories in inode order.
+            let (first, second) = if src.ino <= dst.ino {
+                (&src, &dst)
+            } else {
+                (&dst, &src)
+            };
+            let mut first_entries = first.entries.lock().expect("directory");
+            let mut second_entries =
+                (first.ino != second.ino).then(|| second.entries.lock().expect("directory"));
+            macro_rules! entries_of {
+                ($dir:expr) => {
+                    if $dir.ino == first.ino {
+                        &mut *first_entries
+                    } else {
+                        &mut **second_entries.as_mut().expect("two directories")
+                    }
+                };
+            }
+            let ino = *entries_of!(src)
+                .get(src_name)
+                .ok_or_else(|| FsError::NotFound(from.to_owned()))?;
+            let moving = fs
+                .inode(ino)
+                .ok_or_else(|| FsError::NotFound(from.to_owned()))?;
+            if dst.attr().unlinked {
+                return Err(FsError::NotFound(to.to_owned()));
+            }
+            if moving.kind == Kind::Dir {
+                // The target directory must not be the moving one or inside it.
+                let mut at = dst.ino;
+                loop {
+                    if at == ino {
+                        return Err(FsError::Invalid(format!(
+                            "cannot move {from} into itself ({to})"
+                        )));
+                    }
+                    if at == ROOT_INO {
+                        break;
+                    }
+                    at = fs.inode(at).map_or(ROOT_INO, |i| i.attr().parent);
+                }
+            }
+            let replaced = entries_of!(dst).get(dst_name).copied();
+            if replaced == Some(ino) {
+                return Ok(Some(()));
+            }
+            let target = replaced.and_then(|r| fs.inode(r));
+            let target_entries = match (&target, moving.kind) {
+                (Some(t), Kind::Dir) if t.kind == Kind::File => {
+                    return Err(FsError::NotDir(to.to_owned()));
+                }
+                (Some(t), Kind::File) if t.kind == Kind::Dir => {
+                    return Err(FsError::IsDir(to.to_owned()));
+                }
+                (Some(t), Kind::Dir) => {
+                    let e = t.entries.lock().expect("directory");
+                    if !e.is_empty() {
+                        return Err(FsError::NotEmpty(to.to_owned()));
+                    }
+                    Some(e)
+                }
+                _ => None,
+            };
+            let op = MetaOp::Rename {
+                src_parent: src.ino,
+                src_name: src_name.to_owned(),
+                dst_parent: dst.ino,
+                dst_name: dst_name.to_owned(),
+                ino,
+                replaced: replaced.unwrap_or(0),
+                time: now_ns(),
+            };
+            if !fs.journal(slot, &op)? {
+                return Ok(None);
+            }
+            let MetaOp::Rename { time, .. } = op else {
+                unreachable!("built above")
+            };
+            drop(target_entries);
+            entries_of!(src).remove(src_name);
+            entries_of!(dst).insert(dst_name.to_owned(), ino);
+            if moving.kind == Kind::Dir {
+                moving.attr().parent = dst.ino;
+            }
+            src.attr().mtime = time;
+            dst.attr().mtime = time;
+            if let Some(t) = target {
+                fs.unlinked(&t)?;
+            }
+            Ok(Some(()))
+        })
+    }
+
+    pub(crate) fn set_len(self: &Arc<Self>, inode: &Arc<Inode>, size: u64) -> Result<()> {
+        if size > MAX_FILE_SIZE {
+            return Err(FsError::Invalid(format!(
+                "size {size} is over the largest file ({MAX_FILE_SIZE})"
+            )));
+        }
+        self.check_running()?;
+        let slot = self.slot()?;
+        loop {
+            // Keep writers, readers and the checkpoint off the whole file; dropped (with the
+            // gate) before waiting for a snapshot, which the checkpoint could not take
+            // otherwise.
+            let batch = self.batch.lock().expect("batch lock");
+            let range = inode.locks.lock(0, WHOLE_FILE, LockMode::Exclusive)?;
+            let gate = self.gate.read().expect("metadata gate");
+            let done = self.truncate_locked(&slot, inode, size)?;
+            drop(gate);
+            drop(range);
+            drop(batch);
+            if done {
+                return Ok(());
+            }
+            self.wait_for_snapshot()?;
+        }
+    }
+
+    pub(crate) fn punch_hole(
+        self: &Arc<Self>,
+        inode: &Arc<Inode>,
+        offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        let end = (offset + len).min(inode.size.load(Ordering::Acquire));
+        if offset >= end {
+            return Ok(());
+        }
+        let (first, last) = (offset.div_ceil(BLOCK), end / BLOCK);
+        if first >= last {
+            // Inside one block: zeros are all it takes.
+            return self.write_at(inode, &ZEROS[..(end - offset) as usize], offset);
+        }
+        // The partial blocks at the edges get zeros, as writes; they are logged before the
+        // hole's record, so replay orders them the same way.
+        if offset < first * BLOCK {
+            self.write_at(inode, &ZEROS[..(first * BLOCK - offset) as usize], offset)?;
+        }
+        if last * BLOCK < end {
+            self.write_at(inode, &ZEROS[..(end - last * BLOCK) as usize], last * BLOCK)?;
+        }
+        self.check_running()?;
+        let slot = self.slot()?;
+        loop {
+            // As truncation: no batch half done, writers and readers off the range.
+            let batch = self.batch.lock().expect("batch lock");
+            let range =
+                inode
+                    .locks
+                    .lock(first * BLOCK, (last - first) * BLOCK, LockMode::Exclusive)?;
+            let gate = self.gate.read().expect("metadata gate");
+            let time = now_ns();
+            let op = MetaOp::Punch {
+                ino: inode.ino,
+                first_block: first,
+                blocks: last - first,
+                time,
+            };
+            if self.journal(&slot, &op)? {
+                let freed = inode
+                    .extents
+                    .write()
+                    .expect("extent map")
+                    .punch(first, last);
+                inode.overlay.punch(first * BLOCK, last * BLOCK);
+                inode.attr().mtime = time;
+                drop(gate);
+                drop(range);
+                drop(batch);
+                return self.free_runs(&freed);
+            }
+            drop(gate);
+            drop(range);
+            drop(batch);
+            self.wait_for_snapshot()?;
+        }
+    }
+
+    pub(crate) fn truncate_locked(&self, slot: &Slot, inode: &Inode, size: u64) -> Result<bool> {
+        let fs = self;
+        {
+            let old = inode.size.load(Ordering::Acquire);
+            // Shrinking into the middle of a block: the block's kept bytes go to a fresh page,
+            // mapped by the same record, so the old block is never changed in place.
+            let mut tail = 0u64;
+            if size < old && !size.is_multiple_of(BLOCK) {
+                let block = size / BLOCK;
+                let mut bytes = vec![0u8; BLOCK as usize];
+                fs.read_into(inode, block * BLOCK, &mut bytes[..(size % BLOCK) as usize])?;
+                let extent = fs.volume.alloc_local(BLOCK)?;
+                let (region, offset) = fs.region_at(extent.start.raw())?;
+                region.write_nt(offset, &bytes)?;
+                fs.volume.fence();
+                slot.counters
+                    .media_bytes
+                    .fetch_add(BLOCK, Ordering::Relaxed);
+                tail = extent.start.raw();
+            }
+            let time = now_ns();
+            let op = MetaOp::Truncate {
+                ino: inode.ino,
+                size,
+                time,
+                tail,
+            };
+            if !fs.journal(slot, &op)? {
+                if tail != 0 {
+                    fs.free_runs(&[Run {
+                        file_block: 0,
+                        blocks: 1,
+                        addr: tail,
+                    }])?;
+                }
+                return Ok(false);
+            }
+            let mut extents = inode.extents.write().expect("extent map");
+            let mut freed = extents.truncate(size.div_ceil(BLOCK));
+            if tail != 0 {
+                freed.extend(extents.map(size / BLOCK, 1, tail));
+            }
+            inode.overlay.truncate(size);
+            inode.size.store(size, Ordering::Release);
+            inode.attr().mtime = time;
+            drop(extents);
+            fs.free_runs(&freed)?;
+            Ok(true)
+        }
+    }
+
+    pub(crate) fn set_mode(self: &Arc<Self>, path: &str, mode: u32) -> Result<()> {
+        self.metadata(|fs, slot| {
+            let inode = fs.resolve(path)?;
+            let mut attr = inode.attr();
+            let op = MetaOp::SetMode {
+                ino: inode.ino,
+                mode,
+            };
+            if !fs.journal(slot, &op)? {
+                return Ok(None);
+            }
+            attr.mode = mode;
+            Ok(Some(()))
+        })
+    }
+
+    pub(crate) fn stat_of(&self, inode: &Inode) -> Stat {
+        let attr = inode.attr().clone();
+        let (size, nlink) = match inode.kind {
+            Kind::File => (inode.size.load(Ordering::Acquire), 1),
+            Kind::Dir => {
+                let entries = inode.entries.lock().expect("directory");
+                let subdirs = entries
+                    .values()
+                    .filter(|&&i| self.inode(i).is_some_and(|c| c.kind == Kind::Dir))
+                    .count() as u64;
+                (entries.len() as u64, 2 + subdirs)
+            }
+        };
+        Stat {
+            ino: inode.ino,
+            kind: inode.kind,
+            mode: attr.mode,
+            size,
+            allocated: inode.extents.read().expect("extent map").mapped_blocks() * BLOCK,
+            mtime_ns: attr.mtime,
+            nlink,
+        }
+    }
+}

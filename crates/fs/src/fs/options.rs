@@ -1,0 +1,183 @@
+//! How a file system is laid out (`FormatOptions`), run (`FsOptions`), and how a file is
+//! opened (`OpenOptions`), with the checks of each.
+
+use super::*;
+use crate::error::{FsError, Result};
+use crate::extent_map::BLOCK;
+use crate::range_lock::RangeLocks;
+use crate::root::MAX_SLOTS;
+
+/// How a new file system is laid out.
+#[derive(Debug, Clone)]
+pub struct FormatOptions {
+    /// Thread slots (threads using the file system at once), 2..=120; slot 0 is the checkpoint's.
+    pub slot_limit: u32,
+    /// Records per thread's data log area (64 bytes each).
+    pub log_records: u64,
+    /// Bytes of each thread's metadata journal (the checkpoint's is 16 times larger).
+    pub journal_bytes: u64,
+    /// Range-lock granule of files: a power of two in 4 KiB..=2 MiB.
+    pub granule: u64,
+}
+
+impl Default for FormatOptions {
+    fn default() -> Self {
+        Self {
+            slot_limit: 64,
+            log_records: 16 << 10,
+            journal_bytes: 1 << 20,
+            granule: 4096,
+        }
+    }
+}
+
+impl FormatOptions {
+    /// The defaults, with log areas and journals shrunk for a small volume of
+    /// `volume_bytes` so the file system's own structures stay a small part of it: a
+    /// journal of 1/512 of the volume (64 KiB..=1 MiB; the checkpoint's is 16 times that)
+    /// and a log area of one record per 16 KiB (256..=16384 records). From 512 MiB up this
+    /// is [`FormatOptions::default`].
+    pub fn scaled_to(volume_bytes: u64) -> Self {
+        Self {
+            log_records: (volume_bytes / (16 << 10)).clamp(256, 16 << 10),
+            journal_bytes: (volume_bytes / 512)
+                .next_power_of_two()
+                .clamp(64 << 10, 1 << 20),
+            ..Self::default()
+        }
+    }
+}
+
+/// How to run an open file system.
+#[derive(Debug, Clone)]
+pub struct FsOptions {
+    /// Preliminary buffers per thread (1..=16; the paper varies it from 1 to 16).
+    pub prelim_buffers: usize,
+    /// Bytes of each preliminary buffer (a multiple of 4 KiB, at least 64 KiB). Writes larger
+    /// than this get a buffer of their own.
+    pub prelim_buffer_bytes: u64,
+    /// Most records one checkpoint batch moves.
+    pub checkpoint_batch: usize,
+    /// When the checkpoint runs.
+    pub checkpoint: CheckpointMode,
+}
+
+/// When the checkpoint moves logged writes into files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CheckpointMode {
+    /// Continuously, in the background (the paper's design).
+    #[default]
+    Background,
+    /// Only when something needs it: a writer out of log space or buffers, a close, a
+    /// checkpoint call, a full journal, unmount. Writes stay in the logs meanwhile (reads see
+    /// them through the overlay); useful to measure logging alone, and for recovery tests.
+    OnDemand,
+}
+
+impl Default for FsOptions {
+    fn default() -> Self {
+        Self {
+            prelim_buffers: 4,
+            prelim_buffer_bytes: 8 << 20,
+            checkpoint_batch: 4096,
+            checkpoint: CheckpointMode::Background,
+        }
+    }
+}
+
+/// How to open a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenOptions {
+    /// Reads allowed.
+    pub read: bool,
+    /// Writes allowed.
+    pub write: bool,
+    /// Create the file if missing.
+    pub create: bool,
+    /// With `create`: fail if it exists.
+    pub exclusive: bool,
+    /// Cut the file to zero bytes (needs `write`).
+    pub truncate: bool,
+    /// Permission bits for a created file.
+    pub mode: u32,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        Self {
+            read: true,
+            write: false,
+            create: false,
+            exclusive: false,
+            truncate: false,
+            mode: 0o644,
+        }
+    }
+}
+
+impl OpenOptions {
+    /// Read and write an existing file.
+    pub fn read_write() -> Self {
+        Self {
+            write: true,
+            ..Self::default()
+        }
+    }
+
+    /// Read and write, creating the file if missing.
+    pub fn create() -> Self {
+        Self {
+            write: true,
+            create: true,
+            ..Self::default()
+        }
+    }
+}
+
+/// Checks a format request.
+pub(crate) fn check_format(options: &FormatOptions) -> Result<()> {
+    if !(2..=MAX_SLOTS).contains(&options.slot_limit) {
+        return Err(FsError::Invalid(format!(
+            "slot limit {}: 2..={MAX_SLOTS}",
+            options.slot_limit
+        )));
+    }
+    if !(64..=crate::log::MAX_RECORDS).contains(&options.log_records) {
+        return Err(FsError::Invalid(format!(
+            "log records {}: 64..={}",
+            options.log_records,
+            crate::log::MAX_RECORDS
+        )));
+    }
+    if options.journal_bytes < (64 << 10) || options.journal_bytes > (1 << 30) {
+        return Err(FsError::Invalid(format!(
+            "journal bytes {}: 64 KiB..=1 GiB",
+            options.journal_bytes
+        )));
+    }
+    RangeLocks::new(options.granule)?;
+    Ok(())
+}
+
+/// Checks run options.
+pub(crate) fn check_options(options: &FsOptions) -> Result<()> {
+    if !(1..=16).contains(&options.prelim_buffers) {
+        return Err(FsError::Invalid(format!(
+            "preliminary buffers {}: 1..=16",
+            options.prelim_buffers
+        )));
+    }
+    if options.prelim_buffer_bytes < (64 << 10)
+        || !options.prelim_buffer_bytes.is_multiple_of(BLOCK)
+        || options.prelim_buffer_bytes > MAX_IO
+    {
+        return Err(FsError::Invalid(format!(
+            "preliminary buffer bytes {}: a multiple of 4 KiB in 64 KiB..=1 GiB",
+            options.prelim_buffer_bytes
+        )));
+    }
+    if options.checkpoint_batch == 0 {
+        return Err(FsError::Invalid("checkpoint batch of 0 records".into()));
+    }
+    Ok(())
+}

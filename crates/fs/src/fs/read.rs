@@ -1,0 +1,81 @@
+//! The read path: where a file's bytes are (logged data over checkpointed extents, holes),
+//! and copying them out.
+
+use super::*;
+use crate::error::Result;
+use crate::extent_map::BLOCK;
+
+impl Inner {
+    /// Reads `buf.len()` bytes at `offset` as the file holds them now (the caller clamps to
+    /// the size and holds the range shared).
+    pub(crate) fn read_into(&self, inode: &Inode, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let mut at = 0;
+        for (len, source) in self.pieces(inode, offset, buf.len() as u64)? {
+            let out = &mut buf[at..at + len as usize];
+            match source {
+                Some((region, region_offset)) => region.read(region_offset, out)?,
+                None => out.fill(0),
+            }
+            at += len as usize;
+        }
+        Ok(())
+    }
+
+    /// Where the bytes `[offset, offset + len)` of `inode` are now, in file order: pieces of
+    /// `(length, Some((region, offset)))` in persistent memory (newest logged data over
+    /// checkpointed extents) or `(length, None)` for holes. The caller holds the range lock,
+    /// so the answer stays true while it does.
+    pub(crate) fn pieces(&self, inode: &Inode, offset: u64, len: u64) -> Result<Vec<Piece<'_>>> {
+        let end = offset + len;
+        let runs = inode
+            .extents
+            .read()
+            .expect("extent map")
+            .lookup(offset / BLOCK, end.div_ceil(BLOCK));
+        let pieces = inode.overlay.lookup(offset, end);
+        // (file start, file end, source address or None for zeros), covering the range.
+        let mut segments: Vec<(u64, u64, Option<u64>)> = Vec::new();
+        let mut runs = runs.iter().peekable();
+        let mut base = |from: u64, to: u64, out: &mut Vec<(u64, u64, Option<u64>)>| {
+            let mut at = from;
+            while at < to {
+                while runs
+                    .peek()
+                    .is_some_and(|r| (r.file_block + r.blocks) * BLOCK <= at)
+                {
+                    runs.next();
+                }
+                match runs.peek() {
+                    Some(run) if run.file_block * BLOCK <= at => {
+                        let run_end = ((run.file_block + run.blocks) * BLOCK).min(to);
+                        out.push((at, run_end, Some(run.addr + (at - run.file_block * BLOCK))));
+                        at = run_end;
+                    }
+                    next => {
+                        let hole_end = next.map_or(to, |r| (r.file_block * BLOCK).min(to));
+                        out.push((at, hole_end, None));
+                        at = hole_end;
+                    }
+                }
+            }
+        };
+        let mut at = offset;
+        for piece in &pieces {
+            base(at, piece.start, &mut segments);
+            segments.push((piece.start, piece.end, Some(piece.src)));
+            at = piece.end;
+        }
+        base(at, end, &mut segments);
+
+        segments
+            .into_iter()
+            .map(|(start, stop, source)| {
+                let place = match source {
+                    Some(addr) => Some(self.region_at(addr)?),
+                    None => None,
+                };
+                Ok((stop - start, place))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,517 @@
+//! The state an open file system shares between threads (`Inner`), its thread slots and
+//! their leases, the checkpoint signal, counters; addresses, space and waiting.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock, Weak};
+
+use pmem::Region;
+use volume::{Extent, GlobalAddress, Volume};
+
+use super::*;
+use crate::buffers::{BufferSet, Pool};
+use crate::error::{FsError, Result};
+use crate::extent_map::BLOCK;
+use crate::journal::{Journal, MetaOp};
+use crate::log::LogArea;
+use crate::root::{Root, SlotAreas};
+
+/// A logged write the checkpoint has not moved into its file yet.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    pub(crate) slot: u32,
+    pub(crate) seq: u64,
+    pub(crate) order: u64,
+    pub(crate) ino: u64,
+    pub(crate) offset: u64,
+    pub(crate) len: u64,
+    pub(crate) set: Arc<BufferSet>,
+    /// The write's time (0: not recorded, an area of version 1).
+    pub(crate) mtime: u64,
+}
+
+/// Counters of one slot, on its own cache lines.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub(crate) struct SlotCounters {
+    pub(crate) caller_bytes: AtomicU64,
+    pub(crate) media_bytes: AtomicU64,
+    pub(crate) writes: AtomicU64,
+}
+
+/// The order a slot's writer is about to take, or `u64::MAX` (on a line of its own).
+#[derive(Debug)]
+#[repr(align(128))]
+pub(crate) struct InFlight(pub(crate) AtomicU64);
+
+/// One thread slot: a data log area, a metadata journal, a pool of preliminary buffers.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    pub(crate) index: u32,
+    pub(crate) log: Mutex<LogArea>,
+    pub(crate) retired: Arc<AtomicU64>,
+    pub(crate) journal: Mutex<Journal>,
+    pub(crate) pending: Mutex<VecDeque<Pending>>,
+    pub(crate) inflight: InFlight,
+    pub(crate) pool: Mutex<Pool>,
+    pub(crate) counters: SlotCounters,
+}
+
+/// State the checkpoint thread and the threads waiting on it share.
+#[derive(Debug, Default)]
+pub(crate) struct Signal {
+    pub(crate) state: Mutex<SignalState>,
+    /// Wakes the checkpoint thread.
+    pub(crate) wake: Condvar,
+    /// Wakes threads waiting for checkpoint progress.
+    pub(crate) progress: Condvar,
+    /// The checkpoint thread is waiting on `wake`. Writers read it without the lock, so the
+    /// common write takes no shared lock; a wake-up missed in the race costs at most the
+    /// thread's 2 ms wait.
+    pub(crate) sleeping: AtomicBool,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct SignalState {
+    pub(crate) snapshot_wanted: bool,
+    pub(crate) drain_wanted: bool,
+    pub(crate) stop: bool,
+    /// Stop at once, leaving logs as a crash would (tests).
+    pub(crate) abandon: bool,
+    pub(crate) failed: Option<String>,
+}
+
+/// Everything an open file system shares between threads.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) id: u64,
+    pub(crate) volume: Arc<Volume>,
+    pub(crate) devices: Vec<Region>,
+    pub(crate) owner: Region,
+    pub(crate) root: Mutex<Root>,
+    /// The pieces of the current snapshot when the root names an index (else empty); freed
+    /// with it when the next snapshot is durable.
+    pub(crate) snapshot_pieces: Mutex<Vec<Extent>>,
+    /// Length of the current snapshot, for the writers' reserve.
+    pub(crate) snapshot_bytes: AtomicU64,
+    pub(crate) options: FsOptions,
+    pub(crate) inodes: RwLock<HashMap<u64, Arc<Inode>>>,
+    pub(crate) next_ino: AtomicU64,
+    pub(crate) order: InFlight,
+    /// Metadata operations hold it shared; a snapshot holds it exclusively.
+    pub(crate) gate: RwLock<()>,
+    pub(crate) rename: Mutex<()>,
+    /// Held by a checkpoint batch from its first change to its commit, and by truncation:
+    /// a truncation must not free blocks a batch mapped but has not committed.
+    pub(crate) batch: Mutex<()>,
+    pub(crate) slots: Vec<OnceLock<Arc<Slot>>>,
+    pub(crate) slot_in_use: Mutex<Vec<bool>>,
+    /// Every data record with an order below this is part of its file.
+    pub(crate) done_below: AtomicU64,
+    pub(crate) pending_records: AtomicU64,
+    pub(crate) signal: Signal,
+    pub(crate) counters: FsCounters,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct FsCounters {
+    pub(crate) checkpoint_batches: AtomicU64,
+    pub(crate) checkpointed_records: AtomicU64,
+    pub(crate) remapped_blocks: AtomicU64,
+    pub(crate) copied_bytes: AtomicU64,
+    pub(crate) metadata_bytes: AtomicU64,
+    pub(crate) snapshots: AtomicU64,
+    pub(crate) waits: AtomicU64,
+}
+
+/// A point-in-time view of the file system's counters.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct FsStats {
+    /// Bytes callers asked to write.
+    pub caller_bytes: u64,
+    /// Bytes stored to persistent memory for them: data copied into buffers, log records,
+    /// checkpoint copies, journal records and snapshots.
+    pub media_bytes: u64,
+    /// `media_bytes / caller_bytes` (0 before any write).
+    pub write_amplification: f64,
+    /// Writes logged.
+    pub writes: u64,
+    /// Logged writes not yet moved into their files.
+    pub records_pending: u64,
+    /// Operations logged since the oldest record the checkpoint has not finished.
+    pub checkpoint_lag: u64,
+    /// Checkpoint batches committed.
+    pub checkpoint_batches: u64,
+    /// Records moved into files.
+    pub checkpointed_records: u64,
+    /// Blocks the checkpoint remapped (no copy).
+    pub remapped_blocks: u64,
+    /// Bytes the checkpoint copied (partial blocks).
+    pub copied_bytes: u64,
+    /// Snapshots written.
+    pub snapshots: u64,
+    /// Times a writer waited for the checkpoint (backpressure).
+    pub backpressure_waits: u64,
+    /// Files and directories.
+    pub inodes: u64,
+}
+
+static NEXT_FS_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A thread's claim on a slot of one file system; the slot is released when the thread ends.
+struct Lease {
+    fs_id: u64,
+    fs: Weak<Inner>,
+    slot: Arc<Slot>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(inner) = self.fs.upgrade() {
+            inner.slot_in_use.lock().expect("slot table")[self.slot.index as usize] = false;
+        }
+    }
+}
+
+thread_local! {
+    static LEASES: RefCell<Vec<Lease>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Inner {
+    pub(crate) fn new_id() -> u64 {
+        NEXT_FS_ID.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn region_at(&self, addr: u64) -> Result<(&Region, u64)> {
+        let at = GlobalAddress::from_raw(addr);
+        let region = self.devices.get(at.device() as usize).ok_or_else(|| {
+            FsError::corrupt(
+                "file-system address",
+                format!("{at} names a device the volume does not have"),
+            )
+        })?;
+        Ok((region, at.offset()))
+    }
+
+    pub(crate) fn read_pmem(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+        let (region, offset) = self.region_at(addr)?;
+        region.read(offset, buf)?;
+        Ok(())
+    }
+
+    /// Allocates `len` bytes on the calling thread's node for a writer's buffer, leaving the
+    /// checkpoint its reserve ([`Inner::reserve_bytes`]): `NoSpace`, without waiting, when
+    /// the allocation would cut into it.
+    pub(crate) fn alloc_buffer(&self, len: u64) -> Result<Extent> {
+        let needed = self.reserve_bytes() + len.next_multiple_of(BLOCK);
+        // The published figure is within 1/256 of each device of the truth: count exactly
+        // (every allocator lock) only when it is close.
+        let published = self.volume.free_bytes_published();
+        if published < needed + self.volume.data_bytes() / 128 && self.volume.free_bytes() < needed
+        {
+            return Err(FsError::Volume(volume::VolumeError::NoSpace {
+                len_bytes: len,
+            }));
+        }
+        Ok(self.volume.alloc_local(len)?)
+    }
+
+    /// Memory writers leave free for the checkpoint, which must never fail for want of it:
+    /// room for two snapshots (the next is written before the last is freed) and for fresh
+    /// pages under partial writes into holes — at least 1 MiB, and 1/512 of the volume.
+    pub(crate) fn reserve_bytes(&self) -> u64 {
+        2 * self
+            .snapshot_bytes
+            .load(Ordering::Relaxed)
+            .next_multiple_of(BLOCK)
+            + (self.volume.data_bytes() / 512).max(1 << 20)
+    }
+
+    /// Runs an allocation `f` until it succeeds or fails for a reason other than space. Out
+    /// of space while the checkpoint holds records — whose buffers, and the blocks they
+    /// replace, it frees as it moves them — the writer waits for it and tries again rather
+    /// than fail a write that will fit in a moment; `NoSpace` when nothing is left to free.
+    /// Never called with a range lock held (the checkpoint takes range locks).
+    pub(crate) fn with_space<T>(&self, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+        loop {
+            match f() {
+                Err(FsError::Volume(volume::VolumeError::NoSpace { .. }))
+                    if self.pending_records.load(Ordering::Acquire) > 0 =>
+                {
+                    self.wait_for_progress()?;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Copies `len` bytes of persistent memory from `src` to `dst` with non-temporal stores
+    /// (durable at the next fence); the ranges must not overlap.
+    pub(crate) fn copy_pmem(&self, src: u64, dst: u64, len: u64) -> Result<()> {
+        let (from, from_at) = self.region_at(src)?;
+        let (to, to_at) = self.region_at(dst)?;
+        to.copy_nt_from(to_at, from, from_at, len)?;
+        Ok(())
+    }
+
+    pub(crate) fn next_order(&self) -> u64 {
+        self.order.0.fetch_add(1, Ordering::SeqCst)
+    }
+
+    pub(crate) fn inode(&self, ino: u64) -> Option<Arc<Inode>> {
+        self.inodes.read().expect("inode table").get(&ino).cloned()
+    }
+
+    pub(crate) fn check_running(&self) -> Result<()> {
+        let state = self.signal.state.lock().expect("checkpoint state");
+        if let Some(why) = &state.failed {
+            return Err(FsError::Shutdown(why.clone()));
+        }
+        if state.stop {
+            return Err(FsError::Shutdown("unmounted".into()));
+        }
+        Ok(())
+    }
+
+    /// The calling thread's slot, claiming a free one on first use.
+    pub(crate) fn slot(self: &Arc<Self>) -> Result<Arc<Slot>> {
+        let found = LEASES.with(|leases| {
+            leases
+                .borrow()
+                .iter()
+                .find(|l| l.fs_id == self.id)
+                .map(|l| Arc::clone(&l.slot))
+        });
+        if let Some(slot) = found {
+            return Ok(slot);
+        }
+        let index = {
+            let mut in_use = self.slot_in_use.lock().expect("slot table");
+            let index = (1..in_use.len())
+                .find(|&i| !in_use[i])
+                .ok_or(FsError::TooManyThreads(in_use.len() as u32 - 1))?;
+            in_use[index] = true;
+            index
+        };
+        let slot = match self.slot_at(index as u32) {
+            Ok(slot) => slot,
+            Err(e) => {
+                self.slot_in_use.lock().expect("slot table")[index] = false;
+                return Err(e);
+            }
+        };
+        LEASES.with(|leases| {
+            let mut leases = leases.borrow_mut();
+            leases.retain(|l| l.fs.strong_count() > 0);
+            leases.push(Lease {
+                fs_id: self.id,
+                fs: Arc::downgrade(self),
+                slot: Arc::clone(&slot),
+            });
+        });
+        Ok(slot)
+    }
+
+    /// Slot `index`, creating its areas (and recording them in the root) the first time.
+    pub(crate) fn slot_at(&self, index: u32) -> Result<Arc<Slot>> {
+        if let Some(slot) = self.slots[index as usize].get() {
+            return Ok(Arc::clone(slot));
+        }
+        let mut root = self.root.lock().expect("root");
+        if let Some(slot) = self.slots[index as usize].get() {
+            return Ok(Arc::clone(slot));
+        }
+        // Slots are created in index order, so the root's table stays dense.
+        for earlier in root.slots.len() as u32..index {
+            self.create_slot(&mut root, earlier)?;
+        }
+        self.create_slot(&mut root, index)?;
+        Ok(Arc::clone(
+            self.slots[index as usize].get().expect("created"),
+        ))
+    }
+
+    pub(crate) fn create_slot(&self, root: &mut Root, index: u32) -> Result<()> {
+        debug_assert_eq!(root.slots.len() as u32, index);
+        let journal_len = if index == 0 {
+            root.journal_bytes * 16
+        } else {
+            root.journal_bytes
+        };
+        let log_len = LogArea::bytes_for(root.log_records).next_multiple_of(BLOCK);
+        let log_extent = self.volume.alloc_local(log_len)?;
+        let journal_extent = match self.volume.alloc_local(journal_len) {
+            Ok(e) => e,
+            Err(e) => {
+                self.volume.free(log_extent)?;
+                return Err(e.into());
+            }
+        };
+        let log = LogArea::format(self.volume.region(&log_extent)?, index)?;
+        let mut journal = Journal::new(self.volume.region(&journal_extent)?, index, root.epoch);
+        journal.reset(root.epoch)?;
+        let mut next = root.clone();
+        next.generation += 1;
+        next.slots.push(SlotAreas {
+            log_addr: log_extent.start.raw(),
+            log_len,
+            journal_addr: journal_extent.start.raw(),
+            journal_len,
+        });
+        next.write(&self.owner)?;
+        *root = next;
+        let slot = self.make_slot(index, log, journal, VecDeque::new());
+        self.slots[index as usize]
+            .set(slot)
+            .expect("slot created once, under the root lock");
+        Ok(())
+    }
+
+    pub(crate) fn make_slot(
+        &self,
+        index: u32,
+        log: LogArea,
+        journal: Journal,
+        pending: VecDeque<Pending>,
+    ) -> Arc<Slot> {
+        Arc::new(Slot {
+            index,
+            retired: log.retired_handle(),
+            log: Mutex::new(log),
+            journal: Mutex::new(journal),
+            pending: Mutex::new(pending),
+            inflight: InFlight(AtomicU64::new(u64::MAX)),
+            pool: Mutex::new(Pool::new(
+                self.options.prelim_buffers,
+                self.options.prelim_buffer_bytes,
+            )),
+            counters: SlotCounters::default(),
+        })
+    }
+
+    /// Logs a metadata operation in the calling thread's journal; the caller holds the gate
+    /// shared and the locks that order the operation. Returns false when the journal is full
+    /// (the caller drops its locks, waits for a snapshot, and tries again).
+    pub(crate) fn journal(&self, slot: &Slot, op: &MetaOp) -> Result<bool> {
+        let mut journal = slot.journal.lock().expect("journal");
+        let order = self.next_order();
+        match journal.append(order, op)? {
+            Some(bytes) => {
+                slot.counters
+                    .media_bytes
+                    .fetch_add(bytes, Ordering::Relaxed);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Asks the checkpoint thread for a snapshot and waits until the epoch changes.
+    pub(crate) fn wait_for_snapshot(&self) -> Result<()> {
+        let epoch = self.root.lock().expect("root").epoch;
+        let mut state = self.signal.state.lock().expect("checkpoint state");
+        state.snapshot_wanted = true;
+        self.signal.wake.notify_all();
+        loop {
+            if let Some(why) = &state.failed {
+                return Err(FsError::Shutdown(why.clone()));
+            }
+            if self.root.lock().expect("root").epoch != epoch {
+                return Ok(());
+            }
+            state = self
+                .signal
+                .progress
+                .wait_timeout(state, std::time::Duration::from_millis(10))
+                .expect("checkpoint state")
+                .0;
+        }
+    }
+
+    /// Waits until every data record logged before now is part of its file.
+    pub(crate) fn drain(&self) -> Result<()> {
+        let target = self.order.0.load(Ordering::SeqCst);
+        let mut state = self.signal.state.lock().expect("checkpoint state");
+        while self.done_below.load(Ordering::Acquire) < target {
+            if let Some(why) = &state.failed {
+                return Err(FsError::Shutdown(why.clone()));
+            }
+            state.drain_wanted = true;
+            if self.signal.sleeping.load(Ordering::Acquire) {
+                self.signal.wake.notify_all();
+            }
+            state = self
+                .signal
+                .progress
+                .wait_timeout(state, std::time::Duration::from_millis(10))
+                .expect("checkpoint state")
+                .0;
+        }
+        Ok(())
+    }
+
+    /// Waits for checkpoint progress (a writer out of log space or buffers).
+    pub(crate) fn wait_for_progress(&self) -> Result<()> {
+        self.counters.waits.fetch_add(1, Ordering::Relaxed);
+        let mut state = self.signal.state.lock().expect("checkpoint state");
+        if let Some(why) = &state.failed {
+            return Err(FsError::Shutdown(why.clone()));
+        }
+        state.drain_wanted = true;
+        self.signal.wake.notify_all();
+        drop(
+            self.signal
+                .progress
+                .wait_timeout(state, std::time::Duration::from_millis(5))
+                .expect("checkpoint state"),
+        );
+        Ok(())
+    }
+
+    pub(crate) fn wake_checkpoint(&self) {
+        if self.signal.sleeping.load(Ordering::Acquire) {
+            let _state = self.signal.state.lock().expect("checkpoint state");
+            self.signal.wake.notify_all();
+        }
+    }
+}
+
+impl Inner {
+    pub(crate) fn stats(&self) -> FsStats {
+        let mut caller_bytes = 0;
+        let mut media_bytes = 0;
+        let mut writes = 0;
+        for slot in self.slots.iter().filter_map(OnceLock::get) {
+            caller_bytes += slot.counters.caller_bytes.load(Ordering::Relaxed);
+            media_bytes += slot.counters.media_bytes.load(Ordering::Relaxed);
+            writes += slot.counters.writes.load(Ordering::Relaxed);
+        }
+        let c = &self.counters;
+        media_bytes +=
+            c.copied_bytes.load(Ordering::Relaxed) + c.metadata_bytes.load(Ordering::Relaxed);
+        FsStats {
+            caller_bytes,
+            media_bytes,
+            write_amplification: if caller_bytes == 0 {
+                0.0
+            } else {
+                media_bytes as f64 / caller_bytes as f64
+            },
+            writes,
+            records_pending: self.pending_records.load(Ordering::Relaxed),
+            checkpoint_lag: self
+                .order
+                .0
+                .load(Ordering::Relaxed)
+                .saturating_sub(self.done_below.load(Ordering::Relaxed)),
+            checkpoint_batches: c.checkpoint_batches.load(Ordering::Relaxed),
+            checkpointed_records: c.checkpointed_records.load(Ordering::Relaxed),
+            remapped_blocks: c.remapped_blocks.load(Ordering::Relaxed),
+            copied_bytes: c.copied_bytes.load(Ordering::Relaxed),
+            snapshots: c.snapshots.load(Ordering::Relaxed),
+            backpressure_waits: c.waits.load(Ordering::Relaxed),
+            inodes: self.inodes.read().expect("inode table").len() as u64,
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! The write path: data into a persistent buffer, then one log record, then the overlay.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::*;
+use crate::buffers::{BufferSet, Reserve};
+use crate::error::{FsError, Result};
+use crate::extent_map::BLOCK;
+use crate::range_lock::LockMode;
+
+impl Inner {
+    /// Waits until the slot's log area has a free record slot. Only the slot's thread
+    /// appends, so the space stays free until it does. Called before taking a range lock:
+    /// a writer never waits for the checkpoint while holding one (the checkpoint needs them).
+    pub(crate) fn reserve_log(&self, slot: &Slot) -> Result<()> {
+        loop {
+            let log = slot.log.lock().expect("log area");
+            if log.pending() < log.capacity() {
+                return Ok(());
+            }
+            drop(log);
+            self.wait_for_progress()?;
+        }
+    }
+
+    /// Commits data already persisted at `buffer` as the bytes `[offset, offset + len)` of
+    /// `inode`: one log record, then the overlay. Takes the range lock for exactly that.
+    pub(crate) fn commit(
+        &self,
+        slot: &Slot,
+        inode: &Inode,
+        offset: u64,
+        len: u64,
+        buffer: u64,
+        set: Arc<BufferSet>,
+    ) -> Result<()> {
+        let time = now_ns();
+        self.reserve_log(slot)?;
+        let _range = inode.locks.lock(offset, len, LockMode::Exclusive)?;
+        let mut log = slot.log.lock().expect("log area");
+        // Publish a lower bound of the order about to be taken, so the checkpoint never
+        // passes it before the record is queued.
+        slot.inflight
+            .0
+            .store(self.order.0.load(Ordering::SeqCst), Ordering::SeqCst);
+        let order = self.next_order();
+        let record = match log.append(inode.ino, offset, len, buffer, order, time) {
+            Ok(record) => record,
+            Err(e) => {
+                slot.inflight.0.store(u64::MAX, Ordering::SeqCst);
+                return Err(e);
+            }
+        };
+        drop(log);
+        inode.overlay.insert(offset, len, buffer, order);
+        inode.size.fetch_max(offset + len, Ordering::AcqRel);
+        if record.mtime != 0 {
+            // Recovery takes the largest time of the records it replays: so does this.
+            let mut attr = inode.attr();
+            attr.mtime = attr.mtime.max(record.mtime);
+        }
+        let depth = {
+            let mut pending = slot.pending.lock().expect("pending queue");
+            pending.push_back(Pending {
+                slot: slot.index,
+                seq: record.sequence,
+                order,
+                ino: inode.ino,
+                offset,
+                len,
+                set,
+                mtime: record.mtime,
+            });
+            pending.len()
+        };
+        slot.inflight.0.store(u64::MAX, Ordering::SeqCst);
+        self.pending_records.fetch_add(1, Ordering::Relaxed);
+        slot.counters.writes.fetch_add(1, Ordering::Relaxed);
+        slot.counters.caller_bytes.fetch_add(len, Ordering::Relaxed);
+        slot.counters
+            .media_bytes
+            .fetch_add(crate::log::SLOT_BYTES, Ordering::Relaxed);
+        if depth.is_multiple_of(crate::checkpoint::GATHER_RECORDS) {
+            self.wake_checkpoint();
+        }
+        Ok(())
+    }
+
+    pub(crate) fn write_at(
+        self: &Arc<Self>,
+        inode: &Arc<Inode>,
+        data: &[u8],
+        offset: u64,
+    ) -> Result<()> {
+        let len = data.len() as u64;
+        check_io(offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let slot = self.slot()?;
+        // Buffer space and the copy come before the range lock: the data is private to
+        // this thread until its record is committed.
+        let (set, addr) = if len > self.options.prelim_buffer_bytes {
+            // Too large for the pool: a buffer of its own, at the file's in-page offset so
+            // its whole blocks can be remapped.
+            let extent = self.with_space(|| self.alloc_buffer(len + offset % BLOCK))?;
+            (
+                Arc::new(BufferSet::sealed_with(vec![extent], 1)),
+                extent.start.raw() + offset % BLOCK,
+            )
+        } else {
+            loop {
+                let reserved = self.with_space(|| {
+                    slot.pool.lock().expect("buffer pool").reserve(
+                        &self.volume,
+                        offset,
+                        len,
+                        &|bytes| self.alloc_buffer(bytes),
+                    )
+                })?;
+                match reserved {
+                    Reserve::Placed(p) => break (p.set, p.addr),
+                    Reserve::Wait => self.wait_for_progress()?,
+                }
+            }
+        };
+        let (region, at) = self.region_at(addr)?;
+        region.write_nt(at, data)?;
+        // The data is durable before the record that points at it can be.
+        self.volume.fence();
+        slot.counters.media_bytes.fetch_add(len, Ordering::Relaxed);
+        self.commit(&slot, inode, offset, len, addr, set)
+    }
+
+    pub(crate) fn write_buffer(
+        self: &Arc<Self>,
+        inode: &Arc<Inode>,
+        buffer: Buffer,
+        offset: u64,
+    ) -> Result<()> {
+        let len = buffer.len;
+        check_io(offset, len)?;
+        let slot = self.slot()?;
+        // `Buffer::write` stored with `write_nt` (edges flushed, or msynced on ordinary
+        // files): the fence makes the whole buffer durable before its record is written.
+        self.volume.fence();
+        slot.counters.media_bytes.fetch_add(len, Ordering::Relaxed);
+        let extent = buffer.into_extent();
+        let set = Arc::new(BufferSet::sealed_with(vec![extent], 1));
+        self.commit(&slot, inode, offset, len, extent.start.raw(), set)
+    }
+}
+
+pub(crate) fn check_io(offset: u64, len: u64) -> Result<()> {
+    if len > MAX_IO {
+        return Err(FsError::Invalid(format!(
+            "{len} bytes in one call; at most {MAX_IO}"
+        )));
+    }
+    match offset.checked_add(len) {
+        Some(end) if end <= MAX_FILE_SIZE => Ok(()),
+        _ => Err(FsError::Invalid(format!(
+            "{len} bytes at offset {offset} end beyond the largest file ({MAX_FILE_SIZE})"
+        ))),
+    }
+}
