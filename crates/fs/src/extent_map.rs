@@ -57,6 +57,7 @@ impl ExtentMap {
     }
 
     /// Number of runs.
+    #[cfg(test)]
     pub fn run_count(&self) -> usize {
         self.runs.len()
     }

@@ -355,7 +355,6 @@ fn encode(epoch: u64, order: u64, op: &MetaOp) -> Vec<u8> {
 #[derive(Debug)]
 pub struct Journal {
     region: Region,
-    slot: u32,
     epoch: u64,
     tail: u64,
 }
@@ -399,7 +398,6 @@ impl Journal {
         Ok((
             Self {
                 region,
-                slot,
                 epoch,
                 tail,
             },
@@ -409,10 +407,9 @@ impl Journal {
 
     /// A new, empty journal of `epoch` (a freshly allocated area needs no clearing: records
     /// of other epochs end the scan).
-    pub fn new(region: Region, slot: u32, epoch: u64) -> Self {
+    pub fn new(region: Region, epoch: u64) -> Self {
         Self {
             region,
-            slot,
             epoch,
             tail: 0,
         }
@@ -459,11 +456,6 @@ impl Journal {
         self.region.fill(0, HEADER as u64, 0)?;
         self.region.persist(0, HEADER as u64)?;
         Ok(())
-    }
-
-    /// The slot this journal belongs to.
-    pub fn slot(&self) -> u32 {
-        self.slot
     }
 }
 
@@ -513,7 +505,7 @@ mod tests {
     fn records_round_trip_and_the_scan_stops_at_a_torn_one() {
         let tracer = pmem::Tracer::new();
         let region = tracer.region(64 << 10);
-        let mut journal = Journal::new(region.clone(), 1, 3);
+        let mut journal = Journal::new(region.clone(), 3);
         for (i, op) in ops().iter().enumerate() {
             journal.append(10 + i as u64, op).unwrap().unwrap();
         }

@@ -42,19 +42,19 @@ mod buffers;
 mod checkpoint;
 mod codec;
 mod error;
-pub mod extent_map;
+mod extent_map;
 #[allow(clippy::module_inception)]
 mod fs;
-pub mod journal;
+mod journal;
 mod lend;
-pub mod log;
-pub mod overlay;
-pub mod path;
-pub mod range_lock;
+mod log;
+mod overlay;
+mod path;
+mod range_lock;
 mod recovery;
-pub mod root;
+mod root;
 mod setup;
-pub mod snapshot;
+mod snapshot;
 
 pub use error::{FsError, Result};
 pub use fs::{
@@ -63,6 +63,7 @@ pub use fs::{
 };
 pub use journal::Kind;
 pub use log::{LogArea, LogRecord};
+pub use path::MAX_NAME;
 pub use range_lock::{LockMode, RangeGuard, RangeLocks};
 pub use recovery::FsCheck;
 pub use setup::{create_default_volume, format_volume};

@@ -178,6 +178,7 @@ impl Overlay {
     }
 
     /// True when no piece is pending.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         (0..SHARDS).all(|s| self.shard(s).0.is_empty())
     }

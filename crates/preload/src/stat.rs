@@ -92,7 +92,7 @@ pub fn fill_statfs(fs: &Fs, out: &mut libc::statfs) {
     out.f_bavail = free;
     out.f_files = files + free;
     out.f_ffree = free;
-    out.f_namelen = fs::path::MAX_NAME as i64;
+    out.f_namelen = fs::MAX_NAME as i64;
 }
 
 /// Fills a `struct statvfs`.
@@ -108,7 +108,7 @@ pub fn fill_statvfs(fs: &Fs, out: &mut libc::statvfs) {
     out.f_files = files + free;
     out.f_ffree = free;
     out.f_favail = free;
-    out.f_namemax = fs::path::MAX_NAME as u64;
+    out.f_namemax = fs::MAX_NAME as u64;
 }
 
 /// The `d_type` of a directory entry.

@@ -349,7 +349,7 @@ impl Inner {
             }
         };
         let log = LogArea::format(self.volume.region(&log_extent)?, index)?;
-        let mut journal = Journal::new(self.volume.region(&journal_extent)?, index, root.epoch);
+        let mut journal = Journal::new(self.volume.region(&journal_extent)?, root.epoch);
         journal.reset(root.epoch)?;
         let mut next = root.clone();
         next.generation += 1;
