@@ -13,31 +13,28 @@ fn shown(visible: bool) -> bool {
 /// A bar over `total` steps counted in `unit` ("grid points", "runs"); the step in progress
 /// goes in the message (`bar.set_message(...)`).
 pub fn steps(total: u64, unit: &str, visible: bool) -> ProgressBar {
-    if !shown(visible) {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(total);
-    bar.set_style(
-        ProgressStyle::with_template(&format!(
-            "{{bar:30}} {{pos}}/{{len}} {unit}, {{elapsed}} elapsed, {{eta}} left  {{msg}}"
-        ))
-        .expect("valid template"),
-    );
-    bar
+    bar(
+        total,
+        &format!("{{bar:30}} {{pos}}/{{len}} {unit}, {{elapsed}} elapsed, {{eta}} left  {{msg}}"),
+        visible,
+    )
 }
 
 /// A bar over `total` bytes (reading a file).
 pub fn bytes(total: u64, what: &str, visible: bool) -> ProgressBar {
+    bar(
+        total,
+        &format!("{what} {{bar:30}} {{bytes}}/{{total_bytes}}, {{eta}} left"),
+        visible,
+    )
+}
+
+fn bar(total: u64, template: &str, visible: bool) -> ProgressBar {
     if !shown(visible) {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(total);
-    bar.set_style(
-        ProgressStyle::with_template(&format!(
-            "{what} {{bar:30}} {{bytes}}/{{total_bytes}}, {{eta}} left"
-        ))
-        .expect("valid template"),
-    );
+    bar.set_style(ProgressStyle::with_template(template).expect("valid template"));
     bar
 }
 
