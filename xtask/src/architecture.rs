@@ -24,11 +24,12 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("fs", &["topology", "pmem", "volume"]),
     ("fs-capi", &["topology", "volume", "fs"]),
     ("preload", &["topology", "volume", "fs"]),
+    ("exports", &["fs", "nbd"]),
     ("sim", &["cache"]),
     (
         "locus",
         &[
-            "topology", "pmem", "volume", "fs", "cache", "sim", "uring", "nbd",
+            "topology", "pmem", "volume", "fs", "cache", "sim", "uring", "nbd", "exports",
         ],
     ),
 ];

@@ -1,7 +1,7 @@
 //! `locus serve`: files of the volume's file system served over NBD, with one channel per
 //! NUMA node.
 
-mod export;
+mod spec;
 
 use std::io::Write as _;
 use std::net::{IpAddr, TcpListener};
@@ -20,7 +20,7 @@ use nbd::server::{
 };
 use topology::Topology;
 
-pub use export::{ExportSpec, FsExport};
+use exports::{ExportSpec, FsExport};
 
 use crate::size::{format_bytes, parse_size};
 
@@ -77,7 +77,7 @@ pub struct ServeArgs {
     /// An export (repeatable): NAME=fs:/PATH[,size=SIZE][,ro]. The file is created (with its
     /// directories) when missing, which needs size=; an existing file is grown to size= (never
     /// shrunk). ro serves an existing file read-only.
-    #[arg(long = "export", value_name = "NAME=fs:/PATH[,size=SIZE][,ro]", value_parser = ExportSpec::parse)]
+    #[arg(long = "export", value_name = "NAME=fs:/PATH[,size=SIZE][,ro]", value_parser = spec::parse)]
     exports: Vec<ExportSpec>,
 
     /// Size of the default export when there is no --export: created with it, or grown to
@@ -125,7 +125,7 @@ enum SubmitArg {
 }
 
 fn parse_export_size(text: &str) -> Result<u64, String> {
-    export::check_size(parse_size(text)?)
+    exports::check_size(parse_size(text)?)
 }
 
 fn parse_interval(text: &str) -> Result<Duration, String> {

@@ -1,21 +1,47 @@
-//! A file of the locus file system as an NBD export.
+//! What locus serves over NBD: a file of the locus file system as a block device
+//! ([`FsExport`]), behind `nbd::server::Export`. (The cache device will be the second kind.)
 //!
 //! Writes are copied, as they arrive, from the connection's input buffer into a persistent
 //! buffer allocated by the receiving thread (pinned to its channel's node, so the buffer is
 //! on that node) with non-temporal stores, and committed with `File::write_buffer`: the
 //! buffer becomes the file's data, durable when the reply leaves. FLUSH and FUA therefore
 //! have nothing left to do.
+//!
+//! Opening an export creates what it needs (parent directories, the file, its size) and
+//! refuses, with an [`OpenError`] naming the export, what it cannot serve.
 
 use std::ops::Range;
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
 use nbd::consts::errno;
 use nbd::server::{Export, ExportError, Payload};
 
-use crate::size::format_bytes;
+/// Why an export cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The export's file is unusable as asked.
+    #[error("export {name:?}: {problem}")]
+    Refused {
+        /// The export's name.
+        name: String,
+        /// What is wrong, in words.
+        problem: String,
+    },
+    /// The file system failed.
+    #[error("export {name:?}: {doing}: {source}")]
+    Fs {
+        /// The export's name.
+        name: String,
+        /// What was being done.
+        doing: String,
+        /// The file system's error.
+        #[source]
+        source: fs::FsError,
+    },
+}
 
-/// What `--export NAME=fs:/PATH[,size=SIZE][,ro]` asks for.
+/// An export: a name clients ask for and the file behind it (`locus serve --export
+/// NAME=fs:/PATH[,size=SIZE][,ro]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportSpec {
     /// Export name clients ask for.
@@ -26,51 +52,6 @@ pub struct ExportSpec {
     pub size: Option<u64>,
     /// Refuse writes.
     pub read_only: bool,
-}
-
-impl ExportSpec {
-    /// Parses `NAME=fs:/PATH[,size=SIZE][,ro]`.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let (name, rest) = text
-            .split_once('=')
-            .ok_or_else(|| format!("{text:?}: expected NAME=fs:/PATH[,size=SIZE][,ro]"))?;
-        if name.is_empty() || name.len() > nbd::consts::MAX_STRING_BYTES {
-            return Err(format!("{text:?}: the export name must be 1 to 4096 bytes"));
-        }
-        let mut parts = rest.split(',');
-        let target = parts.next().unwrap_or_default();
-        let path = target
-            .strip_prefix("fs:")
-            .ok_or_else(|| format!("{text:?}: the export must be a file system path, fs:/PATH"))?;
-        if !path.starts_with('/') || path == "/" {
-            return Err(format!(
-                "{text:?}: {path:?} is not an absolute file path in the file system"
-            ));
-        }
-        let mut spec = Self {
-            name: name.to_owned(),
-            path: path.to_owned(),
-            size: None,
-            read_only: false,
-        };
-        for part in parts {
-            match part.split_once('=') {
-                Some(("size", size)) => {
-                    let size =
-                        crate::size::parse_size(size).map_err(|e| format!("{text:?}: {e}"))?;
-                    spec.size = Some(check_size(size).map_err(|e| format!("{text:?}: {e}"))?);
-                }
-                None if part == "ro" => spec.read_only = true,
-                None if part == "rw" => spec.read_only = false,
-                _ => {
-                    return Err(format!(
-                        "{text:?}: unknown setting {part:?} (size=SIZE, ro)"
-                    ));
-                }
-            }
-        }
-        Ok(spec)
-    }
 }
 
 /// Export sizes are whole 512-byte sectors, so a client that honours the minimum block size
@@ -112,31 +93,42 @@ static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 impl FsExport {
     /// Opens (creating parent directories and the file, and growing it, as asked) the file
     /// `spec` names.
-    pub fn open(fs: &fs::Fs, spec: &ExportSpec) -> Result<Self> {
+    pub fn open(fs: &fs::Fs, spec: &ExportSpec) -> Result<Self, OpenError> {
+        let refused = |problem: String| OpenError::Refused {
+            name: spec.name.clone(),
+            problem,
+        };
+        let failed = |doing: String| {
+            let name = spec.name.clone();
+            move |source| OpenError::Fs {
+                name,
+                doing,
+                source,
+            }
+        };
         let exists = match fs.stat(&spec.path) {
             Ok(stat) if stat.kind == fs::Kind::Dir => {
-                bail!("export {:?}: {} is a directory", spec.name, spec.path)
+                return Err(refused(format!("{} is a directory", spec.path)));
             }
             Ok(_) => true,
             Err(fs::FsError::NotFound(_)) => false,
-            Err(e) => return Err(e).with_context(|| format!("export {:?}", spec.name)),
+            Err(e) => return Err(failed(format!("looking up {}", spec.path))(e)),
         };
         if !exists {
             if spec.read_only {
-                bail!(
-                    "export {:?}: {} does not exist (a read-only export serves an existing file)",
-                    spec.name,
+                return Err(refused(format!(
+                    "{} does not exist (a read-only export serves an existing file)",
                     spec.path
-                );
+                )));
             }
             if spec.size.is_none() {
-                bail!(
-                    "export {:?}: {} does not exist; give size=SIZE to create it",
-                    spec.name,
+                return Err(refused(format!(
+                    "{} does not exist; give size=SIZE to create it",
                     spec.path
-                );
+                )));
             }
-            create_parents(fs, &spec.path)?;
+            create_parents(fs, &spec.path)
+                .map_err(|(at, e)| failed(format!("creating directory {at}"))(e))?;
         }
         let options = if spec.read_only {
             fs::OpenOptions::default()
@@ -145,28 +137,24 @@ impl FsExport {
         };
         let file = fs
             .open_file(&spec.path, options)
-            .with_context(|| format!("export {:?}: opening {}", spec.name, spec.path))?;
+            .map_err(failed(format!("opening {}", spec.path)))?;
         let current = file.len();
         let size = match spec.size {
             Some(size) if size > current && !spec.read_only => {
-                file.set_len(size).with_context(|| {
-                    format!(
-                        "export {:?}: sizing {} to {size} bytes",
-                        spec.name, spec.path
-                    )
-                })?;
+                file.set_len(size)
+                    .map_err(failed(format!("sizing {} to {size} bytes", spec.path)))?;
                 size
             }
-            Some(size) if size != current => bail!(
-                "export {:?}: {} has {current} bytes, not {size}; locus does not shrink (or, \
-                 read-only, grow) an exported file — remove it or give its size",
-                spec.name,
-                spec.path
-            ),
+            Some(size) if size != current => {
+                return Err(refused(format!(
+                    "{} has {current} bytes, not {size}; locus does not shrink (or, read-only, \
+                     grow) an exported file — remove it or give its size",
+                    spec.path
+                )));
+            }
             _ => current,
         };
-        check_size(size)
-            .map_err(|e| anyhow::anyhow!("export {:?}: {} has {e}", spec.name, spec.path))?;
+        check_size(size).map_err(|e| refused(format!("{} has {e}", spec.path)))?;
         Ok(Self {
             file,
             path: spec.path.clone(),
@@ -176,7 +164,8 @@ impl FsExport {
     }
 }
 
-fn create_parents(fs: &fs::Fs, path: &str) -> Result<()> {
+/// Creates the directories above `path`; on failure, the directory and the error.
+fn create_parents(fs: &fs::Fs, path: &str) -> Result<(), (String, fs::FsError)> {
     let parent = Path::new(path).parent().unwrap_or(Path::new("/"));
     let mut at = String::new();
     for part in parent.components().skip(1) {
@@ -184,7 +173,7 @@ fn create_parents(fs: &fs::Fs, path: &str) -> Result<()> {
         at.push_str(&part.as_os_str().to_string_lossy());
         match fs.mkdir(&at, 0o755) {
             Ok(()) | Err(fs::FsError::Exists(_)) => {}
-            Err(e) => return Err(e).with_context(|| format!("creating directory {at}")),
+            Err(e) => return Err((at, e)),
         }
     }
     Ok(())
@@ -218,7 +207,7 @@ impl Export for FsExport {
         format!(
             "locus file {} ({}{})",
             self.path,
-            format_bytes(self.size),
+            exact_size(self.size),
             if self.read_only { ", read-only" } else { "" }
         )
     }
@@ -385,37 +374,33 @@ impl FsExport {
     }
 }
 
+/// A size as exactly as one unit says it: `1 GiB`, `3 MiB`, `1536 KiB`, `512 B`.
+fn exact_size(bytes: u64) -> String {
+    for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
+            return format!("{} {unit}", bytes >> shift);
+        }
+    }
+    format!("{bytes} B")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn export_specs_parse_and_bad_ones_are_named() {
-        assert_eq!(
-            ExportSpec::parse("disk=fs:/vm/disk.img,size=2G,ro"),
-            Ok(ExportSpec {
-                name: "disk".into(),
-                path: "/vm/disk.img".into(),
-                size: Some(2 << 30),
-                read_only: true
-            })
-        );
-        assert_eq!(
-            ExportSpec::parse("d=fs:/x").map(|s| (s.size, s.read_only)),
-            Ok((None, false))
-        );
-        for (bad, says) in [
-            ("disk", "expected NAME=fs:/PATH"),
-            ("=fs:/x", "1 to 4096 bytes"),
-            ("d=/x", "fs:/PATH"),
-            ("d=fs:x", "absolute"),
-            ("d=fs:/", "absolute"),
-            ("d=fs:/x,size=1000", "multiple of 512"),
-            ("d=fs:/x,size=lots", "lots"),
-            ("d=fs:/x,fast", "unknown setting"),
-        ] {
-            let e = ExportSpec::parse(bad).expect_err(bad);
-            assert!(e.contains(says), "{bad}: {e}");
-        }
+    fn sizes_are_described_exactly() {
+        assert_eq!(exact_size(1 << 30), "1 GiB");
+        assert_eq!(exact_size(3 << 20), "3 MiB");
+        assert_eq!(exact_size(1536 << 10), "1536 KiB");
+        assert_eq!(exact_size(512), "512 B");
+        assert_eq!(exact_size(20 << 30), "20 GiB");
+    }
+
+    #[test]
+    fn sizes_must_be_whole_sectors() {
+        assert_eq!(check_size(4096), Ok(4096));
+        assert!(check_size(0).is_err());
+        assert!(check_size(1000).unwrap_err().contains("multiple of 512"));
     }
 }
