@@ -30,14 +30,14 @@ pub const LOG_VERSION: u32 = 2;
 /// version 1: its records keep `mtime` 0).
 const LOG_VERSION_WITHOUT_TIMES: u32 = 1;
 /// Bytes of the header and of each record slot (one cache line each).
-pub const SLOT_BYTES: u64 = 64;
+pub const RECORD_BYTES: u64 = 64;
 /// Most record slots in one area.
 pub const MAX_RECORDS: u64 = 1 << 24;
 
 // A record is one cache line: its encoding (7 words, 4 reserved bytes, the CRC) must fill it
 // exactly, so that one flush of one line makes it durable and it cannot tear across lines.
 const _: () =
-    assert!(7 * 8 + 4 + 4 == SLOT_BYTES as usize && SLOT_BYTES == pmem::CACHE_LINE as u64);
+    assert!(7 * 8 + 4 + 4 == RECORD_BYTES as usize && RECORD_BYTES == pmem::CACHE_LINE as u64);
 
 /// What a record says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,8 +60,8 @@ pub struct LogRecord {
 }
 
 impl LogRecord {
-    fn encode(&self) -> [u8; SLOT_BYTES as usize] {
-        let mut bytes = [0u8; SLOT_BYTES as usize];
+    fn encode(&self) -> [u8; RECORD_BYTES as usize] {
+        let mut bytes = [0u8; RECORD_BYTES as usize];
         for (i, value) in [
             self.sequence,
             self.inode,
@@ -82,7 +82,7 @@ impl LogRecord {
     }
 
     /// `None` for an empty or torn slot (CRC mismatch), which recovery skips.
-    fn decode(bytes: &[u8; SLOT_BYTES as usize]) -> Option<Self> {
+    fn decode(bytes: &[u8; RECORD_BYTES as usize]) -> Option<Self> {
         let crc = u32::from_le_bytes(bytes[60..64].try_into().expect("4 bytes"));
         if crc != crc32c::crc32c(&bytes[..60]) || bytes[56..60].iter().any(|&b| b != 0) {
             return None;
@@ -117,12 +117,12 @@ pub struct LogArea {
 impl LogArea {
     /// Bytes an area of `records` slots needs.
     pub fn bytes_for(records: u64) -> u64 {
-        SLOT_BYTES * (records + 1)
+        RECORD_BYTES * (records + 1)
     }
 
     /// Formats `region` as a fresh, empty log area.
     pub fn format(region: Region, id: u32) -> Result<Self> {
-        let capacity = (region.len() / SLOT_BYTES)
+        let capacity = (region.len() / RECORD_BYTES)
             .saturating_sub(1)
             .min(MAX_RECORDS);
         if capacity == 0 {
@@ -132,9 +132,9 @@ impl LogArea {
             });
         }
         // Old records must not look live in the new area: clear the slots first.
-        region.fill(SLOT_BYTES, capacity * SLOT_BYTES, 0)?;
-        region.persist(SLOT_BYTES, capacity * SLOT_BYTES)?;
-        let mut header = [0u8; SLOT_BYTES as usize];
+        region.fill(RECORD_BYTES, capacity * RECORD_BYTES, 0)?;
+        region.persist(RECORD_BYTES, capacity * RECORD_BYTES)?;
+        let mut header = [0u8; RECORD_BYTES as usize];
         header[8..12].copy_from_slice(&LOG_VERSION.to_le_bytes());
         header[12..16].copy_from_slice(&id.to_le_bytes());
         header[16..24].copy_from_slice(&capacity.to_le_bytes());
@@ -143,7 +143,7 @@ impl LogArea {
         region.store_u64(0, 0)?;
         region.persist(0, 8)?;
         region.write(8, &header[8..])?;
-        region.persist(8, SLOT_BYTES - 8)?;
+        region.persist(8, RECORD_BYTES - 8)?;
         region.store_u64(0, LOG_MAGIC)?;
         region.persist(0, 8)?;
         Ok(Self {
@@ -159,7 +159,7 @@ impl LogArea {
     /// Opens an existing area whose records through `retired` are part of their files (the
     /// metadata says so) and returns it with its live records, oldest first.
     pub fn recover(region: Region, retired: u64) -> Result<(Self, Vec<LogRecord>)> {
-        let mut header = [0u8; SLOT_BYTES as usize];
+        let mut header = [0u8; RECORD_BYTES as usize];
         region.read(0, &mut header)?;
         let bad = |field: &'static str, problem: String| FsError::BadLogHeader { field, problem };
         let u32_at =
@@ -192,9 +192,9 @@ impl LogArea {
             ));
         }
         let mut live = Vec::new();
-        let mut slot = [0u8; SLOT_BYTES as usize];
+        let mut slot = [0u8; RECORD_BYTES as usize];
         for index in 0..capacity {
-            region.read(SLOT_BYTES * (index + 1), &mut slot)?;
+            region.read(RECORD_BYTES * (index + 1), &mut slot)?;
             let Some(record) = LogRecord::decode(&slot) else {
                 continue;
             };
@@ -302,9 +302,9 @@ impl LogArea {
             order,
             mtime: if self.times { mtime } else { 0 },
         };
-        let at = SLOT_BYTES * ((record.sequence - 1) % self.capacity + 1);
+        let at = RECORD_BYTES * ((record.sequence - 1) % self.capacity + 1);
         self.region.write(at, &record.encode())?;
-        self.region.persist(at, SLOT_BYTES)?;
+        self.region.persist(at, RECORD_BYTES)?;
         self.next_sequence += 1;
         Ok(record)
     }

@@ -26,8 +26,8 @@ use crate::buffers::BufferSet;
 use crate::error::{FsError, Result};
 use crate::extent_map::{BLOCK, ExtentMap};
 use crate::fs::{
-    Attr, FormatOptions, Fs, FsCounters, FsOptions, InFlight, Inner, Inode, Mount, Pending,
-    ROOT_INO, Signal, check_format, check_options, now_ns,
+    Attr, FormatOptions, Fs, FsCounters, FsOptions, Inner, Inode, PaddedU64, Pending, ROOT_INO,
+    Signal, Unmounter, check_format, check_options, now_ns,
 };
 use crate::journal::{Journal, JournalRecord, Kind, MetaOp};
 use crate::log::{LogArea, LogRecord};
@@ -273,7 +273,7 @@ impl Fs {
             options,
             inodes: RwLock::new(table),
             next_ino: AtomicU64::new(next_ino),
-            order: InFlight(AtomicU64::new(next_order)),
+            order: PaddedU64(AtomicU64::new(next_order)),
             gate: RwLock::new(()),
             rename: Mutex::new(()),
             batch: Mutex::new(()),
@@ -292,7 +292,7 @@ impl Fs {
         }
         let thread = crate::checkpoint::spawn(Arc::clone(&inner))?;
         Ok(Fs {
-            mount: Arc::new(Mount {
+            mount: Arc::new(Unmounter {
                 inner: Arc::clone(&inner),
                 thread: Mutex::new(Some(thread)),
             }),

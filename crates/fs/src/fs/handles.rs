@@ -1,4 +1,4 @@
-//! The public handles: `Fs` (and the `Mount` its last clone drops), `File`, `Buffer`.
+//! The public handles: `Fs` (and the `Unmounter` its last clone drops), `File`, `Buffer`.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -14,12 +14,12 @@ use crate::range_lock::LockMode;
 
 /// Stops the checkpoint and writes the final snapshot when the last handle goes.
 #[derive(Debug)]
-pub(crate) struct Mount {
+pub(crate) struct Unmounter {
     pub(crate) inner: Arc<Inner>,
     pub(crate) thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
-impl Drop for Mount {
+impl Drop for Unmounter {
     fn drop(&mut self) {
         if let Err(e) = crate::checkpoint::unmount(&self.inner, &self.thread) {
             tracing::error!(error = %e, "unmount failed; recovery will replay the logs at next open");
@@ -32,7 +32,7 @@ impl Drop for Mount {
 #[derive(Debug, Clone)]
 pub struct Fs {
     pub(crate) inner: Arc<Inner>,
-    pub(crate) mount: Arc<Mount>,
+    pub(crate) mount: Arc<Unmounter>,
 }
 
 impl Fs {

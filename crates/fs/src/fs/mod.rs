@@ -23,7 +23,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use pmem::Region;
 
-pub(crate) use handles::Mount;
+pub(crate) use handles::Unmounter;
 pub use handles::{Buffer, File, Fs};
 pub(crate) use inode::{Attr, Inode};
 pub use inode::{DirEntry, Stat};

@@ -40,10 +40,11 @@ pub(crate) struct SlotCounters {
     pub(crate) writes: AtomicU64,
 }
 
-/// The order a slot's writer is about to take, or `u64::MAX` (on a line of its own).
+/// An atomic on cache lines of its own (no false sharing with its neighbours): the global
+/// order counter, and each slot's in-flight bound.
 #[derive(Debug)]
 #[repr(align(128))]
-pub(crate) struct InFlight(pub(crate) AtomicU64);
+pub(crate) struct PaddedU64(pub(crate) AtomicU64);
 
 /// One thread slot: a data log area, a metadata journal, a pool of preliminary buffers.
 #[derive(Debug)]
@@ -53,7 +54,9 @@ pub(crate) struct Slot {
     pub(crate) retired: Arc<AtomicU64>,
     pub(crate) journal: Mutex<Journal>,
     pub(crate) pending: Mutex<VecDeque<Pending>>,
-    pub(crate) inflight: InFlight,
+    /// The order this slot's writer is about to take, or `u64::MAX`: the checkpoint stays
+    /// below it.
+    pub(crate) inflight: PaddedU64,
     pub(crate) pool: Mutex<Pool>,
     pub(crate) counters: SlotCounters,
 }
@@ -98,7 +101,7 @@ pub(crate) struct Inner {
     pub(crate) options: FsOptions,
     pub(crate) inodes: RwLock<HashMap<u64, Arc<Inode>>>,
     pub(crate) next_ino: AtomicU64,
-    pub(crate) order: InFlight,
+    pub(crate) order: PaddedU64,
     /// Metadata operations hold it shared; a snapshot holds it exclusively.
     pub(crate) gate: RwLock<()>,
     pub(crate) rename: Mutex<()>,
@@ -381,7 +384,7 @@ impl Inner {
             log: Mutex::new(log),
             journal: Mutex::new(journal),
             pending: Mutex::new(pending),
-            inflight: InFlight(AtomicU64::new(u64::MAX)),
+            inflight: PaddedU64(AtomicU64::new(u64::MAX)),
             pool: Mutex::new(Pool::new(
                 self.options.prelim_buffers,
                 self.options.prelim_buffer_bytes,

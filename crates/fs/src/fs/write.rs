@@ -80,7 +80,7 @@ impl Inner {
         slot.counters.caller_bytes.fetch_add(len, Ordering::Relaxed);
         slot.counters
             .media_bytes
-            .fetch_add(crate::log::SLOT_BYTES, Ordering::Relaxed);
+            .fetch_add(crate::log::RECORD_BYTES, Ordering::Relaxed);
         if depth.is_multiple_of(crate::checkpoint::GATHER_RECORDS) {
             self.wake_checkpoint();
         }
