@@ -76,13 +76,24 @@ fn write_at(file: &fs::File, data: &[u8], offset: u64) -> Result<usize, c_int> {
     Ok(data.len())
 }
 
+/// Appends `data` at the end of `file`: the end is read and written under the process's
+/// append lock, so two appends never take the same end. Returns the bytes written and where.
+fn append(file: &fs::File, data: &[u8]) -> Result<(usize, u64), c_int> {
+    let _append = state::APPEND.lock();
+    let end = file.len();
+    Ok((write_at(file, data, end)?, end))
+}
+
+/// Whether writes through `desc` append (`O_APPEND`).
+fn appends(desc: &Desc) -> bool {
+    desc.status.load(Relaxed) & libc::O_APPEND != 0
+}
+
 /// Writes at the description's offset (or, with `O_APPEND`, at the end) and advances it.
 fn write_here(desc: &Desc, data: &[u8]) -> Result<usize, c_int> {
     let file = writable(desc)?;
-    if desc.status.load(Relaxed) & libc::O_APPEND != 0 {
-        let _append = state::APPEND.lock();
-        let end = file.len();
-        let n = write_at(file, data, end)?;
+    if appends(desc) {
+        let (n, end) = append(file, data)?;
         *desc.pos.lock() = end + n as u64;
         return Ok(n);
     }
@@ -214,9 +225,8 @@ pub unsafe extern "C" fn pwrite64(
 /// A positional write; `O_APPEND` descriptions append, as Linux does.
 fn pwrite_desc(desc: &Desc, data: &[u8], off: u64) -> Result<usize, c_int> {
     let file = writable(desc)?;
-    if desc.status.load(Relaxed) & libc::O_APPEND != 0 {
-        let _append = state::APPEND.lock();
-        return write_at(file, data, file.len());
+    if appends(desc) {
+        return append(file, data).map(|(n, _)| n);
     }
     write_at(file, data, off)
 }
@@ -354,10 +364,7 @@ fn pwritev_locus(fd: c_int, iov: *const iovec, n: c_int, off: off_t, flags: c_in
         // SAFETY: C's contract, forwarded by the exported callers.
         let iov = unsafe { vectors(iov, n)? };
         if flags & libc::RWF_APPEND != 0 {
-            let file = writable(&desc)?;
-            let data = gather(iov);
-            let _append = state::APPEND.lock();
-            return write_at(file, &data, file.len());
+            return append(writable(&desc)?, &gather(iov)).map(|(n, _)| n);
         }
         writev_desc(&desc, iov, off)
     }))
