@@ -160,3 +160,34 @@ fn a_plot_that_cannot_be_written_is_refused_before_the_work() {
         assert!(!stderr.contains("Error("), "{stderr}");
     }
 }
+
+/// An emulated device must name its node, and must fit in the node's free memory: checked
+/// before any page is allocated, so a refusal leaves nothing behind.
+#[test]
+fn an_emulated_device_names_its_node_and_fits_its_memory() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let volume = dir.path().join("v");
+    let device = dir.path().join("dev.pmem");
+    let format = |spec: String| {
+        locus(&[
+            "format",
+            "--volume",
+            volume.to_str().unwrap(),
+            "--device",
+            &spec,
+        ])
+    };
+    let (code, stderr) = format(format!("{},size=64M", device.display()));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("is emulated: give the node"), "{stderr}");
+    let (code, stderr) = format(format!("{},node=0,size=16T", device.display()));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("emulated devices on node 0 need") && stderr.contains("free"),
+        "{stderr}"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "a refused format left {left:?}");
+    let (code, stderr) = format(format!("{},node=0,size=16M", device.display()));
+    assert_eq!(code, Some(0), "{stderr}");
+}

@@ -278,6 +278,8 @@ impl Volume {
     /// `dir/locus.toml`. Refuses, unless `force`, when `dir` already lists devices that carry a
     /// locus superblock (a config written by hand before the first format is fine).
     pub fn format(dir: &Path, config: &VolumeConfig, force: bool) -> Result<[u8; 16]> {
+        // Before the lock (which creates the directory): a refusal leaves nothing behind.
+        check_emulated(dir, config)?;
         let _lock = VolumeLock::acquire(dir)?;
         if !force && Self::holds_volume(dir)? {
             return Err(VolumeError::AlreadyFormatted {
@@ -686,6 +688,73 @@ fn device_orders(
         orders[node.id as usize] = order;
     }
     Ok(orders)
+}
+
+/// Emulated devices, before any page of them is allocated: each names its node, and the
+/// devices of each node fit in that node's free memory and in the tmpfs that holds them
+/// (pages a device file already holds count as free: formatting reuses them). Without this
+/// a device larger than its node's memory gets the process killed by the OOM killer,
+/// halfway through allocating it.
+fn check_emulated(dir: &Path, config: &VolumeConfig) -> Result<()> {
+    let problem = |problem: String| VolumeError::Config {
+        path: dir.join(crate::config::CONFIG_FILE),
+        problem,
+    };
+    let emulated: Vec<&DeviceConfig> = config
+        .devices
+        .iter()
+        .filter(|d| matches!(d.kind(), Ok(DeviceKind::Emulated)))
+        .collect();
+    if emulated.is_empty() {
+        return Ok(());
+    }
+    let topology = Topology::read_live().map_err(|e| {
+        problem(format!(
+            "reading each node's free memory for emulated devices: {e}"
+        ))
+    })?;
+    let mut per_node: std::collections::BTreeMap<u32, u64> = Default::default();
+    for device in &emulated {
+        let shown = device.path.display();
+        let Some(size) = device.size_bytes else {
+            continue; // named by the size check that follows (missing or existing device)
+        };
+        let Some(node) = device.node else {
+            return Err(problem(format!(
+                "device {shown} is emulated: give the node its pages are bound to \
+                 (`--device {shown},node=N`; `locus topology` lists the nodes)"
+            )));
+        };
+        let held = std::fs::metadata(&device.path).map_or(0, |m| {
+            use std::os::unix::fs::MetadataExt;
+            m.blocks() * 512
+        });
+        *per_node.entry(node).or_default() += size.saturating_sub(held);
+        let Some(found) = topology.nodes.iter().find(|n| n.id == node) else {
+            return Err(problem(format!(
+                "device {shown}: node {node} is not an online NUMA node of this machine"
+            )));
+        };
+        let wanted = per_node[&node];
+        if wanted > found.memory_free_bytes {
+            return Err(problem(format!(
+                "device {shown}: emulated devices on node {node} need {wanted} more bytes of \
+                 memory and the node has {} free; give a smaller size=",
+                found.memory_free_bytes
+            )));
+        }
+        let parent = device.path.parent().unwrap_or(Path::new("/"));
+        if let Ok(available) = pmem::available_bytes(parent)
+            && size.saturating_sub(held) > available
+        {
+            return Err(problem(format!(
+                "device {shown}: {size} bytes do not fit the {available} bytes free in the \
+                 tmpfs at {}; give a smaller size=",
+                parent.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Why a device with no size cannot be formatted, in the words of the user's mistake.
