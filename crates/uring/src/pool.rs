@@ -144,10 +144,17 @@ pub struct Segment {
     pub fixed: Option<u16>,
 }
 
+/// Where a buffer's memory came from. Small and medium buffers hold an `Arc` of the pool
+/// memory they point into, so it stays mapped even if the pool is dropped first; large and
+/// unregistered ones own theirs.
 #[derive(Debug)]
 enum Origin {
-    Small(usize),
-    Medium(Vec<(usize, usize, usize)>),
+    Small {
+        index: usize,
+        _memory: Arc<Memory>,
+    },
+    /// (chunk, offset, length, the chunk's memory) per region.
+    Medium(Vec<(usize, usize, usize, Arc<Memory>)>),
     Large(Memory, Option<u16>),
     Unregistered(Memory),
 }
@@ -159,12 +166,9 @@ pub struct IoBuf {
     len: usize,
     tier: Tier,
     origin: Origin,
-    /// The pool memory the segments point into, kept mapped while the buffer lives even if
-    /// the pool is dropped first (large and unregistered buffers own theirs in `origin`).
-    _mapped: Vec<Arc<Memory>>,
 }
 
-// SAFETY: the segments point into memory this buffer keeps mapped (`_mapped`, `origin`), and
+// SAFETY: the segments point into memory this buffer keeps mapped (`origin`), and
 // only the holder of the `IoBuf` touches them.
 unsafe impl Send for IoBuf {}
 
@@ -182,7 +186,6 @@ impl IoBuf {
             len,
             tier: Tier::Unregistered,
             origin: Origin::Unregistered(memory),
-            _mapped: Vec::new(),
         })
     }
 
@@ -434,8 +437,10 @@ impl BufferPool {
                 segments: vec![segment],
                 len,
                 tier: Tier::Small,
-                origin: Origin::Small(index),
-                _mapped: vec![Arc::clone(&block.memory)],
+                origin: Origin::Small {
+                    index,
+                    _memory: Arc::clone(&block.memory),
+                },
             }));
         }
         if len <= self.config.chunk_bytes {
@@ -447,13 +452,13 @@ impl BufferPool {
     /// Returns a buffer to the pool.
     pub fn put(&mut self, buf: IoBuf, registrar: &mut dyn Registrar) {
         match buf.origin {
-            Origin::Small(index) => {
+            Origin::Small { index, .. } => {
                 assert!(self.small[index].busy, "small block {index} returned twice");
                 self.small[index].busy = false;
             }
             Origin::Medium(regions) => {
                 let now = Instant::now();
-                for (chunk, offset, len) in regions {
+                for (chunk, offset, len, _) in regions {
                     let chunk = self.chunks[chunk]
                         .as_mut()
                         .expect("a region's chunk lives while it is lent");
@@ -530,8 +535,7 @@ impl BufferPool {
                 } else {
                     Tier::Unregistered
                 },
-                origin: Origin::Medium(vec![(index, offset, need)]),
-                _mapped: vec![self.chunk_memory(index)],
+                origin: Origin::Medium(vec![(index, offset, need, self.chunk_memory(index))]),
             }));
         }
         // No single region: gather the largest free regions if together they suffice.
@@ -554,7 +558,7 @@ impl BufferPool {
         for (index, offset, free) in candidates {
             let take = free.min(remaining);
             segments.push(self.take(index, offset, take));
-            regions.push((index, offset, take));
+            regions.push((index, offset, take, self.chunk_memory(index)));
             remaining -= take;
             if remaining == 0 {
                 break;
@@ -567,19 +571,11 @@ impl BufferPool {
         } else {
             Tier::Unregistered
         };
-        let mut mapped: Vec<Arc<Memory>> = Vec::new();
-        for &(index, _, _) in &regions {
-            let memory = self.chunk_memory(index);
-            if !mapped.iter().any(|m| Arc::ptr_eq(m, &memory)) {
-                mapped.push(memory);
-            }
-        }
         Ok(Some(IoBuf {
             segments,
             len,
             tier,
             origin: Origin::Medium(regions),
-            _mapped: mapped,
         }))
     }
 
@@ -662,7 +658,6 @@ impl BufferPool {
             len,
             tier,
             origin: Origin::Large(memory, slot),
-            _mapped: Vec::new(),
         })
     }
 
@@ -679,7 +674,6 @@ impl BufferPool {
             len,
             tier: Tier::Unregistered,
             origin: Origin::Unregistered(memory),
-            _mapped: Vec::new(),
         })
     }
 
