@@ -11,8 +11,16 @@ use crate::{FormatOptions, Fs, FsOptions, Result};
 
 /// Creates the embedded default volume in `dir` (one emulated device per NUMA node with
 /// memory, each bound to its node; see [`volume::default_config`]) with an empty file
-/// system, and returns its configuration. Refuses a directory that holds a volume already.
+/// system, and returns its configuration. Refuses a directory that holds a volume already,
+/// and — with `NoVolume`, creating nothing — any directory but the default location or an
+/// empty one ([`volume::may_create_default_in`]): a mistyped path is not a new volume.
 pub fn create_default_volume(dir: &Path, topology: &Topology) -> Result<VolumeConfig> {
+    if !volume::may_create_default_in(dir) {
+        return Err(volume::VolumeError::NoVolume {
+            dir: dir.to_owned(),
+        }
+        .into());
+    }
     let config = volume::default_config(dir, topology, None)?;
     Volume::format(dir, &config, false)?;
     format_volume(dir, topology.clone())?;

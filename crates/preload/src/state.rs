@@ -149,13 +149,8 @@ fn mount() -> Result<Fs, c_int> {
         let topology = topology::Topology::read_from(&config.sysfs)
             .map_err(|e| FsError::Invalid(format!("reading the NUMA topology: {e}")))?;
         if volume::VolumeConfig::read(&config.volume)?.is_none() {
-            // Only at the default location or in an empty directory: a mistyped LOCUS_VOLUME
-            // gets ENODEV, not a new volume.
-            if !volume::may_create_default_in(&config.volume) {
-                return Err(FsError::Volume(volume::VolumeError::NoVolume {
-                    dir: config.volume.clone(),
-                }));
-            }
+            // Refused (NoVolume, so ENODEV) unless it is the default location or an empty
+            // directory: a mistyped LOCUS_VOLUME is not a new volume.
             let created = fs::create_default_volume(&config.volume, &topology)?;
             eprintln!(
                 "locus preload: no volume at {}; created the embedded default ({} emulated \

@@ -6,8 +6,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::config::VolumeConfig;
-use crate::error::{Result, VolumeError};
+use crate::error::Result;
 use crate::lock::VolumeLock;
 use crate::superblock::Superblock;
 use crate::volume::hex;
@@ -46,16 +45,7 @@ impl CheckReport {
 
 /// Checks the volume in `dir` (taking its lock, so nothing changes it meanwhile).
 pub fn check(dir: &Path) -> Result<CheckReport> {
-    // Nothing is created (directory, lock file) where there is no volume.
-    if VolumeConfig::read(dir)?.is_none() {
-        return Err(VolumeError::NoVolume {
-            dir: dir.to_owned(),
-        });
-    }
-    let _lock = VolumeLock::acquire(dir)?;
-    let config = VolumeConfig::read(dir)?.ok_or_else(|| VolumeError::NoVolume {
-        dir: dir.to_owned(),
-    })?;
+    let (_lock, config) = VolumeLock::acquire_existing(dir)?;
     let flush = config.flush_policy().expect("validated");
     let mut report = CheckReport {
         devices: Vec::new(),

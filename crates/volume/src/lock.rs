@@ -6,6 +6,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
 use std::path::Path;
 
+use crate::config::VolumeConfig;
 use crate::error::{Result, VolumeError};
 
 /// The name of the lock file in a volume directory.
@@ -18,6 +19,21 @@ pub struct VolumeLock {
 }
 
 impl VolumeLock {
+    /// Takes the lock of the volume in `dir` and reads its config (after the lock, so it is
+    /// the config of the volume we hold). Where there is no volume it is `NoVolume`, and
+    /// nothing is created: no directory, no lock file.
+    pub fn acquire_existing(dir: &Path) -> Result<(Self, VolumeConfig)> {
+        let none = || VolumeError::NoVolume {
+            dir: dir.to_owned(),
+        };
+        if VolumeConfig::read(dir)?.is_none() {
+            return Err(none());
+        }
+        let lock = Self::acquire(dir)?;
+        let config = VolumeConfig::read(dir)?.ok_or_else(none)?;
+        Ok((lock, config))
+    }
+
     /// Takes the lock of the volume in `dir` (creating the directory if needed).
     pub fn acquire(dir: &Path) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|source| VolumeError::Io {

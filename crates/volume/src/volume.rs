@@ -339,16 +339,7 @@ impl Volume {
 
     /// Opens the volume in `dir`, locking it against other processes.
     pub fn open(dir: &Path, topology: Topology, options: &OpenOptions) -> Result<Self> {
-        // Nothing is created (directory, lock file) where there is no volume.
-        if VolumeConfig::read(dir)?.is_none() {
-            return Err(VolumeError::NoVolume {
-                dir: dir.to_owned(),
-            });
-        }
-        let lock = VolumeLock::acquire(dir)?;
-        let config = VolumeConfig::read(dir)?.ok_or_else(|| VolumeError::NoVolume {
-            dir: dir.to_owned(),
-        })?;
+        let (lock, config) = VolumeLock::acquire_existing(dir)?;
         let flush = config.flush_policy().expect("validated");
         let sources = config
             .devices

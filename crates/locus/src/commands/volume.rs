@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use topology::Topology;
 
 use crate::size::format_bytes;
@@ -34,17 +34,13 @@ pub struct VolumeDir {
 pub fn open_or_create_default(dir: &Path, sysfs: &Path, prefault: bool) -> Result<Volume> {
     let topology = read_topology(sysfs)?;
     if VolumeConfig::read(dir)?.is_none() {
-        if !volume::may_create_default_in(dir) {
-            bail!(
-                "no volume at {} (no locus.toml); the embedded default is created only at {} \
-                 or in an empty directory; create one there with `locus format --volume {}`",
-                dir.display(),
-                volume::DEFAULT_DIR,
+        let config = fs::create_default_volume(dir, &topology).map_err(|e| match e {
+            // Not a place for the default: the error says so, and names `locus format`.
+            fs::FsError::Volume(volume::VolumeError::NoVolume { .. }) => anyhow::Error::new(e),
+            e => anyhow::Error::new(e).context(format!(
+                "creating the embedded default volume at {}",
                 dir.display()
-            );
-        }
-        let config = fs::create_default_volume(dir, &topology).with_context(|| {
-            format!("creating the embedded default volume at {}", dir.display())
+            )),
         })?;
         eprintln!(
             "locus: no volume at {}; created the embedded default: {} emulated device(s), one per \
