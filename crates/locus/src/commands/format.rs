@@ -1,6 +1,5 @@
 //! `locus format`: make devices into a new volume.
 
-use crate::output::outln;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -8,6 +7,7 @@ use clap::Args;
 use topology::Topology;
 use volume::{DeviceConfig, Volume, VolumeConfig};
 
+use crate::output::outln;
 use crate::size::{format_bytes, parse_size};
 
 /// Create a volume in the --volume directory from persistent-memory devices, with an empty

@@ -1,7 +1,6 @@
 //! `locus fsck`: check a volume and its file system, report every problem, and repair what
 //! is safe to repair.
 
-use crate::output::outln;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -10,6 +9,8 @@ use clap::Args;
 use serde::Serialize;
 
 use super::volume::FsState;
+
+use crate::output::outln;
 
 /// Check a volume and its file system, reporting every problem.
 ///

@@ -1,7 +1,6 @@
 //! `locus sim`: replay a block trace through the hybrid DRAM/NVRAM cache policies over a grid
 //! of cache sizes; or generate a synthetic trace.
 
-use crate::output::outln;
 use std::io::{BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
@@ -10,6 +9,7 @@ use clap::Args;
 use serde::Serialize;
 use sim::{Format, GridResult, PolicyKind, ReadOptions, ZipfSpec};
 
+use crate::output::outln;
 use crate::size::{format_bytes, parse_size};
 
 /// Replay a block trace through the NVRAM cache policies and count storage accesses.

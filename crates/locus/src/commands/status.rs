@@ -1,12 +1,12 @@
 //! `locus status`: the volume's devices, where they are, how full, and how allocation goes.
 
-use crate::output::outln;
 use std::path::Path;
 
 use anyhow::Result;
 use clap::Args;
 use serde::Serialize;
 
+use crate::output::outln;
 use crate::size::format_bytes;
 
 /// Show the volume's devices, their nodes, space and allocation order.

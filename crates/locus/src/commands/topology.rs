@@ -1,6 +1,5 @@
 //! `locus topology`: the machine's NUMA layout, memory devices, NICs and latency order.
 
-use crate::output::{out, outln};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -9,6 +8,7 @@ use clap::Args;
 use serde::Serialize;
 use topology::{CandidateOrder, ProbeConfig, ProbeReport, Topology, cpulist};
 
+use crate::output::{out, outln};
 use crate::size::{format_bytes, parse_size};
 
 /// Show the machine's NUMA layout, memory devices, NICs and memory order.

@@ -8,7 +8,6 @@
 //! the numbers are sustained ones; write amplification is bytes stored to persistent memory
 //! over bytes written by the caller, from the file system's own counters.
 
-use crate::output::outln;
 use std::fs::File as StdFile;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -20,6 +19,7 @@ use clap::Args;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::output::outln;
 use crate::size::parse_size;
 
 /// The file system (locus) against pwrite/pread on tmpfs: random and sequential writes and

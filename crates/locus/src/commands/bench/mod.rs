@@ -8,9 +8,10 @@ pub mod sim;
 pub mod uring;
 pub mod volume;
 
-use crate::output::outln;
 use anyhow::Result;
 use clap::{Args, Subcommand};
+
+use crate::output::outln;
 
 /// Measure locus on this machine and print the numbers (tables, or JSON with --json).
 #[derive(Debug, Args)]

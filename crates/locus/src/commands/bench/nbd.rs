@@ -1,7 +1,6 @@
 //! `locus bench nbd`: fio's nbd engine against `locus serve` and, in the same run, against
 //! `nbdkit memory` and `qemu-nbd` serving a file on tmpfs, over loopback TCP.
 
-use crate::output::outln;
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -10,6 +9,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde::Serialize;
 
+use crate::output::outln;
 use crate::size::{format_bytes, parse_size};
 
 /// Measure NBD serving: fio's nbd engine (one job, queue depth 16) with random reads and

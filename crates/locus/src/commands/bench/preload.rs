@@ -1,7 +1,6 @@
 //! `locus bench preload`: the same fio job on tmpfs and on locus through
 //! `liblocus_preload.so`, side by side in one run.
 
-use crate::output::outln;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -9,6 +8,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde::Serialize;
 
+use crate::output::outln;
 use crate::size::{format_bytes, parse_size};
 
 /// Measure unmodified programs on locus: fio's `psync` engine (random writes, one file per

@@ -4,7 +4,6 @@
 //! over 1 M blocks, zipf 0.9, 40% writes), parses it once (timed), then replays it through
 //! each policy single-threaded (timed). End-to-end rate = requests / (parse + replay).
 
-use crate::output::outln;
 use std::time::Instant;
 
 use anyhow::Result;
@@ -12,6 +11,7 @@ use clap::Args;
 use serde::Serialize;
 use sim::{PolicyKind, ReadOptions, ZipfSpec};
 
+use crate::output::outln;
 use crate::size::parse_size;
 
 /// Requests per second of trace parsing and of each policy's replay (single thread).

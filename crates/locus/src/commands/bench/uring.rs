@@ -5,7 +5,6 @@
 //! disk I/O). Every case runs at the same queue depth for the same time; latency is measured
 //! per request from submission to completion.
 
-use crate::output::outln;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -16,6 +15,7 @@ use rand_offsets::Offsets;
 use serde::Serialize;
 use uring::{DirectFile, Engine, Op, PoolConfig, Strategy};
 
+use crate::output::outln;
 use crate::size::parse_size;
 
 /// Random O_DIRECT reads and writes: the uDMA pool against per-request registration,

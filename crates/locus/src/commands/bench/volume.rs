@@ -6,7 +6,6 @@
 //! extents for its own node, then frees them, until the time is up; allocations and frees are
 //! timed separately.
 
-use crate::output::outln;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
@@ -15,6 +14,8 @@ use clap::Args;
 use serde::Serialize;
 use topology::Topology;
 use volume::{OpenOptions, Volume};
+
+use crate::output::outln;
 
 /// Allocation/free throughput for 1 and 2 threads at 4 KiB and 2 MiB, and the share served
 /// from the requesting thread's own node.
