@@ -457,7 +457,7 @@ pub(crate) fn snapshot(inner: &Inner) -> Result<()> {
             ino: inode.ino,
             kind: inode.kind,
             mode: attr.mode,
-            mtime: attr.mtime,
+            mtime: inode.mtime.load(Ordering::Acquire),
             size: inode.size.load(Ordering::Acquire),
             parent: attr.parent,
             entries: inode

@@ -247,10 +247,10 @@ impl Fs {
                     kind: r.kind,
                     attr: Mutex::new(Attr {
                         mode: r.mode,
-                        mtime: r.mtime,
                         parent: r.parent,
                         unlinked: false,
                     }),
+                    mtime: AtomicU64::new(r.mtime),
                     entries: Mutex::new(r.entries),
                     size: AtomicU64::new(r.size),
                     extents: RwLock::new(r.extents),

@@ -14,7 +14,6 @@ use crate::range_lock::RangeLocks;
 #[derive(Debug, Clone)]
 pub(crate) struct Attr {
     pub(crate) mode: u32,
-    pub(crate) mtime: u64,
     /// Parent directory (directories only).
     pub(crate) parent: u64,
     /// No longer named by any directory.
@@ -27,6 +26,9 @@ pub(crate) struct Inode {
     pub(crate) ino: u64,
     pub(crate) kind: Kind,
     pub(crate) attr: Mutex<Attr>,
+    /// Last modification (ns since the Unix epoch). An atomic, not in `Attr`: every write
+    /// raises it (`fetch_max`), and writers share no lock on the hot path.
+    pub(crate) mtime: AtomicU64,
     /// Entries, for directories.
     pub(crate) entries: Mutex<BTreeMap<String, u64>>,
     /// Bytes, including logged writes not yet checkpointed.
@@ -40,11 +42,12 @@ pub(crate) struct Inode {
 }
 
 impl Inode {
-    pub(crate) fn new(ino: u64, kind: Kind, attr: Attr, granule: u64) -> Self {
+    pub(crate) fn new(ino: u64, kind: Kind, attr: Attr, mtime: u64, granule: u64) -> Self {
         Self {
             ino,
             kind,
             attr: Mutex::new(attr),
+            mtime: AtomicU64::new(mtime),
             entries: Mutex::default(),
             size: AtomicU64::new(0),
             extents: RwLock::default(),

@@ -104,10 +104,10 @@ impl Inner {
                 kind,
                 Attr {
                     mode,
-                    mtime: time,
                     parent: if kind == Kind::Dir { parent.ino } else { 0 },
                     unlinked: false,
                 },
+                time,
                 fs.root.lock().expect("root").granule,
             ));
             fs.inodes
@@ -115,7 +115,7 @@ impl Inner {
                 .expect("inode table")
                 .insert(ino, Arc::clone(&inode));
             entries.insert(name.to_owned(), ino);
-            parent.attr().mtime = time;
+            parent.mtime.store(time, Ordering::Release);
             Ok(Some(inode))
         })
     }
@@ -153,7 +153,7 @@ impl Inner {
                 return Ok(None);
             }
             entries.remove(name);
-            parent.attr().mtime = time;
+            parent.mtime.store(time, Ordering::Release);
             drop(child_entries);
             fs.unlinked(&target)?;
             Ok(Some(()))
@@ -288,8 +288,8 @@ impl Inner {
             if moving.kind == Kind::Dir {
                 moving.attr().parent = dst.ino;
             }
-            src.attr().mtime = time;
-            dst.attr().mtime = time;
+            src.mtime.store(time, Ordering::Release);
+            dst.mtime.store(time, Ordering::Release);
             if let Some(t) = target {
                 fs.unlinked(&t)?;
             }
@@ -370,7 +370,7 @@ impl Inner {
                     .expect("extent map")
                     .punch(first, last);
                 inode.overlay.punch(first * BLOCK, last * BLOCK);
-                inode.attr().mtime = time;
+                inode.mtime.store(time, Ordering::Release);
                 drop(gate);
                 drop(range);
                 drop(batch);
@@ -427,7 +427,7 @@ impl Inner {
             }
             inode.overlay.truncate(size);
             inode.size.store(size, Ordering::Release);
-            inode.attr().mtime = time;
+            inode.mtime.store(time, Ordering::Release);
             drop(extents);
             fs.free_runs(&freed)?;
             Ok(true)
@@ -469,7 +469,7 @@ impl Inner {
             mode: attr.mode,
             size,
             allocated: inode.extents.read().expect("extent map").mapped_blocks() * BLOCK,
-            mtime_ns: attr.mtime,
+            mtime_ns: inode.mtime.load(Ordering::Acquire),
             nlink,
         }
     }

@@ -55,11 +55,8 @@ impl Inner {
         drop(log);
         inode.overlay.insert(offset, len, buffer, order);
         inode.size.fetch_max(offset + len, Ordering::AcqRel);
-        if record.mtime != 0 {
-            // Recovery takes the largest time of the records it replays: so does this.
-            let mut attr = inode.attr();
-            attr.mtime = attr.mtime.max(record.mtime);
-        }
+        // Recovery takes the largest time of the records it replays: so does this.
+        inode.mtime.fetch_max(record.mtime, Ordering::AcqRel);
         let depth = {
             let mut pending = slot.pending.lock().expect("pending queue");
             pending.push_back(Pending {
