@@ -21,7 +21,8 @@ use volume::Extent;
 
 use crate::error::{FsError, Result};
 use crate::extent_map::{BLOCK, ExtentMap, Run};
-use crate::fs::{CheckpointMode, Inner, Pending, Slot, now_ns};
+use crate::fs::{CheckpointMode, Inner, Slot, now_ns};
+use crate::progress::{GATHER_RECORDS, Pending, Queue, Until};
 use crate::journal::{Kind, MAX_RECORD, MapEntry, MetaOp};
 use crate::range_lock::LockMode;
 use crate::snapshot::{InodeImage, Snapshot, SnapshotIndex};
@@ -35,9 +36,9 @@ use crate::snapshot::{InodeImage, Snapshot, SnapshotIndex};
 /// over 64 KiB.
 pub(crate) const REMAP_MIN_BLOCKS: u64 = 16;
 
-/// A batch this large is taken again at once; a smaller one waits [`GATHER_WAIT`] (or a
-/// writer's wake-up at this many queued records) for more.
-pub(crate) const GATHER_RECORDS: usize = 256;
+/// A batch smaller than [`GATHER_RECORDS`] waits this long (or until a queue reaches that
+/// many records) for more, so that the per-batch work (the journal record, its flush and
+/// fence, the wake-ups) is shared by more records.
 const GATHER_WAIT: Duration = Duration::from_micros(500);
 
 /// Starts the checkpoint thread.
@@ -51,9 +52,7 @@ pub(crate) fn spawn(inner: Arc<Inner>) -> Result<std::thread::JoinHandle<()>> {
 fn run(inner: &Inner) {
     if let Err(e) = run_loop(inner) {
         tracing::error!(error = %e, "checkpoint failed; the file system stops accepting changes");
-        let mut state = inner.signal.state.lock().expect("checkpoint state");
-        state.failed = Some(e.to_string());
-        inner.signal.progress.notify_all();
+        inner.progress.fail(e.to_string());
     }
 }
 
@@ -63,19 +62,12 @@ fn run_loop(inner: &Inner) -> Result<()> {
     // On demand: once asked, keep going until nothing below the watermark is left.
     let mut draining = false;
     loop {
-        let (stop, abandon, wanted) = {
-            let mut state = inner.signal.state.lock().expect("checkpoint state");
-            draining |= std::mem::take(&mut state.drain_wanted);
-            (
-                state.stop,
-                state.abandon,
-                std::mem::take(&mut state.snapshot_wanted),
-            )
-        };
-        if abandon {
+        let asked = inner.progress.take_requests();
+        if asked.abandon {
             return Ok(());
         }
-        let moved = if background || draining || stop {
+        draining |= asked.drain;
+        let moved = if background || draining || asked.stop {
             checkpoint_once(inner, &checkpoint_slot)?
         } else {
             0
@@ -83,130 +75,89 @@ fn run_loop(inner: &Inner) -> Result<()> {
         if moved == 0 {
             draining = false;
         }
-        if wanted || journals_filling(inner)? {
+        if asked.snapshot || journals_filling(inner) {
             snapshot(inner)?;
         }
-        inner.signal.progress.notify_all();
-        if moved >= GATHER_RECORDS || (moved > 0 && (draining || stop)) {
+        let slots = created_slots(inner);
+        let queues: Vec<&Queue> = slots.iter().map(|s| &s.queue).collect();
+        if asked.stop
+            && moved == 0
+            && inner.progress.pending() == 0
+            && inner.progress.all_quiet(&queues)
+        {
+            for slot in &slots {
+                slot.pool
+                    .lock()
+                    .expect("buffer pool")
+                    .seal_all(&inner.volume)?;
+            }
+            snapshot(inner)?;
+            inner.progress.pass_done();
+            return Ok(());
+        }
+        inner.progress.pass_done();
+        if moved >= GATHER_RECORDS || (moved > 0 && (draining || asked.stop)) {
             continue;
         }
         if moved > 0 {
-            // A small batch: let records gather for a moment, so the per-batch work (the
-            // journal record, its flush and fence, the wake-ups) is shared by more of them.
-            let state = inner.signal.state.lock().expect("checkpoint state");
-            if state.stop || state.snapshot_wanted || state.drain_wanted || state.abandon {
-                continue;
-            }
-            inner.signal.sleeping.store(true, Ordering::Release);
-            drop(
-                inner
-                    .signal
-                    .wake
-                    .wait_timeout(state, GATHER_WAIT)
-                    .expect("checkpoint state"),
-            );
-            inner.signal.sleeping.store(false, Ordering::Release);
+            inner.progress.gather(GATHER_WAIT, asked);
             continue;
         }
-        if stop {
-            if inner.pending_records.load(Ordering::Acquire) == 0 && all_idle(inner) {
-                for slot in created_slots(inner) {
-                    slot.pool
-                        .lock()
-                        .expect("buffer pool")
-                        .seal_all(&inner.volume)?;
-                }
-                snapshot(inner)?;
-                inner.signal.progress.notify_all();
-                return Ok(());
-            }
-            continue;
-        }
-        let state = inner.signal.state.lock().expect("checkpoint state");
-        if state.stop || state.snapshot_wanted || state.drain_wanted || state.abandon {
-            continue;
-        }
-        inner.signal.sleeping.store(true, Ordering::Release);
-        let (_state, _) = inner
-            .signal
-            .wake
-            .wait_timeout(state, Duration::from_millis(2))
-            .expect("checkpoint state");
-        inner.signal.sleeping.store(false, Ordering::Release);
-    }
-}
-
-fn created_slots(inner: &Inner) -> impl Iterator<Item = &Arc<Slot>> {
-    inner.slots.iter().filter_map(std::sync::OnceLock::get)
-}
-
-fn all_idle(inner: &Inner) -> bool {
-    created_slots(inner).all(|s| s.inflight.0.load(Ordering::SeqCst) == u64::MAX)
-}
-
-fn journals_filling(inner: &Inner) -> Result<bool> {
-    for slot in created_slots(inner) {
-        let journal = slot.journal.lock().expect("journal");
-        let limit = if slot.index == 0 {
-            journal.capacity() / 2
+        let until = if asked.stop {
+            Until::Quiet
+        } else if background {
+            Until::Movable
         } else {
-            journal.capacity() * 3 / 4
+            Until::Asked
         };
-        if journal.used() > limit || !journal.fits(MAX_RECORD) && slot.index == 0 {
-            return Ok(true);
-        }
+        inner.progress.sleep(&queues, until, asked);
     }
-    Ok(false)
+}
+
+/// The slots created so far, indexed by slot number (they are created in index order).
+fn created_slots(inner: &Inner) -> Vec<Arc<Slot>> {
+    let slots: Vec<Arc<Slot>> = inner
+        .slots
+        .iter()
+        .map_while(|s| s.get().cloned())
+        .collect();
+    debug_assert!(
+        inner.slots[slots.len()..].iter().all(|s| s.get().is_none()),
+        "slots are created in index order"
+    );
+    debug_assert!(slots.iter().enumerate().all(|(i, s)| s.index as usize == i));
+    slots
+}
+
+/// The slot's journal is past the mark where the checkpoint snapshots, so that metadata
+/// operations rarely find it full: half of the checkpoint's own journal (its batch records
+/// must always fit), three quarters of a writer's.
+pub(crate) fn journal_filling(slot: u32, journal: &crate::journal::Journal) -> bool {
+    let limit = if slot == 0 {
+        journal.capacity() / 2
+    } else {
+        journal.capacity() * 3 / 4
+    };
+    journal.used() > limit || slot == 0 && !journal.fits(MAX_RECORD)
+}
+
+fn journals_filling(inner: &Inner) -> bool {
+    created_slots(inner)
+        .iter()
+        .any(|slot| journal_filling(slot.index, &slot.journal.lock().expect("journal")))
 }
 
 /// One batch. Returns the records moved.
 fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
     let _batch = inner.batch.lock().expect("batch lock");
-    // The watermark: no record below it can still be appended.
-    let mut safe = inner.order.0.load(Ordering::SeqCst);
-    for slot in created_slots(inner) {
-        safe = safe.min(slot.inflight.0.load(Ordering::SeqCst));
-    }
-    let mut batch: Vec<Pending> = Vec::new();
-    for slot in created_slots(inner) {
-        let mut queue = slot.pending.lock().expect("pending queue");
-        while queue.front().is_some_and(|p| p.order < safe) {
-            batch.push(queue.pop_front().expect("front"));
-        }
-    }
-    if batch.is_empty() {
-        inner.done_below.fetch_max(safe, Ordering::AcqRel);
+    let slots = created_slots(inner);
+    let queues: Vec<&Queue> = slots.iter().map(|s| &s.queue).collect();
+    let batch = inner
+        .progress
+        .take_batch(&queues, inner.options.checkpoint_batch);
+    if batch.records.is_empty() {
         return Ok(0);
     }
-    batch.sort_unstable_by_key(|p| p.order);
-    // Orders are unique (one counter) and every one taken is below the watermark: a batch
-    // is a set of records no writer can still precede.
-    assert!(
-        batch.windows(2).all(|w| w[0].order < w[1].order),
-        "checkpoint batch orders are not strictly increasing"
-    );
-    assert!(
-        batch.last().is_some_and(|p| p.order < safe),
-        "a checkpoint batch reaches the watermark {safe}"
-    );
-    // Keep an order prefix of at most `checkpoint_batch`; the rest goes back to its queues.
-    let limit = inner.options.checkpoint_batch;
-    let done_below = if batch.len() > limit {
-        let rest = batch.split_off(limit);
-        let first_left = rest[0].order;
-        for p in rest.into_iter().rev() {
-            inner.slots[p.slot as usize]
-                .get()
-                .expect("queued records come from created slots")
-                .pending
-                .lock()
-                .expect("pending queue")
-                .push_front(p);
-        }
-        first_left
-    } else {
-        safe
-    };
     if !checkpoint_slot
         .journal
         .lock()
@@ -217,13 +168,13 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
     }
 
     let mut work = Work::default();
-    for record in &batch {
+    for record in &batch.records {
         apply_record(inner, record, &mut work)?;
     }
     // Partial copies were non-temporal: one fence makes them durable before the commit.
     inner.volume.fence();
     let mut retired: Vec<(u32, u64)> = Vec::new();
-    for p in &batch {
+    for p in &batch.records {
         match retired.iter_mut().find(|(s, _)| *s == p.slot) {
             Some((_, seq)) => *seq = (*seq).max(p.seq),
             None => retired.push((p.slot, p.seq)),
@@ -238,7 +189,7 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
             .collect(),
         retired: retired.clone(),
     };
-    let order = inner.next_order();
+    let order = inner.progress.next_order();
     let bytes = checkpoint_slot
         .journal
         .lock()
@@ -254,14 +205,12 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
 
     // Durable: retire, free, release.
     for (slot, seq) in retired {
-        inner.slots[slot as usize]
-            .get()
-            .expect("created")
+        slots[slot as usize]
             .retired
             .fetch_max(seq, Ordering::AcqRel);
     }
     inner.free_runs(&work.freed)?;
-    for p in &batch {
+    for p in &batch.records {
         if p.set.release() {
             p.set.reclaim(&inner.volume)?;
         }
@@ -269,21 +218,12 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
     let c = &inner.counters;
     c.checkpoint_batches.fetch_add(1, Ordering::Relaxed);
     c.checkpointed_records
-        .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        .fetch_add(batch.records.len() as u64, Ordering::Relaxed);
     c.remapped_blocks
         .fetch_add(work.remapped, Ordering::Relaxed);
     c.copied_bytes.fetch_add(work.copied, Ordering::Relaxed);
-    inner
-        .pending_records
-        .fetch_sub(batch.len() as u64, Ordering::AcqRel);
-    let before = inner.done_below.fetch_max(done_below, Ordering::AcqRel);
-    // Only this thread (holding the batch lock) advances it, by a prefix of the order.
-    assert!(
-        before <= batch[0].order,
-        "records below done_below {before} were checkpointed again (first order {})",
-        batch[0].order
-    );
-    Ok(batch.len())
+    inner.progress.finish_batch(&batch);
+    Ok(batch.records.len())
 }
 
 #[derive(Default)]
@@ -482,7 +422,7 @@ pub(crate) fn snapshot(inner: &Inner) -> Result<()> {
     let image = Snapshot {
         epoch: root.epoch + 1,
         next_ino: inner.next_ino.load(Ordering::Acquire),
-        next_order: inner.order.0.load(Ordering::SeqCst),
+        next_order: inner.progress.current_order(),
         retired,
         inodes,
     };
@@ -634,17 +574,12 @@ pub(crate) fn unmount(
     let Some(handle) = thread.lock().expect("checkpoint thread").take() else {
         return Ok(());
     };
-    {
-        let mut state = inner.signal.state.lock().expect("checkpoint state");
-        state.stop = true;
-        inner.signal.wake.notify_all();
-    }
+    inner.progress.request_stop(false);
     if handle.join().is_err() {
         return Err(FsError::Shutdown("the checkpoint thread panicked".into()));
     }
-    let state = inner.signal.state.lock().expect("checkpoint state");
-    match &state.failed {
-        Some(why) => Err(FsError::Shutdown(why.clone())),
+    match inner.progress.failure() {
+        Some(why) => Err(FsError::Shutdown(why)),
         None => Ok(()),
     }
 }

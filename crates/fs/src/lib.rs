@@ -50,6 +50,7 @@ mod lend;
 mod log;
 mod overlay;
 mod path;
+mod progress;
 mod range_lock;
 mod recovery;
 mod root;

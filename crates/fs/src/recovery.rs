@@ -26,9 +26,10 @@ use crate::buffers::BufferSet;
 use crate::error::{FsError, Result};
 use crate::extent_map::{BLOCK, ExtentMap};
 use crate::fs::{
-    Attr, FormatOptions, Fs, FsCounters, FsOptions, Inner, Inode, PaddedU64, Pending, ROOT_INO,
-    Signal, Unmounter, check_format, check_options, now_ns,
+    Attr, FormatOptions, Fs, FsCounters, FsOptions, Inner, Inode, ROOT_INO, Unmounter,
+    check_format, check_options, now_ns,
 };
+use crate::progress::{Pending, Progress};
 use crate::journal::{Journal, JournalRecord, Kind, MetaOp};
 use crate::log::{LogArea, LogRecord};
 use crate::overlay::Overlay;
@@ -273,15 +274,12 @@ impl Fs {
             options,
             inodes: RwLock::new(table),
             next_ino: AtomicU64::new(next_ino),
-            order: PaddedU64(AtomicU64::new(next_order)),
+            progress: Progress::new(next_order, live.len() as u64),
             gate: RwLock::new(()),
             rename: Mutex::new(()),
             batch: Mutex::new(()),
             slots: (0..slot_limit).map(|_| OnceLock::new()).collect(),
             slot_in_use: Mutex::new(vec![false; slot_limit]),
-            done_below: AtomicU64::new(0),
-            pending_records: AtomicU64::new(live.len() as u64),
-            signal: Signal::default(),
             counters: FsCounters::default(),
         });
         for (index, ((log, journal), queue)) in

@@ -175,12 +175,7 @@ impl Fs {
     /// it. For recovery tests.
     #[doc(hidden)]
     pub fn abandon(self) {
-        {
-            let mut state = self.inner.signal.state.lock().expect("checkpoint state");
-            state.abandon = true;
-            state.stop = true;
-            self.inner.signal.wake.notify_all();
-        }
+        self.inner.progress.request_stop(true);
         if let Some(handle) = self.mount.thread.lock().expect("checkpoint thread").take() {
             let _ = handle.join();
         }

@@ -1,35 +1,22 @@
 //! The state an open file system shares between threads (`Inner`), its thread slots and
-//! their leases, the checkpoint signal, counters; addresses, space and waiting.
+//! their leases, counters; addresses, space and waiting on the checkpoint.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
 use pmem::Region;
 use volume::{Extent, GlobalAddress, Volume};
 
 use super::*;
-use crate::buffers::{BufferSet, Pool};
+use crate::buffers::Pool;
 use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
 use crate::journal::{Journal, MetaOp};
 use crate::log::LogArea;
+use crate::progress::{Pending, Progress, Queue};
 use crate::root::{Root, SlotAreas};
-
-/// A logged write the checkpoint has not moved into its file yet.
-#[derive(Debug)]
-pub(crate) struct Pending {
-    pub(crate) slot: u32,
-    pub(crate) seq: u64,
-    pub(crate) order: u64,
-    pub(crate) ino: u64,
-    pub(crate) offset: u64,
-    pub(crate) len: u64,
-    pub(crate) set: Arc<BufferSet>,
-    /// The write's time (0: not recorded, an area of version 1).
-    pub(crate) mtime: u64,
-}
 
 /// Counters of one slot, on its own cache lines.
 #[derive(Debug, Default)]
@@ -40,12 +27,6 @@ pub(crate) struct SlotCounters {
     pub(crate) writes: AtomicU64,
 }
 
-/// An atomic on cache lines of its own (no false sharing with its neighbours): the global
-/// order counter, and each slot's in-flight bound.
-#[derive(Debug)]
-#[repr(align(128))]
-pub(crate) struct PaddedU64(pub(crate) AtomicU64);
-
 /// One thread slot: a data log area, a metadata journal, a pool of preliminary buffers.
 #[derive(Debug)]
 pub(crate) struct Slot {
@@ -53,36 +34,10 @@ pub(crate) struct Slot {
     pub(crate) log: Mutex<LogArea>,
     pub(crate) retired: Arc<AtomicU64>,
     pub(crate) journal: Mutex<Journal>,
-    pub(crate) pending: Mutex<VecDeque<Pending>>,
-    /// The order this slot's writer is about to take, or `u64::MAX`: the checkpoint stays
-    /// below it.
-    pub(crate) inflight: PaddedU64,
+    /// Its writes waiting for the checkpoint, and its writer's bound.
+    pub(crate) queue: Queue,
     pub(crate) pool: Mutex<Pool>,
     pub(crate) counters: SlotCounters,
-}
-
-/// State the checkpoint thread and the threads waiting on it share.
-#[derive(Debug, Default)]
-pub(crate) struct Signal {
-    pub(crate) state: Mutex<SignalState>,
-    /// Wakes the checkpoint thread.
-    pub(crate) wake: Condvar,
-    /// Wakes threads waiting for checkpoint progress.
-    pub(crate) progress: Condvar,
-    /// The checkpoint thread is waiting on `wake`. Writers read it without the lock, so the
-    /// common write takes no shared lock; a wake-up missed in the race costs at most the
-    /// thread's 2 ms wait.
-    pub(crate) sleeping: AtomicBool,
-}
-
-#[derive(Debug, Default)]
-pub(crate) struct SignalState {
-    pub(crate) snapshot_wanted: bool,
-    pub(crate) drain_wanted: bool,
-    pub(crate) stop: bool,
-    /// Stop at once, leaving logs as a crash would (tests).
-    pub(crate) abandon: bool,
-    pub(crate) failed: Option<String>,
 }
 
 /// Everything an open file system shares between threads.
@@ -101,7 +56,8 @@ pub(crate) struct Inner {
     pub(crate) options: FsOptions,
     pub(crate) inodes: RwLock<HashMap<u64, Arc<Inode>>>,
     pub(crate) next_ino: AtomicU64,
-    pub(crate) order: PaddedU64,
+    /// The global order, and the protocol between writers and the checkpoint.
+    pub(crate) progress: Progress,
     /// Metadata operations hold it shared; a snapshot holds it exclusively.
     pub(crate) gate: RwLock<()>,
     pub(crate) rename: Mutex<()>,
@@ -110,10 +66,6 @@ pub(crate) struct Inner {
     pub(crate) batch: Mutex<()>,
     pub(crate) slots: Vec<OnceLock<Arc<Slot>>>,
     pub(crate) slot_in_use: Mutex<Vec<bool>>,
-    /// Every data record with an order below this is part of its file.
-    pub(crate) done_below: AtomicU64,
-    pub(crate) pending_records: AtomicU64,
-    pub(crate) signal: Signal,
     pub(crate) counters: FsCounters,
 }
 
@@ -240,7 +192,7 @@ impl Inner {
         loop {
             match f() {
                 Err(FsError::Volume(volume::VolumeError::NoSpace { .. }))
-                    if self.pending_records.load(Ordering::Acquire) > 0 =>
+                    if self.progress.pending() > 0 =>
                 {
                     self.wait_for_progress()?;
                 }
@@ -258,23 +210,13 @@ impl Inner {
         Ok(())
     }
 
-    pub(crate) fn next_order(&self) -> u64 {
-        self.order.0.fetch_add(1, Ordering::SeqCst)
-    }
 
     pub(crate) fn inode(&self, ino: u64) -> Option<Arc<Inode>> {
         self.inodes.read().expect("inode table").get(&ino).cloned()
     }
 
     pub(crate) fn check_running(&self) -> Result<()> {
-        let state = self.signal.state.lock().expect("checkpoint state");
-        if let Some(why) = &state.failed {
-            return Err(FsError::Shutdown(why.clone()));
-        }
-        if state.stop {
-            return Err(FsError::Shutdown("unmounted".into()));
-        }
-        Ok(())
+        self.progress.check_running()
     }
 
     /// The calling thread's slot, claiming a free one on first use.
@@ -383,8 +325,7 @@ impl Inner {
             retired: log.retired_handle(),
             log: Mutex::new(log),
             journal: Mutex::new(journal),
-            pending: Mutex::new(pending),
-            inflight: PaddedU64(AtomicU64::new(u64::MAX)),
+            queue: Queue::with(pending),
             pool: Mutex::new(Pool::new(
                 self.options.prelim_buffers,
                 self.options.prelim_buffer_bytes,
@@ -395,15 +336,21 @@ impl Inner {
 
     /// Logs a metadata operation in the calling thread's journal; the caller holds the gate
     /// shared and the locks that order the operation. Returns false when the journal is full
-    /// (the caller drops its locks, waits for a snapshot, and tries again).
+    /// (the caller drops its locks, waits for a snapshot, and tries again). A journal that
+    /// passes the checkpoint's mark asks for a snapshot, so that it rarely fills.
     pub(crate) fn journal(&self, slot: &Slot, op: &MetaOp) -> Result<bool> {
         let mut journal = slot.journal.lock().expect("journal");
-        let order = self.next_order();
+        let order = self.progress.next_order();
+        let was_filling = crate::checkpoint::journal_filling(slot.index, &journal);
         match journal.append(order, op)? {
             Some(bytes) => {
                 slot.counters
                     .media_bytes
                     .fetch_add(bytes, Ordering::Relaxed);
+                if !was_filling && crate::checkpoint::journal_filling(slot.index, &journal) {
+                    drop(journal);
+                    self.progress.request_snapshot();
+                }
                 Ok(true)
             }
             None => Ok(false),
@@ -413,70 +360,21 @@ impl Inner {
     /// Asks the checkpoint thread for a snapshot and waits until the epoch changes.
     pub(crate) fn wait_for_snapshot(&self) -> Result<()> {
         let epoch = self.root.lock().expect("root").epoch;
-        let mut state = self.signal.state.lock().expect("checkpoint state");
-        state.snapshot_wanted = true;
-        self.signal.wake.notify_all();
-        loop {
-            if let Some(why) = &state.failed {
-                return Err(FsError::Shutdown(why.clone()));
-            }
-            if self.root.lock().expect("root").epoch != epoch {
-                return Ok(());
-            }
-            state = self
-                .signal
-                .progress
-                .wait_timeout(state, std::time::Duration::from_millis(10))
-                .expect("checkpoint state")
-                .0;
+        while self.root.lock().expect("root").epoch == epoch {
+            self.progress.await_pass(|asked| asked.snapshot = true)?;
         }
+        Ok(())
     }
 
     /// Waits until every data record logged before now is part of its file.
     pub(crate) fn drain(&self) -> Result<()> {
-        let target = self.order.0.load(Ordering::SeqCst);
-        let mut state = self.signal.state.lock().expect("checkpoint state");
-        while self.done_below.load(Ordering::Acquire) < target {
-            if let Some(why) = &state.failed {
-                return Err(FsError::Shutdown(why.clone()));
-            }
-            state.drain_wanted = true;
-            if self.signal.sleeping.load(Ordering::Acquire) {
-                self.signal.wake.notify_all();
-            }
-            state = self
-                .signal
-                .progress
-                .wait_timeout(state, std::time::Duration::from_millis(10))
-                .expect("checkpoint state")
-                .0;
-        }
-        Ok(())
+        self.progress.drain()
     }
 
-    /// Waits for checkpoint progress (a writer out of log space or buffers).
+    /// Waits for a checkpoint pass (a writer out of log space, buffers or memory).
     pub(crate) fn wait_for_progress(&self) -> Result<()> {
         self.counters.waits.fetch_add(1, Ordering::Relaxed);
-        let mut state = self.signal.state.lock().expect("checkpoint state");
-        if let Some(why) = &state.failed {
-            return Err(FsError::Shutdown(why.clone()));
-        }
-        state.drain_wanted = true;
-        self.signal.wake.notify_all();
-        drop(
-            self.signal
-                .progress
-                .wait_timeout(state, std::time::Duration::from_millis(5))
-                .expect("checkpoint state"),
-        );
-        Ok(())
-    }
-
-    pub(crate) fn wake_checkpoint(&self) {
-        if self.signal.sleeping.load(Ordering::Acquire) {
-            let _state = self.signal.state.lock().expect("checkpoint state");
-            self.signal.wake.notify_all();
-        }
+        self.progress.await_pass(|asked| asked.drain = true)
     }
 }
 
@@ -502,12 +400,11 @@ impl Inner {
                 media_bytes as f64 / caller_bytes as f64
             },
             writes,
-            records_pending: self.pending_records.load(Ordering::Relaxed),
+            records_pending: self.progress.pending(),
             checkpoint_lag: self
-                .order
-                .0
-                .load(Ordering::Relaxed)
-                .saturating_sub(self.done_below.load(Ordering::Relaxed)),
+                .progress
+                .current_order()
+                .saturating_sub(self.progress.done_below()),
             checkpoint_batches: c.checkpoint_batches.load(Ordering::Relaxed),
             checkpointed_records: c.checkpointed_records.load(Ordering::Relaxed),
             remapped_blocks: c.remapped_blocks.load(Ordering::Relaxed),

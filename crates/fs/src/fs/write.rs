@@ -7,6 +7,7 @@ use super::*;
 use crate::buffers::{BufferSet, Reserve};
 use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
+use crate::progress::Pending;
 use crate::range_lock::LockMode;
 
 impl Inner {
@@ -39,48 +40,30 @@ impl Inner {
         self.reserve_log(slot)?;
         let _range = inode.locks.lock(offset, len, LockMode::Exclusive)?;
         let mut log = slot.log.lock().expect("log area");
-        // Publish a lower bound of the order about to be taken, so the checkpoint never
-        // passes it before the record is queued.
-        slot.inflight
-            .0
-            .store(self.order.0.load(Ordering::SeqCst), Ordering::SeqCst);
-        let order = self.next_order();
-        let record = match log.append(inode.ino, offset, len, buffer, order, time) {
-            Ok(record) => record,
-            Err(e) => {
-                slot.inflight.0.store(u64::MAX, Ordering::SeqCst);
-                return Err(e);
-            }
-        };
+        // The ticket holds the checkpoint below this write's order until it is queued.
+        let mut ticket = self.progress.begin(&slot.queue);
+        let order = ticket.order();
+        let record = log.append(inode.ino, offset, len, buffer, order, time)?;
         drop(log);
         inode.overlay.insert(offset, len, buffer, order);
         inode.size.fetch_max(offset + len, Ordering::AcqRel);
         // Recovery takes the largest time of the records it replays: so does this.
         inode.mtime.fetch_max(record.mtime, Ordering::AcqRel);
-        let depth = {
-            let mut pending = slot.pending.lock().expect("pending queue");
-            pending.push_back(Pending {
-                slot: slot.index,
-                seq: record.sequence,
-                order,
-                ino: inode.ino,
-                offset,
-                len,
-                set,
-                mtime: record.mtime,
-            });
-            pending.len()
-        };
-        slot.inflight.0.store(u64::MAX, Ordering::SeqCst);
-        self.pending_records.fetch_add(1, Ordering::Relaxed);
+        ticket.queue(Pending {
+            slot: slot.index,
+            seq: record.sequence,
+            order,
+            ino: inode.ino,
+            offset,
+            len,
+            set,
+            mtime: record.mtime,
+        });
         slot.counters.writes.fetch_add(1, Ordering::Relaxed);
         slot.counters.caller_bytes.fetch_add(len, Ordering::Relaxed);
         slot.counters
             .media_bytes
             .fetch_add(crate::log::RECORD_BYTES, Ordering::Relaxed);
-        if depth.is_multiple_of(crate::checkpoint::GATHER_RECORDS) {
-            self.wake_checkpoint();
-        }
         Ok(())
     }
 

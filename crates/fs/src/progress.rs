@@ -1,0 +1,694 @@
+//! The ordering protocol between writers and the checkpoint, in one type both sides call.
+//!
+//! Every log and journal record takes a place in one global order ([`Progress::next_order`]).
+//! The checkpoint moves logged writes into their files strictly by that order, so it must
+//! never pass a write that has taken (or is about to take) an order but is not queued yet:
+//!
+//! - a writer opens a [`Ticket`] on its slot's [`Queue`] before it takes its order: the
+//!   ticket publishes a lower bound of the order (the counter's value now) in the queue;
+//!   [`Ticket::queue`] appends the write's [`Pending`] record and withdraws the bound, and
+//!   dropping an unqueued ticket (a failed append) withdraws it too;
+//! - the checkpoint's watermark ([`Progress::take_batch`]) is the least of the counter and
+//!   every published bound: every record below it is queued, so a batch of the queued records
+//!   below it, merged by order, is a prefix of what will ever be logged below it;
+//! - `done_below` (every data record below it is part of its file) only rises, and only the
+//!   checkpoint raises it ([`Progress::finish_batch`]).
+//!
+//! Wake-ups, never polling: the checkpoint sleeps until a writer finishes (when it is idle),
+//! until a queue reaches [`GATHER_RECORDS`] (while it lets a small batch gather, a timed wait
+//! that is batching, not polling), or until someone asks for something. Threads waiting on the
+//! checkpoint (a drain, a snapshot, a writer out of space) wait for the end of its next pass.
+//! A writer that finishes checks the checkpoint's sleep mode with one atomic load; the
+//! checkpoint sets that mode and then looks for work again before it sleeps (both
+//! sequentially consistent), so either the writer sees it sleeping and wakes it, or the
+//! checkpoint sees the writer's record.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::buffers::BufferSet;
+use crate::error::{FsError, Result};
+
+/// A queue this deep wakes a checkpoint that is letting a small batch gather.
+pub(crate) const GATHER_RECORDS: usize = 256;
+
+/// No writer of the slot is between taking an order and queueing its record.
+const NO_BOUND: u64 = u64::MAX;
+
+/// The checkpoint is working.
+const AWAKE: u8 = 0;
+/// The checkpoint lets a small batch gather: a queue reaching [`GATHER_RECORDS`] wakes it.
+const GATHERING: u8 = 1;
+/// The checkpoint has nothing to do: any writer that finishes wakes it.
+const IDLE: u8 = 2;
+/// The checkpoint moves records only on request: writers never wake it.
+const WAITING_FOR_REQUESTS: u8 = 3;
+
+/// A logged write the checkpoint has not moved into its file yet.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    pub(crate) slot: u32,
+    pub(crate) seq: u64,
+    pub(crate) order: u64,
+    pub(crate) ino: u64,
+    pub(crate) offset: u64,
+    pub(crate) len: u64,
+    pub(crate) set: Arc<BufferSet>,
+    /// The write's time (0: not recorded, an area of version 1).
+    pub(crate) mtime: u64,
+}
+
+/// An atomic on cache lines of its own (no false sharing with its neighbours).
+#[derive(Debug)]
+#[repr(align(128))]
+struct PaddedU64(AtomicU64);
+
+/// One slot's side of the protocol: the bound its writer published, and its logged writes
+/// waiting for the checkpoint, in order.
+#[derive(Debug)]
+pub(crate) struct Queue {
+    bound: PaddedU64,
+    records: Mutex<VecDeque<Pending>>,
+}
+
+impl Queue {
+    /// A queue holding `records` (recovery's live records of the slot, in order).
+    pub(crate) fn with(records: VecDeque<Pending>) -> Self {
+        debug_assert!(records.iter().zip(records.iter().skip(1)).all(|(a, b)| a.order < b.order));
+        Self {
+            bound: PaddedU64(AtomicU64::new(NO_BOUND)),
+            records: Mutex::new(records),
+        }
+    }
+
+    fn records(&self) -> MutexGuard<'_, VecDeque<Pending>> {
+        self.records.lock().expect("pending queue")
+    }
+
+    fn bound(&self) -> u64 {
+        self.bound.0.load(Ordering::SeqCst)
+    }
+}
+
+/// What the checkpoint was asked for, taken by it at the start of a pass.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Requests {
+    pub(crate) snapshot: bool,
+    pub(crate) drain: bool,
+    pub(crate) stop: bool,
+    /// Stop at once, leaving logs as a crash would (tests).
+    pub(crate) abandon: bool,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    asked: Requests,
+    failed: Option<String>,
+    /// Passes the checkpoint finished: waiters wait for it to change.
+    passes: u64,
+}
+
+/// The records of one checkpoint batch, in order, and the `done_below` it earns.
+#[derive(Debug)]
+pub(crate) struct Batch {
+    pub(crate) records: Vec<Pending>,
+    pub(crate) done_below: u64,
+}
+
+/// The protocol's shared state: the order counter, `done_below`, the count of queued records,
+/// requests and wake-ups.
+#[derive(Debug)]
+pub(crate) struct Progress {
+    order: PaddedU64,
+    done_below: AtomicU64,
+    pending: AtomicU64,
+    state: Mutex<State>,
+    /// Wakes the checkpoint.
+    wake: Condvar,
+    /// Wakes threads waiting for the end of a pass.
+    passed: Condvar,
+    /// How the checkpoint sleeps ([`AWAKE`], [`GATHERING`], [`IDLE`], ...).
+    sleep: AtomicU8,
+}
+
+/// A writer's claim on a place in the order, open from before it takes the order until its
+/// record is queued (or it gave up).
+#[must_use = "a ticket holds the checkpoint back until it is queued or dropped"]
+pub(crate) struct Ticket<'a> {
+    progress: &'a Progress,
+    queue: &'a Queue,
+    order: Option<u64>,
+    closed: bool,
+}
+
+impl Progress {
+    /// Orders continue from `next_order`; `pending` records are queued already (recovery's).
+    pub(crate) fn new(next_order: u64, pending: u64) -> Self {
+        Self {
+            order: PaddedU64(AtomicU64::new(next_order)),
+            done_below: AtomicU64::new(0),
+            pending: AtomicU64::new(pending),
+            state: Mutex::default(),
+            wake: Condvar::new(),
+            passed: Condvar::new(),
+            sleep: AtomicU8::new(AWAKE),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().expect("checkpoint state")
+    }
+
+    /// Takes the next place in the global order (journal records; data records take theirs
+    /// through a [`Ticket`]).
+    pub(crate) fn next_order(&self) -> u64 {
+        self.order.0.fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// The next order to be taken.
+    pub(crate) fn current_order(&self) -> u64 {
+        self.order.0.load(Ordering::SeqCst)
+    }
+
+    /// Every data record below this is part of its file.
+    pub(crate) fn done_below(&self) -> u64 {
+        self.done_below.load(Ordering::Acquire)
+    }
+
+    /// Logged writes not yet moved into their files.
+    pub(crate) fn pending(&self) -> u64 {
+        self.pending.load(Ordering::Acquire)
+    }
+
+    // ---- writers ----
+
+    /// Opens a ticket on `queue` (one writer per slot at a time): publishes a lower bound
+    /// of the order the writer is about to take.
+    pub(crate) fn begin<'a>(&'a self, queue: &'a Queue) -> Ticket<'a> {
+        let before = queue.bound.0.swap(self.current_order(), Ordering::SeqCst);
+        assert_eq!(before, NO_BOUND, "two writers hold tickets on one slot's queue");
+        Ticket {
+            progress: self,
+            queue,
+            order: None,
+            closed: false,
+        }
+    }
+
+    /// A writer finished (queued a record, or gave up): wake the checkpoint if it sleeps
+    /// waiting for that.
+    fn finished(&self, depth: usize) {
+        let wake = match self.sleep.load(Ordering::SeqCst) {
+            IDLE => true,
+            GATHERING => depth > 0 && depth.is_multiple_of(GATHER_RECORDS),
+            _ => false,
+        };
+        if wake {
+            let _state = self.state();
+            self.wake.notify_all();
+        }
+    }
+
+    // ---- threads waiting on the checkpoint ----
+
+    /// Fails when the checkpoint failed or the file system is unmounting.
+    pub(crate) fn check_running(&self) -> Result<()> {
+        let state = self.state();
+        Self::running(&state)
+    }
+
+    fn running(state: &State) -> Result<()> {
+        if let Some(why) = &state.failed {
+            return Err(FsError::Shutdown(why.clone()));
+        }
+        if state.asked.stop {
+            return Err(FsError::Shutdown("unmounted".into()));
+        }
+        Ok(())
+    }
+
+    /// Asks the checkpoint for `ask` (a snapshot, a drain) and waits until it finishes a
+    /// pass begun after the request. The caller checks whether what it waits for happened
+    /// and asks again if not.
+    pub(crate) fn await_pass(&self, ask: impl FnOnce(&mut Requests)) -> Result<()> {
+        let mut state = self.state();
+        if let Some(why) = &state.failed {
+            return Err(FsError::Shutdown(why.clone()));
+        }
+        ask(&mut state.asked);
+        let seen = state.passes;
+        self.wake.notify_all();
+        while state.passes == seen {
+            if let Some(why) = &state.failed {
+                return Err(FsError::Shutdown(why.clone()));
+            }
+            state = self.passed.wait(state).expect("checkpoint state");
+        }
+        Ok(())
+    }
+
+    /// Waits until every data record logged before now is part of its file.
+    pub(crate) fn drain(&self) -> Result<()> {
+        let target = self.current_order();
+        while self.done_below() < target {
+            self.await_pass(|asked| asked.drain = true)?;
+        }
+        Ok(())
+    }
+
+    /// Asks for a snapshot without waiting for it (a journal filling up).
+    pub(crate) fn request_snapshot(&self) {
+        let mut state = self.state();
+        state.asked.snapshot = true;
+        self.wake.notify_all();
+    }
+
+    /// Tells the checkpoint to stop: after moving everything and writing a final snapshot,
+    /// or, `abandon`, at once (tests).
+    pub(crate) fn request_stop(&self, abandon: bool) {
+        let mut state = self.state();
+        state.asked.stop = true;
+        state.asked.abandon |= abandon;
+        self.wake.notify_all();
+    }
+
+    /// Why the checkpoint failed, if it did.
+    pub(crate) fn failure(&self) -> Option<String> {
+        self.state().failed.clone()
+    }
+
+    // ---- the checkpoint ----
+
+    /// Takes what was asked since the last pass (the stop request stays).
+    pub(crate) fn take_requests(&self) -> Requests {
+        let mut state = self.state();
+        let asked = state.asked;
+        state.asked.snapshot = false;
+        state.asked.drain = false;
+        asked
+    }
+
+    /// Ends a pass: wakes every thread waiting for one.
+    pub(crate) fn pass_done(&self) {
+        let mut state = self.state();
+        state.passes += 1;
+        self.passed.notify_all();
+    }
+
+    /// The checkpoint failed: the file system stops accepting changes.
+    pub(crate) fn fail(&self, why: String) {
+        let mut state = self.state();
+        state.failed = Some(why);
+        state.passes += 1;
+        self.passed.notify_all();
+    }
+
+    /// The watermark: no record below it can still be queued.
+    fn safe_mark(&self, queues: &[&Queue]) -> u64 {
+        // The counter first: a bound published after this load is at least its value.
+        let mut safe = self.current_order();
+        for queue in queues {
+            safe = safe.min(queue.bound());
+        }
+        safe
+    }
+
+    /// No writer holds a ticket.
+    pub(crate) fn all_quiet(&self, queues: &[&Queue]) -> bool {
+        queues.iter().all(|q| q.bound() == NO_BOUND)
+    }
+
+    /// Takes a batch: the queued records below the watermark, merged by order, at most
+    /// `limit` of them (an order prefix; the rest goes back to the front of its queues).
+    /// `queues[i]` is slot `i`'s. An empty batch still raises `done_below` to the watermark.
+    pub(crate) fn take_batch(&self, queues: &[&Queue], limit: usize) -> Batch {
+        let safe = self.safe_mark(queues);
+        let mut records: Vec<Pending> = Vec::new();
+        for queue in queues {
+            let mut queued = queue.records();
+            while queued.front().is_some_and(|p| p.order < safe) {
+                records.push(queued.pop_front().expect("front"));
+            }
+        }
+        if records.is_empty() {
+            self.done_below.fetch_max(safe, Ordering::AcqRel);
+            return Batch {
+                records,
+                done_below: safe,
+            };
+        }
+        records.sort_unstable_by_key(|p| p.order);
+        // Orders are unique (one counter) and every one taken is below the watermark.
+        assert!(
+            records.windows(2).all(|w| w[0].order < w[1].order),
+            "checkpoint batch orders are not strictly increasing"
+        );
+        assert!(
+            records.last().is_some_and(|p| p.order < safe),
+            "a checkpoint batch reaches the watermark {safe}"
+        );
+        let done_below = if records.len() > limit {
+            let rest = records.split_off(limit);
+            let first_left = rest[0].order;
+            // Newest first, each to the front of its queue: the queues stay in order.
+            for p in rest.into_iter().rev() {
+                queues[p.slot as usize].records().push_front(p);
+            }
+            first_left
+        } else {
+            safe
+        };
+        Batch {
+            records,
+            done_below,
+        }
+    }
+
+    /// A batch is committed: its records are part of their files.
+    pub(crate) fn finish_batch(&self, batch: &Batch) {
+        let Some(first) = batch.records.first() else {
+            return;
+        };
+        self.pending
+            .fetch_sub(batch.records.len() as u64, Ordering::AcqRel);
+        let before = self.done_below.fetch_max(batch.done_below, Ordering::AcqRel);
+        // Only the checkpoint advances it, by a prefix of the order.
+        assert!(
+            before <= first.order,
+            "records below done_below {before} were checkpointed again (first order {})",
+            first.order
+        );
+    }
+
+    /// Lets a small batch gather for `wait`, unless someone asks for something or a queue
+    /// reaches [`GATHER_RECORDS`] first. `seen`: the requests the pass took.
+    pub(crate) fn gather(&self, wait: Duration, seen: Requests) {
+        let state = self.state();
+        if Self::asked(&state, seen) {
+            return;
+        }
+        self.sleep.store(GATHERING, Ordering::SeqCst);
+        drop(self.wake.wait_timeout(state, wait).expect("checkpoint state"));
+        self.sleep.store(AWAKE, Ordering::SeqCst);
+    }
+
+    /// Sleeps until there is work: a request, or what `until` adds. `seen`: the requests
+    /// the pass took (a stop it saw does not count again).
+    pub(crate) fn sleep(&self, queues: &[&Queue], until: Until, seen: Requests) {
+        let state = self.state();
+        if Self::asked(&state, seen) {
+            return;
+        }
+        self.sleep.store(
+            match until {
+                Until::Asked => WAITING_FOR_REQUESTS,
+                Until::Movable | Until::Quiet => IDLE,
+            },
+            Ordering::SeqCst,
+        );
+        // Look again after publishing the mode: a writer that finished before it did not
+        // see a sleeper, so its record (or withdrawn bound) is visible here.
+        let work = match until {
+            Until::Asked => false,
+            Until::Movable => self.movable(queues),
+            Until::Quiet => {
+                self.movable(queues) || self.pending() == 0 && self.all_quiet(queues)
+            }
+        };
+        if !work {
+            drop(self.wake.wait(state).expect("checkpoint state"));
+        }
+        self.sleep.store(AWAKE, Ordering::SeqCst);
+    }
+
+    fn asked(state: &State, seen: Requests) -> bool {
+        let a = state.asked;
+        a.snapshot || a.drain || a.abandon || a.stop && !seen.stop
+    }
+
+    /// Some queued record is below the watermark.
+    fn movable(&self, queues: &[&Queue]) -> bool {
+        let safe = self.safe_mark(queues);
+        queues
+            .iter()
+            .any(|q| q.records().front().is_some_and(|p| p.order < safe))
+    }
+}
+
+/// What, besides a request, ends the checkpoint's sleep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Until {
+    /// Nothing else (checkpoints on demand).
+    Asked,
+    /// A record becoming movable (background checkpoints).
+    Movable,
+    /// A record becoming movable, or every record moved and no writer left (stopping).
+    Quiet,
+}
+
+impl Ticket<'_> {
+    /// Takes the writer's place in the order (once).
+    pub(crate) fn order(&mut self) -> u64 {
+        assert!(self.order.is_none(), "a ticket takes one order");
+        let order = self.progress.next_order();
+        debug_assert!(order >= self.queue.bound(), "an order below the published bound");
+        self.order = Some(order);
+        order
+    }
+
+    /// Queues the writer's logged record (carrying the ticket's order) for the checkpoint
+    /// and closes the ticket.
+    pub(crate) fn queue(mut self, record: Pending) {
+        assert_eq!(
+            Some(record.order),
+            self.order,
+            "a queued record carries its ticket's order"
+        );
+        let depth = {
+            let mut queued = self.queue.records();
+            assert!(
+                queued.back().is_none_or(|p| p.order < record.order),
+                "a slot's records are queued in order"
+            );
+            queued.push_back(record);
+            queued.len()
+        };
+        self.progress.pending.fetch_add(1, Ordering::AcqRel);
+        self.close(depth);
+    }
+
+    fn close(&mut self, depth: usize) {
+        self.closed = true;
+        self.queue.bound.0.store(NO_BOUND, Ordering::SeqCst);
+        self.progress.finished(depth);
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        if !self.closed {
+            self.close(0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::thread;
+
+    use super::*;
+
+    fn record(slot: u32, order: u64) -> Pending {
+        Pending {
+            slot,
+            seq: order,
+            order,
+            ino: 2,
+            offset: 0,
+            len: 1,
+            set: Arc::new(BufferSet::sealed_with(Vec::new(), 1)),
+            mtime: 0,
+        }
+    }
+
+    fn write(progress: &Progress, queue: &Queue, slot: u32) -> u64 {
+        let mut ticket = progress.begin(queue);
+        let order = ticket.order();
+        ticket.queue(record(slot, order));
+        order
+    }
+
+    fn orders(batch: &Batch) -> Vec<u64> {
+        batch.records.iter().map(|p| p.order).collect()
+    }
+
+    #[test]
+    fn an_open_ticket_holds_the_batch_below_its_order() {
+        let progress = Progress::new(0, 0);
+        let queues = [Queue::with(VecDeque::new()), Queue::with(VecDeque::new())];
+        let all: Vec<&Queue> = queues.iter().collect();
+        // Slot 1's writer publishes its bound, then slot 0's writer takes order 0 and
+        // queues it while slot 1 has not taken its order yet.
+        let mut late = progress.begin(&queues[1]);
+        assert_eq!(write(&progress, &queues[0], 0), 0);
+        let batch = progress.take_batch(&all, 100);
+        assert!(batch.records.is_empty(), "passed an open ticket: {:?}", orders(&batch));
+        assert_eq!(progress.done_below(), 0);
+        let order = late.order();
+        assert_eq!(order, 1);
+        late.queue(record(1, order));
+        let batch = progress.take_batch(&all, 100);
+        assert_eq!(orders(&batch), [0, 1]);
+        assert_eq!(batch.done_below, 2);
+        progress.finish_batch(&batch);
+        assert_eq!(progress.done_below(), 2);
+        assert_eq!(progress.pending(), 0);
+    }
+
+    #[test]
+    fn a_dropped_ticket_releases_the_watermark() {
+        let progress = Progress::new(10, 0);
+        let queues = [Queue::with(VecDeque::new()), Queue::with(VecDeque::new())];
+        let all: Vec<&Queue> = queues.iter().collect();
+        let mut failed = progress.begin(&queues[1]);
+        assert_eq!(failed.order(), 10);
+        assert_eq!(write(&progress, &queues[0], 0), 11);
+        assert!(progress.take_batch(&all, 100).records.is_empty());
+        assert!(!progress.all_quiet(&all));
+        drop(failed); // its append failed: no record
+        assert!(progress.all_quiet(&all));
+        assert_eq!(orders(&progress.take_batch(&all, 100)), [11]);
+    }
+
+    #[test]
+    fn a_batch_over_its_limit_leaves_its_tail_queued_in_order() {
+        let progress = Progress::new(0, 0);
+        let queues = [Queue::with(VecDeque::new()), Queue::with(VecDeque::new())];
+        let all: Vec<&Queue> = queues.iter().collect();
+        for i in 0..6 {
+            write(&progress, &queues[i % 2], (i % 2) as u32);
+        }
+        let first = progress.take_batch(&all, 4);
+        assert_eq!(orders(&first), [0, 1, 2, 3]);
+        assert_eq!(first.done_below, 4, "done_below stops at the first record left");
+        progress.finish_batch(&first);
+        let second = progress.take_batch(&all, 4);
+        assert_eq!(orders(&second), [4, 5]);
+        assert_eq!(second.done_below, 6);
+        progress.finish_batch(&second);
+        assert_eq!(progress.pending(), 0);
+    }
+
+    #[test]
+    #[should_panic(expected = "checkpointed again")]
+    fn done_below_never_moves_back() {
+        let progress = Progress::new(0, 0);
+        let queue = Queue::with(VecDeque::new());
+        write(&progress, &queue, 0);
+        let batch = progress.take_batch(&[&queue], 10);
+        progress.finish_batch(&batch);
+        progress.finish_batch(&batch);
+    }
+
+    #[test]
+    #[should_panic(expected = "two writers hold tickets")]
+    fn one_ticket_per_queue() {
+        let progress = Progress::new(0, 0);
+        let queue = Queue::with(VecDeque::new());
+        let _first = progress.begin(&queue);
+        let _second = progress.begin(&queue);
+    }
+
+    /// Runs `f` on a thread and fails (instead of hanging) if it does not return in time.
+    fn returns_soon(what: &str, f: impl FnOnce() + Send + 'static) -> thread::JoinHandle<()> {
+        let (done, finished) = mpsc::channel();
+        let what = what.to_owned();
+        thread::spawn(move || {
+            let worker = thread::spawn(move || {
+                f();
+                done.send(()).expect("receiver");
+            });
+            finished
+                .recv_timeout(Duration::from_secs(20))
+                .unwrap_or_else(|_| panic!("{what}: no wake-up"));
+            worker.join().expect("worker");
+        })
+    }
+
+    #[test]
+    fn a_writer_wakes_an_idle_checkpoint() {
+        for _ in 0..50 {
+            let progress = Arc::new(Progress::new(0, 0));
+            let queues = Arc::new([Queue::with(VecDeque::new())]);
+            let (p, q) = (Arc::clone(&progress), Arc::clone(&queues));
+            let sleeper = returns_soon("idle checkpoint", move || {
+                let all: Vec<&Queue> = q.iter().collect();
+                // Sleeps until the record below is movable (at once if it already is).
+                while p.take_batch(&all, 10).records.is_empty() {
+                    p.sleep(&all, Until::Movable, Requests::default());
+                }
+            });
+            // Write once the checkpoint sleeps (or is about to: the mode is set before it
+            // looks for work a last time).
+            while progress.sleep.load(Ordering::SeqCst) != IDLE {
+                thread::yield_now();
+            }
+            write(&progress, &queues[0], 0);
+            sleeper.join().expect("the checkpoint saw the write");
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_on_demand_sleeps_through_writes_until_asked() {
+        let progress = Arc::new(Progress::new(0, 0));
+        let queues = Arc::new([Queue::with(VecDeque::new())]);
+        let (p, q) = (Arc::clone(&progress), Arc::clone(&queues));
+        let (woke, woken) = mpsc::channel();
+        let sleeper = thread::spawn(move || {
+            let all: Vec<&Queue> = q.iter().collect();
+            loop {
+                p.sleep(&all, Until::Asked, Requests::default());
+                let asked = p.take_requests();
+                if asked.drain {
+                    woke.send(()).expect("receiver");
+                    p.pass_done();
+                    return;
+                }
+            }
+        });
+        write(&progress, &queues[0], 0);
+        assert!(
+            woken.recv_timeout(Duration::from_millis(200)).is_err(),
+            "a write woke a checkpoint that runs on demand"
+        );
+        let waiter = {
+            let p = Arc::clone(&progress);
+            returns_soon("drain request", move || {
+                p.await_pass(|asked| asked.drain = true).expect("running");
+            })
+        };
+        waiter.join().expect("the waiter saw the pass");
+        sleeper.join().expect("sleeper");
+    }
+
+    #[test]
+    fn waiters_learn_of_a_failure() {
+        let progress = Arc::new(Progress::new(0, 0));
+        progress.next_order(); // a record the drain must wait for
+        let p = Arc::clone(&progress);
+        let (tx, rx) = mpsc::channel();
+        let waiter = thread::spawn(move || tx.send(p.drain()).expect("receiver"));
+        // The drain waits for a pass that never comes; the failure ends it.
+        thread::sleep(Duration::from_millis(20));
+        progress.fail("device gone".into());
+        let result = rx.recv_timeout(Duration::from_secs(20)).expect("woken");
+        assert!(
+            matches!(&result, Err(FsError::Shutdown(why)) if why == "device gone"),
+            "{result:?}"
+        );
+        waiter.join().expect("waiter");
+    }
+}
