@@ -22,8 +22,8 @@ use volume::Extent;
 use crate::error::{FsError, Result};
 use crate::extent_map::{BLOCK, ExtentMap, Run};
 use crate::fs::{CheckpointMode, Inner, Slot, now_ns};
-use crate::progress::{GATHER_RECORDS, Pending, Queue, Until};
 use crate::journal::{Kind, MAX_RECORD, MapEntry, MetaOp};
+use crate::progress::{GATHER_RECORDS, Pending, Queue, Until};
 use crate::range_lock::LockMode;
 use crate::snapshot::{InodeImage, Snapshot, SnapshotIndex};
 
@@ -116,11 +116,7 @@ fn run_loop(inner: &Inner) -> Result<()> {
 
 /// The slots created so far, indexed by slot number (they are created in index order).
 fn created_slots(inner: &Inner) -> Vec<Arc<Slot>> {
-    let slots: Vec<Arc<Slot>> = inner
-        .slots
-        .iter()
-        .map_while(|s| s.get().cloned())
-        .collect();
+    let slots: Vec<Arc<Slot>> = inner.slots.iter().map_while(|s| s.get().cloned()).collect();
     debug_assert!(
         inner.slots[slots.len()..].iter().all(|s| s.get().is_none()),
         "slots are created in index order"

@@ -38,6 +38,7 @@
 //! # Ok(()) }
 //! ```
 
+mod apply;
 mod buffers;
 mod checkpoint;
 mod codec;

@@ -76,7 +76,12 @@ pub(crate) struct Queue {
 impl Queue {
     /// A queue holding `records` (recovery's live records of the slot, in order).
     pub(crate) fn with(records: VecDeque<Pending>) -> Self {
-        debug_assert!(records.iter().zip(records.iter().skip(1)).all(|(a, b)| a.order < b.order));
+        debug_assert!(
+            records
+                .iter()
+                .zip(records.iter().skip(1))
+                .all(|(a, b)| a.order < b.order)
+        );
         Self {
             bound: PaddedU64(AtomicU64::new(NO_BOUND)),
             records: Mutex::new(records),
@@ -188,7 +193,10 @@ impl Progress {
     /// of the order the writer is about to take.
     pub(crate) fn begin<'a>(&'a self, queue: &'a Queue) -> Ticket<'a> {
         let before = queue.bound.0.swap(self.current_order(), Ordering::SeqCst);
-        assert_eq!(before, NO_BOUND, "two writers hold tickets on one slot's queue");
+        assert_eq!(
+            before, NO_BOUND,
+            "two writers hold tickets on one slot's queue"
+        );
         Ticket {
             progress: self,
             queue,
@@ -373,7 +381,9 @@ impl Progress {
         };
         self.pending
             .fetch_sub(batch.records.len() as u64, Ordering::AcqRel);
-        let before = self.done_below.fetch_max(batch.done_below, Ordering::AcqRel);
+        let before = self
+            .done_below
+            .fetch_max(batch.done_below, Ordering::AcqRel);
         // Only the checkpoint advances it, by a prefix of the order.
         assert!(
             before <= first.order,
@@ -390,7 +400,11 @@ impl Progress {
             return;
         }
         self.sleep.store(GATHERING, Ordering::SeqCst);
-        drop(self.wake.wait_timeout(state, wait).expect("checkpoint state"));
+        drop(
+            self.wake
+                .wait_timeout(state, wait)
+                .expect("checkpoint state"),
+        );
         self.sleep.store(AWAKE, Ordering::SeqCst);
     }
 
@@ -413,9 +427,7 @@ impl Progress {
         let work = match until {
             Until::Asked => false,
             Until::Movable => self.movable(queues),
-            Until::Quiet => {
-                self.movable(queues) || self.pending() == 0 && self.all_quiet(queues)
-            }
+            Until::Quiet => self.movable(queues) || self.pending() == 0 && self.all_quiet(queues),
         };
         if !work {
             drop(self.wake.wait(state).expect("checkpoint state"));
@@ -453,7 +465,10 @@ impl Ticket<'_> {
     pub(crate) fn order(&mut self) -> u64 {
         assert!(self.order.is_none(), "a ticket takes one order");
         let order = self.progress.next_order();
-        debug_assert!(order >= self.queue.bound(), "an order below the published bound");
+        debug_assert!(
+            order >= self.queue.bound(),
+            "an order below the published bound"
+        );
         self.order = Some(order);
         order
     }
@@ -535,7 +550,11 @@ mod tests {
         let mut late = progress.begin(&queues[1]);
         assert_eq!(write(&progress, &queues[0], 0), 0);
         let batch = progress.take_batch(&all, 100);
-        assert!(batch.records.is_empty(), "passed an open ticket: {:?}", orders(&batch));
+        assert!(
+            batch.records.is_empty(),
+            "passed an open ticket: {:?}",
+            orders(&batch)
+        );
         assert_eq!(progress.done_below(), 0);
         let order = late.order();
         assert_eq!(order, 1);
@@ -573,7 +592,10 @@ mod tests {
         }
         let first = progress.take_batch(&all, 4);
         assert_eq!(orders(&first), [0, 1, 2, 3]);
-        assert_eq!(first.done_below, 4, "done_below stops at the first record left");
+        assert_eq!(
+            first.done_below, 4,
+            "done_below stops at the first record left"
+        );
         progress.finish_batch(&first);
         let second = progress.take_batch(&all, 4);
         assert_eq!(orders(&second), [4, 5]);

@@ -16,39 +16,29 @@
 //! The live records are queued for the checkpoint again, so nothing recovery found waits in
 //! a log for long. Damage never panics: it is an error naming the structure.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use volume::{Extent, GlobalAddress, Volume};
 
+use crate::apply::{self, Move, Problem, RenameDirs};
 use crate::buffers::BufferSet;
 use crate::error::{FsError, Result};
 use crate::extent_map::{BLOCK, ExtentMap};
 use crate::fs::{
-    Attr, FormatOptions, Fs, FsCounters, FsOptions, Inner, Inode, ROOT_INO, Unmounter,
-    check_format, check_options, now_ns,
+    Attr, FormatOptions, Fs, FsOptions, Inner, Inode, ROOT_INO, Recovered, check_format,
+    check_options, now_ns,
 };
-use crate::progress::{Pending, Progress};
 use crate::journal::{Journal, JournalRecord, Kind, MetaOp};
 use crate::log::{LogArea, LogRecord};
-use crate::overlay::Overlay;
-use crate::range_lock::RangeLocks;
+use crate::progress::Pending;
 use crate::root::Root;
 use crate::snapshot::{INDEX_MAGIC, InodeImage, Snapshot, SnapshotIndex};
 
-/// An inode while the logs are replayed.
-#[derive(Debug)]
-struct Replayed {
-    kind: Kind,
-    mode: u32,
-    mtime: u64,
-    size: u64,
-    parent: u64,
-    entries: BTreeMap<String, u64>,
-    extents: ExtentMap,
-    overlay: Overlay,
-}
+/// The inodes while the logs are replayed: the running file system's own, built from the
+/// snapshot and changed by the same [`apply`] functions the live path calls.
+type Table = HashMap<u64, Arc<Inode>>;
 
 /// What [`Fs::check`] found on a file system that would open.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -183,9 +173,9 @@ impl Fs {
                 .values()
                 .filter(|i| i.kind == Kind::Dir)
                 .count() as u64,
-            file_bytes: files.clone().map(|i| i.size).sum(),
+            file_bytes: files.clone().map(|i| i.size.load(Ordering::Acquire)).sum(),
             mapped_bytes: files
-                .map(|i| i.extents.runs().map(|r| r.blocks * BLOCK).sum::<u64>())
+                .map(|i| i.extents.read().expect("extent map").mapped_blocks() * BLOCK)
                 .sum(),
             journal_records: loaded.journal_records,
             log_records: loaded.live.len() as u64,
@@ -238,64 +228,26 @@ impl Fs {
                 mtime: r.mtime,
             });
         }
-        let granule = root.granule;
-        let slot_limit = root.slot_limit as usize;
-        let table = inodes
-            .into_iter()
-            .map(|(ino, r)| {
-                let inode = Inode {
-                    ino,
-                    kind: r.kind,
-                    attr: Mutex::new(Attr {
-                        mode: r.mode,
-                        parent: r.parent,
-                        unlinked: false,
-                    }),
-                    mtime: AtomicU64::new(r.mtime),
-                    entries: Mutex::new(r.entries),
-                    size: AtomicU64::new(r.size),
-                    extents: RwLock::new(r.extents),
-                    dead: AtomicBool::new(false),
-                    overlay: r.overlay,
-                    locks: RangeLocks::new(granule).expect("granule checked by the root decoder"),
-                    opens: AtomicU64::new(0),
-                };
-                (ino, Arc::new(inode))
-            })
-            .collect();
-        let inner = Arc::new(Inner {
-            id: Inner::new_id(),
-            volume,
-            devices,
-            owner,
-            root: Mutex::new(root),
-            snapshot_pieces: Mutex::new(snapshot_pieces),
-            snapshot_bytes: AtomicU64::new(snapshot_bytes),
+        Inner::start(
+            Recovered {
+                volume,
+                devices,
+                owner,
+                root,
+                snapshot_pieces,
+                snapshot_bytes,
+                inodes,
+                next_ino,
+                next_order,
+                slots: logs
+                    .into_iter()
+                    .zip(journals)
+                    .zip(pending)
+                    .map(|((l, j), p)| (l, j, p))
+                    .collect(),
+            },
             options,
-            inodes: RwLock::new(table),
-            next_ino: AtomicU64::new(next_ino),
-            progress: Progress::new(next_order, live.len() as u64),
-            gate: RwLock::new(()),
-            rename: Mutex::new(()),
-            batch: Mutex::new(()),
-            slots: (0..slot_limit).map(|_| OnceLock::new()).collect(),
-            slot_in_use: Mutex::new(vec![false; slot_limit]),
-            counters: FsCounters::default(),
-        });
-        for (index, ((log, journal), queue)) in
-            logs.into_iter().zip(journals).zip(pending).enumerate()
-        {
-            let slot = inner.make_slot(index as u32, log, journal, queue);
-            inner.slots[index].set(slot).expect("each slot once");
-        }
-        let thread = crate::checkpoint::spawn(Arc::clone(&inner))?;
-        Ok(Fs {
-            mount: Arc::new(Unmounter {
-                inner: Arc::clone(&inner),
-                thread: Mutex::new(Some(thread)),
-            }),
-            inner,
-        })
+        )
     }
 }
 
@@ -304,7 +256,7 @@ impl Fs {
 struct Loaded {
     owner: pmem::Region,
     root: Root,
-    inodes: HashMap<u64, Replayed>,
+    inodes: Table,
     next_ino: u64,
     next_order: u64,
     journals: Vec<Journal>,
@@ -359,7 +311,7 @@ fn load(volume: &Volume) -> Result<Loaded> {
             format!("epoch {} but the root is at {}", snapshot.epoch, root.epoch),
         ));
     }
-    let mut inodes = load_snapshot(&snapshot)?;
+    let mut inodes = load_snapshot(&snapshot, root.granule)?;
     let mut next_ino = snapshot.next_ino;
     let mut next_order = snapshot.next_order;
 
@@ -420,7 +372,7 @@ fn load(volume: &Volume) -> Result<Loaded> {
         next_order = next_order.max(step.order() + 1);
         match step {
             Step::Meta(slot, record) => {
-                replay(&mut inodes, &record.op).map_err(|problem| {
+                replay(&mut inodes, &record.op, root.granule).map_err(|problem| {
                     FsError::corrupt(
                         format!("journal of slot {slot} (record of order {})", record.order),
                         problem,
@@ -431,21 +383,21 @@ fn load(volume: &Volume) -> Result<Loaded> {
                 }
             }
             Step::Data(slot, record) => {
-                if let Some(inode) = inodes.get_mut(&record.inode) {
-                    if inode.kind != Kind::File {
-                        return Err(FsError::corrupt(
-                            format!("log area of slot {slot}"),
-                            format!(
-                                "record {} writes directory {}",
-                                record.sequence, record.inode
-                            ),
-                        ));
-                    }
-                    inode
-                        .overlay
-                        .insert(record.offset, record.length, record.buffer, record.order);
-                    inode.size = inode.size.max(record.offset + record.length);
-                    inode.mtime = inode.mtime.max(record.mtime);
+                if let Some(inode) = inodes.get(&record.inode) {
+                    apply::write(
+                        inode,
+                        record.offset,
+                        record.length,
+                        record.buffer,
+                        record.order,
+                        record.mtime,
+                    )
+                    .map_err(|problem| {
+                        FsError::corrupt(
+                            format!("log area of slot {slot} (record {})", record.sequence),
+                            problem,
+                        )
+                    })?;
                 }
                 live.push((slot, record));
             }
@@ -484,7 +436,7 @@ fn load(volume: &Volume) -> Result<Loaded> {
         ));
     }
     for (ino, inode) in &inodes {
-        for run in inode.extents.runs() {
+        for run in inode.extents.read().expect("extent map").runs() {
             owned.push((
                 run.addr,
                 run.blocks * BLOCK,
@@ -552,8 +504,8 @@ fn merge_pages(spans: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
     merged.into_iter().map(|(s, e)| (s, e - s)).collect()
 }
 
-fn load_snapshot(snapshot: &Snapshot) -> Result<HashMap<u64, Replayed>> {
-    let mut inodes = HashMap::with_capacity(snapshot.inodes.len());
+fn load_snapshot(snapshot: &Snapshot, granule: u64) -> Result<Table> {
+    let mut inodes = Table::with_capacity(snapshot.inodes.len());
     for image in &snapshot.inodes {
         let mut extents = ExtentMap::new();
         for run in &image.runs {
@@ -564,17 +516,17 @@ fn load_snapshot(snapshot: &Snapshot) -> Result<HashMap<u64, Replayed>> {
                 ));
             }
         }
-        let replayed = Replayed {
-            kind: image.kind,
+        let attr = Attr {
             mode: image.mode,
-            mtime: image.mtime,
-            size: image.size,
             parent: image.parent,
-            entries: image.entries.iter().cloned().collect(),
-            extents,
-            overlay: Overlay::default(),
+            unlinked: false,
         };
-        if inodes.insert(image.ino, replayed).is_some() {
+        let inode = Inode::new(image.ino, image.kind, attr, image.mtime, granule).with_contents(
+            image.size,
+            image.entries.iter().cloned().collect(),
+            extents,
+        );
+        if inodes.insert(image.ino, Arc::new(inode)).is_some() {
             return Err(FsError::corrupt(
                 "file-system snapshot",
                 format!("inode {} appears twice", image.ino),
@@ -592,10 +544,10 @@ fn load_snapshot(snapshot: &Snapshot) -> Result<HashMap<u64, Replayed>> {
 
 /// Every entry names an existing inode, every inode but the root is named exactly once, and
 /// a directory's parent names it.
-fn check_tree(inodes: &HashMap<u64, Replayed>) -> Result<()> {
+fn check_tree(inodes: &Table) -> Result<()> {
     let mut named: HashMap<u64, u64> = HashMap::with_capacity(inodes.len());
     for (&dir, inode) in inodes {
-        for (name, &ino) in &inode.entries {
+        for (name, &ino) in inode.entries.lock().expect("directory").iter() {
             let Some(child) = inodes.get(&ino) else {
                 return Err(FsError::corrupt(
                     "file-system namespace",
@@ -608,13 +560,11 @@ fn check_tree(inodes: &HashMap<u64, Replayed>) -> Result<()> {
                     format!("inode {ino} has more than one name"),
                 ));
             }
-            if child.kind == Kind::Dir && child.parent != dir {
+            let parent = child.attr().parent;
+            if child.kind == Kind::Dir && parent != dir {
                 return Err(FsError::corrupt(
                     "file-system namespace",
-                    format!(
-                        "directory {ino} is in {dir} but says its parent is {}",
-                        child.parent
-                    ),
+                    format!("directory {ino} is in {dir} but says its parent is {parent}"),
                 ));
             }
         }
@@ -631,17 +581,16 @@ fn check_tree(inodes: &HashMap<u64, Replayed>) -> Result<()> {
     Ok(())
 }
 
-fn dir_mut(inodes: &mut HashMap<u64, Replayed>, ino: u64) -> Result<&mut Replayed, String> {
-    match inodes.get_mut(&ino) {
-        Some(d) if d.kind == Kind::Dir => Ok(d),
-        Some(_) => Err(format!("inode {ino} is not a directory")),
-        None => Err(format!("directory {ino} does not exist")),
-    }
+fn existing(inodes: &Table, ino: u64) -> Result<Arc<Inode>, Problem> {
+    inodes
+        .get(&ino)
+        .cloned()
+        .ok_or_else(|| format!("inode {ino} does not exist"))
 }
 
-/// Applies one journaled operation to the replay state. An operation that cannot apply can
-/// only come from damage (dependent operations are logged in order).
-fn replay(inodes: &mut HashMap<u64, Replayed>, op: &MetaOp) -> Result<(), String> {
+/// Replays one journaled operation with the live path's [`apply`] function. An operation
+/// that cannot apply can only come from damage (dependent operations are logged in order).
+fn replay(inodes: &mut Table, op: &MetaOp, granule: u64) -> Result<(), Problem> {
     match op {
         MetaOp::Create {
             parent,
@@ -654,25 +603,18 @@ fn replay(inodes: &mut HashMap<u64, Replayed>, op: &MetaOp) -> Result<(), String
             if inodes.contains_key(ino) {
                 return Err(format!("create of inode {ino}, which exists"));
             }
-            let dir = dir_mut(inodes, *parent)?;
-            if dir.entries.contains_key(name) {
-                return Err(format!("create of `{name}` in {parent}, where it exists"));
-            }
-            dir.entries.insert(name.clone(), *ino);
-            dir.mtime = *time;
-            inodes.insert(
+            let dir = existing(inodes, *parent)?;
+            let inode = apply::create(
+                &dir,
+                &mut dir.entries.lock().expect("directory"),
                 *ino,
-                Replayed {
-                    kind: *kind,
-                    mode: *mode,
-                    mtime: *time,
-                    size: 0,
-                    parent: if *kind == Kind::Dir { *parent } else { 0 },
-                    entries: BTreeMap::new(),
-                    extents: ExtentMap::new(),
-                    overlay: Overlay::default(),
-                },
-            );
+                *kind,
+                *mode,
+                *time,
+                name,
+                granule,
+            )?;
+            inodes.insert(*ino, inode);
         }
         MetaOp::Remove {
             parent,
@@ -680,19 +622,24 @@ fn replay(inodes: &mut HashMap<u64, Replayed>, op: &MetaOp) -> Result<(), String
             name,
             time,
         } => {
-            let dir = dir_mut(inodes, *parent)?;
-            if dir.entries.get(name) != Some(ino) {
-                return Err(format!(
-                    "removal of `{name}` (inode {ino}) from {parent}, which does not hold it"
-                ));
+            if ino == parent {
+                return Err(format!("directory {ino} removes itself"));
             }
-            dir.entries.remove(name);
-            if *time != 0 {
-                dir.mtime = *time;
-            }
-            if inodes.get(ino).is_some_and(|i| !i.entries.is_empty()) {
-                return Err(format!("removal of directory {ino}, which is not empty"));
-            }
+            let dir = existing(inodes, *parent)?;
+            let removed = inodes.get(ino).cloned();
+            let removed_entries = removed
+                .as_ref()
+                .filter(|i| i.kind == Kind::Dir)
+                .map(|i| i.entries.lock().expect("directory"));
+            apply::remove(
+                &dir,
+                &mut dir.entries.lock().expect("directory"),
+                name,
+                *ino,
+                *time,
+                removed_entries.as_deref(),
+            )?;
+            drop(removed_entries);
             inodes.remove(ino);
         }
         MetaOp::Rename {
@@ -704,33 +651,55 @@ fn replay(inodes: &mut HashMap<u64, Replayed>, op: &MetaOp) -> Result<(), String
             replaced,
             time,
         } => {
-            let src = dir_mut(inodes, *src_parent)?;
-            if src.entries.get(src_name) != Some(ino) {
-                return Err(format!(
-                    "rename of `{src_name}` (inode {ino}) from {src_parent}, which does not hold it"
-                ));
+            // Distinct inodes, so that no lock below is taken twice.
+            if ino == src_parent || ino == dst_parent {
+                return Err(format!("directory {ino} moves into itself"));
             }
-            src.entries.remove(src_name);
-            if *time != 0 {
-                src.mtime = *time;
+            if *replaced != 0 && (replaced == src_parent || replaced == dst_parent) {
+                return Err(format!("rename replaces its own directory {replaced}"));
             }
-            let dst = dir_mut(inodes, *dst_parent)?;
-            if *time != 0 {
-                dst.mtime = *time;
+            let src = existing(inodes, *src_parent)?;
+            let dst = existing(inodes, *dst_parent)?;
+            let moving = inodes.get(ino).cloned();
+            let replaced_inode = inodes.get(replaced).cloned().filter(|_| *replaced != 0);
+            let replaced_entries = replaced_inode
+                .as_ref()
+                .filter(|i| i.kind == Kind::Dir && i.ino != *ino)
+                .map(|i| i.entries.lock().expect("directory"));
+            let moved = Move {
+                ino: *ino,
+                src_name,
+                dst_name,
+                replaced: *replaced,
+                time: *time,
+            };
+            let mut src_entries = src.entries.lock().expect("directory");
+            if src_parent == dst_parent {
+                apply::rename(
+                    &src,
+                    &dst,
+                    RenameDirs::Same(&mut src_entries),
+                    moving.as_deref(),
+                    replaced_entries.as_deref(),
+                    &moved,
+                )?;
+            } else {
+                apply::rename(
+                    &src,
+                    &dst,
+                    RenameDirs::Two(
+                        &mut src_entries,
+                        &mut dst.entries.lock().expect("directory"),
+                    ),
+                    moving.as_deref(),
+                    replaced_entries.as_deref(),
+                    &moved,
+                )?;
             }
-            let before = dst.entries.insert(dst_name.clone(), *ino).unwrap_or(0);
-            if before != *replaced {
-                return Err(format!(
-                    "rename onto `{dst_name}` in {dst_parent}: it named {before}, the record says {replaced}"
-                ));
-            }
+            drop(src_entries);
+            drop(replaced_entries);
             if *replaced != 0 {
                 inodes.remove(replaced);
-            }
-            if let Some(moved) = inodes.get_mut(ino)
-                && moved.kind == Kind::Dir
-            {
-                moved.parent = *dst_parent;
             }
         }
         MetaOp::Truncate {
@@ -739,17 +708,14 @@ fn replay(inodes: &mut HashMap<u64, Replayed>, op: &MetaOp) -> Result<(), String
             time,
             tail,
         } => {
-            let file = match inodes.get_mut(ino) {
-                Some(f) if f.kind == Kind::File => f,
-                _ => return Err(format!("truncate of {ino}, which is not a file")),
-            };
-            file.extents.truncate(size.div_ceil(BLOCK));
-            if *tail != 0 {
-                file.extents.map(size / BLOCK, 1, *tail);
-            }
-            file.overlay.truncate(*size);
-            file.size = *size;
-            file.mtime = *time;
+            let file = existing(inodes, *ino)?;
+            apply::truncate(
+                &file,
+                &mut file.extents.write().expect("extent map"),
+                *size,
+                *tail,
+                *time,
+            )?;
         }
         MetaOp::Punch {
             ino,
@@ -757,38 +723,21 @@ fn replay(inodes: &mut HashMap<u64, Replayed>, op: &MetaOp) -> Result<(), String
             blocks,
             time,
         } => {
-            let file = match inodes.get_mut(ino) {
-                Some(f) if f.kind == Kind::File => f,
-                _ => return Err(format!("hole punched in {ino}, which is not a file")),
-            };
-            file.extents.punch(*first_block, first_block + blocks);
-            file.overlay.punch(
-                first_block.saturating_mul(BLOCK),
-                (first_block + blocks).saturating_mul(BLOCK),
-            );
-            file.mtime = *time;
+            let file = existing(inodes, *ino)?;
+            apply::punch(
+                &file,
+                &mut file.extents.write().expect("extent map"),
+                *first_block,
+                *blocks,
+                *time,
+            )?;
         }
         MetaOp::SetMode { ino, mode } => {
-            inodes
-                .get_mut(ino)
-                .ok_or_else(|| format!("mode change of {ino}, which does not exist"))?
-                .mode = *mode;
+            let inode = existing(inodes, *ino)?;
+            apply::set_mode(&mut inode.attr(), *mode);
         }
         MetaOp::Batch { maps, sizes, .. } => {
-            // Entries of files removed since are skipped: their removal is durable.
-            for m in maps {
-                if let Some(file) = inodes.get_mut(&m.ino)
-                    && file.kind == Kind::File
-                {
-                    file.extents.map(m.file_block, m.blocks, m.addr);
-                }
-            }
-            for &(ino, size, time) in sizes {
-                if let Some(file) = inodes.get_mut(&ino) {
-                    file.size = file.size.max(size);
-                    file.mtime = file.mtime.max(time);
-                }
-            }
+            apply::batch(maps, sizes, |ino| inodes.get(&ino).cloned());
         }
     }
     Ok(())

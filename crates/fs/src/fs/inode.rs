@@ -58,6 +58,20 @@ impl Inode {
         }
     }
 
+    /// The inode with a size, directory entries and an extent map (recovery, from a
+    /// snapshot).
+    pub(crate) fn with_contents(
+        mut self,
+        size: u64,
+        entries: BTreeMap<String, u64>,
+        extents: ExtentMap,
+    ) -> Self {
+        *self.size.get_mut() = size;
+        *self.entries.get_mut().expect("directory") = entries;
+        *self.extents.get_mut().expect("extent map") = extents;
+        self
+    }
+
     pub(crate) fn attr(&self) -> std::sync::MutexGuard<'_, Attr> {
         self.attr.lock().expect("inode attributes")
     }

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use volume::{Extent, GlobalAddress};
 
 use super::*;
+use crate::apply::{self, Move, RenameDirs, applied};
 use crate::error::{FsError, Result};
 use crate::extent_map::{BLOCK, Run};
 use crate::journal::{Kind, MetaOp};
@@ -99,23 +100,21 @@ impl Inner {
             if !fs.journal(slot, &op)? {
                 return Ok(None);
             }
-            let inode = Arc::new(Inode::new(
+            let granule = fs.root.lock().expect("root").granule;
+            let inode = applied(apply::create(
+                &parent,
+                &mut entries,
                 ino,
                 kind,
-                Attr {
-                    mode,
-                    parent: if kind == Kind::Dir { parent.ino } else { 0 },
-                    unlinked: false,
-                },
+                mode,
                 time,
-                fs.root.lock().expect("root").granule,
+                name,
+                granule,
             ));
             fs.inodes
                 .write()
                 .expect("inode table")
                 .insert(ino, Arc::clone(&inode));
-            entries.insert(name.to_owned(), ino);
-            parent.mtime.store(time, Ordering::Release);
             Ok(Some(inode))
         })
     }
@@ -152,8 +151,14 @@ impl Inner {
             if !fs.journal(slot, &op)? {
                 return Ok(None);
             }
-            entries.remove(name);
-            parent.mtime.store(time, Ordering::Release);
+            applied(apply::remove(
+                &parent,
+                &mut entries,
+                name,
+                ino,
+                time,
+                child_entries.as_deref(),
+            ));
             drop(child_entries);
             fs.unlinked(&target)?;
             Ok(Some(()))
@@ -282,14 +287,27 @@ impl Inner {
             let MetaOp::Rename { time, .. } = op else {
                 unreachable!("built above")
             };
+            let dirs = match second_entries.as_mut() {
+                None => RenameDirs::Same(&mut first_entries),
+                Some(second) if src.ino == first.ino => RenameDirs::Two(&mut first_entries, second),
+                Some(second) => RenameDirs::Two(second, &mut first_entries),
+            };
+            let moved = Move {
+                ino,
+                src_name,
+                dst_name,
+                replaced: replaced.unwrap_or(0),
+                time,
+            };
+            applied(apply::rename(
+                &src,
+                &dst,
+                dirs,
+                Some(&moving),
+                target_entries.as_deref(),
+                &moved,
+            ));
             drop(target_entries);
-            entries_of!(src).remove(src_name);
-            entries_of!(dst).insert(dst_name.to_owned(), ino);
-            if moving.kind == Kind::Dir {
-                moving.attr().parent = dst.ino;
-            }
-            src.mtime.store(time, Ordering::Release);
-            dst.mtime.store(time, Ordering::Release);
             if let Some(t) = target {
                 fs.unlinked(&t)?;
             }
@@ -364,13 +382,13 @@ impl Inner {
                 time,
             };
             if self.journal(&slot, &op)? {
-                let freed = inode
-                    .extents
-                    .write()
-                    .expect("extent map")
-                    .punch(first, last);
-                inode.overlay.punch(first * BLOCK, last * BLOCK);
-                inode.mtime.store(time, Ordering::Release);
+                let freed = applied(apply::punch(
+                    inode,
+                    &mut inode.extents.write().expect("extent map"),
+                    first,
+                    last - first,
+                    time,
+                ));
                 drop(gate);
                 drop(range);
                 drop(batch);
@@ -420,15 +438,13 @@ impl Inner {
                 }
                 return Ok(false);
             }
-            let mut extents = inode.extents.write().expect("extent map");
-            let mut freed = extents.truncate(size.div_ceil(BLOCK));
-            if tail != 0 {
-                freed.extend(extents.map(size / BLOCK, 1, tail));
-            }
-            inode.overlay.truncate(size);
-            inode.size.store(size, Ordering::Release);
-            inode.mtime.store(time, Ordering::Release);
-            drop(extents);
+            let freed = applied(apply::truncate(
+                inode,
+                &mut inode.extents.write().expect("extent map"),
+                size,
+                tail,
+                time,
+            ));
             fs.free_runs(&freed)?;
             Ok(true)
         }
@@ -445,7 +461,7 @@ impl Inner {
             if !fs.journal(slot, &op)? {
                 return Ok(None);
             }
-            attr.mode = mode;
+            apply::set_mode(&mut attr, mode);
             Ok(Some(()))
         })
     }

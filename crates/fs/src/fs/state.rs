@@ -114,6 +114,21 @@ pub struct FsStats {
 
 static NEXT_FS_ID: AtomicU64 = AtomicU64::new(1);
 
+/// What recovery found, for the running file system: its state and each slot's areas with
+/// the live records they hold.
+pub(crate) struct Recovered {
+    pub(crate) volume: Arc<Volume>,
+    pub(crate) devices: Vec<Region>,
+    pub(crate) owner: Region,
+    pub(crate) root: Root,
+    pub(crate) snapshot_pieces: Vec<Extent>,
+    pub(crate) snapshot_bytes: u64,
+    pub(crate) inodes: HashMap<u64, Arc<Inode>>,
+    pub(crate) next_ino: u64,
+    pub(crate) next_order: u64,
+    pub(crate) slots: Vec<(LogArea, Journal, VecDeque<Pending>)>,
+}
+
 /// A thread's claim on a slot of one file system; the slot is released when the thread ends.
 struct Lease {
     fs_id: u64,
@@ -134,8 +149,54 @@ thread_local! {
 }
 
 impl Inner {
-    pub(crate) fn new_id() -> u64 {
-        NEXT_FS_ID.fetch_add(1, Ordering::Relaxed)
+    /// Starts the file system recovery found: its shared state, its slots, and the
+    /// checkpoint thread.
+    pub(crate) fn start(recovered: Recovered, options: FsOptions) -> Result<Fs> {
+        let Recovered {
+            volume,
+            devices,
+            owner,
+            root,
+            snapshot_pieces,
+            snapshot_bytes,
+            inodes,
+            next_ino,
+            next_order,
+            slots,
+        } = recovered;
+        let slot_limit = root.slot_limit as usize;
+        let pending = slots.iter().map(|s| s.2.len() as u64).sum();
+        let inner = Arc::new(Inner {
+            id: NEXT_FS_ID.fetch_add(1, Ordering::Relaxed),
+            volume,
+            devices,
+            owner,
+            root: Mutex::new(root),
+            snapshot_pieces: Mutex::new(snapshot_pieces),
+            snapshot_bytes: AtomicU64::new(snapshot_bytes),
+            options,
+            inodes: RwLock::new(inodes),
+            next_ino: AtomicU64::new(next_ino),
+            progress: Progress::new(next_order, pending),
+            gate: RwLock::new(()),
+            rename: Mutex::new(()),
+            batch: Mutex::new(()),
+            slots: (0..slot_limit).map(|_| OnceLock::new()).collect(),
+            slot_in_use: Mutex::new(vec![false; slot_limit]),
+            counters: FsCounters::default(),
+        });
+        for (index, (log, journal, queue)) in slots.into_iter().enumerate() {
+            let slot = inner.make_slot(index as u32, log, journal, queue);
+            inner.slots[index].set(slot).expect("each slot once");
+        }
+        let thread = crate::checkpoint::spawn(Arc::clone(&inner))?;
+        Ok(Fs {
+            mount: Arc::new(Unmounter {
+                inner: Arc::clone(&inner),
+                thread: Mutex::new(Some(thread)),
+            }),
+            inner,
+        })
     }
 
     pub(crate) fn region_at(&self, addr: u64) -> Result<(&Region, u64)> {
@@ -209,7 +270,6 @@ impl Inner {
         to.copy_nt_from(to_at, from, from_at, len)?;
         Ok(())
     }
-
 
     pub(crate) fn inode(&self, ino: u64) -> Option<Arc<Inode>> {
         self.inodes.read().expect("inode table").get(&ino).cloned()
@@ -313,7 +373,7 @@ impl Inner {
         Ok(())
     }
 
-    pub(crate) fn make_slot(
+    fn make_slot(
         &self,
         index: u32,
         log: LogArea,

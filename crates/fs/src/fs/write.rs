@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::*;
+use crate::apply::{self, applied};
 use crate::buffers::{BufferSet, Reserve};
 use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
@@ -45,10 +46,14 @@ impl Inner {
         let order = ticket.order();
         let record = log.append(inode.ino, offset, len, buffer, order, time)?;
         drop(log);
-        inode.overlay.insert(offset, len, buffer, order);
-        inode.size.fetch_max(offset + len, Ordering::AcqRel);
-        // Recovery takes the largest time of the records it replays: so does this.
-        inode.mtime.fetch_max(record.mtime, Ordering::AcqRel);
+        applied(apply::write(
+            inode,
+            offset,
+            len,
+            buffer,
+            order,
+            record.mtime,
+        ));
         ticket.queue(Pending {
             slot: slot.index,
             seq: record.sequence,

@@ -1,0 +1,405 @@
+//! What each logged operation does to the file system in DRAM: one function per journal
+//! operation and one for a data record, called by the live path right after it logged the
+//! record (holding the locks that ordered it) and by recovery for every record it replays.
+//! So a crash cannot replay an operation differently from how it ran.
+//!
+//! Each takes the state it changes already locked, and checks what the record claims about
+//! it (a name holds the inode, a directory is empty, ...). The live path checked the same
+//! before logging, so a failed check there is a bug ([`applied`] panics); in recovery it is
+//! damage, and recovery names the record.
+//!
+//! What the caller does around them differs and stays with the caller: the live path frees
+//! the blocks an operation returns and forgets an unlinked inode at its last close; recovery
+//! drops them (nothing is owned yet). A checkpoint `Batch` is the one record the live path
+//! does not apply after logging: the checkpoint makes its changes piece by piece under range
+//! locks while it moves data and logs the record to describe them; [`batch`] replays it with
+//! the same extent-map operations.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use crate::extent_map::{BLOCK, ExtentMap, Run};
+use crate::fs::{Attr, Inode};
+use crate::journal::{Kind, MapEntry};
+
+/// A directory's entries.
+pub(crate) type Entries = BTreeMap<String, u64>;
+
+/// Why a record does not apply.
+pub(crate) type Problem = String;
+
+/// The live path's view of a result: it checked the conditions before logging the record.
+pub(crate) fn applied<T>(result: Result<T, Problem>) -> T {
+    result.unwrap_or_else(|problem| panic!("a logged operation did not apply: {problem}"))
+}
+
+fn dir(inode: &Inode) -> Result<(), Problem> {
+    match inode.kind {
+        Kind::Dir => Ok(()),
+        Kind::File => Err(format!("inode {} is not a directory", inode.ino)),
+    }
+}
+
+fn file(inode: &Inode, what: &str) -> Result<(), Problem> {
+    match inode.kind {
+        Kind::File => Ok(()),
+        Kind::Dir => Err(format!("{what} of {}, which is not a file", inode.ino)),
+    }
+}
+
+/// `Create`: names a new inode `ino` in `parent` (whose `entries` are locked) and returns it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn create(
+    parent: &Inode,
+    entries: &mut Entries,
+    ino: u64,
+    kind: Kind,
+    mode: u32,
+    time: u64,
+    name: &str,
+    granule: u64,
+) -> Result<Arc<Inode>, Problem> {
+    dir(parent)?;
+    if entries.contains_key(name) {
+        return Err(format!(
+            "create of `{name}` in {}, where it exists",
+            parent.ino
+        ));
+    }
+    entries.insert(name.to_owned(), ino);
+    parent.mtime.store(time, Ordering::Release);
+    let attr = Attr {
+        mode,
+        parent: if kind == Kind::Dir { parent.ino } else { 0 },
+        unlinked: false,
+    };
+    Ok(Arc::new(Inode::new(ino, kind, attr, time, granule)))
+}
+
+/// `Remove`: takes `name` (naming `ino`) out of `parent`. `removed_entries`: the removed
+/// inode's entries when it is a directory (locked; they must be empty). `time` 0: a record
+/// of an old kind, the directory's time stays.
+pub(crate) fn remove(
+    parent: &Inode,
+    entries: &mut Entries,
+    name: &str,
+    ino: u64,
+    time: u64,
+    removed_entries: Option<&Entries>,
+) -> Result<(), Problem> {
+    dir(parent)?;
+    if entries.get(name) != Some(&ino) {
+        return Err(format!(
+            "removal of `{name}` (inode {ino}) from {}, which does not hold it",
+            parent.ino
+        ));
+    }
+    if removed_entries.is_some_and(|e| !e.is_empty()) {
+        return Err(format!("removal of directory {ino}, which is not empty"));
+    }
+    entries.remove(name);
+    if time != 0 {
+        parent.mtime.store(time, Ordering::Release);
+    }
+    Ok(())
+}
+
+/// The entries a rename changes, locked: one directory's or two.
+pub(crate) enum RenameDirs<'a> {
+    /// Source and target are one directory.
+    Same(&'a mut Entries),
+    /// The source's entries, then the target's.
+    Two(&'a mut Entries, &'a mut Entries),
+}
+
+/// What a rename moves: the inode, the names, and what the target named before.
+pub(crate) struct Move<'a> {
+    pub(crate) ino: u64,
+    pub(crate) src_name: &'a str,
+    pub(crate) dst_name: &'a str,
+    /// The inode the target name held (0: none).
+    pub(crate) replaced: u64,
+    /// Both directories' new time (0: a record of an old kind; the times stay).
+    pub(crate) time: u64,
+}
+
+/// `Rename`: moves `m.ino` from `src` to `dst`. `moving`: the moved inode (its parent
+/// changes when it is a directory); `replaced_entries`: the replaced inode's entries when it
+/// is a directory (locked; they must be empty).
+pub(crate) fn rename(
+    src: &Inode,
+    dst: &Inode,
+    dirs: RenameDirs<'_>,
+    moving: Option<&Inode>,
+    replaced_entries: Option<&Entries>,
+    m: &Move<'_>,
+) -> Result<(), Problem> {
+    dir(src)?;
+    dir(dst)?;
+    let Move {
+        ino,
+        src_name,
+        dst_name,
+        replaced,
+        time,
+    } = *m;
+    let (from, mut to) = match dirs {
+        RenameDirs::Same(entries) if src.ino == dst.ino => (entries, None),
+        RenameDirs::Same(_) => {
+            return Err(format!(
+                "rename from {} to {} given one directory's entries",
+                src.ino, dst.ino
+            ));
+        }
+        RenameDirs::Two(from, to) => (from, Some(to)),
+    };
+    if from.get(src_name) != Some(&ino) {
+        return Err(format!(
+            "rename of `{src_name}` (inode {ino}) from {}, which does not hold it",
+            src.ino
+        ));
+    }
+    let before = match &to {
+        Some(to) => to.get(dst_name),
+        None => from.get(dst_name),
+    }
+    .copied()
+    .unwrap_or(0);
+    if before != replaced {
+        return Err(format!(
+            "rename onto `{dst_name}` in {}: it named {before}, the record says {replaced}",
+            dst.ino
+        ));
+    }
+    if replaced == ino {
+        return Err(format!("rename of inode {ino} onto its own name"));
+    }
+    if replaced_entries.is_some_and(|e| !e.is_empty()) {
+        return Err(format!(
+            "rename onto directory {replaced}, which is not empty"
+        ));
+    }
+    from.remove(src_name);
+    match &mut to {
+        Some(to) => to.insert(dst_name.to_owned(), ino),
+        None => from.insert(dst_name.to_owned(), ino),
+    };
+    if time != 0 {
+        src.mtime.store(time, Ordering::Release);
+        dst.mtime.store(time, Ordering::Release);
+    }
+    if let Some(moving) = moving
+        && moving.kind == Kind::Dir
+    {
+        moving.attr().parent = dst.ino;
+    }
+    Ok(())
+}
+
+/// `Truncate`: sets a file's size (its `extents` locked); `tail`, when shrinking into a
+/// block, is a fresh page holding the block's kept bytes. Returns the blocks it unmapped.
+pub(crate) fn truncate(
+    inode: &Inode,
+    extents: &mut ExtentMap,
+    size: u64,
+    tail: u64,
+    time: u64,
+) -> Result<Vec<Run>, Problem> {
+    file(inode, "truncate")?;
+    let mut freed = extents.truncate(size.div_ceil(BLOCK));
+    if tail != 0 {
+        freed.extend(extents.map(size / BLOCK, 1, tail));
+    }
+    inode.overlay.truncate(size);
+    inode.size.store(size, Ordering::Release);
+    inode.mtime.store(time, Ordering::Release);
+    Ok(freed)
+}
+
+/// `Punch`: unmaps `blocks` whole blocks from `first_block` (its `extents` locked). Returns
+/// the blocks it unmapped.
+pub(crate) fn punch(
+    inode: &Inode,
+    extents: &mut ExtentMap,
+    first_block: u64,
+    blocks: u64,
+    time: u64,
+) -> Result<Vec<Run>, Problem> {
+    file(inode, "hole punched in")?;
+    let end = first_block
+        .checked_add(blocks)
+        .filter(|end| end.checked_mul(BLOCK).is_some())
+        .ok_or_else(|| format!("a hole of {blocks} blocks at block {first_block}"))?;
+    let freed = extents.punch(first_block, end);
+    inode.overlay.punch(first_block * BLOCK, end * BLOCK);
+    inode.mtime.store(time, Ordering::Release);
+    Ok(freed)
+}
+
+/// `SetMode`.
+pub(crate) fn set_mode(attr: &mut Attr, mode: u32) {
+    attr.mode = mode;
+}
+
+/// A data record: `len` bytes at `offset` of a file are at `buffer` (order `order`, written
+/// at `mtime`). The file's overlay serves them until the checkpoint moves them.
+pub(crate) fn write(
+    inode: &Inode,
+    offset: u64,
+    len: u64,
+    buffer: u64,
+    order: u64,
+    mtime: u64,
+) -> Result<(), Problem> {
+    file(inode, "a write")?;
+    inode.overlay.insert(offset, len, buffer, order);
+    inode.size.fetch_max(offset + len, Ordering::AcqRel);
+    inode.mtime.fetch_max(mtime, Ordering::AcqRel);
+    Ok(())
+}
+
+/// A checkpoint `Batch`: maps `maps` into their files and raises sizes and times. Entries of
+/// files removed since are skipped (their removal is durable); `inode` finds a file.
+pub(crate) fn batch(
+    maps: &[MapEntry],
+    sizes: &[(u64, u64, u64)],
+    inode: impl Fn(u64) -> Option<Arc<Inode>>,
+) {
+    for m in maps {
+        if let Some(file) = inode(m.ino).filter(|i| i.kind == Kind::File) {
+            file.extents
+                .write()
+                .expect("extent map")
+                .map(m.file_block, m.blocks, m.addr);
+        }
+    }
+    for &(ino, size, time) in sizes {
+        if let Some(file) = inode(ino) {
+            file.size.fetch_max(size, Ordering::AcqRel);
+            file.mtime.fetch_max(time, Ordering::AcqRel);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inode(ino: u64, kind: Kind) -> Arc<Inode> {
+        let attr = Attr {
+            mode: 0o755,
+            parent: 1,
+            unlinked: false,
+        };
+        Arc::new(Inode::new(ino, kind, attr, 1, 4096))
+    }
+
+    fn names(entries: &Entries) -> Vec<(&str, u64)> {
+        entries.iter().map(|(n, i)| (n.as_str(), *i)).collect()
+    }
+
+    #[test]
+    fn rename_within_a_directory_replaces_the_target() {
+        let d = inode(1, Kind::Dir);
+        let mut entries = Entries::from([("a".into(), 2), ("b".into(), 3)]);
+        let m = Move {
+            ino: 2,
+            src_name: "a",
+            dst_name: "b",
+            replaced: 3,
+            time: 77,
+        };
+        rename(&d, &d, RenameDirs::Same(&mut entries), None, None, &m).unwrap();
+        assert_eq!(names(&entries), [("b", 2)]);
+        assert_eq!(d.mtime.load(Ordering::Acquire), 77);
+    }
+
+    #[test]
+    fn rename_moves_a_directory_and_its_parent() {
+        let (src, dst, moved) = (
+            inode(1, Kind::Dir),
+            inode(5, Kind::Dir),
+            inode(6, Kind::Dir),
+        );
+        let mut from = Entries::from([("d".into(), 6)]);
+        let mut to = Entries::new();
+        let m = Move {
+            ino: 6,
+            src_name: "d",
+            dst_name: "e",
+            replaced: 0,
+            time: 0,
+        };
+        rename(
+            &src,
+            &dst,
+            RenameDirs::Two(&mut from, &mut to),
+            Some(&moved),
+            None,
+            &m,
+        )
+        .unwrap();
+        assert!(from.is_empty());
+        assert_eq!(names(&to), [("e", 6)]);
+        assert_eq!(moved.attr().parent, 5);
+        assert_eq!(
+            src.mtime.load(Ordering::Acquire),
+            1,
+            "time 0 leaves times as they were"
+        );
+    }
+
+    #[test]
+    fn records_that_disagree_with_the_state_are_named() {
+        let d = inode(1, Kind::Dir);
+        let mut entries = Entries::from([("a".into(), 2), ("b".into(), 3)]);
+        let m = Move {
+            ino: 2,
+            src_name: "a",
+            dst_name: "b",
+            replaced: 9,
+            time: 0,
+        };
+        let problem = rename(&d, &d, RenameDirs::Same(&mut entries), None, None, &m).unwrap_err();
+        assert!(
+            problem.contains("it named 3, the record says 9"),
+            "{problem}"
+        );
+        assert_eq!(names(&entries), [("a", 2), ("b", 3)], "nothing changed");
+
+        let problem = create(&d, &mut entries, 4, Kind::File, 0o644, 5, "a", 4096).unwrap_err();
+        assert!(problem.contains("where it exists"), "{problem}");
+
+        let full = Entries::from([("x".into(), 8)]);
+        let problem = remove(&d, &mut entries, "b", 3, 5, Some(&full)).unwrap_err();
+        assert!(problem.contains("not empty"), "{problem}");
+        assert_eq!(names(&entries), [("a", 2), ("b", 3)]);
+
+        let f = inode(2, Kind::File);
+        let problem =
+            create(&f, &mut Entries::new(), 4, Kind::File, 0o644, 5, "z", 4096).unwrap_err();
+        assert!(problem.contains("not a directory"), "{problem}");
+        let problem = write(&d, 0, 1, 0, 1, 1).unwrap_err();
+        assert!(problem.contains("not a file"), "{problem}");
+        let problem = punch(&f, &mut ExtentMap::new(), u64::MAX - 1, 5, 1).unwrap_err();
+        assert!(problem.contains("a hole of 5 blocks"), "{problem}");
+    }
+
+    #[test]
+    fn truncate_maps_the_kept_tail_and_returns_what_it_unmapped() {
+        let f = inode(2, Kind::File);
+        let mut extents = ExtentMap::new();
+        extents.map(0, 4, 1 << 20);
+        let freed = truncate(&f, &mut extents, BLOCK + 10, 9 << 20, 42).unwrap();
+        let freed_blocks: u64 = freed.iter().map(|r| r.blocks).sum();
+        assert_eq!(
+            freed_blocks, 3,
+            "blocks 1..4 unmapped (block 1 replaced by the tail)"
+        );
+        assert_eq!(extents.get(0), Some(1 << 20));
+        assert_eq!(extents.get(1), Some(9 << 20));
+        assert_eq!(f.size.load(Ordering::Acquire), BLOCK + 10);
+        assert_eq!(f.mtime.load(Ordering::Acquire), 42);
+    }
+}
