@@ -53,7 +53,7 @@ const UNSAFE_ALLOWED: &[(&str, &str)] = &[
         "socket activation (adopting inherited fds), interface addresses, signal masks",
     ),
     (
-        "crates/fs/src/lend.rs",
+        "crates/fs/src/fs/lend.rs",
         "File::read_with lends file bytes in place: Region::lend's contract, kept by the range lock",
     ),
     (

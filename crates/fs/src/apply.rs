@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::extent_map::{BLOCK, ExtentMap, Run};
-use crate::fs::{Attr, Inode};
+use crate::inode::{Attr, Inode};
 use crate::journal::{Kind, MapEntry};
 
 /// A directory's entries.

@@ -13,8 +13,8 @@
 //! retirement of the records. Until it is durable nothing is freed, so a crash before it
 //! leaves the records live, and replaying them redoes the same in-place copies.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use volume::Extent;
@@ -125,22 +125,13 @@ fn created_slots(inner: &Inner) -> Vec<Arc<Slot>> {
     slots
 }
 
-/// The slot's journal is past the mark where the checkpoint snapshots, so that metadata
-/// operations rarely find it full: half of the checkpoint's own journal (its batch records
-/// must always fit), three quarters of a writer's.
-pub(crate) fn journal_filling(slot: u32, journal: &crate::journal::Journal) -> bool {
-    let limit = if slot == 0 {
-        journal.capacity() / 2
-    } else {
-        journal.capacity() * 3 / 4
-    };
-    journal.used() > limit || slot == 0 && !journal.fits(MAX_RECORD)
-}
-
 fn journals_filling(inner: &Inner) -> bool {
-    created_slots(inner)
-        .iter()
-        .any(|slot| journal_filling(slot.index, &slot.journal.lock().expect("journal")))
+    created_slots(inner).iter().any(|slot| {
+        slot.journal
+            .lock()
+            .expect("journal")
+            .past_snapshot_mark(slot.index)
+    })
 }
 
 /// One batch. Returns the records moved.
@@ -560,22 +551,4 @@ fn place_in_pieces(inner: &Inner, bytes: &[u8], pieces: &mut Vec<(Extent, u64)>)
         placed += used;
     }
     Ok(())
-}
-
-/// Stops the checkpoint thread after it has moved everything and written a final snapshot.
-pub(crate) fn unmount(
-    inner: &Inner,
-    thread: &Mutex<Option<std::thread::JoinHandle<()>>>,
-) -> Result<()> {
-    let Some(handle) = thread.lock().expect("checkpoint thread").take() else {
-        return Ok(());
-    };
-    inner.progress.request_stop(false);
-    if handle.join().is_err() {
-        return Err(FsError::Shutdown("the checkpoint thread panicked".into()));
-    }
-    match inner.progress.failure() {
-        Some(why) => Err(FsError::Shutdown(why)),
-        None => Ok(()),
-    }
 }

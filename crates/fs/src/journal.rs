@@ -415,6 +415,18 @@ impl Journal {
         }
     }
 
+    /// Past the mark where the checkpoint writes a snapshot, so that metadata operations
+    /// rarely find the journal full: half of slot 0's (the checkpoint's own, whose batch
+    /// records must always fit), three quarters of a writer's.
+    pub fn past_snapshot_mark(&self, slot: u32) -> bool {
+        let limit = if slot == 0 {
+            self.capacity() / 2
+        } else {
+            self.capacity() * 3 / 4
+        };
+        self.used() > limit || slot == 0 && !self.fits(MAX_RECORD)
+    }
+
     /// Bytes used.
     pub fn used(&self) -> u64 {
         self.tail

@@ -46,8 +46,8 @@ mod error;
 mod extent_map;
 #[allow(clippy::module_inception)]
 mod fs;
+mod inode;
 mod journal;
-mod lend;
 mod log;
 mod overlay;
 mod path;
@@ -60,9 +60,10 @@ mod snapshot;
 
 pub use error::{FsError, Result};
 pub use fs::{
-    Buffer, CheckpointMode, DirEntry, File, FormatOptions, Fs, FsOptions, FsStats, MAX_FILE_SIZE,
-    MAX_IO, OpenOptions, ROOT_INO, Stat,
+    Buffer, CheckpointMode, File, FormatOptions, Fs, FsOptions, FsStats, MAX_FILE_SIZE, MAX_IO,
+    OpenOptions, ROOT_INO,
 };
+pub use inode::{DirEntry, Stat};
 pub use journal::Kind;
 pub use log::{LogArea, LogRecord};
 pub use path::MAX_NAME;

@@ -27,9 +27,9 @@ use crate::buffers::BufferSet;
 use crate::error::{FsError, Result};
 use crate::extent_map::{BLOCK, ExtentMap};
 use crate::fs::{
-    Attr, FormatOptions, Fs, FsOptions, Inner, Inode, ROOT_INO, Recovered, check_format,
-    check_options, now_ns,
+    FormatOptions, Fs, FsOptions, ROOT_INO, Recovered, check_format, check_options, now_ns,
 };
+use crate::inode::{Attr, Inode};
 use crate::journal::{Journal, JournalRecord, Kind, MetaOp};
 use crate::log::{LogArea, LogRecord};
 use crate::progress::Pending;
@@ -228,7 +228,7 @@ impl Fs {
                 mtime: r.mtime,
             });
         }
-        Inner::start(
+        Fs::start(
             Recovered {
                 volume,
                 devices,
@@ -247,6 +247,7 @@ impl Fs {
                     .collect(),
             },
             options,
+            crate::checkpoint::spawn,
         )
     }
 }

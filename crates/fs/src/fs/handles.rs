@@ -2,26 +2,50 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
 use pmem::Region;
 use volume::{Extent, Volume};
 
-use super::*;
+use super::lend;
+use super::options::{FsOptions, OpenOptions};
+use super::state::{FsStats, Inner, Recovered};
+use super::write::check_io;
+use super::{MAX_FILE_SIZE, MAX_IO};
 use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
+use crate::inode::{DirEntry, Inode, Stat};
 use crate::journal::Kind;
 use crate::range_lock::LockMode;
 
 /// Stops the checkpoint and writes the final snapshot when the last handle goes.
 #[derive(Debug)]
 pub(crate) struct Unmounter {
-    pub(crate) inner: Arc<Inner>,
-    pub(crate) thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    inner: Arc<Inner>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Unmounter {
+    /// Stops the checkpoint thread after it has moved everything and written a final
+    /// snapshot (`abandon`: at once, leaving the logs as a crash would).
+    fn stop(&self, abandon: bool) -> Result<()> {
+        let Some(handle) = self.thread.lock().expect("checkpoint thread").take() else {
+            return Ok(());
+        };
+        self.inner.progress.request_stop(abandon);
+        if handle.join().is_err() {
+            return Err(FsError::Shutdown("the checkpoint thread panicked".into()));
+        }
+        match self.inner.progress.failure() {
+            Some(why) => Err(FsError::Shutdown(why)),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Drop for Unmounter {
     fn drop(&mut self) {
-        if let Err(e) = crate::checkpoint::unmount(&self.inner, &self.thread) {
+        if let Err(e) = self.stop(false) {
             tracing::error!(error = %e, "unmount failed; recovery will replay the logs at next open");
         }
     }
@@ -36,6 +60,23 @@ pub struct Fs {
 }
 
 impl Fs {
+    /// Runs the file system recovery found, with the checkpoint thread `spawn` starts.
+    pub(crate) fn start(
+        recovered: Recovered,
+        options: FsOptions,
+        spawn: impl FnOnce(Arc<Inner>) -> Result<JoinHandle<()>>,
+    ) -> Result<Fs> {
+        let inner = Inner::assemble(recovered, options);
+        let thread = spawn(Arc::clone(&inner))?;
+        Ok(Fs {
+            mount: Arc::new(Unmounter {
+                inner: Arc::clone(&inner),
+                thread: Mutex::new(Some(thread)),
+            }),
+            inner,
+        })
+    }
+
     /// Opens `path`. See [`OpenOptions`].
     pub fn open_file(&self, path: &str, options: OpenOptions) -> Result<File> {
         let inode = match self.inner.resolve(path) {
@@ -175,10 +216,8 @@ impl Fs {
     /// it. For recovery tests.
     #[doc(hidden)]
     pub fn abandon(self) {
-        self.inner.progress.request_stop(true);
-        if let Some(handle) = self.mount.thread.lock().expect("checkpoint thread").take() {
-            let _ = handle.join();
-        }
+        // The checkpoint's own failure, if any, is part of what the test looks at next.
+        let _ = self.mount.stop(true);
     }
 
     /// The volume under the file system.
@@ -189,7 +228,7 @@ impl Fs {
     /// Checkpoints everything, writes a final snapshot and stops the checkpoint thread. Other
     /// clones of this handle and open files fail with `Shutdown` afterwards.
     pub fn unmount(self) -> Result<()> {
-        crate::checkpoint::unmount(&self.mount.inner, &self.mount.thread)
+        self.mount.stop(false)
     }
 }
 
@@ -224,7 +263,12 @@ impl File {
     /// whole blocks are later remapped into the file when `offset` is 4 KiB aligned.
     pub fn write_buffer(&self, buffer: Buffer, offset: u64) -> Result<()> {
         self.writable()?;
-        self.fs.inner.write_buffer(&self.inode, buffer, offset)
+        let inner = &self.fs.inner;
+        // Checked while the buffer is still the caller's: an error frees it on drop.
+        check_io(offset, buffer.len)?;
+        let slot = inner.slot()?;
+        let len = buffer.len;
+        inner.write_buffer(&slot, &self.inode, buffer.into_extent(), len, offset)
     }
 
     /// Reads at `offset`; returns the bytes read (short at the end of the file).
@@ -273,7 +317,7 @@ impl File {
         let range = self.inode.locks.lock(offset, n, LockMode::Shared)?;
         let size = self.inode.size.load(Ordering::Acquire);
         let n = n.min(size.saturating_sub(offset));
-        let result = crate::lend::lend(&self.fs.inner, &self.inode, &range, offset, n, f)?;
+        let result = lend::lend(&self.fs.inner, &self.inode, &range, offset, n, f)?;
         Ok((n, result))
     }
 

@@ -12,7 +12,7 @@
 //! checkpoint (checkpoint.rs) later moves logged data into the files' extent maps.
 
 mod handles;
-mod inode;
+mod lend;
 mod namespace;
 mod options;
 mod read;
@@ -23,10 +23,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use pmem::Region;
 
-pub(crate) use handles::Unmounter;
 pub use handles::{Buffer, File, Fs};
-pub(crate) use inode::{Attr, Inode};
-pub use inode::{DirEntry, Stat};
 pub use options::{CheckpointMode, FormatOptions, FsOptions, OpenOptions};
 pub(crate) use options::{check_format, check_options};
 pub use state::FsStats;

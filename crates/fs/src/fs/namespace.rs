@@ -6,10 +6,12 @@ use std::sync::atomic::Ordering;
 
 use volume::{Extent, GlobalAddress};
 
-use super::*;
+use super::state::{Inner, Slot};
+use super::{MAX_FILE_SIZE, ROOT_INO, WHOLE_FILE, ZEROS, now_ns};
 use crate::apply::{self, Move, RenameDirs, applied};
 use crate::error::{FsError, Result};
 use crate::extent_map::{BLOCK, Run};
+use crate::inode::{Inode, Stat};
 use crate::journal::{Kind, MetaOp};
 use crate::path;
 use crate::range_lock::LockMode;

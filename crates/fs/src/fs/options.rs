@@ -1,7 +1,7 @@
 //! How a file system is laid out (`FormatOptions`), run (`FsOptions`), and how a file is
 //! opened (`OpenOptions`), with the checks of each.
 
-use super::*;
+use super::MAX_IO;
 use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
 use crate::range_lock::RangeLocks;

@@ -1,9 +1,11 @@
 //! The read path: where a file's bytes are (logged data over checkpointed extents, holes),
 //! and copying them out.
 
-use super::*;
+use super::Piece;
+use super::state::Inner;
 use crate::error::Result;
 use crate::extent_map::BLOCK;
+use crate::inode::Inode;
 
 impl Inner {
     /// Reads `buf.len()` bytes at `offset` as the file holds them now (the caller clamps to

@@ -9,10 +9,11 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use pmem::Region;
 use volume::{Extent, GlobalAddress, Volume};
 
-use super::*;
+use super::options::FsOptions;
 use crate::buffers::Pool;
 use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
+use crate::inode::Inode;
 use crate::journal::{Journal, MetaOp};
 use crate::log::LogArea;
 use crate::progress::{Pending, Progress, Queue};
@@ -149,9 +150,8 @@ thread_local! {
 }
 
 impl Inner {
-    /// Starts the file system recovery found: its shared state, its slots, and the
-    /// checkpoint thread.
-    pub(crate) fn start(recovered: Recovered, options: FsOptions) -> Result<Fs> {
+    /// The shared state of the file system recovery found, with its slots.
+    pub(crate) fn assemble(recovered: Recovered, options: FsOptions) -> Arc<Inner> {
         let Recovered {
             volume,
             devices,
@@ -189,14 +189,7 @@ impl Inner {
             let slot = inner.make_slot(index as u32, log, journal, queue);
             inner.slots[index].set(slot).expect("each slot once");
         }
-        let thread = crate::checkpoint::spawn(Arc::clone(&inner))?;
-        Ok(Fs {
-            mount: Arc::new(Unmounter {
-                inner: Arc::clone(&inner),
-                thread: Mutex::new(Some(thread)),
-            }),
-            inner,
-        })
+        inner
     }
 
     pub(crate) fn region_at(&self, addr: u64) -> Result<(&Region, u64)> {
@@ -401,13 +394,13 @@ impl Inner {
     pub(crate) fn journal(&self, slot: &Slot, op: &MetaOp) -> Result<bool> {
         let mut journal = slot.journal.lock().expect("journal");
         let order = self.progress.next_order();
-        let was_filling = crate::checkpoint::journal_filling(slot.index, &journal);
+        let was_filling = journal.past_snapshot_mark(slot.index);
         match journal.append(order, op)? {
             Some(bytes) => {
                 slot.counters
                     .media_bytes
                     .fetch_add(bytes, Ordering::Relaxed);
-                if !was_filling && crate::checkpoint::journal_filling(slot.index, &journal) {
+                if !was_filling && journal.past_snapshot_mark(slot.index) {
                     drop(journal);
                     self.progress.request_snapshot();
                 }

@@ -1,13 +1,17 @@
 //! The write path: data into a persistent buffer, then one log record, then the overlay.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
-use super::*;
+use std::sync::atomic::Ordering;
+use volume::Extent;
+
+use super::state::{Inner, Slot};
+use super::{MAX_FILE_SIZE, MAX_IO, now_ns};
 use crate::apply::{self, applied};
 use crate::buffers::{BufferSet, Reserve};
 use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
+use crate::inode::Inode;
 use crate::progress::Pending;
 use crate::range_lock::LockMode;
 
@@ -118,22 +122,23 @@ impl Inner {
         self.commit(&slot, inode, offset, len, addr, set)
     }
 
+    /// Commits a caller-filled buffer (`len` bytes at the start of `extent`, which it now
+    /// owns) as the bytes at `offset`. The caller checked the range ([`check_io`]) and took
+    /// its slot before giving up the buffer.
     pub(crate) fn write_buffer(
-        self: &Arc<Self>,
-        inode: &Arc<Inode>,
-        buffer: Buffer,
+        &self,
+        slot: &Slot,
+        inode: &Inode,
+        extent: Extent,
+        len: u64,
         offset: u64,
     ) -> Result<()> {
-        let len = buffer.len;
-        check_io(offset, len)?;
-        let slot = self.slot()?;
         // `Buffer::write` stored with `write_nt` (edges flushed, or msynced on ordinary
         // files): the fence makes the whole buffer durable before its record is written.
         self.volume.fence();
         slot.counters.media_bytes.fetch_add(len, Ordering::Relaxed);
-        let extent = buffer.into_extent();
         let set = Arc::new(BufferSet::sealed_with(vec![extent], 1));
-        self.commit(&slot, inode, offset, len, extent.start.raw(), set)
+        self.commit(slot, inode, offset, len, extent.start.raw(), set)
     }
 }
 

@@ -14,8 +14,9 @@
 
 use pmem::Region;
 
+use super::{Inner, ZEROS};
 use crate::error::Result;
-use crate::fs::{Inner, Inode, ZEROS};
+use crate::inode::Inode;
 use crate::range_lock::RangeGuard;
 
 /// Lends `[offset, offset + len)` of `inode` to `f` as slices, in file order: the persistent
