@@ -82,9 +82,6 @@ pub struct Staged {
     pieces: Vec<(u64, fs::Buffer)>,
 }
 
-/// Smallest piece a write payload is split into when memory is fragmented.
-const PIECE_MIN: u64 = 4096;
-
 /// Largest zero run written per call when zeroing.
 const ZERO_CHUNK: usize = 1 << 20;
 /// Zeros lent for the part of a read past the end of a file shortened behind the export.
@@ -181,13 +178,24 @@ fn create_parents(fs: &fs::Fs, path: &str) -> Result<(), (String, fs::FsError)> 
 
 /// The NBD error for a file-system error.
 fn nbd_error(e: &fs::FsError) -> ExportError {
-    let code = match e.errno() {
-        libc::ENOSPC | libc::EDQUOT | libc::EFBIG => errno::ENOSPC,
-        libc::ENOMEM | libc::EAGAIN => errno::ENOMEM,
-        libc::EINVAL => errno::EINVAL,
-        libc::EPERM | libc::EACCES | libc::EBADF | libc::EROFS => errno::EPERM,
-        libc::ESHUTDOWN => errno::ESHUTDOWN,
-        _ => errno::EIO,
+    use fs::ErrorKind as K;
+    let code = match e.kind() {
+        K::NoSpace => errno::ENOSPC,
+        K::TryAgain => errno::ENOMEM,
+        K::Invalid => errno::EINVAL,
+        K::BadHandle => errno::EPERM,
+        K::Shutdown => errno::ESHUTDOWN,
+        // The export's own file: gone, replaced or unreadable is the media failing under
+        // the client.
+        K::NotFound
+        | K::Exists
+        | K::NotDir
+        | K::IsDir
+        | K::NotEmpty
+        | K::NameTooLong
+        | K::InUse
+        | K::NoFileSystem
+        | K::Io => errno::EIO,
     };
     ExportError::new(code, e.to_string())
 }
@@ -335,33 +343,10 @@ impl Export for FsExport {
 }
 
 impl FsExport {
-    /// Persistent buffers for a payload of `len` bytes: one, or — when free memory has no
-    /// single extent that large (it fragments as blocks replaced by remapped writes are
-    /// freed) — pieces of the largest power-of-two size it has, down to 4 KiB, each starting
-    /// at a multiple of its size in the payload so whole blocks stay remappable. ENOSPC only
-    /// when not even 4 KiB is free beyond the file system's reserve.
+    /// Persistent buffers for a payload of `len` bytes ([`fs::Fs::buffers`]: in pieces when
+    /// free memory is fragmented).
     fn buffers(&self, len: u64) -> Result<Vec<(u64, fs::Buffer)>, ExportError> {
-        let fs = self.file.fs();
-        match fs.buffer(len) {
-            Ok(buffer) => return Ok(vec![(0, buffer)]),
-            Err(e) if e.errno() == libc::ENOSPC && len > PIECE_MIN => {}
-            Err(e) => return Err(nbd_error(&e)),
-        }
-        let mut size = (len / 2).next_power_of_two().max(PIECE_MIN);
-        let mut pieces = Vec::new();
-        let mut at = 0;
-        while at < len {
-            let n = size.min(len - at);
-            match fs.buffer(n) {
-                Ok(buffer) => {
-                    pieces.push((at, buffer));
-                    at += n;
-                }
-                Err(e) if e.errno() == libc::ENOSPC && size > PIECE_MIN => size /= 2,
-                Err(e) => return Err(nbd_error(&e)),
-            }
-        }
-        Ok(pieces)
+        self.file.fs().buffers(len).map_err(|e| nbd_error(&e))
     }
 
     /// Punches a hole over `[offset, offset + len)`, unless it holds no data already (then

@@ -23,6 +23,7 @@ use crate::error::{FsError, Result};
 use crate::extent_map::{BLOCK, ExtentMap, Run};
 use crate::fs::{CheckpointMode, Inner, Slot, now_ns};
 use crate::journal::{Kind, MAX_RECORD, MapEntry, MetaOp};
+use crate::pieces::{Piece, alloc_halving};
 use crate::progress::{GATHER_RECORDS, Pending, Queue, Until};
 use crate::range_lock::LockMode;
 use crate::snapshot::{InodeImage, Snapshot, SnapshotIndex};
@@ -461,51 +462,75 @@ struct Written {
 
 /// Writes a snapshot's bytes (non-temporal; durable at the caller's fence) into one fresh
 /// extent, or — when free memory is left only in smaller pieces, as after many small
-/// frees — into as few pieces as it can get, named by an index. A snapshot that cannot be
-/// placed must not stop the file system for want of one contiguous extent.
+/// frees — into as few pieces as it can get ([`alloc_halving`]), named by an index. A
+/// snapshot that cannot be placed must not stop the file system for want of one contiguous
+/// extent.
 fn write_snapshot(inner: &Inner, bytes: &[u8]) -> Result<Written> {
     let len = bytes.len() as u64;
-    match inner.volume.alloc_local(len) {
-        Ok(extent) => {
-            let (region, at) = inner.region_at(extent.start.raw())?;
-            region.write_nt(at, bytes)?;
-            return Ok(Written {
-                named: extent,
-                named_len: len,
-                pieces: Vec::new(),
-                pieces_bytes: 0,
-            });
+    let mut pieces: Vec<Piece<Extent>> = Vec::new();
+    let placed = alloc_halving(
+        len,
+        BLOCK,
+        crate::snapshot::MAX_PIECES as usize,
+        &mut pieces,
+        |n| Ok(inner.volume.alloc_local(n.next_multiple_of(BLOCK))?),
+    )
+    .and_then(|()| {
+        for piece in &pieces {
+            let (region, at) = inner.region_at(piece.item.start.raw())?;
+            region.write_nt(
+                at,
+                &bytes[piece.at as usize..(piece.at + piece.len) as usize],
+            )?;
         }
-        Err(volume::VolumeError::NoSpace { .. }) => {}
-        Err(e) => return Err(e.into()),
-    }
-    // Each piece with the bytes of the snapshot it holds.
-    let mut pieces: Vec<(Extent, u64)> = Vec::new();
-    let named = place_in_pieces(inner, bytes, &mut pieces).and_then(|()| {
-        let index = SnapshotIndex {
-            total: len,
-            pieces: pieces
-                .iter()
-                .map(|(p, used)| (p.start.raw(), *used))
-                .collect(),
-        }
-        .encode();
-        let named = inner.volume.alloc_local(index.len() as u64)?;
-        // Given back with the pieces if writing it fails.
-        pieces.push((named, 0));
-        let (region, at) = inner.region_at(named.start.raw())?;
-        region.write_nt(at, &index)?;
-        pieces.pop();
-        Ok((named, index.len() as u64))
+        Ok(())
     });
-    let (named, named_len) = match named {
-        Ok(named) => named,
-        Err(e) => {
-            for (piece, _) in pieces {
-                if let Err(e) = inner.volume.free(piece) {
-                    tracing::error!(error = %e, "returning a snapshot piece failed");
+    let give_back = |pieces: Vec<Piece<Extent>>| {
+        for piece in pieces {
+            if let Err(e) = inner.volume.free(piece.item) {
+                tracing::error!(error = %e, "returning a snapshot piece failed");
+            }
+        }
+    };
+    if let Err(e) = placed {
+        give_back(pieces);
+        return Err(e);
+    }
+    if let [whole] = pieces.as_slice() {
+        return Ok(Written {
+            named: whole.item,
+            named_len: len,
+            pieces: Vec::new(),
+            pieces_bytes: 0,
+        });
+    }
+    let index = SnapshotIndex {
+        total: len,
+        pieces: pieces.iter().map(|p| (p.item.start.raw(), p.len)).collect(),
+    }
+    .encode();
+    let named = inner
+        .volume
+        .alloc_local(index.len() as u64)
+        .map_err(FsError::from)
+        .and_then(|named| {
+            let written = inner
+                .region_at(named.start.raw())
+                .and_then(|(region, at)| Ok(region.write_nt(at, &index)?));
+            match written {
+                Ok(()) => Ok(named),
+                Err(e) => {
+                    if let Err(e) = inner.volume.free(named) {
+                        tracing::error!(error = %e, "returning a snapshot index failed");
+                    }
+                    Err(e)
                 }
             }
+        });
+    let named = match named {
+        Ok(named) => named,
+        Err(e) => {
+            give_back(pieces);
             return Err(e);
         }
     };
@@ -516,39 +541,8 @@ fn write_snapshot(inner: &Inner, bytes: &[u8]) -> Result<Written> {
     );
     Ok(Written {
         named,
-        named_len,
-        pieces: pieces.into_iter().map(|(p, _)| p).collect(),
+        named_len: index.len() as u64,
+        pieces: pieces.into_iter().map(|p| p.item).collect(),
         pieces_bytes: len,
     })
-}
-
-/// Writes `bytes` into as few free extents as it can get (halving the size it asks for
-/// when none is that large), appending each to `pieces` as it is allocated — so that the
-/// caller gives them all back if this fails.
-fn place_in_pieces(inner: &Inner, bytes: &[u8], pieces: &mut Vec<(Extent, u64)>) -> Result<()> {
-    let len = bytes.len() as u64;
-    let mut placed = 0u64;
-    let mut want = len.next_multiple_of(BLOCK) / 2;
-    while placed < len {
-        if pieces.len() == crate::snapshot::MAX_PIECES as usize {
-            return Err(FsError::Volume(volume::VolumeError::NoSpace {
-                len_bytes: len,
-            }));
-        }
-        let size = want.clamp(BLOCK, (len - placed).next_multiple_of(BLOCK));
-        let piece = match inner.volume.alloc_local(size) {
-            Ok(piece) => piece,
-            Err(volume::VolumeError::NoSpace { .. }) if size > BLOCK => {
-                want = (size / 2).next_multiple_of(BLOCK);
-                continue;
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let used = size.min(len - placed);
-        pieces.push((piece, used));
-        let (region, at) = inner.region_at(piece.start.raw())?;
-        region.write_nt(at, &bytes[placed as usize..(placed + used) as usize])?;
-        placed += used;
-    }
-    Ok(())
 }

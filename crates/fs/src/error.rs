@@ -1,4 +1,5 @@
-//! The one error type of the fs crate, with the errno each error means to a POSIX program.
+//! The one error type of the fs crate, its kinds, and the errno each kind means to a POSIX
+//! program.
 
 /// What can go wrong in the file system.
 #[derive(Debug, thiserror::Error)]
@@ -96,25 +97,94 @@ pub enum FsError {
     Shutdown(String),
 }
 
+/// What kind of failure an error is: what a caller acts on. Every caller that speaks
+/// another error language (POSIX errno for the preload library and the C API, NBD errors for
+/// network clients) translates from this, by an exhaustive match, never from raw integers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// No such file or directory (`ENOENT`).
+    NotFound,
+    /// The name exists (`EEXIST`).
+    Exists,
+    /// Not a directory (`ENOTDIR`).
+    NotDir,
+    /// Is a directory (`EISDIR`).
+    IsDir,
+    /// Directory not empty (`ENOTEMPTY`).
+    NotEmpty,
+    /// Name or path too long (`ENAMETOOLONG`).
+    NameTooLong,
+    /// An argument the operation cannot accept (`EINVAL`).
+    Invalid,
+    /// The handle does not allow the operation (`EBADF`).
+    BadHandle,
+    /// A resource that frees itself soon: thread slots, log records (`EAGAIN`).
+    TryAgain,
+    /// No space on the volume (`ENOSPC`).
+    NoSpace,
+    /// The volume is open in another process (`EBUSY`).
+    InUse,
+    /// There is no volume or no file system on it (`ENODEV`).
+    NoFileSystem,
+    /// The file system is unmounted or stopped after a failure (`ESHUTDOWN`).
+    Shutdown,
+    /// Damage, or the media failed (`EIO`).
+    Io,
+}
+
+impl ErrorKind {
+    /// The errno a POSIX call failing this way returns.
+    pub fn errno(self) -> i32 {
+        match self {
+            Self::NotFound => libc::ENOENT,
+            Self::Exists => libc::EEXIST,
+            Self::NotDir => libc::ENOTDIR,
+            Self::IsDir => libc::EISDIR,
+            Self::NotEmpty => libc::ENOTEMPTY,
+            Self::NameTooLong => libc::ENAMETOOLONG,
+            Self::Invalid => libc::EINVAL,
+            Self::BadHandle => libc::EBADF,
+            Self::TryAgain => libc::EAGAIN,
+            Self::NoSpace => libc::ENOSPC,
+            Self::InUse => libc::EBUSY,
+            Self::NoFileSystem => libc::ENODEV,
+            Self::Shutdown => libc::ESHUTDOWN,
+            Self::Io => libc::EIO,
+        }
+    }
+}
+
 impl FsError {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        use volume::VolumeError;
+        match self {
+            Self::NotFound(_) => ErrorKind::NotFound,
+            Self::Exists(_) => ErrorKind::Exists,
+            Self::NotDir(_) => ErrorKind::NotDir,
+            Self::IsDir(_) => ErrorKind::IsDir,
+            Self::NotEmpty(_) => ErrorKind::NotEmpty,
+            Self::NameTooLong(_) => ErrorKind::NameTooLong,
+            Self::Invalid(_) | Self::BadRange(_) => ErrorKind::Invalid,
+            Self::BadHandle(_) => ErrorKind::BadHandle,
+            Self::TooManyThreads(_) | Self::LogFull { .. } => ErrorKind::TryAgain,
+            Self::Volume(VolumeError::NoSpace { .. }) => ErrorKind::NoSpace,
+            Self::Volume(VolumeError::InUse { .. }) => ErrorKind::InUse,
+            Self::Volume(VolumeError::NoVolume { .. }) | Self::NoFileSystem => {
+                ErrorKind::NoFileSystem
+            }
+            Self::Shutdown(_) => ErrorKind::Shutdown,
+            Self::Pmem(_)
+            | Self::Volume(_)
+            | Self::BadLogHeader { .. }
+            | Self::DamagedLog { .. }
+            | Self::Corrupt { .. } => ErrorKind::Io,
+        }
+    }
+
     /// The errno a POSIX call failing this way returns.
     pub fn errno(&self) -> i32 {
-        match self {
-            Self::NotFound(_) => libc::ENOENT,
-            Self::Exists(_) => libc::EEXIST,
-            Self::NotDir(_) => libc::ENOTDIR,
-            Self::IsDir(_) => libc::EISDIR,
-            Self::NotEmpty(_) => libc::ENOTEMPTY,
-            Self::NameTooLong(_) => libc::ENAMETOOLONG,
-            Self::Invalid(_) | Self::BadRange(_) => libc::EINVAL,
-            Self::BadHandle(_) => libc::EBADF,
-            Self::TooManyThreads(_) => libc::EAGAIN,
-            Self::LogFull { .. } => libc::EAGAIN,
-            Self::Volume(volume::VolumeError::NoSpace { .. }) => libc::ENOSPC,
-            Self::Shutdown(_) => libc::ESHUTDOWN,
-            Self::NoFileSystem => libc::ENODEV,
-            _ => libc::EIO,
-        }
+        self.kind().errno()
     }
 
     pub(crate) fn corrupt(structure: impl Into<String>, problem: impl Into<String>) -> Self {

@@ -51,6 +51,7 @@ mod journal;
 mod log;
 mod overlay;
 mod path;
+mod pieces;
 mod progress;
 mod range_lock;
 mod recovery;
@@ -58,7 +59,7 @@ mod root;
 mod setup;
 mod snapshot;
 
-pub use error::{FsError, Result};
+pub use error::{ErrorKind, FsError, Result};
 pub use fs::{
     Buffer, CheckpointMode, File, FormatOptions, Fs, FsOptions, FsStats, MAX_FILE_SIZE, MAX_IO,
     OpenOptions, ROOT_INO,

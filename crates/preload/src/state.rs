@@ -169,13 +169,7 @@ fn mount() -> Result<Fs, c_int> {
         Fs::open(Arc::new(volume), FsOptions::default())
     })();
     opened.map_err(|e| {
-        let errno = match &e {
-            FsError::Volume(volume::VolumeError::InUse { .. }) => libc::EBUSY,
-            FsError::Volume(volume::VolumeError::NoVolume { .. }) | FsError::NoFileSystem => {
-                libc::ENODEV
-            }
-            other => other.errno(),
-        };
+        let errno = e.errno();
         // Once per process: programs then print their usual message for the errno.
         if !REPORTED.swap(true, Ordering::Relaxed) {
             eprintln!(

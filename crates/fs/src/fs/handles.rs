@@ -16,6 +16,7 @@ use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
 use crate::inode::{DirEntry, Inode, Stat};
 use crate::journal::Kind;
+use crate::pieces::alloc_halving;
 use crate::range_lock::LockMode;
 
 /// Stops the checkpoint and writes the final snapshot when the last handle goes.
@@ -199,6 +200,18 @@ impl Fs {
             extent: Some(extent),
             len,
         })
+    }
+
+    /// Persistent buffers for `len` bytes: one, or — when free memory has no single extent
+    /// that large (it fragments as blocks replaced by remapped writes are freed) — pieces of
+    /// the largest power-of-two size it still has, down to 4 KiB, each with its offset in the
+    /// `len` bytes, a multiple of its size (so that whole blocks stay remappable). `NoSpace`
+    /// only when not even 4 KiB is free beyond the file system's reserve.
+    pub fn buffers(&self, len: u64) -> Result<Vec<(u64, Buffer)>> {
+        let mut pieces = Vec::new();
+        // On failure the pieces got so far drop with `pieces`, and go back to the volume.
+        alloc_halving(len, BLOCK, usize::MAX, &mut pieces, |n| self.buffer(n))?;
+        Ok(pieces.into_iter().map(|p| (p.at, p.item)).collect())
     }
 
     /// Waits until every write logged so far is part of its file.

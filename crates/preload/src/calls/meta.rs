@@ -4,7 +4,7 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
-use fs::{FsError, Kind, Stat};
+use fs::{Kind, Stat};
 use libc::{mode_t, size_t, ssize_t};
 
 use super::{fs_errno, int, route, size, umask, unit};
@@ -591,7 +591,7 @@ pub unsafe extern "C" fn renameat2(
                 if from == to {
                     return Ok(());
                 }
-                fs.rename(from, to).map_err(|e| rename_errno(&e))
+                fs.rename(from, to).map_err(|e| fs_errno(&e))
             })
         })),
         (Side::Locus(..), _) | (_, Side::Locus(..)) => {
@@ -603,14 +603,6 @@ pub unsafe extern "C" fn renameat2(
             // SAFETY: passed through.
             unsafe { real::renameat2(fa, pa, fb, pb, flags) }
         }
-    }
-}
-
-/// Moving a directory into itself is `EINVAL` in POSIX.
-fn rename_errno(e: &FsError) -> c_int {
-    match e {
-        FsError::Invalid(_) => libc::EINVAL,
-        other => fs_errno(other),
     }
 }
 
