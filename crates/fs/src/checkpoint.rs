@@ -127,17 +127,14 @@ fn created_slots(inner: &Inner) -> Vec<Arc<Slot>> {
 }
 
 fn journals_filling(inner: &Inner) -> bool {
-    created_slots(inner).iter().any(|slot| {
-        slot.journal
-            .lock()
-            .expect("journal")
-            .past_snapshot_mark(slot.index)
-    })
+    created_slots(inner)
+        .iter()
+        .any(|slot| slot.journal().past_snapshot_mark(slot.index))
 }
 
 /// One batch. Returns the records moved.
 fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
-    let _batch = inner.batch.lock().expect("batch lock");
+    let _batch = inner.lock_batch();
     let slots = created_slots(inner);
     let queues: Vec<&Queue> = slots.iter().map(|s| &s.queue).collect();
     let batch = inner
@@ -146,12 +143,7 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
     if batch.records.is_empty() {
         return Ok(0);
     }
-    if !checkpoint_slot
-        .journal
-        .lock()
-        .expect("journal")
-        .fits(MAX_RECORD)
-    {
+    if !checkpoint_slot.journal().fits(MAX_RECORD) {
         snapshot(inner)?;
     }
 
@@ -179,9 +171,7 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
     };
     let order = inner.progress.next_order();
     let bytes = checkpoint_slot
-        .journal
-        .lock()
-        .expect("journal")
+        .journal()
         .append(order, &op)?
         .ok_or_else(|| {
             FsError::corrupt("checkpoint journal", "a batch did not fit after a snapshot")
@@ -234,9 +224,7 @@ fn apply_record(inner: &Inner, record: &Pending, work: &mut Work) -> Result<()> 
             format!("inode {} is a directory", record.ino),
         ));
     }
-    let _range = inode
-        .locks
-        .lock(record.offset, record.len, LockMode::Exclusive)?;
+    let _range = inode.lock_range(record.offset, record.len, LockMode::Exclusive)?;
     let pieces = inode
         .overlay
         .take_record(record.offset, record.len, record.order);
@@ -367,7 +355,7 @@ fn remap(
 /// Writes the whole metadata to a fresh extent, names it in a new root (a new epoch), and
 /// empties every journal.
 pub(crate) fn snapshot(inner: &Inner) -> Result<()> {
-    let _gate = inner.gate.write().expect("metadata gate");
+    let _gate = inner.gate_exclusive();
     let table: Vec<_> = inner
         .inodes
         .read()
@@ -389,9 +377,7 @@ pub(crate) fn snapshot(inner: &Inner) -> Result<()> {
             size: inode.size.load(Ordering::Acquire),
             parent: attr.parent,
             entries: inode
-                .entries
-                .lock()
-                .expect("directory")
+                .entries()
                 .iter()
                 .map(|(n, i)| (n.clone(), *i))
                 .collect(),
@@ -431,7 +417,7 @@ pub(crate) fn snapshot(inner: &Inner) -> Result<()> {
     next.snapshot_len = written.named_len;
     next.write(&inner.owner)?;
     for slot in created_slots(inner) {
-        slot.journal.lock().expect("journal").reset(next.epoch)?;
+        slot.journal().reset(next.epoch)?;
     }
     *root = next;
     drop(root);

@@ -3,12 +3,14 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Mutex, MutexGuard, RwLock};
 
+use crate::error::Result;
 use crate::extent_map::ExtentMap;
 use crate::journal::Kind;
+use crate::lock_order::{FS_DIRECTORY, FS_RANGE, Ordered};
 use crate::overlay::Overlay;
-use crate::range_lock::RangeLocks;
+use crate::range_lock::{LockMode, RangeGuard, RangeLocks};
 
 /// Attributes of an inode that change under its lock.
 #[derive(Debug, Clone)]
@@ -72,7 +74,22 @@ impl Inode {
         self
     }
 
-    pub(crate) fn attr(&self) -> std::sync::MutexGuard<'_, Attr> {
+    /// The directory's entries, locked (rank [`FS_DIRECTORY`]).
+    pub(crate) fn entries(&self) -> Ordered<MutexGuard<'_, BTreeMap<String, u64>>> {
+        Ordered::take(FS_DIRECTORY, || self.entries.lock().expect("directory"))
+    }
+
+    /// `[offset, offset + len)` of the file, locked (rank [`FS_RANGE`]).
+    pub(crate) fn lock_range(
+        &self,
+        offset: u64,
+        len: u64,
+        mode: LockMode,
+    ) -> Result<Ordered<RangeGuard<'_>>> {
+        Ordered::try_take(FS_RANGE, || self.locks.lock(offset, len, mode))
+    }
+
+    pub(crate) fn attr(&self) -> MutexGuard<'_, Attr> {
         self.attr.lock().expect("inode attributes")
     }
 }

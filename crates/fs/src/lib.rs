@@ -48,6 +48,7 @@ mod extent_map;
 mod fs;
 mod inode;
 mod journal;
+pub mod lock_order;
 mod log;
 mod overlay;
 mod path;

@@ -241,6 +241,9 @@ impl Progress {
     /// pass begun after the request. The caller checks whether what it waits for happened
     /// and asks again if not.
     pub(crate) fn await_pass(&self, ask: impl FnOnce(&mut Requests)) -> Result<()> {
+        // The checkpoint takes every file-system lock; waiting for it holding one could
+        // wait forever.
+        crate::lock_order::assert_none_from(crate::lock_order::FS_BATCH, "the checkpoint");
         let mut state = self.state();
         if let Some(why) = &state.failed {
             return Err(FsError::Shutdown(why.clone()));

@@ -78,7 +78,7 @@ impl Locks {
         range: (u64, u64),
         exclusive: bool,
     ) -> Option<Held> {
-        let held = self.held.lock();
+        let held = crate::state::ordered(crate::state::rank::LOCK_TABLE, || self.held.lock());
         first_conflict(held.get(&(ino, space)), owner, range, exclusive)
     }
 
@@ -94,14 +94,14 @@ impl Locks {
         wait: bool,
     ) -> Result<(), Held> {
         let (start, end) = range;
-        let mut held = self.held.lock();
+        let mut held = crate::state::ordered(crate::state::rank::LOCK_TABLE, || self.held.lock());
         if kind != Kind::Unlock {
             let exclusive = kind == Kind::Exclusive;
             loop {
                 match first_conflict(held.get(&(ino, space)), owner, range, exclusive) {
                     None => break,
                     Some(conflict) if !wait => return Err(conflict),
-                    Some(_) => self.released.wait(&mut held),
+                    Some(_) => self.released.wait(held.guard_mut()),
                 }
             }
         }
@@ -140,7 +140,7 @@ impl Locks {
 
     /// Drops every lock of `owner` on `ino` in `space`.
     pub fn release(&self, ino: u64, space: Space, owner: Owner) {
-        let mut held = self.held.lock();
+        let mut held = crate::state::ordered(crate::state::rank::LOCK_TABLE, || self.held.lock());
         if let Some(list) = held.get_mut(&(ino, space)) {
             list.retain(|l| l.owner != owner);
             if list.is_empty() {
@@ -153,7 +153,7 @@ impl Locks {
 
     /// Forgets every lock (a forked child: they belong to the parent).
     pub fn clear(&self) {
-        self.held.lock().clear();
+        crate::state::ordered(crate::state::rank::LOCK_TABLE, || self.held.lock()).clear();
     }
 
     /// The table's mutex, for the fork handlers.

@@ -42,11 +42,11 @@ pub fn normalize(path: &[u8]) -> Option<Vec<u8>> {
 
 /// The mount prefix, normalized.
 #[derive(Debug, Clone)]
-pub struct Mount {
+pub struct MountPrefix {
     prefix: Vec<u8>,
 }
 
-impl Mount {
+impl MountPrefix {
     /// `prefix` must be absolute and not `/` (everything would be locus, the volume too).
     pub fn new(prefix: &str) -> Result<Self, String> {
         let prefix = normalize(prefix.as_bytes())
@@ -131,7 +131,7 @@ mod tests {
 
     #[test]
     fn paths_under_the_prefix_are_locus_and_others_are_not() {
-        let m = Mount::new("/locus/").unwrap();
+        let m = MountPrefix::new("/locus/").unwrap();
         assert_eq!(m.prefix(), b"/locus");
         assert_eq!(m.classify(b"/locus"), locus("/"));
         assert_eq!(m.classify(b"/locus/a/b"), locus("/a/b"));
@@ -153,7 +153,7 @@ mod tests {
 
     #[test]
     fn relative_paths_resolve_against_locus_directories() {
-        let m = Mount::new("/locus").unwrap();
+        let m = MountPrefix::new("/locus").unwrap();
         assert_eq!(m.join("/d", b"f").0, locus("/d/f"));
         assert_eq!(m.join("/", b"./f").0, locus("/f"));
         let (target, path) = m.join("/d", b"../../etc/passwd");
@@ -163,8 +163,8 @@ mod tests {
 
     #[test]
     fn bad_prefixes_are_refused() {
-        assert!(Mount::new("/").is_err());
-        assert!(Mount::new("/a/..").is_err());
-        assert!(Mount::new("relative").is_err());
+        assert!(MountPrefix::new("/").is_err());
+        assert!(MountPrefix::new("/a/..").is_err());
+        assert!(MountPrefix::new("relative").is_err());
     }
 }

@@ -1,9 +1,11 @@
 //! The process-wide state: configuration, the mount (taken lazily, released at `fork` when
 //! idle and at exit), the table of locus fds, directory streams, and the fork handlers.
 //!
-//! Lock order: `MOUNT` → `FDS` → `STREAMS` → the lock table → `APPEND`. A locus call never
-//! holds one of them while it calls into the file system, except `MOUNT` (read), which a
-//! path operation holds so that `fork` cannot unmount under it.
+//! Lock order ([`rank`], checked in debug builds by `fs::lock_order`): `MOUNT` → `PENDING` →
+//! `FDS` → `STREAMS` → the record-lock table → `APPEND` → a description's offset → the file
+//! system's own locks. A locus call holds `MOUNT` (read) while it calls into the file
+//! system, so that `fork` cannot unmount under it, and `APPEND` or an offset while a write
+//! or read through them runs; never the tables.
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
@@ -13,18 +15,19 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use fs::lock_order::{Ordered, Rank};
 use fs::{Fs, FsError, FsOptions};
 use parking_lot::{Mutex, RwLock};
 
 use crate::locks::{Locks, Owner, Space};
-use crate::path::{Mount, Target};
+use crate::path::{MountPrefix, Target};
 use crate::{errno, real};
 
 /// What the environment asked for.
 #[derive(Debug)]
 pub(crate) struct Config {
     /// `LOCUS_MOUNT` (default `/locus`).
-    pub mount: Mount,
+    pub mount: MountPrefix,
     /// `LOCUS_VOLUME` (default `/dev/shm/locus`); a directory without a volume gets the
     /// embedded default on first use, as with the `locus` binary.
     pub volume: PathBuf,
@@ -58,7 +61,7 @@ pub(crate) fn config() -> Option<&'static Config> {
 
 fn read_config() -> Result<Config, String> {
     let prefix = std::env::var("LOCUS_MOUNT").unwrap_or_else(|_| DEFAULT_MOUNT.into());
-    let mount = Mount::new(&prefix)?;
+    let mount = MountPrefix::new(&prefix)?;
     let volume = match std::env::var_os("LOCUS_VOLUME") {
         Some(dir) if !dir.is_empty() => PathBuf::from(dir),
         _ => PathBuf::from(DEFAULT_VOLUME),
@@ -123,6 +126,24 @@ pub(crate) fn run<T>(op: impl FnOnce() -> Result<T, c_int>) -> Result<T, c_int> 
 // ---------------------------------------------------------------------------------------
 // The mount.
 
+/// The library's lock ranks, in order; all below the file system's (`fs::lock_order`).
+pub(crate) mod rank {
+    use fs::lock_order::Rank;
+
+    pub(crate) const MOUNT: Rank = Rank::new(1, "the preload mount");
+    pub(crate) const PENDING: Rank = Rank::new(2, "the list of suspended fds");
+    pub(crate) const FDS: Rank = Rank::new(3, "the fd table");
+    pub(crate) const STREAMS: Rank = Rank::new(4, "the set of directory streams");
+    pub(crate) const LOCK_TABLE: Rank = Rank::new(5, "the record-lock table");
+    pub(crate) const APPEND: Rank = Rank::new(6, "the append lock");
+    pub(crate) const POSITION: Rank = Rank::new(7, "a description's offset");
+}
+
+/// Takes `lock` with its rank.
+pub(crate) fn ordered<G>(rank: Rank, lock: impl FnOnce() -> G) -> Ordered<G> {
+    Ordered::take(rank, lock)
+}
+
 static MOUNT: RwLock<Option<Fs>> = RwLock::new(None);
 static REPORTED: AtomicBool = AtomicBool::new(false);
 
@@ -131,12 +152,12 @@ static REPORTED: AtomicBool = AtomicBool::new(false);
 pub(crate) fn with_fs<T>(op: impl FnOnce(&Fs) -> Result<T, c_int>) -> Result<T, c_int> {
     loop {
         {
-            let mounted = MOUNT.read();
+            let mounted = ordered(rank::MOUNT, || MOUNT.read());
             if let Some(fs) = mounted.as_ref() {
                 return op(fs);
             }
         }
-        let mut mounted = MOUNT.write();
+        let mut mounted = ordered(rank::MOUNT, || MOUNT.write());
         if mounted.is_none() {
             *mounted = Some(mount()?);
         }
@@ -293,7 +314,7 @@ fn report_inherited() {
 
 /// One fd's entry.
 #[derive(Debug, Clone)]
-pub(crate) struct Slot {
+pub(crate) struct FdEntry {
     pub desc: Arc<Desc>,
     /// `FD_CLOEXEC` as the program set it (the kernel's reservation always has it).
     pub cloexec: bool,
@@ -305,7 +326,7 @@ static BITS: [AtomicU64; BITMAP_FDS / 64] = [const { AtomicU64::new(0) }; BITMAP
 static HIGH: AtomicUsize = AtomicUsize::new(0);
 /// Locus fds plus locus directory streams: zero means `fork` may release the mount.
 static OPEN: AtomicUsize = AtomicUsize::new(0);
-static FDS: RwLock<Option<HashMap<c_int, Slot>>> = RwLock::new(None);
+static FDS: RwLock<Option<HashMap<c_int, FdEntry>>> = RwLock::new(None);
 
 /// True when `fd` is a locus fd: one relaxed load for fds below 65536.
 #[inline]
@@ -343,11 +364,11 @@ fn mark(fd: c_int, on: bool) {
 
 /// The entry of a locus fd; a suspended one (see "Suspending fds") is reopened first, and
 /// if that cannot happen now (the volume is busy), its error is returned.
-pub(crate) fn slot(fd: c_int) -> Result<Slot, c_int> {
+pub(crate) fn entry(fd: c_int) -> Result<FdEntry, c_int> {
     if PENDING_COUNT.load(Ordering::Relaxed) > 0 {
         adopt_suspended()?;
     }
-    FDS.read()
+    ordered(rank::FDS, || FDS.read())
         .as_ref()
         .and_then(|t| t.get(&fd).cloned())
         .ok_or(libc::EBADF)
@@ -355,12 +376,12 @@ pub(crate) fn slot(fd: c_int) -> Result<Slot, c_int> {
 
 /// The description of a locus fd.
 pub(crate) fn desc(fd: c_int) -> Result<Arc<Desc>, c_int> {
-    slot(fd).map(|s| s.desc)
+    entry(fd).map(|s| s.desc)
 }
 
 /// Records `fd` (already reserved from the kernel) as a locus fd; returns what it replaced.
-pub(crate) fn install(fd: c_int, slot: Slot) -> Option<Slot> {
-    let mut fds = FDS.write();
+pub(crate) fn install(fd: c_int, slot: FdEntry) -> Option<FdEntry> {
+    let mut fds = ordered(rank::FDS, || FDS.write());
     let replaced = fds.get_or_insert_with(HashMap::new).insert(fd, slot);
     if replaced.is_none() {
         mark(fd, true);
@@ -371,9 +392,9 @@ pub(crate) fn install(fd: c_int, slot: Slot) -> Option<Slot> {
 
 /// Forgets `fd` as a locus fd; returns its entry (none for a suspended fd, which is simply
 /// dropped).
-pub(crate) fn uninstall(fd: c_int) -> Option<Slot> {
+pub(crate) fn uninstall(fd: c_int) -> Option<FdEntry> {
     if PENDING_COUNT.load(Ordering::Relaxed) > 0 {
-        let mut pending = PENDING.lock();
+        let mut pending = ordered(rank::PENDING, || PENDING.lock());
         if let Some(i) = pending.iter().position(|h| h.fd == fd) {
             pending.swap_remove(i);
             PENDING_COUNT.store(pending.len(), Ordering::Relaxed);
@@ -381,7 +402,7 @@ pub(crate) fn uninstall(fd: c_int) -> Option<Slot> {
             return None;
         }
     }
-    let mut fds = FDS.write();
+    let mut fds = ordered(rank::FDS, || FDS.write());
     let removed = fds.as_mut()?.remove(&fd);
     if removed.is_some() {
         mark(fd, false);
@@ -392,7 +413,7 @@ pub(crate) fn uninstall(fd: c_int) -> Option<Slot> {
 
 /// Sets the program's view of `FD_CLOEXEC`.
 pub(crate) fn set_cloexec(fd: c_int, cloexec: bool) -> Result<(), c_int> {
-    let mut fds = FDS.write();
+    let mut fds = ordered(rank::FDS, || FDS.write());
     let slot = fds
         .as_mut()
         .and_then(|t| t.get_mut(&fd))
@@ -403,7 +424,7 @@ pub(crate) fn set_cloexec(fd: c_int, cloexec: bool) -> Result<(), c_int> {
 
 /// Drops a description reference the table gave up, outside every lock. A description
 /// inherited over `fork` is leaked instead: dropping it would touch the parent's file system.
-pub(crate) fn release(slot: Slot) {
+pub(crate) fn release(slot: FdEntry) {
     if slot.desc.usable().is_ok() {
         drop(slot);
     } else {
@@ -477,7 +498,7 @@ pub(crate) fn new_fd(desc: Desc, cloexec: bool) -> Result<c_int, c_int> {
     let fd = reserve(None)?;
     install(
         fd,
-        Slot {
+        FdEntry {
             desc: Arc::new(desc),
             cloexec,
         },
@@ -493,7 +514,9 @@ static STREAM_COUNT: AtomicUsize = AtomicUsize::new(0);
 
 /// Remembers a stream pointer as ours.
 pub(crate) fn add_stream(ptr: usize) {
-    STREAMS.lock().get_or_insert_with(HashSet::new).insert(ptr);
+    ordered(rank::STREAMS, || STREAMS.lock())
+        .get_or_insert_with(HashSet::new)
+        .insert(ptr);
     STREAM_COUNT.fetch_add(1, Ordering::Relaxed);
 }
 
@@ -501,12 +524,16 @@ pub(crate) fn add_stream(ptr: usize) {
 #[inline]
 pub(crate) fn is_stream(ptr: usize) -> bool {
     STREAM_COUNT.load(Ordering::Relaxed) > 0
-        && STREAMS.lock().as_ref().is_some_and(|s| s.contains(&ptr))
+        && ordered(rank::STREAMS, || STREAMS.lock())
+            .as_ref()
+            .is_some_and(|s| s.contains(&ptr))
 }
 
 /// Forgets a stream; false when it was not ours.
 pub(crate) fn remove_stream(ptr: usize) -> bool {
-    let removed = STREAMS.lock().as_mut().is_some_and(|s| s.remove(&ptr));
+    let removed = ordered(rank::STREAMS, || STREAMS.lock())
+        .as_mut()
+        .is_some_and(|s| s.remove(&ptr));
     if removed {
         STREAM_COUNT.fetch_sub(1, Ordering::Relaxed);
     }
@@ -546,7 +573,10 @@ extern "C" fn before_fork() {
 /// Suspends every open locus fd: its description (path, inode, offset, flags) moves to the
 /// pending list, to be reopened on next use by whichever process that is. Returns the
 /// descriptions, to be dropped by the caller.
-fn suspend_all(fds: &mut Option<HashMap<c_int, Slot>>, pending: &mut Vec<Handoff>) -> Vec<Slot> {
+fn suspend_all(
+    fds: &mut Option<HashMap<c_int, FdEntry>>,
+    pending: &mut Vec<Handoff>,
+) -> Vec<FdEntry> {
     let Some(table) = fds.as_mut() else {
         return Vec::new();
     };
@@ -557,7 +587,7 @@ fn suspend_all(fds: &mut Option<HashMap<c_int, Slot>>, pending: &mut Vec<Handoff
             pending.push(Handoff {
                 fd,
                 ino: slot.desc.ino,
-                pos: *slot.desc.pos.lock(),
+                pos: *ordered(rank::POSITION, || slot.desc.pos.lock()),
                 status: slot.desc.status.load(Ordering::Relaxed),
                 path: slot.desc.path.clone(),
                 cloexec: slot.cloexec,
@@ -689,7 +719,7 @@ fn unhex(text: &str) -> Option<String> {
 pub(crate) fn handoff_for_exec() -> Option<(String, Vec<c_int>)> {
     let mut lines = Vec::new();
     let mut fds = Vec::new();
-    if let Some(table) = FDS.read().as_ref() {
+    if let Some(table) = ordered(rank::FDS, || FDS.read()).as_ref() {
         for (&fd, slot) in table {
             if slot.cloexec || slot.desc.usable().is_err() {
                 continue;
@@ -698,14 +728,17 @@ pub(crate) fn handoff_for_exec() -> Option<(String, Vec<c_int>)> {
             lines.push(format!(
                 "fd {fd} {} {} {} {}",
                 desc.ino,
-                *desc.pos.lock(),
+                *ordered(rank::POSITION, || desc.pos.lock()),
                 desc.status.load(Ordering::Relaxed),
                 hex(desc.path.as_bytes())
             ));
             fds.push(fd);
         }
     }
-    for h in PENDING.lock().iter().filter(|h| !h.cloexec) {
+    for h in ordered(rank::PENDING, || PENDING.lock())
+        .iter()
+        .filter(|h| !h.cloexec)
+    {
         lines.push(format!(
             "fd {} {} {} {} {}",
             h.fd,
@@ -762,7 +795,7 @@ fn receive_handoff() {
     }
     PENDING_COUNT.store(pending.len(), Ordering::Relaxed);
     let std_fds: Vec<c_int> = pending.iter().map(|h| h.fd).filter(|fd| *fd <= 2).collect();
-    *PENDING.lock() = pending;
+    *ordered(rank::PENDING, || PENDING.lock()) = pending;
     for fd in std_fds {
         crate::calls::stdio::follow_std(fd, true);
     }
@@ -774,14 +807,14 @@ fn adopt_suspended() -> Result<(), c_int> {
     let _inside = Guard::enter();
     // Mount first, holding nothing (lock order: MOUNT before PENDING).
     with_fs(|_| Ok(()))?;
-    let list = std::mem::take(&mut *PENDING.lock());
+    let list = std::mem::take(&mut *ordered(rank::PENDING, || PENDING.lock()));
     PENDING_COUNT.store(0, Ordering::Relaxed);
     for h in list {
         match reopen(&h) {
             Ok(desc) => {
                 install(
                     h.fd,
-                    Slot {
+                    FdEntry {
                         desc: Arc::new(desc),
                         cloexec: h.cloexec,
                     },
@@ -831,7 +864,7 @@ fn reopen(h: &Handoff) -> Result<Desc, c_int> {
             }
         };
         let desc = Desc::new(node, h.path.clone(), h.ino, h.status);
-        *desc.pos.lock() = h.pos;
+        *ordered(rank::POSITION, || desc.pos.lock()) = h.pos;
         Ok(desc)
     })
 }

@@ -174,7 +174,7 @@ impl Fs {
         if dir.kind != Kind::Dir {
             return Err(FsError::NotDir(path.to_owned()));
         }
-        let entries = dir.entries.lock().expect("directory").clone();
+        let entries = dir.entries().clone();
         Ok(entries
             .into_iter()
             .filter_map(|(name, ino)| {
@@ -296,7 +296,7 @@ impl File {
             return Ok(0);
         }
         let n = (buf.len() as u64).min(size - offset).min(MAX_IO);
-        let _range = self.inode.locks.lock(offset, n, LockMode::Shared)?;
+        let _range = self.inode.lock_range(offset, n, LockMode::Shared)?;
         // The size may have shrunk while waiting.
         let size = self.inode.size.load(Ordering::Acquire);
         let n = n.min(size.saturating_sub(offset));
@@ -327,10 +327,10 @@ impl File {
         if n == 0 {
             return Ok((0, f(&[])));
         }
-        let range = self.inode.locks.lock(offset, n, LockMode::Shared)?;
+        let range = self.inode.lock_range(offset, n, LockMode::Shared)?;
         let size = self.inode.size.load(Ordering::Acquire);
         let n = n.min(size.saturating_sub(offset));
-        let result = lend::lend(&self.fs.inner, &self.inode, &range, offset, n, f)?;
+        let result = lend::lend(&self.fs.inner, &self.inode, range.guard(), offset, n, f)?;
         Ok((n, result))
     }
 

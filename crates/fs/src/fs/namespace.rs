@@ -22,9 +22,7 @@ impl Inner {
             return Err(FsError::NotDir(shown.to_owned()));
         }
         let ino = dir
-            .entries
-            .lock()
-            .expect("directory")
+            .entries()
             .get(name)
             .copied()
             .ok_or_else(|| FsError::NotFound(shown.to_owned()))?;
@@ -64,7 +62,7 @@ impl Inner {
         self.check_running()?;
         let slot = self.slot()?;
         loop {
-            let gate = self.gate.read().expect("metadata gate");
+            let gate = self.gate_shared();
             let done = op(self, &slot)?;
             drop(gate);
             match done {
@@ -82,7 +80,7 @@ impl Inner {
     ) -> Result<Arc<Inode>> {
         self.metadata(|fs, slot| {
             let (parent, name) = fs.resolve_parent(path)?;
-            let mut entries = parent.entries.lock().expect("directory");
+            let mut entries = parent.entries();
             if parent.attr().unlinked {
                 return Err(FsError::NotFound(path.to_owned()));
             }
@@ -125,9 +123,9 @@ impl Inner {
         self.metadata(|fs, slot| {
             // rmdir locks parent then child; renames (which lock directories in inode order)
             // are kept out by the rename lock.
-            let _rename = dir.then(|| fs.rename.lock().expect("rename lock"));
+            let _rename = dir.then(|| fs.lock_rename());
             let (parent, name) = fs.resolve_parent(path)?;
-            let mut entries = parent.entries.lock().expect("directory");
+            let mut entries = parent.entries();
             let ino = *entries
                 .get(name)
                 .ok_or_else(|| FsError::NotFound(path.to_owned()))?;
@@ -139,7 +137,7 @@ impl Inner {
                 (false, Kind::Dir) => return Err(FsError::IsDir(path.to_owned())),
                 _ => {}
             }
-            let child_entries = dir.then(|| target.entries.lock().expect("directory"));
+            let child_entries = dir.then(|| target.entries());
             if child_entries.as_ref().is_some_and(|e| !e.is_empty()) {
                 return Err(FsError::NotEmpty(path.to_owned()));
             }
@@ -208,7 +206,7 @@ impl Inner {
 
     pub(crate) fn rename(self: &Arc<Self>, from: &str, to: &str) -> Result<()> {
         self.metadata(|fs, slot| {
-            let _rename = fs.rename.lock().expect("rename lock");
+            let _rename = fs.lock_rename();
             let (src, src_name) = fs.resolve_parent(from)?;
             let (dst, dst_name) = fs.resolve_parent(to)?;
             // Lock both directories in inode order.
@@ -217,9 +215,8 @@ impl Inner {
             } else {
                 (&dst, &src)
             };
-            let mut first_entries = first.entries.lock().expect("directory");
-            let mut second_entries =
-                (first.ino != second.ino).then(|| second.entries.lock().expect("directory"));
+            let mut first_entries = first.entries();
+            let mut second_entries = (first.ino != second.ino).then(|| second.entries());
             macro_rules! entries_of {
                 ($dir:expr) => {
                     if $dir.ino == first.ino {
@@ -266,7 +263,7 @@ impl Inner {
                     return Err(FsError::IsDir(to.to_owned()));
                 }
                 (Some(t), Kind::Dir) => {
-                    let e = t.entries.lock().expect("directory");
+                    let e = t.entries();
                     if !e.is_empty() {
                         return Err(FsError::NotEmpty(to.to_owned()));
                     }
@@ -329,9 +326,9 @@ impl Inner {
             // Keep writers, readers and the checkpoint off the whole file; dropped (with the
             // gate) before waiting for a snapshot, which the checkpoint could not take
             // otherwise.
-            let batch = self.batch.lock().expect("batch lock");
-            let range = inode.locks.lock(0, WHOLE_FILE, LockMode::Exclusive)?;
-            let gate = self.gate.read().expect("metadata gate");
+            let batch = self.lock_batch();
+            let range = inode.lock_range(0, WHOLE_FILE, LockMode::Exclusive)?;
+            let gate = self.gate_shared();
             let done = self.truncate_locked(&slot, inode, size)?;
             drop(gate);
             drop(range);
@@ -370,12 +367,10 @@ impl Inner {
         let slot = self.slot()?;
         loop {
             // As truncation: no batch half done, writers and readers off the range.
-            let batch = self.batch.lock().expect("batch lock");
+            let batch = self.lock_batch();
             let range =
-                inode
-                    .locks
-                    .lock(first * BLOCK, (last - first) * BLOCK, LockMode::Exclusive)?;
-            let gate = self.gate.read().expect("metadata gate");
+                inode.lock_range(first * BLOCK, (last - first) * BLOCK, LockMode::Exclusive)?;
+            let gate = self.gate_shared();
             let time = now_ns();
             let op = MetaOp::Punch {
                 ino: inode.ino,
@@ -473,7 +468,7 @@ impl Inner {
         let (size, nlink) = match inode.kind {
             Kind::File => (inode.size.load(Ordering::Acquire), 1),
             Kind::Dir => {
-                let entries = inode.entries.lock().expect("directory");
+                let entries = inode.entries();
                 let subdirs = entries
                     .values()
                     .filter(|&&i| self.inode(i).is_some_and(|c| c.kind == Kind::Dir))

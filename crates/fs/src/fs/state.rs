@@ -4,7 +4,9 @@
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::sync::{
+    Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak,
+};
 
 use pmem::Region;
 use volume::{Extent, GlobalAddress, Volume};
@@ -15,6 +17,7 @@ use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
 use crate::inode::Inode;
 use crate::journal::{Journal, MetaOp};
+use crate::lock_order::{FS_BATCH, FS_GATE, FS_JOURNAL, FS_LOG, FS_RENAME, Ordered};
 use crate::log::LogArea;
 use crate::progress::{Pending, Progress, Queue};
 use crate::root::{Root, SlotAreas};
@@ -149,7 +152,39 @@ thread_local! {
     static LEASES: RefCell<Vec<Lease>> = const { RefCell::new(Vec::new()) };
 }
 
+impl Slot {
+    /// The slot's journal, locked (rank [`FS_JOURNAL`]).
+    pub(crate) fn journal(&self) -> Ordered<MutexGuard<'_, Journal>> {
+        Ordered::take(FS_JOURNAL, || self.journal.lock().expect("journal"))
+    }
+
+    /// The slot's log area, locked (rank [`FS_LOG`]).
+    pub(crate) fn log(&self) -> Ordered<MutexGuard<'_, LogArea>> {
+        Ordered::take(FS_LOG, || self.log.lock().expect("log area"))
+    }
+}
+
 impl Inner {
+    /// The batch lock (rank [`FS_BATCH`]).
+    pub(crate) fn lock_batch(&self) -> Ordered<MutexGuard<'_, ()>> {
+        Ordered::take(FS_BATCH, || self.batch.lock().expect("batch lock"))
+    }
+
+    /// The metadata gate, shared (rank [`FS_GATE`]).
+    pub(crate) fn gate_shared(&self) -> Ordered<RwLockReadGuard<'_, ()>> {
+        Ordered::take(FS_GATE, || self.gate.read().expect("metadata gate"))
+    }
+
+    /// The metadata gate, exclusive (rank [`FS_GATE`]): a snapshot.
+    pub(crate) fn gate_exclusive(&self) -> Ordered<RwLockWriteGuard<'_, ()>> {
+        Ordered::take(FS_GATE, || self.gate.write().expect("metadata gate"))
+    }
+
+    /// The rename lock (rank [`FS_RENAME`]).
+    pub(crate) fn lock_rename(&self) -> Ordered<MutexGuard<'_, ()>> {
+        Ordered::take(FS_RENAME, || self.rename.lock().expect("rename lock"))
+    }
+
     /// The shared state of the file system recovery found, with its slots.
     pub(crate) fn assemble(recovered: Recovered, options: FsOptions) -> Arc<Inner> {
         let Recovered {
@@ -392,7 +427,7 @@ impl Inner {
     /// (the caller drops its locks, waits for a snapshot, and tries again). A journal that
     /// passes the checkpoint's mark asks for a snapshot, so that it rarely fills.
     pub(crate) fn journal(&self, slot: &Slot, op: &MetaOp) -> Result<bool> {
-        let mut journal = slot.journal.lock().expect("journal");
+        let mut journal = slot.journal();
         let order = self.progress.next_order();
         let was_filling = journal.past_snapshot_mark(slot.index);
         match journal.append(order, op)? {

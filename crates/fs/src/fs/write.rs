@@ -21,7 +21,7 @@ impl Inner {
     /// a writer never waits for the checkpoint while holding one (the checkpoint needs them).
     pub(crate) fn reserve_log(&self, slot: &Slot) -> Result<()> {
         loop {
-            let log = slot.log.lock().expect("log area");
+            let log = slot.log();
             if log.pending() < log.capacity() {
                 return Ok(());
             }
@@ -43,8 +43,8 @@ impl Inner {
     ) -> Result<()> {
         let time = now_ns();
         self.reserve_log(slot)?;
-        let _range = inode.locks.lock(offset, len, LockMode::Exclusive)?;
-        let mut log = slot.log.lock().expect("log area");
+        let _range = inode.lock_range(offset, len, LockMode::Exclusive)?;
+        let mut log = slot.log();
         // The ticket holds the checkpoint below this write's order until it is queued.
         let mut ticket = self.progress.begin(&slot.queue);
         let order = ticket.order();

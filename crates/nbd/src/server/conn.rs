@@ -135,7 +135,7 @@ pub(crate) fn serve<E: Export>(
         writer: Mutex::new(writer),
         corked: shared.config.submit == Submit::Inline,
         pending: Mutex::new(Vec::new()),
-        in_flight: Mutex::default(),
+        backlog: Mutex::default(),
         finished: Condvar::new(),
         broken: AtomicBool::new(false),
     });
@@ -328,7 +328,7 @@ pub(crate) struct Conn<E: Export> {
     /// one wake-up of the client) for a burst instead of one per request.
     corked: bool,
     pending: Mutex<Vec<u8>>,
-    in_flight: Mutex<InFlight>,
+    backlog: Mutex<Backlog>,
     finished: Condvar,
     broken: AtomicBool,
 }
@@ -344,7 +344,7 @@ impl<E: Export> std::fmt::Debug for Conn<E> {
 /// A connection's requests taken on and not yet answered, and the write payload bytes they
 /// hold in received buffers.
 #[derive(Debug, Default)]
-struct InFlight {
+struct Backlog {
     requests: usize,
     bytes: usize,
     /// Threads waiting for a request to finish: `done` wakes them only when there are any,
@@ -352,7 +352,7 @@ struct InFlight {
     waiting: usize,
 }
 
-impl InFlight {
+impl Backlog {
     /// Whether one more request holding `bytes` fits within `(requests, bytes)` limits; a
     /// connection with nothing in flight may always take one (any payload the protocol
     /// allows must be servable).
@@ -372,7 +372,7 @@ fn payload_bytes(request: &Request) -> usize {
 
 impl<E: Export> Conn<E> {
     fn wait_idle(&self) {
-        let mut n = self.in_flight.lock().expect("in-flight count");
+        let mut n = self.backlog.lock().expect("backlog");
         while n.requests > 0 {
             n.waiting += 1;
             n = self.finished.wait(n).expect("in-flight count");
@@ -383,7 +383,7 @@ impl<E: Export> Conn<E> {
     /// Waits until `request` may be taken on (within `limits`), and counts it in flight.
     fn admit(&self, request: &Request, limits: (usize, usize)) {
         let bytes = payload_bytes(request);
-        let mut n = self.in_flight.lock().expect("in-flight count");
+        let mut n = self.backlog.lock().expect("backlog");
         while !n.admits(bytes, limits) {
             n.waiting += 1;
             n = self.finished.wait(n).expect("in-flight count");
@@ -395,7 +395,7 @@ impl<E: Export> Conn<E> {
 
     /// `request` is finished (or was dropped before it ran).
     fn done(&self, request: &Request) {
-        let mut n = self.in_flight.lock().expect("in-flight count");
+        let mut n = self.backlog.lock().expect("backlog");
         n.requests -= 1;
         n.bytes -= payload_bytes(request);
         let wake = n.waiting > 0;
@@ -907,19 +907,19 @@ mod tests {
     #[test]
     fn in_flight_limits_bound_requests_and_payload_bytes_but_never_block_an_idle_connection() {
         let limits = (4, 100);
-        let idle = InFlight::default();
+        let idle = Backlog::default();
         assert!(
             idle.admits(1_000, limits),
             "an oversized payload still goes alone"
         );
-        let busy = InFlight {
+        let busy = Backlog {
             requests: 2,
             bytes: 60,
             waiting: 0,
         };
         assert!(busy.admits(40, limits));
         assert!(!busy.admits(41, limits));
-        let full = InFlight {
+        let full = Backlog {
             requests: 4,
             bytes: 0,
             waiting: 0,

@@ -307,7 +307,7 @@ pub unsafe extern "C" fn getdents64(fd: c_int, buf: *mut c_void, count: size_t) 
         let Node::Dir(cache) = &desc.node else {
             return Err(libc::ENOTDIR);
         };
-        let mut pos = desc.pos.lock();
+        let mut pos = state::ordered(state::rank::POSITION, || desc.pos.lock());
         let mut cache = cache.lock();
         if cache.is_none() || *pos == 0 {
             *cache = Some(list(&desc.path)?);

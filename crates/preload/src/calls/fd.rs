@@ -9,7 +9,7 @@ use libc::{mode_t, off_t};
 
 use super::{fs_errno, int, route, umask, unit};
 use crate::locks::{Kind as LockKind, Owner, Space};
-use crate::state::{self, Desc, Node, Slot};
+use crate::state::{self, Desc, FdEntry, Node};
 use crate::{errno, real};
 
 /// Status flags an open file description keeps (and `F_GETFL` reports).
@@ -264,14 +264,14 @@ fn dup_from(fd: c_int, at_least: Option<c_int>, cloexec: bool) -> Result<c_int, 
     let desc = state::desc(fd)?;
     desc.usable()?;
     let new = state::reserve(at_least)?;
-    state::install(new, Slot { desc, cloexec });
+    state::install(new, FdEntry { desc, cloexec });
     Ok(new)
 }
 
 /// `dup2`/`dup3` onto `newfd`: whichever side is locus, the table follows the kernel.
 fn dup_onto(oldfd: c_int, newfd: c_int, cloexec: bool) -> Result<c_int, c_int> {
     let old_locus = if state::is_locus(oldfd) {
-        Some(state::slot(oldfd)?)
+        Some(state::entry(oldfd)?)
     } else {
         None
     };
@@ -292,7 +292,7 @@ fn dup_onto(oldfd: c_int, newfd: c_int, cloexec: bool) -> Result<c_int, c_int> {
     let replaced = match old_locus {
         Some(slot) => state::install(
             newfd,
-            Slot {
+            FdEntry {
                 desc: slot.desc,
                 cloexec,
             },
@@ -347,7 +347,7 @@ pub unsafe extern "C" fn dup3(oldfd: c_int, newfd: c_int, flags: c_int) -> c_int
 fn lock_range(desc: &Desc, lock: &libc::flock) -> Result<(u64, u64), c_int> {
     let base: i64 = match c_int::from(lock.l_whence) {
         libc::SEEK_SET => 0,
-        libc::SEEK_CUR => *desc.pos.lock() as i64,
+        libc::SEEK_CUR => *state::ordered(state::rank::POSITION, || desc.pos.lock()) as i64,
         libc::SEEK_END => desc.file()?.len() as i64,
         _ => return Err(libc::EINVAL),
     };
@@ -439,7 +439,7 @@ fn fcntl_lock(desc: &Arc<Desc>, cmd: c_int, lock: *mut libc::flock) -> Result<c_
 }
 
 fn fcntl_locus(fd: c_int, cmd: c_int, arg: c_ulong) -> Result<c_int, c_int> {
-    let slot = state::slot(fd)?;
+    let slot = state::entry(fd)?;
     let desc = &slot.desc;
     desc.usable()?;
     use std::sync::atomic::Ordering::Relaxed;

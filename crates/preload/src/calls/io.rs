@@ -79,7 +79,7 @@ fn write_at(file: &fs::File, data: &[u8], offset: u64) -> Result<usize, c_int> {
 /// Appends `data` at the end of `file`: the end is read and written under the process's
 /// append lock, so two appends never take the same end. Returns the bytes written and where.
 fn append(file: &fs::File, data: &[u8]) -> Result<(usize, u64), c_int> {
-    let _append = state::APPEND.lock();
+    let _append = state::ordered(state::rank::APPEND, || state::APPEND.lock());
     let end = file.len();
     Ok((write_at(file, data, end)?, end))
 }
@@ -94,10 +94,10 @@ fn write_here(desc: &Desc, data: &[u8]) -> Result<usize, c_int> {
     let file = writable(desc)?;
     if appends(desc) {
         let (n, end) = append(file, data)?;
-        *desc.pos.lock() = end + n as u64;
+        *state::ordered(state::rank::POSITION, || desc.pos.lock()) = end + n as u64;
         return Ok(n);
     }
-    let mut pos = desc.pos.lock();
+    let mut pos = state::ordered(state::rank::POSITION, || desc.pos.lock());
     let n = write_at(file, data, *pos)?;
     *pos += n as u64;
     Ok(n)
@@ -105,7 +105,7 @@ fn write_here(desc: &Desc, data: &[u8]) -> Result<usize, c_int> {
 
 fn read_here(desc: &Desc, buf: &mut [u8]) -> Result<usize, c_int> {
     let file = readable(desc)?;
-    let mut pos = desc.pos.lock();
+    let mut pos = state::ordered(state::rank::POSITION, || desc.pos.lock());
     let n = read_at(file, buf, *pos)?;
     *pos += n as u64;
     Ok(n)
@@ -265,7 +265,7 @@ unsafe fn vectors<'a>(iov: *const iovec, n: c_int) -> Result<&'a [iovec], c_int>
 fn readv_desc(desc: &Desc, iov: &[iovec], off: Option<u64>) -> Result<usize, c_int> {
     let file = readable(desc)?;
     let mut pos_guard = match off {
-        None => Some(desc.pos.lock()),
+        None => Some(state::ordered(state::rank::POSITION, || desc.pos.lock())),
         Some(_) => None,
     };
     let start = off.unwrap_or_else(|| **pos_guard.as_ref().expect("locked"));
@@ -518,7 +518,7 @@ pub unsafe extern "C" fn pwritev2(
 fn seek(fd: c_int, off: off_t, whence: c_int) -> Result<off_t, c_int> {
     let desc = state::desc(fd)?;
     desc.usable()?;
-    let mut pos = desc.pos.lock();
+    let mut pos = state::ordered(state::rank::POSITION, || desc.pos.lock());
     let file = match &desc.node {
         Node::Dir(entries) => {
             // A directory's offset counts entries; seeking to 0 rereads it.
