@@ -26,6 +26,9 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("preload", &["topology", "volume", "fs"]),
     ("exports", &["fs", "nbd"]),
     ("sim", &["cache"]),
+    // Test helpers: a dev-dependency only (no crate's [dependencies] may name it, as no
+    // layer below lists it).
+    ("testkit", &["topology", "pmem", "volume", "fs"]),
     (
         "locus",
         &[

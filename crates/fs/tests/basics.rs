@@ -1,10 +1,8 @@
 //! The file system's behaviour through its public API, on an emulated device, across
 //! unmount/open and across a crash-like drop without unmount.
 
-mod common;
-
-use common::*;
 use std::sync::Arc;
+use testkit::*;
 
 use fs::{Fs, FsError, Kind, OpenOptions};
 

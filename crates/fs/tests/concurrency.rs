@@ -2,12 +2,10 @@
 //! 4 KiB block read back is entirely one writer's data (writes are atomic), both while the
 //! checkpoint runs and after a stop that leaves logs to recover.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
 use fs::Fs;
+use testkit::*;
 
 const BLOCK: usize = 4096;
 

@@ -3,13 +3,11 @@
 //! the media), recover, and require the whole file system — names, contents, and every
 //! path's mode and modification time — to be exactly as before or as after the operation. At the last point (the operation returned) it must be as after.
 
-mod common;
-
 use std::collections::BTreeMap;
 
-use common::*;
 use fs::{CheckpointMode, Fs, FsOptions, Kind};
 use pmem::Tracer;
+use testkit::*;
 
 /// What a path holds: its attributes, and its contents (`None` for a directory).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,7 +65,7 @@ const IMAGES_PER_POINT: usize = 6;
 /// Sets up with `setup`, then records `op` and checks every crash image of it.
 fn check_op(name: &str, setup: impl Fn(&Fs), op: impl Fn(&Fs)) {
     let tracer = Tracer::new();
-    let region = traced(&tracer, DEVICE);
+    let region = traced_volume_device(&tracer, DEVICE);
     let fs = Fs::format(
         volume_over(vec![region.clone()]).unwrap(),
         &small_format(),
@@ -259,7 +257,7 @@ fn checkpoint_moves_everything_and_changes_nothing_visible() {
     // The checkpoint does not change the visible state, so here every image must equal it,
     // and the logs must have been used: check both by hand.
     let tracer = Tracer::new();
-    let region = traced(&tracer, DEVICE);
+    let region = traced_volume_device(&tracer, DEVICE);
     let fs = Fs::format(
         volume_over(vec![region]).unwrap(),
         &small_format(),

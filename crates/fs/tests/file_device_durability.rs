@@ -3,8 +3,6 @@
 //! write, a zero-copy buffer commit, and the checkpoint's copy of a short overwrite into the
 //! file's block. Checked by recording which address ranges reach `msync`.
 
-mod common;
-
 use std::sync::Arc;
 
 use fs::{Fs, OpenOptions};
@@ -59,7 +57,7 @@ fn every_write_path_reaches_the_file() {
         }],
     };
     Volume::format(&dir, &config, false).unwrap();
-    let volume = common::open_volume(&dir);
+    let volume = testkit::open_volume(&dir);
     assert_eq!(
         volume.device_region(0).unwrap().mode(),
         pmem::PersistenceMode::Msync
@@ -67,17 +65,17 @@ fn every_write_path_reaches_the_file() {
     let recorder = MsyncRecorder::start();
     let fs = Fs::format(
         Arc::clone(&volume),
-        &common::small_format(),
-        common::small_options(),
+        &testkit::small_format(),
+        testkit::small_options(),
     )
     .unwrap();
     let file = fs.open_file("/f", OpenOptions::create()).unwrap();
 
-    let written = common::pattern(1, 0, 4096);
+    let written = testkit::pattern(1, 0, 4096);
     file.write_at(&written, 0).unwrap();
     assert_synced(&recorder, &volume, &device, &written, "File::write_at");
 
-    let committed = common::pattern(2, 8192, 8192);
+    let committed = testkit::pattern(2, 8192, 8192);
     let mut buffer = fs.buffer(committed.len() as u64).unwrap();
     buffer.write(0, &committed).unwrap();
     file.write_buffer(buffer, 8192).unwrap();
@@ -91,7 +89,7 @@ fn every_write_path_reaches_the_file() {
 
     // A short overwrite inside a checkpointed block is copied into the block in place.
     fs.checkpoint().unwrap();
-    let overwrite = common::pattern(3, 100, 512);
+    let overwrite = testkit::pattern(3, 100, 512);
     file.write_at(&overwrite, 100).unwrap();
     fs.checkpoint().unwrap();
     assert!(

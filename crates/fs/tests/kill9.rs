@@ -3,15 +3,13 @@
 //! reopens (recovery), and checks that every acknowledged block is there and no block is
 //! torn. `LOCUS_KILL_ROUNDS` sets the number of kills (default 50).
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::*;
 use fs::{Fs, OpenOptions};
 use rand::{Rng, SeedableRng};
+use testkit::*;
 
 const SLOTS: u64 = 512;
 const ENV: &str = "LOCUS_KILL_CHILD_DIR";

@@ -2,13 +2,11 @@
 //! in-memory model, compared after every step — including clean unmount/open and stops that
 //! leave the logs as a crash would.
 
-mod common;
-
 use std::collections::BTreeMap;
 
-use common::*;
 use fs::{Fs, FsError, Kind};
 use proptest::prelude::*;
+use testkit::*;
 
 #[derive(Debug, Clone)]
 enum Op {

@@ -2,8 +2,6 @@
 //! node allocates from its own device until it turns fat, then from the next device in its
 //! latency order; a full volume gives NoSpace with every extent's data intact.
 
-mod common;
-
 use pmem::Tracer;
 use volume::{Extent, GlobalAddress, Volume, VolumeError};
 
@@ -12,12 +10,12 @@ const DEVICE_BYTES: u64 = 6 << 20; // 4 MiB of data space each: 1024 pages
 fn four_node_volume() -> (Tracer, Volume) {
     let tracer = Tracer::new();
     let nodes = [Some(0), Some(1), Some(2), Some(3)];
-    let devices = common::traced_devices(&tracer, &[DEVICE_BYTES; 4], &nodes);
+    let devices = testkit::traced_devices(&tracer, &[DEVICE_BYTES; 4], &nodes);
     Volume::format_devices(&devices, [9; 16]).unwrap();
     let volume = Volume::open_devices(
         devices,
-        common::fixture("four-node-cxl"),
-        &common::quiet_options(),
+        testkit::fixture("four-node-cxl"),
+        &testkit::quiet_options(),
     )
     .unwrap();
     (tracer, volume)

@@ -1,8 +1,6 @@
 //! Every field of a damaged superblock is rejected with an error naming that field, and
 //! devices that do not form one whole volume are refused with a clear reason.
 
-mod common;
-
 use pmem::Tracer;
 use volume::superblock::{SUPERBLOCK_BYTES, Superblock};
 use volume::{Volume, VolumeError};
@@ -96,19 +94,19 @@ fn a_flipped_bit_anywhere_is_a_checksum_error_and_no_magic_is_unformatted() {
 #[test]
 fn devices_from_two_volumes_or_a_missing_device_do_not_open() {
     let tracer = Tracer::new();
-    let a = common::traced_devices(&tracer, &[DEVICE_BYTES, DEVICE_BYTES], &[Some(0), Some(0)]);
-    let b = common::traced_devices(&tracer, &[DEVICE_BYTES, DEVICE_BYTES], &[Some(0), Some(0)]);
+    let a = testkit::traced_devices(&tracer, &[DEVICE_BYTES, DEVICE_BYTES], &[Some(0), Some(0)]);
+    let b = testkit::traced_devices(&tracer, &[DEVICE_BYTES, DEVICE_BYTES], &[Some(0), Some(0)]);
     Volume::format_devices(&a, [1; 16]).unwrap();
     Volume::format_devices(&b, [2; 16]).unwrap();
 
     let mixed = vec![a[0].clone(), b[1].clone()];
     let error =
-        Volume::open_devices(mixed, common::one_node(), &common::quiet_options()).unwrap_err();
+        Volume::open_devices(mixed, testkit::one_node(), &testkit::quiet_options()).unwrap_err();
     assert!(error.to_string().contains("belongs to volume"), "{error}");
 
     let missing = vec![a[1].clone()];
     let error =
-        Volume::open_devices(missing, common::one_node(), &common::quiet_options()).unwrap_err();
+        Volume::open_devices(missing, testkit::one_node(), &testkit::quiet_options()).unwrap_err();
     assert!(
         error.to_string().contains("device 0") && error.to_string().contains("missing"),
         "{error}"
@@ -116,17 +114,17 @@ fn devices_from_two_volumes_or_a_missing_device_do_not_open() {
 
     let twice = vec![a[0].clone(), a[0].clone()];
     let error =
-        Volume::open_devices(twice, common::one_node(), &common::quiet_options()).unwrap_err();
+        Volume::open_devices(twice, testkit::one_node(), &testkit::quiet_options()).unwrap_err();
     assert!(error.to_string().contains("both device 0"), "{error}");
 
-    let unformatted = common::traced_devices(&tracer, &[DEVICE_BYTES], &[Some(0)]);
-    let error = Volume::open_devices(unformatted, common::one_node(), &common::quiet_options())
+    let unformatted = testkit::traced_devices(&tracer, &[DEVICE_BYTES], &[Some(0)]);
+    let error = Volume::open_devices(unformatted, testkit::one_node(), &testkit::quiet_options())
         .unwrap_err();
     assert!(matches!(error, VolumeError::NotFormatted { .. }), "{error}");
 
     let reordered = vec![a[1].clone(), a[0].clone()];
     let volume =
-        Volume::open_devices(reordered, common::one_node(), &common::quiet_options()).unwrap();
+        Volume::open_devices(reordered, testkit::one_node(), &testkit::quiet_options()).unwrap();
     assert_eq!(
         volume.stats()[0].path,
         "dev0",

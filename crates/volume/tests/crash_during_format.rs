@@ -2,8 +2,6 @@
 //! volume: every crash image either refuses to open with a named error or opens as exactly
 //! the volume that was being formatted.
 
-mod common;
-
 use pmem::Tracer;
 use volume::{Volume, VolumeError};
 
@@ -29,9 +27,9 @@ fn check_images(
                 .map(|bytes| replay.region_with(bytes.clone()))
                 .collect();
             match Volume::open_devices(
-                common::sources(regions, nodes),
-                common::one_node(),
-                &common::quiet_options(),
+                testkit::sources(regions, nodes),
+                testkit::one_node(),
+                &testkit::quiet_options(),
             ) {
                 Ok(volume) => {
                     let which = acceptable.iter().position(|&u| u == volume.uuid());
@@ -62,7 +60,7 @@ fn check_images(
 fn crash_while_formatting_fresh_devices() {
     let tracer = Tracer::new();
     let nodes = [Some(0), Some(0)];
-    let devices = common::traced_devices(&tracer, &[DEVICE_BYTES, DEVICE_BYTES], &nodes);
+    let devices = testkit::traced_devices(&tracer, &[DEVICE_BYTES, DEVICE_BYTES], &nodes);
     Volume::format_devices(&devices, UUID).unwrap();
     let (opened, refused) = check_images(&tracer, &nodes, &[UUID]);
     assert!(
@@ -75,7 +73,7 @@ fn crash_while_formatting_fresh_devices() {
 fn crash_while_reformatting_over_an_old_volume() {
     let tracer = Tracer::new();
     let nodes = [Some(0), Some(0)];
-    let devices = common::traced_devices(&tracer, &[DEVICE_BYTES, DEVICE_BYTES], &nodes);
+    let devices = testkit::traced_devices(&tracer, &[DEVICE_BYTES, DEVICE_BYTES], &nodes);
     Volume::format_devices(&devices, [0x11; 16]).unwrap();
     // Start tracing from the old volume as durable contents.
     let old = tracer.contents();
@@ -84,7 +82,7 @@ fn crash_while_reformatting_over_an_old_volume() {
         .into_iter()
         .map(|bytes| tracer.region_with(bytes))
         .collect();
-    Volume::format_devices(&common::sources(regions, &nodes), UUID).unwrap();
+    Volume::format_devices(&testkit::sources(regions, &nodes), UUID).unwrap();
     // Before the first store the old volume is whole and correct; after the last, the new.
     let (opened, refused) = check_images(&tracer, &nodes, &[[0x11; 16], UUID]);
     assert!(

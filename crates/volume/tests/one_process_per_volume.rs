@@ -1,7 +1,5 @@
 //! A volume directory on tmpfs: format, reopen, and a second opener told who holds it.
 
-mod common;
-
 use volume::{Volume, VolumeError, default_config};
 
 #[test]
@@ -21,9 +19,9 @@ fn format_open_and_lock() {
         "{again}"
     );
 
-    let volume = Volume::open(dir.path(), topology.clone(), &common::quiet_options()).unwrap();
+    let volume = Volume::open(dir.path(), topology.clone(), &testkit::quiet_options()).unwrap();
     assert_eq!(volume.uuid(), uuid);
-    let second = Volume::open(dir.path(), topology.clone(), &common::quiet_options()).unwrap_err();
+    let second = Volume::open(dir.path(), topology.clone(), &testkit::quiet_options()).unwrap_err();
     match second {
         VolumeError::InUse { pid, .. } => assert_eq!(pid, std::process::id().to_string()),
         other => panic!("expected InUse, got {other}"),
@@ -33,7 +31,7 @@ fn format_open_and_lock() {
     volume.region(&extent).unwrap().persist(0, 4).unwrap();
     drop(volume);
 
-    let volume = Volume::open(dir.path(), topology, &common::quiet_options()).unwrap();
+    let volume = Volume::open(dir.path(), topology, &testkit::quiet_options()).unwrap();
     let mut bytes = [0u8; 4];
     volume.region(&extent).unwrap().read(0, &mut bytes).unwrap();
     assert_eq!(&bytes, b"kept");
@@ -52,7 +50,7 @@ fn no_volume_is_a_clear_error() {
     let error = Volume::open(
         dir.path(),
         topology::Topology::read_live().unwrap(),
-        &common::quiet_options(),
+        &testkit::quiet_options(),
     )
     .unwrap_err();
     assert!(error.to_string().contains("locus format"), "{error}");
