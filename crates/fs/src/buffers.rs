@@ -164,9 +164,20 @@ impl Pool {
         len: u64,
         alloc: &dyn Fn(u64) -> Result<Extent>,
     ) -> Result<Reserve> {
-        debug_assert!(len <= self.buffer_bytes);
         let has_whole_block = offset.next_multiple_of(BLOCK) + BLOCK <= offset + len;
-        loop {
+        // At the file's in-page offset a write needs this much of a fresh buffer; more than a
+        // whole one could never be placed (the caller gives such writes buffers of their own).
+        let needs = if has_whole_block { offset % BLOCK } else { 0 } + len;
+        if needs > self.buffer_bytes {
+            return Err(crate::error::FsError::Invalid(format!(
+                "{len} bytes at in-page offset {} do not fit a preliminary buffer of {} bytes",
+                offset % BLOCK,
+                self.buffer_bytes
+            )));
+        }
+        // Each turn either places the write, moves to the next buffer, or fills an empty one
+        // (which then places it): a bounded number of turns.
+        for _ in 0..=3 * self.buffers.len() {
             match &self.buffers[self.current] {
                 Some((set, base, capacity)) if !set.is_sealed() => {
                     let at = if has_whole_block {
@@ -195,17 +206,15 @@ impl Pool {
                 // Sealed, with records the checkpoint has not retired yet.
                 Some((set, _, _)) if !set.is_reclaimed() => return Ok(Reserve::Wait),
                 _ => {
-                    // A whole buffer if free memory has one; else the largest power-of-two
-                    // fraction of one it has, down to what this write needs.
+                    // A whole buffer if free memory has one; else just what this write
+                    // needs: memory is short, and a buffer holds all of its memory until the
+                    // last of its records is retired, so the pool keeps none to spare.
                     let needed = (offset % BLOCK + len).next_multiple_of(BLOCK);
-                    let mut size = self.buffer_bytes;
-                    let extent = loop {
-                        match alloc(size) {
-                            Err(crate::error::FsError::Volume(volume::VolumeError::NoSpace {
-                                ..
-                            })) if size / 2 >= needed => size = (size / 2).next_multiple_of(BLOCK),
-                            other => break other?,
-                        }
+                    let extent = match alloc(self.buffer_bytes) {
+                        Err(crate::error::FsError::Volume(volume::VolumeError::NoSpace {
+                            ..
+                        })) if needed < self.buffer_bytes => alloc(needed)?,
+                        other => other?,
                     };
                     let set = std::sync::Arc::new(BufferSet::new(vec![extent]));
                     self.buffers[self.current] = Some((set, extent.start.raw(), extent.len_bytes));
@@ -213,6 +222,7 @@ impl Pool {
                 }
             }
         }
+        unreachable!("a fresh preliminary buffer of at least {needs} bytes places the write")
     }
 
     /// Seals every buffer (at unmount): the checkpoint reclaims each when its records retire.

@@ -26,7 +26,10 @@ use crate::journal::{Kind, MAX_RECORD, MapEntry, MetaOp};
 use crate::pieces::{Piece, alloc_halving};
 use crate::progress::{GATHER_RECORDS, Pending, Queue, Until};
 use crate::range_lock::LockMode;
-use crate::snapshot::{InodeImage, Snapshot, SnapshotIndex};
+use crate::snapshot::{
+    INDEX_PAGE_BYTES, INDEX_PAGE_PIECES, InodeImage, RUN_BYTES, Snapshot, SnapshotIndex,
+    write_growth_bound,
+};
 
 /// Whole-block runs of a record at least this long are remapped into the file; shorter
 /// ones are copied into the file's existing blocks (remapped only into holes). Remapping
@@ -160,6 +163,7 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
             None => retired.push((p.slot, p.seq)),
         }
     }
+    let op_maps = work.maps.len() as u64;
     let op = MetaOp::Batch {
         maps: work.maps,
         sizes: work
@@ -180,6 +184,15 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
         .counters
         .metadata_bytes
         .fetch_add(bytes, Ordering::Relaxed);
+    // Each mapping splits at most one run into three: that replaces what the records were
+    // counted at when logged.
+    inner.grow_snapshot(2 * RUN_BYTES * op_maps);
+    let bounds: u64 = batch
+        .records
+        .iter()
+        .map(|p| write_growth_bound(p.offset, p.len))
+        .sum();
+    inner.pending_growth.fetch_sub(bounds, Ordering::Relaxed);
 
     // Durable: retire, free, release.
     for (slot, seq) in retired {
@@ -405,6 +418,9 @@ pub(crate) fn snapshot(inner: &Inner) -> Result<()> {
     inner
         .snapshot_bytes
         .store(bytes.len() as u64, Ordering::Relaxed);
+    // Metadata operations are held off by the gate and batches run on this thread: nothing
+    // grew since the image was taken.
+    inner.snapshot_growth.store(0, Ordering::Relaxed);
     inner.volume.fence();
     let old = Extent {
         start: volume::GlobalAddress::from_raw(root.snapshot_addr),
@@ -490,32 +506,47 @@ fn write_snapshot(inner: &Inner, bytes: &[u8]) -> Result<Written> {
             pieces_bytes: 0,
         });
     }
-    let index = SnapshotIndex {
-        total: len,
-        pieces: pieces.iter().map(|p| (p.item.start.raw(), p.len)).collect(),
-    }
-    .encode();
-    let named = inner
-        .volume
-        .alloc_local(index.len() as u64)
-        .map_err(FsError::from)
-        .and_then(|named| {
-            let written = inner
-                .region_at(named.start.raw())
-                .and_then(|(region, at)| Ok(region.write_nt(at, &index)?));
-            match written {
-                Ok(()) => Ok(named),
-                Err(e) => {
-                    if let Err(e) = inner.volume.free(named) {
-                        tracing::error!(error = %e, "returning a snapshot index failed");
+    // The index, in pages of one block each (a block is the one size fragmented memory is
+    // sure to have), each naming the next; the root names the first.
+    let chunks: Vec<&[Piece<Extent>]> = pieces.chunks(INDEX_PAGE_PIECES).collect();
+    let mut pages: Vec<Extent> = Vec::with_capacity(chunks.len());
+    let written = chunks
+        .iter()
+        .try_for_each(|_| {
+            pages.push(inner.volume.alloc_local(INDEX_PAGE_BYTES)?);
+            Ok(())
+        })
+        .and_then(|()| {
+            let encoded: Vec<Vec<u8>> = (0..chunks.len())
+                .rev()
+                .scan(None, |next: &mut Option<(u64, u64)>, i| {
+                    let bytes = SnapshotIndex {
+                        total: len,
+                        pieces: chunks[i]
+                            .iter()
+                            .map(|p| (p.item.start.raw(), p.len))
+                            .collect(),
+                        next: *next,
                     }
-                    Err(e)
+                    .encode();
+                    *next = Some((pages[i].start.raw(), bytes.len() as u64));
+                    Some(bytes)
+                })
+                .collect();
+            for (page, bytes) in pages.iter().zip(encoded.iter().rev()) {
+                let (region, at) = inner.region_at(page.start.raw())?;
+                region.write_nt(at, bytes)?;
+            }
+            Ok(encoded.last().map_or(0, |first| first.len() as u64))
+        });
+    let first_len = match written {
+        Ok(first_len) => first_len,
+        Err(e) => {
+            for page in pages {
+                if let Err(e) = inner.volume.free(page) {
+                    tracing::error!(error = %e, "returning a snapshot index page failed");
                 }
             }
-        });
-    let named = match named {
-        Ok(named) => named,
-        Err(e) => {
             give_back(pieces);
             return Err(e);
         }
@@ -525,10 +556,16 @@ fn write_snapshot(inner: &Inner, bytes: &[u8]) -> Result<Written> {
         pieces = pieces.len(),
         "snapshot written in pieces: no single free extent could hold it"
     );
+    let named = pages[0];
+    let more_pages = (pages.len() as u64 - 1) * INDEX_PAGE_BYTES;
     Ok(Written {
         named,
-        named_len: index.len() as u64,
-        pieces: pieces.into_iter().map(|p| p.item).collect(),
-        pieces_bytes: len,
+        named_len: first_len,
+        pieces: pieces
+            .into_iter()
+            .map(|p| p.item)
+            .chain(pages.into_iter().skip(1))
+            .collect(),
+        pieces_bytes: len + more_pages,
     })
 }

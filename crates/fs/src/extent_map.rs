@@ -57,7 +57,6 @@ impl ExtentMap {
     }
 
     /// Number of runs.
-    #[cfg(test)]
     pub fn run_count(&self) -> usize {
         self.runs.len()
     }

@@ -34,7 +34,7 @@ use crate::journal::{Journal, JournalRecord, Kind, MetaOp};
 use crate::log::{LogArea, LogRecord};
 use crate::progress::Pending;
 use crate::root::Root;
-use crate::snapshot::{INDEX_MAGIC, InodeImage, Snapshot, SnapshotIndex};
+use crate::snapshot::{INDEX_MAGIC, InodeImage, MAX_PIECES, Snapshot, SnapshotIndex};
 
 /// The inodes while the logs are replayed: the running file system's own, built from the
 /// snapshot and changed by the same [`apply`] functions the live path calls.
@@ -293,14 +293,44 @@ fn load(volume: &Volume) -> Result<Loaded> {
     snapshot_region.read(0, &mut bytes)?;
     let mut snapshot_pieces = Vec::new();
     if bytes.len() >= 8 && bytes[..8] == INDEX_MAGIC.to_le_bytes() {
-        let index = SnapshotIndex::decode(&bytes)?;
-        let mut joined = Vec::with_capacity(index.total as usize);
-        for &(addr, len) in &index.pieces {
+        let mut page = SnapshotIndex::decode(&bytes)?;
+        let total = page.total;
+        let mut joined = Vec::new();
+        let mut pieces = 0u64;
+        loop {
+            for &(addr, len) in &page.pieces {
+                pieces += 1;
+                if joined.len() as u64 + len > total || pieces > u64::from(MAX_PIECES) {
+                    return Err(FsError::corrupt(
+                        "file-system snapshot index",
+                        format!("its pages name more than {total} bytes or {MAX_PIECES} pieces"),
+                    ));
+                }
+                let region = volume.region(&extent_of(addr, len))?;
+                let at = joined.len();
+                joined.resize(at + len as usize, 0);
+                region.read(0, &mut joined[at..])?;
+                snapshot_pieces.push(extent_of(addr, len));
+            }
+            let Some((addr, len)) = page.next else { break };
+            // The next page is owned with the pieces, and freed with them.
             let region = volume.region(&extent_of(addr, len))?;
-            let at = joined.len();
-            joined.resize(at + len as usize, 0);
-            region.read(0, &mut joined[at..])?;
+            let mut next = vec![0u8; len as usize];
+            region.read(0, &mut next)?;
             snapshot_pieces.push(extent_of(addr, len));
+            page = SnapshotIndex::decode(&next)?;
+            if page.total != total {
+                return Err(FsError::corrupt(
+                    "file-system snapshot index",
+                    format!("a page says {} bytes, the first {total}", page.total),
+                ));
+            }
+        }
+        if joined.len() as u64 != total {
+            return Err(FsError::corrupt(
+                "file-system snapshot index",
+                format!("its pages name {} bytes, it says {total}", joined.len()),
+            ));
         }
         bytes = joined;
     }

@@ -4,7 +4,7 @@
 
 use crate::codec::{Decoder, Encoder};
 use crate::error::Result;
-use crate::extent_map::Run;
+use crate::extent_map::{BLOCK, Run};
 use crate::journal::Kind;
 
 /// `LOCUSSNP`.
@@ -12,32 +12,45 @@ pub const SNAPSHOT_MAGIC: u64 = u64::from_le_bytes(*b"LOCUSSNP");
 /// Format version.
 pub const SNAPSHOT_VERSION: u32 = 1;
 
-/// `LOCUSSNX`: a snapshot index, which the root names instead of the snapshot when no single
-/// extent could hold the snapshot (free memory left in pieces).
+/// `LOCUSSNX`: a snapshot index page, which the root names instead of the snapshot when no
+/// single extent could hold the snapshot (free memory left in pieces).
 pub const INDEX_MAGIC: u64 = u64::from_le_bytes(*b"LOCUSSNX");
-/// Index format version.
-pub const INDEX_VERSION: u32 = 1;
-/// Most pieces one index names.
+/// Index format version: pages that may name a next page.
+pub const INDEX_VERSION: u32 = 2;
+/// The first index version: one index, no next page (still read).
+const INDEX_VERSION_SINGLE: u32 = 1;
+/// Most pieces one snapshot is in, over all its index pages.
 pub const MAX_PIECES: u32 = 1 << 16;
+/// Bytes of an index page: one block, so that a page fits wherever one free block is left.
+pub const INDEX_PAGE_BYTES: u64 = 4096;
+/// Pieces one index page names.
+pub const INDEX_PAGE_PIECES: usize = ((INDEX_PAGE_BYTES - INDEX_HEADER - 4) / 16) as usize;
+const INDEX_HEADER: u64 = 8 + 4 + 4 + 8 + 8 + 8;
 
-/// Where a snapshot's bytes lie when they are in pieces: `(global address, length)` of each
-/// piece, in order; the snapshot is their concatenation.
+/// One page of the index of a snapshot in pieces: `(global address, length)` of each piece
+/// it names, in order, and where the next page is. The snapshot is the concatenation of the
+/// pieces of every page, in page order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnapshotIndex {
-    /// Length of the snapshot (the sum of the pieces).
+    /// Length of the snapshot (the sum of the pieces of every page).
     pub total: u64,
-    /// The pieces, in order.
+    /// The pieces this page names, in order.
     pub pieces: Vec<(u64, u64)>,
+    /// `(global address, length)` of the next page, if any.
+    pub next: Option<(u64, u64)>,
 }
 
 impl SnapshotIndex {
-    /// Encodes it, checksum last.
+    /// Encodes it (version 2), checksum last.
     pub fn encode(&self) -> Vec<u8> {
         let mut e = Encoder::default();
+        let (next, next_len) = self.next.unwrap_or((0, 0));
         e.u64(INDEX_MAGIC)
             .u32(INDEX_VERSION)
             .u32(self.pieces.len() as u32)
-            .u64(self.total);
+            .u64(self.total)
+            .u64(next)
+            .u64(next_len);
         for &(addr, len) in &self.pieces {
             e.u64(addr).u64(len);
         }
@@ -46,7 +59,8 @@ impl SnapshotIndex {
         e.0
     }
 
-    /// Decodes and checks an index; every failure names what is wrong.
+    /// Decodes and checks an index page (version 2, or a version-1 index: one page); every
+    /// failure names what is wrong.
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         let structure = "file-system snapshot index";
         let d = Decoder::new(bytes, structure);
@@ -62,14 +76,31 @@ impl SnapshotIndex {
             return Err(d.error("crc32c mismatch"));
         }
         let version = d.u32("version")?;
-        if version != INDEX_VERSION {
-            return Err(d.error(format!("version {version}, expected {INDEX_VERSION}")));
+        if version != INDEX_VERSION && version != INDEX_VERSION_SINGLE {
+            return Err(d.error(format!(
+                "version {version}, expected {INDEX_VERSION_SINGLE} or {INDEX_VERSION}"
+            )));
         }
         let count = d.u32("piece count")?;
         if count == 0 || count > MAX_PIECES {
             return Err(d.error(format!("{count} pieces; 1..={MAX_PIECES}")));
         }
         let total = d.u64("total length")?;
+        let next = if version == INDEX_VERSION {
+            let addr = d.u64("next page address")?;
+            let len = d.u64("next page length")?;
+            match (addr, len) {
+                (0, 0) => None,
+                (_, 28..=INDEX_PAGE_BYTES) if addr != 0 => Some((addr, len)),
+                _ => {
+                    return Err(d.error(format!(
+                        "next page at {addr} of {len} bytes (a page is 28..={INDEX_PAGE_BYTES})"
+                    )));
+                }
+            }
+        } else {
+            None
+        };
         if d.remaining() != count as usize * 16 {
             return Err(d.error(format!(
                 "{} bytes of pieces for {count} pieces of 16 bytes",
@@ -89,12 +120,18 @@ impl SnapshotIndex {
                 .ok_or_else(|| d.error("piece lengths overflow"))?;
             pieces.push((addr, len));
         }
-        if sum != total {
+        // A page of a chain names part of the snapshot (recovery checks the whole adds up);
+        // a version-1 index names all of it.
+        if sum > total || version == INDEX_VERSION_SINGLE && sum != total {
             return Err(d.error(format!(
                 "pieces add up to {sum} bytes, the index says {total}"
             )));
         }
-        Ok(Self { total, pieces })
+        Ok(Self {
+            total,
+            pieces,
+            next,
+        })
     }
 }
 
@@ -117,6 +154,23 @@ pub struct InodeImage {
     pub entries: Vec<(String, u64)>,
     /// Extent map (files).
     pub runs: Vec<Run>,
+}
+
+/// Bytes an inode's fixed fields take in a snapshot.
+pub(crate) const INODE_BYTES: u64 = 8 + 1 + 4 + 8 + 8 + 8 + 8 + 8;
+/// Bytes one extent run takes.
+pub(crate) const RUN_BYTES: u64 = 24;
+/// The most a logged write of `len` bytes at `offset` can add to the next snapshot once the
+/// checkpoint has moved it: every map change it causes (one per block, and the partial
+/// blocks at its edges) splits at most one run into three.
+pub(crate) fn write_growth_bound(offset: u64, len: u64) -> u64 {
+    let blocks = (offset + len).div_ceil(BLOCK) - offset / BLOCK;
+    2 * RUN_BYTES * (blocks + 2)
+}
+
+/// Bytes a directory entry named `name` takes.
+pub(crate) fn entry_bytes(name: &str) -> u64 {
+    2 + name.len() as u64 + 8
 }
 
 /// The whole metadata at one moment.
@@ -313,6 +367,7 @@ mod tests {
     #[test]
     fn an_index_round_trips_and_rejects_every_flipped_byte_and_bad_sums() {
         let index = SnapshotIndex {
+            next: None,
             total: 12_288 + 100,
             pieces: vec![(1 << 21, 8192), (3 << 21, 4096 + 100)],
         };
@@ -325,14 +380,16 @@ mod tests {
             assert!(err.contains("snapshot index"), "byte {i}: {err}");
         }
         let short = SnapshotIndex {
-            total: 5,
+            next: None,
+            total: 3,
             pieces: vec![(0, 4)],
         };
         let err = SnapshotIndex::decode(&short.encode())
             .unwrap_err()
             .to_string();
-        assert!(err.contains("add up to 4 bytes, the index says 5"), "{err}");
+        assert!(err.contains("add up to 4 bytes, the index says 3"), "{err}");
         let empty = SnapshotIndex {
+            next: None,
             total: 0,
             pieces: vec![(0, 0)],
         };
@@ -340,5 +397,44 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("piece 0 is empty"), "{err}");
+    }
+
+    #[test]
+    fn an_index_page_names_its_next_page_and_a_full_page_fits_one_block() {
+        let first = SnapshotIndex {
+            total: 300 << 20,
+            pieces: vec![(1 << 21, 1 << 20); INDEX_PAGE_PIECES],
+            next: Some((5 << 21, 60)),
+        };
+        let bytes = first.encode();
+        assert!(
+            bytes.len() as u64 <= INDEX_PAGE_BYTES,
+            "{} bytes",
+            bytes.len()
+        );
+        assert_eq!(SnapshotIndex::decode(&bytes).unwrap(), first);
+        // A page names part of the snapshot, never more than all of it.
+        let last = SnapshotIndex {
+            total: 300 << 20,
+            pieces: vec![(7 << 21, 1 << 20)],
+            next: None,
+        };
+        assert_eq!(SnapshotIndex::decode(&last.encode()).unwrap(), last);
+        let over = SnapshotIndex {
+            total: 1 << 19,
+            ..last
+        };
+        let err = SnapshotIndex::decode(&over.encode())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("add up to 1048576 bytes"), "{err}");
+        let bad_next = SnapshotIndex {
+            next: Some((0, 60)),
+            ..first
+        };
+        let err = SnapshotIndex::decode(&bad_next.encode())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("next page at 0"), "{err}");
     }
 }

@@ -15,6 +15,7 @@ use crate::inode::{Inode, Stat};
 use crate::journal::{Kind, MetaOp};
 use crate::path;
 use crate::range_lock::LockMode;
+use crate::snapshot::{INODE_BYTES, RUN_BYTES, entry_bytes};
 
 impl Inner {
     pub(crate) fn lookup_in(&self, dir: &Inode, name: &str, shown: &str) -> Result<Arc<Inode>> {
@@ -115,6 +116,7 @@ impl Inner {
                 .write()
                 .expect("inode table")
                 .insert(ino, Arc::clone(&inode));
+            fs.grow_snapshot(INODE_BYTES + entry_bytes(name));
             Ok(Some(inode))
         })
     }
@@ -307,6 +309,7 @@ impl Inner {
                 &moved,
             ));
             drop(target_entries);
+            fs.grow_snapshot(entry_bytes(dst_name));
             if let Some(t) = target {
                 fs.unlinked(&t)?;
             }
@@ -386,6 +389,8 @@ impl Inner {
                     last - first,
                     time,
                 ));
+                // A hole inside a run splits it.
+                self.grow_snapshot(RUN_BYTES);
                 drop(gate);
                 drop(range);
                 drop(batch);
@@ -409,7 +414,8 @@ impl Inner {
                 let block = size / BLOCK;
                 let mut bytes = vec![0u8; BLOCK as usize];
                 fs.read_into(inode, block * BLOCK, &mut bytes[..(size % BLOCK) as usize])?;
-                let extent = fs.volume.alloc_local(BLOCK)?;
+                // A caller's allocation: it leaves the checkpoint its reserve.
+                let extent = fs.alloc_buffer(BLOCK)?;
                 let (region, offset) = fs.region_at(extent.start.raw())?;
                 region.write_nt(offset, &bytes)?;
                 fs.volume.fence();
@@ -443,6 +449,9 @@ impl Inner {
                 time,
             ));
             fs.free_runs(&freed)?;
+            if tail != 0 {
+                fs.grow_snapshot(RUN_BYTES);
+            }
             Ok(true)
         }
     }

@@ -21,6 +21,7 @@ use crate::lock_order::{FS_BATCH, FS_GATE, FS_JOURNAL, FS_LOG, FS_RENAME, Ordere
 use crate::log::LogArea;
 use crate::progress::{Pending, Progress, Queue};
 use crate::root::{Root, SlotAreas};
+use crate::snapshot::{INODE_BYTES, RUN_BYTES, entry_bytes, write_growth_bound};
 
 /// Counters of one slot, on its own cache lines.
 #[derive(Debug, Default)]
@@ -57,6 +58,13 @@ pub(crate) struct Inner {
     pub(crate) snapshot_pieces: Mutex<Vec<Extent>>,
     /// Length of the current snapshot, for the writers' reserve.
     pub(crate) snapshot_bytes: AtomicU64,
+    /// How much larger than the current snapshot the next may be: the metadata added since
+    /// it was written, counted as it is added ([`Inner::grow_snapshot`]).
+    pub(crate) snapshot_growth: AtomicU64,
+    /// What the logged writes the checkpoint has not moved yet may still add
+    /// ([`write_growth_bound`] of each): counted when a write is logged, so that the reserve
+    /// covers it before the checkpoint makes it real.
+    pub(crate) pending_growth: AtomicU64,
     pub(crate) options: FsOptions,
     pub(crate) inodes: RwLock<HashMap<u64, Arc<Inode>>>,
     pub(crate) next_ino: AtomicU64,
@@ -152,6 +160,20 @@ thread_local! {
     static LEASES: RefCell<Vec<Lease>> = const { RefCell::new(Vec::new()) };
 }
 
+/// What a snapshot of `inodes` would take (an upper bound: the fixed fields as written).
+fn snapshot_size(inodes: &HashMap<u64, Arc<Inode>>, slots: usize) -> u64 {
+    let header = 8 + 4 + 4 + 8 + 8 + 8 + 4 + 8 + 4;
+    let per_inode: u64 = inodes
+        .values()
+        .map(|inode| {
+            let entries: u64 = inode.entries().keys().map(|n| entry_bytes(n)).sum();
+            let runs = inode.extents.read().expect("extent map").run_count() as u64;
+            INODE_BYTES + entries + runs * RUN_BYTES
+        })
+        .sum();
+    header + slots as u64 * 8 + per_inode
+}
+
 impl Slot {
     /// The slot's journal, locked (rank [`FS_JOURNAL`]).
     pub(crate) fn journal(&self) -> Ordered<MutexGuard<'_, Journal>> {
@@ -201,6 +223,12 @@ impl Inner {
         } = recovered;
         let slot_limit = root.slot_limit as usize;
         let pending = slots.iter().map(|s| s.2.len() as u64).sum();
+        let next_snapshot = snapshot_size(&inodes, root.slots.len());
+        let pending_growth = slots
+            .iter()
+            .flat_map(|s| s.2.iter())
+            .map(|p| write_growth_bound(p.offset, p.len))
+            .sum();
         let inner = Arc::new(Inner {
             id: NEXT_FS_ID.fetch_add(1, Ordering::Relaxed),
             volume,
@@ -209,6 +237,9 @@ impl Inner {
             root: Mutex::new(root),
             snapshot_pieces: Mutex::new(snapshot_pieces),
             snapshot_bytes: AtomicU64::new(snapshot_bytes),
+            // What replaying the journals added to the snapshot's metadata.
+            snapshot_growth: AtomicU64::new(next_snapshot.saturating_sub(snapshot_bytes)),
+            pending_growth: AtomicU64::new(pending_growth),
             options,
             inodes: RwLock::new(inodes),
             next_ino: AtomicU64::new(next_ino),
@@ -262,14 +293,20 @@ impl Inner {
     }
 
     /// Memory writers leave free for the checkpoint, which must never fail for want of it:
-    /// room for two snapshots (the next is written before the last is freed) and for fresh
-    /// pages under partial writes into holes — at least 1 MiB, and 1/512 of the volume.
+    /// room for the next snapshot twice over (it may have to go into pieces, with an index),
+    /// however much the metadata grew since the last, and for fresh pages under partial
+    /// writes into holes — at least 1 MiB, and 1/512 of the volume.
     pub(crate) fn reserve_bytes(&self) -> u64 {
-        2 * self
-            .snapshot_bytes
-            .load(Ordering::Relaxed)
-            .next_multiple_of(BLOCK)
-            + (self.volume.data_bytes() / 512).max(1 << 20)
+        let next_snapshot = self.snapshot_bytes.load(Ordering::Relaxed)
+            + self.snapshot_growth.load(Ordering::Relaxed)
+            + self.pending_growth.load(Ordering::Relaxed);
+        2 * next_snapshot.next_multiple_of(BLOCK) + (self.volume.data_bytes() / 512).max(1 << 20)
+    }
+
+    /// The next snapshot may be up to `bytes` larger: metadata was added (an inode, a name,
+    /// extent runs).
+    pub(crate) fn grow_snapshot(&self, bytes: u64) {
+        self.snapshot_growth.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// Runs an allocation `f` until it succeeds or fails for a reason other than space. Out

@@ -14,6 +14,7 @@ use crate::extent_map::BLOCK;
 use crate::inode::Inode;
 use crate::progress::Pending;
 use crate::range_lock::LockMode;
+use crate::snapshot::write_growth_bound;
 
 impl Inner {
     /// Waits until the slot's log area has a free record slot. Only the slot's thread
@@ -58,6 +59,8 @@ impl Inner {
             order,
             record.mtime,
         ));
+        self.pending_growth
+            .fetch_add(write_growth_bound(offset, len), Ordering::Relaxed);
         ticket.queue(Pending {
             slot: slot.index,
             seq: record.sequence,
@@ -90,7 +93,9 @@ impl Inner {
         let slot = self.slot()?;
         // Buffer space and the copy come before the range lock: the data is private to
         // this thread until its record is committed.
-        let (set, addr) = if len > self.options.prelim_buffer_bytes {
+        // A write whose bytes, at the file's in-page offset, would not fit one preliminary
+        // buffer gets its own (the pool could never place it).
+        let (set, addr) = if offset % BLOCK + len > self.options.prelim_buffer_bytes {
             // Too large for the pool: a buffer of its own, at the file's in-page offset so
             // its whole blocks can be remapped.
             let extent = self.with_space(|| self.alloc_buffer(len + offset % BLOCK))?;

@@ -1,0 +1,109 @@
+//! Volumes the way long use leaves them: full, and with free space in scattered small holes.
+//! Every write the free blocks can hold succeeds, whatever its size and offset; a full volume
+//! answers `ENOSPC` and never stops the file system; unmount and check stay clean.
+
+use testkit::*;
+
+use fs::{ErrorKind, Fs, FsOptions};
+
+fn rng(state: &mut u64) -> u64 {
+    *state = state
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    *state >> 16
+}
+
+#[test]
+fn random_writes_into_a_sparse_file_larger_than_the_volume_end_in_no_space_not_shutdown() {
+    sparse_past_full(
+        "aged-sparse-small",
+        64 << 20,
+        &small_format(),
+        small_options(),
+    );
+}
+
+#[test]
+fn random_writes_past_full_with_default_options() {
+    sparse_past_full(
+        "aged-sparse-default",
+        256 << 20,
+        &fs::FormatOptions::default(),
+        FsOptions::default(),
+    );
+}
+
+fn sparse_past_full(name: &str, size: u64, format: &fs::FormatOptions, options: FsOptions) {
+    let shm = shm_volume(name, size);
+    let fs = Fs::format(open_volume(&shm.dir), format, options).unwrap();
+    let f = fs.create("/sparse").unwrap();
+    let mut state = 7;
+    let mut written = Vec::new();
+    let mut refused = 0;
+    for i in 0..2 * size / 4096 {
+        let at = rng(&mut state) % (2 * size) / 4096 * 4096;
+        match f.write_at(&pattern(i, at, 4096), at) {
+            Ok(()) => written.push((i, at)),
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::NoSpace, "write {i}: {e}");
+                refused += 1;
+                if refused == 50 {
+                    break;
+                }
+            }
+        }
+    }
+    assert_eq!(refused, 50, "the volume never filled");
+    // Still running: reads work, metadata works, the last value of every block is there.
+    fs.mkdir("/after", 0o755).unwrap();
+    let mut last = std::collections::HashMap::new();
+    for &(i, at) in &written {
+        last.insert(at, i);
+    }
+    let mut back = vec![0u8; 4096];
+    for (&at, &i) in last.iter().take(2000) {
+        f.read_at(&mut back, at).unwrap();
+        assert!(back == pattern(i, at, 4096), "block at {at}");
+    }
+    drop(f);
+    fs.unmount().expect("a full volume unmounts");
+    let check = Fs::check(&open_volume(&shm.dir)).expect("a full volume checks clean");
+    assert_eq!(check.files, 1);
+    let fs = Fs::open(open_volume(&shm.dir), FsOptions::default()).expect("and opens again");
+    let f = fs
+        .open_file("/sparse", fs::OpenOptions::read_write())
+        .unwrap();
+    for (&at, &i) in last.iter().take(2000) {
+        f.read_at(&mut back, at).unwrap();
+        assert!(
+            back == pattern(i, at, 4096),
+            "block at {at} after reopening"
+        );
+    }
+    drop(f);
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn writes_longer_than_a_buffer_at_unaligned_offsets_complete() {
+    let shm = shm_volume("aged-unaligned", 128 << 20);
+    let options = small_options();
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), options.clone()).unwrap();
+    let f = fs.create("/f").unwrap();
+    let buffer = options.prelim_buffer_bytes;
+    for (tag, at, len) in [
+        (1, 1, buffer),
+        (2, 4095, buffer - 100),
+        (3, (1 << 20) + 17, buffer - 17),
+        (4, 3 << 20, 8 << 20),
+        (5, (12 << 20) + 1, 8 << 20),
+    ] {
+        let data = pattern(tag, at, len as usize);
+        f.write_at(&data, at).unwrap();
+        let mut back = vec![0u8; len as usize];
+        assert_eq!(f.read_at(&mut back, at).unwrap(), len as usize);
+        assert!(back == data, "write {tag} reads back");
+    }
+    drop(f);
+    fs.unmount().unwrap();
+}
