@@ -475,7 +475,7 @@ fn write_snapshot(inner: &Inner, bytes: &[u8]) -> Result<Written> {
         BLOCK,
         crate::snapshot::MAX_PIECES as usize,
         &mut pieces,
-        |n| Ok(inner.volume.alloc_local(n.next_multiple_of(BLOCK))?),
+        |_, n| Ok(inner.volume.alloc_local(n.next_multiple_of(BLOCK))?),
     )
     .and_then(|()| {
         for piece in &pieces {

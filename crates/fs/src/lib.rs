@@ -67,7 +67,7 @@ pub use fs::{
 };
 pub use inode::{DirEntry, Stat};
 pub use journal::Kind;
-pub use log::{LogArea, LogRecord};
+pub use log::{LogArea, LogRecord, Piece as LogPiece};
 pub use path::MAX_NAME;
 pub use range_lock::{LockMode, RangeGuard, RangeLocks};
 pub use recovery::FsCheck;

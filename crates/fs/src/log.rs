@@ -24,8 +24,10 @@ use crate::error::{FsError, Result};
 
 /// `LOCUSLOG`.
 pub const LOG_MAGIC: u64 = u64::from_le_bytes(*b"LOCUSLOG");
-/// Format version.
-pub const LOG_VERSION: u32 = 2;
+/// Format version: records may form groups (one write in several pieces).
+pub const LOG_VERSION: u32 = 3;
+/// The version before groups (still read; raised to 3 before its first group is appended).
+const LOG_VERSION_WITHOUT_GROUPS: u32 = 2;
 /// The version before records carried the write's time (still read, and written to as
 /// version 1: its records keep `mtime` 0).
 const LOG_VERSION_WITHOUT_TIMES: u32 = 1;
@@ -34,10 +36,22 @@ pub const RECORD_BYTES: u64 = 64;
 /// Most record slots in one area.
 pub const MAX_RECORDS: u64 = 1 << 24;
 
-// A record is one cache line: its encoding (7 words, 4 reserved bytes, the CRC) must fill it
+// A record is one cache line: its encoding (7 words, the group count, the CRC) must fill it
 // exactly, so that one flush of one line makes it durable and it cannot tear across lines.
 const _: () =
     assert!(7 * 8 + 4 + 4 == RECORD_BYTES as usize && RECORD_BYTES == pmem::CACHE_LINE as u64);
+
+/// Where part of a write's data is: `length` bytes for file offset `offset`, at the global
+/// address `buffer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    /// Byte offset in the file.
+    pub offset: u64,
+    /// Bytes.
+    pub length: u64,
+    /// Global address of the persistent buffer holding them.
+    pub buffer: u64,
+}
 
 /// What a record says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +71,24 @@ pub struct LogRecord {
     /// The write's time (ns since the Unix epoch), the file's modification time from it on;
     /// 0 in areas of version 1, which did not record it.
     pub mtime: u64,
+    /// This record's place in its write's group: a write whose data is in several pieces is
+    /// one group of records `0..parts`, appended together, and counts only once all of them
+    /// are durable.
+    pub part: u16,
+    /// Records in its write's group; 0 for a write of one record.
+    pub parts: u16,
+}
+
+impl LogRecord {
+    /// The last record of its write.
+    fn ends_write(&self) -> bool {
+        self.part + 1 >= self.parts
+    }
+
+    /// The sequence of the first record of its write.
+    fn write_start(&self) -> u64 {
+        self.sequence - u64::from(self.part)
+    }
 }
 
 impl LogRecord {
@@ -76,6 +108,8 @@ impl LogRecord {
         {
             bytes[i * 8..i * 8 + 8].copy_from_slice(&value.to_le_bytes());
         }
+        bytes[56..58].copy_from_slice(&self.part.to_le_bytes());
+        bytes[58..60].copy_from_slice(&self.parts.to_le_bytes());
         let crc = crc32c::crc32c(&bytes[..60]);
         bytes[60..64].copy_from_slice(&crc.to_le_bytes());
         bytes
@@ -84,7 +118,7 @@ impl LogRecord {
     /// `None` for an empty or torn slot (CRC mismatch), which recovery skips.
     fn decode(bytes: &[u8; RECORD_BYTES as usize]) -> Option<Self> {
         let crc = u32::from_le_bytes(bytes[60..64].try_into().expect("4 bytes"));
-        if crc != crc32c::crc32c(&bytes[..60]) || bytes[56..60].iter().any(|&b| b != 0) {
+        if crc != crc32c::crc32c(&bytes[..60]) {
             return None;
         }
         let word =
@@ -97,6 +131,8 @@ impl LogRecord {
             buffer: word(4),
             order: word(5),
             mtime: word(6),
+            part: u16::from_le_bytes(bytes[56..58].try_into().expect("2 bytes")),
+            parts: u16::from_le_bytes(bytes[58..60].try_into().expect("2 bytes")),
         };
         (record.sequence != 0).then_some(record)
     }
@@ -106,8 +142,14 @@ impl LogRecord {
 #[derive(Debug)]
 pub struct LogArea {
     region: Region,
-    /// Whether records carry their time (version 2 areas).
+    /// The header's version.
+    version: u32,
+    /// Whether records carry their time (version 2 and later).
     times: bool,
+    /// Slots (byte offsets) holding records of a group a crash cut short: valid records
+    /// past the live ones, cleared before the next append so they cannot be mistaken for
+    /// its successors.
+    stale: Vec<u64>,
     id: u32,
     capacity: u64,
     next_sequence: u64,
@@ -148,7 +190,9 @@ impl LogArea {
         region.persist(0, 8)?;
         Ok(Self {
             region,
+            version: LOG_VERSION,
             times: true,
+            stale: Vec::new(),
             id,
             capacity,
             next_sequence: 1,
@@ -169,16 +213,30 @@ impl LogArea {
         if u64_at(0) != LOG_MAGIC {
             return Err(bad("magic", "not a locus log area".into()));
         }
-        let version = u32_at(8);
-        if version != LOG_VERSION && version != LOG_VERSION_WITHOUT_TIMES {
+        let mut version = u32_at(8);
+        if !(LOG_VERSION_WITHOUT_TIMES..=LOG_VERSION).contains(&version) {
             return Err(bad(
                 "version",
-                format!("{version}, expected {LOG_VERSION_WITHOUT_TIMES} or {LOG_VERSION}"),
+                format!("{version}, expected {LOG_VERSION_WITHOUT_TIMES}..={LOG_VERSION}"),
             ));
         }
         let crc = u32_at(60);
-        if crc != crc32c::crc32c(&header[8..24]) {
-            return Err(bad("crc32c", "header checksum mismatch (damaged)".into()));
+        let crc_with = |v: u32| {
+            let mut h = header;
+            h[8..12].copy_from_slice(&v.to_le_bytes());
+            crc32c::crc32c(&h[8..24]) == crc
+        };
+        if !crc_with(version) {
+            // Raising version 2 to 3 stores the version and the CRC in different words: a
+            // crash between them leaves one of each. No group was appended before both were
+            // durable, so such an area is still version 2.
+            let other = LOG_VERSION + LOG_VERSION_WITHOUT_GROUPS - version;
+            if (version == LOG_VERSION || version == LOG_VERSION_WITHOUT_GROUPS) && crc_with(other)
+            {
+                version = LOG_VERSION_WITHOUT_GROUPS;
+            } else {
+                return Err(bad("crc32c", "header checksum mismatch (damaged)".into()));
+            }
         }
         let id = u32_at(12);
         let capacity = u64_at(16);
@@ -198,6 +256,10 @@ impl LogArea {
             let Some(record) = LogRecord::decode(&slot) else {
                 continue;
             };
+            // Before groups the bytes were reserved: a record with them set is not one.
+            if version < LOG_VERSION && (record.part, record.parts) != (0, 0) {
+                continue;
+            }
             if record.sequence <= retired {
                 continue;
             }
@@ -214,32 +276,74 @@ impl LogArea {
             live.push(record);
         }
         live.sort_by_key(|r| r.sequence);
-        let mut expected = retired + 1;
-        for record in &live {
-            if record.sequence != expected {
-                return Err(FsError::DamagedLog {
-                    area: id,
-                    problem: format!(
-                        "record {expected} is missing before record {}",
-                        record.sequence
-                    ),
-                });
-            }
-            expected += 1;
-        }
         if live.len() as u64 > capacity {
             return Err(FsError::DamagedLog {
                 area: id,
                 problem: "more live records than slots".into(),
             });
         }
+        let damaged = |problem: String| FsError::DamagedLog { area: id, problem };
+        // The contiguous records from the watermark on, checking that each record of a
+        // group is followed by the next of the same group; `complete`: how many of them end
+        // with a whole write.
+        let mut complete = 0;
+        for (expected, (i, record)) in (retired + 1..).zip(live.iter().enumerate()) {
+            if record.sequence != expected {
+                break;
+            }
+            if let Some(before) = i.checked_sub(1).map(|b| &live[b])
+                && !before.ends_write()
+                && (record.part != before.part + 1 || record.parts != before.parts)
+            {
+                return Err(damaged(format!(
+                    "record {} is part {} of {} of its write, record {} part {} of {}",
+                    before.sequence,
+                    before.part + 1,
+                    before.parts,
+                    record.sequence,
+                    record.part + 1,
+                    record.parts
+                )));
+            }
+            if record.ends_write() {
+                complete = i + 1;
+            }
+        }
+        // What follows the last whole write can only be the newest write, in several parts,
+        // cut short by a crash (its records are stored together, behind one fence): it never
+        // returned, and is dropped whole. Anything else — a gap before a record of another
+        // write — is damage.
+        let start = live[..complete]
+            .last()
+            .map_or(retired + 1, |r| r.sequence + 1);
+        if let Some(stray) = live[complete..]
+            .iter()
+            .find(|r| r.parts < 2 || r.write_start() != start || r.parts != live[complete].parts)
+        {
+            let missing = (start..)
+                .zip(&live[complete..])
+                .find(|(seq, r)| r.sequence != *seq)
+                .map_or(start, |(seq, _)| seq);
+            return Err(damaged(format!(
+                "record {missing} is missing before record {}",
+                stray.sequence.max(missing + 1)
+            )));
+        }
+        let stale: Vec<u64> = live[complete..]
+            .iter()
+            .map(|r| RECORD_BYTES * ((r.sequence - 1) % capacity + 1))
+            .collect();
+        live.truncate(complete);
+        let next_sequence = live.last().map_or(retired + 1, |r| r.sequence + 1);
         Ok((
             Self {
                 region,
-                times: version == LOG_VERSION,
+                version,
+                times: version >= LOG_VERSION_WITHOUT_GROUPS,
+                stale,
                 id,
                 capacity,
-                next_sequence: expected,
+                next_sequence,
                 retired: Arc::new(AtomicU64::new(retired)),
             },
             live,
@@ -287,26 +391,92 @@ impl LogArea {
         order: u64,
         mtime: u64,
     ) -> Result<LogRecord> {
-        if self.pending() == self.capacity {
+        let piece = Piece {
+            offset,
+            length,
+            buffer,
+        };
+        Ok(self.append_group(inode, &[piece], order, mtime)?[0])
+    }
+
+    /// Appends the records of one write whose data is in `pieces` (orders `first_order`,
+    /// `first_order + 1`, ...), as one group, and persists them; on return the write is
+    /// durable, and a crash before that leaves none of it. `LogFull` when the area has not
+    /// that many free slots.
+    pub fn append_group(
+        &mut self,
+        inode: u64,
+        pieces: &[Piece],
+        first_order: u64,
+        mtime: u64,
+    ) -> Result<Vec<LogRecord>> {
+        let count = pieces.len() as u64;
+        assert!(count > 0, "a write has at least one piece");
+        if self.pending() + count > self.capacity {
             return Err(FsError::LogFull {
                 area: self.id,
                 pending: self.pending(),
             });
         }
-        let record = LogRecord {
-            sequence: self.next_sequence,
-            inode,
-            offset,
-            length,
-            buffer,
-            order,
-            mtime: if self.times { mtime } else { 0 },
-        };
-        let at = RECORD_BYTES * ((record.sequence - 1) % self.capacity + 1);
-        self.region.write(at, &record.encode())?;
-        self.region.persist(at, RECORD_BYTES)?;
-        self.next_sequence += 1;
-        Ok(record)
+        self.clear_stale()?;
+        if count > 1 && self.version < LOG_VERSION {
+            self.raise_version()?;
+        }
+        let mut records = Vec::with_capacity(pieces.len());
+        for (i, piece) in pieces.iter().enumerate() {
+            let record = LogRecord {
+                sequence: self.next_sequence + i as u64,
+                inode,
+                offset: piece.offset,
+                length: piece.length,
+                buffer: piece.buffer,
+                order: first_order + i as u64,
+                mtime: if self.times { mtime } else { 0 },
+                // A write of one record is written as before groups (0 of 0): what a reader
+                // of version 2 accepts.
+                part: i as u16,
+                parts: if count == 1 { 0 } else { count as u16 },
+            };
+            let at = RECORD_BYTES * ((record.sequence - 1) % self.capacity + 1);
+            self.region.write(at, &record.encode())?;
+            if i + 1 == pieces.len() {
+                // Everything before the last record is flushed with it (one fence).
+                self.region.persist(at, RECORD_BYTES)?;
+            } else {
+                self.region.flush(at, RECORD_BYTES)?;
+            }
+            records.push(record);
+        }
+        self.next_sequence += count;
+        Ok(records)
+    }
+
+    /// Zeroes the slots of a group a crash cut short (recovery found them), before anything
+    /// is appended after the live records.
+    fn clear_stale(&mut self) -> Result<()> {
+        for &at in &self.stale {
+            self.region.fill(at, RECORD_BYTES, 0)?;
+            self.region.persist(at, RECORD_BYTES)?;
+        }
+        self.stale.clear();
+        Ok(())
+    }
+
+    /// Raises an area of an older version to the current one (its records read the same).
+    fn raise_version(&mut self) -> Result<()> {
+        let mut header = [0u8; RECORD_BYTES as usize];
+        self.region.read(0, &mut header)?;
+        header[8..12].copy_from_slice(&LOG_VERSION.to_le_bytes());
+        let crc = crc32c::crc32c(&header[8..24]);
+        header[60..64].copy_from_slice(&crc.to_le_bytes());
+        // The version and the CRC are in different 8-byte words, so a crash can persist one
+        // without the other: recovery reads such a header as version 2 (nothing grouped was
+        // appended yet). Both are durable before the first group is.
+        self.region.write(8, &header[8..])?;
+        self.region.persist(8, RECORD_BYTES - 8)?;
+        self.version = LOG_VERSION;
+        self.times = true;
+        Ok(())
     }
 
     /// Retires every record through `sequence`: their slots may be reused. The caller has

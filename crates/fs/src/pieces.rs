@@ -11,7 +11,8 @@ pub(crate) struct Piece<T> {
     pub(crate) item: T,
 }
 
-/// Allocates `len` bytes with `alloc`: whole if it can; otherwise in pieces of the largest
+/// Allocates `len` bytes with `alloc(at, n)` (`n` bytes for offset `at` of the whole): whole
+/// if it can; otherwise in pieces of the largest
 /// power-of-two size it still gets, halving the size each time `alloc` finds no space, down
 /// to `min`. Each piece starts at a multiple of its size within the whole (so a piece of a
 /// block or more starts on a block boundary of the whole). Pieces are appended to `pieces`
@@ -23,7 +24,7 @@ pub(crate) fn alloc_halving<T>(
     min: u64,
     max_pieces: usize,
     pieces: &mut Vec<Piece<T>>,
-    mut alloc: impl FnMut(u64) -> Result<T>,
+    mut alloc: impl FnMut(u64, u64) -> Result<T>,
 ) -> Result<()> {
     debug_assert!(min.is_power_of_two());
     let mut size = len;
@@ -35,7 +36,7 @@ pub(crate) fn alloc_halving<T>(
             }));
         }
         let n = size.min(len - at);
-        match alloc(n) {
+        match alloc(at, n) {
             Ok(item) => {
                 pieces.push(Piece { at, len: n, item });
                 at += n;
@@ -65,7 +66,7 @@ mod tests {
     fn run(len: u64, largest: u64, total: u64, max: usize) -> (Result<()>, Vec<(u64, u64)>) {
         let mut free = total;
         let mut pieces = Vec::new();
-        let result = alloc_halving(len, 4096, max, &mut pieces, |n| {
+        let result = alloc_halving(len, 4096, max, &mut pieces, |_, n| {
             if n > largest || n > free {
                 return Err(no_space());
             }
@@ -111,7 +112,7 @@ mod tests {
     #[test]
     fn other_errors_stop_at_once() {
         let mut pieces: Vec<Piece<()>> = Vec::new();
-        let err = alloc_halving(1 << 20, 4096, 8, &mut pieces, |_| {
+        let err = alloc_halving(1 << 20, 4096, 8, &mut pieces, |_, _| {
             Err(FsError::Invalid("no".into()))
         })
         .unwrap_err();

@@ -144,7 +144,7 @@ pub(crate) struct Progress {
 pub(crate) struct Ticket<'a> {
     progress: &'a Progress,
     queue: &'a Queue,
-    order: Option<u64>,
+    orders: Option<std::ops::Range<u64>>,
     closed: bool,
 }
 
@@ -200,17 +200,18 @@ impl Progress {
         Ticket {
             progress: self,
             queue,
-            order: None,
+            orders: None,
             closed: false,
         }
     }
 
     /// A writer finished (queued a record, or gave up): wake the checkpoint if it sleeps
     /// waiting for that.
-    fn finished(&self, depth: usize) {
+    /// `filled`: its queue just reached a multiple of [`GATHER_RECORDS`].
+    fn finished(&self, filled: bool) {
         let wake = match self.sleep.load(Ordering::SeqCst) {
             IDLE => true,
-            GATHERING => depth > 0 && depth.is_multiple_of(GATHER_RECORDS),
+            GATHERING => filled,
             _ => false,
         };
         if wake {
@@ -465,49 +466,66 @@ pub(crate) enum Until {
 
 impl Ticket<'_> {
     /// Takes the writer's place in the order (once).
+    #[cfg(test)]
     pub(crate) fn order(&mut self) -> u64 {
-        assert!(self.order.is_none(), "a ticket takes one order");
-        let order = self.progress.next_order();
+        self.orders(1).start
+    }
+
+    /// Takes `count` consecutive places in the order (once): a write in several pieces.
+    pub(crate) fn orders(&mut self, count: u64) -> std::ops::Range<u64> {
+        assert!(self.orders.is_none(), "a ticket takes its orders once");
+        let first = self.progress.order.0.fetch_add(count, Ordering::SeqCst);
         debug_assert!(
-            order >= self.queue.bound(),
+            first >= self.queue.bound(),
             "an order below the published bound"
         );
-        self.order = Some(order);
-        order
+        self.orders = Some(first..first + count);
+        first..first + count
     }
 
     /// Queues the writer's logged record (carrying the ticket's order) for the checkpoint
     /// and closes the ticket.
-    pub(crate) fn queue(mut self, record: Pending) {
-        assert_eq!(
-            Some(record.order),
-            self.order,
-            "a queued record carries its ticket's order"
-        );
+    #[cfg(test)]
+    pub(crate) fn queue(self, record: Pending) {
+        self.queue_all(vec![record]);
+    }
+
+    /// Queues the records of the writer's write (carrying the ticket's orders, in order) for
+    /// the checkpoint and closes the ticket.
+    pub(crate) fn queue_all(mut self, records: Vec<Pending>) {
+        let orders: Vec<u64> = records.iter().map(|p| p.order).collect();
+        let taken: Vec<u64> = self
+            .orders
+            .clone()
+            .map(Iterator::collect)
+            .unwrap_or_default();
+        assert_eq!(orders, taken, "queued records carry their ticket's orders");
+        let count = records.len() as u64;
         let depth = {
             let mut queued = self.queue.records();
             assert!(
-                queued.back().is_none_or(|p| p.order < record.order),
+                queued.back().is_none_or(|p| p.order < orders[0]),
                 "a slot's records are queued in order"
             );
-            queued.push_back(record);
+            queued.extend(records);
             queued.len()
         };
-        self.progress.pending.fetch_add(1, Ordering::AcqRel);
-        self.close(depth);
+        self.progress.pending.fetch_add(count, Ordering::AcqRel);
+        let before = depth - count as usize;
+        self.close(depth / GATHER_RECORDS > before / GATHER_RECORDS);
     }
 
-    fn close(&mut self, depth: usize) {
+    fn close(&mut self, filled: bool) {
         self.closed = true;
         self.queue.bound.0.store(NO_BOUND, Ordering::SeqCst);
-        self.progress.finished(depth);
+        self.progress.finished(filled);
     }
 }
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
         if !self.closed {
-            self.close(0);
+            self.close(false);
         }
     }
 }

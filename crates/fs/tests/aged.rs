@@ -107,3 +107,64 @@ fn writes_longer_than_a_buffer_at_unaligned_offsets_complete() {
     drop(f);
     fs.unmount().unwrap();
 }
+/// Fills the volume with one file in 1 MiB writes, then frees every other 4 KiB block of it:
+/// free memory left in 4 KiB holes only. Returns the bytes freed.
+fn fragment(fs: &Fs) -> u64 {
+    let f = fs.create("/holes").unwrap();
+    let mut size = 0u64;
+    loop {
+        match f.write_at(&vec![0x11; 1 << 20], size) {
+            Ok(()) => size += 1 << 20,
+            Err(e) if e.kind() == ErrorKind::NoSpace => break,
+            Err(e) => panic!("filling: {e}"),
+        }
+    }
+    fs.checkpoint().unwrap();
+    for block in (0..size / 4096).step_by(2) {
+        f.punch_hole(block * 4096, 4096).unwrap();
+    }
+    fs.checkpoint().unwrap();
+    size / 2
+}
+
+#[test]
+fn large_writes_fit_in_scattered_free_blocks() {
+    let shm = shm_volume("aged-fragmented", 48 << 20);
+    // A write in pieces is one group of log records, at most half an area: 2048 records
+    // hold 8 MiB even in single free blocks.
+    let format = fs::FormatOptions {
+        log_records: 4096,
+        ..small_format()
+    };
+    let fs = Fs::format(open_volume(&shm.dir), &format, small_options()).unwrap();
+    let freed = fragment(&fs);
+    assert!(freed >= 12 << 20, "only {freed} bytes freed");
+    let f = fs.create("/new").unwrap();
+    let mut at = 0;
+    for (tag, len, skew) in [
+        (1u64, 1u64 << 20, 1u64),
+        (2, 3 << 20, 4095),
+        (3, 64 << 10, 0),
+    ] {
+        let data = pattern(tag, at + skew, len as usize);
+        f.write_at(&data, at + skew)
+            .unwrap_or_else(|e| panic!("{len} bytes at {}: {e}", at + skew));
+        let mut back = vec![0u8; len as usize];
+        f.read_at(&mut back, at + skew).unwrap();
+        assert!(back == data, "write {tag} reads back");
+        at += len + (1 << 20);
+    }
+    // Overwriting an existing range of 1 MiB: its old blocks are freed only after the
+    // checkpoint moved the new ones, so the new data needs free blocks of its own.
+    let over = pattern(9, 0, 1 << 20);
+    f.write_at(&over, 0).unwrap();
+    drop(f);
+    fs.unmount().unwrap();
+    let check = Fs::check(&open_volume(&shm.dir)).unwrap();
+    assert_eq!(check.files, 2);
+    let fs = Fs::open(open_volume(&shm.dir), FsOptions::default()).unwrap();
+    let f = fs.open_file("/new", fs::OpenOptions::read_write()).unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    f.read_at(&mut back, 0).unwrap();
+    assert!(back == over, "the overwrite survives reopening");
+}

@@ -188,3 +188,128 @@ fn an_area_of_version_1_keeps_records_without_times() {
     let (_, records) = LogArea::recover(region, 0).unwrap();
     assert_eq!(records.iter().map(|r| r.mtime).collect::<Vec<_>>(), [0, 0]);
 }
+
+fn pieces(first: u64, count: u64) -> Vec<fs::LogPiece> {
+    (0..count)
+        .map(|i| fs::LogPiece {
+            offset: (first + i) * 4096,
+            length: 4096,
+            buffer: 0x9000 + first + i,
+        })
+        .collect()
+}
+
+/// A write in pieces is one group of records: every crash image holds all of it or none,
+/// and after a crash cut one short, the next append cannot be mistaken for its rest.
+#[test]
+fn every_crash_image_of_a_grouped_write_holds_all_of_it_or_none() {
+    let (tracer, mut log) = area(16);
+    assert_eq!(
+        log.append(7, 0, 4096, 0x100, 100, 1).unwrap().parts,
+        0,
+        "a write of one record is not a group"
+    );
+    let before = tracer.fence_count();
+    let group = log.append_group(7, &pieces(1, 3), 101, 2).unwrap();
+    assert_eq!(
+        group.iter().map(|r| (r.part, r.parts)).collect::<Vec<_>>(),
+        [(0, 3), (1, 3), (2, 3)]
+    );
+    let after = tracer.fence_count();
+    let mut images = 0;
+    for point in before..tracer.crash_points() {
+        for image in tracer.crash_images(point, 64, point as u64) {
+            images += 1;
+            let replay = Tracer::new();
+            let region = replay.region_with(image.regions[0].clone());
+            let (mut again, records) = LogArea::recover(region.clone(), 0)
+                .unwrap_or_else(|e| panic!("{e} at {}", image.description));
+            let sequences: Vec<u64> = records.iter().map(|r| r.sequence).collect();
+            if point >= after {
+                assert_eq!(
+                    sequences,
+                    [1, 2, 3, 4],
+                    "acknowledged at {}",
+                    image.description
+                );
+            } else {
+                assert!(
+                    sequences == [1] || sequences == [1, 2, 3, 4],
+                    "part of a group survived: {sequences:?} at {}",
+                    image.description
+                );
+            }
+            if sequences == [1] {
+                // A one-record write where the group was: the group's leftovers are gone.
+                let one = again.append(7, 0, 4096, 0x200, 200, 3).unwrap();
+                assert_eq!(one.sequence, 2);
+                let (_, records) = LogArea::recover(region, 0)
+                    .unwrap_or_else(|e| panic!("after a new append: {e} at {}", image.description));
+                assert_eq!(
+                    records
+                        .iter()
+                        .map(|r| (r.sequence, r.buffer))
+                        .collect::<Vec<_>>(),
+                    [(1, 0x100), (2, 0x200)],
+                    "at {}",
+                    image.description
+                );
+            }
+        }
+    }
+    assert!(images > 10, "only {images} images");
+}
+
+/// Records out of step inside a group are damage, named.
+#[test]
+fn a_broken_group_is_named() {
+    let (tracer, mut log) = area(8);
+    log.append_group(1, &pieces(0, 3), 10, 1).unwrap();
+    let mut image = tracer.contents()[0].clone();
+    // Record 2 (slot 2) says it is part 3 of 3 instead of 2 of 3, with a valid CRC.
+    let slot = 64 * 2;
+    image[slot + 56..slot + 58].copy_from_slice(&2u16.to_le_bytes());
+    let crc = crc32c::crc32c(&image[slot..slot + 60]);
+    image[slot + 60..slot + 64].copy_from_slice(&crc.to_le_bytes());
+    let error = LogArea::recover(Tracer::new().region_with(image), 0).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("record 1 is part 1 of 3 of its write, record 2 part 3 of 3"),
+        "{error}"
+    );
+}
+
+/// An area of version 2 (no groups) opens, is raised to version 3 by its first group, and a
+/// raise a crash cut between the version and the CRC reads as version 2.
+#[test]
+fn a_version_2_area_is_raised_by_its_first_group() {
+    let (tracer, mut log) = area(8);
+    log.append(10, 0, 4096, 0x100, 50, 1_000).unwrap();
+    drop(log);
+    let with_version = |image: &mut Vec<u8>, version: u32, crc_of: u32| {
+        image[8..12].copy_from_slice(&crc_of.to_le_bytes());
+        let crc = crc32c::crc32c(&image[8..24]);
+        image[60..64].copy_from_slice(&crc.to_le_bytes());
+        image[8..12].copy_from_slice(&version.to_le_bytes());
+    };
+    let mut v2 = tracer.contents()[0].clone();
+    with_version(&mut v2, 2, 2);
+    let replay = Tracer::new();
+    let region = replay.region_with(v2.clone());
+    let (mut old, records) = LogArea::recover(region.clone(), 0).unwrap();
+    assert_eq!(records.len(), 1);
+    old.append_group(10, &pieces(1, 2), 51, 2_000).unwrap();
+    let raised = replay.contents()[0].clone();
+    assert_eq!(u32::from_le_bytes(raised[8..12].try_into().unwrap()), 3);
+    let (_, records) = LogArea::recover(region, 0).unwrap();
+    assert_eq!(records.len(), 3);
+    // Torn raises: the new version with the old CRC, the old version with the new CRC.
+    for (version, crc_of) in [(3, 2), (2, 3)] {
+        let mut torn = v2.clone();
+        with_version(&mut torn, version, crc_of);
+        let (_, records) = LogArea::recover(Tracer::new().region_with(torn), 0)
+            .unwrap_or_else(|e| panic!("version {version} with the CRC of {crc_of}: {e}"));
+        assert_eq!(records.len(), 1);
+    }
+}

@@ -210,7 +210,7 @@ impl Fs {
     pub fn buffers(&self, len: u64) -> Result<Vec<(u64, Buffer)>> {
         let mut pieces = Vec::new();
         // On failure the pieces got so far drop with `pieces`, and go back to the volume.
-        alloc_halving(len, BLOCK, usize::MAX, &mut pieces, |n| self.buffer(n))?;
+        alloc_halving(len, BLOCK, usize::MAX, &mut pieces, |_, n| self.buffer(n))?;
         Ok(pieces.into_iter().map(|p| (p.at, p.item)).collect())
     }
 

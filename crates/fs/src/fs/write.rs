@@ -1,4 +1,5 @@
-//! The write path: data into a persistent buffer, then one log record, then the overlay.
+//! The write path: data into persistent buffers (one, or pieces when free memory is
+//! fragmented), then one log record per buffer, appended as one group, then the overlay.
 
 use std::sync::Arc;
 
@@ -12,18 +13,29 @@ use crate::buffers::{BufferSet, Reserve};
 use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
 use crate::inode::Inode;
+use crate::log::Piece as LogPiece;
+use crate::pieces::alloc_halving;
 use crate::progress::Pending;
 use crate::range_lock::LockMode;
 use crate::snapshot::write_growth_bound;
 
+/// Where part of a write's data goes: `len` bytes from offset `at` of the write, at the global
+/// address `addr`, in buffer set `set`.
+struct Placed {
+    at: u64,
+    len: u64,
+    addr: u64,
+    set: Arc<BufferSet>,
+}
+
 impl Inner {
-    /// Waits until the slot's log area has a free record slot. Only the slot's thread
+    /// Waits until the slot's log area has `count` free record slots. Only the slot's thread
     /// appends, so the space stays free until it does. Called before taking a range lock:
     /// a writer never waits for the checkpoint while holding one (the checkpoint needs them).
-    pub(crate) fn reserve_log(&self, slot: &Slot) -> Result<()> {
+    pub(crate) fn reserve_log(&self, slot: &Slot, count: u64) -> Result<()> {
         loop {
             let log = slot.log();
-            if log.pending() < log.capacity() {
+            if log.pending() + count <= log.capacity() {
                 return Ok(());
             }
             drop(log);
@@ -32,7 +44,7 @@ impl Inner {
     }
 
     /// Commits data already persisted at `buffer` as the bytes `[offset, offset + len)` of
-    /// `inode`: one log record, then the overlay. Takes the range lock for exactly that.
+    /// `inode`: one log record, then the overlay.
     pub(crate) fn commit(
         &self,
         slot: &Slot,
@@ -42,40 +54,78 @@ impl Inner {
         buffer: u64,
         set: Arc<BufferSet>,
     ) -> Result<()> {
+        let whole = Placed {
+            at: 0,
+            len,
+            addr: buffer,
+            set,
+        };
+        self.commit_pieces(slot, inode, offset, len, vec![whole])
+    }
+
+    /// Commits a write of `[offset, offset + len)` of `inode` whose data is already
+    /// persisted in `pieces` (in order, covering it): one log record per piece, appended as
+    /// one group, then the overlay. Takes the range lock for exactly the write.
+    fn commit_pieces(
+        &self,
+        slot: &Slot,
+        inode: &Inode,
+        offset: u64,
+        len: u64,
+        pieces: Vec<Placed>,
+    ) -> Result<()> {
+        debug_assert_eq!(pieces.iter().map(|p| p.len).sum::<u64>(), len);
         let time = now_ns();
-        self.reserve_log(slot)?;
+        let count = pieces.len() as u64;
+        self.reserve_log(slot, count)?;
         let _range = inode.lock_range(offset, len, LockMode::Exclusive)?;
         let mut log = slot.log();
-        // The ticket holds the checkpoint below this write's order until it is queued.
+        // The ticket holds the checkpoint below this write's orders until it is queued.
         let mut ticket = self.progress.begin(&slot.queue);
-        let order = ticket.order();
-        let record = log.append(inode.ino, offset, len, buffer, order, time)?;
+        let orders = ticket.orders(count);
+        let log_pieces: Vec<LogPiece> = pieces
+            .iter()
+            .map(|p| LogPiece {
+                offset: offset + p.at,
+                length: p.len,
+                buffer: p.addr,
+            })
+            .collect();
+        let records = log.append_group(inode.ino, &log_pieces, orders.start, time)?;
         drop(log);
-        applied(apply::write(
-            inode,
-            offset,
-            len,
-            buffer,
-            order,
-            record.mtime,
-        ));
-        self.pending_growth
-            .fetch_add(write_growth_bound(offset, len), Ordering::Relaxed);
-        ticket.queue(Pending {
-            slot: slot.index,
-            seq: record.sequence,
-            order,
-            ino: inode.ino,
-            offset,
-            len,
-            set,
-            mtime: record.mtime,
-        });
+        for r in &records {
+            applied(apply::write(
+                inode, r.offset, r.length, r.buffer, r.order, r.mtime,
+            ));
+        }
+        self.pending_growth.fetch_add(
+            records
+                .iter()
+                .map(|r| write_growth_bound(r.offset, r.length))
+                .sum(),
+            Ordering::Relaxed,
+        );
+        ticket.queue_all(
+            records
+                .iter()
+                .zip(pieces)
+                .map(|(r, p)| Pending {
+                    slot: slot.index,
+                    seq: r.sequence,
+                    order: r.order,
+                    ino: inode.ino,
+                    offset: r.offset,
+                    len: r.length,
+                    set: p.set,
+                    mtime: r.mtime,
+                })
+                .collect(),
+        );
         slot.counters.writes.fetch_add(1, Ordering::Relaxed);
         slot.counters.caller_bytes.fetch_add(len, Ordering::Relaxed);
         slot.counters
             .media_bytes
-            .fetch_add(crate::log::RECORD_BYTES, Ordering::Relaxed);
+            .fetch_add(crate::log::RECORD_BYTES * count, Ordering::Relaxed);
         Ok(())
     }
 
@@ -92,39 +142,96 @@ impl Inner {
         }
         let slot = self.slot()?;
         // Buffer space and the copy come before the range lock: the data is private to
-        // this thread until its record is committed.
-        // A write whose bytes, at the file's in-page offset, would not fit one preliminary
-        // buffer gets its own (the pool could never place it).
-        let (set, addr) = if offset % BLOCK + len > self.options.prelim_buffer_bytes {
-            // Too large for the pool: a buffer of its own, at the file's in-page offset so
-            // its whole blocks can be remapped.
-            let extent = self.with_space(|| self.alloc_buffer(len + offset % BLOCK))?;
-            (
-                Arc::new(BufferSet::sealed_with(vec![extent], 1)),
-                extent.start.raw() + offset % BLOCK,
-            )
-        } else {
-            loop {
-                let reserved = self.with_space(|| {
-                    slot.pool.lock().expect("buffer pool").reserve(
-                        &self.volume,
-                        offset,
-                        len,
-                        &|bytes| self.alloc_buffer(bytes),
-                    )
-                })?;
-                match reserved {
-                    Reserve::Placed(p) => break (p.set, p.addr),
-                    Reserve::Wait => self.wait_for_progress()?,
-                }
+        // this thread until its records are committed.
+        let pieces = match self.place(&slot, offset, len) {
+            Err(e) if e.kind() == crate::ErrorKind::NoSpace => {
+                self.place_in_pieces(&slot, offset, len)?
             }
+            placed => placed?,
         };
-        let (region, at) = self.region_at(addr)?;
-        region.write_nt(at, data)?;
-        // The data is durable before the record that points at it can be.
+        for piece in &pieces {
+            let (region, at) = self.region_at(piece.addr)?;
+            region.write_nt(
+                at,
+                &data[piece.at as usize..(piece.at + piece.len) as usize],
+            )?;
+        }
+        // The data is durable before the records that point at it can be.
         self.volume.fence();
         slot.counters.media_bytes.fetch_add(len, Ordering::Relaxed);
-        self.commit(&slot, inode, offset, len, addr, set)
+        self.commit_pieces(&slot, inode, offset, len, pieces)
+    }
+
+    /// One buffer for a write: in the slot's pool, or — a write whose bytes, at the file's
+    /// in-page offset, would not fit one preliminary buffer — one of its own.
+    fn place(&self, slot: &Slot, offset: u64, len: u64) -> Result<Vec<Placed>> {
+        let skew = offset % BLOCK;
+        if skew + len > self.options.prelim_buffer_bytes {
+            // At the file's in-page offset, so its whole blocks can be remapped.
+            let extent = self.with_space(|| self.alloc_buffer(len + skew))?;
+            return Ok(vec![Placed {
+                at: 0,
+                len,
+                addr: extent.start.raw() + skew,
+                set: Arc::new(BufferSet::sealed_with(vec![extent], 1)),
+            }]);
+        }
+        loop {
+            let reserved = self.with_space(|| {
+                slot.pool.lock().expect("buffer pool").reserve(
+                    &self.volume,
+                    offset,
+                    len,
+                    &|bytes| self.alloc_buffer(bytes),
+                )
+            })?;
+            match reserved {
+                Reserve::Placed(p) => {
+                    return Ok(vec![Placed {
+                        at: 0,
+                        len,
+                        addr: p.addr,
+                        set: p.set,
+                    }]);
+                }
+                Reserve::Wait => self.wait_for_progress()?,
+            }
+        }
+    }
+
+    /// Buffers for a write that no single free extent can hold: pieces of the largest
+    /// power-of-two size free memory still has, down to one block, over the write's blocks
+    /// of the file — so each piece holds whole file blocks at their in-page offsets (a
+    /// piece of one block fits any free block, and whole blocks stay remappable). At most
+    /// half the slot's log area (a group of records must fit it); `NoSpace` beyond that, or
+    /// when the free blocks beyond the reserve do not add up to the write.
+    fn place_in_pieces(&self, slot: &Slot, offset: u64, len: u64) -> Result<Vec<Placed>> {
+        let most = (slot.log().capacity() / 2).clamp(1, u64::from(u16::MAX)) as usize;
+        let skew = offset % BLOCK;
+        let span = skew + len;
+        self.with_space(|| {
+            let mut pieces = Vec::new();
+            let placed = alloc_halving(span, BLOCK, most, &mut pieces, |_, n| self.alloc_buffer(n));
+            if let Err(e) = placed {
+                for piece in pieces {
+                    self.volume.free(piece.item)?;
+                }
+                return Err(e);
+            }
+            Ok(pieces
+                .into_iter()
+                .map(|p| {
+                    // The write's bytes in this piece (the first starts `skew` in).
+                    let from = p.at.max(skew);
+                    Placed {
+                        at: from - skew,
+                        len: p.at + p.len - from,
+                        addr: p.item.start.raw() + (from - p.at),
+                        set: Arc::new(BufferSet::sealed_with(vec![p.item], 1)),
+                    }
+                })
+                .collect())
+        })
     }
 
     /// Commits a caller-filled buffer (`len` bytes at the start of `extent`, which it now
