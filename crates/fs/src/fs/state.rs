@@ -122,6 +122,9 @@ pub struct FsStats {
     pub backpressure_waits: u64,
     /// Files and directories.
     pub inodes: u64,
+    /// Volume memory writers leave free for the checkpoint (its snapshots and the pages
+    /// under partial writes into holes): a write needs free memory beyond this.
+    pub reserved_bytes: u64,
 }
 
 static NEXT_FS_ID: AtomicU64 = AtomicU64::new(1);
@@ -537,6 +540,7 @@ impl Inner {
             snapshots: c.snapshots.load(Ordering::Relaxed),
             backpressure_waits: c.waits.load(Ordering::Relaxed),
             inodes: self.inodes.read().expect("inode table").len() as u64,
+            reserved_bytes: self.reserve_bytes(),
         }
     }
 }
