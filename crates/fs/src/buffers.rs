@@ -156,12 +156,13 @@ impl Pool {
     /// Space for `len` bytes destined for file offset `offset`. A write holding at least one
     /// whole block is placed at the same offset within a page as in the file, so the
     /// checkpoint can remap its whole blocks; smaller writes are packed.
-    /// New buffers come from `alloc`.
+    /// New buffers come from `alloc`; `spare`: free memory beyond the checkpoint's reserve.
     pub(crate) fn reserve(
         &mut self,
         volume: &Volume,
         offset: u64,
         len: u64,
+        spare: u64,
         alloc: &dyn Fn(u64) -> Result<Extent>,
     ) -> Result<Reserve> {
         let has_whole_block = offset.next_multiple_of(BLOCK) + BLOCK <= offset + len;
@@ -206,15 +207,22 @@ impl Pool {
                 // Sealed, with records the checkpoint has not retired yet.
                 Some((set, _, _)) if !set.is_reclaimed() => return Ok(Reserve::Wait),
                 _ => {
-                    // A whole buffer if free memory has one; else just what this write
-                    // needs: memory is short, and a buffer holds all of its memory until the
-                    // last of its records is retired, so the pool keeps none to spare.
+                    // A whole buffer if free memory has one; else the largest power-of-two
+                    // fraction of one it has, down to what this write needs — but never more
+                    // than an eighth of what is spare: a buffer holds all of its memory until
+                    // the last of its records is retired, and other writes need some too.
                     let needed = (offset % BLOCK + len).next_multiple_of(BLOCK);
-                    let extent = match alloc(self.buffer_bytes) {
-                        Err(crate::error::FsError::Volume(volume::VolumeError::NoSpace {
-                            ..
-                        })) if needed < self.buffer_bytes => alloc(needed)?,
-                        other => other?,
+                    let cap = (spare / 8).max(needed);
+                    let mut size = self.buffer_bytes.min(cap.next_power_of_two()).max(needed);
+                    let extent = loop {
+                        match alloc(size) {
+                            Err(crate::error::FsError::Volume(volume::VolumeError::NoSpace {
+                                ..
+                            })) if size > needed => {
+                                size = (size / 2).next_multiple_of(BLOCK).max(needed);
+                            }
+                            other => break other?,
+                        }
                     };
                     let set = std::sync::Arc::new(BufferSet::new(vec![extent]));
                     self.buffers[self.current] = Some((set, extent.start.raw(), extent.len_bytes));

@@ -178,10 +178,15 @@ impl Inner {
         }
         loop {
             let reserved = self.with_space(|| {
+                let spare = self
+                    .volume
+                    .free_bytes_published()
+                    .saturating_sub(self.reserve_bytes());
                 slot.pool.lock().expect("buffer pool").reserve(
                     &self.volume,
                     offset,
                     len,
+                    spare,
                     &|bytes| self.alloc_buffer(bytes),
                 )
             })?;

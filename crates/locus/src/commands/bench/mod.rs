@@ -1,5 +1,6 @@
 //! `locus bench`: measurements printed as numbers, one suite per file.
 
+pub mod age;
 mod cleanup;
 pub mod fs;
 pub mod nbd;
@@ -23,6 +24,7 @@ pub struct BenchArgs {
 #[derive(Debug, Subcommand)]
 enum Suite {
     Volume(volume::VolumeBenchArgs),
+    Age(age::AgeBenchArgs),
     Fs(fs::FsBenchArgs),
     Nbd(nbd::NbdBenchArgs),
     Preload(preload::PreloadBenchArgs),
@@ -67,6 +69,7 @@ pub fn run(sysfs: &std::path::Path, args: &BenchArgs) -> Result<()> {
     cleanup::on_signals()?;
     match &args.suite {
         Suite::Volume(args) => volume::run(sysfs, args),
+        Suite::Age(args) => age::run(sysfs, args),
         Suite::Fs(args) => fs::run(sysfs, args),
         Suite::Nbd(args) => nbd::run(args),
         Suite::Preload(args) => preload::run(sysfs, args),
