@@ -106,7 +106,11 @@ pub fn run(sysfs: &std::path::Path, args: &AgeBenchArgs) -> Result<()> {
         topology,
         &volume::OpenOptions::default(),
     )?);
-    let fs = fs::Fs::format(volume, &fs::FormatOptions::default(), fs::FsOptions::default())?;
+    let fs = fs::Fs::format(
+        volume,
+        &fs::FormatOptions::default(),
+        fs::FsOptions::default(),
+    )?;
     let mut rng = SmallRng::seed_from_u64(args.seed);
     let mut tables = Tables::default();
     let seconds = Duration::from_secs_f64(args.seconds);
