@@ -169,7 +169,9 @@ impl FsError {
             Self::BadHandle(_) => ErrorKind::BadHandle,
             Self::TooManyThreads(_) | Self::LogFull { .. } => ErrorKind::TryAgain,
             Self::Volume(VolumeError::NoSpace { .. }) => ErrorKind::NoSpace,
-            Self::Volume(VolumeError::InUse { .. }) => ErrorKind::InUse,
+            Self::Volume(VolumeError::InUse { .. } | VolumeError::DeviceInUse { .. }) => {
+                ErrorKind::InUse
+            }
             Self::Volume(VolumeError::NoVolume { .. }) | Self::NoFileSystem => {
                 ErrorKind::NoFileSystem
             }

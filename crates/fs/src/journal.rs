@@ -8,7 +8,7 @@
 use pmem::Region;
 
 use crate::codec::{Decoder, Encoder};
-use crate::error::Result;
+use crate::error::{FsError, Result};
 
 /// Header bytes: length, crc32c, kind + padding, epoch, order.
 const HEADER: usize = 32;
@@ -351,6 +351,45 @@ fn encode(epoch: u64, order: u64, op: &MetaOp) -> Vec<u8> {
     e.0
 }
 
+/// The first whole record of `epoch` (plausible header, matching CRC) at or after `from` + 8,
+/// scanning 8-byte positions. Only damage leaves one after the end of a journal's scan.
+fn whole_record_after(region: &Region, from: u64, epoch: u64) -> Result<Option<u64>> {
+    const CHUNK: u64 = 1 << 20;
+    let end = region.len();
+    let mut at = from + 8;
+    let mut chunk = vec![0u8; CHUNK as usize];
+    while at + HEADER as u64 <= end {
+        // A window of headers, overlapping the next by one header.
+        let n = (end - at).min(CHUNK);
+        region.read(at, &mut chunk[..n as usize])?;
+        let mut i = 0u64;
+        while i + HEADER as u64 <= n {
+            let h = &chunk[i as usize..(i + HEADER as u64) as usize];
+            let rec_epoch = u64::from_le_bytes(h[16..24].try_into().expect("8"));
+            let len = u64::from(u32::from_le_bytes(h[0..4].try_into().expect("4")));
+            if rec_epoch == epoch
+                && len >= HEADER as u64 + 8
+                && len <= MAX_RECORD as u64
+                && len.is_multiple_of(8)
+                && at + i + len <= end
+            {
+                let mut bytes = vec![0u8; len as usize];
+                region.read(at + i, &mut bytes)?;
+                let crc = u32::from_le_bytes(bytes[4..8].try_into().expect("4"));
+                if crc == crc32c::crc32c_append(crc32c::crc32c(&bytes[0..4]), &bytes[8..]) {
+                    return Ok(Some(at + i));
+                }
+            }
+            i += 8;
+        }
+        if at + n >= end {
+            break;
+        }
+        at += n - HEADER as u64 + 8;
+    }
+    Ok(None)
+}
+
 /// One slot's journal.
 #[derive(Debug)]
 pub struct Journal {
@@ -362,7 +401,9 @@ pub struct Journal {
 impl Journal {
     /// Opens a journal and returns it with its records of `epoch`, in the order written.
     /// Scanning stops at the first record that is torn, of another epoch, or empty: records
-    /// are appended by one thread, each persisted before the next.
+    /// are appended by one thread, each persisted before the next, so only the last can be
+    /// torn. A whole record of `epoch` anywhere after that point means the stop was damage,
+    /// not a torn append, and is reported as such.
     pub fn recover(region: Region, slot: u32, epoch: u64) -> Result<(Self, Vec<JournalRecord>)> {
         let mut records = Vec::new();
         let mut tail = 0u64;
@@ -394,6 +435,17 @@ impl Journal {
             let order = u64::from_le_bytes(bytes[24..32].try_into().expect("8"));
             records.push(JournalRecord { order, op });
             tail += len;
+        }
+        if let Some(later) = whole_record_after(&region, tail, epoch)? {
+            return Err(FsError::corrupt(
+                format!("journal of slot {slot}"),
+                format!(
+                    "the record at byte {tail} is damaged, and a whole record of the same \
+                     epoch follows at byte {later}: {} record(s) before it replay, the rest \
+                     would be lost",
+                    records.len()
+                ),
+            ));
         }
         Ok((
             Self {
@@ -526,12 +578,32 @@ mod tests {
         assert_eq!(back[3].order, 13);
         // Another epoch sees nothing.
         assert!(Journal::recover(region.clone(), 1, 4).unwrap().1.is_empty());
-        // Flip a byte of the second record: the scan keeps only the first.
-        let first_len = encode(3, 10, &ops()[0]).len() as u64;
-        let mut b = [0u8; 1];
-        region.read(first_len + 40, &mut b).unwrap();
-        region.write(first_len + 40, &[b[0] ^ 1]).unwrap();
-        assert_eq!(Journal::recover(region, 1, 3).unwrap().1.len(), 1);
+        // Flip a byte of the last record: a torn append, the scan keeps the others.
+        let lens: Vec<u64> = ops()
+            .iter()
+            .enumerate()
+            .map(|(i, op)| encode(3, 10 + i as u64, op).len() as u64)
+            .collect();
+        let flip = |at: u64| {
+            let mut b = [0u8; 1];
+            region.read(at, &mut b).unwrap();
+            region.write(at, &[b[0] ^ 1]).unwrap();
+        };
+        let last_at: u64 = lens[..lens.len() - 1].iter().sum();
+        flip(last_at + 40);
+        assert_eq!(
+            Journal::recover(region.clone(), 1, 3).unwrap().1.len(),
+            ops().len() - 1
+        );
+        flip(last_at + 40);
+        // Flip a byte of the second record: whole records follow it, so it is damage.
+        flip(lens[0] + 40);
+        let error = Journal::recover(region, 1, 3).unwrap_err().to_string();
+        assert!(
+            error.contains(&format!("the record at byte {} is damaged", lens[0]))
+                && error.contains(&format!("follows at byte {}", lens[0] + lens[1])),
+            "{error}"
+        );
     }
 
     /// Remove and Rename records as written before they carried a time (kinds 2 and 3)

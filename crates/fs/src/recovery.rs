@@ -414,6 +414,17 @@ fn load(volume: &Volume) -> Result<Loaded> {
                 }
             }
             Step::Data(slot, record) => {
+                // A write to a file that is gone is fine (removed since, or unlinked while
+                // open); to an inode number never handed out, it can only be damage.
+                if !inodes.contains_key(&record.inode) && record.inode >= next_ino {
+                    return Err(FsError::corrupt(
+                        format!("log area of slot {slot} (record {})", record.sequence),
+                        format!(
+                            "it writes inode {}, which was never created (the next is {next_ino})",
+                            record.inode
+                        ),
+                    ));
+                }
                 if let Some(inode) = inodes.get(&record.inode) {
                     apply::write(
                         inode,

@@ -51,6 +51,19 @@ pub enum VolumeError {
         pid: String,
     },
 
+    /// A device of the volume is open through another volume directory (a copied or
+    /// hand-written `locus.toml` naming the same device).
+    #[error(
+        "device {device} is in use by pid {pid} (through another volume directory that names          the same device); a device belongs to one volume, opened by one process"
+    )]
+    DeviceInUse {
+        /// The device.
+        device: PathBuf,
+        /// The process holding it, from the kernel's lock table (`unknown` if it cannot
+        /// be read).
+        pid: String,
+    },
+
     /// A volume already exists where `format` was asked to create one.
     #[error("{dir} already holds a volume; pass --force to format over it")]
     AlreadyFormatted {

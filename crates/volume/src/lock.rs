@@ -1,6 +1,9 @@
 //! One process opens a volume at a time: an exclusive `flock` on `locus.lock` in the volume
-//! directory, holding the owner's pid so a second opener can say who has it. The kernel
-//! drops the lock when the process dies, so a crash never leaves the volume locked.
+//! directory, holding the owner's pid so a second opener can say who has it, and one on
+//! every device the volume names — so that two directories naming the same device (a copied
+//! `locus.toml`) cannot both open it; the holder of a device is found in the kernel's lock
+//! table (`/proc/locks`). The kernel drops the locks when the process dies, so a crash never
+//! leaves the volume locked.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
@@ -16,6 +19,8 @@ pub const LOCK_FILE: &str = "locus.lock";
 #[derive(Debug)]
 pub struct VolumeLock {
     _file: File,
+    /// Every device of the volume, locked.
+    devices: Vec<(std::path::PathBuf, File)>,
 }
 
 impl VolumeLock {
@@ -29,8 +34,9 @@ impl VolumeLock {
         if VolumeConfig::read(dir)?.is_none() {
             return Err(none());
         }
-        let lock = Self::acquire(dir)?;
+        let mut lock = Self::acquire(dir)?;
         let config = VolumeConfig::read(dir)?.ok_or_else(none)?;
+        lock.lock_devices(&config)?;
         Ok((lock, config))
     }
 
@@ -74,6 +80,71 @@ impl VolumeLock {
         file.set_len(0).map_err(|e| io("truncate", e))?;
         file.rewind().map_err(|e| io("rewind", e))?;
         writeln!(file, "{}", std::process::id()).map_err(|e| io("write pid", e))?;
-        Ok(Self { _file: file })
+        Ok(Self {
+            _file: file,
+            devices: Vec::new(),
+        })
     }
+
+    /// Locks every device of `config` that exists and is not locked yet (format calls it
+    /// before and after creating devices). `DeviceInUse`, naming the holder, when another
+    /// process has one.
+    pub fn lock_devices(&mut self, config: &VolumeConfig) -> Result<()> {
+        for device in &config.devices {
+            let path = &device.path;
+            if self.devices.iter().any(|(p, _)| p == path) || !path.exists() {
+                continue;
+            }
+            let file = File::open(path).map_err(|source| VolumeError::Io {
+                path: path.clone(),
+                action: "open to lock",
+                source,
+            })?;
+            match file.try_lock() {
+                Ok(()) => self.devices.push((path.clone(), file)),
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(VolumeError::DeviceInUse {
+                        device: path.clone(),
+                        pid: holder(&file).unwrap_or_else(|| "unknown".into()),
+                    });
+                }
+                Err(std::fs::TryLockError::Error(source)) => {
+                    return Err(VolumeError::Io {
+                        path: path.clone(),
+                        action: "lock",
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The pid holding an exclusive `flock` on `file`, from `/proc/locks` (lines such as
+/// `1: FLOCK  ADVISORY  WRITE 4242 00:1a:1234 0 EOF`, the device in hex, the inode decimal).
+fn holder(file: &File) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = file.metadata().ok()?;
+    let dev = meta.dev();
+    // glibc's encoding of a device number.
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let wanted = (major, minor, meta.ino());
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    locks.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // Blocked waiters are listed as `1: -> FLOCK ...`; skip them.
+        if fields.get(1) != Some(&"FLOCK") {
+            return None;
+        }
+        let pid = fields.get(4)?;
+        let mut id = fields.get(5)?.split(':');
+        let found = (
+            u64::from_str_radix(id.next()?, 16).ok()?,
+            u64::from_str_radix(id.next()?, 16).ok()?,
+            id.next()?.parse::<u64>().ok()?,
+        );
+        (found == wanted).then(|| (*pid).to_owned())
+    })
 }

@@ -280,7 +280,9 @@ impl Volume {
     pub fn format(dir: &Path, config: &VolumeConfig, force: bool) -> Result<[u8; 16]> {
         // Before the lock (which creates the directory): a refusal leaves nothing behind.
         check_emulated(dir, config)?;
-        let _lock = VolumeLock::acquire(dir)?;
+        let mut lock = VolumeLock::acquire(dir)?;
+        // Devices that exist already may belong to a volume open elsewhere.
+        lock.lock_devices(config)?;
         if !force && Self::holds_volume(dir)? {
             return Err(VolumeError::AlreadyFormatted {
                 dir: dir.to_owned(),
@@ -314,6 +316,8 @@ impl Volume {
                 node,
             });
         }
+        // The devices just created, before a superblock makes them a volume.
+        lock.lock_devices(config)?;
         let uuid: [u8; 16] = rand::random();
         Self::format_devices(&sources, uuid)?;
         written.write(dir)?;

@@ -55,3 +55,36 @@ fn no_volume_is_a_clear_error() {
     .unwrap_err();
     assert!(error.to_string().contains("locus format"), "{error}");
 }
+
+/// A second directory whose `locus.toml` names the same device (copied by hand) cannot open
+/// it while the first has it, nor format over it; the error names the holder. Once the first
+/// closes, the device opens through either directory.
+#[test]
+fn a_device_is_locked_whichever_directory_names_it() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let alias = tempfile::tempdir_in("/dev/shm").unwrap();
+    let topology = topology::Topology::read_live().unwrap();
+    let config = default_config(dir.path(), &topology, Some(8 << 20)).unwrap();
+    Volume::format(dir.path(), &config, false).unwrap();
+    std::fs::copy(
+        dir.path().join("locus.toml"),
+        alias.path().join("locus.toml"),
+    )
+    .unwrap();
+    let volume = Volume::open(dir.path(), topology.clone(), &testkit::quiet_options()).unwrap();
+    let me = std::process::id().to_string();
+    for error in [
+        Volume::open(alias.path(), topology.clone(), &testkit::quiet_options()).unwrap_err(),
+        Volume::format(alias.path(), &config, true).unwrap_err(),
+    ] {
+        match &error {
+            VolumeError::DeviceInUse { device, pid } => {
+                assert_eq!(*pid, me, "{error}");
+                assert_eq!(device, &config.devices[0].path);
+            }
+            other => panic!("expected DeviceInUse, got {other}"),
+        }
+    }
+    drop(volume);
+    drop(Volume::open(alias.path(), topology, &testkit::quiet_options()).unwrap());
+}
