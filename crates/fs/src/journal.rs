@@ -337,6 +337,26 @@ pub struct JournalRecord {
     pub op: MetaOp,
 }
 
+/// Kind of the marker a reset writes at byte 0: the journal belongs to this epoch from now
+/// on (evidence, for recovery, of which root generation the journals follow).
+const EPOCH_MARKER: u8 = 10;
+
+/// The epoch marker record: a header and 8 zero bytes.
+fn encode_marker(epoch: u64) -> Vec<u8> {
+    let mut e = Encoder::default();
+    e.u32(0).u32(0).u8(EPOCH_MARKER).u8(0).u16(0).u32(0);
+    e.u64(epoch).u64(0).u64(0);
+    finish(e)
+}
+
+fn finish(mut e: Encoder) -> Vec<u8> {
+    let len = e.0.len() as u32;
+    e.0[0..4].copy_from_slice(&len.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&e.0[0..4]), &e.0[8..]);
+    e.0[4..8].copy_from_slice(&crc.to_le_bytes());
+    e.0
+}
+
 fn encode(epoch: u64, order: u64, op: &MetaOp) -> Vec<u8> {
     let mut e = Encoder::default();
     e.u32(0).u32(0).u8(op.kind_code()).u8(0).u16(0).u32(0);
@@ -344,11 +364,7 @@ fn encode(epoch: u64, order: u64, op: &MetaOp) -> Vec<u8> {
     debug_assert_eq!(e.0.len(), HEADER);
     op.encode_payload(&mut e);
     e.pad_to(8);
-    let len = e.0.len() as u32;
-    e.0[0..4].copy_from_slice(&len.to_le_bytes());
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&e.0[0..4]), &e.0[8..]);
-    e.0[4..8].copy_from_slice(&crc.to_le_bytes());
-    e.0
+    finish(e)
 }
 
 /// The first whole record of `epoch` (plausible header, matching CRC) at or after `from` + 8,
@@ -425,6 +441,10 @@ impl Journal {
             let crc = u32::from_le_bytes(bytes[4..8].try_into().expect("4"));
             if crc != crc32c::crc32c_append(crc32c::crc32c(&bytes[0..4]), &bytes[8..]) {
                 break;
+            }
+            if bytes[8] == EPOCH_MARKER {
+                tail += len;
+                continue;
             }
             let structure = format!("journal of slot {slot}, record at byte {tail}");
             let mut d = Decoder::new(&bytes[HEADER..], &structure);
@@ -514,12 +534,37 @@ impl Journal {
     }
 
     /// Starts `epoch` at byte 0 (after a snapshot made every earlier record redundant).
+    /// The marker at byte 0 says the journal is of `epoch` from now on (records of older
+    /// epochs after it end the scan).
     pub fn reset(&mut self, epoch: u64) -> Result<()> {
         self.epoch = epoch;
-        self.tail = 0;
-        self.region.fill(0, HEADER as u64, 0)?;
-        self.region.persist(0, HEADER as u64)?;
+        let marker = encode_marker(epoch);
+        let end = marker.len() as u64;
+        self.region.fill(end, HEADER as u64, 0)?;
+        self.region.write(0, &marker)?;
+        self.region.persist(0, end + HEADER as u64)?;
+        self.tail = end;
         Ok(())
+    }
+
+    /// The epoch a journal area's first record (an epoch marker, or a record of a journal
+    /// written before markers) says it belongs to; `None` when it holds no whole record.
+    pub fn epoch_at_start(region: &Region) -> Result<Option<u64>> {
+        let mut header = [0u8; HEADER];
+        region.read(0, &mut header)?;
+        let len = u64::from(u32::from_le_bytes(header[0..4].try_into().expect("4")));
+        if len < HEADER as u64 + 8 || len > MAX_RECORD as u64 || len > region.len() {
+            return Ok(None);
+        }
+        let mut bytes = vec![0u8; len as usize];
+        region.read(0, &mut bytes)?;
+        let crc = u32::from_le_bytes(bytes[4..8].try_into().expect("4"));
+        if crc != crc32c::crc32c_append(crc32c::crc32c(&bytes[0..4]), &bytes[8..]) {
+            return Ok(None);
+        }
+        Ok(Some(u64::from_le_bytes(
+            bytes[16..24].try_into().expect("8"),
+        )))
     }
 }
 

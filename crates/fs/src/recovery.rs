@@ -67,6 +67,11 @@ pub struct FsCheck {
     pub owned_bytes: u64,
     /// Pieces the snapshot is in: 0 when it is one extent, else how many its index names.
     pub snapshot_pieces: u64,
+    /// The root copy not in use, when it is damaged (not merely an older generation): what
+    /// is wrong with it. The journals show it was not the file system's root (a crash cut
+    /// its update short, or it was damaged after the other replaced it); the next root
+    /// update, such as `locus fsck --repair`, rewrites it.
+    pub damaged_root_copy: Option<String>,
 }
 
 /// What one replay step is.
@@ -182,6 +187,7 @@ impl Fs {
             log_bytes: loaded.live.iter().map(|(_, r)| r.length).sum(),
             owned_bytes: loaded.owned.iter().map(|o| o.1).sum(),
             snapshot_pieces: loaded.snapshot_pieces.len() as u64,
+            damaged_root_copy: loaded.damaged_root_copy,
         })
     }
 
@@ -270,13 +276,14 @@ struct Loaded {
     snapshot_pieces: Vec<Extent>,
     /// The snapshot's length.
     snapshot_bytes: u64,
+    damaged_root_copy: Option<String>,
 }
 
 /// Reads the root, snapshot, journals and logs, replays them in DRAM and lists what the file
 /// system owns (refusing memory claimed twice). Writes nothing.
 fn load(volume: &Volume) -> Result<Loaded> {
     let owner = volume.owner_area(0)?;
-    let root = Root::read(&owner)?;
+    let (root, other_copy) = Root::read_reporting(&owner)?;
     if root.volume_uuid != volume.uuid() {
         return Err(FsError::corrupt(
             "file-system root",
@@ -287,6 +294,35 @@ fn load(volume: &Volume) -> Result<Loaded> {
             ),
         ));
     }
+    // A damaged copy next to the root: either a root update a crash cut short, or the
+    // file system's real root, damaged — then the journals, reset to its epoch when it was
+    // committed, are past the copy in use, and opening that copy would roll back.
+    let damaged_root_copy = match other_copy {
+        None => None,
+        Some((copy, damage)) => {
+            for (index, areas) in root.slots.iter().enumerate() {
+                let region = volume.region(&extent_of(areas.journal_addr, areas.journal_len))?;
+                if let Some(epoch) = Journal::epoch_at_start(&region)?
+                    && epoch > root.epoch
+                {
+                    let what = match &damage {
+                        FsError::Corrupt { problem, .. } => problem.clone(),
+                        other => other.to_string(),
+                    };
+                    return Err(FsError::corrupt(
+                        format!("file-system root copy {copy}"),
+                        format!(
+                            "{what}; it was the root in use (the journal of slot {index} is at \
+                             epoch {epoch}, past the other copy's {}, generation {}), and \
+                             opening the older copy would roll the file system back",
+                            root.epoch, root.generation
+                        ),
+                    ));
+                }
+            }
+            Some(damage.to_string())
+        }
+    };
     // 1. The snapshot (or an index of the pieces it is in).
     let snapshot_region = volume.region(&extent_of(root.snapshot_addr, root.snapshot_len))?;
     let mut bytes = vec![0u8; root.snapshot_len as usize];
@@ -505,6 +541,7 @@ fn load(volume: &Volume) -> Result<Loaded> {
         }
     }
     Ok(Loaded {
+        damaged_root_copy,
         owner,
         root,
         inodes,

@@ -160,11 +160,13 @@ impl Root {
         Ok(())
     }
 
-    /// Reads the newer valid copy. `NoFileSystem` when neither copy carries the magic; a
-    /// named `Corrupt` error when copies carry it but none is whole.
-    pub fn read(area: &Region) -> Result<Self> {
-        let mut best: Option<Root> = None;
-        let mut damage = None;
+    /// Reads the root — the valid copy with the higher generation; damage to both is an
+    /// error (`NoFileSystem` when neither carries the magic) — and says what is wrong with the other copy, if
+    /// anything: it may be a root update a crash cut short (harmless: the copy in use is the
+    /// last committed one) or damage — which the caller tells apart by what the journals say.
+    pub fn read_reporting(area: &Region) -> Result<(Self, Option<(u64, FsError)>)> {
+        let mut best: Option<(u64, Root)> = None;
+        let mut damage: Option<(u64, FsError)> = None;
         let mut magic_seen = false;
         for copy in 0..2u64 {
             let mut bytes = vec![0u8; ROOT_BYTES as usize];
@@ -172,23 +174,30 @@ impl Root {
             magic_seen |= bytes[..8] == ROOT_MAGIC.to_le_bytes();
             match Root::decode(&bytes, &format!("file-system root copy {copy}")) {
                 Ok(root) if root.generation % 2 != copy => {
-                    damage = Some(FsError::corrupt(
-                        format!("file-system root copy {copy}"),
-                        format!("generation {} belongs in the other copy", root.generation),
+                    damage = Some((
+                        copy,
+                        FsError::corrupt(
+                            format!("file-system root copy {copy}"),
+                            format!("generation {} belongs in the other copy", root.generation),
+                        ),
                     ));
                 }
-                Ok(root) => {
-                    if best.as_ref().is_none_or(|b| root.generation > b.generation) {
-                        best = Some(root);
-                    }
-                }
-                Err(e) => damage = damage.or(Some(e)),
+                Ok(root) => match &best {
+                    Some((_, b)) if b.generation >= root.generation => {}
+                    _ => best = Some((copy, root)),
+                },
+                Err(e) => damage = damage.or(Some((copy, e))),
             }
         }
         match (best, magic_seen) {
-            (Some(root), _) => Ok(root),
+            (Some((copy, root)), _) => {
+                // Only a copy that is neither the root nor valid is damage; a valid older
+                // copy is simply the previous generation.
+                let damage = damage.filter(|(c, _)| *c != copy);
+                Ok((root, damage))
+            }
             (None, false) => Err(FsError::NoFileSystem),
-            (None, true) => Err(damage.expect("a copy failed")),
+            (None, true) => Err(damage.expect("a copy failed").1),
         }
     }
 }

@@ -73,3 +73,82 @@ fn a_damaged_last_journal_record_is_a_torn_append() {
     let check = check(image).unwrap();
     assert_eq!((check.files, check.journal_records), (9, 9));
 }
+
+/// A volume image after files were created and the file system unmounted cleanly (the final
+/// snapshot is the last thing written), with the offsets of its two root copies, the copy in
+/// use first.
+fn unmounted() -> (Vec<u8>, [usize; 2]) {
+    let tracer = Tracer::new();
+    let region = traced_volume_device(&tracer, 8 << 20);
+    let fs = Fs::format(
+        volume_over(vec![region]).unwrap(),
+        &small_format(),
+        small_options(),
+    )
+    .unwrap();
+    fs.mkdir("/d", 0o755).unwrap();
+    for i in 0..3 {
+        fs.create(&format!("/d/f{i}"))
+            .unwrap()
+            .write_at(b"kept", 0)
+            .unwrap();
+    }
+    fs.unmount().unwrap();
+    let image = tracer.contents()[0].clone();
+    let copies: Vec<usize> = image
+        .windows(8)
+        .enumerate()
+        .filter(|(_, w)| *w == b"LOCUSFS1")
+        .map(|(at, _)| at)
+        .collect();
+    assert_eq!(copies.len(), 2, "two root copies");
+    let generation = |at: usize| u64::from_le_bytes(image[at + 16..at + 24].try_into().unwrap());
+    let (a, b) = (copies[0], copies[1]);
+    let order = if generation(a) > generation(b) {
+        [a, b]
+    } else {
+        [b, a]
+    };
+    (image, order)
+}
+
+#[test]
+fn a_damaged_root_in_use_is_named_not_rolled_back() {
+    let (clean, [current, _]) = unmounted();
+    assert_eq!(check(clean.clone()).unwrap().files, 3);
+    let mut image = clean;
+    image[current + 200] ^= 1;
+    let error = check(image.clone()).unwrap_err().to_string();
+    assert!(
+        error.contains("root copy") && error.contains("would roll the file system back"),
+        "{error}"
+    );
+    let replay = Tracer::new();
+    assert!(
+        Fs::open(
+            volume_over(vec![replay.region_with(image)]).unwrap(),
+            small_options()
+        )
+        .is_err(),
+        "open must refuse too"
+    );
+}
+
+#[test]
+fn a_damaged_older_root_copy_is_reported_and_harmless() {
+    let (mut image, [_, older]) = unmounted();
+    image[older + 200] ^= 1;
+    let check = check(image.clone()).unwrap();
+    assert_eq!(check.files, 3);
+    let damage = check
+        .damaged_root_copy
+        .expect("the damaged copy is reported");
+    assert!(damage.contains("crc32c"), "{damage}");
+    // The next root update rewrites it.
+    let replay = Tracer::new();
+    let region = replay.region_with(image);
+    let fs = Fs::open(volume_over(vec![region.clone()]).unwrap(), small_options()).unwrap();
+    fs.unmount().unwrap();
+    let again = Fs::check(&volume_over(vec![region]).unwrap()).unwrap();
+    assert_eq!((again.files, again.damaged_root_copy), (3, None));
+}

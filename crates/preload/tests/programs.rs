@@ -213,6 +213,27 @@ fn a_shell_script_creates_renames_appends_and_reads_back() {
     assert!(fs.stat("/s/log").is_err());
 }
 
+/// A program whose last write is the stdio flush that exit handlers run, after the thread's
+/// thread-locals are gone (`head` writing a file through its stdout): the write succeeds.
+#[test]
+fn a_stream_flushed_at_exit_is_written() {
+    let vol = volume();
+    ok(
+        &preloaded(vol.path(), "sh")
+            .args([
+                "-c",
+                "head -c 3000000 /dev/zero | tr '\\0' x | head -c 3000000 > /locus/big",
+            ])
+            .output()
+            .unwrap(),
+        "head writing at exit",
+    );
+    let fs = open_fs(vol.path());
+    let data = read_all(&fs, "/big");
+    assert_eq!(data.len(), 3_000_000);
+    assert!(data.iter().all(|&b| b == b'x'));
+}
+
 /// fio's synchronous engines write with `verify=crc32c`, read everything back and check it;
 /// the files are then on the volume, at their size, as the test process sees it.
 #[test]

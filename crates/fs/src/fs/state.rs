@@ -78,6 +78,8 @@ pub(crate) struct Inner {
     pub(crate) batch: Mutex<()>,
     pub(crate) slots: Vec<OnceLock<Arc<Slot>>>,
     pub(crate) slot_in_use: Mutex<Vec<bool>>,
+    /// Slots of threads that wrote after their thread-locals were destroyed, by thread.
+    pub(crate) exiting: Mutex<HashMap<std::path::PathBuf, Arc<Slot>>>,
     pub(crate) counters: FsCounters,
 }
 
@@ -252,6 +254,7 @@ impl Inner {
             batch: Mutex::new(()),
             slots: (0..slot_limit).map(|_| OnceLock::new()).collect(),
             slot_in_use: Mutex::new(vec![false; slot_limit]),
+            exiting: Mutex::default(),
             counters: FsCounters::default(),
         });
         for (index, (log, journal, queue)) in slots.into_iter().enumerate() {
@@ -349,15 +352,19 @@ impl Inner {
 
     /// The calling thread's slot, claiming a free one on first use.
     pub(crate) fn slot(self: &Arc<Self>) -> Result<Arc<Slot>> {
-        let found = LEASES.with(|leases| {
+        let found = LEASES.try_with(|leases| {
             leases
                 .borrow()
                 .iter()
                 .find(|l| l.fs_id == self.id)
                 .map(|l| Arc::clone(&l.slot))
         });
-        if let Some(slot) = found {
-            return Ok(slot);
+        match found {
+            Ok(Some(slot)) => return Ok(slot),
+            Ok(None) => {}
+            // The thread is exiting and its thread-locals are gone (a stdio stream flushed by
+            // an exit handler writes now): a slot kept for it by its thread id.
+            Err(_) => return self.exiting_thread_slot(),
         }
         let index = {
             let mut in_use = self.slot_in_use.lock().expect("slot table");
@@ -383,6 +390,29 @@ impl Inner {
                 slot: Arc::clone(&slot),
             });
         });
+        Ok(slot)
+    }
+
+    /// The slot of a thread whose thread-locals were destroyed, claimed once per thread
+    /// (found by its kernel thread id, which needs no thread-local) and kept: the thread is
+    /// exiting.
+    fn exiting_thread_slot(&self) -> Result<Arc<Slot>> {
+        let tid = std::fs::read_link("/proc/thread-self")
+            .map_err(|e| FsError::Shutdown(format!("identifying an exiting thread: {e}")))?;
+        let mut exiting = self.exiting.lock().expect("exiting threads");
+        if let Some(slot) = exiting.get(&tid) {
+            return Ok(Arc::clone(slot));
+        }
+        let index = {
+            let mut in_use = self.slot_in_use.lock().expect("slot table");
+            let index = (1..in_use.len())
+                .find(|&i| !in_use[i])
+                .ok_or(FsError::TooManyThreads(in_use.len() as u32 - 1))?;
+            in_use[index] = true;
+            index
+        };
+        let slot = self.slot_at(index as u32)?;
+        exiting.insert(tid, Arc::clone(&slot));
         Ok(slot)
     }
 

@@ -71,13 +71,26 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
                 .context("opening the file system to repair it")?;
             fs.unmount().context("writing the repaired file system")?;
             report.repaired = Some(format!(
-                "replayed {} logged write(s) and {} journal record(s) into a new snapshot",
-                check.log_records, check.journal_records
+                "replayed {} logged write(s) and {} journal record(s) into a new snapshot{}",
+                check.log_records,
+                check.journal_records,
+                if check.damaged_root_copy.is_some() {
+                    "; the damaged root copy is rewritten"
+                } else {
+                    ""
+                }
             ));
         }
         report.fs = Some(state);
     }
     let fs_damaged = matches!(report.fs, Some(FsState::Damaged { .. }));
+    // A damaged spare root copy is media damage too, though harmless; repair rewrites it.
+    let root_copy_damage = match &report.fs {
+        Some(FsState::Present(check)) if report.repaired.is_none() => {
+            check.damaged_root_copy.clone()
+        }
+        _ => None,
+    };
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -104,7 +117,13 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
         if let Some(repaired) = &report.repaired {
             outln!("repaired: {repaired}");
         }
-        if report.volume.is_clean() && !fs_damaged {
+        if let Some(damage) = &root_copy_damage {
+            outln!(
+                "problem: file system: the root copy not in use is damaged ({damage}); \
+                 `locus fsck --repair` rewrites it"
+            );
+        }
+        if report.volume.is_clean() && !fs_damaged && root_copy_damage.is_none() {
             outln!("clean");
         }
     }
@@ -117,6 +136,12 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
     }
     if fs_damaged {
         bail!("the file system in {} is damaged", dir.display());
+    }
+    if root_copy_damage.is_some() {
+        bail!(
+            "a root copy of the file system in {} is damaged",
+            dir.display()
+        );
     }
     Ok(())
 }
