@@ -1,0 +1,295 @@
+//! A corruption campaign: seeded single-bit flips and zeroed ranges over every metadata
+//! region (both root copies, the snapshot, every journal and log area) of a cleanly
+//! unmounted and of a crashed volume. Every case must end one of three ways:
+//! - **reported**: `Fs::check` names the damage (and `Fs::open` refuses);
+//! - **harmless**: check passes and the tree read back equals the model;
+//! - **a torn last append**: the damage hit the last record of a journal or log area, which
+//!   is exactly what a crash during that append leaves — the loss equals that operation not
+//!   having returned (no checksum can tell the two apart).
+//!
+//! Never a panic, never any other loss (a silent loss fails the test).
+
+use std::collections::BTreeMap;
+
+use fs::{Fs, Kind, OpenOptions};
+use pmem::Tracer;
+use testkit::*;
+
+type Tree = BTreeMap<String, Option<Vec<u8>>>;
+
+fn read_tree(fs: &Fs) -> Tree {
+    let mut tree = Tree::new();
+    let mut dirs = vec![String::from("/")];
+    while let Some(dir) = dirs.pop() {
+        for entry in fs.readdir(&dir).expect("readdir") {
+            let path = if dir == "/" {
+                format!("/{}", entry.name)
+            } else {
+                format!("{dir}/{}", entry.name)
+            };
+            match entry.kind {
+                Kind::Dir => {
+                    tree.insert(path.clone(), None);
+                    dirs.push(path);
+                }
+                Kind::File => {
+                    let f = fs
+                        .open_file(&path, OpenOptions::read_write())
+                        .expect("open");
+                    let mut data = vec![0u8; f.len() as usize];
+                    f.read_at(&mut data, 0).expect("read");
+                    tree.insert(path, Some(data));
+                }
+            }
+        }
+    }
+    tree
+}
+
+/// A volume after a small workload: unmounted cleanly, or left as a crash would leave it.
+fn aged_image(crash: bool) -> Vec<u8> {
+    let tracer = Tracer::new();
+    let region = traced_volume_device(&tracer, 8 << 20);
+    let fs = Fs::format(
+        volume_over(vec![region]).unwrap(),
+        &small_format(),
+        small_options(),
+    )
+    .unwrap();
+    fs.mkdir("/db", 0o755).unwrap();
+    for i in 0..6u64 {
+        let f = fs.create(&format!("/db/t{i}")).unwrap();
+        f.write_at(&pattern(i, 0, 20_000 + i as usize * 3000), 0)
+            .unwrap();
+        f.write_at(&pattern(i + 100, 4096, 4096), 4096).unwrap();
+    }
+    fs.rename("/db/t0", "/db/renamed").unwrap();
+    fs.unlink("/db/t1").unwrap();
+    fs.open_file("/db/t2", OpenOptions::read_write())
+        .unwrap()
+        .set_len(5000)
+        .unwrap();
+    if crash {
+        // More after the last checkpoint: live journal and log records.
+        fs.checkpoint().unwrap();
+        fs.mkdir("/late", 0o700).unwrap();
+        let f = fs.create("/late/x").unwrap();
+        for k in 0..5u64 {
+            f.write_at(&pattern(k, k * 1000, 777), k * 1000).unwrap();
+        }
+        fs.abandon();
+    } else {
+        fs.unmount().unwrap();
+    }
+    tracer.contents()[0].clone()
+}
+
+fn u64_at(image: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(image[at..at + 8].try_into().unwrap())
+}
+
+/// A metadata region, and the byte range of its last record (a torn append's place).
+struct Region {
+    name: String,
+    start: usize,
+    len: usize,
+    used: usize,
+    last: Option<(usize, usize)>,
+}
+
+/// The metadata regions, from the root in use (found by its magic; addresses are device
+/// offsets: one device).
+fn regions(image: &[u8]) -> Vec<Region> {
+    let copies: Vec<usize> = (0..image.len() - 8)
+        .step_by(4096)
+        .filter(|&at| &image[at..at + 8] == b"LOCUSFS1")
+        .collect();
+    let root = *copies
+        .iter()
+        .max_by_key(|&&at| u64_at(image, at + 16))
+        .unwrap();
+    let offset = |global: u64| (global & ((1 << 56) - 1)) as usize;
+    let mut out = Vec::new();
+    for &copy in &copies {
+        out.push(Region {
+            name: format!("root copy at {copy}"),
+            start: copy,
+            len: 4096,
+            used: 4096,
+            last: None,
+        });
+    }
+    let epoch = u64_at(image, root + 24);
+    let (snapshot, snapshot_len) = (offset(u64_at(image, root + 48)), u64_at(image, root + 56));
+    out.push(Region {
+        name: "snapshot".into(),
+        start: snapshot,
+        len: snapshot_len as usize,
+        used: snapshot_len as usize,
+        last: None,
+    });
+    let slots = u32::from_le_bytes(image[root + 88..root + 92].try_into().unwrap()) as usize;
+    for slot in 0..slots {
+        let at = root + 128 + slot * 32;
+        let (log, log_len) = (offset(u64_at(image, at)), u64_at(image, at + 8) as usize);
+        let (journal, journal_len) = (
+            offset(u64_at(image, at + 16)),
+            u64_at(image, at + 24) as usize,
+        );
+        // The journal's records of the root's epoch, as the scan finds them.
+        let (mut tail, mut last) = (0usize, None);
+        loop {
+            let h = journal + tail;
+            let len = u32::from_le_bytes(image[h..h + 4].try_into().unwrap()) as usize;
+            if len < 40 || tail + len > journal_len || u64_at(image, h + 16) != epoch {
+                break;
+            }
+            let crc = u32::from_le_bytes(image[h + 4..h + 8].try_into().unwrap());
+            let want =
+                crc32c::crc32c_append(crc32c::crc32c(&image[h..h + 4]), &image[h + 8..h + len]);
+            if crc != want {
+                break;
+            }
+            last = Some((h, len));
+            tail += len;
+        }
+        out.push(Region {
+            name: format!("journal of slot {slot}"),
+            start: journal,
+            len: journal_len,
+            used: tail + 64,
+            last,
+        });
+        // The log's records with a valid checksum; the newest is the last append.
+        let mut newest: Option<(u64, usize)> = None;
+        let mut used = 64;
+        for index in 0..(log_len / 64 - 1) {
+            let r = log + 64 * (index + 1);
+            let sequence = u64_at(image, r);
+            let crc = u32::from_le_bytes(image[r + 60..r + 64].try_into().unwrap());
+            if sequence != 0 && crc == crc32c::crc32c(&image[r..r + 60]) {
+                used = used.max(64 * (index + 2));
+                if newest.is_none_or(|(s, _)| sequence > s) {
+                    newest = Some((sequence, r));
+                }
+            }
+        }
+        out.push(Region {
+            name: format!("log area of slot {slot}"),
+            start: log,
+            len: log_len,
+            used,
+            last: newest.map(|(_, r)| (r, 64)),
+        });
+    }
+    out
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 17) % n.max(1) as u64) as usize
+    }
+}
+
+#[derive(Debug, Default)]
+struct Outcomes {
+    reported: u32,
+    harmless: u32,
+    torn_last: u32,
+    silent: Vec<String>,
+}
+
+fn campaign(crash: bool, cases: usize, seed: u64) -> Outcomes {
+    let image = aged_image(crash);
+    let model = {
+        let replay = Tracer::new();
+        let fs = Fs::open(
+            volume_over(vec![replay.region_with(image.clone())]).unwrap(),
+            small_options(),
+        )
+        .unwrap();
+        let tree = read_tree(&fs);
+        fs.abandon();
+        tree
+    };
+    let regions = regions(&image);
+    let mut rng = Rng(seed);
+    let mut out = Outcomes::default();
+    for case in 0..cases {
+        let region = &regions[rng.below(regions.len())];
+        let span = if rng.below(2) == 0 {
+            region.used.min(region.len)
+        } else {
+            region.len
+        };
+        let at = region.start + rng.below(span);
+        let mut damaged = image.clone();
+        let what = if case % 5 == 4 {
+            let len = (8 + rng.below(248)).min(region.start + region.len - at);
+            damaged[at..at + len].fill(0);
+            format!("{len} bytes zeroed at {at} ({})", region.name)
+        } else {
+            let bit = rng.below(8);
+            damaged[at] ^= 1 << bit;
+            format!("bit {bit} of byte {at} flipped ({})", region.name)
+        };
+        let replay = Tracer::new();
+        let check = Fs::check(&volume_over(vec![replay.region_with(damaged.clone())]).unwrap());
+        if check.is_err() {
+            out.reported += 1;
+            continue;
+        }
+        let replay = Tracer::new();
+        let opened = Fs::open(
+            volume_over(vec![replay.region_with(damaged)]).unwrap(),
+            small_options(),
+        );
+        let tree = match opened {
+            Ok(fs) => {
+                let tree = read_tree(&fs);
+                fs.abandon();
+                Some(tree)
+            }
+            Err(e) => {
+                out.silent
+                    .push(format!("{what}: check passed, open failed: {e}"));
+                continue;
+            }
+        };
+        if tree.as_ref() == Some(&model) {
+            out.harmless += 1;
+        } else if regions
+            .iter()
+            .filter_map(|r| r.last)
+            .any(|(start, len)| at >= start && at < start + len)
+        {
+            out.torn_last += 1;
+        } else {
+            out.silent
+                .push(format!("{what}: check passed, the tree differs"));
+        }
+    }
+    out
+}
+
+#[test]
+fn damage_to_a_clean_volume_is_reported_or_harmless() {
+    let out = campaign(false, 500, 0xc1ea);
+    eprintln!("clean volume: {out:?}");
+    assert!(out.silent.is_empty(), "silent losses: {:#?}", out.silent);
+    assert!(out.reported > 0 && out.harmless > 0, "{out:?}");
+}
+
+#[test]
+fn damage_to_a_crashed_volume_is_reported_harmless_or_a_torn_last_append() {
+    let out = campaign(true, 500, 0xc7a5);
+    eprintln!("crashed volume: {out:?}");
+    assert!(out.silent.is_empty(), "silent losses: {:#?}", out.silent);
+    assert!(out.reported > 0 && out.harmless > 0, "{out:?}");
+}
