@@ -279,6 +279,9 @@ impl Volume {
     /// locus superblock (a config written by hand before the first format is fine).
     pub fn format(dir: &Path, config: &VolumeConfig, force: bool) -> Result<[u8; 16]> {
         // Before the lock (which creates the directory): a refusal leaves nothing behind.
+        for device in &config.devices {
+            device.kind()?;
+        }
         check_emulated(dir, config)?;
         let mut lock = VolumeLock::acquire(dir)?;
         // Devices that exist already may belong to a volume open elsewhere.

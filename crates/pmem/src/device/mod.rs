@@ -54,10 +54,16 @@ impl DeviceKind {
     /// emulated, a file elsewhere is a DAX file if it can be mapped with `MAP_SYNC`, else an
     /// ordinary file. A path that does not exist yet is judged by its directory.
     pub fn detect(path: &Path) -> Result<Self> {
-        if let Ok(metadata) = std::fs::metadata(path)
-            && metadata.file_type().is_char_device()
-        {
-            return Ok(Self::DevDax);
+        if let Ok(metadata) = std::fs::metadata(path) {
+            if metadata.file_type().is_char_device() {
+                return Ok(Self::DevDax);
+            }
+            if metadata.file_type().is_block_device() {
+                return Err(PmemError::WrongKind {
+                    path: path.to_owned(),
+                    problem: BLOCK_DEVICE.into(),
+                });
+            }
         }
         let probe_path = if path.exists() {
             path.to_owned()
@@ -84,6 +90,12 @@ impl DeviceKind {
         Ok(if dax { Self::DaxFile } else { Self::File })
     }
 }
+
+/// Why a block device (`/dev/pmemN`, an NVMe drive) is refused.
+const BLOCK_DEVICE: &str = "a block device, which locus cannot map for direct stores; for a \
+    persistent-memory namespace either make it device-DAX (`ndctl create-namespace --force \
+    --reconfig=namespaceX.Y --mode=devdax`) and name /dev/daxX.Y, or put a DAX file system on \
+    it (`mkfs.ext4 /dev/pmemN && mount -o dax /dev/pmemN /mnt/pmem`) and name a file there";
 
 /// When to execute cache-line flushes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -319,4 +331,29 @@ pub(crate) fn persistence_domain(sysfs_device: &Path) -> Option<String> {
         .take(12)
         .find_map(|dir| std::fs::read_to_string(dir.join("persistence_domain")).ok())
         .map(|text| text.trim().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A block device (whichever this machine has) is refused with what to do instead.
+    #[test]
+    fn a_block_device_is_refused_with_what_to_use_instead() {
+        let block = std::fs::read_dir("/dev").ok().and_then(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .find(|p| std::fs::metadata(p).is_ok_and(|m| m.file_type().is_block_device()))
+        });
+        let Some(block) = block else {
+            eprintln!("no block device under /dev: nothing to check");
+            return;
+        };
+        let error = DeviceKind::detect(&block).unwrap_err().to_string();
+        assert!(
+            error.contains("a block device") && error.contains("devdax") && error.contains("dax"),
+            "{error}"
+        );
+    }
 }
