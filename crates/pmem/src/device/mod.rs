@@ -342,7 +342,7 @@ mod tests {
     fn a_block_device_is_refused_with_what_to_use_instead() {
         let block = std::fs::read_dir("/dev").ok().and_then(|entries| {
             entries
-                .filter_map(|e| e.ok())
+                .filter_map(Result::ok)
                 .map(|e| e.path())
                 .find(|p| std::fs::metadata(p).is_ok_and(|m| m.file_type().is_block_device()))
         });
