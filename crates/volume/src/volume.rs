@@ -399,6 +399,17 @@ impl Volume {
         Ok(())
     }
 
+    /// Gives the monitor every device's exact free space and re-decides candidates, fat
+    /// devices and targets now (rather than at the next periodic check): after a large
+    /// `mark_owned`, before reporting targets.
+    pub fn refresh_targets(&self) {
+        for (index, device) in self.devices.iter().enumerate() {
+            self.monitor
+                .update(index as u32, device.allocator.free_pages() * PAGE_BYTES);
+        }
+        self.monitor.check_all();
+    }
+
     /// The device an allocation for a thread on `node` should use now (Algorithm 1's
     /// Decide_Target_MBS): O(1).
     pub fn decide_target(&self, node: u32) -> Option<u32> {

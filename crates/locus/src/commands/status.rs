@@ -47,6 +47,10 @@ struct NodeOrder {
 
 pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
     let volume = super::volume::open_or_create_default(dir, sysfs, false)?;
+    // First: checking the file system marks the memory it owns, which the targets and the
+    // free space below must count.
+    let fs = super::volume::FsState::of(&volume);
+    volume.refresh_targets();
     let orders: Vec<NodeOrder> = volume
         .topology()
         .nodes
@@ -60,7 +64,6 @@ pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
             })
         })
         .collect();
-    let fs = super::volume::FsState::of(&volume);
     let report = Report {
         volume: dir.display().to_string(),
         uuid: volume::hex(&volume.uuid()),
