@@ -28,6 +28,11 @@ pub struct VolumeBenchArgs {
     /// Seconds per case.
     #[arg(long, default_value_t = 1.0)]
     seconds: f64,
+
+    /// Size of each node's emulated device (at least 320M: two threads each hold a batch of
+    /// 64 extents of 2 MiB).
+    #[arg(long, default_value = "512M", value_parser = crate::size::parse_size)]
+    device_size: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -42,19 +47,24 @@ struct Case {
 }
 
 const BATCH: usize = 64;
-const DEVICE_BYTES: u64 = 512 << 20;
+/// The smallest device the 2 MiB cases fit: two threads' batches and the owner area.
+const MIN_DEVICE_BYTES: u64 = 320 << 20;
 
 pub fn run(sysfs: &std::path::Path, args: &VolumeBenchArgs) -> Result<()> {
     anyhow::ensure!(
         args.seconds > 0.0 && args.seconds <= 600.0,
         "--seconds must be in (0, 600]"
     );
+    anyhow::ensure!(
+        args.device_size >= MIN_DEVICE_BYTES,
+        "--device-size must be at least 320M (two threads each hold 64 extents of 2 MiB)"
+    );
     let topology = Topology::read_from(sysfs)?;
     let scratch = super::cleanup::Scratch::new(std::path::PathBuf::from(format!(
         "/dev/shm/locus-bench-volume-{}",
         std::process::id()
     )));
-    let config = volume::default_config(scratch.path(), &topology, Some(DEVICE_BYTES))?;
+    let config = volume::default_config(scratch.path(), &topology, Some(args.device_size))?;
     Volume::format(scratch.path(), &config, false).context("formatting the scratch volume")?;
     let options = OpenOptions {
         check_interval: None,
@@ -87,7 +97,7 @@ pub fn run(sysfs: &std::path::Path, args: &VolumeBenchArgs) -> Result<()> {
         outln!(
             "volume manager: {} device(s) of {} MiB, batches of {BATCH}",
             volume.device_count(),
-            DEVICE_BYTES >> 20
+            args.device_size >> 20
         );
         outln!(
             "{:<6} {:>8} {:>8} {:>14} {:>12}",
