@@ -156,13 +156,14 @@ impl Pool {
     /// Space for `len` bytes destined for file offset `offset`. A write holding at least one
     /// whole block is placed at the same offset within a page as in the file, so the
     /// checkpoint can remap its whole blocks; smaller writes are packed.
-    /// New buffers come from `alloc`; `spare`: free memory beyond the checkpoint's reserve.
+    /// New buffers come from `alloc`; `spare` says how much free memory is beyond the
+    /// checkpoint's reserve (asked only when a buffer must be allocated).
     pub(crate) fn reserve(
         &mut self,
         volume: &Volume,
         offset: u64,
         len: u64,
-        spare: u64,
+        spare: &dyn Fn() -> u64,
         alloc: &dyn Fn(u64) -> Result<Extent>,
     ) -> Result<Reserve> {
         let has_whole_block = offset.next_multiple_of(BLOCK) + BLOCK <= offset + len;
@@ -212,7 +213,7 @@ impl Pool {
                     // than an eighth of what is spare: a buffer holds all of its memory until
                     // the last of its records is retired, and other writes need some too.
                     let needed = (offset % BLOCK + len).next_multiple_of(BLOCK);
-                    let cap = (spare / 8).max(needed);
+                    let cap = (spare() / 8).max(needed);
                     let mut size = self.buffer_bytes.min(cap.next_power_of_two()).max(needed);
                     let extent = loop {
                         match alloc(size) {

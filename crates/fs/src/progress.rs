@@ -493,18 +493,17 @@ impl Ticket<'_> {
     /// Queues the records of the writer's write (carrying the ticket's orders, in order) for
     /// the checkpoint and closes the ticket.
     pub(crate) fn queue_all(mut self, records: Vec<Pending>) {
-        let orders: Vec<u64> = records.iter().map(|p| p.order).collect();
-        let taken: Vec<u64> = self
-            .orders
-            .clone()
-            .map(Iterator::collect)
-            .unwrap_or_default();
-        assert_eq!(orders, taken, "queued records carry their ticket's orders");
+        let taken = self.orders.clone().unwrap_or(0..0);
+        assert!(
+            records.len() as u64 == taken.end - taken.start
+                && records.iter().zip(taken.clone()).all(|(p, o)| p.order == o),
+            "queued records carry their ticket's orders"
+        );
         let count = records.len() as u64;
         let depth = {
             let mut queued = self.queue.records();
             assert!(
-                queued.back().is_none_or(|p| p.order < orders[0]),
+                queued.back().is_none_or(|p| p.order < taken.start),
                 "a slot's records are queued in order"
             );
             queued.extend(records);

@@ -49,13 +49,7 @@ fn read_tree(fs: &Fs) -> Tree {
 /// A volume after a small workload: unmounted cleanly, or left as a crash would leave it.
 fn aged_image(crash: bool) -> Vec<u8> {
     let tracer = Tracer::new();
-    let region = traced_volume_device(&tracer, 8 << 20);
-    let fs = Fs::format(
-        volume_over(vec![region]).unwrap(),
-        &small_format(),
-        small_options(),
-    )
-    .unwrap();
+    let fs = format_over(vec![traced_volume_device(&tracer, 8 << 20)]);
     fs.mkdir("/db", 0o755).unwrap();
     for i in 0..6u64 {
         let f = fs.create(&format!("/db/t{i}")).unwrap();

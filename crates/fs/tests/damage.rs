@@ -10,13 +10,7 @@ use testkit::*;
 /// thread's journal) and left as a crash would leave it.
 fn ten_creates() -> Vec<u8> {
     let tracer = Tracer::new();
-    let region = traced_volume_device(&tracer, 8 << 20);
-    let fs = Fs::format(
-        volume_over(vec![region]).unwrap(),
-        &small_format(),
-        small_options(),
-    )
-    .unwrap();
+    let fs = format_over(vec![traced_volume_device(&tracer, 8 << 20)]);
     for i in 0..10 {
         fs.create(&format!("/damage-file-{i:02}")).unwrap();
     }
@@ -79,13 +73,7 @@ fn a_damaged_last_journal_record_is_a_torn_append() {
 /// use first.
 fn unmounted() -> (Vec<u8>, [usize; 2]) {
     let tracer = Tracer::new();
-    let region = traced_volume_device(&tracer, 8 << 20);
-    let fs = Fs::format(
-        volume_over(vec![region]).unwrap(),
-        &small_format(),
-        small_options(),
-    )
-    .unwrap();
+    let fs = format_over(vec![traced_volume_device(&tracer, 8 << 20)]);
     fs.mkdir("/d", 0o755).unwrap();
     for i in 0..3 {
         fs.create(&format!("/d/f{i}"))

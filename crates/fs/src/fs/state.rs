@@ -366,14 +366,7 @@ impl Inner {
             // an exit handler writes now): a slot kept for it by its thread id.
             Err(_) => return self.exiting_thread_slot(),
         }
-        let index = {
-            let mut in_use = self.slot_in_use.lock().expect("slot table");
-            let index = (1..in_use.len())
-                .find(|&i| !in_use[i])
-                .ok_or(FsError::TooManyThreads(in_use.len() as u32 - 1))?;
-            in_use[index] = true;
-            index
-        };
+        let index = self.claim_slot_index()?;
         let slot = match self.slot_at(index as u32) {
             Ok(slot) => slot,
             Err(e) => {
@@ -393,6 +386,16 @@ impl Inner {
         Ok(slot)
     }
 
+    /// Marks a free slot number in use and returns it.
+    fn claim_slot_index(&self) -> Result<usize> {
+        let mut in_use = self.slot_in_use.lock().expect("slot table");
+        let index = (1..in_use.len())
+            .find(|&i| !in_use[i])
+            .ok_or(FsError::TooManyThreads(in_use.len() as u32 - 1))?;
+        in_use[index] = true;
+        Ok(index)
+    }
+
     /// The slot of a thread whose thread-locals were destroyed, claimed once per thread
     /// (found by its kernel thread id, which needs no thread-local) and kept: the thread is
     /// exiting.
@@ -403,14 +406,7 @@ impl Inner {
         if let Some(slot) = exiting.get(&tid) {
             return Ok(Arc::clone(slot));
         }
-        let index = {
-            let mut in_use = self.slot_in_use.lock().expect("slot table");
-            let index = (1..in_use.len())
-                .find(|&i| !in_use[i])
-                .ok_or(FsError::TooManyThreads(in_use.len() as u32 - 1))?;
-            in_use[index] = true;
-            index
-        };
+        let index = self.claim_slot_index()?;
         let slot = self.slot_at(index as u32)?;
         exiting.insert(tid, Arc::clone(&slot));
         Ok(slot)

@@ -178,15 +178,16 @@ impl Inner {
         }
         loop {
             let reserved = self.with_space(|| {
-                let spare = self
-                    .volume
-                    .free_bytes_published()
-                    .saturating_sub(self.reserve_bytes());
+                let spare = || {
+                    self.volume
+                        .free_bytes_published()
+                        .saturating_sub(self.reserve_bytes())
+                };
                 slot.pool.lock().expect("buffer pool").reserve(
                     &self.volume,
                     offset,
                     len,
-                    spare,
+                    &spare,
                     &|bytes| self.alloc_buffer(bytes),
                 )
             })?;
