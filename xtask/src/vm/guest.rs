@@ -36,6 +36,9 @@ pub struct GuestRun {
     pub setup_failure: Option<String>,
     pub done: bool,
     pub timed_out: bool,
+    /// The guest did not reach its `ready` marker within the boot deadline and was killed.
+    /// The suite never started, so the caller may boot it again.
+    pub boot_stalled: bool,
     pub qemu_stderr: String,
 }
 
@@ -47,6 +50,8 @@ pub struct Boot<'a> {
     pub initramfs: &'a Path,
     pub accel: Accel,
     pub timeout: Duration,
+    /// Kill a guest that has not reached its `ready` marker after this long.
+    pub boot_timeout: Duration,
     pub verbose_kernel: bool,
 }
 
@@ -111,16 +116,27 @@ pub fn run(boot: &Boot<'_>) -> Result<GuestRun> {
     });
 
     let deadline = started + boot.timeout;
+    let boot_deadline = started + boot.boot_timeout.min(boot.timeout);
     let mut run = GuestRun::default();
     let mut section = Section::Console;
     loop {
         let now = Instant::now();
+        if run.boot_to_ready.is_none() && now >= boot_deadline {
+            run.boot_stalled = true;
+            let _ = child.kill();
+            break;
+        }
         if now >= deadline {
             run.timed_out = true;
             let _ = child.kill();
             break;
         }
-        match receiver.recv_timeout(deadline - now) {
+        let wake = if run.boot_to_ready.is_none() {
+            boot_deadline
+        } else {
+            deadline
+        };
+        match receiver.recv_timeout(wake.saturating_duration_since(now)) {
             Ok(line) => {
                 println!("[{}] {line}", boot.label);
                 handle_line(&line, &mut run, &mut section, started);

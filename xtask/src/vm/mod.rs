@@ -41,6 +41,16 @@ pub struct VmTestArgs {
     #[arg(long, default_value_t = 180)]
     timeout: u64,
 
+    /// Kill a guest that has not reached the start of its suite after this many seconds and
+    /// boot it again (a TCG guest on a loaded host occasionally stalls in early boot; a boot
+    /// here takes about 10 s).
+    #[arg(long, default_value_t = 60)]
+    boot_timeout: u64,
+
+    /// How many times to boot a guest whose boot stalled before giving up.
+    #[arg(long, default_value_t = 3)]
+    boot_attempts: u32,
+
     /// Show all kernel messages on the console (default: emergencies only).
     #[arg(long)]
     verbose_kernel: bool,
@@ -123,37 +133,20 @@ pub fn run(root: &Path, args: &VmTestArgs) -> Result<ExitCode> {
     for topology in &topologies {
         let dir = work.join(topology.name);
         fs::create_dir_all(&dir)?;
-        let nvdimm_files = fresh_nvdimm_files(&dir, topology)?;
-        let disk = dir.join("disk.img");
-        fs::File::create(&disk)?.set_len(GUEST_DISK_BYTES)?;
         let archive = dir.join("initramfs.cpio");
         initramfs::pack(&staging, &archive, topology, &module_names, &steps)?;
-
-        let boot = guest::Boot {
-            label: topology.name,
-            machine_args: {
-                let mut args = topology.qemu_args(&nvdimm_files);
-                args.extend([
-                    "-drive".to_owned(),
-                    format!(
-                        "file={},format=raw,if=none,id=scratch,cache=none",
-                        disk.display()
-                    ),
-                    "-device".to_owned(),
-                    "virtio-blk-pci,drive=scratch,bus=pci.0".to_owned(),
-                ]);
-                args
-            },
-            kernel: &assets.kernel.vmlinuz,
-            initramfs: &archive,
-            accel: args.accel,
-            timeout: Duration::from_secs(args.timeout),
-            verbose_kernel: args.verbose_kernel,
+        let mut attempt = 1;
+        let run = loop {
+            let run = boot_once(topology, &dir, &archive, &assets.kernel.vmlinuz, &args)?;
+            if !run.boot_stalled || attempt >= args.boot_attempts.max(1) {
+                break run;
+            }
+            eprintln!(
+                "vm-test {}: the guest did not reach its suite within {} s (attempt {attempt} of {}); booting it again",
+                topology.name, args.boot_timeout, args.boot_attempts
+            );
+            attempt += 1;
         };
-        let run = guest::run(&boot)?;
-        for file in nvdimm_files.iter().chain([&disk]) {
-            let _ = fs::remove_file(file);
-        }
         let problems = evaluate(topology, &run, &steps);
         let command_status = run.steps.get("command").and_then(|step| step.status);
         outcomes.push(Outcome {
@@ -191,6 +184,46 @@ pub fn run(root: &Path, args: &VmTestArgs) -> Result<ExitCode> {
         .find(|&status| status != 0)
         .and_then(|status| u8::try_from(status).ok());
     Ok(ExitCode::from(command_status.unwrap_or(1)))
+}
+
+/// Boots `topology` once on fresh NVDIMM and scratch-disk files, which are removed afterwards.
+fn boot_once(
+    topology: &VmTopology,
+    dir: &Path,
+    archive: &Path,
+    kernel: &Path,
+    args: &VmTestArgs,
+) -> Result<guest::GuestRun> {
+    let nvdimm_files = fresh_nvdimm_files(dir, topology)?;
+    let disk = dir.join("disk.img");
+    fs::File::create(&disk)?.set_len(GUEST_DISK_BYTES)?;
+    let boot = guest::Boot {
+        label: topology.name,
+        machine_args: {
+            let mut machine = topology.qemu_args(&nvdimm_files);
+            machine.extend([
+                "-drive".to_owned(),
+                format!(
+                    "file={},format=raw,if=none,id=scratch,cache=none",
+                    disk.display()
+                ),
+                "-device".to_owned(),
+                "virtio-blk-pci,drive=scratch,bus=pci.0".to_owned(),
+            ]);
+            machine
+        },
+        kernel,
+        initramfs: archive,
+        accel: args.accel,
+        timeout: Duration::from_secs(args.timeout),
+        boot_timeout: Duration::from_secs(args.boot_timeout),
+        verbose_kernel: args.verbose_kernel,
+    };
+    let run = guest::run(&boot);
+    for file in nvdimm_files.iter().chain([&disk]) {
+        let _ = fs::remove_file(file);
+    }
+    run
 }
 
 /// Size of the guest's scratch disk (sparse on the host).
@@ -300,10 +333,15 @@ fn evaluate(topology: &VmTopology, run: &guest::GuestRun, steps: &[Step]) -> Vec
     if run.timed_out {
         problems.push("the guest did not finish before the timeout".to_owned());
     }
+    if run.boot_stalled {
+        problems.push(
+            "the guest never reached its suite (its boot stalled on every attempt)".to_owned(),
+        );
+    }
     if let Some(why) = &run.setup_failure {
         problems.push(format!("guest set-up failed: {why}"));
     }
-    if !run.done && !run.timed_out {
+    if !run.done && !run.timed_out && !run.boot_stalled {
         problems.push(format!(
             "the guest stopped early; qemu said: {}",
             run.qemu_stderr.trim()
