@@ -133,6 +133,7 @@ pub(crate) struct Pool {
     current: usize,
     cursor: u64,
     buffer_bytes: u64,
+    whole_blocks: bool,
 }
 
 /// What a placement attempt needs from the caller.
@@ -144,12 +145,15 @@ pub(crate) enum Reserve {
 }
 
 impl Pool {
-    pub(crate) fn new(count: usize, buffer_bytes: u64) -> Self {
+    /// `whole_blocks`: every write starts in a block of its own, so no block is written
+    /// again once a record names it (data checksums need it: `crate::checksums`).
+    pub(crate) fn new(count: usize, buffer_bytes: u64, whole_blocks: bool) -> Self {
         Self {
             buffers: (0..count).map(|_| None).collect(),
             current: 0,
             cursor: 0,
             buffer_bytes,
+            whole_blocks,
         }
     }
 
@@ -182,7 +186,10 @@ impl Pool {
         for _ in 0..=3 * self.buffers.len() {
             match &self.buffers[self.current] {
                 Some((set, base, capacity)) if !set.is_sealed() => {
-                    let at = if has_whole_block {
+                    if self.whole_blocks {
+                        self.cursor = self.cursor.next_multiple_of(BLOCK);
+                    }
+                    let at = if has_whole_block || self.whole_blocks {
                         // The first position at or after the cursor with the file's in-page
                         // offset.
                         let (within, c) = (offset % BLOCK, self.cursor % BLOCK);

@@ -193,6 +193,14 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
         .map(|p| write_growth_bound(p.offset, p.len))
         .sum();
     inner.pending_growth.fetch_sub(bounds, Ordering::Relaxed);
+    if inner.checksums.is_some() {
+        let pages: u64 = batch
+            .records
+            .iter()
+            .map(|p| crate::fs::partial_pages(p.offset, p.len))
+            .sum();
+        inner.pending_pages.fetch_sub(pages, Ordering::Relaxed);
+    }
 
     // Durable: retire, free, release.
     for (slot, seq) in retired {
@@ -256,6 +264,9 @@ fn apply_record(inner: &Inner, record: &Pending, work: &mut Work) -> Result<()> 
         return Ok(());
     }
     let mut end = reached;
+    // With data checksums no block a file or record names is ever stored to: whole blocks
+    // are always remapped and partial ones rebuilt in fresh pages (`crate::checksums`).
+    let checked = inner.checksums.is_some();
     for piece in pieces {
         end = end.max(piece.end);
         let mut pos = piece.start;
@@ -265,7 +276,7 @@ fn apply_record(inner: &Inner, record: &Pending, work: &mut Work) -> Result<()> 
             let src = piece.src + (pos - piece.start);
             if pos == block_start && piece.end - pos >= BLOCK && src.is_multiple_of(BLOCK) {
                 let blocks = (piece.end - pos) / BLOCK;
-                if blocks >= REMAP_MIN_BLOCKS {
+                if blocks >= REMAP_MIN_BLOCKS || checked {
                     remap(inode.ino, &mut extents, record, block, blocks, src, work);
                 } else {
                     // Few whole blocks: copied into the blocks the file has, so that small
@@ -300,6 +311,20 @@ fn apply_record(inner: &Inner, record: &Pending, work: &mut Work) -> Result<()> 
             let to = piece.end.min(block_start + BLOCK);
             let within = (pos - block_start) as usize;
             let len = (to - pos) as usize;
+            if checked {
+                rebuild_block(
+                    inner,
+                    inode.ino,
+                    &mut extents,
+                    block,
+                    within,
+                    src,
+                    len,
+                    work,
+                )?;
+                pos = to;
+                continue;
+            }
             match extents.get(block) {
                 Some(target) => {
                     inner.copy_pmem(src, target + within as u64, len as u64)?;
@@ -330,6 +355,72 @@ fn apply_record(inner: &Inner, record: &Pending, work: &mut Work) -> Result<()> 
         }
     }
     note_size(work, inode.ino, end, record.mtime);
+    Ok(())
+}
+
+/// With data checksums: builds block `block` of file `ino` anew in a fresh page — the bytes
+/// it has (zeros for a hole) with `len` bytes of a record's buffer at `src` stored at
+/// `within` — with its checksum entry, and maps it; the block it replaces is freed once the
+/// batch commits. When the old block or the record's bytes fail their check, the new
+/// block's entry is poisoned: the damage stays an error on read instead of being blessed by
+/// a fresh checksum.
+#[allow(clippy::too_many_arguments)]
+fn rebuild_block(
+    inner: &Inner,
+    ino: u64,
+    extents: &mut ExtentMap,
+    block: u64,
+    within: usize,
+    src: u64,
+    len: usize,
+    work: &mut Work,
+) -> Result<()> {
+    let checksums = inner.checksums().expect("called with data checksums only");
+    let mut page = vec![0u8; 2 * BLOCK as usize];
+    let (page, scratch) = page.split_at_mut(BLOCK as usize);
+    let mut sound = true;
+    if let Some(target) = extents.get(block) {
+        sound &= inner.read_block_checked(target, page)?;
+    }
+    // The record's bytes may straddle two blocks of its buffer (a caller's buffer starts at a
+    // block whatever the file offset).
+    let mut done = 0;
+    while done < len {
+        let at = src + done as u64;
+        let source_block = at - at % BLOCK;
+        let from = (at - source_block) as usize;
+        let n = (BLOCK as usize - from).min(len - done);
+        sound &= inner.read_block_checked(source_block, scratch)?;
+        page[within + done..within + done + n].copy_from_slice(&scratch[from..from + n]);
+        done += n;
+    }
+    let crc = crate::checksums::block_crc(page);
+    let entry = if sound {
+        crc
+    } else {
+        tracing::error!(
+            ino,
+            offset = block * BLOCK,
+            "data checksum mismatch while moving a write into its file: the block stays marked damaged"
+        );
+        crate::checksums::poisoned(crc)
+    };
+    let node = inner
+        .volume
+        .device_node(volume::GlobalAddress::from_raw(src).device())
+        .unwrap_or_else(|| inner.volume.current_node());
+    let fresh: Extent = inner.volume.alloc(BLOCK, node)?;
+    let (region, at) = inner.region_at(fresh.start.raw())?;
+    region.write_nt(at, page)?;
+    checksums.store(fresh.start.raw(), &[entry])?;
+    work.freed.extend(extents.map(block, 1, fresh.start.raw()));
+    work.maps.push(MapEntry {
+        ino,
+        file_block: block,
+        blocks: 1,
+        addr: fresh.start.raw(),
+    });
+    work.copied += BLOCK;
     Ok(())
 }
 

@@ -39,6 +39,19 @@ pub enum FsError {
         problem: String,
     },
 
+    /// A block of a file's data fails its checksum: its bytes are not the ones written.
+    #[error(
+        "file {ino}: the data at offset {offset} is damaged (block at {block} fails its checksum)"
+    )]
+    DataChecksum {
+        /// The file's inode number.
+        ino: u64,
+        /// The file offset of the first damaged byte the operation touched.
+        offset: u64,
+        /// The damaged block's global address.
+        block: String,
+    },
+
     /// The volume carries no file system.
     #[error("the volume has no locus file system (format one with `locus format`)")]
     NoFileSystem,
@@ -180,6 +193,7 @@ impl FsError {
             | Self::Volume(_)
             | Self::BadLogHeader { .. }
             | Self::DamagedLog { .. }
+            | Self::DataChecksum { .. }
             | Self::Corrupt { .. } => ErrorKind::Io,
         }
     }

@@ -41,6 +41,7 @@
 mod apply;
 mod buffers;
 mod checkpoint;
+mod checksums;
 mod codec;
 mod error;
 mod extent_map;
@@ -57,6 +58,7 @@ mod progress;
 mod range_lock;
 mod recovery;
 mod root;
+mod scrub;
 mod setup;
 mod snapshot;
 
@@ -71,4 +73,5 @@ pub use log::{LogArea, LogRecord, Piece as LogPiece};
 pub use path::MAX_NAME;
 pub use range_lock::{LockMode, RangeGuard, RangeLocks};
 pub use recovery::FsCheck;
-pub use setup::{create_default_volume, format_volume};
+pub use scrub::{DamagedBlock, ScrubReport};
+pub use setup::{create_default_volume, format_volume, format_volume_with};

@@ -24,6 +24,7 @@ use volume::{Extent, GlobalAddress, Volume};
 
 use crate::apply::{self, Move, Problem, RenameDirs};
 use crate::buffers::BufferSet;
+use crate::checksums::Checksums;
 use crate::error::{FsError, Result};
 use crate::extent_map::{BLOCK, ExtentMap};
 use crate::fs::{
@@ -72,6 +73,8 @@ pub struct FsCheck {
     /// its update short, or it was damaged after the other replaced it); the next root
     /// update, such as `locus fsck --repair`, rewrites it.
     pub damaged_root_copy: Option<String>,
+    /// Whether every data block has a checksum (`locus format --data-checksums`).
+    pub data_checksums: bool,
 }
 
 /// What one replay step is.
@@ -131,6 +134,12 @@ impl Fs {
                 runs: Vec::new(),
             }],
         };
+        let (checksums, checksum_areas) = if format.data_checksums {
+            let (dir, areas) = Checksums::create(&volume)?;
+            (Some(dir), areas)
+        } else {
+            (None, Vec::new())
+        };
         let bytes = snapshot.encode();
         let extent = volume.alloc_local(bytes.len() as u64)?;
         let region = volume.region(&extent)?;
@@ -147,10 +156,14 @@ impl Fs {
             journal_bytes: format.journal_bytes,
             granule: format.granule,
             slots: Vec::new(),
+            checksums,
         };
         root.write(&owner)?;
-        // Open marks what the file system owns; hand the snapshot's pages back first.
+        // Open marks what the file system owns; hand its pages back first.
         volume.free(extent)?;
+        for area in checksum_areas {
+            volume.free(area)?;
+        }
         Fs::open(volume, options)
     }
 
@@ -188,7 +201,30 @@ impl Fs {
             owned_bytes: loaded.owned.iter().map(|o| o.1).sum(),
             snapshot_pieces: loaded.snapshot_pieces.len() as u64,
             damaged_root_copy: loaded.damaged_root_copy,
+            data_checksums: loaded.checksums.is_some(),
         })
+    }
+
+    /// Reads every block of file data the file system on `volume` names (freshly opened:
+    /// nothing owned yet) — its files' blocks and the buffers of logged writes — and checks
+    /// each against its data checksum, without changing anything on media. An error when
+    /// the file system is damaged (as [`Fs::check`]) or has no data checksums.
+    pub fn scrub(volume: &Volume) -> Result<crate::ScrubReport> {
+        let loaded = load(volume)?;
+        let Some(checksums) = &loaded.checksums else {
+            return Err(FsError::Invalid(
+                "the file system has no data checksums (they are chosen at format: \
+                 `locus format --data-checksums`); `locus fsck` checks its metadata"
+                    .into(),
+            ));
+        };
+        crate::scrub::scrub(volume, checksums, &loaded.inodes)
+    }
+
+    /// Whether the file system on `volume` keeps data checksums (reads only its root).
+    pub fn has_data_checksums(volume: &Volume) -> Result<bool> {
+        let (root, _) = Root::read_reporting(&volume.owner_area(0)?)?;
+        Ok(root.checksums.is_some())
     }
 
     /// Opens the file system on `volume` (freshly opened: nothing owned yet), recovering
@@ -208,6 +244,7 @@ impl Fs {
             buffer_runs,
             snapshot_pieces,
             snapshot_bytes,
+            checksums,
             ..
         } = load(&volume)?;
         volume.mark_owned(owned.iter().map(|&(start, len, _)| extent_of(start, len)))?;
@@ -251,6 +288,7 @@ impl Fs {
                     .zip(pending)
                     .map(|((l, j), p)| (l, j, p))
                     .collect(),
+                checksums,
             },
             options,
             crate::checkpoint::spawn,
@@ -277,6 +315,7 @@ struct Loaded {
     /// The snapshot's length.
     snapshot_bytes: u64,
     damaged_root_copy: Option<String>,
+    checksums: Option<Checksums>,
 }
 
 /// Reads the root, snapshot, journals and logs, replays them in DRAM and lists what the file
@@ -322,6 +361,10 @@ fn load(volume: &Volume) -> Result<Loaded> {
             }
             Some(damage.to_string())
         }
+    };
+    let checksums = match root.checksums {
+        Some(dir) => Some(Checksums::load(volume, dir)?),
+        None => None,
     };
     // 1. The snapshot (or an index of the pieces it is in).
     let snapshot_region = volume.region(&extent_of(root.snapshot_addr, root.snapshot_len))?;
@@ -513,6 +556,19 @@ fn load(volume: &Volume) -> Result<Loaded> {
             format!("journal of slot {i}"),
         ));
     }
+    if let Some(checksums) = &checksums {
+        for (i, area) in checksums.areas().iter().enumerate() {
+            owned.push((
+                area.start.raw(),
+                area.len_bytes,
+                if i == 0 {
+                    "the data-checksum directory".into()
+                } else {
+                    format!("the data-checksum table of device {}", i - 1)
+                },
+            ));
+        }
+    }
     for (ino, inode) in &inodes {
         for run in inode.extents.read().expect("extent map").runs() {
             owned.push((
@@ -555,6 +611,7 @@ fn load(volume: &Volume) -> Result<Loaded> {
         buffer_runs,
         snapshot_pieces,
         snapshot_bytes,
+        checksums,
     })
 }
 

@@ -10,8 +10,14 @@ use crate::error::{FsError, Result};
 
 /// `LOCUSFS1`.
 pub const ROOT_MAGIC: u64 = u64::from_le_bytes(*b"LOCUSFS1");
-/// Format version.
-pub const ROOT_VERSION: u32 = 1;
+/// Format version: 2 adds `features` and the data-checksum directory.
+pub const ROOT_VERSION: u32 = 2;
+/// The version before data checksums (still read, as a root without them).
+const ROOT_VERSION_WITHOUT_FEATURES: u32 = 1;
+/// `features` bit: every data block has a crc32c in the checksum tables.
+pub const FEATURE_DATA_CHECKSUMS: u32 = 1;
+/// Every feature bit this version knows.
+const KNOWN_FEATURES: u32 = FEATURE_DATA_CHECKSUMS;
 /// Bytes of one root copy.
 pub const ROOT_BYTES: u64 = 4096;
 /// Most thread slots a root can describe.
@@ -56,6 +62,9 @@ pub struct Root {
     pub granule: u64,
     /// Areas of the slots created so far (index = slot).
     pub slots: Vec<SlotAreas>,
+    /// Global address of the data-checksum directory ([`crate::checksums`]) when the file
+    /// system was formatted with data checksums.
+    pub checksums: Option<u64>,
 }
 
 impl Root {
@@ -73,6 +82,10 @@ impl Root {
             .u64(self.journal_bytes)
             .u64(self.granule)
             .u32(self.slots.len() as u32);
+        match self.checksums {
+            Some(dir) => e.u32(FEATURE_DATA_CHECKSUMS).u64(dir),
+            None => e.u32(0).u64(0),
+        };
         e.pad_to(HEADER_BYTES);
         for slot in &self.slots {
             e.u64(slot.log_addr)
@@ -97,8 +110,10 @@ impl Root {
             return Err(d.error("crc32c mismatch"));
         }
         let version = d.u32("version")?;
-        if version != ROOT_VERSION {
-            return Err(d.error(format!("version {version}, expected {ROOT_VERSION}")));
+        if version != ROOT_VERSION && version != ROOT_VERSION_WITHOUT_FEATURES {
+            return Err(d.error(format!(
+                "version {version}, expected {ROOT_VERSION_WITHOUT_FEATURES} or {ROOT_VERSION}"
+            )));
         }
         let slot_limit = d.u32("slot_limit")?;
         let generation = d.u64("generation")?;
@@ -110,6 +125,27 @@ impl Root {
         let journal_bytes = d.u64("journal_bytes")?;
         let granule = d.u64("granule")?;
         let slot_count = d.u32("slot_count")?;
+        let checksums = if version >= ROOT_VERSION {
+            let features = d.u32("features")?;
+            let dir = d.u64("checksum_dir")?;
+            if features & !KNOWN_FEATURES != 0 {
+                return Err(d.error(format!(
+                    "field `features` has bits this version does not know: {features:#x}"
+                )));
+            }
+            match (features & FEATURE_DATA_CHECKSUMS != 0, dir) {
+                (true, 0) => {
+                    return Err(d.error("data checksums are on but `checksum_dir` is 0"));
+                }
+                (true, dir) => Some(dir),
+                (false, 0) => None,
+                (false, _) => {
+                    return Err(d.error("data checksums are off but `checksum_dir` is set"));
+                }
+            }
+        } else {
+            None
+        };
         if slot_limit == 0 || slot_limit > MAX_SLOTS || slot_count > slot_limit {
             return Err(d.error(format!(
                 "field `slot_count`/`slot_limit` is invalid: {slot_count} of {slot_limit} (most {MAX_SLOTS})"
@@ -142,6 +178,7 @@ impl Root {
             journal_bytes,
             granule,
             slots,
+            checksums,
         })
     }
 

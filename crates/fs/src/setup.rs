@@ -30,11 +30,20 @@ pub fn create_default_volume(dir: &Path, topology: &Topology) -> Result<VolumeCo
 /// Opens the (closed) volume in `dir` and writes an empty file system on it, laid out by
 /// [`FormatOptions::scaled_to`] its capacity, replacing any file system there.
 pub fn format_volume(dir: &Path, topology: Topology) -> Result<()> {
+    format_volume_with(dir, topology, false)
+}
+
+/// [`format_volume`], with data checksums when `data_checksums` is true
+/// ([`FormatOptions::data_checksums`]).
+pub fn format_volume_with(dir: &Path, topology: Topology, data_checksums: bool) -> Result<()> {
     let volume = Arc::new(Volume::open(dir, topology, &Default::default())?);
     let capacity = volume.stats().iter().map(|d| d.capacity_bytes).sum();
     let fs = Fs::format(
         volume,
-        &FormatOptions::scaled_to(capacity),
+        &FormatOptions {
+            data_checksums,
+            ..FormatOptions::scaled_to(capacity)
+        },
         FsOptions::default(),
     )?;
     fs.unmount()

@@ -52,6 +52,38 @@ fn state(fs: &Fs) -> State {
     out
 }
 
+thread_local! {
+    /// Whether this thread's tests format with data checksums.
+    static CHECKSUMS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn format() -> fs::FormatOptions {
+    fs::FormatOptions {
+        data_checksums: CHECKSUMS.with(std::cell::Cell::get),
+        ..small_format()
+    }
+}
+
+/// Opens a crash image. With data checksums, a scrub of the image first finds no damaged
+/// block: a crash never leaves a block whose checksum disagrees with it (and `state`'s reads
+/// check every block again).
+fn recover(image: Vec<u8>) -> Result<Fs, fs::FsError> {
+    if CHECKSUMS.with(std::cell::Cell::get) {
+        let replay = Tracer::new();
+        let report = Fs::scrub(&volume_over(vec![replay.region_with(image.clone())]).unwrap())?;
+        assert!(
+            report.damaged.is_empty(),
+            "a crash image has damaged blocks: {:?}",
+            report.damaged
+        );
+    }
+    let replay = Tracer::new();
+    Fs::open(
+        volume_over(vec![replay.region_with(image)]).unwrap(),
+        options(),
+    )
+}
+
 fn options() -> FsOptions {
     FsOptions {
         checkpoint: CheckpointMode::OnDemand,
@@ -68,7 +100,7 @@ fn check_op(name: &str, setup: impl Fn(&Fs), op: impl Fn(&Fs)) {
     let region = traced_volume_device(&tracer, DEVICE);
     let fs = Fs::format(
         volume_over(vec![region.clone()]).unwrap(),
-        &small_format(),
+        &format(),
         options(),
     )
     .unwrap();
@@ -84,15 +116,12 @@ fn check_op(name: &str, setup: impl Fn(&Fs), op: impl Fn(&Fs)) {
     for point in first..=last {
         for image in tracer.crash_images(point, IMAGES_PER_POINT, point as u64) {
             images += 1;
-            let replay = Tracer::new();
-            let copy = replay.region_with(image.regions[0].clone());
-            let recovered =
-                Fs::open(volume_over(vec![copy]).unwrap(), options()).unwrap_or_else(|e| {
-                    panic!(
-                        "{name}: point {point} ({}): recovery failed: {e}",
-                        image.description
-                    )
-                });
+            let recovered = recover(image.regions[0].clone()).unwrap_or_else(|e| {
+                panic!(
+                    "{name}: point {point} ({}): recovery failed: {e}",
+                    image.description
+                )
+            });
             let got = state(&recovered);
             recovered.abandon();
             if got == before && point < last {
@@ -258,12 +287,7 @@ fn checkpoint_moves_everything_and_changes_nothing_visible() {
     // and the logs must have been used: check both by hand.
     let tracer = Tracer::new();
     let region = traced_volume_device(&tracer, DEVICE);
-    let fs = Fs::format(
-        volume_over(vec![region]).unwrap(),
-        &small_format(),
-        options(),
-    )
-    .unwrap();
+    let fs = Fs::format(volume_over(vec![region]).unwrap(), &format(), options()).unwrap();
     write(&fs, "/f", 0, 64 << 10, 1);
     write(&fs, "/f", 100, 5000, 2);
     write(&fs, "/g", 8192, 3000, 3);
@@ -280,12 +304,8 @@ fn checkpoint_moves_everything_and_changes_nothing_visible() {
     for point in first..=last {
         for image in tracer.crash_images(point, IMAGES_PER_POINT, point as u64) {
             images += 1;
-            let replay = Tracer::new();
-            let recovered = Fs::open(
-                volume_over(vec![replay.region_with(image.regions[0].clone())]).unwrap(),
-                options(),
-            )
-            .unwrap_or_else(|e| panic!("checkpoint: point {point}: {e}"));
+            let recovered = recover(image.regions[0].clone())
+                .unwrap_or_else(|e| panic!("checkpoint: point {point}: {e}"));
             assert!(
                 state(&recovered) == expect,
                 "checkpoint: point {point} ({}) lost data",
@@ -305,12 +325,8 @@ fn every_image_is(name: &str, tracer: &Tracer, first: usize, last: usize, expect
     for point in first..=last {
         for image in tracer.crash_images(point, IMAGES_PER_POINT, point as u64) {
             images += 1;
-            let replay = Tracer::new();
-            let recovered = Fs::open(
-                volume_over(vec![replay.region_with(image.regions[0].clone())]).unwrap(),
-                options(),
-            )
-            .unwrap_or_else(|e| panic!("{name}: point {point} ({}): {e}", image.description));
+            let recovered = recover(image.regions[0].clone())
+                .unwrap_or_else(|e| panic!("{name}: point {point} ({}): {e}", image.description));
             assert!(
                 state(&recovered) == *expect,
                 "{name}: point {point} ({}) changed the file system",
@@ -325,12 +341,7 @@ fn every_image_is(name: &str, tracer: &Tracer, first: usize, last: usize, expect
 /// A file system with logged writes and journaled operations not yet checkpointed.
 fn busy(tracer: &Tracer) -> Fs {
     let region = traced_volume_device(tracer, DEVICE);
-    let fs = Fs::format(
-        volume_over(vec![region]).unwrap(),
-        &small_format(),
-        options(),
-    )
-    .unwrap();
+    let fs = Fs::format(volume_over(vec![region]).unwrap(), &format(), options()).unwrap();
     fs.mkdir("/d", 0o750).unwrap();
     write(&fs, "/d/f", 0, 64 << 10, 1);
     write(&fs, "/d/f", 100, 5000, 2);
@@ -381,4 +392,20 @@ fn a_crash_during_recovery() {
     recovered.unmount().unwrap();
     let last = again.fence_count();
     every_image_is("recovery", &again, first, last, &expect);
+}
+
+/// The data operations again on a file system with data checksums: every crash image
+/// recovers to before or after, its scrub finds nothing damaged, and every read of every
+/// file verifies (a block whose checksum a crash left behind its data would fail them).
+#[test]
+fn with_data_checksums_no_crash_leaves_a_block_failing_its_checksum() {
+    CHECKSUMS.with(|c| c.set(true));
+    write_into_a_new_file();
+    overwrite_logged_and_checkpointed_data();
+    append();
+    zero_copy_buffer_commit();
+    truncate_shrink_and_grow();
+    punch_a_block_aligned_hole();
+    checkpoint_moves_everything_and_changes_nothing_visible();
+    unmount_snapshot_and_root_switch();
 }

@@ -40,6 +40,7 @@ enum Command {
     Format(commands::format::FormatArgs),
     Status(commands::status::StatusArgs),
     Fsck(commands::fsck::FsckArgs),
+    Scrub(commands::scrub::ScrubArgs),
     Sim(commands::sim::SimArgs),
     Bench(commands::bench::BenchArgs),
 }
@@ -53,6 +54,7 @@ fn main() -> ExitCode {
         Command::Format(args) => commands::format::run(&args.volume.path, &cli.sysfs, args),
         Command::Status(args) => commands::status::run(&args.volume.path, &cli.sysfs, args),
         Command::Fsck(args) => commands::fsck::run(&args.volume.path, &cli.sysfs, args),
+        Command::Scrub(args) => commands::scrub::run(&args.volume.path, &cli.sysfs, args),
         Command::Sim(args) => commands::sim::run(args),
         Command::Bench(args) => commands::bench::run(&cli.sysfs, args),
     };

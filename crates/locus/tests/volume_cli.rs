@@ -357,3 +357,83 @@ fn fsck_checks_the_file_system_and_repairs_what_is_safe() {
     let (_, report) = fsck_json(&["status", "--json"]);
     assert_eq!(report["fs"]["state"], "damaged");
 }
+
+#[test]
+fn scrub_names_a_damaged_data_block_and_exits_1() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let output = locus(
+        dir.path(),
+        &["format", "--emulate", "64M", "--data-checksums"],
+    );
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stdout).contains("with data checksums"),
+        "{}",
+        text(&output.stdout)
+    );
+    // A file with a distinctive block, moved into the file by the unmount.
+    let block: Vec<u8> = (0..4096u32).map(|i| (i * 7 + i / 251) as u8).collect();
+    {
+        let topology = topology::Topology::read_live().unwrap();
+        let volume = volume::Volume::open(dir.path(), topology, &Default::default()).unwrap();
+        let fs = fs::Fs::open(std::sync::Arc::new(volume), fs::FsOptions::default()).unwrap();
+        fs.mkdir("/d", 0o755).unwrap();
+        let file = fs.create("/d/f").unwrap();
+        file.write_at(&[1; 8192], 0).unwrap();
+        file.write_at(&block, 8192).unwrap();
+        drop(file);
+        fs.unmount().unwrap();
+    }
+    let output = locus(dir.path(), &["scrub"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stdout).contains("clean"),
+        "{}",
+        text(&output.stdout)
+    );
+    let status = locus(dir.path(), &["status"]);
+    assert!(
+        text(&status.stdout).contains("; data checksums"),
+        "{}",
+        text(&status.stdout)
+    );
+
+    let device = dir.path().join("node0.pmem");
+    let mut bytes = std::fs::read(&device).unwrap();
+    let at = bytes
+        .windows(block.len())
+        .position(|w| w == block.as_slice())
+        .expect("the block is on the device");
+    bytes[at + 1000] ^= 0x01;
+    std::fs::write(&device, bytes).unwrap();
+
+    let output = locus(dir.path(), &["scrub"]);
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output.stderr));
+    let out = text(&output.stdout);
+    assert!(
+        out.contains("damaged: /d/f bytes 8192..12288 (file block"),
+        "{out}"
+    );
+    assert!(text(&output.stderr).contains("1 damaged block(s)"));
+    let output = locus(dir.path(), &["scrub", "--json"]);
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["damaged"][0]["path"], "/d/f");
+    assert_eq!(report["damaged"][0]["offset"], 8192);
+    // The metadata is sound: fsck, which does not read data, stays clean.
+    assert!(locus(dir.path(), &["fsck"]).status.success());
+
+    // Without data checksums, scrub says why it cannot check.
+    let plain = tempfile::tempdir_in("/dev/shm").unwrap();
+    assert!(
+        locus(plain.path(), &["format", "--emulate", "64M"])
+            .status
+            .success()
+    );
+    let output = locus(plain.path(), &["scrub"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        text(&output.stderr).contains("--data-checksums"),
+        "{}",
+        text(&output.stderr)
+    );
+}

@@ -125,6 +125,7 @@ pub fn small_format() -> FormatOptions {
         log_records: 256,
         journal_bytes: 64 << 10,
         granule: 4096,
+        data_checksums: false,
     }
 }
 

@@ -137,7 +137,7 @@ pub fn run(root: &Path, args: &VmTestArgs) -> Result<ExitCode> {
         initramfs::pack(&staging, &archive, topology, &module_names, &steps)?;
         let mut attempt = 1;
         let run = loop {
-            let run = boot_once(topology, &dir, &archive, &assets.kernel.vmlinuz, &args)?;
+            let run = boot_once(topology, &dir, &archive, &assets.kernel.vmlinuz, args)?;
             if !run.boot_stalled || attempt >= args.boot_attempts.max(1) {
                 break run;
             }

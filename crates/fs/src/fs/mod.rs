@@ -11,6 +11,7 @@
 //! operations are held; recovery merges every log and journal by it. The background
 //! checkpoint (checkpoint.rs) later moves logged data into the files' extent maps.
 
+mod checked;
 mod handles;
 mod lend;
 mod namespace;

@@ -418,6 +418,7 @@ impl Inner {
                 let extent = fs.alloc_buffer(BLOCK)?;
                 let (region, offset) = fs.region_at(extent.start.raw())?;
                 region.write_nt(offset, &bytes)?;
+                fs.note_filled(extent.start.raw(), &bytes)?;
                 fs.volume.fence();
                 slot.counters
                     .media_bytes

@@ -18,6 +18,9 @@ pub struct FormatOptions {
     pub journal_bytes: u64,
     /// Range-lock granule of files: a power of two in 4 KiB..=2 MiB.
     pub granule: u64,
+    /// Keep a crc32c of every 4 KiB data block and verify it on every read
+    /// (`crate::checksums`); fixed for the file system's life.
+    pub data_checksums: bool,
 }
 
 impl Default for FormatOptions {
@@ -27,6 +30,7 @@ impl Default for FormatOptions {
             log_records: 16 << 10,
             journal_bytes: 1 << 20,
             granule: 4096,
+            data_checksums: false,
         }
     }
 }

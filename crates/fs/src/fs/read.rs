@@ -10,15 +10,15 @@ use crate::inode::Inode;
 impl Inner {
     /// Reads `buf.len()` bytes at `offset` as the file holds them now (the caller clamps to
     /// the size and holds the range shared).
+    /// With data checksums, every block read is verified: a damaged one fails the read with
+    /// [`crate::FsError::DataChecksum`] (and a log line), never returning its bytes.
     pub(crate) fn read_into(&self, inode: &Inode, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let mut at = 0;
-        for (len, source) in self.pieces(inode, offset, buf.len() as u64)? {
-            let out = &mut buf[at..at + len as usize];
+        for (start, stop, source) in self.segments(inode, offset, buf.len() as u64) {
+            let out = &mut buf[(start - offset) as usize..(stop - offset) as usize];
             match source {
-                Some((region, region_offset)) => region.read(region_offset, out)?,
+                Some(addr) => self.read_data(inode.ino, start, addr, out)?,
                 None => out.fill(0),
             }
-            at += len as usize;
         }
         Ok(())
     }
@@ -26,8 +26,26 @@ impl Inner {
     /// Where the bytes `[offset, offset + len)` of `inode` are now, in file order: pieces of
     /// `(length, Some((region, offset)))` in persistent memory (newest logged data over
     /// checkpointed extents) or `(length, None)` for holes. The caller holds the range lock,
-    /// so the answer stays true while it does.
+    /// so the answer stays true while it does. With data checksums, the blocks under every
+    /// piece are verified first.
     pub(crate) fn pieces(&self, inode: &Inode, offset: u64, len: u64) -> Result<Vec<Piece<'_>>> {
+        self.segments(inode, offset, len)
+            .into_iter()
+            .map(|(start, stop, source)| {
+                let place = match source {
+                    Some(addr) => {
+                        self.verify_data(inode.ino, start, addr, stop - start)?;
+                        Some(self.region_at(addr)?)
+                    }
+                    None => None,
+                };
+                Ok((stop - start, place))
+            })
+            .collect()
+    }
+
+    /// [`Inner::pieces`] as `(file start, file end, global address or None for a hole)`.
+    fn segments(&self, inode: &Inode, offset: u64, len: u64) -> Vec<(u64, u64, Option<u64>)> {
         let end = offset + len;
         let runs = inode
             .extents
@@ -68,16 +86,6 @@ impl Inner {
             at = piece.end;
         }
         base(at, end, &mut segments);
-
         segments
-            .into_iter()
-            .map(|(start, stop, source)| {
-                let place = match source {
-                    Some(addr) => Some(self.region_at(addr)?),
-                    None => None,
-                };
-                Ok((stop - start, place))
-            })
-            .collect()
     }
 }

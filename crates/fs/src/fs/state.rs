@@ -13,6 +13,7 @@ use volume::{Extent, GlobalAddress, Volume};
 
 use super::options::FsOptions;
 use crate::buffers::Pool;
+use crate::checksums::Checksums;
 use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
 use crate::inode::Inode;
@@ -81,6 +82,12 @@ pub(crate) struct Inner {
     /// Slots of threads that wrote after their thread-locals were destroyed, by thread.
     pub(crate) exiting: Mutex<HashMap<std::path::PathBuf, Arc<Slot>>>,
     pub(crate) counters: FsCounters,
+    /// The data-checksum tables, when the file system has them.
+    pub(crate) checksums: Option<Checksums>,
+    /// With data checksums: fresh pages the checkpoint will need for the partial blocks of
+    /// logged writes (it builds them anew instead of copying in place), in bytes — counted
+    /// when a write is logged so that the writers' reserve covers them.
+    pub(crate) pending_pages: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -144,6 +151,7 @@ pub(crate) struct Recovered {
     pub(crate) next_ino: u64,
     pub(crate) next_order: u64,
     pub(crate) slots: Vec<(LogArea, Journal, VecDeque<Pending>)>,
+    pub(crate) checksums: Option<Checksums>,
 }
 
 /// A thread's claim on a slot of one file system; the slot is released when the thread ends.
@@ -225,6 +233,7 @@ impl Inner {
             next_ino,
             next_order,
             slots,
+            checksums,
         } = recovered;
         let slot_limit = root.slot_limit as usize;
         let pending = slots.iter().map(|s| s.2.len() as u64).sum();
@@ -234,6 +243,15 @@ impl Inner {
             .flat_map(|s| s.2.iter())
             .map(|p| write_growth_bound(p.offset, p.len))
             .sum();
+        let pending_pages = if checksums.is_some() {
+            slots
+                .iter()
+                .flat_map(|s| s.2.iter())
+                .map(|p| partial_pages(p.offset, p.len))
+                .sum()
+        } else {
+            0
+        };
         let inner = Arc::new(Inner {
             id: NEXT_FS_ID.fetch_add(1, Ordering::Relaxed),
             volume,
@@ -256,6 +274,8 @@ impl Inner {
             slot_in_use: Mutex::new(vec![false; slot_limit]),
             exiting: Mutex::default(),
             counters: FsCounters::default(),
+            checksums,
+            pending_pages: AtomicU64::new(pending_pages),
         });
         for (index, (log, journal, queue)) in slots.into_iter().enumerate() {
             let slot = inner.make_slot(index as u32, log, journal, queue);
@@ -306,7 +326,9 @@ impl Inner {
         let next_snapshot = self.snapshot_bytes.load(Ordering::Relaxed)
             + self.snapshot_growth.load(Ordering::Relaxed)
             + self.pending_growth.load(Ordering::Relaxed);
-        2 * next_snapshot.next_multiple_of(BLOCK) + (self.volume.data_bytes() / 512).max(1 << 20)
+        2 * next_snapshot.next_multiple_of(BLOCK)
+            + self.pending_pages.load(Ordering::Relaxed)
+            + (self.volume.data_bytes() / 512).max(1 << 20)
     }
 
     /// The next snapshot may be up to `bytes` larger: metadata was added (an inode, a name,
@@ -488,6 +510,7 @@ impl Inner {
             pool: Mutex::new(Pool::new(
                 self.options.prelim_buffers,
                 self.options.prelim_buffer_bytes,
+                self.checksums.is_some(),
             )),
             counters: SlotCounters::default(),
         })
@@ -574,4 +597,17 @@ impl Inner {
             reserved_bytes: self.reserve_bytes(),
         }
     }
+}
+
+/// Bytes of the fresh pages the checkpoint builds for a write of `[offset, offset + len)`
+/// with data checksums on: one per partial block at either end.
+pub(crate) fn partial_pages(offset: u64, len: u64) -> u64 {
+    let end = offset + len;
+    if len == 0 {
+        return 0;
+    }
+    let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
+    let head = !offset.is_multiple_of(BLOCK) || (first == last && !end.is_multiple_of(BLOCK));
+    let tail = last > first && !end.is_multiple_of(BLOCK);
+    (u64::from(head) + u64::from(tail)) * BLOCK
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use volume::Extent;
 
-use super::state::{Inner, Slot};
+use super::state::{Inner, Slot, partial_pages};
 use super::{MAX_FILE_SIZE, MAX_IO, now_ns};
 use crate::apply::{self, applied};
 use crate::buffers::{BufferSet, Reserve};
@@ -105,6 +105,15 @@ impl Inner {
                 .sum(),
             Ordering::Relaxed,
         );
+        if self.checksums.is_some() {
+            self.pending_pages.fetch_add(
+                records
+                    .iter()
+                    .map(|r| partial_pages(r.offset, r.length))
+                    .sum(),
+                Ordering::Relaxed,
+            );
+        }
         ticket.queue_all(
             records
                 .iter()
@@ -151,10 +160,9 @@ impl Inner {
         };
         for piece in &pieces {
             let (region, at) = self.region_at(piece.addr)?;
-            region.write_nt(
-                at,
-                &data[piece.at as usize..(piece.at + piece.len) as usize],
-            )?;
+            let bytes = &data[piece.at as usize..(piece.at + piece.len) as usize];
+            region.write_nt(at, bytes)?;
+            self.note_filled(piece.addr, bytes)?;
         }
         // The data is durable before the records that point at it can be.
         self.volume.fence();
@@ -253,6 +261,7 @@ impl Inner {
     ) -> Result<()> {
         // `Buffer::write` stored with `write_nt` (edges flushed, or msynced on ordinary
         // files): the fence makes the whole buffer durable before its record is written.
+        self.note_filled_in_place(extent.start.raw(), len)?;
         self.volume.fence();
         slot.counters.media_bytes.fetch_add(len, Ordering::Relaxed);
         let set = Arc::new(BufferSet::sealed_with(vec![extent], 1));

@@ -70,8 +70,8 @@ pub fn open(dir: &Path, topology: Topology, prefault: bool) -> Result<Volume> {
 }
 
 /// Creates an empty file system on the (closed) volume in `dir`, replacing any there.
-pub fn format_fs(dir: &Path, topology: Topology) -> Result<()> {
-    fs::format_volume(dir, topology).with_context(|| {
+pub fn format_fs(dir: &Path, topology: Topology, data_checksums: bool) -> Result<()> {
+    fs::format_volume_with(dir, topology, data_checksums).with_context(|| {
         format!(
             "formatting a file system on the volume at {}",
             dir.display()
@@ -112,7 +112,7 @@ impl FsState {
         match self {
             Self::Present(c) => format!(
                 "file system: {}, {}, {} in files ({} mapped); {} ({}) and {} to replay; root \
-                 generation {}",
+                 generation {}{}",
                 count(c.files, "file"),
                 count(c.directories, "directory"),
                 format_bytes(c.file_bytes),
@@ -120,7 +120,12 @@ impl FsState {
                 count(c.log_records, "logged write"),
                 format_bytes(c.log_bytes),
                 count(c.journal_records, "journal record"),
-                c.generation
+                c.generation,
+                if c.data_checksums {
+                    "; data checksums"
+                } else {
+                    ""
+                }
             ),
             Self::None => "file system: none (create one with `locus format --force`)".into(),
             Self::Damaged { error } => format!("file system: damaged: {error}"),

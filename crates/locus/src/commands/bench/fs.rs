@@ -68,6 +68,12 @@ pub struct FsBenchArgs {
     #[arg(long, default_value = "background", value_parser = parse_checkpoint)]
     checkpoint: fs::CheckpointMode,
 
+    /// Format the locus file system with data checksums (a crc32c per 4 KiB block, stored
+    /// as blocks are written and verified on every read): run with and without to see what
+    /// they cost.
+    #[arg(long)]
+    data_checksums: bool,
+
     /// Directory on tmpfs for the scratch volume and the baseline file.
     #[arg(long, default_value = "/dev/shm")]
     dir: PathBuf,
@@ -177,7 +183,10 @@ pub fn run(sysfs: &Path, args: &FsBenchArgs) -> Result<()> {
     )?);
     let fs = fs::Fs::format(
         volume,
-        &fs::FormatOptions::default(),
+        &fs::FormatOptions {
+            data_checksums: args.data_checksums,
+            ..fs::FormatOptions::default()
+        },
         fs::FsOptions {
             prelim_buffers: args.prelim_buffers,
             prelim_buffer_bytes: args.prelim_buffer_size,
@@ -388,7 +397,12 @@ fn report(cases: &[Case], args: &FsBenchArgs) -> Result<()> {
         super::print_json(cases)?;
     } else {
         outln!(
-            "file system: locus (write_at/read_at) vs pwrite/pread on tmpfs; file {}, {} s per case",
+            "file system: locus (write_at/read_at{}) vs pwrite/pread on tmpfs; file {}, {} s per case",
+            if args.data_checksums {
+                ", data checksums"
+            } else {
+                ""
+            },
             crate::size::format_bytes(args.size),
             args.seconds
         );
