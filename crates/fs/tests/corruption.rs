@@ -381,10 +381,11 @@ fn data_campaign(crash: bool, cases: usize, seed: u64) -> Outcomes {
                     out.reported += 1;
                 }
             }
-            Ok(_) if regions
-                .iter()
-                .filter_map(|r| r.last)
-                .any(|(start, len)| at >= start && at < start + len) =>
+            Ok(_)
+                if regions
+                    .iter()
+                    .filter_map(|r| r.last)
+                    .any(|(start, len)| at >= start && at < start + len) =>
             {
                 out.torn_last += 1;
             }
