@@ -421,6 +421,61 @@ impl Journal {
     /// torn. A whole record of `epoch` anywhere after that point means the stop was damage,
     /// not a torn append, and is reported as such.
     pub fn recover(region: Region, slot: u32, epoch: u64) -> Result<(Self, Vec<JournalRecord>)> {
+        let (tail, records, damage) = Self::scan(&region, slot, epoch)?;
+        if let Some((_, damage)) = damage {
+            return Err(damage);
+        }
+        Ok((
+            Self {
+                region,
+                epoch,
+                tail,
+            },
+            records.into_iter().map(|(_, r)| r).collect(),
+        ))
+    }
+
+    /// The records of `epoch` in order with their byte offsets, and — instead of an error —
+    /// the damage that ends them, if any: (byte offset of the damaged record, what is
+    /// wrong, the operations of the whole records of the epoch that follow it — `None` for
+    /// one that does not decode). For `Fs::salvage`, which keeps what precedes the damage.
+    #[allow(clippy::type_complexity)]
+    pub fn salvage(
+        region: &Region,
+        slot: u32,
+        epoch: u64,
+    ) -> Result<(
+        Vec<(u64, JournalRecord)>,
+        Option<(u64, FsError, Vec<Option<MetaOp>>)>,
+    )> {
+        let (_, records, damage) = Self::scan(region, slot, epoch)?;
+        let Some((at, error)) = damage else {
+            return Ok((records, None));
+        };
+        let mut after = Vec::new();
+        let mut from = at;
+        while let Some(next) = whole_record_after(region, from, epoch)? {
+            let mut header = [0u8; HEADER];
+            region.read(next, &mut header)?;
+            let len = u32::from_le_bytes(header[0..4].try_into().expect("4")) as usize;
+            let mut bytes = vec![0u8; len];
+            region.read(next, &mut bytes)?;
+            let mut d = Decoder::new(&bytes[HEADER..], "journal record after damage");
+            after.push(MetaOp::decode_payload(bytes[8], &mut d).ok());
+            from = next;
+        }
+        Ok((records, Some((at, error, after))))
+    }
+
+    /// Scans from byte 0: the tail, the records (with their offsets), and the damage that
+    /// ends them (a record that does not decode, or a whole record of the epoch after the
+    /// first that fails).
+    #[allow(clippy::type_complexity)]
+    fn scan(
+        region: &Region,
+        slot: u32,
+        epoch: u64,
+    ) -> Result<(u64, Vec<(u64, JournalRecord)>, Option<(u64, FsError)>)> {
         let mut records = Vec::new();
         let mut tail = 0u64;
         let mut header = [0u8; HEADER];
@@ -448,33 +503,34 @@ impl Journal {
             }
             let structure = format!("journal of slot {slot}, record at byte {tail}");
             let mut d = Decoder::new(&bytes[HEADER..], &structure);
-            let op = MetaOp::decode_payload(bytes[8], &mut d)?;
-            if d.remaining() >= 8 {
-                return Err(d.error(format!("{} bytes left after the record", d.remaining())));
-            }
+            let decoded = MetaOp::decode_payload(bytes[8], &mut d).and_then(|op| {
+                if d.remaining() >= 8 {
+                    Err(d.error(format!("{} bytes left after the record", d.remaining())))
+                } else {
+                    Ok(op)
+                }
+            });
+            let op = match decoded {
+                Ok(op) => op,
+                Err(damage @ FsError::Corrupt { .. }) => {
+                    return Ok((tail, records, Some((tail, damage))));
+                }
+                Err(other) => return Err(other),
+            };
             let order = u64::from_le_bytes(bytes[24..32].try_into().expect("8"));
-            records.push(JournalRecord { order, op });
+            records.push((tail, JournalRecord { order, op }));
             tail += len;
         }
-        if let Some(later) = whole_record_after(&region, tail, epoch)? {
-            return Err(FsError::corrupt(
-                format!("journal of slot {slot}"),
-                format!(
-                    "the record at byte {tail} is damaged, and a whole record of the same \
-                     epoch follows at byte {later}: {} record(s) before it replay, the rest \
-                     would be lost",
-                    records.len()
-                ),
-            ));
+        if let Some(later) = whole_record_after(region, tail, epoch)? {
+            let problem = format!(
+                "the record at byte {tail} is damaged, and a whole record of the same epoch \
+                 follows at byte {later}: {} record(s) before it replay, the rest would be lost",
+                records.len()
+            );
+            let damage = FsError::corrupt(format!("journal of slot {slot}"), problem);
+            return Ok((tail, records, Some((tail, damage))));
         }
-        Ok((
-            Self {
-                region,
-                epoch,
-                tail,
-            },
-            records,
-        ))
+        Ok((tail, records, None))
     }
 
     /// A new, empty journal of `epoch` (a freshly allocated area needs no clearing: records

@@ -73,5 +73,5 @@ pub use log::{LogArea, LogRecord, Piece as LogPiece};
 pub use path::MAX_NAME;
 pub use range_lock::{LockMode, RangeGuard, RangeLocks};
 pub use recovery::FsCheck;
-pub use scrub::{DamagedBlock, ScrubReport};
+pub use scrub::{DamagedBlock, SalvageReport, ScrubReport};
 pub use setup::{create_default_volume, format_volume, format_volume_with};

@@ -350,6 +350,80 @@ impl LogArea {
         ))
     }
 
+    /// For `Fs::salvage` of a damaged area: the records [`LogArea::recover`] refuses over, cut
+    /// to what provably precedes the damage — the writes complete and contiguous from the
+    /// watermark on, a record in the wrong slot skipped — with the damage recover names
+    /// (`None` when it would not refuse, and then all of its records), and the whole records
+    /// found past the cut (dropped with it). The caller erases every other record slot.
+    #[allow(clippy::type_complexity)]
+    pub fn salvage(
+        region: &Region,
+        retired: u64,
+    ) -> Result<(Vec<LogRecord>, Option<FsError>, Vec<LogRecord>)> {
+        let damage = match Self::recover(region.clone(), retired) {
+            Ok((_, live)) => return Ok((live, None, Vec::new())),
+            Err(damage @ FsError::DamagedLog { .. }) => damage,
+            Err(other) => return Err(other),
+        };
+        let mut capacity_bytes = [0u8; 8];
+        region.read(16, &mut capacity_bytes)?;
+        let capacity = u64::from_le_bytes(capacity_bytes);
+        let mut live = Vec::new();
+        let mut slot = [0u8; RECORD_BYTES as usize];
+        for index in 0..capacity {
+            region.read(RECORD_BYTES * (index + 1), &mut slot)?;
+            if let Some(record) = LogRecord::decode(&slot)
+                && record.sequence > retired
+                && (record.sequence - 1) % capacity == index
+            {
+                live.push(record);
+            }
+        }
+        live.sort_by_key(|r| r.sequence);
+        let mut complete = 0;
+        for (expected, (i, record)) in (retired + 1..).zip(live.iter().enumerate()) {
+            let continues = i.checked_sub(1).map(|b| &live[b]).is_none_or(|before| {
+                if before.ends_write() {
+                    record.part == 0
+                } else {
+                    record.part == before.part + 1 && record.parts == before.parts
+                }
+            });
+            if record.sequence != expected || !continues {
+                break;
+            }
+            if record.ends_write() {
+                complete = i + 1;
+            }
+        }
+        let beyond = live.split_off(complete);
+        Ok((live, Some(damage), beyond))
+    }
+
+    /// Zeroes every record slot of the area in `region` that does not hold one of the records
+    /// `kept` names (by sequence), through the cache (the caller persists). Returns how many
+    /// slots it zeroed.
+    pub fn erase_all_but(region: &Region, kept: &std::collections::HashSet<u64>) -> Result<u64> {
+        let mut capacity_bytes = [0u8; 8];
+        region.read(16, &mut capacity_bytes)?;
+        let capacity = u64::from_le_bytes(capacity_bytes).min(region.len() / RECORD_BYTES - 1);
+        let mut slot = [0u8; RECORD_BYTES as usize];
+        let mut erased = 0;
+        for index in 0..capacity {
+            let at = RECORD_BYTES * (index + 1);
+            region.read(at, &mut slot)?;
+            if slot.iter().all(|&b| b == 0) {
+                continue;
+            }
+            if LogRecord::decode(&slot).is_some_and(|r| kept.contains(&r.sequence)) {
+                continue;
+            }
+            region.fill(at, RECORD_BYTES, 0)?;
+            erased += 1;
+        }
+        Ok(erased)
+    }
+
     /// The area's id.
     pub fn id(&self) -> u32 {
         self.id

@@ -221,6 +221,89 @@ impl Fs {
         crate::scrub::scrub(volume, checksums, &loaded.inodes)
     }
 
+    /// Cuts damaged journals and log areas of the file system on `volume` (freshly opened:
+    /// nothing owned yet) back to what provably precedes the damage, so that it opens again
+    /// — the repair `locus fsck --repair` makes of damage [`Fs::check`] names in them.
+    ///
+    /// What is kept is the file system as it was at one point of its history: every journal
+    /// and log record up to the global order of the last record before the first damage (in
+    /// any of them; a record that does not replay counts as damage too), nothing after. The
+    /// rest is erased from the areas, and the report names it: the damage, the records and
+    /// writes dropped, the files they touched, and the files *at risk* — whose kept contents
+    /// may name memory a dropped operation had freed and a later write reused (read them,
+    /// with data checksums a reused block fails its check). Damage elsewhere (the root in
+    /// use, the snapshot, memory claimed twice) is not repaired: the error names it.
+    /// Open the file system afterwards to fold what is kept into a fresh snapshot.
+    pub fn salvage(volume: &Volume) -> Result<crate::SalvageReport> {
+        let mut s = Salvage::new();
+        let loaded = loop {
+            s.retry = None;
+            match load_salvaging(volume, Some(&mut s)) {
+                Ok(loaded) => break loaded,
+                Err(error) => match s.retry.take() {
+                    Some(through) => s.through = through,
+                    None => return Err(error),
+                },
+            }
+        };
+        let owner = volume.owner_area(0)?;
+        let (root, _) = Root::read_reporting(&owner)?;
+        // Erase what is dropped: each journal from its cut on; every record slot of a log
+        // area but the kept records.
+        for (index, areas) in root.slots.iter().enumerate() {
+            let cut = s.journal_cut[index];
+            if cut < areas.journal_len {
+                let region = volume.region(&extent_of(areas.journal_addr, areas.journal_len))?;
+                region.fill(cut, areas.journal_len - cut, 0)?;
+                region.persist(cut, areas.journal_len - cut)?;
+            }
+            let region = volume.region(&extent_of(areas.log_addr, areas.log_len))?;
+            let kept: std::collections::HashSet<u64> = s.log_kept[index].iter().copied().collect();
+            let erased = LogArea::erase_all_but(&region, &kept)?;
+            if erased > 0 {
+                region.persist(0, areas.log_len)?;
+            }
+        }
+        let paths = crate::scrub::paths(&loaded.inodes);
+        let name = |ino: &u64| {
+            paths
+                .get(ino)
+                .cloned()
+                .unwrap_or_else(|| format!("inode {ino}"))
+        };
+        let report = crate::SalvageReport {
+            damage: s.damage.iter().chain(&s.replay_damage).cloned().collect(),
+            kept_through_order: s.through,
+            dropped_journal_records: s.dropped_journal,
+            dropped_writes: s.dropped_writes,
+            dropped_write_bytes: s.dropped_bytes,
+            unreadable_records: s.unreadable,
+            // Files the kept history does not have (created by dropped operations) are gone
+            // with them: counted, not named.
+            files_losing_writes: s
+                .dropped_inodes
+                .iter()
+                .filter(|i| loaded.inodes.contains_key(i))
+                .map(name)
+                .collect(),
+            files_at_risk: s
+                .at_risk
+                .iter()
+                .filter(|i| loaded.inodes.contains_key(i))
+                .map(name)
+                .collect(),
+        };
+        drop(loaded);
+        // What is left must now load as it is.
+        load(volume).map_err(|e| {
+            FsError::corrupt(
+                "file-system journals and logs",
+                format!("still damaged after cutting them back: {e}"),
+            )
+        })?;
+        Ok(report)
+    }
+
     /// Whether the file system on `volume` keeps data checksums (reads only its root).
     pub fn has_data_checksums(volume: &Volume) -> Result<bool> {
         let (root, _) = Root::read_reporting(&volume.owner_area(0)?)?;
@@ -321,6 +404,97 @@ struct Loaded {
 /// Reads the root, snapshot, journals and logs, replays them in DRAM and lists what the file
 /// system owns (refusing memory claimed twice). Writes nothing.
 fn load(volume: &Volume) -> Result<Loaded> {
+    load_salvaging(volume, None)
+}
+
+/// What `Fs::repair` keeps of damaged journals and logs: the records of global order up to
+/// `through` that precede every damage. One pass of [`load_salvaging`] finds the damage
+/// with `through` as given; when the damage asks for a lower one, the pass sets `retry` and
+/// fails, and the caller runs it again with that (each pass only lowers it, so it ends).
+#[derive(Debug)]
+pub(crate) struct Salvage {
+    /// Keep records of global order up to this.
+    pub(crate) through: u64,
+    /// Set by a pass that found `through` must be lower.
+    pub(crate) retry: Option<u64>,
+    /// The damaged journals and logs the last pass found.
+    pub(crate) damage: Vec<String>,
+    /// Records that failed to replay (found by earlier passes: they are dropped since).
+    pub(crate) replay_damage: Vec<String>,
+    /// Per journal: the byte offset from which its records are dropped (its length when
+    /// nothing is).
+    pub(crate) journal_cut: Vec<u64>,
+    /// Per log area: the sequences of the records kept.
+    pub(crate) log_kept: Vec<Vec<u64>>,
+    /// Journal records dropped.
+    pub(crate) dropped_journal: u64,
+    /// Logged writes (records) dropped, and their bytes.
+    pub(crate) dropped_writes: u64,
+    pub(crate) dropped_bytes: u64,
+    /// Damaged records dropped unread: what they did, and the files they touched, cannot be
+    /// named.
+    pub(crate) unreadable: u64,
+    /// Inodes the dropped records named.
+    pub(crate) dropped_inodes: std::collections::BTreeSet<u64>,
+    /// Inodes whose kept contents may name memory a dropped record had freed — blocks a
+    /// dropped checkpoint batch replaced or whose records' buffers it released, blocks a
+    /// dropped removal, truncation or hole gave back — which later writes may have reused.
+    pub(crate) at_risk: std::collections::BTreeSet<u64>,
+}
+
+impl Salvage {
+    pub(crate) fn new() -> Self {
+        Self {
+            through: u64::MAX,
+            retry: None,
+            damage: Vec::new(),
+            replay_damage: Vec::new(),
+            journal_cut: Vec::new(),
+            log_kept: Vec::new(),
+            dropped_journal: 0,
+            dropped_writes: 0,
+            dropped_bytes: 0,
+            unreadable: 0,
+            dropped_inodes: std::collections::BTreeSet::new(),
+            at_risk: std::collections::BTreeSet::new(),
+        }
+    }
+
+    /// A dropped journal record: what it would have freed puts inodes at risk; returns the
+    /// log sequences (slot, through) a dropped batch had retired.
+    fn drop_journal_record(&mut self, op: &MetaOp) -> Vec<(u32, u64)> {
+        self.dropped_journal += 1;
+        match op {
+            MetaOp::Batch { maps, retired, .. } => {
+                self.at_risk.extend(maps.iter().map(|m| m.ino));
+                return retired.clone();
+            }
+            MetaOp::Remove { ino, .. }
+            | MetaOp::Truncate { ino, .. }
+            | MetaOp::Punch { ino, .. } => {
+                self.at_risk.insert(*ino);
+            }
+            MetaOp::Rename { replaced, .. } if *replaced != 0 => {
+                self.at_risk.insert(*replaced);
+            }
+            _ => {}
+        }
+        Vec::new()
+    }
+
+    /// Damage `error` means nothing after order `last_kept` can be trusted.
+    fn cut(&mut self, last_kept: u64, error: &FsError) -> FsError {
+        self.retry = Some(last_kept.min(self.through.saturating_sub(1)));
+        FsError::corrupt(
+            "file-system journals and logs",
+            format!("salvage must keep less: {error}"),
+        )
+    }
+}
+
+/// [`load`], or with `salvage` the pass of a repair: damaged journals and logs are cut
+/// before their damage instead of refused, and only records up to `salvage.through` replay.
+fn load_salvaging(volume: &Volume, mut salvage: Option<&mut Salvage>) -> Result<Loaded> {
     let owner = volume.owner_area(0)?;
     let (root, other_copy) = Root::read_reporting(&owner)?;
     if root.volume_uuid != volume.uuid() {
@@ -432,9 +606,70 @@ fn load(volume: &Volume) -> Result<Loaded> {
     let mut steps: Vec<Step> = Vec::new();
     let mut journal_records = 0u64;
     let mut journals = Vec::new();
+    // Before the first record of the journals and logs: nothing after the snapshot.
+    let none_kept = snapshot.next_order.saturating_sub(1);
+    if let Some(s) = salvage.as_deref_mut() {
+        s.journal_cut = root.slots.iter().map(|a| a.journal_len).collect();
+        s.log_kept = vec![Vec::new(); root.slots.len()];
+        s.dropped_journal = 0;
+        s.dropped_writes = 0;
+        s.dropped_bytes = 0;
+        s.dropped_inodes.clear();
+        s.at_risk.clear();
+        s.damage.clear();
+        s.unreadable = 0;
+    }
+    // Per slot: log records through this sequence were retired by a dropped batch (their
+    // buffers may have been reused).
+    let mut released_by_dropped = vec![0u64; root.slots.len()];
     for (index, areas) in root.slots.iter().enumerate() {
         let region = volume.region(&extent_of(areas.journal_addr, areas.journal_len))?;
-        let (journal, records) = Journal::recover(region, index as u32, root.epoch)?;
+        let (journal, records) = match salvage.as_deref_mut() {
+            None => Journal::recover(region, index as u32, root.epoch)?,
+            Some(s) => {
+                let (found, damage) = Journal::salvage(&region, index as u32, root.epoch)?;
+                // The damaged record's order is past the last one before it, whatever is kept.
+                let last_good = found.last().map_or(none_kept, |(_, r)| r.order);
+                let mut kept = Vec::new();
+                for (at, record) in found {
+                    if record.order <= s.through {
+                        kept.push(record);
+                    } else {
+                        s.journal_cut[index] = s.journal_cut[index].min(at);
+                        for (slot, seq) in s.drop_journal_record(&record.op) {
+                            if let Some(r) = released_by_dropped.get_mut(slot as usize) {
+                                *r = (*r).max(seq);
+                            }
+                        }
+                    }
+                }
+                if let Some((at, error, after)) = damage {
+                    s.journal_cut[index] = s.journal_cut[index].min(at);
+                    // The damaged record's operation is lost unread.
+                    s.unreadable += 1;
+                    for op in after {
+                        match op {
+                            Some(op) => {
+                                for (slot, seq) in s.drop_journal_record(&op) {
+                                    if let Some(r) = released_by_dropped.get_mut(slot as usize) {
+                                        *r = (*r).max(seq);
+                                    }
+                                }
+                            }
+                            None => {
+                                s.dropped_journal += 1;
+                                s.unreadable += 1;
+                            }
+                        }
+                    }
+                    s.damage.push(error.to_string());
+                    if last_good < s.through {
+                        return Err(s.cut(last_good, &error));
+                    }
+                }
+                (Journal::new(region, root.epoch), kept)
+            }
+        };
         for record in records {
             if let MetaOp::Batch { retired: r, .. } = &record.op {
                 for &(slot, seq) in r {
@@ -457,15 +692,58 @@ fn load(volume: &Volume) -> Result<Loaded> {
     let mut logs = Vec::new();
     for (index, areas) in root.slots.iter().enumerate() {
         let region = volume.region(&extent_of(areas.log_addr, areas.log_len))?;
-        let (log, live) = LogArea::recover(region, retired[index])?;
-        if log.id() != index as u32 {
-            return Err(FsError::corrupt(
-                format!("log area of slot {index}"),
-                format!("its header says area {}", log.id()),
-            ));
+        let (log, live) = match salvage.as_deref_mut() {
+            None => {
+                let (log, live) = LogArea::recover(region, retired[index])?;
+                (Some(log), live)
+            }
+            Some(s) => {
+                let (found, damage, beyond) = LogArea::salvage(&region, retired[index])?;
+                // Whole records past the damage are dropped; the damaged slot(s) unread.
+                for record in &beyond {
+                    s.dropped_writes += 1;
+                    s.dropped_bytes += record.length;
+                    s.dropped_inodes.insert(record.inode);
+                }
+                if damage.is_some() {
+                    s.unreadable += 1;
+                }
+                // Everything salvage found precedes the damage.
+                let last_good = found.iter().map(|r| r.order).max().unwrap_or(none_kept);
+                if let Some(error) = damage {
+                    s.damage.push(error.to_string());
+                    if last_good < s.through {
+                        return Err(s.cut(last_good, &error));
+                    }
+                }
+                let mut kept = Vec::new();
+                for record in found {
+                    if record.order <= s.through {
+                        s.log_kept[index].push(record.sequence);
+                        if record.sequence <= released_by_dropped[index] {
+                            s.at_risk.insert(record.inode);
+                        }
+                        kept.push(record);
+                    } else {
+                        s.dropped_writes += 1;
+                        s.dropped_bytes += record.length;
+                        s.dropped_inodes.insert(record.inode);
+                    }
+                }
+                // A plan only: repair erases the rest, then opens the file system anew.
+                (None, kept)
+            }
+        };
+        if let Some(log) = log {
+            if log.id() != index as u32 {
+                return Err(FsError::corrupt(
+                    format!("log area of slot {index}"),
+                    format!("its header says area {}", log.id()),
+                ));
+            }
+            logs.push(log);
         }
         steps.extend(live.into_iter().map(|r| Step::Data(index as u32, r)));
-        logs.push(log);
     }
 
     // 4. Replay in global order. Orders come from one counter, so two records sharing one
@@ -478,51 +756,21 @@ fn load(volume: &Volume) -> Result<Loaded> {
         ));
     }
     let mut live: Vec<(u32, LogRecord)> = Vec::new();
+    let mut last_replayed = none_kept;
     for step in steps {
-        next_order = next_order.max(step.order() + 1);
-        match step {
-            Step::Meta(slot, record) => {
-                replay(&mut inodes, &record.op, root.granule).map_err(|problem| {
-                    FsError::corrupt(
-                        format!("journal of slot {slot} (record of order {})", record.order),
-                        problem,
-                    )
-                })?;
-                if let MetaOp::Create { ino, .. } = record.op {
-                    next_ino = next_ino.max(ino + 1);
+        let order = step.order();
+        let replayed = replay_step(&mut inodes, &mut next_ino, &mut live, step, root.granule);
+        if let Err(error) = replayed {
+            return Err(match salvage.as_deref_mut() {
+                Some(s) => {
+                    s.replay_damage.push(error.to_string());
+                    s.cut(last_replayed, &error)
                 }
-            }
-            Step::Data(slot, record) => {
-                // A write to a file that is gone is fine (removed since, or unlinked while
-                // open); to an inode number never handed out, it can only be damage.
-                if !inodes.contains_key(&record.inode) && record.inode >= next_ino {
-                    return Err(FsError::corrupt(
-                        format!("log area of slot {slot} (record {})", record.sequence),
-                        format!(
-                            "it writes inode {}, which was never created (the next is {next_ino})",
-                            record.inode
-                        ),
-                    ));
-                }
-                if let Some(inode) = inodes.get(&record.inode) {
-                    apply::write(
-                        inode,
-                        record.offset,
-                        record.length,
-                        record.buffer,
-                        record.order,
-                        record.mtime,
-                    )
-                    .map_err(|problem| {
-                        FsError::corrupt(
-                            format!("log area of slot {slot} (record {})", record.sequence),
-                            problem,
-                        )
-                    })?;
-                }
-                live.push((slot, record));
-            }
+                None => error,
+            });
         }
+        last_replayed = order;
+        next_order = next_order.max(order + 1);
     }
     check_tree(&inodes)?;
 
@@ -616,6 +864,62 @@ fn load(volume: &Volume) -> Result<Loaded> {
 }
 
 /// Page runs covering every `(address, length)`, merged.
+/// Replays one step of recovery (step 4) into `inodes`: a journal record through `replay`, a
+/// live data record through `apply::write` (kept in `live`). A failed check is damage,
+/// named with the record.
+fn replay_step(
+    inodes: &mut Table,
+    next_ino: &mut u64,
+    live: &mut Vec<(u32, LogRecord)>,
+    step: Step,
+    granule: u64,
+) -> Result<()> {
+    match step {
+        Step::Meta(slot, record) => {
+            replay(inodes, &record.op, granule).map_err(|problem| {
+                FsError::corrupt(
+                    format!("journal of slot {slot} (record of order {})", record.order),
+                    problem,
+                )
+            })?;
+            if let MetaOp::Create { ino, .. } = record.op {
+                *next_ino = (*next_ino).max(ino + 1);
+            }
+        }
+        Step::Data(slot, record) => {
+            // A write to a file that is gone is fine (removed since, or unlinked while
+            // open); to an inode number never handed out, it can only be damage.
+            if !inodes.contains_key(&record.inode) && record.inode >= *next_ino {
+                return Err(FsError::corrupt(
+                    format!("log area of slot {slot} (record {})", record.sequence),
+                    format!(
+                        "it writes inode {}, which was never created (the next is {})",
+                        record.inode, next_ino
+                    ),
+                ));
+            }
+            if let Some(inode) = inodes.get(&record.inode) {
+                apply::write(
+                    inode,
+                    record.offset,
+                    record.length,
+                    record.buffer,
+                    record.order,
+                    record.mtime,
+                )
+                .map_err(|problem| {
+                    FsError::corrupt(
+                        format!("log area of slot {slot} (record {})", record.sequence),
+                        problem,
+                    )
+                })?;
+            }
+            live.push((slot, record));
+        }
+    }
+    Ok(())
+}
+
 fn merge_pages(spans: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
     let mut pages: Vec<(u64, u64)> = spans
         .map(|(addr, len)| {

@@ -25,6 +25,30 @@ pub struct ScrubReport {
     pub damaged: Vec<DamagedBlock>,
 }
 
+/// What `Fs::salvage` cut from damaged journals and logs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SalvageReport {
+    /// Every damage found, as check names it.
+    pub damage: Vec<String>,
+    /// The file system is kept as of this global order: every record up to it, none after.
+    pub kept_through_order: u64,
+    /// Metadata operations (journal records) dropped.
+    pub dropped_journal_records: u64,
+    /// Logged writes (records) dropped, and their bytes.
+    pub dropped_writes: u64,
+    /// Bytes those writes carried.
+    pub dropped_write_bytes: u64,
+    /// Damaged records dropped unread: what they did is lost, and the files they touched
+    /// (a logged write's file, a removal that freed memory others reused) cannot be named.
+    pub unreadable_records: u64,
+    /// Files the dropped writes were to, as the kept file system has them (`inode N` for a
+    /// file open but unlinked); files only dropped operations created are gone with them.
+    pub files_losing_writes: Vec<String>,
+    /// Files whose kept contents may name memory a dropped operation had freed and a later
+    /// write reused: read them before trusting them.
+    pub files_at_risk: Vec<String>,
+}
+
 /// One block of data that fails its checksum.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct DamagedBlock {
@@ -111,7 +135,7 @@ pub(crate) fn scrub(
 }
 
 /// Every linked inode's path.
-fn paths(inodes: &HashMap<u64, Arc<Inode>>) -> HashMap<u64, String> {
+pub(crate) fn paths(inodes: &HashMap<u64, Arc<Inode>>) -> HashMap<u64, String> {
     let mut paths = HashMap::from([(ROOT_INO, "/".to_owned())]);
     let mut queue = vec![ROOT_INO];
     while let Some(dir) = queue.pop() {

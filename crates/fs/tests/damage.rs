@@ -140,3 +140,129 @@ fn a_damaged_older_root_copy_is_reported_and_harmless() {
     let again = Fs::check(&volume_over(vec![region]).unwrap()).unwrap();
     assert_eq!((again.files, again.damaged_root_copy), (3, None));
 }
+
+/// Salvages `image` and returns the report and the image as salvage left it.
+fn salvage(image: Vec<u8>) -> (Result<fs::SalvageReport, FsError>, Vec<u8>) {
+    let replay = Tracer::new();
+    let report = Fs::salvage(&volume_over(vec![replay.region_with(image)]).unwrap());
+    (report, replay.contents()[0].clone())
+}
+
+#[test]
+fn repair_cuts_a_damaged_journal_back_to_just_before_the_damage() {
+    let mut image = ten_creates();
+    flip_in(&mut image, b"damage-file-04");
+    assert!(check(image.clone()).is_err());
+    let (report, repaired) = salvage(image);
+    let report = report.unwrap();
+    assert_eq!(report.damage.len(), 1, "{report:?}");
+    assert!(report.damage[0].contains("journal of slot 1"), "{report:?}");
+    // The five whole records after the damaged one are dropped; nothing else was written.
+    assert_eq!(report.dropped_journal_records, 5, "{report:?}");
+    assert_eq!(report.dropped_writes, 0);
+    assert!(
+        report.files_at_risk.is_empty(),
+        "creates free nothing: {report:?}"
+    );
+    // It checks clean and opens with the four files created before the damage.
+    let after = check(repaired.clone()).unwrap();
+    assert_eq!((after.files, after.journal_records), (4, 4));
+    let replay = Tracer::new();
+    let fs = Fs::open(
+        volume_over(vec![replay.region_with(repaired)]).unwrap(),
+        small_options(),
+    )
+    .unwrap();
+    let mut names: Vec<String> = fs
+        .readdir("/")
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        (0..4)
+            .map(|i| format!("damage-file-{i:02}"))
+            .collect::<Vec<_>>()
+    );
+    fs.unmount().unwrap();
+}
+
+/// Files created by this thread (slot 1's journal) around three writes another thread logs
+/// (slot 2's log area), left as a crash leaves them.
+fn creates_around_writes() -> Vec<u8> {
+    let tracer = Tracer::new();
+    let fs = Fs::format(
+        volume_over(vec![traced_volume_device(&tracer, 8 << 20)]).unwrap(),
+        &small_format(),
+        fs::FsOptions {
+            checkpoint: fs::CheckpointMode::OnDemand,
+            ..small_options()
+        },
+    )
+    .unwrap();
+    fs.create("/w").unwrap();
+    for i in 0..5 {
+        fs.create(&format!("/damage-file-{i:02}")).unwrap();
+    }
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let w = fs.open_file("/w", fs::OpenOptions::read_write()).unwrap();
+            for k in 0..3u64 {
+                w.write_at(&pattern(k, k * 4096, 4096), k * 4096).unwrap();
+            }
+        });
+    });
+    for i in 5..10 {
+        fs.create(&format!("/damage-file-{i:02}")).unwrap();
+    }
+    fs.abandon();
+    tracer.contents()[0].clone()
+}
+
+#[test]
+fn repair_drops_what_followed_the_damage_in_every_journal_and_log() {
+    // Damage after the writes: they are kept.
+    let mut image = creates_around_writes();
+    flip_in(&mut image, b"damage-file-07");
+    let (report, repaired) = salvage(image);
+    let report = report.unwrap();
+    assert_eq!(
+        (report.dropped_journal_records, report.dropped_writes),
+        (2, 0)
+    );
+    let after = check(repaired).unwrap();
+    assert_eq!((after.files, after.log_records), (8, 3), "{after:?}");
+
+    // Damage before them: the writes another thread logged later are dropped too — the
+    // file system is kept as it was at one point of its history.
+    let mut image = creates_around_writes();
+    flip_in(&mut image, b"damage-file-02");
+    let (report, repaired) = salvage(image);
+    let report = report.unwrap();
+    assert_eq!(report.dropped_writes, 3, "{report:?}");
+    assert_eq!(report.dropped_write_bytes, 3 * 4096);
+    assert_eq!(report.files_losing_writes, vec!["/w".to_owned()]);
+    let after = check(repaired.clone()).unwrap();
+    assert_eq!((after.files, after.log_records), (3, 0), "{after:?}");
+    let replay = Tracer::new();
+    let fs = Fs::open(
+        volume_over(vec![replay.region_with(repaired)]).unwrap(),
+        small_options(),
+    )
+    .unwrap();
+    assert_eq!(fs.stat("/w").unwrap().size, 0);
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn repair_refuses_damage_it_cannot_cut_around() {
+    let (clean, [current, _]) = unmounted();
+    let mut image = clean;
+    image[current + 200] ^= 1;
+    let (report, after) = salvage(image.clone());
+    let error = report.unwrap_err().to_string();
+    assert!(error.contains("root copy"), "{error}");
+    assert_eq!(after, image, "a refused repair writes nothing");
+}

@@ -437,3 +437,51 @@ fn scrub_names_a_damaged_data_block_and_exits_1() {
         text(&output.stderr)
     );
 }
+
+#[test]
+fn fsck_repair_cuts_a_damaged_journal_back_and_says_what_it_dropped() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    assert!(
+        locus(dir.path(), &["format", "--emulate", "64M"])
+            .status
+            .success()
+    );
+    {
+        let topology = topology::Topology::read_live().unwrap();
+        let volume = volume::Volume::open(dir.path(), topology, &Default::default()).unwrap();
+        let options = fs::FsOptions {
+            checkpoint: fs::CheckpointMode::OnDemand,
+            ..fs::FsOptions::default()
+        };
+        let fs = fs::Fs::open(std::sync::Arc::new(volume), options).unwrap();
+        for i in 0..10 {
+            fs.create(&format!("/repair-me-{i:02}")).unwrap();
+        }
+        fs.abandon();
+    }
+    let device = dir.path().join("node0.pmem");
+    let mut bytes = std::fs::read(&device).unwrap();
+    let at = bytes
+        .windows(12)
+        .position(|w| w == b"repair-me-06")
+        .expect("the name is in a journal");
+    bytes[at] ^= 1;
+    std::fs::write(&device, bytes).unwrap();
+
+    let output = locus(dir.path(), &["fsck"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        text(&output.stdout).contains("journal of slot"),
+        "{}",
+        text(&output.stdout)
+    );
+    let output = locus(dir.path(), &["fsck", "--repair"]);
+    let out = text(&output.stdout);
+    assert!(output.status.success(), "{out}{}", text(&output.stderr));
+    assert!(out.contains("damaged: journal of slot"), "{out}");
+    assert!(out.contains("dropped 3 metadata operation(s)"), "{out}");
+    assert!(out.contains("file system: 6 files"), "{out}");
+    assert!(out.contains("clean"), "{out}");
+    let again = locus(dir.path(), &["fsck"]);
+    assert!(again.status.success(), "{}", text(&again.stdout));
+}

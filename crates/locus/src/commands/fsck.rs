@@ -23,8 +23,14 @@ use crate::output::outln;
 ///
 /// With --repair, a file system that checks clean is opened and closed: recovery replays
 /// every logged write and journal record into the files and writes a fresh snapshot, which
-/// also rewrites the older root copy. Damage that recovery refuses is reported, never
-/// guessed around: the data a broken structure describes cannot be trusted.
+/// also rewrites the older root copy. A damaged journal or log area (a record that fails its
+/// checksum with whole records after it, a gap, a record that does not replay) is cut back
+/// to what provably precedes the damage: the file system is kept as it was just before the
+/// first damaged record, everything after it in any journal or log is dropped, and the
+/// report names what was dropped, the files that lost writes, and the files at risk (whose
+/// kept contents may name memory a dropped operation had freed). Damage to the root in use,
+/// the snapshot or the volume is reported and not repaired: nothing could be kept without
+/// guessing.
 #[derive(Debug, Args)]
 pub struct FsckArgs {
     #[command(flatten)]
@@ -47,6 +53,10 @@ struct Report {
     fs: Option<FsState>,
     /// What --repair did.
     repaired: Option<String>,
+    /// What --repair cut from damaged journals and logs.
+    salvaged: Option<fs::SalvageReport>,
+    /// Why --repair could not repair the damage.
+    not_repaired: Option<String>,
 }
 
 pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
@@ -54,13 +64,41 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
     let mut report = Report {
         fs: None,
         repaired: None,
+        salvaged: None,
+        not_repaired: None,
         volume: volume_report,
     };
     if report.volume.is_clean() {
         let topology = super::volume::read_topology(sysfs)?;
         let volume = super::volume::open(dir, topology, false)?;
-        let state = FsState::of(&volume);
-        if args.repair
+        let mut state = FsState::of(&volume);
+        if args.repair && matches!(state, FsState::Damaged { .. }) {
+            drop(volume);
+            let volume = super::volume::open(dir, super::volume::read_topology(sysfs)?, false)?;
+            match fs::Fs::salvage(&volume) {
+                Ok(salvage) => {
+                    drop(volume);
+                    let volume =
+                        super::volume::open(dir, super::volume::read_topology(sysfs)?, false)?;
+                    let fs = fs::Fs::open(Arc::new(volume), fs::FsOptions::default())
+                        .context("opening the file system cut back to before the damage")?;
+                    fs.unmount().context("writing the repaired file system")?;
+                    report.repaired = Some(format!(
+                        "cut the journals and logs back to before the damage: dropped {} \
+                         metadata operation(s) and {} logged write(s) ({} bytes); the rest is in \
+                         a new snapshot",
+                        salvage.dropped_journal_records,
+                        salvage.dropped_writes,
+                        salvage.dropped_write_bytes
+                    ));
+                    report.salvaged = Some(salvage);
+                    let volume =
+                        super::volume::open(dir, super::volume::read_topology(sysfs)?, false)?;
+                    state = FsState::of(&volume);
+                }
+                Err(e) => report.not_repaired = Some(e.to_string()),
+            }
+        } else if args.repair
             && let FsState::Present(check) = &state
         {
             // The check marked the file system's memory owned; recovery wants a volume
@@ -114,8 +152,35 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
             Some(state) => outln!("{}", state.describe()),
             None => outln!("file system: not checked (the volume has problems)"),
         }
+        if let Some(salvage) = &report.salvaged {
+            for damage in &salvage.damage {
+                outln!("damaged: {damage}");
+            }
+        }
         if let Some(repaired) = &report.repaired {
             outln!("repaired: {repaired}");
+        }
+        if let Some(salvage) = &report.salvaged {
+            if !salvage.files_losing_writes.is_empty() {
+                outln!("writes lost in: {}", salvage.files_losing_writes.join(", "));
+            }
+            if salvage.unreadable_records > 0 {
+                outln!(
+                    "{} damaged record(s) dropped unread: what they did, and the files they \
+                     touched, cannot be named",
+                    salvage.unreadable_records
+                );
+            }
+            if !salvage.files_at_risk.is_empty() {
+                outln!(
+                    "at risk (may hold data from memory a dropped operation freed; read \
+                     them before trusting them): {}",
+                    salvage.files_at_risk.join(", ")
+                );
+            }
+        }
+        if let Some(why) = &report.not_repaired {
+            outln!("cannot repair: {why}");
         }
         if let Some(damage) = &root_copy_damage {
             outln!(
