@@ -190,6 +190,34 @@ fn bad_device_specs_are_refused() {
         "{}",
         text(&output.stderr)
     );
+    // A device in a directory that does not exist: named, and nothing is created — not
+    // even the volume directory.
+    let volume = dir.path().join("new-volume");
+    let output = locus(
+        &volume,
+        &[
+            "format",
+            "--device",
+            &format!("{}/missing/a.pmem,node=0,size=64M", dir.path().display()),
+        ],
+    );
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        text(&output.stderr).contains("missing does not exist"),
+        "{}",
+        text(&output.stderr)
+    );
+    assert!(!volume.exists(), "a refused format leaves nothing behind");
+    // A device file in the volume directory still to be made is fine.
+    let output = locus(
+        &volume,
+        &[
+            "format",
+            "--device",
+            &format!("{}/a.pmem,node=0,size=64M", volume.display()),
+        ],
+    );
+    assert!(output.status.success(), "{}", text(&output.stderr));
 }
 
 #[test]

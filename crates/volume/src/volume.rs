@@ -281,6 +281,24 @@ impl Volume {
         // Before the lock (which creates the directory): a refusal leaves nothing behind.
         for device in &config.devices {
             device.kind()?;
+            // A device file is created in an existing directory (the volume directory is
+            // made below).
+            let parent = device
+                .path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            if !device.path.exists() && !parent.is_dir() && parent != dir {
+                return Err(VolumeError::Config {
+                    path: dir.join(crate::config::CONFIG_FILE),
+                    problem: format!(
+                        "device {}: its directory {} does not exist (locus creates device \
+                         files, and the volume directory, but no other directory)",
+                        device.path.display(),
+                        parent.display()
+                    ),
+                });
+            }
         }
         check_emulated(dir, config)?;
         let mut lock = VolumeLock::acquire(dir)?;

@@ -68,6 +68,16 @@ fn check_tmpfs(path: &Path) -> Result<()> {
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        return Err(PmemError::WrongKind {
+            path: path.to_owned(),
+            problem: format!(
+                "its directory {} does not exist (locus creates the device file, not its \
+                 directory)",
+                dir.display()
+            ),
+        });
+    }
     let magic = mapping::filesystem_magic(dir).map_err(|source| PmemError::Io {
         path: dir.to_owned(),
         action: "statfs",

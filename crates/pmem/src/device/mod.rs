@@ -65,14 +65,20 @@ impl DeviceKind {
                 });
             }
         }
-        let probe_path = if path.exists() {
-            path.to_owned()
-        } else {
-            path.parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new("."))
-                .to_owned()
-        };
+        // A file still to be created is on the file system of its nearest existing
+        // ancestor (its directory may be the volume directory, made later).
+        let probe_path = path
+            .ancestors()
+            .map(|p| {
+                if p.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    p
+                }
+            })
+            .find(|p| p.exists())
+            .unwrap_or(Path::new("."))
+            .to_owned();
         let magic =
             crate::mapping::filesystem_magic(&probe_path).map_err(|source| PmemError::Io {
                 path: probe_path.clone(),
