@@ -155,6 +155,10 @@ real! {
     fn dirfd(dir: *mut DIR) -> c_int;
     fn fopen64(path: *const c_char, mode: *const c_char) -> *mut FILE;
     fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE;
+    fn fileno(stream: *mut FILE) -> c_int;
+    fn mkostemps64(template: *mut c_char, suffix: c_int, flags: c_int) -> c_int;
+    fn mkdtemp(template: *mut c_char) -> *mut c_char;
+    fn fileno_unlocked(stream: *mut FILE) -> c_int;
 }
 
 impl Failed for () {

@@ -213,6 +213,72 @@ fn a_shell_script_creates_renames_appends_and_reads_back() {
     assert!(fs.stat("/s/log").is_err());
 }
 
+/// Programs that make temporary files beside their target and check streams with
+/// `fstat(fileno(f))`: `sed -i`, `sort -o F F`, `git init`; and libc's `mkstemp`/`mkdtemp`
+/// from a working directory inside /locus — every name is made on the volume, nothing on the
+/// host (the process's real working directory stays empty).
+#[test]
+fn temporary_files_and_stream_descriptors_stay_on_the_volume() {
+    let vol = volume();
+    let host = tempfile::tempdir_in("/dev/shm").unwrap();
+    let script = r#"
+        set -e
+        printf 'b
+c
+a
+' > /locus/list
+        sort -o /locus/list /locus/list && echo sorted
+        printf 'hello
+world
+' > /locus/t
+        sed -i s/world/there/ /locus/t && echo edited
+        git init -q /locus/repo && test -f /locus/repo/.git/config && echo git ok
+        mkdir /locus/d
+        python3 -c '
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+os.chdir("/locus/d")
+name = ctypes.create_string_buffer(b"relXXXXXX")
+fd = libc.mkstemp(name)
+assert fd >= 0, os.strerror(ctypes.get_errno())
+os.write(fd, b"temp")
+os.close(fd)
+dname = ctypes.create_string_buffer(b"/locus/d/dirXXXXXX")
+assert libc.mkdtemp(dname), os.strerror(ctypes.get_errno())
+bad = ctypes.create_string_buffer(b"/locus/d/noXs")
+assert libc.mkstemp(bad) == -1 and ctypes.get_errno() == 22
+print(sorted(n[:3] for n in os.listdir(".")))
+'
+    "#;
+    let out = ok(
+        &preloaded(vol.path(), "bash")
+            .current_dir(host.path())
+            .args(["-c", script])
+            .output()
+            .unwrap(),
+        "temporary files",
+    );
+    assert_eq!(out, "sorted
+edited
+git ok
+['dir', 'rel']
+");
+    let leaked: Vec<_> = std::fs::read_dir(host.path()).unwrap().collect();
+    assert!(leaked.is_empty(), "files made on the host: {leaked:?}");
+    let fs = open_fs(vol.path());
+    assert_eq!(read_all(&fs, "/list"), b"a\nb\nc\n");
+    assert_eq!(read_all(&fs, "/t"), b"hello\nthere\n");
+    let names: Vec<String> = fs
+        .readdir("/d")
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    let file = names.iter().find(|n| n.starts_with("rel")).expect("the temp file");
+    assert_eq!(file.len(), 9);
+    assert_eq!(read_all(&fs, &format!("/d/{file}")), b"temp");
+}
+
 /// A program whose last write is the stdio flush that exit handlers run, after the thread's
 /// thread-locals are gone (`head` writing a file through its stdout): the write succeeds.
 #[test]

@@ -15,6 +15,7 @@ pub(crate) mod fd;
 pub(crate) mod io;
 pub(crate) mod meta;
 pub(crate) mod stdio;
+pub(crate) mod temp;
 
 use std::ffi::{CStr, CString, c_char, c_int};
 

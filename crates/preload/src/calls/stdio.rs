@@ -1,7 +1,8 @@
 //! The stdio calls that open files. glibc's `FILE` reads and writes through internal calls
 //! no library can intercept, so a locus `FILE` is a `fopencookie` stream whose callbacks are
-//! this library's `read`, `write`, `lseek` and `close`. (`fileno` of such a stream is -1, as
-//! for every cookie stream.)
+//! this library's `read`, `write`, `lseek` and `close`. glibc gives a cookie stream no
+//! descriptor (`fileno` is -1), so the library keeps each of its streams' fd and answers
+//! `fileno`/`fileno_unlocked` itself: `fstat(fileno(f))` works as programs expect.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering};
@@ -33,6 +34,68 @@ unsafe extern "C" {
     static mut stdin: *mut FILE;
     static mut stdout: *mut FILE;
     static mut stderr: *mut FILE;
+}
+
+/// The cookie streams this library made, and the locus fd each reads and writes: what
+/// `fileno` answers for them. An entry goes when its stream is closed (its cookie's close
+/// runs inside `fclose`, before glibc frees the `FILE`), so a later stream at the same
+/// address is never mistaken for it.
+static STREAMS: std::sync::Mutex<Vec<(usize, c_int)>> = std::sync::Mutex::new(Vec::new());
+
+fn remember(stream: *mut FILE, fd: c_int) {
+    let mut streams = STREAMS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    streams.retain(|&(s, _)| s != stream as usize);
+    streams.push((stream as usize, fd));
+}
+
+/// Forgets the streams over `fd` (its stream is being closed).
+fn forget_fd(fd: c_int) {
+    STREAMS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .retain(|&(_, f)| f != fd);
+}
+
+fn forget(stream: *mut FILE) {
+    STREAMS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .retain(|&(s, _)| s != stream as usize);
+}
+
+fn fd_of(stream: *mut FILE) -> Option<c_int> {
+    STREAMS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .find(|&&(s, _)| s == stream as usize)
+        .map(|&(_, fd)| fd)
+}
+
+/// `fileno(3)`: the locus fd of this library's streams, else libc's answer.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fileno(stream: *mut FILE) -> c_int {
+    match fd_of(stream) {
+        Some(fd) => fd,
+        // SAFETY: passed through.
+        None => unsafe { real::fileno(stream) },
+    }
+}
+
+/// `fileno_unlocked(3)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fileno_unlocked(stream: *mut FILE) -> c_int {
+    match fd_of(stream) {
+        Some(fd) => fd,
+        // SAFETY: passed through.
+        None => unsafe { real::fileno_unlocked(stream) },
+    }
 }
 
 /// The streams `stdin`, `stdout`, `stderr` had before they were made to follow a locus fd.
@@ -76,12 +139,15 @@ pub(crate) fn follow_std(fd: c_int, locus: bool) {
             if original.load(Ordering::Relaxed).is_null() {
                 original.store(current, Ordering::Relaxed);
             } else {
+                forget(current);
                 libc::fclose(current);
             }
+            remember(stream, fd);
             *slot = stream;
         } else {
             let saved = original.swap(std::ptr::null_mut(), Ordering::Relaxed);
             if !saved.is_null() {
+                forget(current);
                 libc::fclose(current);
                 *slot = saved;
             }
@@ -90,7 +156,8 @@ pub(crate) fn follow_std(fd: c_int, locus: bool) {
 }
 
 /// Closing a standard stream's cookie leaves the fd alone (the fd is the program's).
-unsafe extern "C" fn cookie_keep(_cookie: *mut c_void) -> c_int {
+unsafe extern "C" fn cookie_keep(cookie: *mut c_void) -> c_int {
+    forget_fd(cookie_fd(cookie));
     0
 }
 
@@ -123,6 +190,7 @@ unsafe extern "C" fn cookie_seek(cookie: *mut c_void, pos: *mut off64_t, whence:
 }
 
 unsafe extern "C" fn cookie_close(cookie: *mut c_void) -> c_int {
+    forget_fd(cookie_fd(cookie));
     // SAFETY: the stream owns its fd.
     unsafe { super::fd::close(cookie_fd(cookie)) }
 }
@@ -145,6 +213,8 @@ unsafe fn stream(fd: c_int, mode: *const c_char) -> *mut FILE {
         // SAFETY: our fd.
         unsafe { super::fd::close(fd) };
         errno::set(e);
+    } else {
+        remember(file, fd);
     }
     file
 }
