@@ -258,11 +258,14 @@ print(sorted(n[:3] for n in os.listdir(".")))
             .unwrap(),
         "temporary files",
     );
-    assert_eq!(out, "sorted
+    assert_eq!(
+        out,
+        "sorted
 edited
 git ok
 ['dir', 'rel']
-");
+"
+    );
     let leaked: Vec<_> = std::fs::read_dir(host.path()).unwrap().collect();
     assert!(leaked.is_empty(), "files made on the host: {leaked:?}");
     let fs = open_fs(vol.path());
@@ -274,9 +277,45 @@ git ok
         .into_iter()
         .map(|e| e.name)
         .collect();
-    let file = names.iter().find(|n| n.starts_with("rel")).expect("the temp file");
+    let file = names
+        .iter()
+        .find(|n| n.starts_with("rel"))
+        .expect("the temp file");
     assert_eq!(file.len(), 9);
     assert_eq!(read_all(&fs, &format!("/d/{file}")), b"temp");
+}
+
+/// `*at` calls from a descriptor of a host directory above the mount reach it (how rsync and
+/// other tree walkers get into /locus), and names that stay outside stay the kernel's.
+#[test]
+fn at_calls_from_a_host_directory_reach_the_mount() {
+    let vol = volume();
+    let script = r#"
+import os
+os.mkdir("/locus/x")
+with open("/locus/x/f", "w") as f:
+    f.write("hi")
+root = os.open("/", os.O_RDONLY)
+print(os.stat("locus/x/f", dir_fd=root).st_size)
+d = os.open("locus", os.O_RDONLY | os.O_DIRECTORY, dir_fd=root)
+print(sorted(os.listdir(d)))
+tmp = os.open("/tmp", os.O_RDONLY)
+print(os.path.isdir("/locus/x"), os.stat("../locus/x", dir_fd=tmp).st_mode & 0o170000 == 0o040000)
+fd = os.open("locus/x/g", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=root)
+os.write(fd, b"made")
+os.close(fd)
+print(os.stat("etc", dir_fd=root).st_mode & 0o170000 == 0o040000)
+"#;
+    let out = ok(
+        &preloaded(vol.path(), "python3")
+            .args(["-c", script])
+            .output()
+            .unwrap(),
+        "python at calls",
+    );
+    assert_eq!(out, "2\n['x']\nTrue True\nTrue\n");
+    let fs = open_fs(vol.path());
+    assert_eq!(read_all(&fs, "/x/g"), b"made");
 }
 
 /// A program whose last write is the stdio flush that exit handlers run, after the thread's

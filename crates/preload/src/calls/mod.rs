@@ -115,7 +115,28 @@ pub(crate) unsafe fn resolve(dirfd: c_int, path: *const c_char) -> Result<Resolv
         }
         desc.path.clone()
     } else {
-        return Ok(Resolved::Kernel);
+        // A kernel directory (`openat(fd_of_/, "locus")`, as rsync and `find` walk): the
+        // name may lead into the mount. Only a name that starts with `..` or with one of the
+        // prefix's own components can, so only those pay for asking the kernel where the
+        // directory is.
+        if !could_reach(bytes, config.mount.prefix()) {
+            return Ok(Resolved::Kernel);
+        }
+        let Some(dir) = kernel_dir(dirfd) else {
+            return Ok(Resolved::Kernel);
+        };
+        let mut full = dir;
+        full.push(b'/');
+        full.extend_from_slice(bytes);
+        let normal = crate::path::normalize(&full).ok_or(libc::EINVAL)?;
+        return Ok(match config.mount.classify(&normal) {
+            Target::Locus { path, .. } => Resolved::Locus {
+                path,
+                trailing_slash: bytes.ends_with(b"/"),
+            },
+            // Still the kernel's: its own dirfd and name, unchanged.
+            Target::Kernel => Resolved::Kernel,
+        });
     };
     if bytes.is_empty() {
         return Err(libc::ENOENT);
@@ -131,6 +152,36 @@ pub(crate) unsafe fn resolve(dirfd: c_int, path: *const c_char) -> Result<Resolv
         },
         Target::Kernel => Resolved::KernelPath(CString::new(full).map_err(|_| libc::EINVAL)?),
     })
+}
+
+/// Whether a name relative to a kernel directory could lead under the mount `prefix`: it
+/// starts with `..` or with one of the prefix's components.
+fn could_reach(relative: &[u8], prefix: &[u8]) -> bool {
+    let first = relative.split(|&b| b == b'/').next().unwrap_or_default();
+    first == b".."
+        || (!first.is_empty()
+            && prefix
+                .split(|&b| b == b'/')
+                .any(|component| component == first))
+}
+
+/// The absolute path of the kernel directory `dirfd` (from /proc/self/fd), if it has one.
+fn kernel_dir(dirfd: c_int) -> Option<Vec<u8>> {
+    let link = CString::new(format!("/proc/self/fd/{dirfd}")).ok()?;
+    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: a NUL-terminated path and a buffer of the length given.
+    let n = unsafe {
+        crate::real::readlinkat(
+            libc::AT_FDCWD,
+            link.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    let n = usize::try_from(n).ok()?;
+    buf.truncate(n);
+    // A deleted directory, a socket or a pipe has no path to join.
+    (buf.first() == Some(&b'/')).then_some(buf)
 }
 
 /// Calls `kernel` with the path to hand to libc (the caller's, or the rewritten one with

@@ -43,7 +43,9 @@ unsafe extern "C" {
 static STREAMS: std::sync::Mutex<Vec<(usize, c_int)>> = std::sync::Mutex::new(Vec::new());
 
 fn remember(stream: *mut FILE, fd: c_int) {
-    let mut streams = STREAMS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut streams = STREAMS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     streams.retain(|&(s, _)| s != stream as usize);
     streams.push((stream as usize, fd));
 }

@@ -95,7 +95,8 @@ unsafe fn make(template: *mut c_char, suffix: c_int, what: Make) -> c_int {
 /// `template` is NUL-terminated or null.
 unsafe fn kernels(template: *const c_char) -> bool {
     // SAFETY: forwarded contract.
-    matches!(unsafe { resolve(libc::AT_FDCWD, template) }, Ok(Resolved::Kernel))
+    let resolved = unsafe { resolve(libc::AT_FDCWD, template) };
+    matches!(resolved, Ok(Resolved::Kernel))
 }
 
 /// `mkostemps64(3)`: the variant every other file variant is.
