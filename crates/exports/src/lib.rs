@@ -54,13 +54,13 @@ pub struct ExportSpec {
     pub read_only: bool,
 }
 
-/// Export sizes are whole 512-byte sectors, so a client that honours the minimum block size
+/// Export sizes are whole 512-byte sectors, so a client that works in sectors (the kernel's)
 /// can reach every byte.
 pub fn check_size(size: u64) -> Result<u64, String> {
-    if size == 0 || !size.is_multiple_of(u64::from(nbd::server::MIN_BLOCK_BYTES)) {
+    if size == 0 || !size.is_multiple_of(u64::from(nbd::server::SECTOR_BYTES)) {
         return Err(format!(
             "{size} bytes, not a positive multiple of {} (an export is whole sectors)",
-            nbd::server::MIN_BLOCK_BYTES
+            nbd::server::SECTOR_BYTES
         ));
     }
     Ok(size)

@@ -36,8 +36,12 @@ pub use sys::{Inherited, TerminationSignals, inherited_listeners, interface_addr
 use channel::Channel;
 use net::Stream;
 
-/// Minimum block size advertised (and enforced on clients that agreed to it).
-pub const MIN_BLOCK_BYTES: u32 = 512;
+/// Minimum block size advertised (and enforced on clients that agreed to it): 1, as qemu-nbd
+/// and nbdkit advertise — the file system takes any byte range (partial blocks of a write
+/// or trim are read-modify-written), so no client needs to align anything.
+pub const MIN_BLOCK_BYTES: u32 = 1;
+/// Export sizes are whole sectors of this size (the kernel's NBD client works in them).
+pub const SECTOR_BYTES: u32 = 512;
 /// Preferred block size advertised: the file system's block.
 pub const PREFERRED_BLOCK_BYTES: u32 = 4096;
 /// Largest read or write payload accepted (the protocol's portable maximum, 32 MiB).
