@@ -200,6 +200,61 @@ fn generated_traces_read_back_and_bad_traces_name_the_line() {
     assert!(text(&output.stderr).contains("unknown policy `arc`"));
 }
 
+/// Inputs that used to simulate nothing and exit 0: a trace read in the wrong format, a
+/// header with no requests, bytes that are not text, a cache size that is not whole blocks.
+/// Each is now an error that names the line or the option.
+#[test]
+fn traces_with_no_requests_and_partial_blocks_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("ops.csv");
+    std::fs::write(&csv, "version,time,op,size,lbn\n1,2,28,4096,0\n").unwrap();
+    let wrong = locus(&[
+        "sim",
+        "--trace",
+        csv.to_str().unwrap(),
+        "--format",
+        "blkparse",
+    ]);
+    assert_eq!(wrong.status.code(), Some(1));
+    let err = text(&wrong.stderr);
+    assert!(
+        err.contains("ops.csv:1: no line of the trace is a blkparse request")
+            && err.contains("another format"),
+        "{err}"
+    );
+
+    let header = dir.path().join("header.csv");
+    std::fs::write(&header, "version,time,op,size,lbn\n").unwrap();
+    let output = locus(&["sim", "--trace", header.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        text(&output.stderr)
+            .contains("header.csv:1: no line of the trace is a libcachesim request"),
+        "{}",
+        text(&output.stderr)
+    );
+
+    let binary = dir.path().join("binary.csv");
+    std::fs::write(
+        &binary,
+        b"version,time,op,size,lbn\n1,2,28,4096,0\n\xff\xfe\x00\n",
+    )
+    .unwrap();
+    let output = locus(&["sim", "--trace", binary.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(1));
+    let err = text(&output.stderr);
+    assert!(err.contains("binary.csv:3: not UTF-8 text"), "{err}");
+    assert_eq!(err.matches("UTF-8").count(), 1, "named once: {err}");
+
+    let output = locus(&["sim", "--trace", csv.to_str().unwrap(), "--dram", "1K"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        text(&output.stderr).contains("--dram 1.00 KiB is not a whole number of 4.00 KiB blocks"),
+        "{}",
+        text(&output.stderr)
+    );
+}
+
 #[test]
 fn bench_sim_reports_every_policy() {
     let output = locus(&[

@@ -32,6 +32,17 @@ pub enum SimError {
         why: String,
     },
 
+    /// The trace holds no request (no line, or only lines skipped as malformed).
+    #[error("{source_name}: no requests in {lines} line(s){}", skipped_note(*.skipped))]
+    NoRequests {
+        /// The trace's name.
+        source_name: String,
+        /// Lines read.
+        lines: u64,
+        /// Of them, malformed lines skipped (with skip_bad).
+        skipped: u64,
+    },
+
     /// The trace exceeds a limit of the simulator.
     #[error("{source_name}: {problem}")]
     TooLarge {
@@ -44,6 +55,14 @@ pub enum SimError {
     /// A simulation parameter is invalid.
     #[error("{0}")]
     Invalid(String),
+}
+
+fn skipped_note(skipped: u64) -> String {
+    if skipped > 0 {
+        format!(", {skipped} malformed and skipped")
+    } else {
+        String::new()
+    }
 }
 
 /// Result with [`SimError`].

@@ -30,6 +30,11 @@ proptest! {
             Ok(trace) => prop_assert!(trace.requests + trace.skipped_lines <= lines.len() as u64),
             Err(SimError::Parse { line, .. }) => prop_assert!(line >= 1 && line as usize <= lines.len().max(1)),
             Err(SimError::UnknownFormat { .. }) => prop_assert!(format.is_none()),
+            // No line is a request: none at all, or every one skipped as malformed.
+            Err(SimError::NoRequests { lines: n, skipped, .. }) => {
+                prop_assert!(n as usize <= lines.len().max(1));
+                prop_assert!(skip_bad || skipped == 0);
+            }
             Err(other) => prop_assert!(false, "unexpected error: {other}"),
         }
     }

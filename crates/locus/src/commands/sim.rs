@@ -131,6 +131,19 @@ pub fn run(args: &SimArgs) -> Result<()> {
     if let Some(plot) = &args.plot {
         crate::plot::check_target(plot)?;
     }
+    for (option, sizes) in [("--dram", &args.dram), ("--nvram", &args.nvram)] {
+        if let Some(&bad) = sizes
+            .iter()
+            .find(|&&s| !s.is_multiple_of(args.block.max(1)))
+        {
+            anyhow::bail!(
+                "{option} {} is not a whole number of {} blocks (--block): a cache holds whole \
+                 blocks",
+                format_bytes(bad),
+                format_bytes(args.block)
+            );
+        }
+    }
     let trace = read(path, args)?;
     eprintln!(
         "{}: {} requests ({} reads, {} writes), {} block accesses, {} distinct {} blocks{}",

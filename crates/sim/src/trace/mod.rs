@@ -175,10 +175,12 @@ pub fn read_trace(input: impl BufRead, name: &str, options: &ReadOptions) -> Res
     let mut builder = Builder::new(options.block_bytes, name);
     let mut state = ReaderState::default();
     let mut line_number = 0u64;
-    let handle = |text: &str,
-                  line_number: u64,
-                  builder: &mut Builder<'_>,
-                  state: &mut ReaderState|
+    // The first non-empty line the format skipped: named when no line is a request.
+    let mut first_skipped: Option<(u64, String)> = None;
+    let mut handle = |text: &str,
+                      line_number: u64,
+                      builder: &mut Builder<'_>,
+                      state: &mut ReaderState|
      -> Result<()> {
         let parsed = match format {
             Format::LibCacheSim => libcachesim::parse(text, state),
@@ -190,7 +192,12 @@ pub fn read_trace(input: impl BufRead, name: &str, options: &ReadOptions) -> Res
         };
         match parsed {
             Ok(Line::Request(request)) => builder.add(request, line_number),
-            Ok(Line::Skip) => Ok(()),
+            Ok(Line::Skip) => {
+                if first_skipped.is_none() && !text.trim().is_empty() {
+                    first_skipped = Some((line_number, text.chars().take(60).collect()));
+                }
+                Ok(())
+            }
             Err(_) if options.skip_bad => {
                 builder.trace.skipped_lines += 1;
                 Ok(())
@@ -225,7 +232,30 @@ pub fn read_trace(input: impl BufRead, name: &str, options: &ReadOptions) -> Res
             &mut state,
         )?;
     }
-    Ok(builder.finish())
+    let trace = builder.finish();
+    if trace.requests == 0 {
+        let hint = if options.format.is_some() {
+            "; is the trace in another format? (without --format it is detected)"
+        } else {
+            ""
+        };
+        return Err(match first_skipped {
+            Some((line, text)) => SimError::Parse {
+                source_name: name.to_owned(),
+                line,
+                problem: format!(
+                    "no line of the trace is a {} request (this one is `{text}`){hint}",
+                    format.name()
+                ),
+            },
+            None => SimError::NoRequests {
+                source_name: name.to_owned(),
+                lines: line_number - 1,
+                skipped: trace.skipped_lines,
+            },
+        });
+    }
+    Ok(trace)
 }
 
 fn read_line(
@@ -234,9 +264,19 @@ fn read_line(
     name: &str,
     line_number: u64,
 ) -> Result<usize> {
-    let read = input.read_line(line).map_err(|source| SimError::Io {
-        source_name: name.to_owned(),
-        source,
+    let read = input.read_line(line).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::InvalidData {
+            SimError::Parse {
+                source_name: name.to_owned(),
+                line: line_number,
+                problem: "not UTF-8 text (a trace is a text file)".into(),
+            }
+        } else {
+            SimError::Io {
+                source_name: name.to_owned(),
+                source,
+            }
+        }
     })?;
     if line.len() > MAX_LINE_BYTES {
         return Err(SimError::Parse {
