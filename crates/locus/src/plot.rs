@@ -46,6 +46,8 @@ pub fn fig3(path: &Path, results: &[GridResult], title: &str) -> Result<()> {
         bail!("the plot needs nvlru and at least one other policy in the grid");
     }
     let width = 420 * panels.len() as u32 + 40;
+    // The panels, and below them a strip for the legend (it never covers data).
+    let height = 420 + LEGEND_STRIP;
     let extension = path.extension().and_then(|e| e.to_str());
     if !matches!(extension, Some("svg" | "png")) {
         bail!("--plot {}: use a .svg or .png file name", path.display());
@@ -53,14 +55,14 @@ pub fn fig3(path: &Path, results: &[GridResult], title: &str) -> Result<()> {
     register_font()?;
     if extension == Some("svg") {
         draw(
-            &SVGBackend::new(path, (width, 420)).into_drawing_area(),
+            &SVGBackend::new(path, (width, height)).into_drawing_area(),
             &panels,
             results,
             title,
         )
     } else {
         draw(
-            &BitMapBackend::new(path, (width, 420)).into_drawing_area(),
+            &BitMapBackend::new(path, (width, height)).into_drawing_area(),
             &panels,
             results,
             title,
@@ -90,6 +92,9 @@ fn register_font() -> Result<()> {
     Ok(())
 }
 
+/// Pixels below the panels for the legend.
+const LEGEND_STRIP: u32 = 40;
+
 fn draw<B: DrawingBackend>(
     root: &DrawingArea<B, plotters::coord::Shift>,
     panels: &[PolicyKind],
@@ -101,7 +106,10 @@ where
 {
     let err = |e: DrawingAreaErrorKind<B::ErrorType>| anyhow::anyhow!("drawing the plot: {e}");
     root.fill(&WHITE).map_err(err)?;
-    let root = root
+    // The panels, and a strip under them for the legend (so it never covers data).
+    let (_, full_height) = root.dim_in_pixel();
+    let (top, legend_area) = root.split_vertically(full_height - LEGEND_STRIP);
+    let root = top
         .titled(
             &format!("Storage accesses normalised to NVLRU — {title}"),
             ("sans-serif", 18),
@@ -134,7 +142,15 @@ where
         .filter_map(|r| r.normalized_to_nvlru)
         .fold(1.0f64, f64::max)
         * 1.1;
-    for (area, policy) in root.split_evenly((1, panels.len())).iter().zip(panels) {
+    let panels_area = &root;
+    // Lines that coincide (several DRAM sizes giving the same counts) would hide each other:
+    // each series is nudged sideways a little and has its own marker.
+    let nudge = |index: usize| (index as f64 - (dram.len() as f64 - 1.0) / 2.0) * 0.05;
+    for (area, policy) in panels_area
+        .split_evenly((1, panels.len()))
+        .iter()
+        .zip(panels)
+    {
         let mut chart = ChartBuilder::on(area)
             .caption(policy.name().to_uppercase(), ("sans-serif", 16))
             .margin(10)
@@ -161,25 +177,14 @@ where
                         .iter()
                         .find(|r| r.policy == *policy && r.dram_bytes == d && r.nvram_bytes == n)
                         .and_then(|r| r.normalized_to_nvlru)
-                        .map(|y| (x as f64, y))
+                        .map(|y| (x as f64 + nudge(index), y))
                 })
                 .collect();
             chart
                 .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
-                .map_err(err)?
-                .label(format!(
-                    "DRAM {}",
-                    crate::size::format_bytes(d).replace(".00", "")
-                ))
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 15, y)], color.stroke_width(2))
-                });
+                .map_err(err)?;
             chart
-                .draw_series(
-                    points
-                        .into_iter()
-                        .map(|p| Circle::new(p, 3, color.filled())),
-                )
+                .draw_series(points.into_iter().map(|p| marker(index, p, color)))
                 .map_err(err)?;
         }
         chart
@@ -188,15 +193,47 @@ where
                 BLACK.mix(0.4),
             ))
             .map_err(err)?;
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
     }
-    root.present().map_err(err)?;
+    // The legend: one entry per DRAM size, in a row under the panels.
+    let mut x = 20i32;
+    for (index, &d) in dram.iter().enumerate() {
+        let color = Palette99::pick(index).to_rgba();
+        let y = (LEGEND_STRIP / 2) as i32;
+        legend_area
+            .draw(&PathElement::new(
+                vec![(x, y), (x + 24, y)],
+                color.stroke_width(2),
+            ))
+            .map_err(err)?;
+        legend_area
+            .draw(&marker(index, (x + 12, y), color))
+            .map_err(err)?;
+        let text = format!("DRAM {}", crate::size::format_bytes(d).replace(".00", ""));
+        legend_area
+            .draw(&Text::new(
+                text.clone(),
+                (x + 30, y - 7),
+                ("sans-serif", 14).into_font(),
+            ))
+            .map_err(err)?;
+        x += 30 + 9 * text.len() as i32 + 24;
+    }
+    legend_area.present().map_err(err)?;
     Ok(())
+}
+
+/// The marker of series `index`: filled circle, triangle, cross, hollow circle, in turn.
+fn marker<DB: DrawingBackend, C: Clone + 'static>(
+    index: usize,
+    at: C,
+    color: RGBAColor,
+) -> DynElement<'static, DB, C> {
+    match index % 4 {
+        0 => Circle::new(at, 3, color.filled()).into_dyn(),
+        1 => TriangleMarker::new(at, 4, color.filled()).into_dyn(),
+        2 => Cross::new(at, 4, color.stroke_width(2)).into_dyn(),
+        _ => Circle::new(at, 4, color.stroke_width(2)).into_dyn(),
+    }
 }
 
 /// One bar per case: `values[i]` over `labels[i]`, with a reference line at 1 (for ratios
