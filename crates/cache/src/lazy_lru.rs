@@ -34,6 +34,24 @@ impl LazyLru {
         self.stamps.push_back((time, block));
     }
 
+    /// Puts back a stamp older than the watermark (its original left the queue) at its place
+    /// in time order: before every queued stamp, among others put back the same way. Such
+    /// stamps are few (blocks re-entering an order by an old time), so the walk is short.
+    /// A stamp put back earlier and still queued is not added twice.
+    pub(crate) fn reinsert_old(&mut self, time: Time, block: BlockId) {
+        debug_assert!(!self.may_hold(time), "a stamp still queued is not put back");
+        let at = self.stamps.iter().take_while(|&&(t, _)| t < time).count();
+        let queued = self
+            .stamps
+            .iter()
+            .skip(at)
+            .take_while(|&&(t, _)| t == time)
+            .any(|&(_, b)| b == block);
+        if !queued {
+            self.stamps.insert(at, (time, block));
+        }
+    }
+
     /// The oldest stamp for which `valid` holds, removed along with every stale stamp before
     /// it. `on_drop` sees each stale stamp as it is discarded.
     #[inline]

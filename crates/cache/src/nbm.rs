@@ -135,17 +135,7 @@ impl Nbm {
         if last_read == 0 || self.capacity.dram_blocks == 0 {
             return;
         }
-        let key = if self.dram_count < self.capacity.dram_blocks {
-            if self.lrr.may_hold(last_read) {
-                last_read
-            } else {
-                // Its read stamp has left the queue: it was read before every block now in
-                // DRAM and its exact place in that order is gone, so with room to spare it
-                // enters at the current time.
-                self.lrr.touch(self.now, victim);
-                self.now
-            }
-        } else {
+        if self.dram_count == self.capacity.dram_blocks {
             let blocks = &self.blocks;
             let (oldest, _) = self
                 .lrr
@@ -155,8 +145,14 @@ impl Nbm {
                 return;
             }
             self.evict_dram(sink);
-            last_read
-        };
+        }
+        if !self.lrr.may_hold(last_read) {
+            // Its read stamp has left the queue (it was read before every block whose stamp
+            // is still queued): put it back at its place, so that the block's place in DRAM's
+            // order is its last read, whatever the queue's internal state.
+            self.lrr.reinsert_old(last_read, victim);
+        }
+        let key = last_read;
         sink.action(Action::MoveToDram { block: victim });
         let block = self.block(victim);
         block.tier = Some(Tier::Dram);

@@ -142,3 +142,16 @@ fn nvmin_is_not_optimal_without_dram() {
     assert_eq!(result[0], (4, 2), "NBM");
     assert_eq!(result[2], (8, 2), "NV-MIN");
 }
+
+#[test]
+fn nbm_places_a_write_back_victim_in_dram_by_its_last_read_even_long_after_it() {
+    // DRAM 2, NVRAM 1. a is written, read at time 2, then x, y, z are read (x evicted by z,
+    // which also moves the read order's bookkeeping past a's read). Writing y writes a back;
+    // DRAM has room, so a moves there — by its last read (time 2), older than z's (5). Reading
+    // w then evicts a, not z, and the final read of z hits: 4 storage reads, 1 write-back.
+    // (Placing a by the time it moved in would evict z and miss on it: 5 reads.)
+    let accesses = trace("W a, R a, R x, R y, R z, W y, R w, R z");
+    let capacity = capacity(2, 1);
+    let nbm = run_checked(&mut Nbm::new(capacity), &accesses, capacity, false);
+    assert_eq!((nbm.storage_reads, nbm.writebacks), (4, 1));
+}
