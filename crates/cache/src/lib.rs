@@ -4,7 +4,8 @@
 //! - [`Nbm`]: separate read (LRR) and write (LRW) recency histories; NVRAM evicts the least
 //!   recently written block; a written-back block that was recently read moves to DRAM.
 //! - [`NvLru`]: LRU over dirty blocks by any access, LRU over clean blocks.
-//! - [`NvMin`]: the offline optimum, from next-read/next-write times ([`nvmin::futures`]).
+//! - [`NvMin`]: the paper's clairvoyant NV-MIN, from next-read/next-write times
+//!   ([`nvmin::futures`]); the paper calls it optimal, it is not (see its module).
 //! - [`Lru`]: one unified LRU of DRAM + NVRAM capacity, ignoring the split (a baseline).
 //!
 //! Invariants every split policy keeps (checked by replaying their actions in tests): dirty

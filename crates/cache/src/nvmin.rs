@@ -1,4 +1,5 @@
-//! NV-MIN, the NBM paper's offline optimum: it knows every block's next read and next write.
+//! NV-MIN, the NBM paper's offline policy: it knows every block's next read and next write.
+//! The paper calls it the optimum; it is not one (below).
 //!
 //! - Read miss: cache the block in DRAM if there is room, else in place of a DRAM block whose
 //!   next access is a write (it will move to NVRAM before it is read, so dropping it costs
@@ -14,9 +15,13 @@
 //!   is furthest (Belady). The paper's write-only rule loses to NBM there (found by the
 //!   property test: `W3 W2 W6 W0 W5 W1 W4 R5 R6`, NVRAM 3, no DRAM).
 //!
-//! Optimality: with DRAM, NV-MIN never did worse than NBM or NVLRU on 30,000 random traces.
-//! With no DRAM it is *not* an optimum — reads cannot bring a block in, so a block's worth is
-//! the reads it serves before its next write — and the simulator says so when DRAM is 0.
+//! Not an optimum. With no DRAM, reads cannot bring a block in, so a block's worth is the
+//! reads it serves before its next write. With DRAM too: NVRAM evicts the dirty block whose
+//! next *write* is furthest, ignoring that dirty blocks also serve reads, and a read miss
+//! caches a block whose next access is a write, displacing a useful one —
+//! `W a, W b, W c, R d, R b, R d, R d, R b, W a` with one DRAM block and two NVRAM blocks costs
+//! NV-MIN 4 storage accesses and NBM or NVLRU 3 (`hand_computed_traces.rs`). It is a
+//! clairvoyant baseline, reported as the paper defines it.
 //!
 //! The next-access times come from [`futures`], one backward pass over the accesses.
 

@@ -155,3 +155,19 @@ fn nbm_places_a_write_back_victim_in_dram_by_its_last_read_even_long_after_it() 
     let nbm = run_checked(&mut Nbm::new(capacity), &accesses, capacity, false);
     assert_eq!((nbm.storage_reads, nbm.writebacks), (4, 1));
 }
+
+#[test]
+fn nvmin_is_not_optimal_with_dram_either() {
+    // DRAM 1, NVRAM 2. At R d NVRAM holds a, b, c and DRAM is empty; NV-MIN's write-back rule
+    // looks at next writes only (a is written again at the end, b and c never), and its read
+    // misses cache blocks whose next access is a write. NBM and NVLRU both pay 3 storage
+    // accesses here, NV-MIN 4.
+    let result = all(
+        "W a, W b, W c, R d, R b, R d, R d, R b, W a",
+        capacity(1, 2),
+    );
+    let cost = |(reads, writebacks): (u64, u64)| reads + writebacks;
+    assert_eq!(cost(result[0]), 3, "NBM {result:?}");
+    assert_eq!(cost(result[1]), 3, "NVLRU {result:?}");
+    assert_eq!(cost(result[2]), 4, "NV-MIN {result:?}");
+}

@@ -1,8 +1,7 @@
-//! On random traces and capacities: every action of every policy is legal, the tiers never
-//! exceed their capacity, and — whenever there is DRAM — NV-MIN's storage accesses are at
-//! most every online split policy's. With no DRAM, NV-MIN is not an optimum (see
-//! `hand_computed_traces::nvmin_is_not_optimal_without_dram`), so there only legality is
-//! checked.
+//! On random traces and capacities: every action of every policy is legal and the tiers
+//! never exceed their capacity; NBM follows its documented rule exactly. NV-MIN is not an
+//! optimum (it can lose to NBM and NVLRU, with or without DRAM: `hand_computed_traces.rs`), so
+//! no ordering between the policies is asserted.
 
 mod common;
 
@@ -27,25 +26,21 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
 
     #[test]
-    fn nvmin_is_never_beaten_and_every_action_is_legal(
+    fn every_action_of_every_policy_is_legal(
         accesses in accesses(),
         dram_blocks in 1usize..8,
         nvram_blocks in 0usize..8,
     ) {
         let capacity = Capacity { dram_blocks, nvram_blocks };
         let futures = nvmin::futures(&accesses).unwrap();
-        let optimum = run_checked(&mut NvMin::new(capacity, &futures), &accesses, capacity, false);
+        let nvmin = run_checked(&mut NvMin::new(capacity, &futures), &accesses, capacity, false);
         let nbm = run_checked(&mut Nbm::new(capacity), &accesses, capacity, false);
         let nvlru = run_checked(&mut NvLru::new(capacity), &accesses, capacity, false);
         run_checked(&mut Lru::new(capacity), &accesses, capacity, true);
-        prop_assert!(
-            optimum.storage_accesses() <= nbm.storage_accesses(),
-            "NV-MIN {} > NBM {}", optimum.storage_accesses(), nbm.storage_accesses()
-        );
-        prop_assert!(
-            optimum.storage_accesses() <= nvlru.storage_accesses(),
-            "NV-MIN {} > NVLRU {}", optimum.storage_accesses(), nvlru.storage_accesses()
-        );
+        // Every policy served every access.
+        for counters in [&nvmin, &nbm, &nvlru] {
+            prop_assert_eq!(counters.accesses, accesses.len() as u64);
+        }
     }
 }
 

@@ -17,7 +17,8 @@ use crate::size::{format_bytes, parse_size};
 /// Every write goes to NVRAM (dirty blocks), clean blocks live in DRAM; storage accesses are
 /// read misses plus write-backs, the metric of the NBM paper (dirty blocks left at the end
 /// are reported apart as the final flush). Policies: nbm (separate read and write recency),
-/// nvlru (LRU over dirty blocks), nvmin (the offline optimum; not an optimum when DRAM is 0),
+/// nvlru (LRU over dirty blocks), nvmin (the paper's clairvoyant NV-MIN, which knows every future access; the paper calls it
+/// the optimum, but it is beaten on some traces),
 /// lru (one unified cache, ignoring the split). Each grid point is normalised to NVLRU.
 ///
 /// With --gen zipf, writes a synthetic trace in libCacheSim's CSV form instead.
