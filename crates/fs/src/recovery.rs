@@ -328,8 +328,14 @@ impl Fs {
             snapshot_pieces,
             snapshot_bytes,
             checksums,
+            journal_records,
             ..
         } = load(&volume)?;
+        let replayed = crate::fs::ReplaySummary {
+            log_records: live.len() as u64,
+            log_bytes: live.iter().map(|(_, r)| r.length).sum(),
+            journal_records,
+        };
         volume.mark_owned(owned.iter().map(|&(start, len, _)| extent_of(start, len)))?;
 
         // Build the running file system.
@@ -372,6 +378,7 @@ impl Fs {
                     .map(|((l, j), p)| (l, j, p))
                     .collect(),
                 checksums,
+                replayed,
             },
             options,
             crate::checkpoint::spawn,

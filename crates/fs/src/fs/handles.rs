@@ -224,6 +224,12 @@ impl Fs {
         self.inner.stats()
     }
 
+    /// What recovery replayed when this file system was opened: nothing after a clean
+    /// unmount, the logged writes and journal records a crash (or kill) left otherwise.
+    pub fn replayed(&self) -> super::ReplaySummary {
+        self.inner.replayed
+    }
+
     /// Stops the checkpoint thread where it is, without moving what is logged or writing a
     /// snapshot: the media is left as a crash after the last returned operation would leave
     /// it. For recovery tests.

@@ -27,8 +27,8 @@ use pmem::Region;
 pub use handles::{Buffer, File, Fs};
 pub use options::{CheckpointMode, FormatOptions, FsOptions, OpenOptions};
 pub(crate) use options::{check_format, check_options};
-pub use state::FsStats;
 pub(crate) use state::*;
+pub use state::{FsStats, ReplaySummary};
 
 /// Inode number of `/`.
 pub const ROOT_INO: u64 = 1;

@@ -84,6 +84,8 @@ pub(crate) struct Inner {
     pub(crate) counters: FsCounters,
     /// The data-checksum tables, when the file system has them.
     pub(crate) checksums: Option<Checksums>,
+    /// What recovery replayed at open.
+    pub(crate) replayed: ReplaySummary,
     /// With data checksums: fresh pages the checkpoint will need for the partial blocks of
     /// logged writes (it builds them anew instead of copying in place), in bytes — counted
     /// when a write is logged so that the writers' reserve covers them.
@@ -152,6 +154,25 @@ pub(crate) struct Recovered {
     pub(crate) next_order: u64,
     pub(crate) slots: Vec<(LogArea, Journal, VecDeque<Pending>)>,
     pub(crate) checksums: Option<Checksums>,
+    pub(crate) replayed: ReplaySummary,
+}
+
+/// What recovery replayed at open ([`crate::Fs::replayed`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReplaySummary {
+    /// Logged writes found in the logs (not yet in their files).
+    pub log_records: u64,
+    /// Bytes they carry.
+    pub log_bytes: u64,
+    /// Metadata operations replayed from the journals.
+    pub journal_records: u64,
+}
+
+impl ReplaySummary {
+    /// True when there was anything to replay: the file system was not unmounted cleanly.
+    pub fn any(&self) -> bool {
+        self.log_records + self.journal_records > 0
+    }
 }
 
 /// A thread's claim on a slot of one file system; the slot is released when the thread ends.
@@ -234,6 +255,7 @@ impl Inner {
             next_order,
             slots,
             checksums,
+            replayed,
         } = recovered;
         let slot_limit = root.slot_limit as usize;
         let pending = slots.iter().map(|s| s.2.len() as u64).sum();
@@ -276,6 +298,7 @@ impl Inner {
             counters: FsCounters::default(),
             checksums,
             pending_pages: AtomicU64::new(pending_pages),
+            replayed,
         });
         for (index, (log, journal, queue)) in slots.into_iter().enumerate() {
             let slot = inner.make_slot(index as u32, log, journal, queue);

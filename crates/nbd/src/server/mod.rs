@@ -313,6 +313,7 @@ impl<E: Export> Shared<E> {
                 })
         } else {
             let channel = Arc::clone(&self.channels[self.place(local)]);
+            let peer = stream.peer();
             self.open.fetch_add(1, Ordering::Relaxed);
             channel.counters.connections.fetch_add(1, Ordering::Relaxed);
             channel
@@ -326,10 +327,15 @@ impl<E: Export> Shared<E> {
                     let end = conn::serve(&shared, &channel, stream);
                     match &end {
                         conn::End::Clean | conn::End::Shutdown => {
-                            tracing::debug!(connection = id, channel = channel.id, "{end}");
+                            tracing::debug!(connection = id, channel = channel.id, %peer, "{end}");
                         }
-                        conn::End::Io(_) | conn::End::Protocol(_) => {
-                            tracing::info!(connection = id, channel = channel.id, "{end}");
+                        conn::End::Io(_) => {
+                            tracing::info!(connection = id, channel = channel.id, %peer, "{end}");
+                        }
+                        // A client that breaks the protocol is an operator's business (a bug
+                        // or an attack): logged at the default level, with who it was.
+                        conn::End::Protocol(_) => {
+                            tracing::warn!(connection = id, channel = channel.id, %peer, "{end}");
                         }
                     }
                     channel

@@ -68,6 +68,18 @@ pub(crate) enum Stream {
 }
 
 impl Stream {
+    /// The client, for logs: its address and port over TCP; the Unix socket's peer process
+    /// when the kernel names it.
+    pub(crate) fn peer(&self) -> String {
+        match self {
+            Self::Tcp(s) => s
+                .peer_addr()
+                .map_or_else(|_| "tcp peer".into(), |a| a.to_string()),
+            Self::Unix(s) => super::sys::peer_pid(s)
+                .map_or_else(|| "unix peer".into(), |pid| format!("unix peer pid {pid}")),
+        }
+    }
+
     pub(crate) fn try_clone(&self) -> io::Result<Self> {
         Ok(match self {
             Self::Tcp(s) => Self::Tcp(s.try_clone()?),

@@ -87,6 +87,29 @@ pub fn inherited_listeners() -> io::Result<Option<Vec<Inherited>>> {
     Ok(Some(listeners))
 }
 
+/// The process id at the other end of a Unix-domain connection (`SO_PEERCRED`), if the
+/// kernel says.
+pub(crate) fn peer_pid(socket: &impl AsRawFd) -> Option<i32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes of the sizes given; a bad fd only makes
+    // the call fail.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast(),
+            &raw mut len,
+        )
+    };
+    (rc == 0 && cred.pid > 0).then_some(cred.pid)
+}
+
 fn socket_option(fd: RawFd, option: libc::c_int) -> io::Result<libc::c_int> {
     let mut value: libc::c_int = 0;
     let mut len = size_of::<libc::c_int>() as libc::socklen_t;

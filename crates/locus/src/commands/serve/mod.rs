@@ -163,6 +163,16 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
         ),
         e => anyhow::Error::new(e).context(format!("opening the file system at {}", dir.display())),
     })?;
+    let replayed = fs.replayed();
+    if replayed.any() {
+        eprintln!(
+            "locus: the volume was not stopped cleanly; recovery replayed {} logged write(s) ({}) \
+             and {} metadata operation(s): every acknowledged write is back",
+            replayed.log_records,
+            format_bytes(replayed.log_bytes),
+            replayed.journal_records
+        );
+    }
     let specs = if args.exports.is_empty() {
         vec![ExportSpec {
             name: DEFAULT_EXPORT_NAME.into(),
@@ -180,6 +190,22 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
     let mut entries = Vec::with_capacity(specs.len());
     for spec in &specs {
         entries.push((spec.name.clone(), Arc::new(FsExport::open(&fs, spec)?)));
+    }
+    // Exports may be sparse and larger than the volume (writes past its free space get
+    // ENOSPC, and the server keeps serving), but an operator should know before a client
+    // finds out.
+    let capacity = volume.data_bytes();
+    let exported: u64 = entries
+        .iter()
+        .map(|(_, e)| nbd::server::Export::size(&**e))
+        .sum();
+    if exported > capacity {
+        eprintln!(
+            "locus: warning: the exports add up to {} on a volume of {}: writes beyond its free \
+             space will fail with ENOSPC",
+            format_bytes(exported),
+            format_bytes(capacity)
+        );
     }
     let exports = Exports::new(entries).map_err(anyhow::Error::msg)?;
     let channels = channel_specs(&topology, args.channels);
