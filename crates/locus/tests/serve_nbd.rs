@@ -757,6 +757,49 @@ fn handshake_abuse_never_stops_other_clients() {
     );
 }
 
+/// The negotiation limit is a deadline: a client that sends an option of 0xFFFFFFFF bytes and
+/// then trickles 16 bytes every 200 ms is closed once `--handshake-timeout` has passed since it
+/// connected, like a silent one (as an idle timeout it was never closed), while another client
+/// is served meanwhile.
+#[test]
+fn a_trickling_negotiator_is_closed_at_the_deadline() {
+    if !require(&["nbdinfo"]) {
+        return;
+    }
+    let dir = volume();
+    let server = Serve::start(
+        dir.path(),
+        &["--default-size", "8M", "--handshake-timeout", "2"],
+    );
+    let mut slow = Raw::connect(&server.socket);
+    slow.send(&1u32.to_be_bytes());
+    let mut header = b"IHAVEOPT".to_vec();
+    header.extend(6u32.to_be_bytes()); // NBD_OPT_INFO
+    header.extend(u32::MAX.to_be_bytes());
+    slow.send(&header);
+    let started = Instant::now();
+    let mut closed_after = None;
+    while started.elapsed() < Duration::from_secs(20) {
+        if slow.0.write_all(&[0u8; 16]).is_err() {
+            closed_after = Some(started.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        // Another client is served while the slow one trickles.
+        if started.elapsed() < Duration::from_millis(500) {
+            let info = run("nbdinfo", &["--size", &server.uri("")]);
+            assert_eq!(text(&info.stdout).trim(), (8u64 << 20).to_string());
+        }
+    }
+    let closed_after = closed_after.expect("the trickling client was never closed");
+    assert!(
+        closed_after < Duration::from_secs(12),
+        "closed only after {closed_after:?} with a 2 s deadline"
+    );
+    let (status, log) = server.stop();
+    assert!(status.success(), "{log}");
+}
+
 #[test]
 fn the_connection_limit_refuses_with_a_reason() {
     if !require(&["nbdinfo"]) {

@@ -99,10 +99,11 @@ pub(crate) fn serve<E: Export>(
     channel: &Arc<Channel<E>>,
     mut stream: Stream,
 ) -> End {
-    if let Err(e) = stream.set_read_timeout(Some(shared.config.handshake_timeout)) {
-        return End::Io(e);
-    }
-    let negotiated = match handshake(shared, &mut stream) {
+    let mut negotiating = super::net::Deadlined {
+        deadline: Instant::now() + shared.config.handshake_timeout,
+        stream: &mut stream,
+    };
+    let negotiated = match handshake(shared, &mut negotiating) {
         Ok(Some(n)) => n,
         Ok(None) => return End::Clean,
         Err(end) => return end,
@@ -147,7 +148,7 @@ pub(crate) fn serve<E: Export>(
 
 fn handshake<E: Export>(
     shared: &Shared<E>,
-    stream: &mut Stream,
+    stream: &mut super::net::Deadlined<'_>,
 ) -> Result<Option<Negotiated<E>>, End> {
     stream.write_all(&handshake::greeting())?;
     let mut flags = [0u8; 4];

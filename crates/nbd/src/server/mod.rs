@@ -361,7 +361,10 @@ impl<E: Export> Shared<E> {
 fn refuse_handshake(mut stream: Stream, limit: usize, timeout: Duration) {
     use crate::handshake::{OPTION_HEADER_BYTES, OptionHeader};
     use std::io::{Read, Write};
-    let _ = stream.set_read_timeout(Some(timeout));
+    let mut stream = net::Deadlined {
+        deadline: std::time::Instant::now() + timeout,
+        stream: &mut stream,
+    };
     let message = format!("the server is serving its maximum of {limit} connections; try later");
     let result = (|| -> std::io::Result<()> {
         stream.write_all(&crate::handshake::greeting())?;

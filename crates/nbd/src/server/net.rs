@@ -178,3 +178,37 @@ impl Write for Stream {
         Ok(())
     }
 }
+
+/// A connection during negotiation: every read waits at most until one deadline, so a client
+/// that trickles bytes cannot hold the handshake open longer than a silent one.
+#[derive(Debug)]
+pub(crate) struct Deadlined<'a> {
+    pub(crate) stream: &'a mut Stream,
+    pub(crate) deadline: std::time::Instant,
+}
+
+impl Read for Deadlined<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self
+            .deadline
+            .saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the negotiation deadline passed",
+            ));
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.read(buf)
+    }
+}
+
+impl Write for Deadlined<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.stream.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.stream.flush()
+    }
+}

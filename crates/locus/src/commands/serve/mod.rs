@@ -105,6 +105,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = 48, value_parser = clap::value_parser!(u32).range(1..=4096))]
     max_connections: u32,
 
+    /// Seconds a client has to finish negotiating, from its connection — a deadline, not an
+    /// idle timeout: a client that trickles bytes is closed at it like a silent one.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    handshake_timeout: u64,
+
     /// Print every channel's counters (requests, bytes, errors, latency) every SECONDS to
     /// stderr. They are always printed once at shutdown.
     #[arg(long, value_name = "SECONDS", value_parser = parse_interval)]
@@ -216,6 +221,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
         },
         workers_per_channel: args.workers as usize,
         max_connections: args.max_connections as usize,
+        handshake_timeout: Duration::from_secs(args.handshake_timeout),
         ..ServerConfig::default()
     };
     let mut server = Server::new(config, exports, channels, nic_nodes(&topology));
