@@ -129,6 +129,9 @@ pub(crate) struct Progress {
     order: PaddedU64,
     done_below: AtomicU64,
     pending: AtomicU64,
+    /// Batches finished: raised *before* `pending` falls, so a writer that saw `pending` fall
+    /// to 0 also sees the batch (and the memory it freed) counted here.
+    finished: AtomicU64,
     state: Mutex<State>,
     /// Wakes the checkpoint.
     wake: Condvar,
@@ -155,6 +158,7 @@ impl Progress {
             order: PaddedU64(AtomicU64::new(next_order)),
             done_below: AtomicU64::new(0),
             pending: AtomicU64::new(pending),
+            finished: AtomicU64::new(0),
             state: Mutex::default(),
             wake: Condvar::new(),
             passed: Condvar::new(),
@@ -185,6 +189,11 @@ impl Progress {
     /// Logged writes not yet moved into their files.
     pub(crate) fn pending(&self) -> u64 {
         self.pending.load(Ordering::Acquire)
+    }
+
+    /// Batches finished so far (each freed what it replaced before it was counted).
+    pub(crate) fn batches_finished(&self) -> u64 {
+        self.finished.load(Ordering::Acquire)
     }
 
     // ---- writers ----
@@ -383,6 +392,7 @@ impl Progress {
         let Some(first) = batch.records.first() else {
             return;
         };
+        self.finished.fetch_add(1, Ordering::AcqRel);
         self.pending
             .fetch_sub(batch.records.len() as u64, Ordering::AcqRel);
         let before = self

@@ -365,14 +365,19 @@ impl Inner {
     /// replace, it frees as it moves them — the writer waits for it and tries again rather
     /// than fail a write that will fit in a moment; `NoSpace` when nothing is left to free.
     /// Never called with a range lock held (the checkpoint takes range locks).
+    /// A batch that finished between the failed attempt and the look at `pending` freed its
+    /// memory after the attempt: the writer tries again rather than report a full volume.
     pub(crate) fn with_space<T>(&self, mut f: impl FnMut() -> Result<T>) -> Result<T> {
         loop {
+            let finished = self.progress.batches_finished();
             match f() {
                 Err(FsError::Volume(volume::VolumeError::NoSpace { .. }))
                     if self.progress.pending() > 0 =>
                 {
                     self.wait_for_progress()?;
                 }
+                Err(FsError::Volume(volume::VolumeError::NoSpace { .. }))
+                    if self.progress.batches_finished() != finished => {}
                 other => return other,
             }
         }
