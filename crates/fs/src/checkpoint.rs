@@ -334,21 +334,7 @@ fn apply_record(inner: &Inner, record: &Pending, work: &mut Work) -> Result<()> 
                     // A hole: a fresh page, zeros around the record's bytes.
                     let mut page = vec![0u8; BLOCK as usize];
                     inner.read_pmem(src, &mut page[within..within + len])?;
-                    let node = inner
-                        .volume
-                        .device_node(volume::GlobalAddress::from_raw(src).device())
-                        .unwrap_or_else(|| inner.volume.current_node());
-                    let fresh: Extent = inner.volume.alloc(BLOCK, node)?;
-                    let (region, at) = inner.region_at(fresh.start.raw())?;
-                    region.write_nt(at, &page)?;
-                    extents.map(block, 1, fresh.start.raw());
-                    work.maps.push(MapEntry {
-                        ino: inode.ino,
-                        file_block: block,
-                        blocks: 1,
-                        addr: fresh.start.raw(),
-                    });
-                    work.copied += BLOCK;
+                    map_fresh_page(inner, inode.ino, &mut extents, block, src, &page, work)?;
                 }
             }
             pos = to;
@@ -375,7 +361,10 @@ fn rebuild_block(
     len: usize,
     work: &mut Work,
 ) -> Result<()> {
-    let checksums = inner.checksums().expect("called with data checksums only");
+    let checksums = inner
+        .checksums
+        .as_ref()
+        .expect("called with data checksums only");
     let mut page = vec![0u8; 2 * BLOCK as usize];
     let (page, scratch) = page.split_at_mut(BLOCK as usize);
     let mut sound = true;
@@ -405,14 +394,29 @@ fn rebuild_block(
         );
         crate::checksums::poisoned(crc)
     };
+    let fresh = map_fresh_page(inner, ino, extents, block, src, page, work)?;
+    checksums.store(fresh, &[entry])
+}
+
+/// Writes `page` to a fresh block on the device of `near` (the record's buffer, so on the
+/// writer's node) and makes it block `block` of file `ino`; the block it replaces, if any,
+/// is freed once the batch commits. Returns the fresh block's address.
+fn map_fresh_page(
+    inner: &Inner,
+    ino: u64,
+    extents: &mut ExtentMap,
+    block: u64,
+    near: u64,
+    page: &[u8],
+    work: &mut Work,
+) -> Result<u64> {
     let node = inner
         .volume
-        .device_node(volume::GlobalAddress::from_raw(src).device())
+        .device_node(volume::GlobalAddress::from_raw(near).device())
         .unwrap_or_else(|| inner.volume.current_node());
     let fresh: Extent = inner.volume.alloc(BLOCK, node)?;
     let (region, at) = inner.region_at(fresh.start.raw())?;
     region.write_nt(at, page)?;
-    checksums.store(fresh.start.raw(), &[entry])?;
     work.freed.extend(extents.map(block, 1, fresh.start.raw()));
     work.maps.push(MapEntry {
         ino,
@@ -421,7 +425,7 @@ fn rebuild_block(
         addr: fresh.start.raw(),
     });
     work.copied += BLOCK;
-    Ok(())
+    Ok(fresh.start.raw())
 }
 
 /// The batch records that file `ino` is at least `size` bytes, modified at the latest of its

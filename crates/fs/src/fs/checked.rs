@@ -4,7 +4,7 @@
 use volume::GlobalAddress;
 
 use super::state::Inner;
-use crate::checksums::{Checksums, block_crc};
+use crate::checksums::block_crc;
 use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
 
@@ -123,10 +123,6 @@ impl Inner {
             Some(checksums) => checksums.matches(block_addr, out),
             None => Ok(true),
         }
-    }
-
-    pub(crate) fn checksums(&self) -> Option<&Checksums> {
-        self.checksums.as_ref()
     }
 }
 
