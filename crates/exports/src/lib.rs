@@ -193,6 +193,7 @@ fn nbd_error(e: &fs::FsError) -> ExportError {
         | K::IsDir
         | K::NotEmpty
         | K::NameTooLong
+        | K::Symlink
         | K::InUse
         | K::NoFileSystem
         | K::Io => errno::EIO,

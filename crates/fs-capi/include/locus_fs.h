@@ -47,6 +47,9 @@ typedef struct locus_dir locus_dir;
 /* What an inode is. */
 #define LOCUS_KIND_FILE 1
 #define LOCUS_KIND_DIR 2
+/* A symbolic link: listed by locus_readdir; a path call that meets one fails with ELOOP
+   (the C API does not follow links). */
+#define LOCUS_KIND_SYMLINK 3
 
 struct locus_stat {
     uint64_t ino;
@@ -60,7 +63,7 @@ struct locus_stat {
 
 struct locus_dirent {
     uint64_t ino;
-    uint32_t kind;      /* LOCUS_KIND_FILE or LOCUS_KIND_DIR */
+    uint32_t kind;      /* LOCUS_KIND_FILE, LOCUS_KIND_DIR or LOCUS_KIND_SYMLINK */
     char name[256];     /* NUL-terminated */
 };
 

@@ -25,6 +25,9 @@ pub const API_VERSION: u32 = 1;
 pub const KIND_FILE: u32 = 1;
 /// `LOCUS_KIND_DIR`.
 pub const KIND_DIR: u32 = 2;
+/// `LOCUS_KIND_SYMLINK` (seen in directory listings; path calls report a link they meet
+/// as `ELOOP`: the C API does not follow links).
+pub const KIND_SYMLINK: u32 = 3;
 
 /// An open file system (`locus_fs`).
 #[derive(Debug)]
@@ -266,6 +269,7 @@ fn kind_code(kind: Kind) -> u32 {
     match kind {
         Kind::File => KIND_FILE,
         Kind::Dir => KIND_DIR,
+        Kind::Symlink => KIND_SYMLINK,
     }
 }
 

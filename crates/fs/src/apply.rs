@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 
 use crate::extent_map::{BLOCK, ExtentMap, Run};
 use crate::inode::{Attr, Inode};
-use crate::journal::{Kind, MapEntry};
+use crate::journal::{Kind, MapEntry, SizeEntry};
 
 /// A directory's entries.
 pub(crate) type Entries = BTreeMap<String, u64>;
@@ -37,30 +37,50 @@ pub(crate) fn applied<T>(result: Result<T, Problem>) -> T {
 fn dir(inode: &Inode) -> Result<(), Problem> {
     match inode.kind {
         Kind::Dir => Ok(()),
-        Kind::File => Err(format!("inode {} is not a directory", inode.ino)),
+        Kind::File | Kind::Symlink => Err(format!("inode {} is not a directory", inode.ino)),
     }
 }
 
 fn file(inode: &Inode, what: &str) -> Result<(), Problem> {
     match inode.kind {
         Kind::File => Ok(()),
-        Kind::Dir => Err(format!("{what} of {}, which is not a file", inode.ino)),
+        Kind::Dir | Kind::Symlink => Err(format!("{what} of {}, which is not a file", inode.ino)),
     }
 }
 
-/// `Create`: names a new inode `ino` in `parent` (whose `entries` are locked) and returns it.
-#[allow(clippy::too_many_arguments)]
+/// What a `Create` makes.
+pub(crate) struct NewInode<'a> {
+    pub(crate) ino: u64,
+    pub(crate) kind: Kind,
+    pub(crate) mode: u32,
+    pub(crate) time: u64,
+    pub(crate) name: &'a str,
+    /// A symbolic link's target (empty otherwise).
+    pub(crate) target: &'a str,
+}
+
+/// `Create`: names a new inode in `parent` (whose `entries` are locked) and returns it.
 pub(crate) fn create(
     parent: &Inode,
     entries: &mut Entries,
-    ino: u64,
-    kind: Kind,
-    mode: u32,
-    time: u64,
-    name: &str,
+    new: &NewInode<'_>,
     granule: u64,
 ) -> Result<Arc<Inode>, Problem> {
+    let NewInode {
+        ino,
+        kind,
+        mode,
+        time,
+        name,
+        target,
+    } = *new;
     dir(parent)?;
+    if (kind == Kind::Symlink) == target.is_empty() {
+        return Err(format!(
+            "create of `{name}` ({kind:?}) with a link target of {} bytes",
+            target.len()
+        ));
+    }
     if entries.contains_key(name) {
         return Err(format!(
             "create of `{name}` in {}, where it exists",
@@ -69,12 +89,15 @@ pub(crate) fn create(
     }
     entries.insert(name.to_owned(), ino);
     parent.mtime.store(time, Ordering::Release);
+    parent.changed(time);
     let attr = Attr {
         mode,
         parent: if kind == Kind::Dir { parent.ino } else { 0 },
         unlinked: false,
     };
-    Ok(Arc::new(Inode::new(ino, kind, attr, time, granule)))
+    Ok(Arc::new(
+        Inode::new(ino, kind, attr, time, granule).with_target(target),
+    ))
 }
 
 /// `Remove`: takes `name` (naming `ino`) out of `parent`. `removed_entries`: the removed
@@ -101,6 +124,7 @@ pub(crate) fn remove(
     entries.remove(name);
     if time != 0 {
         parent.mtime.store(time, Ordering::Release);
+        parent.changed(time);
     }
     Ok(())
 }
@@ -186,8 +210,13 @@ pub(crate) fn rename(
         None => from.insert(dst_name.to_owned(), ino),
     };
     if time != 0 {
-        src.mtime.store(time, Ordering::Release);
-        dst.mtime.store(time, Ordering::Release);
+        for d in [src, dst] {
+            d.mtime.store(time, Ordering::Release);
+            d.changed(time);
+        }
+        if let Some(moving) = moving {
+            moving.changed(time);
+        }
     }
     if let Some(moving) = moving
         && moving.kind == Kind::Dir
@@ -214,6 +243,7 @@ pub(crate) fn truncate(
     inode.overlay.truncate(size);
     inode.size.store(size, Ordering::Release);
     inode.mtime.store(time, Ordering::Release);
+    inode.changed(time);
     Ok(freed)
 }
 
@@ -234,12 +264,29 @@ pub(crate) fn punch(
     let freed = extents.punch(first_block, end);
     inode.overlay.punch(first_block * BLOCK, end * BLOCK);
     inode.mtime.store(time, Ordering::Release);
+    inode.changed(time);
     Ok(freed)
 }
 
-/// `SetMode`.
-pub(crate) fn set_mode(attr: &mut Attr, mode: u32) {
+/// `SetMode` (the inode's `attr` locked). `time` 0: a record of an old kind, the change
+/// time stays.
+pub(crate) fn set_mode(inode: &Inode, attr: &mut Attr, mode: u32, time: u64) {
     attr.mode = mode;
+    if time != 0 {
+        inode.changed(time);
+    }
+}
+
+/// `SetTimes`: access and modification time as given (0: unchanged), change time `ctime`.
+/// Stored, not raised: a time set into the past is what `touch -d` and `tar` ask for.
+pub(crate) fn set_times(inode: &Inode, atime: u64, mtime: u64, ctime: u64) {
+    if atime != 0 {
+        inode.atime.store(atime, Ordering::Release);
+    }
+    if mtime != 0 {
+        inode.mtime.store(mtime, Ordering::Release);
+    }
+    inode.changed(ctime);
 }
 
 /// A data record: `len` bytes at `offset` of a file are at `buffer` (order `order`, written
@@ -256,15 +303,19 @@ pub(crate) fn write(
     inode.overlay.insert(offset, len, buffer, order);
     inode.size.fetch_max(offset + len, Ordering::AcqRel);
     inode.mtime.fetch_max(mtime, Ordering::AcqRel);
+    inode.changed(mtime);
     Ok(())
 }
 
 /// A checkpoint `Batch`: maps `maps` into their files and raises sizes and times. Entries of
-/// files removed since are skipped (their removal is durable); `inode` finds a file.
+/// files removed since are skipped (their removal is durable); `inode` finds a file;
+/// `times_set` is the order of the last replayed `SetTimes` that set a file's modification
+/// time (0: none): a size entry's time is older than that set when its order is lower.
 pub(crate) fn batch(
     maps: &[MapEntry],
-    sizes: &[(u64, u64, u64)],
+    sizes: &[SizeEntry],
     inode: impl Fn(u64) -> Option<Arc<Inode>>,
+    times_set: impl Fn(u64) -> u64,
 ) {
     for m in maps {
         if let Some(file) = inode(m.ino).filter(|i| i.kind == Kind::File) {
@@ -274,10 +325,13 @@ pub(crate) fn batch(
                 .map(m.file_block, m.blocks, m.addr);
         }
     }
-    for &(ino, size, time) in sizes {
-        if let Some(file) = inode(ino) {
-            file.size.fetch_max(size, Ordering::AcqRel);
-            file.mtime.fetch_max(time, Ordering::AcqRel);
+    for z in sizes {
+        if let Some(file) = inode(z.ino) {
+            file.size.fetch_max(z.size, Ordering::AcqRel);
+            if z.order >= times_set(z.ino) {
+                file.mtime.fetch_max(z.mtime, Ordering::AcqRel);
+            }
+            file.changed(z.mtime);
         }
     }
 }
@@ -368,7 +422,15 @@ mod tests {
         );
         assert_eq!(names(&entries), [("a", 2), ("b", 3)], "nothing changed");
 
-        let problem = create(&d, &mut entries, 4, Kind::File, 0o644, 5, "a", 4096).unwrap_err();
+        let new = |name| NewInode {
+            ino: 4,
+            kind: Kind::File,
+            mode: 0o644,
+            time: 5,
+            name,
+            target: "",
+        };
+        let problem = create(&d, &mut entries, &new("a"), 4096).unwrap_err();
         assert!(problem.contains("where it exists"), "{problem}");
 
         let full = Entries::from([("x".into(), 8)]);
@@ -377,9 +439,14 @@ mod tests {
         assert_eq!(names(&entries), [("a", 2), ("b", 3)]);
 
         let f = inode(2, Kind::File);
-        let problem =
-            create(&f, &mut Entries::new(), 4, Kind::File, 0o644, 5, "z", 4096).unwrap_err();
+        let problem = create(&f, &mut Entries::new(), &new("z"), 4096).unwrap_err();
         assert!(problem.contains("not a directory"), "{problem}");
+        let linkless = NewInode {
+            kind: Kind::Symlink,
+            ..new("s")
+        };
+        let problem = create(&d, &mut entries, &linkless, 4096).unwrap_err();
+        assert!(problem.contains("link target of 0 bytes"), "{problem}");
         let problem = write(&d, 0, 1, 0, 1, 1).unwrap_err();
         assert!(problem.contains("not a file"), "{problem}");
         let problem = punch(&f, &mut ExtentMap::new(), u64::MAX - 1, 5, 1).unwrap_err();

@@ -22,7 +22,7 @@ use volume::Extent;
 use crate::error::{FsError, Result};
 use crate::extent_map::{BLOCK, ExtentMap, Run};
 use crate::fs::{CheckpointMode, Inner, Slot, now_ns};
-use crate::journal::{Kind, MAX_RECORD, MapEntry, MetaOp};
+use crate::journal::{Kind, MAX_RECORD, MapEntry, MetaOp, SizeEntry};
 use crate::pieces::{Piece, alloc_halving};
 use crate::progress::{GATHER_RECORDS, Pending, Queue, Until};
 use crate::range_lock::LockMode;
@@ -166,11 +166,7 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
     let op_maps = work.maps.len() as u64;
     let op = MetaOp::Batch {
         maps: work.maps,
-        sizes: work
-            .sizes
-            .into_iter()
-            .map(|(i, (s, t))| (i, s, t))
-            .collect(),
+        sizes: work.sizes.into_values().collect(),
         retired: retired.clone(),
     };
     let order = inner.progress.next_order();
@@ -228,7 +224,7 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
 #[derive(Default)]
 struct Work {
     maps: Vec<MapEntry>,
-    sizes: std::collections::BTreeMap<u64, (u64, u64)>,
+    sizes: std::collections::BTreeMap<u64, SizeEntry>,
     freed: Vec<Run>,
     remapped: u64,
     copied: u64,
@@ -255,7 +251,7 @@ fn apply_record(inner: &Inner, record: &Pending, work: &mut Work) -> Result<()> 
     let reached = (record.offset + record.len).min(inode.size.load(Ordering::Acquire));
     if pieces.is_empty() {
         if !inode.dead.load(Ordering::Acquire) {
-            note_size(work, inode.ino, reached, record.mtime);
+            note_size(work, inode.ino, reached, record);
         }
         return Ok(());
     }
@@ -340,7 +336,7 @@ fn apply_record(inner: &Inner, record: &Pending, work: &mut Work) -> Result<()> 
             pos = to;
         }
     }
-    note_size(work, inode.ino, end, record.mtime);
+    note_size(work, inode.ino, end, record);
     Ok(())
 }
 
@@ -429,11 +425,22 @@ fn map_fresh_page(
 }
 
 /// The batch records that file `ino` is at least `size` bytes, modified at the latest of its
-/// records' times (now, for records of areas that did not record times).
-fn note_size(work: &mut Work, ino: u64, size: u64, mtime: u64) {
-    let entry = work.sizes.entry(ino).or_insert((0, 0));
-    entry.0 = entry.0.max(size);
-    entry.1 = entry.1.max(if mtime == 0 { now_ns() } else { mtime });
+/// records' times (now, for records of areas that did not record times), and that record's
+/// order (so replay knows whether a later `SetTimes` overrides the time).
+fn note_size(work: &mut Work, ino: u64, size: u64, record: &Pending) {
+    let entry = work.sizes.entry(ino).or_insert(SizeEntry {
+        ino,
+        size: 0,
+        mtime: 0,
+        order: 0,
+    });
+    entry.size = entry.size.max(size);
+    entry.mtime = entry.mtime.max(if record.mtime == 0 {
+        now_ns()
+    } else {
+        record.mtime
+    });
+    entry.order = entry.order.max(record.order);
 }
 
 /// Makes `blocks` whole blocks of a record's buffer at `src` the file's blocks from `block`
@@ -482,6 +489,9 @@ pub(crate) fn snapshot(inner: &Inner) -> Result<()> {
             kind: inode.kind,
             mode: attr.mode,
             mtime: inode.mtime.load(Ordering::Acquire),
+            atime: inode.atime.load(Ordering::Acquire),
+            ctime: inode.ctime.load(Ordering::Acquire),
+            target: inode.target.to_string(),
             size: inode.size.load(Ordering::Acquire),
             parent: attr.parent,
             entries: inode

@@ -30,6 +30,10 @@ impl Encoder {
         self.0.extend_from_slice(name.as_bytes());
         self
     }
+    /// A symbolic link's target: u16 length, then the bytes.
+    pub(crate) fn text(&mut self, text: &str) -> &mut Self {
+        self.name(text)
+    }
     pub(crate) fn pad_to(&mut self, multiple: usize) -> &mut Self {
         while !self.0.len().is_multiple_of(multiple) {
             self.0.push(0);
@@ -103,5 +107,16 @@ impl<'a> Decoder<'a> {
             std::str::from_utf8(bytes).map_err(|_| self.error(format!("{what} is not UTF-8")))?;
         crate::path::check_name(name).map_err(|e| self.error(format!("{what}: {e}")))?;
         Ok(name.to_owned())
+    }
+
+    /// A symbolic link's target written by [`Encoder::text`]: UTF-8, a valid target
+    /// ([`crate::path::check_target`]).
+    pub(crate) fn text(&mut self, what: &str) -> Result<String> {
+        let len = self.u16(what)? as usize;
+        let bytes = self.take(len, what)?;
+        let text =
+            std::str::from_utf8(bytes).map_err(|_| self.error(format!("{what} is not UTF-8")))?;
+        crate::path::check_target(text).map_err(|e| self.error(format!("{what}: {e}")))?;
+        Ok(text.to_owned())
     }
 }

@@ -89,6 +89,18 @@ pub enum FsError {
     #[error("{0}: directory not empty")]
     NotEmpty(String),
 
+    /// A path walk met a symbolic link: a component before the last, or the last one for an
+    /// operation that follows it. The file system does not follow links itself (a target is
+    /// a path of the caller's name space, which may lead out of the file system); the caller
+    /// splices `target` in place of `link` and walks again.
+    #[error("{link} is a symbolic link to `{target}`")]
+    Symlink {
+        /// The walked path up to and including the link.
+        link: String,
+        /// What the link points to.
+        target: String,
+    },
+
     /// A name over 255 bytes or a path over 4096.
     #[error("{0}: file name too long")]
     NameTooLong(String),
@@ -127,6 +139,8 @@ pub enum ErrorKind {
     NotEmpty,
     /// Name or path too long (`ENAMETOOLONG`).
     NameTooLong,
+    /// A symbolic link where the operation does not follow one (`ELOOP`).
+    Symlink,
     /// An argument the operation cannot accept (`EINVAL`).
     Invalid,
     /// The handle does not allow the operation (`EBADF`).
@@ -155,6 +169,7 @@ impl ErrorKind {
             Self::IsDir => libc::EISDIR,
             Self::NotEmpty => libc::ENOTEMPTY,
             Self::NameTooLong => libc::ENAMETOOLONG,
+            Self::Symlink => libc::ELOOP,
             Self::Invalid => libc::EINVAL,
             Self::BadHandle => libc::EBADF,
             Self::TryAgain => libc::EAGAIN,
@@ -178,6 +193,7 @@ impl FsError {
             Self::IsDir(_) => ErrorKind::IsDir,
             Self::NotEmpty(_) => ErrorKind::NotEmpty,
             Self::NameTooLong(_) => ErrorKind::NameTooLong,
+            Self::Symlink { .. } => ErrorKind::Symlink,
             Self::Invalid(_) | Self::BadRange(_) => ErrorKind::Invalid,
             Self::BadHandle(_) => ErrorKind::BadHandle,
             Self::TooManyThreads(_) | Self::LogFull { .. } => ErrorKind::TryAgain,

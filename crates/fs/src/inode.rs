@@ -2,7 +2,7 @@
 //! what `stat` and `readdir` report of them.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, RwLock};
 
 use crate::error::Result;
@@ -31,6 +31,15 @@ pub(crate) struct Inode {
     /// Last modification (ns since the Unix epoch). An atomic, not in `Attr`: every write
     /// raises it (`fetch_max`), and writers share no lock on the hot path.
     pub(crate) mtime: AtomicU64,
+    /// Last access (ns): set by `utimensat`, and by a read when it is older than the last
+    /// modification or change (relatime without the daily rule). A read's update is kept in
+    /// DRAM and reaches the media with the next snapshot, never journaled: a crash can lose
+    /// it, never a time that was set.
+    pub(crate) atime: AtomicU64,
+    /// Last change of the inode (ns): writes, size and mode changes, set times, renames.
+    pub(crate) ctime: AtomicU64,
+    /// A symbolic link's target (empty for files and directories); never changes.
+    pub(crate) target: Box<str>,
     /// Entries, for directories.
     pub(crate) entries: Mutex<BTreeMap<String, u64>>,
     /// Bytes, including logged writes not yet checkpointed.
@@ -50,6 +59,9 @@ impl Inode {
             kind,
             attr: Mutex::new(attr),
             mtime: AtomicU64::new(mtime),
+            atime: AtomicU64::new(mtime),
+            ctime: AtomicU64::new(mtime),
+            target: Box::default(),
             entries: Mutex::default(),
             size: AtomicU64::new(0),
             extents: RwLock::default(),
@@ -72,6 +84,38 @@ impl Inode {
         *self.entries.get_mut().expect("directory") = entries;
         *self.extents.get_mut().expect("extent map") = extents;
         self
+    }
+
+    /// The inode as a symbolic link to `target` (its size is the target's length); an
+    /// empty target changes nothing.
+    pub(crate) fn with_target(mut self, target: &str) -> Self {
+        if !target.is_empty() {
+            self.target = target.into();
+            *self.size.get_mut() = target.len() as u64;
+        }
+        self
+    }
+
+    /// The inode with its access and change times (recovery, from a snapshot).
+    pub(crate) fn with_times(mut self, atime: u64, ctime: u64) -> Self {
+        *self.atime.get_mut() = atime;
+        *self.ctime.get_mut() = ctime;
+        self
+    }
+
+    /// A change of the inode at `time` (ns).
+    pub(crate) fn changed(&self, time: u64) {
+        self.ctime.fetch_max(time, Ordering::AcqRel);
+    }
+
+    /// A read: the access time moves to now when it is older than the last modification
+    /// or change, so "read since written" stays answerable at one store per write.
+    pub(crate) fn accessed(&self) {
+        let atime = self.atime.load(Ordering::Relaxed);
+        if atime < self.mtime.load(Ordering::Relaxed) || atime < self.ctime.load(Ordering::Relaxed)
+        {
+            self.atime.fetch_max(crate::fs::now_ns(), Ordering::AcqRel);
+        }
     }
 
     /// The directory's entries, locked (rank [`FS_DIRECTORY`]).
@@ -99,7 +143,7 @@ impl Inode {
 pub struct Stat {
     /// Inode number.
     pub ino: u64,
-    /// File or directory.
+    /// File, directory or symbolic link.
     pub kind: Kind,
     /// Permission bits.
     pub mode: u32,
@@ -109,6 +153,10 @@ pub struct Stat {
     pub allocated: u64,
     /// Last modification, ns since the Unix epoch.
     pub mtime_ns: u64,
+    /// Last access, ns since the Unix epoch.
+    pub atime_ns: u64,
+    /// Last change of the inode, ns since the Unix epoch.
+    pub ctime_ns: u64,
     /// Links: 1 for files, 2 + subdirectories for directories.
     pub nlink: u64,
 }

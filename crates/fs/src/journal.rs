@@ -22,6 +22,29 @@ pub enum Kind {
     File,
     /// A directory.
     Dir,
+    /// A symbolic link: a path, stored with the inode, that path walks follow.
+    Symlink,
+}
+
+impl Kind {
+    /// The byte journals and snapshots store.
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            Self::File => 1,
+            Self::Dir => 2,
+            Self::Symlink => 3,
+        }
+    }
+
+    /// The kind a stored byte names, if any.
+    pub(crate) fn from_code(code: u8) -> Option<Self> {
+        match code {
+            1 => Some(Self::File),
+            2 => Some(Self::Dir),
+            3 => Some(Self::Symlink),
+            _ => None,
+        }
+    }
 }
 
 /// A run of file blocks moved into a file's extent map by the checkpoint.
@@ -35,6 +58,20 @@ pub struct MapEntry {
     pub blocks: u64,
     /// Global address of the first block's page.
     pub addr: u64,
+}
+
+/// A file's size and time as a checkpoint batch leaves them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SizeEntry {
+    /// The file.
+    pub ino: u64,
+    /// Bytes, at least.
+    pub size: u64,
+    /// Modification time of the latest record moved (ns).
+    pub mtime: u64,
+    /// Global order of that record (0 in batches of kind 6, written before times could be
+    /// set): replay raises the time only when no `SetTimes` after this order set it.
+    pub order: u64,
 }
 
 /// One metadata operation, as logged.
@@ -54,6 +91,8 @@ pub enum MetaOp {
         time: u64,
         /// The name.
         name: String,
+        /// What a symbolic link points to (empty for files and directories).
+        target: String,
     },
     /// `name` removed from `parent` (unlink or rmdir); `ino` is the inode it named.
     Remove {
@@ -104,6 +143,21 @@ pub enum MetaOp {
         ino: u64,
         /// New permission bits.
         mode: u32,
+        /// Time of the change: the inode's new change time (0 in records of kind 5, written
+        /// before times were recorded: the change time is then left as it was).
+        time: u64,
+    },
+    /// Time stamps set (`utimensat`): access and modification time as given (0: left as
+    /// they were), change time the time of the call.
+    SetTimes {
+        /// The inode.
+        ino: u64,
+        /// New access time (ns since the epoch; 0: unchanged).
+        atime: u64,
+        /// New modification time (ns since the epoch; 0: unchanged).
+        mtime: u64,
+        /// Time of the change: the inode's new change time.
+        ctime: u64,
     },
     /// Whole blocks of a file unmapped (a hole punched; the size is kept); their memory is
     /// freed, and logged writes into them that are older than this are dropped.
@@ -122,8 +176,8 @@ pub enum MetaOp {
     Batch {
         /// Runs remapped or newly filled.
         maps: Vec<MapEntry>,
-        /// (inode, size at least, modification time).
-        sizes: Vec<(u64, u64, u64)>,
+        /// Sizes and times reached.
+        sizes: Vec<SizeEntry>,
         /// (slot, retired through sequence).
         retired: Vec<(u32, u64)>,
     },
@@ -136,15 +190,16 @@ impl MetaOp {
             Self::Remove { .. } => 8,
             Self::Rename { .. } => 9,
             Self::Truncate { .. } => 4,
-            Self::SetMode { .. } => 5,
-            Self::Batch { .. } => 6,
+            Self::SetMode { .. } => 12,
+            Self::SetTimes { .. } => 11,
+            Self::Batch { .. } => 13,
             Self::Punch { .. } => 7,
         }
     }
 
     /// Encoded size of a batch with these many entries (to cut batches to fit).
     pub fn batch_bytes(maps: usize, sizes: usize, retired: usize) -> usize {
-        HEADER + 12 + maps * 32 + sizes * 24 + retired * 12 + 8
+        HEADER + 12 + maps * 32 + sizes * 32 + retired * 12 + 8
     }
 
     fn encode_payload(&self, e: &mut Encoder) {
@@ -156,12 +211,13 @@ impl MetaOp {
                 mode,
                 time,
                 name,
+                target,
             } => {
-                e.u64(*parent).u64(*ino).u8(match kind {
-                    Kind::File => 1,
-                    Kind::Dir => 2,
-                });
+                e.u64(*parent).u64(*ino).u8(kind.code());
                 e.u32(*mode).u64(*time).name(name);
+                if *kind == Kind::Symlink {
+                    e.text(target);
+                }
             }
             Self::Remove {
                 parent,
@@ -191,8 +247,16 @@ impl MetaOp {
             } => {
                 e.u64(*ino).u64(*size).u64(*time).u64(*tail);
             }
-            Self::SetMode { ino, mode } => {
-                e.u64(*ino).u32(*mode);
+            Self::SetMode { ino, mode, time } => {
+                e.u64(*ino).u32(*mode).u64(*time);
+            }
+            Self::SetTimes {
+                ino,
+                atime,
+                mtime,
+                ctime,
+            } => {
+                e.u64(*ino).u64(*atime).u64(*mtime).u64(*ctime);
             }
             Self::Punch {
                 ino,
@@ -213,8 +277,8 @@ impl MetaOp {
                 for m in maps {
                     e.u64(m.ino).u64(m.file_block).u64(m.blocks).u64(m.addr);
                 }
-                for (ino, size, time) in sizes {
-                    e.u64(*ino).u64(*size).u64(*time);
+                for z in sizes {
+                    e.u64(z.ino).u64(z.size).u64(z.mtime).u64(z.order);
                 }
                 for (slot, seq) in retired {
                     e.u32(*slot).u64(*seq);
@@ -225,18 +289,29 @@ impl MetaOp {
 
     fn decode_payload(kind: u8, d: &mut Decoder<'_>) -> Result<Self> {
         let op = match kind {
-            1 => Self::Create {
-                parent: d.u64("parent")?,
-                ino: d.u64("ino")?,
-                kind: match d.u8("kind")? {
-                    1 => Kind::File,
-                    2 => Kind::Dir,
-                    other => return Err(d.error(format!("inode kind {other} is unknown"))),
-                },
-                mode: d.u32("mode")?,
-                time: d.u64("time")?,
-                name: d.name("name")?,
-            },
+            1 => {
+                let parent = d.u64("parent")?;
+                let ino = d.u64("ino")?;
+                let code = d.u8("kind")?;
+                let kind = Kind::from_code(code)
+                    .ok_or_else(|| d.error(format!("inode kind {code} is unknown")))?;
+                let mode = d.u32("mode")?;
+                let time = d.u64("time")?;
+                let name = d.name("name")?;
+                let target = match kind {
+                    Kind::Symlink => d.text("symlink target")?,
+                    Kind::File | Kind::Dir => String::new(),
+                };
+                Self::Create {
+                    parent,
+                    ino,
+                    kind,
+                    mode,
+                    time,
+                    name,
+                    target,
+                }
+            }
             // 2 and 3: Remove and Rename as written before they carried the time.
             2 | 8 => {
                 let parent = d.u64("parent")?;
@@ -271,9 +346,17 @@ impl MetaOp {
                 time: d.u64("time")?,
                 tail: d.u64("tail")?,
             },
-            5 => Self::SetMode {
+            // 5: SetMode as written before it carried the time.
+            5 | 12 => Self::SetMode {
                 ino: d.u64("ino")?,
                 mode: d.u32("mode")?,
+                time: if kind == 12 { d.u64("time")? } else { 0 },
+            },
+            11 => Self::SetTimes {
+                ino: d.u64("ino")?,
+                atime: d.u64("atime")?,
+                mtime: d.u64("mtime")?,
+                ctime: d.u64("ctime")?,
             },
             7 => {
                 let ino = d.u64("ino")?;
@@ -292,7 +375,8 @@ impl MetaOp {
                     time,
                 }
             }
-            6 => {
+            // 6: a batch as written before its sizes carried their order.
+            6 | 13 => {
                 let (m, s, r) = (d.u32("maps")?, d.u32("sizes")?, d.u32("retired")?);
                 if Self::batch_bytes(m as usize, s as usize, r as usize) > MAX_RECORD {
                     return Err(d.error(format!(
@@ -310,7 +394,12 @@ impl MetaOp {
                 }
                 let mut sizes = Vec::with_capacity(s as usize);
                 for _ in 0..s {
-                    sizes.push((d.u64("size ino")?, d.u64("size")?, d.u64("mtime")?));
+                    sizes.push(SizeEntry {
+                        ino: d.u64("size ino")?,
+                        size: d.u64("size")?,
+                        mtime: d.u64("mtime")?,
+                        order: if kind == 13 { d.u64("size order")? } else { 0 },
+                    });
                 }
                 let mut retired = Vec::with_capacity(r as usize);
                 for _ in 0..r {
@@ -637,6 +726,27 @@ mod tests {
                 mode: 0o755,
                 time: 7,
                 name: "d".into(),
+                target: String::new(),
+            },
+            MetaOp::Create {
+                parent: 2,
+                ino: 5,
+                kind: Kind::Symlink,
+                mode: 0o777,
+                time: 8,
+                name: "l".into(),
+                target: "../d/x".into(),
+            },
+            MetaOp::SetMode {
+                ino: 5,
+                mode: 0o700,
+                time: 9,
+            },
+            MetaOp::SetTimes {
+                ino: 5,
+                atime: 1,
+                mtime: 0,
+                ctime: 10,
             },
             MetaOp::Rename {
                 src_parent: 1,
@@ -660,7 +770,12 @@ mod tests {
                     blocks: 2,
                     addr: 1 << 21,
                 }],
-                sizes: vec![(3, 40960, 5)],
+                sizes: vec![SizeEntry {
+                    ino: 3,
+                    size: 40960,
+                    mtime: 5,
+                    order: 9,
+                }],
                 retired: vec![(1, 17)],
             },
         ]
@@ -705,6 +820,45 @@ mod tests {
                 && error.contains(&format!("follows at byte {}", lens[0] + lens[1])),
             "{error}"
         );
+    }
+
+    /// Records of kinds written before times could be set still read: SetMode (kind 5)
+    /// with time 0, a Batch (kind 6) with size orders 0.
+    #[test]
+    fn set_mode_and_batch_records_of_older_kinds_still_read() {
+        let mut mode = Encoder::default();
+        mode.u64(5).u32(0o600);
+        let mut d = Decoder::new(&mode.0, "test");
+        assert_eq!(
+            MetaOp::decode_payload(5, &mut d).unwrap(),
+            MetaOp::SetMode {
+                ino: 5,
+                mode: 0o600,
+                time: 0
+            }
+        );
+        let mut batch = Encoder::default();
+        batch.u32(0).u32(1).u32(0).u64(3).u64(4096).u64(77);
+        let mut d = Decoder::new(&batch.0, "test");
+        assert_eq!(
+            MetaOp::decode_payload(6, &mut d).unwrap(),
+            MetaOp::Batch {
+                maps: vec![],
+                sizes: vec![SizeEntry {
+                    ino: 3,
+                    size: 4096,
+                    mtime: 77,
+                    order: 0
+                }],
+                retired: vec![],
+            }
+        );
+        // A symbolic link with an empty target is damage, named.
+        let mut link = Encoder::default();
+        link.u64(1).u64(2).u8(3).u32(0o777).u64(1).name("l").u16(0);
+        let mut d = Decoder::new(&link.0, "test");
+        let err = MetaOp::decode_payload(1, &mut d).unwrap_err().to_string();
+        assert!(err.contains("symlink target"), "{err}");
     }
 
     /// Remove and Rename records as written before they carried a time (kinds 2 and 3)

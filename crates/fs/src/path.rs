@@ -23,6 +23,24 @@ pub fn check_name(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Longest symbolic link target in bytes (the kernel's `PATH_MAX` less its NUL).
+pub const MAX_TARGET: usize = MAX_PATH - 1;
+
+/// Checks a symbolic link's target: 1..=4095 bytes without NUL. A target is any path,
+/// absolute or relative, and may name something outside the file system or nothing at all;
+/// whoever follows it decides.
+pub fn check_target(target: &str) -> Result<()> {
+    if target.len() > MAX_TARGET {
+        return Err(FsError::NameTooLong(format!("{}...", &target[..64])));
+    }
+    if target.is_empty() || target.contains('\0') {
+        return Err(FsError::Invalid(format!(
+            "`{target}` is not a valid symbolic link target"
+        )));
+    }
+    Ok(())
+}
+
 /// The names of an absolute path, in order (empty for `/`).
 pub fn components(path: &str) -> Result<Vec<&str>> {
     if path.len() > MAX_PATH {

@@ -22,7 +22,7 @@ use std::sync::atomic::Ordering;
 
 use volume::{Extent, GlobalAddress, Volume};
 
-use crate::apply::{self, Move, Problem, RenameDirs};
+use crate::apply::{self, Move, NewInode, Problem, RenameDirs};
 use crate::buffers::BufferSet;
 use crate::checksums::Checksums;
 use crate::error::{FsError, Result};
@@ -118,6 +118,7 @@ impl Fs {
         check_options(&options)?;
         let owner = volume.owner_area(0)?;
         Root::clear(&owner)?;
+        let now = now_ns();
         let snapshot = Snapshot {
             epoch: 1,
             next_ino: ROOT_INO + 1,
@@ -127,7 +128,10 @@ impl Fs {
                 ino: ROOT_INO,
                 kind: Kind::Dir,
                 mode: 0o755,
-                mtime: now_ns(),
+                mtime: now,
+                atime: now,
+                ctime: now,
+                target: String::new(),
                 size: 0,
                 parent: ROOT_INO,
                 entries: Vec::new(),
@@ -764,9 +768,17 @@ fn load_salvaging(volume: &Volume, mut salvage: Option<&mut Salvage>) -> Result<
     }
     let mut live: Vec<(u32, LogRecord)> = Vec::new();
     let mut last_replayed = none_kept;
+    let mut times_set = TimesSet::new();
     for step in steps {
         let order = step.order();
-        let replayed = replay_step(&mut inodes, &mut next_ino, &mut live, step, root.granule);
+        let replayed = replay_step(
+            &mut inodes,
+            &mut times_set,
+            &mut next_ino,
+            &mut live,
+            step,
+            root.granule,
+        );
         if let Err(error) = replayed {
             return Err(match salvage.as_deref_mut() {
                 Some(s) => {
@@ -876,6 +888,7 @@ fn load_salvaging(volume: &Volume, mut salvage: Option<&mut Salvage>) -> Result<
 /// named with the record.
 fn replay_step(
     inodes: &mut Table,
+    times_set: &mut TimesSet,
     next_ino: &mut u64,
     live: &mut Vec<(u32, LogRecord)>,
     step: Step,
@@ -883,7 +896,7 @@ fn replay_step(
 ) -> Result<()> {
     match step {
         Step::Meta(slot, record) => {
-            replay(inodes, &record.op, granule).map_err(|problem| {
+            replay(inodes, times_set, *next_ino, &record, granule).map_err(|problem| {
                 FsError::corrupt(
                     format!("journal of slot {slot} (record of order {})", record.order),
                     problem,
@@ -968,11 +981,10 @@ fn load_snapshot(snapshot: &Snapshot, granule: u64) -> Result<Table> {
             parent: image.parent,
             unlinked: false,
         };
-        let inode = Inode::new(image.ino, image.kind, attr, image.mtime, granule).with_contents(
-            image.size,
-            image.entries.iter().cloned().collect(),
-            extents,
-        );
+        let inode = Inode::new(image.ino, image.kind, attr, image.mtime, granule)
+            .with_contents(image.size, image.entries.iter().cloned().collect(), extents)
+            .with_times(image.atime, image.ctime)
+            .with_target(&image.target);
         if inodes.insert(image.ino, Arc::new(inode)).is_some() {
             return Err(FsError::corrupt(
                 "file-system snapshot",
@@ -1035,10 +1047,30 @@ fn existing(inodes: &Table, ino: u64) -> Result<Arc<Inode>, Problem> {
         .ok_or_else(|| format!("inode {ino} does not exist"))
 }
 
+/// Per inode, the order of the last replayed `SetTimes` that set its modification time: a
+/// checkpoint batch logged later may carry the time of a write from before it.
+type TimesSet = HashMap<u64, u64>;
+
 /// Replays one journaled operation with the live path's [`apply`] function. An operation
 /// that cannot apply can only come from damage (dependent operations are logged in order).
-fn replay(inodes: &mut Table, op: &MetaOp, granule: u64) -> Result<(), Problem> {
-    match op {
+fn replay(
+    inodes: &mut Table,
+    times_set: &mut TimesSet,
+    next_ino: u64,
+    record: &JournalRecord,
+    granule: u64,
+) -> Result<(), Problem> {
+    // An inode's own changes (size, hole, mode, times) may follow its removal: a file
+    // unlinked while open is still truncated and stamped through its handles. Skipped, as
+    // writes to it are; an inode never handed out is damage.
+    let changed = |ino: u64| -> Result<Option<Arc<Inode>>, Problem> {
+        match inodes.get(&ino) {
+            Some(inode) => Ok(Some(Arc::clone(inode))),
+            None if ino < next_ino => Ok(None),
+            None => Err(format!("inode {ino} does not exist")),
+        }
+    };
+    match &record.op {
         MetaOp::Create {
             parent,
             ino,
@@ -1046,19 +1078,24 @@ fn replay(inodes: &mut Table, op: &MetaOp, granule: u64) -> Result<(), Problem> 
             mode,
             time,
             name,
+            target,
         } => {
             if inodes.contains_key(ino) {
                 return Err(format!("create of inode {ino}, which exists"));
             }
             let dir = existing(inodes, *parent)?;
+            let new = NewInode {
+                ino: *ino,
+                kind: *kind,
+                mode: *mode,
+                time: *time,
+                name,
+                target,
+            };
             let inode = apply::create(
                 &dir,
                 &mut dir.entries.lock().expect("directory"),
-                *ino,
-                *kind,
-                *mode,
-                *time,
-                name,
+                &new,
                 granule,
             )?;
             inodes.insert(*ino, inode);
@@ -1155,7 +1192,9 @@ fn replay(inodes: &mut Table, op: &MetaOp, granule: u64) -> Result<(), Problem> 
             time,
             tail,
         } => {
-            let file = existing(inodes, *ino)?;
+            let Some(file) = changed(*ino)? else {
+                return Ok(());
+            };
             apply::truncate(
                 &file,
                 &mut file.extents.write().expect("extent map"),
@@ -1170,7 +1209,9 @@ fn replay(inodes: &mut Table, op: &MetaOp, granule: u64) -> Result<(), Problem> 
             blocks,
             time,
         } => {
-            let file = existing(inodes, *ino)?;
+            let Some(file) = changed(*ino)? else {
+                return Ok(());
+            };
             apply::punch(
                 &file,
                 &mut file.extents.write().expect("extent map"),
@@ -1179,12 +1220,33 @@ fn replay(inodes: &mut Table, op: &MetaOp, granule: u64) -> Result<(), Problem> 
                 *time,
             )?;
         }
-        MetaOp::SetMode { ino, mode } => {
-            let inode = existing(inodes, *ino)?;
-            apply::set_mode(&mut inode.attr(), *mode);
+        MetaOp::SetMode { ino, mode, time } => {
+            let Some(inode) = changed(*ino)? else {
+                return Ok(());
+            };
+            apply::set_mode(&inode, &mut inode.attr(), *mode, *time);
+        }
+        MetaOp::SetTimes {
+            ino,
+            atime,
+            mtime,
+            ctime,
+        } => {
+            let Some(inode) = changed(*ino)? else {
+                return Ok(());
+            };
+            apply::set_times(&inode, *atime, *mtime, *ctime);
+            if *mtime != 0 {
+                times_set.insert(*ino, record.order);
+            }
         }
         MetaOp::Batch { maps, sizes, .. } => {
-            apply::batch(maps, sizes, |ino| inodes.get(&ino).cloned());
+            apply::batch(
+                maps,
+                sizes,
+                |ino| inodes.get(&ino).cloned(),
+                |ino| times_set.get(&ino).copied().unwrap_or(0),
+            );
         }
     }
     Ok(())

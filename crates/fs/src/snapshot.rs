@@ -9,8 +9,10 @@ use crate::journal::Kind;
 
 /// `LOCUSSNP`.
 pub const SNAPSHOT_MAGIC: u64 = u64::from_le_bytes(*b"LOCUSSNP");
-/// Format version.
-pub const SNAPSHOT_VERSION: u32 = 1;
+/// Format version: 2 adds access and change times and symbolic links.
+pub const SNAPSHOT_VERSION: u32 = 2;
+/// The first version (still read): modification time only, files and directories.
+const SNAPSHOT_VERSION_MTIME: u32 = 1;
 
 /// `LOCUSSNX`: a snapshot index page, which the root names instead of the snapshot when no
 /// single extent could hold the snapshot (free memory left in pieces).
@@ -140,12 +142,18 @@ impl SnapshotIndex {
 pub struct InodeImage {
     /// Number.
     pub ino: u64,
-    /// File or directory.
+    /// File, directory or symbolic link.
     pub kind: Kind,
     /// Permission bits.
     pub mode: u32,
     /// Modification time (ns).
     pub mtime: u64,
+    /// Access time (ns).
+    pub atime: u64,
+    /// Change time (ns).
+    pub ctime: u64,
+    /// A symbolic link's target (empty otherwise).
+    pub target: String,
     /// Size in bytes (files).
     pub size: u64,
     /// Parent directory (directories; 0 for files).
@@ -157,7 +165,7 @@ pub struct InodeImage {
 }
 
 /// Bytes an inode's fixed fields take in a snapshot.
-pub(crate) const INODE_BYTES: u64 = 8 + 1 + 4 + 8 + 8 + 8 + 8 + 8;
+pub(crate) const INODE_BYTES: u64 = 8 + 1 + 4 + 8 + 8 + 8 + 8 + 8 + 8 + 8;
 /// Bytes one extent run takes.
 pub(crate) const RUN_BYTES: u64 = 24;
 /// The most a logged write of `len` bytes at `offset` can add to the next snapshot once the
@@ -203,16 +211,18 @@ impl Snapshot {
         }
         for inode in &self.inodes {
             e.u64(inode.ino)
-                .u8(match inode.kind {
-                    Kind::File => 1,
-                    Kind::Dir => 2,
-                })
+                .u8(inode.kind.code())
                 .u32(inode.mode)
                 .u64(inode.mtime)
+                .u64(inode.atime)
+                .u64(inode.ctime)
                 .u64(inode.size)
                 .u64(inode.parent)
                 .u64(inode.entries.len() as u64)
                 .u64(inode.runs.len() as u64);
+            if inode.kind == Kind::Symlink {
+                e.text(&inode.target);
+            }
             for (name, ino) in &inode.entries {
                 e.name(name).u64(*ino);
             }
@@ -242,9 +252,12 @@ impl Snapshot {
         let mut d = Decoder::new(body, structure);
         d.u64("magic")?;
         let version = d.u32("version")?;
-        if version != SNAPSHOT_VERSION {
-            return Err(d.error(format!("version {version}, expected {SNAPSHOT_VERSION}")));
+        if version != SNAPSHOT_VERSION && version != SNAPSHOT_VERSION_MTIME {
+            return Err(d.error(format!(
+                "version {version}, expected {SNAPSHOT_VERSION_MTIME} or {SNAPSHOT_VERSION}"
+            )));
         }
+        let times = version == SNAPSHOT_VERSION;
         d.u32("reserved")?;
         let epoch = d.u64("epoch")?;
         let next_ino = d.u64("next_ino")?;
@@ -258,13 +271,17 @@ impl Snapshot {
         let mut inodes = Vec::new();
         for _ in 0..count {
             let ino = d.u64("ino")?;
-            let kind = match d.u8("kind")? {
-                1 => Kind::File,
-                2 => Kind::Dir,
-                other => return Err(d.error(format!("inode {ino} has unknown kind {other}"))),
-            };
+            let code = d.u8("kind")?;
+            let kind = Kind::from_code(code)
+                .filter(|k| times || *k != Kind::Symlink)
+                .ok_or_else(|| d.error(format!("inode {ino} has unknown kind {code}")))?;
             let mode = d.u32("mode")?;
             let mtime = d.u64("mtime")?;
+            let (atime, ctime) = if times {
+                (d.u64("atime")?, d.u64("ctime")?)
+            } else {
+                (mtime, mtime)
+            };
             let size = d.u64("size")?;
             let parent = d.u64("parent")?;
             let entry_count = d.u64("entry count")?;
@@ -272,6 +289,10 @@ impl Snapshot {
             if entry_count.saturating_add(run_count) > d.remaining() as u64 {
                 return Err(d.error(format!("inode {ino} claims more entries than bytes left")));
             }
+            let target = match kind {
+                Kind::Symlink => d.text("symlink target")?,
+                Kind::File | Kind::Dir => String::new(),
+            };
             let mut entries = Vec::with_capacity(entry_count as usize);
             for _ in 0..entry_count {
                 entries.push((d.name("entry name")?, d.u64("entry ino")?));
@@ -293,6 +314,9 @@ impl Snapshot {
                 kind,
                 mode,
                 mtime,
+                atime,
+                ctime,
+                target,
                 size,
                 parent,
                 entries,
@@ -328,9 +352,25 @@ mod tests {
                     kind: Kind::Dir,
                     mode: 0o755,
                     mtime: 1,
+                    atime: 3,
+                    ctime: 4,
+                    target: String::new(),
                     size: 0,
                     parent: 1,
-                    entries: vec![("f".into(), 2)],
+                    entries: vec![("f".into(), 2), ("l".into(), 3)],
+                    runs: vec![],
+                },
+                InodeImage {
+                    ino: 3,
+                    kind: Kind::Symlink,
+                    mode: 0o777,
+                    mtime: 5,
+                    atime: 5,
+                    ctime: 5,
+                    target: "../elsewhere/f".into(),
+                    size: 14,
+                    parent: 0,
+                    entries: vec![],
                     runs: vec![],
                 },
                 InodeImage {
@@ -338,6 +378,9 @@ mod tests {
                     kind: Kind::File,
                     mode: 0o644,
                     mtime: 2,
+                    atime: 6,
+                    ctime: 7,
+                    target: String::new(),
                     size: 10_000,
                     parent: 0,
                     entries: vec![],
@@ -362,6 +405,27 @@ mod tests {
             assert!(err.contains("file-system snapshot"), "byte {i}: {err}");
         }
         assert!(Snapshot::decode(&bytes[..bytes.len() - 1]).is_err());
+    }
+
+    /// A version-1 snapshot (modification time only) still reads: access and change time
+    /// show the modification time; a symbolic link there is damage.
+    #[test]
+    fn a_version_1_snapshot_still_reads() {
+        let v1 = |kind: u8| {
+            let mut e = Encoder::default();
+            e.u64(SNAPSHOT_MAGIC).u32(1).u32(0);
+            e.u64(2).u64(3).u64(10).u32(0).u64(1);
+            e.u64(1).u8(kind).u32(0o755).u64(42).u64(0).u64(1).u64(0).u64(0);
+            let crc = crc32c::crc32c(&e.0);
+            e.u32(crc);
+            e.0
+        };
+        let snapshot = Snapshot::decode(&v1(2)).unwrap();
+        let root = &snapshot.inodes[0];
+        assert_eq!((root.mtime, root.atime, root.ctime), (42, 42, 42));
+        assert_eq!(root.kind, Kind::Dir);
+        let err = Snapshot::decode(&v1(3)).unwrap_err().to_string();
+        assert!(err.contains("inode 1 has unknown kind 3"), "{err}");
     }
 
     #[test]

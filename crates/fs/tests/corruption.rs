@@ -46,6 +46,10 @@ fn try_read_tree(fs: &Fs) -> Result<Tree, fs::FsError> {
                     f.read_at(&mut data, 0)?;
                     tree.insert(path, Some(data));
                 }
+                Kind::Symlink => {
+                    let target = fs.readlink(&path)?;
+                    tree.insert(path, Some(target.into_bytes()));
+                }
             }
         }
     }

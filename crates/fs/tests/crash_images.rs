@@ -23,7 +23,7 @@ type State = BTreeMap<String, Entry>;
 fn state(fs: &Fs) -> State {
     let mut out = State::new();
     let entry = |path: &str, contents| {
-        let stat = fs.stat(path).unwrap();
+        let stat = fs.lstat(path).unwrap();
         Entry {
             mode: stat.mode,
             mtime_ns: stat.mtime_ns,
@@ -45,6 +45,10 @@ fn state(fs: &Fs) -> State {
                     let mut data = vec![0u8; file.len() as usize];
                     assert_eq!(file.read_at(&mut data, 0).unwrap(), data.len());
                     out.insert(path.clone(), entry(&path, Some(data)));
+                }
+                Kind::Symlink => {
+                    let target = fs.readlink(&path).unwrap().into_bytes();
+                    out.insert(path.clone(), entry(&path, Some(target)));
                 }
             }
         }

@@ -101,6 +101,7 @@ real! {
     fn fchdir(fd: c_int) -> c_int;
     fn getcwd(buf: *mut c_char, size: size_t) -> *mut c_char;
     fn get_current_dir_name() -> *mut c_char;
+    fn realpath(path: *const c_char, resolved: *mut c_char) -> *mut c_char;
     fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int;

@@ -1,6 +1,6 @@
 //! What `stat`, `statx` and `statfs` report for locus files. The file system keeps no
-//! owners and one time stamp: files belong to the calling user, and access, change and
-//! modification times all show the last modification.
+//! owners: files belong to the calling user. Access, modification and change times are the
+//! file system's own, to the nanosecond.
 
 use std::ffi::c_int;
 
@@ -22,7 +22,22 @@ fn type_bits(kind: Kind) -> u32 {
     match kind {
         Kind::File => libc::S_IFREG,
         Kind::Dir => libc::S_IFDIR,
+        Kind::Symlink => libc::S_IFLNK,
     }
+}
+
+/// Seconds and nanoseconds of a time in ns since the epoch.
+fn split(ns: u64) -> (i64, i64) {
+    ((ns / 1_000_000_000) as i64, (ns % 1_000_000_000) as i64)
+}
+
+fn statx_time(ns: u64) -> libc::statx_timestamp {
+    // SAFETY: plain data; all-zero is valid.
+    let mut time: libc::statx_timestamp = unsafe { std::mem::zeroed() };
+    let (sec, nsec) = split(ns);
+    time.tv_sec = sec;
+    time.tv_nsec = nsec as u32;
+    time
 }
 
 /// Fills a `struct stat`.
@@ -38,13 +53,9 @@ pub fn fill_stat(st: &Stat, dev: (u32, u32), out: &mut libc::stat) {
     out.st_size = st.size as i64;
     out.st_blksize = BLOCK;
     out.st_blocks = st.allocated.div_ceil(512) as i64;
-    let (sec, nsec) = (
-        (st.mtime_ns / 1_000_000_000) as i64,
-        (st.mtime_ns % 1_000_000_000) as i64,
-    );
-    (out.st_atime, out.st_atime_nsec) = (sec, nsec);
-    (out.st_mtime, out.st_mtime_nsec) = (sec, nsec);
-    (out.st_ctime, out.st_ctime_nsec) = (sec, nsec);
+    (out.st_atime, out.st_atime_nsec) = split(st.atime_ns);
+    (out.st_mtime, out.st_mtime_nsec) = split(st.mtime_ns);
+    (out.st_ctime, out.st_ctime_nsec) = split(st.ctime_ns);
 }
 
 /// Fills a `struct statx` (every basic field but the birth time).
@@ -60,13 +71,9 @@ pub fn fill_statx(st: &Stat, dev: (u32, u32), out: &mut libc::statx) {
     out.stx_ino = st.ino;
     out.stx_size = st.size;
     out.stx_blocks = st.allocated.div_ceil(512);
-    // SAFETY: plain data; all-zero is valid.
-    let mut time: libc::statx_timestamp = unsafe { std::mem::zeroed() };
-    time.tv_sec = (st.mtime_ns / 1_000_000_000) as i64;
-    time.tv_nsec = (st.mtime_ns % 1_000_000_000) as u32;
-    out.stx_atime = time;
-    out.stx_mtime = time;
-    out.stx_ctime = time;
+    out.stx_atime = statx_time(st.atime_ns);
+    out.stx_mtime = statx_time(st.mtime_ns);
+    out.stx_ctime = statx_time(st.ctime_ns);
     (out.stx_dev_major, out.stx_dev_minor) = dev;
 }
 
@@ -116,6 +123,7 @@ pub fn dirent_type(kind: Kind) -> u8 {
     match kind {
         Kind::File => libc::DT_REG,
         Kind::Dir => libc::DT_DIR,
+        Kind::Symlink => libc::DT_LNK,
     }
 }
 

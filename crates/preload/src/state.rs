@@ -848,6 +848,8 @@ fn reopen(h: &Handoff) -> Result<Desc, c_int> {
         }
         let node = match st.kind {
             fs::Kind::Dir => Node::Dir(Mutex::new(None)),
+            // The path named a file when the fd was handed over: replaced since.
+            fs::Kind::Symlink => return Err(libc::ESTALE),
             fs::Kind::File => {
                 let access = h.status & libc::O_ACCMODE;
                 let file = fs

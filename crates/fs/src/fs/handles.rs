@@ -78,19 +78,26 @@ impl Fs {
         })
     }
 
-    /// Opens `path`. See [`OpenOptions`].
+    /// Opens `path`. See [`OpenOptions`]. A symbolic link at `path` is reported
+    /// ([`FsError::Symlink`]) for the caller to follow — except by an exclusive create,
+    /// which fails on any existing name.
     pub fn open_file(&self, path: &str, options: OpenOptions) -> Result<File> {
-        let inode = match self.inner.resolve(path) {
-            Ok(inode) if options.create && options.exclusive => {
-                let _ = inode;
-                return Err(FsError::Exists(path.to_owned()));
-            }
+        let exclusive = options.create && options.exclusive;
+        let found = if exclusive {
+            self.inner.resolve(path)
+        } else {
+            self.inner.resolve_follow(path)
+        };
+        let inode = match found {
+            Ok(_) if exclusive => return Err(FsError::Exists(path.to_owned())),
             Ok(inode) => inode,
             Err(FsError::NotFound(_)) if options.create => {
-                match self.inner.create(path, Kind::File, options.mode) {
+                match self.inner.create(path, Kind::File, options.mode, "") {
                     Ok(inode) => inode,
                     // Lost a race with another creator: open theirs.
-                    Err(FsError::Exists(_)) if !options.exclusive => self.inner.resolve(path)?,
+                    Err(FsError::Exists(_)) if !options.exclusive => {
+                        self.inner.resolve_follow(path)?
+                    }
                     Err(e) => return Err(e),
                 }
             }
@@ -129,7 +136,45 @@ impl Fs {
 
     /// Makes a directory.
     pub fn mkdir(&self, path: &str, mode: u32) -> Result<()> {
-        self.inner.create(path, Kind::Dir, mode).map(drop)
+        self.inner.create(path, Kind::Dir, mode, "").map(drop)
+    }
+
+    /// Makes `path` a symbolic link to `target` (1..=4095 bytes, any path: the file system
+    /// stores it and never follows it itself).
+    pub fn symlink(&self, target: &str, path: &str) -> Result<()> {
+        self.inner
+            .create(path, Kind::Symlink, 0o777, target)
+            .map(drop)
+    }
+
+    /// The first symbolic link a walk of `path` meets — before its last name, or at it too
+    /// when `follow_last` — as (the path through the link, its target); `None` when there is
+    /// none, or the walk fails otherwise (the operation that follows reports that). Free when
+    /// the file system has never held a link since it was opened.
+    pub fn first_link(&self, path: &str, follow_last: bool) -> Option<(String, String)> {
+        if !self.inner.symlinks.load(Ordering::Acquire) {
+            return None;
+        }
+        let found = if follow_last {
+            self.inner.resolve_follow(path)
+        } else {
+            self.inner
+                .resolve_parent(path)
+                .map(|(dir, _)| dir)
+        };
+        match found {
+            Err(FsError::Symlink { link, target }) => Some((link, target)),
+            _ => None,
+        }
+    }
+
+    /// The target of the symbolic link at `path`.
+    pub fn readlink(&self, path: &str) -> Result<String> {
+        let inode = self.inner.resolve(path)?;
+        if inode.kind != Kind::Symlink {
+            return Err(FsError::Invalid(format!("{path} is not a symbolic link")));
+        }
+        Ok(inode.target.to_string())
     }
 
     /// Removes an empty directory.
@@ -150,7 +195,7 @@ impl Fs {
 
     /// Sets the size of the file at `path`.
     pub fn truncate(&self, path: &str, size: u64) -> Result<()> {
-        let inode = self.inner.resolve(path)?;
+        let inode = self.inner.resolve_follow(path)?;
         if inode.kind == Kind::Dir {
             return Err(FsError::IsDir(path.to_owned()));
         }
@@ -162,15 +207,39 @@ impl Fs {
         self.inner.set_mode(path, mode)
     }
 
-    /// Attributes of `path`.
+    /// Attributes of what `path` leads to (a symbolic link there is reported).
     pub fn stat(&self, path: &str) -> Result<Stat> {
+        let inode = self.inner.resolve_follow(path)?;
+        Ok(self.inner.stat_of(&inode))
+    }
+
+    /// Attributes of `path` itself: a symbolic link's own.
+    pub fn lstat(&self, path: &str) -> Result<Stat> {
         let inode = self.inner.resolve(path)?;
         Ok(self.inner.stat_of(&inode))
     }
 
+    /// Sets the access and modification times (ns since the epoch; `None` leaves one as it
+    /// is) of what `path` leads to, or with `follow` false of `path` itself; the change time
+    /// becomes now. Journaled like every metadata change.
+    pub fn set_times(
+        &self,
+        path: &str,
+        atime: Option<u64>,
+        mtime: Option<u64>,
+        follow: bool,
+    ) -> Result<()> {
+        let inode = if follow {
+            self.inner.resolve_follow(path)?
+        } else {
+            self.inner.resolve(path)?
+        };
+        self.inner.set_times(&inode, atime, mtime)
+    }
+
     /// The entries of a directory, sorted by name.
     pub fn readdir(&self, path: &str) -> Result<Vec<DirEntry>> {
-        let dir = self.inner.resolve(path)?;
+        let dir = self.inner.resolve_follow(path)?;
         if dir.kind != Kind::Dir {
             return Err(FsError::NotDir(path.to_owned()));
         }
@@ -297,6 +366,7 @@ impl File {
                 "the file is not open for reading".into(),
             ));
         }
+        self.inode.accessed();
         let size = self.inode.size.load(Ordering::Acquire);
         if offset >= size || buf.is_empty() {
             return Ok(0);
@@ -328,6 +398,7 @@ impl File {
                 "the file is not open for reading".into(),
             ));
         }
+        self.inode.accessed();
         let size = self.inode.size.load(Ordering::Acquire);
         let n = len.min(size.saturating_sub(offset)).min(MAX_IO);
         if n == 0 {
@@ -421,6 +492,14 @@ impl File {
     /// Attributes.
     pub fn stat(&self) -> Stat {
         self.fs.inner.stat_of(&self.inode)
+    }
+
+    /// Sets the access and modification times (ns since the epoch; `None` leaves one as it
+    /// is); the change time becomes now. Any handle may (as `futimens` with explicit times
+    /// needs ownership, not write access, and locus files all belong to their user).
+    pub fn set_times(&self, atime: Option<u64>, mtime: Option<u64>) -> Result<()> {
+        self.fs.inner.check_running()?;
+        self.fs.inner.set_times(&self.inode, atime, mtime)
     }
 
     /// A barrier: every write returned before is durable (they were at return already).

@@ -8,7 +8,7 @@ use volume::{Extent, GlobalAddress};
 
 use super::state::{Inner, Slot};
 use super::{MAX_FILE_SIZE, ROOT_INO, WHOLE_FILE, ZEROS, now_ns};
-use crate::apply::{self, Move, RenameDirs, applied};
+use crate::apply::{self, Move, NewInode, RenameDirs, applied};
 use crate::error::{FsError, Result};
 use crate::extent_map::{BLOCK, Run};
 use crate::inode::{Inode, Stat};
@@ -31,12 +31,31 @@ impl Inner {
             .ok_or_else(|| FsError::NotFound(shown.to_owned()))
     }
 
-    pub(crate) fn resolve(&self, path: &str) -> Result<Arc<Inode>> {
+    /// Walks `names` (of `path`) from the root. A symbolic link is reported where it is met
+    /// before the last name, and at the last one when `follow_last`: the file system never
+    /// follows one itself (its target is a path of the caller's name space).
+    fn walk(&self, path: &str, names: &[&str], follow_last: bool) -> Result<Arc<Inode>> {
         let mut at = self.inode(ROOT_INO).expect("root directory");
-        for name in path::components(path)? {
+        for (i, name) in names.iter().enumerate() {
             at = self.lookup_in(&at, name, path)?;
+            if at.kind == Kind::Symlink && (follow_last || i + 1 < names.len()) {
+                return Err(FsError::Symlink {
+                    link: format!("/{}", names[..=i].join("/")),
+                    target: at.target.to_string(),
+                });
+            }
         }
         Ok(at)
+    }
+
+    /// The inode `path` names; a symbolic link there is the link itself (`lstat`).
+    pub(crate) fn resolve(&self, path: &str) -> Result<Arc<Inode>> {
+        self.walk(path, &path::components(path)?, false)
+    }
+
+    /// The inode `path` leads to: a symbolic link there is reported ([`FsError::Symlink`]).
+    pub(crate) fn resolve_follow(&self, path: &str) -> Result<Arc<Inode>> {
+        self.walk(path, &path::components(path)?, true)
     }
 
     /// The directory holding the last name of `path`, and that name.
@@ -45,10 +64,7 @@ impl Inner {
         let name = names.pop().ok_or_else(|| {
             FsError::Invalid("the root directory cannot be changed this way".into())
         })?;
-        let mut at = self.inode(ROOT_INO).expect("root directory");
-        for n in names {
-            at = self.lookup_in(&at, n, path)?;
-        }
+        let at = self.walk(path, &names, true)?;
         if at.kind != Kind::Dir {
             return Err(FsError::NotDir(path.to_owned()));
         }
@@ -73,12 +89,19 @@ impl Inner {
         }
     }
 
+    /// Creates `path`: a file, a directory, or a symbolic link to `target` (empty for the
+    /// others).
     pub(crate) fn create(
         self: &Arc<Self>,
         path: &str,
         kind: Kind,
         mode: u32,
+        target: &str,
     ) -> Result<Arc<Inode>> {
+        if kind == Kind::Symlink {
+            path::check_target(target)?;
+            self.symlinks.store(true, Ordering::Release);
+        }
         self.metadata(|fs, slot| {
             let (parent, name) = fs.resolve_parent(path)?;
             let mut entries = parent.entries();
@@ -97,26 +120,27 @@ impl Inner {
                 mode,
                 time,
                 name: name.to_owned(),
+                target: target.to_owned(),
             };
             if !fs.journal(slot, &op)? {
                 return Ok(None);
             }
             let granule = fs.root.lock().expect("root").granule;
-            let inode = applied(apply::create(
-                &parent,
-                &mut entries,
+            let new = NewInode {
                 ino,
                 kind,
                 mode,
                 time,
                 name,
-                granule,
-            ));
+                target,
+            };
+            let inode = applied(apply::create(&parent, &mut entries, &new, granule));
             fs.inodes
                 .write()
                 .expect("inode table")
                 .insert(ino, Arc::clone(&inode));
-            fs.grow_snapshot(INODE_BYTES + entry_bytes(name));
+            let target_bytes = if target.is_empty() { 0 } else { 2 + target.len() as u64 };
+            fs.grow_snapshot(INODE_BYTES + entry_bytes(name) + target_bytes);
             Ok(Some(inode))
         })
     }
@@ -135,7 +159,9 @@ impl Inner {
                 .inode(ino)
                 .ok_or_else(|| FsError::NotFound(path.to_owned()))?;
             match (dir, target.kind) {
-                (true, Kind::File) => return Err(FsError::NotDir(path.to_owned())),
+                (true, Kind::File | Kind::Symlink) => {
+                    return Err(FsError::NotDir(path.to_owned()));
+                }
                 (false, Kind::Dir) => return Err(FsError::IsDir(path.to_owned())),
                 _ => {}
             }
@@ -258,10 +284,10 @@ impl Inner {
             }
             let target = replaced.and_then(|r| fs.inode(r));
             let target_entries = match (&target, moving.kind) {
-                (Some(t), Kind::Dir) if t.kind == Kind::File => {
+                (Some(t), Kind::Dir) if t.kind != Kind::Dir => {
                     return Err(FsError::NotDir(to.to_owned()));
                 }
-                (Some(t), Kind::File) if t.kind == Kind::Dir => {
+                (Some(t), Kind::File | Kind::Symlink) if t.kind == Kind::Dir => {
                     return Err(FsError::IsDir(to.to_owned()));
                 }
                 (Some(t), Kind::Dir) => {
@@ -459,16 +485,57 @@ impl Inner {
 
     pub(crate) fn set_mode(self: &Arc<Self>, path: &str, mode: u32) -> Result<()> {
         self.metadata(|fs, slot| {
-            let inode = fs.resolve(path)?;
+            let inode = fs.resolve_follow(path)?;
             let mut attr = inode.attr();
+            let time = now_ns();
             let op = MetaOp::SetMode {
                 ino: inode.ino,
                 mode,
+                time,
             };
             if !fs.journal(slot, &op)? {
                 return Ok(None);
             }
-            apply::set_mode(&mut attr, mode);
+            apply::set_mode(&inode, &mut attr, mode, time);
+            Ok(Some(()))
+        })
+    }
+
+    /// Sets `inode`'s access and modification times (`None`: unchanged); the change time
+    /// becomes now. Times are ns since the epoch, and at least 1 (0 means "unchanged" in
+    /// the record).
+    pub(crate) fn set_times(
+        self: &Arc<Self>,
+        inode: &Arc<Inode>,
+        atime: Option<u64>,
+        mtime: Option<u64>,
+    ) -> Result<()> {
+        if atime.is_none() && mtime.is_none() {
+            return Ok(()); // both `UTIME_OMIT`: nothing changes, not even the change time
+        }
+        self.metadata(|fs, slot| {
+            // Under the attribute lock, so two setters journal and apply in one order.
+            let attr = inode.attr();
+            let op = MetaOp::SetTimes {
+                ino: inode.ino,
+                atime: atime.map_or(0, |t| t.max(1)),
+                mtime: mtime.map_or(0, |t| t.max(1)),
+                ctime: now_ns(),
+            };
+            if !fs.journal(slot, &op)? {
+                return Ok(None);
+            }
+            let MetaOp::SetTimes {
+                atime,
+                mtime,
+                ctime,
+                ..
+            } = op
+            else {
+                unreachable!("built above")
+            };
+            apply::set_times(inode, atime, mtime, ctime);
+            drop(attr);
             Ok(Some(()))
         })
     }
@@ -476,7 +543,7 @@ impl Inner {
     pub(crate) fn stat_of(&self, inode: &Inode) -> Stat {
         let attr = inode.attr().clone();
         let (size, nlink) = match inode.kind {
-            Kind::File => (inode.size.load(Ordering::Acquire), 1),
+            Kind::File | Kind::Symlink => (inode.size.load(Ordering::Acquire), 1),
             Kind::Dir => {
                 let entries = inode.entries();
                 let subdirs = entries
@@ -493,6 +560,8 @@ impl Inner {
             size,
             allocated: inode.extents.read().expect("extent map").mapped_blocks() * BLOCK,
             mtime_ns: inode.mtime.load(Ordering::Acquire),
+            atime_ns: inode.atime.load(Ordering::Acquire),
+            ctime_ns: inode.ctime.load(Ordering::Acquire),
             nlink,
         }
     }

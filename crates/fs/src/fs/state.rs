@@ -3,7 +3,7 @@
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{
     Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak,
 };
@@ -17,7 +17,7 @@ use crate::checksums::Checksums;
 use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
 use crate::inode::Inode;
-use crate::journal::{Journal, MetaOp};
+use crate::journal::{Journal, Kind, MetaOp};
 use crate::lock_order::{FS_BATCH, FS_GATE, FS_JOURNAL, FS_LOG, FS_RENAME, Ordered};
 use crate::log::LogArea;
 use crate::progress::{Pending, Progress, Queue};
@@ -69,6 +69,9 @@ pub(crate) struct Inner {
     pub(crate) options: FsOptions,
     pub(crate) inodes: RwLock<HashMap<u64, Arc<Inode>>>,
     pub(crate) next_ino: AtomicU64,
+    /// Set once the file system holds (or held, since it was opened) a symbolic link: until
+    /// then no path can meet one, and callers skip looking.
+    pub(crate) symlinks: AtomicBool,
     /// The global order, and the protocol between writers and the checkpoint.
     pub(crate) progress: Progress,
     /// Metadata operations hold it shared; a snapshot holds it exclusively.
@@ -286,6 +289,7 @@ impl Inner {
             snapshot_growth: AtomicU64::new(next_snapshot.saturating_sub(snapshot_bytes)),
             pending_growth: AtomicU64::new(pending_growth),
             options,
+            symlinks: AtomicBool::new(inodes.values().any(|i| i.kind == Kind::Symlink)),
             inodes: RwLock::new(inodes),
             next_ino: AtomicU64::new(next_ino),
             progress: Progress::new(next_order, pending),

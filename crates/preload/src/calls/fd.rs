@@ -89,7 +89,11 @@ pub(crate) fn open_locus(
 }
 
 unsafe fn open_at(dirfd: c_int, path: *const c_char, flags: c_int, mode: mode_t) -> c_int {
-    route!(dirfd, path,
+    // `O_NOFOLLOW` refuses a link at the last name (`ELOOP`); `O_CREAT | O_EXCL` fails on one
+    // (`EEXIST`) rather than creating its target.
+    let exclusive = flags & (libc::O_CREAT | libc::O_EXCL) == libc::O_CREAT | libc::O_EXCL;
+    let follow = flags & libc::O_NOFOLLOW == 0 && !exclusive;
+    route!(dirfd, path, follow(follow),
         kernel(dirfd, path) => {
             // SAFETY: the caller's arguments, unchanged (or a path we built).
             let fd = unsafe { real::openat(dirfd, path, flags, mode) };

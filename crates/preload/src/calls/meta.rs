@@ -12,9 +12,10 @@ use crate::stat::{device, fill_stat, fill_statfs, fill_statvfs, fill_statx, may_
 use crate::state::{self, Node};
 use crate::{errno, real};
 
-/// Attributes of an inside path (a trailing slash needs a directory).
+/// Attributes of an inside path (a trailing slash needs a directory). The path was
+/// resolved already: a symbolic link at its end is one the caller did not follow (`lstat`).
 fn stat_path(fs: &fs::Fs, path: &str, trailing_slash: bool) -> Result<Stat, c_int> {
-    let st = fs.stat(path).map_err(|e| fs_errno(&e))?;
+    let st = fs.lstat(path).map_err(|e| fs_errno(&e))?;
     if trailing_slash && st.kind != Kind::Dir {
         return Err(libc::ENOTDIR);
     }
@@ -53,7 +54,7 @@ unsafe fn stat_at(dirfd: c_int, path: *const c_char, buf: *mut libc::stat, flags
         // SAFETY: forwarded contract.
         return unsafe { fstat64(dirfd, buf) };
     }
-    route!(dirfd, path,
+    route!(dirfd, path, follow(flags & libc::AT_SYMLINK_NOFOLLOW == 0),
         // SAFETY: passed through.
         kernel(dirfd, path) => unsafe { real::fstatat64(dirfd, path, buf, flags) },
         locus(inner, slash) => locus_stat(&inner, slash, buf),
@@ -80,7 +81,7 @@ pub unsafe extern "C" fn stat64(path: *const c_char, buf: *mut libc::stat) -> c_
     unsafe { stat_at(libc::AT_FDCWD, path, buf, 0) }
 }
 
-/// `lstat(2)` (there are no symbolic links in locus).
+/// `lstat(2)`.
 ///
 /// # Safety
 /// C's.
@@ -292,7 +293,7 @@ pub unsafe extern "C" fn statx(
             Ok(())
         }));
     }
-    route!(dirfd, path,
+    route!(dirfd, path, follow(flags & libc::AT_SYMLINK_NOFOLLOW == 0),
         // SAFETY: passed through.
         kernel(dirfd, path) => unsafe { real::statx(dirfd, path, flags, mask, buf) },
         locus(inner, slash) => unit(state::run(|| state::with_fs(|fs| {
@@ -382,7 +383,7 @@ pub unsafe extern "C" fn faccessat(
     mode: c_int,
     flags: c_int,
 ) -> c_int {
-    route!(dirfd, path,
+    route!(dirfd, path, follow(flags & libc::AT_SYMLINK_NOFOLLOW == 0),
         // SAFETY: passed through.
         kernel(dirfd, path) => unsafe { real::faccessat(dirfd, path, mode, flags) },
         locus(inner, slash) => unit(state::run(|| {
@@ -435,7 +436,7 @@ fn remove(path: &str, slash: bool, dir: bool) -> Result<(), c_int> {
         let st = stat_path(fs, path, slash)?;
         match (st.kind, dir) {
             (Kind::Dir, false) => return Err(libc::EISDIR),
-            (Kind::File, true) => return Err(libc::ENOTDIR),
+            (Kind::File | Kind::Symlink, true) => return Err(libc::ENOTDIR),
             _ => {}
         }
         let removed = if dir { fs.rmdir(path) } else { fs.unlink(path) };
@@ -449,7 +450,7 @@ fn remove(path: &str, slash: bool, dir: bool) -> Result<(), c_int> {
 /// C's.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
-    route!(dirfd, path,
+    route!(dirfd, path, follow(false),
         // SAFETY: passed through.
         kernel(dirfd, path) => unsafe { real::unlinkat(dirfd, path, flags) },
         locus(inner, slash) => unit(state::run(|| {
@@ -467,7 +468,7 @@ pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: *const c_char, flags: c_in
 /// C's.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn unlink(path: *const c_char) -> c_int {
-    route!(libc::AT_FDCWD, path,
+    route!(libc::AT_FDCWD, path, follow(false),
         // SAFETY: passed through.
         kernel(_dirfd, path) => unsafe { real::unlink(path) },
         locus(inner, slash) => unit(state::run(|| remove(&inner, slash, false))),
@@ -480,7 +481,7 @@ pub unsafe extern "C" fn unlink(path: *const c_char) -> c_int {
 /// C's.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rmdir(path: *const c_char) -> c_int {
-    route!(libc::AT_FDCWD, path,
+    route!(libc::AT_FDCWD, path, follow(false),
         // SAFETY: passed through.
         kernel(_dirfd, path) => unsafe { real::rmdir(path) },
         locus(inner, _slash) => unit(state::run(|| remove(&inner, false, true))),
@@ -503,7 +504,7 @@ fn make_dir(path: &str, mode: mode_t) -> Result<(), c_int> {
 /// C's.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mkdirat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int {
-    route!(dirfd, path,
+    route!(dirfd, path, follow(false),
         // SAFETY: passed through.
         kernel(dirfd, path) => unsafe { real::mkdirat(dirfd, path, mode) },
         locus(inner, _slash) => unit(state::run(|| make_dir(&inner, mode))),
@@ -516,7 +517,7 @@ pub unsafe extern "C" fn mkdirat(dirfd: c_int, path: *const c_char, mode: mode_t
 /// C's.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mkdir(path: *const c_char, mode: mode_t) -> c_int {
-    route!(libc::AT_FDCWD, path,
+    route!(libc::AT_FDCWD, path, follow(false),
         // SAFETY: passed through.
         kernel(_dirfd, path) => unsafe { real::mkdir(path, mode) },
         locus(inner, _slash) => unit(state::run(|| make_dir(&inner, mode))),
@@ -534,7 +535,7 @@ enum Side {
 /// `path` is null or NUL-terminated.
 unsafe fn side(dirfd: c_int, path: *const c_char) -> Result<Side, c_int> {
     // SAFETY: forwarded contract.
-    Ok(match unsafe { super::resolve(dirfd, path) }? {
+    Ok(match unsafe { super::resolve_as(dirfd, path, false) }? {
         super::Resolved::Locus {
             path,
             trailing_slash,
@@ -585,7 +586,7 @@ pub unsafe extern "C" fn renameat2(
                 if *to_slash && st.kind != Kind::Dir {
                     return Err(libc::ENOTDIR);
                 }
-                if flags & libc::RENAME_NOREPLACE != 0 && fs.stat(to).is_ok() {
+                if flags & libc::RENAME_NOREPLACE != 0 && fs.lstat(to).is_ok() {
                     return Err(libc::EEXIST);
                 }
                 if from == to {
@@ -646,10 +647,13 @@ pub unsafe extern "C" fn fchmodat(
     mode: mode_t,
     flags: c_int,
 ) -> c_int {
-    route!(dirfd, path,
+    route!(dirfd, path, follow(flags & libc::AT_SYMLINK_NOFOLLOW == 0),
         // SAFETY: passed through.
         kernel(dirfd, path) => unsafe { real::fchmodat(dirfd, path, mode, flags) },
-        locus(inner, _slash) => unit(state::run(|| change_mode(&inner, mode))),
+        // A link's own mode cannot change (`EOPNOTSUPP`, as Linux says).
+        locus(inner, _slash) => unit(state::run(|| {
+            change_mode(&inner, mode).map_err(|e| if e == libc::ELOOP { libc::EOPNOTSUPP } else { e })
+        })),
     )
 }
 
@@ -711,7 +715,7 @@ pub unsafe extern "C" fn fchownat(
     gid: libc::gid_t,
     flags: c_int,
 ) -> c_int {
-    route!(dirfd, path,
+    route!(dirfd, path, follow(flags & libc::AT_SYMLINK_NOFOLLOW == 0),
         // SAFETY: passed through.
         kernel(dirfd, path) => unsafe { real::fchownat(dirfd, path, uid, gid, flags) },
         locus(inner, slash) => unit(state::run(|| {
@@ -743,7 +747,7 @@ pub unsafe extern "C" fn chown(path: *const c_char, uid: libc::uid_t, gid: libc:
 /// C's.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn lchown(path: *const c_char, uid: libc::uid_t, gid: libc::gid_t) -> c_int {
-    route!(libc::AT_FDCWD, path,
+    route!(libc::AT_FDCWD, path, follow(false),
         // SAFETY: passed through.
         kernel(_dirfd, path) => unsafe { real::lchown(path, uid, gid) },
         locus(inner, slash) => unit(state::run(|| {
@@ -769,31 +773,103 @@ pub unsafe extern "C" fn fchown(fd: c_int, uid: libc::uid_t, gid: libc::gid_t) -
     }))
 }
 
-/// Time stamps: the file system records the last modification itself and cannot be told
-/// another time. Setting "now" (no times given) succeeds; explicit times are `EOPNOTSUPP`.
-fn times_now(explicit: bool) -> Result<(), c_int> {
-    if explicit {
-        Err(libc::EOPNOTSUPP)
-    } else {
-        Ok(())
-    }
+/// Times to set, ns since the epoch: (access, modification); `None` leaves one as it is.
+type Times = (Option<u64>, Option<u64>);
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
 }
 
-/// True when a `utimensat` time pair asks for anything but "now" / "leave".
+/// One time in ns since the epoch, from seconds and nanoseconds: `EINVAL` for a fraction out
+/// of range, and for times before 1970 (locus keeps times as unsigned nanoseconds, which
+/// reach the year 2554; a negative time cannot be stored and is refused, not bent).
+fn time_ns(sec: i64, nsec: i64) -> Result<u64, c_int> {
+    if !(0..1_000_000_000).contains(&nsec) || sec < 0 {
+        return Err(libc::EINVAL);
+    }
+    (sec as u64)
+        .checked_mul(1_000_000_000)
+        .and_then(|t| t.checked_add(nsec as u64))
+        .ok_or(libc::EOVERFLOW)
+}
+
+/// The times a `utimensat` pair asks for (null: both now; `UTIME_NOW`, `UTIME_OMIT`).
 ///
 /// # Safety
 /// `times` is null or two valid timespecs.
-unsafe fn explicit_timespecs(times: *const libc::timespec) -> bool {
+unsafe fn timespec_times(times: *const libc::timespec) -> Result<Times, c_int> {
     if times.is_null() {
-        return false;
+        let now = now_ns();
+        return Ok((Some(now), Some(now)));
     }
     // SAFETY: two entries per C's contract.
     let pair = unsafe { std::slice::from_raw_parts(times, 2) };
-    pair.iter()
-        .any(|t| t.tv_nsec != libc::UTIME_NOW && t.tv_nsec != libc::UTIME_OMIT)
+    let one = |t: &libc::timespec| match t.tv_nsec {
+        libc::UTIME_OMIT => Ok(None),
+        libc::UTIME_NOW => Ok(Some(now_ns())),
+        nsec => time_ns(t.tv_sec, nsec).map(Some),
+    };
+    Ok((one(&pair[0])?, one(&pair[1])?))
 }
 
-/// `utimensat(2)`.
+/// The times a `utimes` pair asks for (null: both now).
+///
+/// # Safety
+/// `times` is null or two valid timevals.
+unsafe fn timeval_times(times: *const libc::timeval) -> Result<Times, c_int> {
+    if times.is_null() {
+        let now = now_ns();
+        return Ok((Some(now), Some(now)));
+    }
+    // SAFETY: two entries per C's contract.
+    let pair = unsafe { std::slice::from_raw_parts(times, 2) };
+    let one = |t: &libc::timeval| {
+        if !(0..1_000_000).contains(&t.tv_usec) {
+            return Err(libc::EINVAL);
+        }
+        time_ns(t.tv_sec, t.tv_usec * 1000).map(Some)
+    };
+    Ok((one(&pair[0])?, one(&pair[1])?))
+}
+
+/// The times a `utime` buffer asks for (null: both now).
+///
+/// # Safety
+/// `times` is null or a valid utimbuf.
+unsafe fn utimbuf_times(times: *const libc::utimbuf) -> Result<Times, c_int> {
+    if times.is_null() {
+        let now = now_ns();
+        return Ok((Some(now), Some(now)));
+    }
+    // SAFETY: valid per C's contract.
+    let t = unsafe { &*times };
+    Ok((Some(time_ns(t.actime, 0)?), Some(time_ns(t.modtime, 0)?)))
+}
+
+/// Sets the times of the resolved inside `path` (a symbolic link at its end is one the
+/// caller chose not to follow: its own times change).
+fn set_path_times(path: &str, slash: bool, times: Times) -> Result<(), c_int> {
+    state::with_fs(|fs| {
+        stat_path(fs, path, slash)?;
+        fs.set_times(path, times.0, times.1, false)
+            .map_err(|e| fs_errno(&e))
+    })
+}
+
+/// Sets the times of a locus fd's file or directory.
+fn set_fd_times(fd: c_int, times: Times) -> Result<(), c_int> {
+    let desc = state::desc(fd)?;
+    desc.usable()?;
+    match &desc.node {
+        Node::File(file) => file.set_times(times.0, times.1).map_err(|e| fs_errno(&e)),
+        Node::Dir(_) => set_path_times(&desc.path, false, times),
+    }
+}
+
+/// `utimensat(2)`: times to the nanosecond, journaled; `AT_SYMLINK_NOFOLLOW` sets a link's
+/// own.
 ///
 /// # Safety
 /// C's.
@@ -808,13 +884,16 @@ pub unsafe extern "C" fn utimensat(
         // SAFETY: forwarded contract (futimens form).
         return unsafe { futimens(dirfd, times) };
     }
-    route!(dirfd, path,
+    route!(dirfd, path, follow(flags & libc::AT_SYMLINK_NOFOLLOW == 0),
         // SAFETY: passed through.
         kernel(dirfd, path) => unsafe { real::utimensat(dirfd, path, times, flags) },
         locus(inner, slash) => unit(state::run(|| {
-            exists(&inner, slash)?;
+            if flags & !(libc::AT_SYMLINK_NOFOLLOW | libc::AT_EMPTY_PATH) != 0 {
+                return Err(libc::EINVAL);
+            }
             // SAFETY: C's contract.
-            times_now(unsafe { explicit_timespecs(times) })
+            let times = unsafe { timespec_times(times) }?;
+            set_path_times(&inner, slash, times)
         })),
     )
 }
@@ -830,26 +909,27 @@ pub unsafe extern "C" fn futimens(fd: c_int, times: *const libc::timespec) -> c_
         return unsafe { real::futimens(fd, times) };
     }
     unit(state::run(|| {
-        state::desc(fd)?.usable()?;
         // SAFETY: C's contract.
-        times_now(unsafe { explicit_timespecs(times) })
+        let times = unsafe { timespec_times(times) }?;
+        set_fd_times(fd, times)
     }))
 }
 
 macro_rules! path_times {
-    ($($name:ident($ty:ty);)*) => {$(
+    ($($name:ident($ty:ty, $follow:expr, $times:ident);)*) => {$(
         #[doc = concat!("`", stringify!($name), "`: see `utimensat`.")]
         ///
         /// # Safety
         /// C's.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(path: *const c_char, times: *const $ty) -> c_int {
-            route!(libc::AT_FDCWD, path,
+            route!(libc::AT_FDCWD, path, follow($follow),
                 // SAFETY: passed through.
                 kernel(_dirfd, path) => unsafe { real::$name(path, times) },
                 locus(inner, slash) => unit(state::run(|| {
-                    exists(&inner, slash)?;
-                    times_now(!times.is_null())
+                    // SAFETY: C's contract.
+                    let times = unsafe { $times(times) }?;
+                    set_path_times(&inner, slash, times)
                 })),
             )
         }
@@ -857,9 +937,9 @@ macro_rules! path_times {
 }
 
 path_times! {
-    utimes(libc::timeval);
-    lutimes(libc::timeval);
-    utime(libc::utimbuf);
+    utimes(libc::timeval, true, timeval_times);
+    lutimes(libc::timeval, false, timeval_times);
+    utime(libc::utimbuf, true, utimbuf_times);
 }
 
 /// `futimes(3)`.
@@ -873,8 +953,9 @@ pub unsafe extern "C" fn futimes(fd: c_int, times: *const libc::timeval) -> c_in
         return unsafe { real::futimes(fd, times) };
     }
     unit(state::run(|| {
-        state::desc(fd)?.usable()?;
-        times_now(!times.is_null())
+        // SAFETY: C's contract.
+        let times = unsafe { timeval_times(times) }?;
+        set_fd_times(fd, times)
     }))
 }
 
@@ -882,14 +963,14 @@ pub unsafe extern "C" fn futimes(fd: c_int, times: *const libc::timeval) -> c_in
 // (`EOPNOTSUPP`, which `ls` and `cp` take as "no ACL, no label"), writes are refused.
 
 macro_rules! xattr_path {
-    ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {$(
+    ($($name:ident[$follow:expr]($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {$(
         #[doc = concat!("`", stringify!($name), "(2)`: `EOPNOTSUPP` on locus files.")]
         ///
         /// # Safety
         /// C's.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(path: *const c_char $(, $arg: $ty)*) -> $ret {
-            route!(libc::AT_FDCWD, path,
+            route!(libc::AT_FDCWD, path, follow($follow),
                 // SAFETY: passed through.
                 kernel(_dirfd, path) => unsafe { real::$name(path $(, $arg)*) },
                 locus(inner, slash) => {
@@ -906,14 +987,15 @@ macro_rules! xattr_path {
 }
 
 xattr_path! {
-    getxattr(name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t;
-    lgetxattr(name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t;
-    setxattr(name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int;
-    lsetxattr(name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int;
-    listxattr(list: *mut c_char, size: size_t) -> ssize_t;
-    llistxattr(list: *mut c_char, size: size_t) -> ssize_t;
-    removexattr(name: *const c_char) -> c_int;
-    lremovexattr(name: *const c_char) -> c_int;
+    getxattr[true](name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t;
+    lgetxattr[false](name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t;
+    setxattr[true](name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int;
+    lsetxattr[false](name: *const c_char, value: *const c_void, size: size_t, flags: c_int)
+        -> c_int;
+    listxattr[true](list: *mut c_char, size: size_t) -> ssize_t;
+    llistxattr[false](list: *mut c_char, size: size_t) -> ssize_t;
+    removexattr[true](name: *const c_char) -> c_int;
+    lremovexattr[false](name: *const c_char) -> c_int;
 }
 
 macro_rules! xattr_fd {
@@ -941,7 +1023,8 @@ xattr_fd! {
     fremovexattr(name: *const c_char) -> c_int;
 }
 
-/// `readlinkat(2)`: nothing in locus is a symbolic link (`EINVAL`).
+/// `readlinkat(2)`: a link's target, truncated to `len` bytes without a NUL (as the kernel
+/// does); `EINVAL` for anything but a link.
 ///
 /// # Safety
 /// C's.
@@ -952,12 +1035,26 @@ pub unsafe extern "C" fn readlinkat(
     buf: *mut c_char,
     len: size_t,
 ) -> ssize_t {
-    route!(dirfd, path,
+    route!(dirfd, path, follow(false),
         // SAFETY: passed through.
         kernel(dirfd, path) => unsafe { real::readlinkat(dirfd, path, buf, len) },
         locus(inner, slash) => size(state::run(|| {
-            exists(&inner, slash)?;
-            Err(libc::EINVAL)
+            if slash {
+                // `link/` names what the link leads to: a directory or nothing, not a link.
+                exists(&inner, slash)?;
+                return Err(libc::EINVAL);
+            }
+            let target = state::with_fs(|fs| fs.readlink(&inner).map_err(|e| fs_errno(&e)))?;
+            if buf.is_null() {
+                return Err(libc::EFAULT);
+            }
+            if len == 0 {
+                return Err(libc::EINVAL);
+            }
+            let n = target.len().min(len);
+            // SAFETY: the caller's buffer of `len` bytes.
+            unsafe { std::ptr::copy_nonoverlapping(target.as_ptr().cast::<c_char>(), buf, n) };
+            Ok(n)
         })),
     )
 }
@@ -972,7 +1069,8 @@ pub unsafe extern "C" fn readlink(path: *const c_char, buf: *mut c_char, len: si
     unsafe { readlinkat(libc::AT_FDCWD, path, buf, len) }
 }
 
-/// `symlinkat(2)`: locus has no symbolic links (`EPERM`, as file systems without them say).
+/// `symlinkat(2)`: the link is stored as given (any target, absolute or relative, need not
+/// exist); targets must be UTF-8, as every locus name.
 ///
 /// # Safety
 /// C's.
@@ -982,10 +1080,35 @@ pub unsafe extern "C" fn symlinkat(
     dirfd: c_int,
     path: *const c_char,
 ) -> c_int {
-    route!(dirfd, path,
+    route!(dirfd, path, follow(false),
         // SAFETY: passed through.
         kernel(dirfd, path) => unsafe { real::symlinkat(target, dirfd, path) },
-        locus(_inner, _slash) => int(Err(libc::EPERM)),
+        locus(inner, slash) => unit(state::run(|| {
+            if target.is_null() {
+                return Err(libc::EFAULT);
+            }
+            // SAFETY: NUL-terminated per C's contract.
+            let bytes = unsafe { std::ffi::CStr::from_ptr(target) }.to_bytes();
+            if bytes.is_empty() {
+                return Err(libc::ENOENT);
+            }
+            if bytes.len() >= libc::PATH_MAX as usize {
+                return Err(libc::ENAMETOOLONG);
+            }
+            let target = std::str::from_utf8(bytes).map_err(|_| libc::EINVAL)?;
+            if inner == "/" {
+                return Err(libc::EEXIST);
+            }
+            if slash {
+                // The kernel makes no link named `name/`.
+                return Err(if state::with_fs(|fs| Ok(fs.lstat(&inner).is_ok()))? {
+                    libc::EEXIST
+                } else {
+                    libc::ENOENT
+                });
+            }
+            state::with_fs(|fs| fs.symlink(target, &inner).map_err(|e| fs_errno(&e)))
+        })),
     )
 }
 
@@ -1137,4 +1260,84 @@ pub unsafe extern "C" fn get_current_dir_name() -> *mut c_char {
     }
     // SAFETY: allocating form.
     unsafe { getcwd(std::ptr::null_mut(), 0) }
+}
+
+/// Copies `path` with a NUL into `buf` (`PATH_MAX` bytes, as `realpath`'s caller provides),
+/// or into memory from `malloc` when `buf` is null.
+///
+/// # Safety
+/// `buf` is null or holds `PATH_MAX` bytes.
+unsafe fn c_path_out(path: &[u8], buf: *mut c_char) -> Result<*mut c_char, c_int> {
+    if path.len() >= libc::PATH_MAX as usize {
+        return Err(libc::ENAMETOOLONG);
+    }
+    // SAFETY: a fresh allocation or the caller's buffer, both of at least len + 1 bytes.
+    unsafe {
+        let out = if buf.is_null() {
+            let out = libc::malloc(path.len() + 1).cast::<c_char>();
+            if out.is_null() {
+                return Err(libc::ENOMEM);
+            }
+            out
+        } else {
+            buf
+        };
+        std::ptr::copy_nonoverlapping(path.as_ptr().cast::<c_char>(), out, path.len());
+        *out.add(path.len()) = 0;
+        Ok(out)
+    }
+}
+
+/// `realpath(3)`: glibc's walks the path with internal calls no library sees (it would say
+/// `ENOENT` for every /locus path); for a locus path the library answers itself, following
+/// links as every other call does, and the kernel's paths go to libc.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn realpath(path: *const c_char, resolved: *mut c_char) -> *mut c_char {
+    if path.is_null() {
+        errno::set(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
+    route!(libc::AT_FDCWD, path,
+        // SAFETY: passed through.
+        kernel(_dirfd, path) => unsafe { real::realpath(path, resolved) },
+        locus(inner, slash) => {
+            let found = state::run(|| {
+                state::with_fs(|fs| stat_path(fs, &inner, slash))?;
+                let outside = state::config().ok_or(libc::EIO)?.mount.outside(&inner);
+                // SAFETY: C's contract for `resolved`.
+                unsafe { c_path_out(&outside, resolved) }
+            });
+            found.unwrap_or_else(|e| {
+                errno::set(e);
+                std::ptr::null_mut()
+            })
+        },
+    )
+}
+
+/// `canonicalize_file_name(3)`: `realpath` into memory from `malloc`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn canonicalize_file_name(path: *const c_char) -> *mut c_char {
+    // SAFETY: forwarded contract.
+    unsafe { realpath(path, std::ptr::null_mut()) }
+}
+
+/// `__realpath_chk`: `realpath` as `_FORTIFY_SOURCE` builds call it.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __realpath_chk(
+    path: *const c_char,
+    resolved: *mut c_char,
+    _resolved_len: size_t,
+) -> *mut c_char {
+    // SAFETY: forwarded contract.
+    unsafe { realpath(path, resolved) }
 }

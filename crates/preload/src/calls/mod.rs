@@ -71,11 +71,87 @@ pub(crate) enum Resolved {
     KernelPath(CString),
 }
 
-/// Decides whose `path` (relative to `dirfd`) is.
+/// Most symbolic links one path walk follows before it is `ELOOP` (the kernel's limit).
+const MAX_LINKS: usize = 40;
+
+/// Decides whose `path` (relative to `dirfd`) is, following symbolic links (the last name's
+/// too).
 ///
 /// # Safety
 /// `path` is null or a NUL-terminated string.
 pub(crate) unsafe fn resolve(dirfd: c_int, path: *const c_char) -> Result<Resolved, c_int> {
+    // SAFETY: forwarded contract.
+    unsafe { resolve_as(dirfd, path, true) }
+}
+
+/// [`resolve`], following the last name's symbolic link only when `follow_last` (or when
+/// the path ends in `/`, as the kernel does).
+///
+/// # Safety
+/// `path` is null or a NUL-terminated string.
+pub(crate) unsafe fn resolve_as(
+    dirfd: c_int,
+    path: *const c_char,
+    follow_last: bool,
+) -> Result<Resolved, c_int> {
+    // SAFETY: forwarded contract.
+    match unsafe { resolve_names(dirfd, path) }? {
+        Resolved::Locus {
+            path,
+            trailing_slash,
+        } => follow_links(path, trailing_slash, follow_last || trailing_slash),
+        other => Ok(other),
+    }
+}
+
+/// Follows the symbolic links a walk of the inside `path` meets, as the kernel does: a
+/// link's target replaces the names through the link (a relative target is taken from the
+/// link's directory), and the walk starts again — possibly out of the mount, into a kernel
+/// path. `..` is folded by name before the walk (see docs/preload.md), so `link/..` is the
+/// link's directory, not its target's parent.
+fn follow_links(
+    mut path: String,
+    trailing_slash: bool,
+    follow_last: bool,
+) -> Result<Resolved, c_int> {
+    let config = state::config().ok_or(libc::EIO)?;
+    for _ in 0..=MAX_LINKS {
+        let found = state::run(|| state::with_fs(|fs| Ok(fs.first_link(&path, follow_last))))?;
+        let Some((link, target)) = found else {
+            return Ok(Resolved::Locus {
+                path,
+                trailing_slash,
+            });
+        };
+        let rest = &path[link.len()..];
+        let mut full = if target.starts_with('/') {
+            target.into_bytes()
+        } else {
+            let dir = &link[..link.rfind('/').unwrap_or(0)];
+            let mut full = config.mount.outside(if dir.is_empty() { "/" } else { dir });
+            full.push(b'/');
+            full.extend_from_slice(target.as_bytes());
+            full
+        };
+        full.extend_from_slice(rest.as_bytes());
+        match config.mount.classify(&full) {
+            Target::Locus { path: inside, .. } => path = inside,
+            Target::Kernel => {
+                let normal = crate::path::normalize(&full).expect("absolute");
+                return Ok(Resolved::KernelPath(
+                    CString::new(normal).map_err(|_| libc::EINVAL)?,
+                ));
+            }
+        }
+    }
+    Err(libc::ELOOP)
+}
+
+/// Decides whose `path` (relative to `dirfd`) is, by its names alone.
+///
+/// # Safety
+/// `path` is null or a NUL-terminated string.
+unsafe fn resolve_names(dirfd: c_int, path: *const c_char) -> Result<Resolved, c_int> {
     if path.is_null() || state::inside() {
         return Ok(Resolved::Kernel);
     }
@@ -185,15 +261,25 @@ fn kernel_dir(dirfd: c_int) -> Option<Vec<u8>> {
 }
 
 /// Calls `kernel` with the path to hand to libc (the caller's, or the rewritten one with
-/// `AT_FDCWD`), or `locus` with the inside path.
+/// `AT_FDCWD`), or `locus` with the inside path. Symbolic links on the way are followed,
+/// the last name's too unless `follow(false)` is given (`lstat`, `unlink`, `O_NOFOLLOW`).
 macro_rules! route {
     (
         $dirfd:expr, $path:expr,
         kernel($kdirfd:ident, $kpath:ident) => $kernel:expr,
         locus($lpath:ident, $slash:ident) => $locus:expr $(,)?
+    ) => {
+        $crate::calls::route!($dirfd, $path, follow(true),
+            kernel($kdirfd, $kpath) => $kernel,
+            locus($lpath, $slash) => $locus)
+    };
+    (
+        $dirfd:expr, $path:expr, follow($follow:expr),
+        kernel($kdirfd:ident, $kpath:ident) => $kernel:expr,
+        locus($lpath:ident, $slash:ident) => $locus:expr $(,)?
     ) => {{
         // SAFETY: `$path` is the caller's NUL-terminated path (or null).
-        match unsafe { $crate::calls::resolve($dirfd, $path) } {
+        match unsafe { $crate::calls::resolve_as($dirfd, $path, $follow) } {
             Err(e) => {
                 $crate::errno::set(e);
                 <_ as $crate::real::Failed>::FAILED

@@ -1,0 +1,193 @@
+//! Symbolic links and time stamps through the public API: what a walk reports, what is kept
+//! across an unmount (the snapshot) and across a crash (the journal), and the one ordering
+//! that is easy to get wrong — a checkpoint batch logged after a time was set must not
+//! bring back the time of a write from before it.
+
+use testkit::*;
+
+use fs::{CheckpointMode, Fs, FsError, FsOptions, Kind};
+
+const SEC: u64 = 1_000_000_000;
+
+fn on_demand() -> FsOptions {
+    FsOptions {
+        checkpoint: CheckpointMode::OnDemand,
+        ..small_options()
+    }
+}
+
+#[test]
+fn links_are_stored_reported_and_never_followed_by_the_file_system() {
+    let shm = shm_volume("links", 256 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    fs.mkdir("/d", 0o755).unwrap();
+    fs.create("/d/f").unwrap().write_at(b"data", 0).unwrap();
+    fs.symlink("d/f", "/rel").unwrap();
+    fs.symlink("/elsewhere/x", "/abs").unwrap();
+    fs.symlink("d", "/dirlink").unwrap();
+
+    assert_eq!(fs.readlink("/rel").unwrap(), "d/f");
+    let st = fs.lstat("/rel").unwrap();
+    assert_eq!((st.kind, st.size, st.mode), (Kind::Symlink, 3, 0o777));
+    // Following is the caller's: the link is reported with what it points to.
+    match fs.stat("/rel") {
+        Err(FsError::Symlink { link, target }) => assert_eq!((&*link, &*target), ("/rel", "d/f")),
+        other => panic!("{other:?}"),
+    }
+    match fs.open_read("/dirlink/f") {
+        Err(FsError::Symlink { link, target }) => {
+            assert_eq!((&*link, &*target), ("/dirlink", "d"))
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(fs.first_link("/dirlink/f", false), Some(("/dirlink".into(), "d".into())));
+    assert_eq!(fs.first_link("/rel", false), None);
+    assert_eq!(fs.first_link("/rel", true), Some(("/rel".into(), "d/f".into())));
+    assert_eq!(fs.first_link("/d/f", true), None);
+    assert_eq!(FsError::Symlink { link: "/l".into(), target: "t".into() }.errno(), libc::ELOOP);
+
+    // Names a link can and cannot take part in.
+    assert!(matches!(fs.symlink("x", "/rel"), Err(FsError::Exists(_))));
+    assert!(matches!(fs.mkdir("/abs", 0o755), Err(FsError::Exists(_))));
+    assert!(matches!(fs.rmdir("/dirlink"), Err(FsError::NotDir(_))));
+    assert!(matches!(fs.readlink("/d/f"), Err(FsError::Invalid(_))));
+    assert!(matches!(fs.symlink("", "/empty"), Err(FsError::Invalid(_))));
+    let exclusive = fs::OpenOptions {
+        exclusive: true,
+        ..fs::OpenOptions::create()
+    };
+    assert!(matches!(fs.open_file("/abs", exclusive), Err(FsError::Exists(_))));
+    let kinds: Vec<_> = fs.readdir("/").unwrap().into_iter().map(|e| (e.name, e.kind)).collect();
+    assert!(kinds.contains(&("dirlink".into(), Kind::Symlink)), "{kinds:?}");
+    fs.rename("/abs", "/d/moved").unwrap();
+    assert_eq!(fs.readlink("/d/moved").unwrap(), "/elsewhere/x");
+    fs.unlink("/rel").unwrap();
+    assert!(matches!(fs.lstat("/rel"), Err(FsError::NotFound(_))));
+    assert_eq!(fs.readlink("/d/moved").unwrap(), "/elsewhere/x");
+
+    // Kept by the snapshot (unmount) and by the journal (a crash).
+    let long = "t/".repeat(2000);
+    fs.symlink(&long, "/long").unwrap();
+    fs.unmount().unwrap();
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    assert_eq!(fs.readlink("/d/moved").unwrap(), "/elsewhere/x");
+    assert_eq!(fs.readlink("/long").unwrap(), long);
+    fs.symlink("after/snapshot", "/journaled").unwrap();
+    fs.abandon();
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    assert_eq!(fs.readlink("/journaled").unwrap(), "after/snapshot");
+    assert_eq!(fs.lstat("/journaled").unwrap().size, 14);
+    assert_eq!(fs.first_link("/dirlink/f", false), Some(("/dirlink".into(), "d".into())));
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn times_are_set_to_the_nanosecond_and_kept_across_unmount_and_crash() {
+    let shm = shm_volume("times", 256 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    let f = fs.create("/f").unwrap();
+    f.write_at(b"x", 0).unwrap();
+    let before = fs.stat("/f").unwrap();
+    assert!(before.ctime_ns >= before.mtime_ns && before.mtime_ns > 0);
+
+    // tar's order: write, then set both times into the past.
+    let (atime, mtime) = (1_500_000_000 * SEC + 123, 1_400_000_000 * SEC + 456_789);
+    fs.set_times("/f", Some(atime), Some(mtime), true).unwrap();
+    let st = fs.stat("/f").unwrap();
+    assert_eq!((st.atime_ns, st.mtime_ns), (atime, mtime));
+    assert!(st.ctime_ns >= before.ctime_ns, "the change time moves on");
+    // One of the two, the other left.
+    f.set_times(None, Some(mtime + 1)).unwrap();
+    let st = fs.stat("/f").unwrap();
+    assert_eq!((st.atime_ns, st.mtime_ns), (atime, mtime + 1));
+    // A write modifies: the time is now again.
+    f.write_at(b"y", 1).unwrap();
+    assert!(fs.stat("/f").unwrap().mtime_ns > before.mtime_ns);
+    f.set_times(None, Some(mtime)).unwrap();
+    // A read of a file whose access time is older than its change moves the access time.
+    let mut b = [0u8; 2];
+    f.read_at(&mut b, 0).unwrap();
+    let read = fs.stat("/f").unwrap();
+    assert!(read.atime_ns >= read.ctime_ns, "{read:?}");
+    f.read_at(&mut b, 0).unwrap();
+    assert_eq!(
+        fs.stat("/f").unwrap().atime_ns,
+        read.atime_ns,
+        "a second read leaves it"
+    );
+    f.set_times(Some(atime), None).unwrap();
+    // A directory's and a link's own times.
+    fs.mkdir("/d", 0o755).unwrap();
+    fs.set_times("/d", None, Some(7 * SEC), true).unwrap();
+    fs.symlink("f", "/l").unwrap();
+    fs.set_times("/l", Some(3 * SEC), Some(5 * SEC), false).unwrap();
+    assert!(matches!(fs.set_times("/l", None, Some(1), true), Err(FsError::Symlink { .. })));
+    drop(f);
+    let times = |fs: &Fs, path: &str| {
+        let st = fs.lstat(path).unwrap();
+        (st.atime_ns, st.mtime_ns, st.ctime_ns)
+    };
+    let kept = [times(&fs, "/f"), times(&fs, "/d"), times(&fs, "/l")];
+    assert_eq!((kept[0].0, kept[0].1), (atime, mtime));
+    assert_eq!((kept[1].1, kept[2].0, kept[2].1), (7 * SEC, 3 * SEC, 5 * SEC));
+
+    fs.unmount().unwrap();
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    assert_eq!([times(&fs, "/f"), times(&fs, "/d"), times(&fs, "/l")], kept);
+    fs.set_times("/d", Some(11 * SEC), Some(13 * SEC), true).unwrap();
+    let d = times(&fs, "/d");
+    fs.abandon();
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    assert_eq!(times(&fs, "/d"), d, "replayed from the journal");
+    fs.unmount().unwrap();
+}
+
+/// The write is logged, its time set into the past, and only then does a checkpoint batch
+/// carry the write's (later) time into the journal; after a crash, replay must keep the set
+/// time. Then a write after the set: its time wins, as it did before the crash.
+#[test]
+fn a_batch_after_a_set_time_does_not_bring_back_the_write_time() {
+    let shm = shm_volume("times-batch", 256 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), on_demand()).unwrap();
+    let f = fs.create("/f").unwrap();
+    fs.checkpoint().unwrap();
+    f.write_at(&[1u8; 8192], 0).unwrap();
+    let old = 1_000_000_000 * SEC;
+    f.set_times(Some(old), Some(old)).unwrap();
+    fs.checkpoint().unwrap(); // the batch is logged after the set
+    let g = fs.create("/g").unwrap();
+    g.write_at(b"before", 0).unwrap();
+    g.set_times(None, Some(old)).unwrap();
+    g.write_at(b"after", 0).unwrap();
+    let g_time = fs.stat("/g").unwrap().mtime_ns;
+    assert!(g_time > old);
+    // Closing checkpoints: g's batch comes after its set time too, with a later write.
+    drop((f, g));
+    fs.abandon();
+    let fs = Fs::open(open_volume(&shm.dir), on_demand()).unwrap();
+    assert_eq!(fs.stat("/f").unwrap().mtime_ns, old);
+    assert_eq!(fs.stat("/g").unwrap().mtime_ns, g_time);
+    fs.unmount().unwrap();
+}
+
+/// Changes of a file through a handle after its name is gone (truncate, times) are
+/// journaled for an inode whose removal replays first: recovery skips them, as it skips
+/// writes to it, instead of calling the journal damaged.
+#[test]
+fn changes_to_an_unlinked_open_file_replay_after_a_crash() {
+    let shm = shm_volume("unlinked-changes", 256 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    let f = fs.create("/tmp").unwrap();
+    f.write_at(&[5u8; 20_000], 0).unwrap();
+    fs.unlink("/tmp").unwrap();
+    f.set_len(100).unwrap();
+    f.set_times(Some(SEC), Some(SEC)).unwrap();
+    f.punch_hole(0, 4096).unwrap();
+    fs.create("/kept").unwrap().write_at(b"k", 0).unwrap();
+    drop(f);
+    fs.abandon();
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    let names: Vec<_> = fs.readdir("/").unwrap().into_iter().map(|e| e.name).collect();
+    assert_eq!(names, ["kept"]);
+    fs.unmount().unwrap();
+}
