@@ -415,7 +415,14 @@ mod tests {
             let mut e = Encoder::default();
             e.u64(SNAPSHOT_MAGIC).u32(1).u32(0);
             e.u64(2).u64(3).u64(10).u32(0).u64(1);
-            e.u64(1).u8(kind).u32(0o755).u64(42).u64(0).u64(1).u64(0).u64(0);
+            e.u64(1)
+                .u8(kind)
+                .u32(0o755)
+                .u64(42)
+                .u64(0)
+                .u64(1)
+                .u64(0)
+                .u64(0);
             let crc = crc32c::crc32c(&e.0);
             e.u32(crc);
             e.0

@@ -36,15 +36,28 @@ fn links_are_stored_reported_and_never_followed_by_the_file_system() {
     }
     match fs.open_read("/dirlink/f") {
         Err(FsError::Symlink { link, target }) => {
-            assert_eq!((&*link, &*target), ("/dirlink", "d"))
+            assert_eq!((&*link, &*target), ("/dirlink", "d"));
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(fs.first_link("/dirlink/f", false), Some(("/dirlink".into(), "d".into())));
+    assert_eq!(
+        fs.first_link("/dirlink/f", false),
+        Some(("/dirlink".into(), "d".into()))
+    );
     assert_eq!(fs.first_link("/rel", false), None);
-    assert_eq!(fs.first_link("/rel", true), Some(("/rel".into(), "d/f".into())));
+    assert_eq!(
+        fs.first_link("/rel", true),
+        Some(("/rel".into(), "d/f".into()))
+    );
     assert_eq!(fs.first_link("/d/f", true), None);
-    assert_eq!(FsError::Symlink { link: "/l".into(), target: "t".into() }.errno(), libc::ELOOP);
+    assert_eq!(
+        FsError::Symlink {
+            link: "/l".into(),
+            target: "t".into()
+        }
+        .errno(),
+        libc::ELOOP
+    );
 
     // Names a link can and cannot take part in.
     assert!(matches!(fs.symlink("x", "/rel"), Err(FsError::Exists(_))));
@@ -56,9 +69,20 @@ fn links_are_stored_reported_and_never_followed_by_the_file_system() {
         exclusive: true,
         ..fs::OpenOptions::create()
     };
-    assert!(matches!(fs.open_file("/abs", exclusive), Err(FsError::Exists(_))));
-    let kinds: Vec<_> = fs.readdir("/").unwrap().into_iter().map(|e| (e.name, e.kind)).collect();
-    assert!(kinds.contains(&("dirlink".into(), Kind::Symlink)), "{kinds:?}");
+    assert!(matches!(
+        fs.open_file("/abs", exclusive),
+        Err(FsError::Exists(_))
+    ));
+    let kinds: Vec<_> = fs
+        .readdir("/")
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.name, e.kind))
+        .collect();
+    assert!(
+        kinds.contains(&("dirlink".into(), Kind::Symlink)),
+        "{kinds:?}"
+    );
     fs.rename("/abs", "/d/moved").unwrap();
     assert_eq!(fs.readlink("/d/moved").unwrap(), "/elsewhere/x");
     fs.unlink("/rel").unwrap();
@@ -77,7 +101,10 @@ fn links_are_stored_reported_and_never_followed_by_the_file_system() {
     let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
     assert_eq!(fs.readlink("/journaled").unwrap(), "after/snapshot");
     assert_eq!(fs.lstat("/journaled").unwrap().size, 14);
-    assert_eq!(fs.first_link("/dirlink/f", false), Some(("/dirlink".into(), "d".into())));
+    assert_eq!(
+        fs.first_link("/dirlink/f", false),
+        Some(("/dirlink".into(), "d".into()))
+    );
     fs.unmount().unwrap();
 }
 
@@ -120,8 +147,12 @@ fn times_are_set_to_the_nanosecond_and_kept_across_unmount_and_crash() {
     fs.mkdir("/d", 0o755).unwrap();
     fs.set_times("/d", None, Some(7 * SEC), true).unwrap();
     fs.symlink("f", "/l").unwrap();
-    fs.set_times("/l", Some(3 * SEC), Some(5 * SEC), false).unwrap();
-    assert!(matches!(fs.set_times("/l", None, Some(1), true), Err(FsError::Symlink { .. })));
+    fs.set_times("/l", Some(3 * SEC), Some(5 * SEC), false)
+        .unwrap();
+    assert!(matches!(
+        fs.set_times("/l", None, Some(1), true),
+        Err(FsError::Symlink { .. })
+    ));
     drop(f);
     let times = |fs: &Fs, path: &str| {
         let st = fs.lstat(path).unwrap();
@@ -129,12 +160,16 @@ fn times_are_set_to_the_nanosecond_and_kept_across_unmount_and_crash() {
     };
     let kept = [times(&fs, "/f"), times(&fs, "/d"), times(&fs, "/l")];
     assert_eq!((kept[0].0, kept[0].1), (atime, mtime));
-    assert_eq!((kept[1].1, kept[2].0, kept[2].1), (7 * SEC, 3 * SEC, 5 * SEC));
+    assert_eq!(
+        (kept[1].1, kept[2].0, kept[2].1),
+        (7 * SEC, 3 * SEC, 5 * SEC)
+    );
 
     fs.unmount().unwrap();
     let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
     assert_eq!([times(&fs, "/f"), times(&fs, "/d"), times(&fs, "/l")], kept);
-    fs.set_times("/d", Some(11 * SEC), Some(13 * SEC), true).unwrap();
+    fs.set_times("/d", Some(11 * SEC), Some(13 * SEC), true)
+        .unwrap();
     let d = times(&fs, "/d");
     fs.abandon();
     let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
@@ -187,7 +222,12 @@ fn changes_to_an_unlinked_open_file_replay_after_a_crash() {
     drop(f);
     fs.abandon();
     let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
-    let names: Vec<_> = fs.readdir("/").unwrap().into_iter().map(|e| e.name).collect();
+    let names: Vec<_> = fs
+        .readdir("/")
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
     assert_eq!(names, ["kept"]);
     fs.unmount().unwrap();
 }

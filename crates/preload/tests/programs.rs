@@ -176,6 +176,122 @@ fn coreutils_behave_as_on_tmpfs() {
     assert!(got_err.is_empty(), "unexpected stderr on locus:\n{got_err}");
 }
 
+/// Archives, copies and version control with symbolic links and set times, compared with
+/// the same script on tmpfs: `tar -xf` of a tree with links (relative, absolute, dangling, to
+/// a directory) and times to the nanosecond (pax), `tar -d`, `cp -a`, `gzip`/`gunzip`,
+/// `touch -d`/`-h`, `ln -s`, `readlink -f`, `realpath`, Python's `shutil.copytree`, and git
+/// with fixed dates (so the commit hashes must agree byte for byte). Listings print type,
+/// mode, size (not for directories, whose sizes differ by design), times and link targets.
+#[test]
+fn archives_links_and_times_behave_as_on_tmpfs() {
+    for program in ["tar", "git", "gzip", "find"] {
+        assert!(
+            have(program),
+            "{program} is not installed (.ci/run installs it)"
+        );
+    }
+    let vol = volume();
+    let tmp = tempfile::tempdir_in("/dev/shm").unwrap();
+    // The archive, made on the host: what a user downloads.
+    let src = tmp.path().join("src");
+    let make = format!(
+        r#"set -e
+        S={src}
+        mkdir -p $S/a/b $S/c
+        echo hello > $S/a/f
+        head -c 100000 /dev/zero | tr '\0' z > $S/a/b/g
+        ln -s ../a/f $S/c/rel; ln -s /etc/hostname $S/c/abs; ln -s nowhere $S/c/dangling
+        ln -s a $S/alink
+        chmod 640 $S/a/b/g
+        touch -d '2001-02-03 04:05:06.789123456' $S/a/f
+        touch -h -d '2002-01-01 00:00:00.5' $S/c/rel
+        touch -d '2003-03-03' $S/a/b $S/a/b/g $S/c $S/a $S
+        tar --format=posix -C $S -cf {tar} .
+        "#,
+        src = src.display(),
+        tar = tmp.path().join("t.tar").display()
+    );
+    ok(
+        &Command::new("sh").args(["-c", &make]).output().unwrap(),
+        "making the archive",
+    );
+    let script = r#"
+        set -u
+        R=$1; T=$2
+        # Only the subshell has its working directory in /locus: `sort` must not (a process
+        # with a locus working directory takes the volume, one process at a time).
+        list() { (cd $1 && find . -printf '%P %y %m %T@ %l\n' -type f -printf '  size %s\n') | sort; }
+        mkdir $R/x && tar -xf $T -C $R/x && echo "tar -x $?"
+        tar -df $T -C $R/x && echo "tar -d $?"
+        list $R/x
+        cat $R/x/c/rel $R/x/alink/f
+        readlink $R/x/c/abs; readlink -f $R/x/alink/b/g | sed "s|$R|ROOT|"
+        realpath $R/x/c/rel | sed "s|$R|ROOT|"
+        test -L $R/x/c/dangling && ! test -e $R/x/c/dangling && echo dangling ok
+        cat $R/x/c/dangling 2>&1 | sed "s|$R|ROOT|"
+        cp -a $R/x $R/y && echo "cp -a $?" && list $R/y
+        ln -s y/a $R/ya && ls $R/ya/ && rm $R/ya && ls $R
+        touch -d '2010-10-10 10:10:10.123456789' $R/y/a/f && stat -c '%y' $R/y/a/f
+        touch -h -d '2011-01-01' $R/y/alink && stat -c '%y %N' $R/y/alink | sed "s|$R|ROOT|"
+        touch -a -d '2012-02-02' $R/y/a/f && stat -c '%x|%y' $R/y/a/f
+        cp $R/x/a/b/g $R/z && gzip $R/z && test ! -e $R/z && gunzip $R/z.gz && cmp $R/z $R/x/a/b/g && echo gzip ok
+        python3 -c '
+import shutil, sys, os
+shutil.copytree(sys.argv[1] + "/x", sys.argv[1] + "/py", symlinks=True)
+print(sorted(os.listdir(sys.argv[1] + "/py/c")), os.readlink(sys.argv[1] + "/py/c/rel"))
+print(os.stat(sys.argv[1] + "/py/a/f").st_mtime_ns)
+' $R
+        export GIT_AUTHOR_DATE='2020-01-01T00:00:00Z' GIT_COMMITTER_DATE='2020-01-01T00:00:00Z'
+        export GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1
+        # git's automatic maintenance is a second process, which would wait for the volume
+        # (one process at a time under the library; a `locus mount` has no such limit).
+        export GIT_CONFIG_COUNT=2 GIT_CONFIG_KEY_0=gc.auto GIT_CONFIG_VALUE_0=0 \
+            GIT_CONFIG_KEY_1=maintenance.auto GIT_CONFIG_VALUE_1=false
+        cd $R && git init -q -b main g && cd g && cp -a ../x/. . && git add -A \
+            && git -c user.name=u -c user.email=u@e commit -qm first && git log --format='%H %s' \
+            && echo more >> a/f && git diff --stat && git status --short \
+            && git -c user.name=u -c user.email=u@e commit -qam second && git log -1 --format='%H %s'
+        git ls-files -s
+    "#;
+    let run = |root: &str, preload: bool| {
+        let mut cmd = if preload {
+            preloaded(vol.path(), "bash")
+        } else {
+            Command::new("bash")
+        };
+        let output = cmd
+            .arg("-c")
+            .arg(script)
+            .arg("script")
+            .arg(root)
+            .arg(tmp.path().join("t.tar"))
+            .output()
+            .expect("bash");
+        (
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let tmpfs_root = tmp.path().join("root");
+    std::fs::create_dir(&tmpfs_root).unwrap();
+    let (expected, expected_err) = run(tmpfs_root.to_str().unwrap(), false);
+    let (got, got_err) = run(MOUNT, true);
+    assert!(
+        expected.contains("gzip ok") && expected.contains(" second"),
+        "tmpfs run broken:\n{expected}\n{expected_err}"
+    );
+    assert_eq!(got, expected, "stderr on locus:\n{got_err}");
+    assert_eq!(
+        got_err.replace(MOUNT, "ROOT"),
+        expected_err.replace(tmpfs_root.to_str().unwrap(), "ROOT")
+    );
+    // What the file system itself holds.
+    let fs = open_fs(vol.path());
+    assert_eq!(fs.readlink("/x/c/rel").unwrap(), "../a/f");
+    let st = fs.stat("/x/a/f").unwrap();
+    assert_eq!(st.mtime_ns, 981_173_106_789_123_456);
+}
+
 /// A shell creates, appends, renames and reads back, with redirections the shell itself
 /// performs and commands it forks.
 #[test]
@@ -565,6 +681,8 @@ try:
 except OSError as e:
     assert e.errno == errno.ENODEV, e
 # errors programs rely on
+os.symlink("loop", M + "/loop")
+os.symlink("p/", M + "/pdir")
 for call, want in [
     (lambda: os.open(M + "/missing/x", os.O_RDONLY), errno.ENOENT),
     (lambda: os.open(M + "/p/x", os.O_RDONLY), errno.ENOTDIR),
@@ -575,7 +693,13 @@ for call, want in [
     (lambda: os.read(a, 1), errno.EBADF),
     (lambda: os.write(os.open(M + "/p", os.O_RDONLY), b"x"), errno.EBADF),
     (lambda: os.open(M + "/" + "n" * 256, os.O_CREAT | os.O_WRONLY), errno.ENAMETOOLONG),
-    (lambda: os.symlink("/tmp", M + "/l"), errno.EPERM),
+    (lambda: os.symlink("/tmp", M + "/p"), errno.EEXIST),
+    (lambda: os.open(M + "/loop", os.O_RDONLY), errno.ELOOP),
+    (lambda: os.stat(M + "/loop/x"), errno.ELOOP),
+    (lambda: os.open(M + "/pdir", os.O_RDONLY), errno.ENOTDIR),
+    (lambda: os.open(M + "/pdir", os.O_RDONLY | os.O_NOFOLLOW), errno.ELOOP),
+    (lambda: os.open(M + "/loop", os.O_CREAT | os.O_EXCL | os.O_WRONLY), errno.EEXIST),
+    (lambda: os.link(M + "/p", M + "/hard"), errno.EPERM),
 ]:
     try:
         call()

@@ -158,9 +158,7 @@ impl Fs {
         let found = if follow_last {
             self.inner.resolve_follow(path)
         } else {
-            self.inner
-                .resolve_parent(path)
-                .map(|(dir, _)| dir)
+            self.inner.resolve_parent(path).map(|(dir, _)| dir)
         };
         match found {
             Err(FsError::Symlink { link, target }) => Some((link, target)),

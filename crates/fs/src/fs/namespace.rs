@@ -139,7 +139,11 @@ impl Inner {
                 .write()
                 .expect("inode table")
                 .insert(ino, Arc::clone(&inode));
-            let target_bytes = if target.is_empty() { 0 } else { 2 + target.len() as u64 };
+            let target_bytes = if target.is_empty() {
+                0
+            } else {
+                2 + target.len() as u64
+            };
             fs.grow_snapshot(INODE_BYTES + entry_bytes(name) + target_bytes);
             Ok(Some(inode))
         })

@@ -111,8 +111,8 @@ pub(crate) unsafe fn resolve_as(
 /// link's directory, not its target's parent.
 fn follow_links(
     mut path: String,
-    trailing_slash: bool,
-    follow_last: bool,
+    mut trailing_slash: bool,
+    mut follow_last: bool,
 ) -> Result<Resolved, c_int> {
     let config = state::config().ok_or(libc::EIO)?;
     for _ in 0..=MAX_LINKS {
@@ -135,7 +135,15 @@ fn follow_links(
         };
         full.extend_from_slice(rest.as_bytes());
         match config.mount.classify(&full) {
-            Target::Locus { path: inside, .. } => path = inside,
+            Target::Locus {
+                path: inside,
+                trailing_slash: slash,
+            } => {
+                // `l -> d/` makes `l` name a directory, as a typed `d/` would.
+                trailing_slash |= slash;
+                follow_last |= slash;
+                path = inside;
+            }
             Target::Kernel => {
                 let normal = crate::path::normalize(&full).expect("absolute");
                 return Ok(Resolved::KernelPath(
