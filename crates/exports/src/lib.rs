@@ -183,6 +183,7 @@ fn nbd_error(e: &fs::FsError) -> ExportError {
         K::NoSpace => errno::ENOSPC,
         K::TryAgain => errno::ENOMEM,
         K::Invalid => errno::EINVAL,
+        K::NotSupported => errno::ENOTSUP,
         K::BadHandle => errno::EPERM,
         K::Shutdown => errno::ESHUTDOWN,
         // The export's own file: gone, replaced or unreadable is the media failing under

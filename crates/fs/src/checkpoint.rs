@@ -263,6 +263,8 @@ fn apply_record(inner: &Inner, record: &Pending, work: &mut Work) -> Result<()> 
     // With data checksums no block a file or record names is ever stored to: whole blocks
     // are always remapped and partial ones rebuilt in fresh pages (`crate::checksums`).
     let checked = inner.checksums.is_some();
+    // A mapped file's blocks stay where the mappings point (`crate::fs::mapped`).
+    let mapped = inode.mapped.load(Ordering::Acquire) > 0;
     for piece in pieces {
         end = end.max(piece.end);
         let mut pos = piece.start;
@@ -272,7 +274,7 @@ fn apply_record(inner: &Inner, record: &Pending, work: &mut Work) -> Result<()> 
             let src = piece.src + (pos - piece.start);
             if pos == block_start && piece.end - pos >= BLOCK && src.is_multiple_of(BLOCK) {
                 let blocks = (piece.end - pos) / BLOCK;
-                if blocks >= REMAP_MIN_BLOCKS || checked {
+                if (blocks >= REMAP_MIN_BLOCKS && !mapped) || checked {
                     remap(inode.ino, &mut extents, record, block, blocks, src, work);
                 } else {
                     // Few whole blocks: copied into the blocks the file has, so that small

@@ -109,6 +109,10 @@ pub enum FsError {
     #[error("invalid argument: {0}")]
     Invalid(String),
 
+    /// An operation this file system or volume does not offer.
+    #[error("not supported: {0}")]
+    NotSupported(String),
+
     /// Writing through a read-only handle, or reading through a write-only one.
     #[error("bad file handle: {0}")]
     BadHandle(String),
@@ -143,6 +147,8 @@ pub enum ErrorKind {
     Symlink,
     /// An argument the operation cannot accept (`EINVAL`).
     Invalid,
+    /// An operation this file system or volume does not offer (`EOPNOTSUPP`).
+    NotSupported,
     /// The handle does not allow the operation (`EBADF`).
     BadHandle,
     /// A resource that frees itself soon: thread slots, log records (`EAGAIN`).
@@ -171,6 +177,7 @@ impl ErrorKind {
             Self::NameTooLong => libc::ENAMETOOLONG,
             Self::Symlink => libc::ELOOP,
             Self::Invalid => libc::EINVAL,
+            Self::NotSupported => libc::EOPNOTSUPP,
             Self::BadHandle => libc::EBADF,
             Self::TryAgain => libc::EAGAIN,
             Self::NoSpace => libc::ENOSPC,
@@ -195,6 +202,7 @@ impl FsError {
             Self::NameTooLong(_) => ErrorKind::NameTooLong,
             Self::Symlink { .. } => ErrorKind::Symlink,
             Self::Invalid(_) | Self::BadRange(_) => ErrorKind::Invalid,
+            Self::NotSupported(_) => ErrorKind::NotSupported,
             Self::BadHandle(_) => ErrorKind::BadHandle,
             Self::TooManyThreads(_) | Self::LogFull { .. } => ErrorKind::TryAgain,
             Self::Volume(VolumeError::NoSpace { .. }) => ErrorKind::NoSpace,

@@ -50,6 +50,8 @@ pub(crate) struct Inode {
     pub(crate) overlay: Overlay,
     pub(crate) locks: RangeLocks,
     pub(crate) opens: AtomicU64,
+    /// Shared mappings of the file (`fs::mapped`): while any exist its blocks never move.
+    pub(crate) mapped: AtomicU64,
 }
 
 impl Inode {
@@ -69,6 +71,7 @@ impl Inode {
             overlay: Overlay::default(),
             locks: RangeLocks::new(granule).expect("granule checked at open"),
             opens: AtomicU64::new(0),
+            mapped: AtomicU64::new(0),
         }
     }
 

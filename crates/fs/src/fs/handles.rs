@@ -322,8 +322,8 @@ impl Fs {
 /// returns. Closing (or dropping) checkpoints what was logged.
 #[derive(Debug)]
 pub struct File {
-    fs: Fs,
-    inode: Arc<Inode>,
+    pub(super) fs: Fs,
+    pub(super) inode: Arc<Inode>,
     read: bool,
     write: bool,
 }
@@ -342,7 +342,17 @@ impl File {
     /// then committed by one log record.
     pub fn write_at(&self, data: &[u8], offset: u64) -> Result<()> {
         self.writable()?;
-        self.fs.inner.write_at(&self.inode, data, offset)
+        self.fs.inner.write_at(&self.inode, data, offset)?;
+        self.after_write()
+    }
+
+    /// A mapped file's writes reach its blocks before the write returns, so the mappings see
+    /// them (`crate::fs::mapped`).
+    fn after_write(&self) -> Result<()> {
+        if self.inode.mapped.load(Ordering::Acquire) > 0 {
+            self.fs.inner.drain()?;
+        }
+        Ok(())
     }
 
     /// Commits a filled persistent buffer as the bytes at `offset`, without copying it. Its
@@ -354,7 +364,8 @@ impl File {
         check_io(offset, buffer.len)?;
         let slot = inner.slot()?;
         let len = buffer.len;
-        inner.write_buffer(&slot, &self.inode, buffer.into_extent(), len, offset)
+        inner.write_buffer(&slot, &self.inode, buffer.into_extent(), len, offset)?;
+        self.after_write()
     }
 
     /// Reads at `offset`; returns the bytes read (short at the end of the file).

@@ -14,6 +14,7 @@
 mod checked;
 mod handles;
 mod lend;
+mod mapped;
 mod namespace;
 mod options;
 mod read;
@@ -25,6 +26,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use pmem::Region;
 
 pub use handles::{Buffer, File, Fs};
+pub use mapped::MappedRun;
 pub use options::{CheckpointMode, FormatOptions, FsOptions, OpenOptions};
 pub(crate) use options::{check_format, check_options};
 pub(crate) use state::*;

@@ -383,6 +383,17 @@ impl Inner {
         if offset >= end {
             return Ok(());
         }
+        if inode.mapped.load(Ordering::Acquire) > 0 {
+            // Mapped blocks stay the file's (`crate::fs::mapped`): the hole is zeros written
+            // into them, and the writes reach the blocks before this returns.
+            let mut at = offset;
+            while at < end {
+                let n = (end - at).min(ZEROS.len() as u64);
+                self.write_at(inode, &ZEROS[..n as usize], at)?;
+                at += n;
+            }
+            return self.drain();
+        }
         let (first, last) = (offset.div_ceil(BLOCK), end / BLOCK);
         if first >= last {
             // Inside one block: zeros are all it takes.
@@ -440,7 +451,19 @@ impl Inner {
             // Shrinking into the middle of a block: the block's kept bytes go to a fresh page,
             // mapped by the same record, so the old block is never changed in place.
             let mut tail = 0u64;
-            if size < old && !size.is_multiple_of(BLOCK) {
+            let mapped = inode.mapped.load(Ordering::Acquire) > 0;
+            let block_in_place = (size < old && !size.is_multiple_of(BLOCK) && mapped)
+                .then(|| inode.extents.read().expect("extent map").get(size / BLOCK))
+                .flatten();
+            if let Some(addr) = block_in_place {
+                // A mapped file's block stays where the mappings point: the cut-off bytes
+                // are zeroed in it, before the record (a crash in between leaves the old
+                // size with those bytes zero — mapped files are not atomic).
+                let within = size % BLOCK;
+                let (region, at) = fs.region_at(addr)?;
+                region.write_nt(at + within, &ZEROS[..(BLOCK - within) as usize])?;
+                fs.volume.fence();
+            } else if size < old && !size.is_multiple_of(BLOCK) {
                 let block = size / BLOCK;
                 let mut bytes = vec![0u8; BLOCK as usize];
                 fs.read_into(inode, block * BLOCK, &mut bytes[..(size % BLOCK) as usize])?;
