@@ -60,6 +60,10 @@ const UNSAFE_ALLOWED: &[(&str, &str)] = &[
         "File::read_with lends file bytes in place: Region::lend's contract, kept by the range lock",
     ),
     (
+        "crates/fs/tests/mapped.rs",
+        "the shared-mapping test loads and stores through the device pages File::map_shared returns",
+    ),
+    (
         "crates/fs-capi/",
         "the C API: turning C callers' pointers into handles and slices",
     ),
