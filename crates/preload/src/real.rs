@@ -140,6 +140,9 @@ real! {
     fn ioctl(fd: c_int, request: libc::c_ulong, arg: libc::c_ulong) -> c_int;
     fn flock(fd: c_int, operation: c_int) -> c_int;
     fn lockf64(fd: c_int, cmd: c_int, len: off_t) -> c_int;
+    fn munmap(addr: *mut c_void, len: size_t) -> c_int;
+    fn msync(addr: *mut c_void, len: size_t, flags: c_int) -> c_int;
+    fn mremap(old: *mut c_void, old_len: size_t, new_len: size_t, flags: c_int, new: *mut c_void) -> *mut c_void;
     fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, offset: off_t) -> *mut c_void;
     fn copy_file_range(fd_in: c_int, off_in: *mut off_t, fd_out: c_int, off_out: *mut off_t, len: size_t, flags: c_uint) -> ssize_t;
     fn sendfile64(out_fd: c_int, in_fd: c_int, offset: *mut off_t, count: size_t) -> ssize_t;

@@ -137,6 +137,7 @@ pub(crate) mod rank {
     pub(crate) const LOCK_TABLE: Rank = Rank::new(5, "the record-lock table");
     pub(crate) const APPEND: Rank = Rank::new(6, "the append lock");
     pub(crate) const POSITION: Rank = Rank::new(7, "a description's offset");
+    pub(crate) const MAPS: Rank = Rank::new(8, "the table of shared mappings");
 }
 
 /// Takes `lock` with its rank.
@@ -211,6 +212,7 @@ extern "C" fn unmount_at_exit() {
     // SAFETY: fflush(NULL) flushes every stream; no arguments to get wrong.
     unsafe { libc::fflush(std::ptr::null_mut()) };
     let _inside = Guard::enter();
+    crate::calls::shared::sync_all();
     let Some(mut mounted) = MOUNT.try_write_for(std::time::Duration::from_secs(1)) else {
         return;
     };
@@ -548,6 +550,8 @@ pub(crate) fn remove_stream(ptr: usize) -> bool {
 /// program it executes — can mount the volume itself.
 extern "C" fn before_fork() {
     let _inside = Guard::enter();
+    // Shared mappings first: they hold files open, and stop being the volume's.
+    crate::calls::shared::detach_all();
     // SAFETY (all raw locking here): each lock taken is released by exactly one of
     // `after_fork_parent` / `after_fork_child`, in the same thread of the same process
     // image, before either returns.

@@ -76,6 +76,12 @@ pub(crate) fn open_locus(
             truncate: write && flags & libc::O_TRUNC != 0,
             mode: (mode & 0o7777) & !umask(),
         };
+        if options.truncate
+            && let Ok(st) = fs.stat(path)
+        {
+            // Mappings of the file stop mapping its blocks before they are freed.
+            super::shared::before_shrink(st.ino, 0)?;
+        }
         let file = fs.open_file(path, options).map_err(|e| fs_errno(&e))?;
         let ino = file.ino();
         Ok(Desc::new(

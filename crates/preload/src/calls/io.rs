@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use fs::{MAX_FILE_SIZE, MAX_IO};
 use libc::{iovec, off_t, size_t, ssize_t};
 
-use super::{fs_errno, route, size, unit};
+use super::{fs_errno, route, shared, size, unit};
 use crate::state::{self, Desc, Node};
 use crate::{errno, real};
 
@@ -73,7 +73,23 @@ fn write_at(file: &fs::File, data: &[u8], offset: u64) -> Result<usize, c_int> {
         return Err(libc::EFBIG);
     }
     file.write_at(data, offset).map_err(|e| fs_errno(&e))?;
+    if shared::is_mapped(file) {
+        shared::after_growth(file.ino(), file.len())?;
+    }
     Ok(data.len())
+}
+
+/// Sets a locus file's size, keeping its shared mappings true to it: pages past a new
+/// smaller end stop mapping blocks first, pages inside a new larger end map them after.
+pub(crate) fn resize(file: &fs::File, size: u64) -> Result<(), c_int> {
+    if shared::is_mapped(file) && size < file.len() {
+        shared::before_shrink(file.ino(), size)?;
+    }
+    file.set_len(size).map_err(|e| fs_errno(&e))?;
+    if shared::is_mapped(file) {
+        shared::after_growth(file.ino(), size)?;
+    }
+    Ok(())
 }
 
 /// Appends `data` at the end of `file`: the end is read and written under the process's
@@ -661,7 +677,7 @@ fn set_len(fd: c_int, len: off_t) -> Result<(), c_int> {
     if len > MAX_FILE_SIZE {
         return Err(libc::EFBIG);
     }
-    file.set_len(len).map_err(|e| fs_errno(&e))
+    resize(file, len)
 }
 
 /// `ftruncate64(2)`.
@@ -701,7 +717,12 @@ pub unsafe extern "C" fn truncate64(path: *const c_char, len: off_t) -> c_int {
             if len > MAX_FILE_SIZE {
                 return Err(libc::EFBIG);
             }
-            state::with_fs(|fs| fs.truncate(&inner, len).map_err(|e| fs_errno(&e)))
+            state::with_fs(|fs| {
+                let file = fs
+                    .open_file(&inner, fs::OpenOptions::read_write())
+                    .map_err(|e| fs_errno(&e))?;
+                resize(&file, len)
+            })
         })),
     )
 }
@@ -737,7 +758,7 @@ fn allocate(fd: c_int, mode: c_int, off: off_t, len: off_t) -> Result<(), c_int>
     match mode {
         0 => {
             if end > file.len() {
-                file.set_len(end).map_err(|e| fs_errno(&e))?;
+                resize(file, end)?;
             }
             Ok(())
         }
@@ -992,9 +1013,8 @@ pub unsafe extern "C" fn splice(
 
 /// `mmap` of a locus file: `MAP_PRIVATE` gets a private copy of the file's bytes (later
 /// writes to the file are not seen — POSIX leaves that unspecified — and stores to the
-/// mapping never reach the file, as with any private mapping); `MAP_SHARED` is refused with
-/// `ENODEV` ("the file system does not support memory mapping"), because a shared mapping
-/// would let stores bypass the log that makes writes atomic and durable.
+/// mapping never reach the file, as with any private mapping); `MAP_SHARED` maps the file's
+/// own blocks ([`shared`]).
 fn map_private(
     fd: c_int,
     addr: *mut c_void,
@@ -1010,7 +1030,7 @@ fn map_private(
         other => other?,
     };
     if flags & libc::MAP_SHARED_VALIDATE != libc::MAP_PRIVATE {
-        return Err(libc::ENODEV);
+        return shared::map(fd, addr, len, prot, flags, off);
     }
     // SAFETY: sysconf cannot fail for the page size.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as off_t;
@@ -1034,7 +1054,7 @@ fn map_private(
     });
     if let Err(e) = filled {
         // SAFETY: our mapping.
-        unsafe { libc::munmap(map, len) };
+        unsafe { real::munmap(map, len) };
         return Err(e);
     }
     Ok(map)
@@ -1078,4 +1098,52 @@ pub unsafe extern "C" fn mmap(
 ) -> *mut c_void {
     // SAFETY: forwarded contract.
     unsafe { mmap64(addr, len, prot, flags, fd, off) }
+}
+
+/// `munmap(2)`: a locus shared mapping's stores are written back first.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
+    match shared::munmap(addr, len) {
+        Some(rc) => rc,
+        // SAFETY: passed through.
+        None => unsafe { real::munmap(addr, len) },
+    }
+}
+
+/// `msync(2)`: a locus shared mapping's stores are written back.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn msync(addr: *mut c_void, len: size_t, flags: c_int) -> c_int {
+    match shared::msync(addr, len, flags) {
+        Some(rc) => rc,
+        // SAFETY: passed through.
+        None => unsafe { real::msync(addr, len, flags) },
+    }
+}
+
+/// `mremap(2)` (variadic in C: the new address is read only with `MREMAP_FIXED`, and the
+/// calling conventions pass it in the same register either way): `EINVAL` for a locus
+/// shared mapping.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mremap(
+    old: *mut c_void,
+    old_len: size_t,
+    new_len: size_t,
+    flags: c_int,
+    new: *mut c_void,
+) -> *mut c_void {
+    if let Some(e) = shared::mremap(old, old_len) {
+        errno::set(e);
+        return libc::MAP_FAILED;
+    }
+    // SAFETY: passed through.
+    unsafe { real::mremap(old, old_len, new_len, flags, new) }
 }

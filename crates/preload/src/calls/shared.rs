@@ -1,0 +1,440 @@
+//! Shared mappings of locus files (`mmap` with `MAP_SHARED`), DAX-style: the pages of the
+//! mapping are the file's own blocks — the volume's device memory, already mapped in this
+//! process — placed at the caller's address with `mremap` (an `old_size` of 0 duplicates a
+//! shared mapping). Stores through the mapping are stores to the file; `read`/`write` and
+//! the mapping see each other's bytes (the file system copies a mapped file's writes into
+//! its blocks before the write returns); `msync` and `munmap` write the cache lines back.
+//!
+//! Pages past the end of the file map an empty file, so touching them is `SIGBUS`, as POSIX
+//! says. The library keeps every mapping in a table so that sizes can change under them:
+//! before a file shrinks, its mappings' pages past the new end are switched to the empty
+//! file (the blocks are freed right after); after it grows, the pages now inside it are
+//! mapped to its (hole-filled) blocks. One mapping holds its file open (an unlinked file
+//! lives on while mapped) and counts as a mapping in the file system, which keeps the
+//! blocks from moving.
+//!
+//! Limits: `mremap` of such a mapping is `EINVAL` (map again instead); at `fork` the
+//! mappings become private copies in both processes (the parent lets go of the volume, see
+//! docs/preload.md); volumes with data checksums refuse (`ENODEV`).
+
+use std::ffi::{c_int, c_void};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use libc::{off_t, size_t};
+use parking_lot::Mutex;
+
+use super::fs_errno;
+use crate::state::{self, Desc};
+use crate::{errno, real};
+
+/// One shared mapping (or what a partial `munmap` left of one).
+struct Shared {
+    start: usize,
+    len: usize,
+    /// File offset of `start`.
+    offset: u64,
+    prot: c_int,
+    /// Bytes from `start` that map the file's blocks; the rest maps the empty file.
+    valid: usize,
+    token: Arc<Token>,
+}
+
+impl Shared {
+    fn end(&self) -> usize {
+        self.start + self.len
+    }
+    fn file(&self) -> &fs::File {
+        self.token
+            .desc
+            .file()
+            .expect("a mapped description is a file")
+    }
+}
+
+/// Holds the file open and counted as mapped until the last piece of its mapping is gone.
+struct Token {
+    desc: Arc<Desc>,
+}
+
+impl Drop for Token {
+    fn drop(&mut self) {
+        if let Ok(file) = self.desc.file() {
+            file.unmap_shared();
+        }
+    }
+}
+
+static TABLE: Mutex<Vec<Shared>> = Mutex::new(Vec::new());
+
+fn table() -> fs::lock_order::Ordered<parking_lot::MutexGuard<'static, Vec<Shared>>> {
+    state::ordered(state::rank::MAPS, || TABLE.lock())
+}
+/// Entries in [`TABLE`]: lets `munmap`, `msync` and `mremap` of other memory skip the lock.
+static COUNT: AtomicUsize = AtomicUsize::new(0);
+
+fn page() -> usize {
+    // SAFETY: sysconf cannot fail for the page size.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+}
+
+/// The empty file pages past a file's end map (`SIGBUS` on access); made once.
+fn past_end_fd() -> Result<c_int, c_int> {
+    static FD: std::sync::OnceLock<c_int> = std::sync::OnceLock::new();
+    if let Some(&fd) = FD.get() {
+        return Ok(fd);
+    }
+    // SAFETY: a NUL-terminated name.
+    let fd = unsafe { libc::memfd_create(c"locus-past-end-of-file".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(errno::get());
+    }
+    let fd = state::move_internal(fd);
+    Ok(*FD.get_or_init(|| fd))
+}
+
+/// Maps `[at, at + len)` to the empty file (`SIGBUS` on access).
+fn map_past_end(at: usize, len: usize, prot: c_int) -> Result<(), c_int> {
+    if len == 0 {
+        return Ok(());
+    }
+    let fd = past_end_fd()?;
+    // SAFETY: replaces pages of a mapping this module owns.
+    let got = unsafe {
+        real::mmap64(
+            at as *mut c_void,
+            len,
+            prot,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            fd,
+            0,
+        )
+    };
+    if got == libc::MAP_FAILED {
+        return Err(errno::get());
+    }
+    Ok(())
+}
+
+/// Places the file's blocks `runs` (from `file.map_shared`) at `base`, which maps file
+/// offset `offset`; returns how many bytes from `base` they cover (they are contiguous in
+/// the file, from `offset`).
+fn place(runs: &[fs::MappedRun], base: usize, offset: u64, prot: c_int) -> Result<usize, c_int> {
+    let mut covered = 0usize;
+    for run in runs {
+        if run.offset != offset + covered as u64 {
+            return Err(libc::EIO); // the file system returns contiguous runs
+        }
+        let at = base + covered;
+        // SAFETY: duplicates `run.len` bytes of the device's shared mapping (kept alive by
+        // the mount) over pages of a mapping this module owns.
+        let got = unsafe {
+            real::mremap(
+                run.addr as *mut c_void,
+                0,
+                run.len as usize,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                at as *mut c_void,
+            )
+        };
+        if got == libc::MAP_FAILED {
+            return Err(errno::get());
+        }
+        if prot != libc::PROT_READ | libc::PROT_WRITE {
+            // SAFETY: the pages just placed.
+            if unsafe { libc::mprotect(at as *mut c_void, run.len as usize, prot) } != 0 {
+                return Err(errno::get());
+            }
+        }
+        covered += run.len as usize;
+    }
+    Ok(covered)
+}
+
+/// `mmap(MAP_SHARED)` of the locus fd `fd`.
+pub(crate) fn map(
+    fd: c_int,
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    off: off_t,
+) -> Result<*mut c_void, c_int> {
+    let desc = state::desc(fd)?;
+    let Ok(file) = desc.file() else {
+        return Err(libc::ENODEV);
+    };
+    let status = desc.status.load(Ordering::Relaxed);
+    let access = status & libc::O_ACCMODE;
+    if access == libc::O_WRONLY
+        || status & libc::O_PATH != 0
+        || (prot & libc::PROT_WRITE != 0 && access != libc::O_RDWR)
+    {
+        return Err(libc::EACCES);
+    }
+    let page = page();
+    if len == 0 || off < 0 || !(off as usize).is_multiple_of(page) {
+        return Err(libc::EINVAL);
+    }
+    let len = len.checked_next_multiple_of(page).ok_or(libc::ENOMEM)?;
+    let runs = file
+        .map_shared(off as u64, len as u64)
+        .map_err(|e| match e.kind() {
+            fs::ErrorKind::NotSupported => libc::ENODEV,
+            _ => fs_errno(&e),
+        })?;
+    let token = Arc::new(Token {
+        desc: Arc::clone(&desc),
+    });
+    // The address range: the caller's placement flags, nothing else.
+    let placement = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE);
+    // SAFETY: a fresh anonymous reservation, replaced piece by piece below.
+    let base = unsafe {
+        real::mmap64(
+            addr,
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | placement,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(errno::get());
+    }
+    let base = base as usize;
+    let placed = place(&runs, base, off as u64, prot)
+        .and_then(|valid| map_past_end(base + valid, len - valid, prot).map(|()| valid));
+    let valid = match placed {
+        Ok(valid) => valid,
+        Err(e) => {
+            // SAFETY: the range reserved above.
+            unsafe { real::munmap(base as *mut c_void, len) };
+            return Err(e);
+        }
+    };
+    table().push(Shared {
+        start: base,
+        len,
+        offset: off as u64,
+        prot,
+        valid,
+        token,
+    });
+    COUNT.fetch_add(1, Ordering::Release);
+    Ok(base as *mut c_void)
+}
+
+/// Whether `[addr, addr + len)` overlaps a shared mapping of a locus file.
+fn overlaps(addr: usize, len: usize) -> bool {
+    COUNT.load(Ordering::Acquire) > 0
+        && TABLE
+            .lock()
+            .iter()
+            .any(|s| s.start < addr.saturating_add(len) && addr < s.end())
+}
+
+/// Writes back the stores to the part of each mapping in `[addr, addr + len)`.
+fn sync_range(table: &[Shared], addr: usize, len: usize) -> Result<(), c_int> {
+    let end = addr.saturating_add(len);
+    for s in table.iter().filter(|s| s.start < end && addr < s.end()) {
+        let from = addr.max(s.start);
+        let to = end.min(s.start + s.valid);
+        if from < to {
+            s.file()
+                .sync_mapped(s.offset + (from - s.start) as u64, (to - from) as u64)
+                .map_err(|e| fs_errno(&e))?;
+        }
+    }
+    Ok(())
+}
+
+/// `msync` of a range holding locus mappings: their stores written back, then libc's.
+pub(crate) fn msync(addr: *mut c_void, len: size_t, flags: c_int) -> Option<c_int> {
+    if !overlaps(addr as usize, len) {
+        return None;
+    }
+    let synced = state::run(|| sync_range(&table(), addr as usize, len));
+    Some(match synced {
+        // SAFETY: passed through (the pages are the caller's).
+        Ok(()) => unsafe { real::msync(addr, len, flags) },
+        Err(e) => {
+            errno::set(e);
+            -1
+        }
+    })
+}
+
+/// `munmap` of a range holding locus mappings: their stores written back, the table cut
+/// to what is left, then libc's `munmap`.
+pub(crate) fn munmap(addr: *mut c_void, len: size_t) -> Option<c_int> {
+    let (from, to) = (addr as usize, (addr as usize).saturating_add(len));
+    if !overlaps(from, len) {
+        return None;
+    }
+    let mut dropped = Vec::new();
+    let result = state::run(|| {
+        let mut table = table();
+        sync_range(&table, from, len)?;
+        let mut kept = Vec::with_capacity(table.len() + 1);
+        for s in table.drain(..) {
+            if s.end() <= from || to <= s.start {
+                kept.push(s);
+                continue;
+            }
+            // What is left before and after the hole, each still holding the token.
+            if s.start < from {
+                kept.push(Shared {
+                    len: from - s.start,
+                    valid: s.valid.min(from - s.start),
+                    token: Arc::clone(&s.token),
+                    ..s
+                });
+            }
+            if to < s.end() {
+                let cut = to - s.start;
+                kept.push(Shared {
+                    start: to,
+                    len: s.end() - to,
+                    offset: s.offset + cut as u64,
+                    valid: s.valid.saturating_sub(cut),
+                    token: Arc::clone(&s.token),
+                    ..s
+                });
+            }
+            dropped.push(s);
+        }
+        COUNT.store(kept.len(), Ordering::Release);
+        *table = kept;
+        Ok(())
+    });
+    // SAFETY: passed through (the pages are the caller's).
+    let rc = unsafe { real::munmap(addr, len) };
+    // Tokens drop (closing files, ending mappings) only after the pages are gone.
+    state::run(|| {
+        drop(dropped);
+        Ok(())
+    })
+    .ok();
+    Some(match result {
+        Ok(()) => rc,
+        Err(e) => {
+            errno::set(e);
+            -1
+        }
+    })
+}
+
+/// `mremap` of a locus mapping: refused (`EINVAL`); `None` for any other memory.
+pub(crate) fn mremap(addr: *mut c_void, len: size_t) -> Option<c_int> {
+    overlaps(addr as usize, len.max(1)).then_some(libc::EINVAL)
+}
+
+/// Before file `ino` shrinks to `size`: its mappings' pages past the new end map the empty
+/// file (the file system frees the blocks right after).
+pub(crate) fn before_shrink(ino: u64, size: u64) -> Result<(), c_int> {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return Ok(());
+    }
+    let page = page() as u64;
+    let mut table = table();
+    for s in table.iter_mut().filter(|s| s.token.desc.ino == ino) {
+        // Bytes from `start` still inside the file: whole pages up to the page holding the
+        // last byte (that page keeps its block; the file system zeroes its tail).
+        let inside = size.next_multiple_of(page).saturating_sub(s.offset) as usize;
+        if inside < s.valid {
+            map_past_end(s.start + inside, s.valid - inside, s.prot)?;
+            s.valid = inside;
+        }
+    }
+    Ok(())
+}
+
+/// After file `ino` may have grown: its mappings' pages now inside the file map its blocks.
+pub(crate) fn after_growth(ino: u64, size: u64) -> Result<(), c_int> {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return Ok(());
+    }
+    let mut table = table();
+    for s in table.iter_mut().filter(|s| s.token.desc.ino == ino) {
+        let mapped_to = s.offset + s.valid as u64;
+        if s.valid == s.len || mapped_to >= size {
+            continue;
+        }
+        let file = s.token.desc.file().map_err(|_| libc::EIO)?;
+        let runs = file
+            .map_shared(mapped_to, (s.len - s.valid) as u64)
+            .map_err(|e| fs_errno(&e))?;
+        let placed = place(&runs, s.start + s.valid, mapped_to, s.prot);
+        // This mapping already counts once (its token).
+        file.unmap_shared();
+        s.valid += placed?;
+    }
+    Ok(())
+}
+
+/// Whether `desc`'s file has shared mappings (cheap: one load when none exist anywhere).
+pub(crate) fn is_mapped(file: &fs::File) -> bool {
+    COUNT.load(Ordering::Acquire) > 0 && file.is_mapped()
+}
+
+/// At `fork`: every shared mapping becomes a private copy of its bytes (after its stores are
+/// written back), and lets go of its file — the parent unmounts the volume next, and another
+/// process may reuse the blocks.
+pub(crate) fn detach_all() {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let mut table = table();
+    let all: Vec<Shared> = table.drain(..).collect();
+    COUNT.store(0, Ordering::Release);
+    drop(table);
+    for s in &all {
+        let _ = s.file().sync_mapped(s.offset, s.valid as u64);
+        privatize(s);
+    }
+    drop(all);
+}
+
+/// Replaces a mapping's file pages by an anonymous private copy of them.
+fn privatize(s: &Shared) {
+    if s.valid == 0 {
+        return;
+    }
+    // SAFETY: a fresh anonymous buffer, copied from readable pages of the mapping (made
+    // readable for the copy), then moved over them.
+    unsafe {
+        let copy = real::mmap64(
+            std::ptr::null_mut(),
+            s.valid,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if copy == libc::MAP_FAILED {
+            return;
+        }
+        libc::mprotect(s.start as *mut c_void, s.valid, libc::PROT_READ);
+        std::ptr::copy_nonoverlapping(s.start as *const u8, copy.cast::<u8>(), s.valid);
+        libc::mprotect(copy, s.valid, s.prot);
+        real::mremap(
+            copy,
+            s.valid,
+            s.valid,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            s.start as *mut c_void,
+        );
+    }
+}
+
+/// At exit: every mapping's stores written back.
+pub(crate) fn sync_all() {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let table = table();
+    for s in table.iter() {
+        let _ = s.file().sync_mapped(s.offset, s.valid as u64);
+    }
+}
