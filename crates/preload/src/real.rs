@@ -149,6 +149,9 @@ real! {
     fn splice(fd_in: c_int, off_in: *mut off_t, fd_out: c_int, off_out: *mut off_t, len: size_t, flags: c_uint) -> ssize_t;
     fn getdents64(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t;
     fn opendir(path: *const c_char) -> *mut DIR;
+    fn nftw64(path: *const c_char, callback: Option<crate::calls::walk::NftwFn>, nopenfd: c_int, flags: c_int) -> c_int;
+    fn ftw64(path: *const c_char, callback: Option<crate::calls::walk::FtwFn>, nopenfd: c_int) -> c_int;
+    fn scandirat(dirfd: c_int, path: *const c_char, list: *mut *mut *mut dirent64, select: Option<unsafe extern "C" fn(*const dirent64) -> c_int>, order: Option<unsafe extern "C" fn(*const c_void, *const c_void) -> c_int>) -> c_int;
     fn fdopendir(fd: c_int) -> *mut DIR;
     fn closedir(dir: *mut DIR) -> c_int;
     fn readdir64(dir: *mut DIR) -> *mut dirent64;
@@ -158,6 +161,7 @@ real! {
     fn seekdir(dir: *mut DIR, pos: libc::c_long) -> ();
     fn dirfd(dir: *mut DIR) -> c_int;
     fn fopen64(path: *const c_char, mode: *const c_char) -> *mut FILE;
+    fn freopen64(path: *const c_char, mode: *const c_char, stream: *mut FILE) -> *mut FILE;
     fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE;
     fn fileno(stream: *mut FILE) -> c_int;
     fn mkostemps64(template: *mut c_char, suffix: c_int, flags: c_int) -> c_int;

@@ -1095,3 +1095,52 @@ fn other_paths_pass_through_without_mounting() {
         "the preload library touched the volume directory"
     );
 }
+
+/// glibc's walkers and `freopen` (`scandir`, `scandirat`, `nftw` with `FTW_PHYS`,
+/// `FTW_DEPTH`, `FTW_ACTIONRETVAL`, `FTW_CHDIR`, links followed and dangling, `ftw`;
+/// `freopen` of a stream and of `stdout`, by a relative name) see the same tree on /locus as
+/// on tmpfs: a C program prints what it sees in both places, and nothing lands in the
+/// host's working directory.
+#[test]
+fn glibc_walkers_and_freopen_behave_as_on_tmpfs() {
+    let vol = volume();
+    let build = tempfile::tempdir().unwrap();
+    let program = build.path().join("glibc_walks");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/glibc_walks.c");
+    let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    ok(
+        &Command::new(&compiler)
+            .args(["-Wall", "-Werror", "-O1", "-o"])
+            .arg(&program)
+            .arg(&source)
+            .output()
+            .unwrap(),
+        "compiling glibc_walks.c",
+    );
+    let tmp = tempfile::tempdir_in("/dev/shm").unwrap();
+    let host_cwd = tempfile::tempdir_in("/dev/shm").unwrap();
+    let expected = ok(
+        &Command::new(&program)
+            .arg(tmp.path())
+            .current_dir(host_cwd.path())
+            .output()
+            .unwrap(),
+        "glibc_walks on tmpfs",
+    );
+    std::fs::remove_file(tmp.path().join("rel.txt")).unwrap();
+    let program = program.to_str().unwrap();
+    let got = ok(
+        &preloaded(vol.path(), program)
+            .arg(MOUNT)
+            .current_dir(host_cwd.path())
+            .output()
+            .unwrap(),
+        "glibc_walks on locus",
+    );
+    assert_eq!(got, expected);
+    assert!(expected.contains("/t/l/f F level=2") && expected.contains("\"second\""));
+    let leaked: Vec<_> = std::fs::read_dir(host_cwd.path()).unwrap().collect();
+    assert!(leaked.is_empty(), "host files for /locus names: {leaked:?}");
+    let fs = open_fs(vol.path());
+    assert!(read_all(&fs, "/rel.txt").starts_with(b"through stdout"));
+}

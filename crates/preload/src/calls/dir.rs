@@ -104,23 +104,171 @@ pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut DIR {
     route!(libc::AT_FDCWD, path,
         // SAFETY: passed through.
         kernel(_dirfd, path) => unsafe { real::opendir(path) },
-        locus(inner, slash) => state::run(|| {
-            let fd = open_locus(
-                &inner,
-                slash,
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-                0,
-            )?;
-            new_stream(fd).inspect_err(|_| {
-                // SAFETY: the fd we just opened.
-                unsafe { super::fd::close(fd) };
-            })
-        })
-        .unwrap_or_else(|e| {
+        locus(inner, slash) => state::run(|| open_stream(&inner, slash)).unwrap_or_else(|e| {
             errno::set(e);
             std::ptr::null_mut()
         }),
     )
+}
+
+/// A stream over the locus directory `path`.
+fn open_stream(path: &str, trailing_slash: bool) -> Result<*mut DIR, c_int> {
+    let fd = open_locus(
+        path,
+        trailing_slash,
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        0,
+    )?;
+    new_stream(fd).inspect_err(|_| {
+        // SAFETY: the fd we just opened.
+        unsafe { super::fd::close(fd) };
+    })
+}
+
+/// `scandir`'s filter.
+type Select = Option<unsafe extern "C" fn(*const dirent64) -> c_int>;
+/// `scandir`'s order, as `qsort` calls it (pointers to the array's entry pointers).
+type Order = Option<unsafe extern "C" fn(*const c_void, *const c_void) -> c_int>;
+
+/// The entries of the locus directory `path` that `select` keeps, each in its own
+/// `malloc`ed `dirent64` (the caller frees them and the array with `free`), sorted by
+/// `order`. glibc's `scandir` opens the directory through an internal call this library
+/// cannot see, hence this one.
+fn scan(
+    path: &str,
+    trailing_slash: bool,
+    list: *mut *mut *mut dirent64,
+    select: Select,
+    order: Order,
+) -> Result<c_int, c_int> {
+    let dir = state::run(|| open_stream(path, trailing_slash))?;
+    let mut kept: Vec<*mut dirent64> = Vec::new();
+    let free_all = |kept: &[*mut dirent64]| {
+        for &entry in kept {
+            // SAFETY: each came from malloc below.
+            unsafe { libc::free(entry.cast()) };
+        }
+    };
+    loop {
+        // SAFETY: our open stream; the filter is the caller's, called as scandir does.
+        let entry = unsafe { readdir64(dir) };
+        if entry.is_null() {
+            break;
+        }
+        // SAFETY: as above.
+        if select.is_some_and(|keep| unsafe { keep(entry) } == 0) {
+            continue;
+        }
+        // SAFETY: a fresh allocation of one dirent64, filled from the stream's entry.
+        let copy = unsafe { libc::malloc(size_of::<dirent64>()) }.cast::<dirent64>();
+        if copy.is_null() {
+            free_all(&kept);
+            // SAFETY: our stream.
+            unsafe { closedir(dir) };
+            return Err(libc::ENOMEM);
+        }
+        // SAFETY: both are whole dirent64 values.
+        unsafe { copy.write(entry.read()) };
+        kept.push(copy);
+    }
+    // SAFETY: our stream.
+    unsafe { closedir(dir) };
+    let count = c_int::try_from(kept.len()).map_err(|_| libc::EOVERFLOW)?;
+    // SAFETY: an array of `count` pointers (at least one byte, so never null for 0).
+    let array = unsafe { libc::malloc(size_of::<*mut dirent64>() * kept.len().max(1)) }
+        .cast::<*mut dirent64>();
+    if array.is_null() {
+        free_all(&kept);
+        return Err(libc::ENOMEM);
+    }
+    // SAFETY: `array` holds `kept.len()` pointers; qsort with the caller's order over them.
+    unsafe {
+        std::ptr::copy_nonoverlapping(kept.as_ptr(), array, kept.len());
+        if let Some(order) = order {
+            libc::qsort(
+                array.cast(),
+                kept.len(),
+                size_of::<*mut dirent64>(),
+                Some(order),
+            );
+        }
+        *list = array;
+    }
+    Ok(count)
+}
+
+/// `scandirat(3)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn scandirat(
+    dirfd: c_int,
+    path: *const c_char,
+    list: *mut *mut *mut dirent64,
+    select: Select,
+    order: Order,
+) -> c_int {
+    route!(dirfd, path,
+        // SAFETY: passed through.
+        kernel(dirfd, path) => unsafe { real::scandirat(dirfd, path, list, select, order) },
+        locus(inner, slash) => {
+            if list.is_null() {
+                errno::set(libc::EFAULT);
+                return -1;
+            }
+            scan(&inner, slash, list, select, order).unwrap_or_else(|e| {
+                errno::set(e);
+                -1
+            })
+        },
+    )
+}
+
+/// `scandirat64(3)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn scandirat64(
+    dirfd: c_int,
+    path: *const c_char,
+    list: *mut *mut *mut dirent64,
+    select: Select,
+    order: Order,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { scandirat(dirfd, path, list, select, order) }
+}
+
+/// `scandir(3)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn scandir(
+    path: *const c_char,
+    list: *mut *mut *mut dirent64,
+    select: Select,
+    order: Order,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { scandirat(libc::AT_FDCWD, path, list, select, order) }
+}
+
+/// `scandir64(3)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn scandir64(
+    path: *const c_char,
+    list: *mut *mut *mut dirent64,
+    select: Select,
+    order: Order,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { scandirat(libc::AT_FDCWD, path, list, select, order) }
 }
 
 /// `fdopendir(3)`: the stream takes over the fd.

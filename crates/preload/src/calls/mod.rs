@@ -17,6 +17,7 @@ pub(crate) mod meta;
 pub(crate) mod shared;
 pub(crate) mod stdio;
 pub(crate) mod temp;
+pub(crate) mod walk;
 
 use std::ffi::{CStr, CString, c_char, c_int};
 

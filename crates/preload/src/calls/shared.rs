@@ -268,8 +268,12 @@ pub(crate) fn msync(addr: *mut c_void, len: size_t, flags: c_int) -> Option<c_in
 /// `munmap` of a range holding locus mappings: their stores written back, the table cut
 /// to what is left, then libc's `munmap`.
 pub(crate) fn munmap(addr: *mut c_void, len: size_t) -> Option<c_int> {
-    let (from, to) = (addr as usize, (addr as usize).saturating_add(len));
-    if !overlaps(from, len) {
+    // As the kernel does: the length covers whole pages; an unaligned address is the
+    // kernel's EINVAL (passed through, the table untouched).
+    let from = addr as usize;
+    let len = len.checked_next_multiple_of(page())?;
+    let to = from.saturating_add(len);
+    if !from.is_multiple_of(page()) || !overlaps(from, len) {
         return None;
     }
     let mut dropped = Vec::new();

@@ -300,3 +300,140 @@ pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE {
     // SAFETY: checked mode; the caller hands the fd to the stream.
     unsafe { stream(fd, mode) }
 }
+
+/// The standard stream `stream` is (0, 1, 2), as the program sees it now.
+fn std_index(stream: *mut FILE) -> Option<c_int> {
+    // SAFETY: reading glibc's assignable globals, as the program may at any time.
+    let current = unsafe { [stdin, stdout, stderr] };
+    current
+        .iter()
+        .position(|&s| s == stream)
+        .map(|k| k as c_int)
+}
+
+/// What `freopen` does with a stream: the fd it reads and writes, and whether the answer
+/// is then the standard stream of that number (which may be a new `FILE`).
+fn reopen_target(stream: *mut FILE) -> Option<(c_int, bool)> {
+    let std = std_index(stream);
+    match fd_of(stream) {
+        Some(fd) => Some((fd, std.is_some())),
+        None => std.map(|k| (k, true)),
+    }
+}
+
+/// `freopen64(3)` where a locus path or a locus stream is involved: the new file is opened
+/// (through this library or the kernel), moved onto the stream's fd with `dup2` (which makes
+/// a standard stream follow it), and the stream starts over at its beginning. A plain glibc
+/// stream other than `stdin`/`stdout`/`stderr` cannot be turned into a locus stream in place:
+/// it is closed, as `freopen` closes it before opening, and the answer is `EOPNOTSUPP`.
+/// `path` null (a new mode for the same file) on a locus stream is `EOPNOTSUPP`, the stream
+/// kept.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn freopen64(
+    path: *const c_char,
+    mode: *const c_char,
+    stream: *mut FILE,
+) -> *mut FILE {
+    let ours = fd_of(stream).is_some();
+    if path.is_null() {
+        if ours {
+            errno::set(libc::EOPNOTSUPP);
+            return std::ptr::null_mut();
+        }
+        // SAFETY: passed through.
+        return unsafe { real::freopen64(path, mode, stream) };
+    }
+    if mode.is_null() {
+        errno::set(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
+    // SAFETY: a NUL-terminated mode per C's contract.
+    let flags = match mode_flags(unsafe { CStr::from_ptr(mode) }.to_bytes()) {
+        Ok(flags) => flags & !libc::O_CLOEXEC,
+        Err(e) => {
+            errno::set(e);
+            return std::ptr::null_mut();
+        }
+    };
+    // Opens the new file: `Ok(None)` when neither side is locus (libc's freopen then).
+    let kernel_open = |dirfd: c_int, kpath: *const c_char| {
+        if !ours {
+            return Ok(None);
+        }
+        // SAFETY: a NUL-terminated path.
+        let fd = unsafe { real::openat(dirfd, kpath, flags, 0o666) };
+        if fd < 0 {
+            Err(errno::get())
+        } else {
+            Ok(Some(fd))
+        }
+    };
+    // SAFETY: the caller's NUL-terminated path.
+    let opened = match unsafe { super::resolve_as(libc::AT_FDCWD, path, true) } {
+        Err(e) => Err(e),
+        Ok(super::Resolved::Kernel) => kernel_open(libc::AT_FDCWD, path),
+        Ok(super::Resolved::KernelPath(rewritten)) => {
+            kernel_open(libc::AT_FDCWD, rewritten.as_ptr())
+        }
+        Ok(super::Resolved::Locus {
+            path,
+            trailing_slash,
+        }) => state::run(|| open_locus(&path, trailing_slash, flags, 0o666)).map(Some),
+    };
+    let fd = match opened {
+        Ok(None) => {
+            // SAFETY: passed through.
+            return unsafe { real::freopen64(path, mode, stream) };
+        }
+        Ok(Some(fd)) => fd,
+        Err(e) => {
+            errno::set(e);
+            return std::ptr::null_mut();
+        }
+    };
+    let Some((target, standard)) = reopen_target(stream) else {
+        // SAFETY: our fd, then the caller's stream, which freopen closes in any case.
+        unsafe {
+            super::fd::close(fd);
+            libc::fclose(stream);
+        }
+        errno::set(libc::EOPNOTSUPP);
+        return std::ptr::null_mut();
+    };
+    // SAFETY: the caller's stream and fds: flush, move the new file onto the stream's fd
+    // (dup2 makes a standard stream follow it), drop the extra fd.
+    unsafe {
+        libc::fflush(stream);
+        let moved = super::fd::dup2(fd, target);
+        let e = errno::get();
+        super::fd::close(fd);
+        if moved < 0 {
+            errno::set(e);
+            return std::ptr::null_mut();
+        }
+        let stream = if standard {
+            [stdin, stdout, stderr][target as usize]
+        } else {
+            stream
+        };
+        libc::rewind(stream);
+        stream
+    }
+}
+
+/// `freopen(3)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn freopen(
+    path: *const c_char,
+    mode: *const c_char,
+    stream: *mut FILE,
+) -> *mut FILE {
+    // SAFETY: forwarded contract.
+    unsafe { freopen64(path, mode, stream) }
+}
