@@ -24,6 +24,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("fs", &["topology", "pmem", "volume"]),
     ("fs-capi", &["topology", "volume", "fs"]),
     ("preload", &["topology", "volume", "fs"]),
+    ("mount", &["fs"]),
     ("exports", &["fs", "nbd"]),
     ("sim", &["cache"]),
     // Test helpers: a dev-dependency only (no crate's [dependencies] may name it, as no
@@ -32,7 +33,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "locus",
         &[
-            "topology", "pmem", "volume", "fs", "cache", "sim", "uring", "nbd", "exports",
+            "topology", "pmem", "volume", "fs", "cache", "sim", "uring", "nbd", "exports", "mount",
         ],
     ),
 ];

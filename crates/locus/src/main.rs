@@ -36,6 +36,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     Serve(commands::serve::ServeArgs),
+    Mount(commands::mount::MountArgs),
     Topology(commands::topology::TopologyArgs),
     Format(commands::format::FormatArgs),
     Status(commands::status::StatusArgs),
@@ -50,6 +51,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Serve(args) => commands::serve::run(&args.volume.path, &cli.sysfs, args),
+        Command::Mount(args) => commands::mount::run(&args.volume.path, &cli.sysfs, args),
         Command::Topology(args) => commands::topology::run(&cli.sysfs, args),
         Command::Format(args) => commands::format::run(&args.volume.path, &cli.sysfs, args),
         Command::Status(args) => commands::status::run(&args.volume.path, &cli.sysfs, args),
@@ -89,7 +91,9 @@ fn describe(error: &anyhow::Error) -> String {
 
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        // fuser logs an error when it unmounts what `umount` already took away (the normal
+        // way a mount ends); `locus mount` reports real unmount failures itself.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,fuser::mnt=off"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod format;
 pub mod fsck;
+pub mod mount;
 pub mod scrub;
 pub mod serve;
 pub mod sim;

@@ -1,0 +1,178 @@
+//! `locus mount`: the volume's file system as a kernel file system (FUSE) that every process
+//! on the machine shares, served by this process until it is unmounted or stopped.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use super::volume::{VolumeDir, open_or_create_default};
+
+/// Mount the volume's file system on a directory, for every process on the machine.
+///
+/// One locus process owns the volume and serves its files to the kernel over FUSE: shells,
+/// pipelines, a second `sqlite3` and rsync's two processes all use /MOUNTPOINT through
+/// ordinary system calls. A write that returns is atomic and durable, as everywhere in
+/// locus (no write-back cache holds acknowledged data); `fsync` has nothing left to do.
+/// Shared `mmap` works through the kernel's page cache: mapped stores are written when the
+/// kernel writes the pages back (`msync`, `munmap`, `fsync`).
+///
+/// Without --foreground the command returns once the file system is mounted and the server
+/// runs on in the background (in its own process group, logging to this stderr). It stops
+/// cleanly on `umount MOUNTPOINT` (or `fusermount -u`), SIGINT, SIGTERM or SIGHUP: requests
+/// finish, the file system is checkpointed and the volume closed. If the server is killed,
+/// the mount point answers ENOTCONN ("Transport endpoint is not connected") until it is
+/// unmounted (`umount -l MOUNTPOINT`); mounting again recovers every acknowledged write.
+#[derive(Debug, clap::Args)]
+pub struct MountArgs {
+    #[command(flatten)]
+    pub volume: VolumeDir,
+
+    /// An existing directory to mount the file system on.
+    #[arg(value_name = "MOUNTPOINT")]
+    pub mountpoint: PathBuf,
+
+    /// Serve in this process until unmounted or stopped, instead of returning once mounted.
+    #[arg(long)]
+    pub foreground: bool,
+
+    /// Let users other than the one mounting use the files (FUSE `allow_other`; the kernel
+    /// checks each file's permission bits).
+    #[arg(long)]
+    pub allow_other: bool,
+
+    /// Mount read-only: every change is EROFS.
+    #[arg(long)]
+    pub read_only: bool,
+}
+
+pub fn run(dir: &Path, sysfs: &Path, args: &MountArgs) -> Result<()> {
+    let meta = std::fs::metadata(&args.mountpoint)
+        .with_context(|| format!("mount point {}", args.mountpoint.display()))?;
+    if !meta.is_dir() {
+        bail!(
+            "mount point {} is not a directory",
+            args.mountpoint.display()
+        );
+    }
+    if args.foreground {
+        serve(dir, sysfs, args)
+    } else {
+        background(dir, args)
+    }
+}
+
+/// Whether a locus FUSE file system is mounted at `mountpoint` (from /proc/self/mountinfo).
+pub fn is_mounted(mountpoint: &Path) -> bool {
+    let Ok(canonical) = mountpoint.canonicalize() else {
+        return false;
+    };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    info.lines().any(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        // After the "-": the file system type (fuse, or fuse.locus) and the source (locus).
+        let after = fields
+            .iter()
+            .position(|&f| f == "-")
+            .map(|i| &fields[i + 1..]);
+        let ours = after.is_some_and(|a| {
+            a.len() >= 2 && (a[0] == "fuse" || a[0] == "fuse.locus") && a[1] == "locus"
+        });
+        ours && fields.get(4).is_some_and(|m| Path::new(m) == canonical)
+    })
+}
+
+/// Starts `locus mount --foreground` in its own process group and waits until the mount
+/// is there (or the server has failed, with its own message on stderr).
+fn background(dir: &Path, args: &MountArgs) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe().context("finding the locus executable")?;
+    let mut command = Command::new(exe);
+    command
+        .arg("mount")
+        .arg("--foreground")
+        .arg("--volume")
+        .arg(dir)
+        .arg(&args.mountpoint)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .process_group(0);
+    if args.allow_other {
+        command.arg("--allow-other");
+    }
+    if args.read_only {
+        command.arg("--read-only");
+    }
+    let mut child = command.spawn().context("starting the mount server")?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = child.try_wait().context("waiting for the mount server")? {
+            bail!("the mount server stopped before mounting ({status})");
+        }
+        if is_mounted(&args.mountpoint) {
+            eprintln!(
+                "locus: mounted {} at {} (server pid {}); unmount with `umount {}`",
+                dir.display(),
+                args.mountpoint.display(),
+                child.id(),
+                args.mountpoint.display()
+            );
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            bail!("the mount server did not mount within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Opens the volume, mounts, serves until unmounted or signalled, then closes cleanly.
+fn serve(dir: &Path, sysfs: &Path, args: &MountArgs) -> Result<()> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))
+            .context("installing the signal handlers")?;
+    }
+    let volume = open_or_create_default(dir, sysfs, true)?;
+    let fs = fs::Fs::open(Arc::new(volume), fs::FsOptions::default())
+        .with_context(|| format!("mounting the file system of {}", dir.display()))?;
+    let replayed = fs.replayed();
+    if replayed.any() {
+        eprintln!(
+            "locus: the last run did not unmount cleanly; recovery replayed {} logged write(s) \
+             ({} bytes) and {} metadata operation(s)",
+            replayed.log_records, replayed.log_bytes, replayed.journal_records
+        );
+    }
+    let config = mount::MountConfig {
+        read_only: args.read_only,
+        allow_other: args.allow_other,
+    };
+    let mounted = mount::mount(fs.clone(), &args.mountpoint, &config)
+        .with_context(|| format!("mounting on {}", args.mountpoint.display()))?;
+    eprintln!(
+        "locus: serving {} at {}; stop with `umount {}`, Ctrl-C or SIGTERM",
+        dir.display(),
+        args.mountpoint.display(),
+        args.mountpoint.display()
+    );
+    while !stop.load(Ordering::Relaxed) && !mounted.finished() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    mounted
+        .unmount()
+        .with_context(|| format!("unmounting {}", args.mountpoint.display()))?;
+    fs.unmount().context("closing the file system")?;
+    eprintln!("locus: unmounted {}", args.mountpoint.display());
+    Ok(())
+}
