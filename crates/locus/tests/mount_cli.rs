@@ -401,3 +401,45 @@ fn sigterm_unmounts_cleanly_and_the_files_stay() {
         "{stderr}"
     );
 }
+
+/// The preload library, finding the volume held by `locus mount`, passes /locus paths to
+/// the mount: a pipeline with /locus in both stages (two processes, which the library alone
+/// refuses with EBUSY) works, and its files are the mount's.
+#[test]
+fn the_preload_library_uses_a_running_mount() {
+    let library = Path::new(env!("CARGO_BIN_EXE_locus"))
+        .parent()
+        .unwrap()
+        .join("liblocus_preload.so");
+    assert!(
+        library.exists(),
+        "{} is missing: `cargo test --workspace` builds it",
+        library.display()
+    );
+    let mount = Mount::new();
+    let script = r#"
+        set -e
+        sqlite3 /locus/a.db 'CREATE TABLE t(a); INSERT INTO t VALUES (1), (2), (3);'
+        sqlite3 /locus/a.db .dump | sqlite3 /locus/b.db
+        sqlite3 /locus/b.db 'SELECT sum(a) FROM t;'
+        seq 1 1000 > /locus/n && cat /locus/n | sort -n -r | head -1 > /locus/top
+        cat /locus/top
+    "#;
+    let out = Command::new("bash")
+        .args(["-c", script])
+        .env("LD_PRELOAD", &library)
+        .env("LOCUS_VOLUME", mount.volume.path())
+        .env("LOCUS_MOUNT", "/locus")
+        .env(
+            "PATH",
+            format!(
+                "/usr/bin:/bin:{}",
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(ok(&out, "preloaded pipeline"), "6\n1000\n");
+    assert_eq!(std::fs::read(mount.path().join("top")).unwrap(), b"1000\n");
+    assert!(mount.path().join("b.db").exists());
+}

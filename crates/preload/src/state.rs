@@ -165,6 +165,31 @@ pub(crate) fn with_fs<T>(op: impl FnOnce(&Fs) -> Result<T, c_int>) -> Result<T, 
     }
 }
 
+/// The mount point of a `locus mount` server that holds the volume (while this process has
+/// not mounted it itself): locus paths then go to that mount, through the kernel, instead
+/// of failing with `EBUSY`. Found once per process (`volume::find_served`); until then,
+/// each locus call before this process mounts looks for the server's record.
+pub(crate) fn served_mount() -> Option<&'static [u8]> {
+    static SERVED: OnceLock<Vec<u8>> = OnceLock::new();
+    if let Some(point) = SERVED.get() {
+        return Some(point);
+    }
+    if ordered(rank::MOUNT, || MOUNT.read()).is_some() {
+        return None;
+    }
+    let config = config()?;
+    let served = {
+        let _inside = Guard::enter();
+        volume::find_served(&config.volume)?
+    };
+    if served.pid == std::process::id() {
+        return None;
+    }
+    use std::os::unix::ffi::OsStrExt;
+    let point = served.mountpoint.as_os_str().as_bytes().to_vec();
+    Some(SERVED.get_or_init(|| point))
+}
+
 fn mount() -> Result<Fs, c_int> {
     let config = config().ok_or(libc::EIO)?;
     let opened = (|| -> Result<Fs, FsError> {

@@ -21,9 +21,9 @@ use super::volume::{VolumeDir, open_or_create_default};
 /// kernel writes the pages back (`msync`, `munmap`, `fsync`).
 ///
 /// Without --foreground the command returns once the file system is mounted and the server
-/// runs on in the background (in its own process group, logging to this stderr). It stops
-/// cleanly on `umount MOUNTPOINT` (or `fusermount -u`), SIGINT, SIGTERM or SIGHUP: requests
-/// finish, the file system is checkpointed and the volume closed. If the server is killed,
+/// runs on in the background (in its own process group, logging to locus-mount.log in the
+/// volume directory). It stops cleanly on `umount MOUNTPOINT` (or `fusermount -u`), SIGINT,
+/// SIGTERM or SIGHUP: requests finish, the file system is checkpointed and the volume closed. If the server is killed,
 /// the mount point answers ENOTCONN ("Transport endpoint is not connected") until it is
 /// unmounted (`umount -l MOUNTPOINT`); mounting again recovers every acknowledged write.
 #[derive(Debug, clap::Args)]
@@ -65,30 +65,18 @@ pub fn run(dir: &Path, sysfs: &Path, args: &MountArgs) -> Result<()> {
     }
 }
 
-/// Whether a locus FUSE file system is mounted at `mountpoint` (from /proc/self/mountinfo).
-pub fn is_mounted(mountpoint: &Path) -> bool {
-    let Ok(canonical) = mountpoint.canonicalize() else {
-        return false;
-    };
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    info.lines().any(|line| {
-        let fields: Vec<&str> = line.split(' ').collect();
-        // After the "-": the file system type (fuse, or fuse.locus) and the source (locus).
-        let after = fields
-            .iter()
-            .position(|&f| f == "-")
-            .map(|i| &fields[i + 1..]);
-        let ours = after.is_some_and(|a| {
-            a.len() >= 2 && (a[0] == "fuse" || a[0] == "fuse.locus") && a[1] == "locus"
-        });
-        ours && fields.get(4).is_some_and(|m| Path::new(m) == canonical)
-    })
+/// Whether a locus FUSE file system is mounted at `mountpoint`.
+fn is_mounted(mountpoint: &Path) -> bool {
+    mountpoint
+        .canonicalize()
+        .is_ok_and(|m| volume::is_locus_mount(&m))
 }
 
-/// Starts `locus mount --foreground` in its own process group and waits until the mount
-/// is there (or the server has failed, with its own message on stderr).
+/// The background server's log, in the volume directory.
+const LOG_FILE: &str = "locus-mount.log";
+
+/// Starts `locus mount --foreground` in its own process group, logging to [`LOG_FILE`],
+/// and waits until the mount is there (or the server has failed: its messages are shown).
 fn background(dir: &Path, args: &MountArgs) -> Result<()> {
     use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe().context("finding the locus executable")?;
@@ -108,18 +96,32 @@ fn background(dir: &Path, args: &MountArgs) -> Result<()> {
     if args.read_only {
         command.arg("--read-only");
     }
+    // The server's messages go to a log beside the volume: holding this command's stderr
+    // would keep a pipe it writes into (`locus mount ... | tee`) open forever.
+    let log_path = dir.join(LOG_FILE);
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("opening the server's log {}", log_path.display()))?;
+    let start = log.metadata().map_or(0, |m| m.len());
+    command.stderr(log);
     let mut child = command.spawn().context("starting the mount server")?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if let Some(status) = child.try_wait().context("waiting for the mount server")? {
+            let said = std::fs::read(&log_path).unwrap_or_default();
+            let said = String::from_utf8_lossy(said.get(start as usize..).unwrap_or_default());
+            eprint!("{said}");
             bail!("the mount server stopped before mounting ({status})");
         }
         if is_mounted(&args.mountpoint) {
             eprintln!(
-                "locus: mounted {} at {} (server pid {}); unmount with `umount {}`",
+                "locus: mounted {} at {} (server pid {}, log {}); unmount with `umount {}`",
                 dir.display(),
                 args.mountpoint.display(),
                 child.id(),
+                log_path.display(),
                 args.mountpoint.display()
             );
             return Ok(());
@@ -160,6 +162,13 @@ fn serve(dir: &Path, sysfs: &Path, args: &MountArgs) -> Result<()> {
     };
     let mounted = mount::mount(fs.clone(), &args.mountpoint, &config)
         .with_context(|| format!("mounting on {}", args.mountpoint.display()))?;
+    // For the preload library and `status`: who serves this volume, and where.
+    if let Err(e) = volume::record_served(dir, &args.mountpoint) {
+        eprintln!(
+            "locus: cannot record the mount in {} ({e}); the preload library will not find it",
+            dir.display()
+        );
+    }
     eprintln!(
         "locus: serving {} at {}; stop with `umount {}`, Ctrl-C or SIGTERM",
         dir.display(),
@@ -169,6 +178,7 @@ fn serve(dir: &Path, sysfs: &Path, args: &MountArgs) -> Result<()> {
     while !stop.load(Ordering::Relaxed) && !mounted.finished() {
         std::thread::sleep(Duration::from_millis(50));
     }
+    volume::clear_served(dir);
     mounted
         .unmount()
         .with_context(|| format!("unmounting {}", args.mountpoint.display()))?;

@@ -101,7 +101,22 @@ pub(crate) unsafe fn resolve_as(
         Resolved::Locus {
             path,
             trailing_slash,
-        } => follow_links(path, trailing_slash, follow_last || trailing_slash),
+        } => match state::served_mount() {
+            // A `locus mount` server holds the volume: its mount has the same files.
+            Some(point) => {
+                let mut full = point.to_vec();
+                if path != "/" {
+                    full.extend_from_slice(path.as_bytes());
+                }
+                if trailing_slash {
+                    full.push(b'/');
+                }
+                CString::new(full)
+                    .map(Resolved::KernelPath)
+                    .map_err(|_| libc::EINVAL)
+            }
+            None => follow_links(path, trailing_slash, follow_last || trailing_slash),
+        },
         other => Ok(other),
     }
 }

@@ -1,0 +1,93 @@
+//! Which `locus mount` server, if any, serves a volume's file system, and where: a record the
+//! server keeps in the volume directory while it runs (`locus.mounted`: its pid and its mount
+//! point, one per line). The preload library reads it when the volume is held by another
+//! process, to use the mount instead of failing with `EBUSY`; `status` and `fsck` read it to
+//! name the mount. A record whose process is gone or whose mount point no longer shows a
+//! locus FUSE mount is stale and ignored (a killed server leaves one).
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// The record's file name in the volume directory.
+pub const SERVED_FILE: &str = "locus.mounted";
+
+/// A running server of the volume's file system.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Served {
+    /// The server's process id.
+    pub pid: u32,
+    /// Where its file system is mounted.
+    pub mountpoint: PathBuf,
+}
+
+/// Records this process as the server of the volume in `dir`, mounted at `mountpoint`.
+pub fn record_served(dir: &Path, mountpoint: &Path) -> io::Result<()> {
+    let mountpoint = mountpoint.canonicalize()?;
+    let text = format!("{}\n{}\n", std::process::id(), mountpoint.display());
+    let tmp = dir.join(format!("{SERVED_FILE}.{}", std::process::id()));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, dir.join(SERVED_FILE))
+}
+
+/// Removes the record (the server stopped).
+pub fn clear_served(dir: &Path) {
+    let _ = std::fs::remove_file(dir.join(SERVED_FILE));
+}
+
+/// The live server of the volume in `dir`: its record names a running process and a mount
+/// point where a locus FUSE file system is mounted now.
+pub fn find_served(dir: &Path) -> Option<Served> {
+    let text = std::fs::read_to_string(dir.join(SERVED_FILE)).ok()?;
+    let mut lines = text.lines();
+    let pid: u32 = lines.next()?.parse().ok()?;
+    let mountpoint = PathBuf::from(lines.next()?);
+    if !Path::new(&format!("/proc/{pid}")).exists() || !is_locus_mount(&mountpoint) {
+        return None;
+    }
+    Some(Served { pid, mountpoint })
+}
+
+/// Whether a locus FUSE file system is mounted at `mountpoint` (by /proc/self/mountinfo: the
+/// type `fuse` or `fuse.locus`, the source `locus`).
+pub fn is_locus_mount(mountpoint: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    info.lines().any(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let after = fields
+            .iter()
+            .position(|&f| f == "-")
+            .map(|i| &fields[i + 1..]);
+        let ours = after.is_some_and(|a| {
+            a.len() >= 2 && (a[0] == "fuse" || a[0] == "fuse.locus") && a[1] == "locus"
+        });
+        ours && fields.get(4).is_some_and(|m| Path::new(m) == mountpoint)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_without_its_mount_is_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(find_served(dir.path()), None);
+        let point = tempfile::tempdir().unwrap();
+        record_served(dir.path(), point.path()).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(SERVED_FILE)).unwrap();
+        assert_eq!(
+            text,
+            format!(
+                "{}\n{}\n",
+                std::process::id(),
+                point.path().canonicalize().unwrap().display()
+            )
+        );
+        // This process is alive, but nothing is mounted there.
+        assert_eq!(find_served(dir.path()), None);
+        clear_served(dir.path());
+        assert!(!dir.path().join(SERVED_FILE).exists());
+    }
+}
