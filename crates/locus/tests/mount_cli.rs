@@ -443,3 +443,58 @@ fn the_preload_library_uses_a_running_mount() {
     assert_eq!(std::fs::read(mount.path().join("top")).unwrap(), b"1000\n");
     assert!(mount.path().join("b.db").exists());
 }
+
+/// `locus status` of a mounted volume reads the server's live view through the mount;
+/// `fsck` refuses, naming the mount; the status file is hidden and read-only.
+#[test]
+fn status_and_fsck_beside_a_mount() {
+    let mount = Mount::new();
+    std::fs::create_dir(mount.path().join("d")).unwrap();
+    std::fs::write(mount.path().join("d/f"), b"x").unwrap();
+    let out = locus()
+        .args(["status", "--json", "--volume"])
+        .arg(mount.volume.path())
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_str(&ok(&out, "status --json")).unwrap();
+    let pid = u64::from(mount.server.as_ref().unwrap().id());
+    assert_eq!(report["served_by"]["pid"].as_u64(), Some(pid), "{report}");
+    assert_eq!(
+        report["fs_live"]["inodes"].as_u64(),
+        Some(3),
+        "root, d, d/f: {report}"
+    );
+    assert!(report["devices"][0]["free_bytes"].as_u64().unwrap() > 0);
+
+    let out = locus()
+        .args(["fsck", "--volume"])
+        .arg(mount.volume.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("served by `locus mount`") && err.contains("umount"),
+        "{err}"
+    );
+
+    let status = mount.path().join(".locus-status");
+    let names: Vec<_> = std::fs::read_dir(mount.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["d"], "the status file is not listed");
+    assert!(
+        std::fs::read_to_string(&status)
+            .unwrap()
+            .contains("\"server_pid\"")
+    );
+    assert_eq!(
+        std::fs::write(&status, b"x").unwrap_err().raw_os_error(),
+        Some(libc::EACCES)
+    );
+    assert_eq!(
+        std::fs::remove_file(&status).unwrap_err().raw_os_error(),
+        Some(libc::EPERM)
+    );
+}

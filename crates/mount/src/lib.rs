@@ -28,6 +28,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fs::{FsError, Kind, OpenOptions, Stat};
+use fuser::consts::FOPEN_DIRECT_IO;
 use fuser::{
     FileAttr, FileType, Filesystem, KernelConfig, MountOption, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
@@ -39,6 +40,13 @@ pub const TTL: Duration = Duration::from_secs(1);
 
 /// The block size reported to `stat` and `statfs`.
 const BLOCK: u32 = 4096;
+
+/// A read-only file at the root, not listed by `readdir`, whose bytes are the server's live
+/// view of the volume as JSON (devices, space, file system counters): how `locus status`
+/// reads a volume that a mount holds. Its name cannot be created, removed or renamed.
+pub const STATUS_NAME: &str = ".locus-status";
+/// The status file's inode number (the file system's numbers never come near it).
+const STATUS_INO: u64 = u64::MAX - 1;
 
 /// How a volume is mounted.
 #[derive(Debug, Clone, Default)]
@@ -127,6 +135,9 @@ impl Names {
 
     fn child(&self, parent: u64, name: &OsStr) -> Result<String, i32> {
         let name = name.to_str().ok_or(libc::EINVAL)?;
+        if parent == fs::ROOT_INO && name == STATUS_NAME {
+            return Err(libc::EPERM); // the status file's name
+        }
         let parent = self.path(parent)?;
         Ok(if parent == "/" {
             format!("/{name}")
@@ -163,6 +174,8 @@ struct Listing {
 enum Handle {
     File(fs::File),
     Dir(Listing),
+    /// The status file's bytes, made at `open`.
+    Status(Vec<u8>),
 }
 
 struct Server {
@@ -289,6 +302,7 @@ impl Server {
         match self.handles.get(&fh) {
             Some(Handle::File(f)) => Ok(f),
             Some(Handle::Dir(_)) => Err(libc::EISDIR),
+            Some(Handle::Status(_)) => Err(libc::EACCES),
             None => Err(libc::EBADF),
         }
     }
@@ -313,6 +327,9 @@ impl Server {
         mtime: Option<TimeOrNow>,
         fh: Option<u64>,
     ) -> Result<FileAttr, i32> {
+        if ino == STATUS_INO {
+            return Err(libc::EPERM);
+        }
         self.writable()?;
         // Owners are the mounting user's; only a no-op change is allowed.
         if owner.0.is_some_and(|u| u != self.uid) || owner.1.is_some_and(|g| g != self.gid) {
@@ -348,6 +365,40 @@ impl Server {
         }
         let st = self.stat(ino)?;
         Ok(self.attr(&st))
+    }
+
+    fn status_attr(&self) -> FileAttr {
+        FileAttr {
+            ino: STATUS_INO,
+            size: 0,
+            blocks: 0,
+            atime: SystemTime::now(),
+            mtime: SystemTime::now(),
+            ctime: SystemTime::now(),
+            crtime: SystemTime::now(),
+            kind: FileType::RegularFile,
+            perm: 0o444,
+            nlink: 1,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: BLOCK,
+            flags: 0,
+        }
+    }
+
+    /// The status file's bytes, now.
+    fn status(&self) -> Vec<u8> {
+        let volume = self.fs.volume();
+        let status = serde_json::json!({
+            "server_pid": std::process::id(),
+            "uuid": volume::hex(&volume.uuid()),
+            "devices": volume.stats(),
+            "fs": self.fs.stats(),
+        });
+        let mut bytes = serde_json::to_vec_pretty(&status).unwrap_or_default();
+        bytes.push(b'\n');
+        bytes
     }
 
     fn listing(&self, ino: u64) -> Result<Listing, i32> {
@@ -396,11 +447,17 @@ impl Filesystem for Server {
     }
 
     fn lookup(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
+        if parent == fs::ROOT_INO && name == STATUS_NAME {
+            return reply.entry(&Duration::ZERO, &self.status_attr(), 0);
+        }
         let found = self.names.child(parent, name).and_then(|p| self.entry(p));
         reply_or!(reply, found, attr => reply.entry(&TTL, &attr, 0));
     }
 
     fn getattr(&mut self, _req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
+        if ino == STATUS_INO {
+            return reply.attr(&Duration::ZERO, &self.status_attr());
+        }
         reply_or!(reply, self.stat(ino), st => reply.attr(&TTL, &self.attr(&st)));
     }
 
@@ -519,6 +576,14 @@ impl Filesystem for Server {
     }
 
     fn open(&mut self, _req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
+        if ino == STATUS_INO {
+            if flags & libc::O_ACCMODE != libc::O_RDONLY {
+                return reply.error(libc::EACCES);
+            }
+            let status = self.status();
+            // Direct I/O: the kernel reads to the end of the bytes, whatever the size said.
+            return reply.opened(self.add(Handle::Status(status)), FOPEN_DIRECT_IO);
+        }
         let opened = (|| {
             let options = Self::open_options(flags);
             if options.write {
@@ -545,6 +610,13 @@ impl Filesystem for Server {
         _lock_owner: Option<u64>,
         reply: ReplyData,
     ) {
+        if let Some(Handle::Status(bytes)) = self.handles.get(&fh) {
+            let from = usize::try_from(offset)
+                .unwrap_or(usize::MAX)
+                .min(bytes.len());
+            let to = from.saturating_add(size as usize).min(bytes.len());
+            return reply.data(&bytes[from..to]);
+        }
         let read = self.file(fh).and_then(|file| {
             let offset = u64::try_from(offset).map_err(|_| libc::EINVAL)?;
             let mut buf = vec![0u8; size as usize];
@@ -586,7 +658,11 @@ impl Filesystem for Server {
 
     fn flush(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _owner: u64, reply: ReplyEmpty) {
         // Every write is durable when it returns: nothing is held back.
-        reply_or!(reply, self.file(fh), _f => reply.ok());
+        match self.handles.get(&fh) {
+            Some(Handle::File(_) | Handle::Status(_)) => reply.ok(),
+            Some(Handle::Dir(_)) => reply.error(libc::EISDIR),
+            None => reply.error(libc::EBADF),
+        }
     }
 
     fn release(
@@ -604,6 +680,7 @@ impl Filesystem for Server {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
             },
+            Some(Handle::Status(_)) => reply.ok(),
             Some(Handle::Dir(_)) | None => reply.error(libc::EBADF),
         }
     }

@@ -60,6 +60,16 @@ struct Report {
 }
 
 pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
+    if let Some(served) = volume::find_served(dir) {
+        bail!(
+            "volume {} is served by `locus mount` (pid {}) at {}: fsck needs the volume to \
+             itself; unmount it first (`umount {}`), or see `locus status` for the live view",
+            dir.display(),
+            served.pid,
+            served.mountpoint.display(),
+            served.mountpoint.display()
+        );
+    }
     let volume_report = volume::check(dir)?;
     let mut report = Report {
         fs: None,

@@ -46,6 +46,9 @@ struct NodeOrder {
 }
 
 pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
+    if let Some(served) = volume::find_served(dir) {
+        return served_status(dir, &served, args);
+    }
     let volume = super::volume::open_or_create_default(dir, sysfs, false)?;
     // First: checking the file system marks the memory it owns, which the targets and the
     // free space below must count.
@@ -159,5 +162,64 @@ pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
             "Emulated devices live in shared memory: they survive process crashes, not reboots."
         );
     }
+    Ok(())
+}
+
+/// The status of a volume a `locus mount` server holds, read through its mount (the
+/// server's live view: devices, space, file system counters).
+fn served_status(dir: &Path, served: &volume::Served, args: &StatusArgs) -> Result<()> {
+    use anyhow::Context;
+    let file = served.mountpoint.join(mount::STATUS_NAME);
+    let text = std::fs::read_to_string(&file)
+        .with_context(|| format!("reading the mount server's status from {}", file.display()))?;
+    let live: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("the mount server's status in {}", file.display()))?;
+    if args.json {
+        let report = serde_json::json!({
+            "volume": dir.display().to_string(),
+            "served_by": { "pid": served.pid, "mountpoint": served.mountpoint },
+            "uuid": live["uuid"],
+            "devices": live["devices"],
+            "fs_live": live["fs"],
+        });
+        outln!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    let devices = live["devices"].as_array().cloned().unwrap_or_default();
+    outln!(
+        "volume {} ({} device(s)), uuid {}",
+        dir.display(),
+        devices.len(),
+        live["uuid"].as_str().unwrap_or("?")
+    );
+    outln!(
+        "served by `locus mount` (pid {}) at {}: the live view of its server",
+        served.pid,
+        served.mountpoint.display()
+    );
+    outln!();
+    outln!("DEV  NODE  CAPACITY  FREE  PATH");
+    for d in &devices {
+        let bytes = |key: &str| format_bytes(d[key].as_u64().unwrap_or(0));
+        outln!(
+            "{:<4} {:<5} {:<9} {:<5} {}",
+            d["index"],
+            d["node"]
+                .as_u64()
+                .map_or_else(|| "-".into(), |n| n.to_string()),
+            bytes("capacity_bytes"),
+            bytes("free_bytes"),
+            d["path"].as_str().unwrap_or("?")
+        );
+    }
+    let fs = &live["fs"];
+    outln!();
+    outln!(
+        "file system: {} files and directories, {} logged write(s) waiting for the checkpoint, \
+         write amplification {:.3}",
+        fs["inodes"],
+        fs["records_pending"],
+        fs["write_amplification"].as_f64().unwrap_or(0.0)
+    );
     Ok(())
 }
