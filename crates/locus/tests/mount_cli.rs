@@ -498,3 +498,30 @@ fn status_and_fsck_beside_a_mount() {
         Some(libc::EPERM)
     );
 }
+
+/// fio with several jobs as separate processes writes and verifies (crc32c) on the mount.
+#[test]
+fn fio_jobs_as_processes_verify_their_data() {
+    assert!(have("fio"), "fio is not installed (.ci/run installs it)");
+    let mount = Mount::new();
+    let out = Command::new("fio")
+        .args([
+            "--name=verify",
+            "--ioengine=psync",
+            "--rw=randwrite",
+            "--bsrange=1k-64k",
+            "--size=8m",
+            "--numjobs=3",
+            "--verify=crc32c",
+            "--verify_fatal=1",
+            "--do_verify=1",
+            "--group_reporting",
+        ])
+        .arg(format!("--directory={}", mount.path().display()))
+        .output()
+        .unwrap();
+    let report = ok(&out, "fio");
+    assert!(report.contains("verify"), "{report}");
+    let files = std::fs::read_dir(mount.path()).unwrap().count();
+    assert_eq!(files, 3, "one file per job");
+}
