@@ -3,6 +3,7 @@
 pub mod age;
 mod cleanup;
 pub mod fs;
+pub mod mount;
 pub mod nbd;
 pub mod preload;
 pub mod sim;
@@ -27,6 +28,7 @@ enum Suite {
     Age(age::AgeBenchArgs),
     Fs(fs::FsBenchArgs),
     Nbd(nbd::NbdBenchArgs),
+    Mount(mount::MountBenchArgs),
     Preload(preload::PreloadBenchArgs),
     Sim(sim::SimBenchArgs),
     Uring(uring::UringBenchArgs),
@@ -72,6 +74,7 @@ pub fn run(sysfs: &std::path::Path, args: &BenchArgs) -> Result<()> {
         Suite::Age(args) => age::run(sysfs, args),
         Suite::Fs(args) => fs::run(sysfs, args),
         Suite::Nbd(args) => nbd::run(args),
+        Suite::Mount(args) => mount::run(sysfs, args),
         Suite::Preload(args) => preload::run(sysfs, args),
         Suite::Sim(args) => sim::run(args),
         Suite::Uring(args) => uring::run(args),

@@ -68,9 +68,9 @@ struct Target {
     durable: bool,
 }
 
-fn library(args: &PreloadBenchArgs) -> Result<PathBuf> {
-    let path = match &args.library {
-        Some(path) => path.clone(),
+pub(super) fn library(explicit: Option<&Path>) -> Result<PathBuf> {
+    let path = match explicit {
+        Some(path) => path.to_owned(),
         None => std::env::current_exe()
             .context("locating the locus executable")?
             .with_file_name("liblocus_preload.so"),
@@ -86,7 +86,18 @@ fn library(args: &PreloadBenchArgs) -> Result<PathBuf> {
 }
 
 /// A fresh volume in `dir`, sized for `files` files of `size` bytes plus logs.
-fn make_volume(dir: &Path, sysfs: &Path, files: u64, size: u64) -> Result<()> {
+pub(super) fn make_volume(dir: &Path, sysfs: &Path, files: u64, size: u64) -> Result<()> {
+    make_volume_with_room(dir, sysfs, files, size, 6 << 30)
+}
+
+/// [`make_volume`] with `room` bytes beyond twice the files.
+pub(super) fn make_volume_with_room(
+    dir: &Path,
+    sysfs: &Path,
+    files: u64,
+    size: u64,
+    room: u64,
+) -> Result<()> {
     let topology = super::super::volume::read_topology(sysfs)?;
     let nodes = topology
         .nodes
@@ -97,7 +108,7 @@ fn make_volume(dir: &Path, sysfs: &Path, files: u64, size: u64) -> Result<()> {
     // Sustained random overwrites fill space faster than the checkpoint frees the blocks
     // they replace (measured: 4 KiB writes at ~550 k/s run a 1.5 GiB volume out of space in
     // about two seconds), so the volume gets generous room beyond the files themselves.
-    let bytes = (files * size * 2 + (6 << 30)) / nodes;
+    let bytes = (files * size * 2 + room) / nodes;
     let bytes = bytes.div_ceil(2 << 20) * (2 << 20);
     let config = volume::default_config(dir, &topology, Some(bytes))
         .context("laying out the bench volume")?;
@@ -166,7 +177,7 @@ pub fn run(sysfs: &Path, args: &PreloadBenchArgs) -> Result<()> {
     if !super::nbd::installed("fio") {
         bail!("fio is not installed (Debian: apt-get install fio)");
     }
-    let library = library(args)?;
+    let library = library(args.library.as_deref())?;
     let tmpfs = super::cleanup::Scratch::shm_dir(&format!("locus-bench-preload-{}", "tmpfs"))?;
     let volume_dir =
         super::cleanup::Scratch::shm_dir(&format!("locus-bench-preload-{}", "volume"))?;
