@@ -403,19 +403,25 @@ fn sigterm_unmounts_cleanly_and_the_files_stay() {
 }
 
 /// The preload library, finding the volume held by `locus mount`, passes /locus paths to
-/// the mount: a pipeline with /locus in both stages (two processes, which the library alone
-/// refuses with EBUSY) works, and its files are the mount's.
+/// the mount: a pipeline with /locus in both stages and rsync (two processes each, which the
+/// library alone refuses with EBUSY) work, and the files are the mount's.
 #[test]
 fn the_preload_library_uses_a_running_mount() {
-    let library = Path::new(env!("CARGO_BIN_EXE_locus"))
-        .parent()
-        .unwrap()
-        .join("liblocus_preload.so");
-    assert!(
-        library.exists(),
-        "{} is missing: `cargo test --workspace` builds it",
-        library.display()
-    );
+    // `cargo build` leaves the library beside the binary; `cargo test --workspace` in deps/.
+    let dir = Path::new(env!("CARGO_BIN_EXE_locus")).parent().unwrap();
+    let library = [
+        dir.join("liblocus_preload.so"),
+        dir.join("deps/liblocus_preload.so"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .unwrap_or_else(|| {
+        panic!(
+            "liblocus_preload.so is in neither {} nor its deps/: `cargo test --workspace` \
+                 builds it",
+            dir.display()
+        )
+    });
     let mount = Mount::new();
     let script = r#"
         set -e
@@ -424,6 +430,9 @@ fn the_preload_library_uses_a_running_mount() {
         sqlite3 /locus/b.db 'SELECT sum(a) FROM t;'
         seq 1 1000 > /locus/n && cat /locus/n | sort -n -r | head -1 > /locus/top
         cat /locus/top
+        mkdir -p /locus/src/d && cp /locus/n /locus/src/d/ && ln -s d/n /locus/src/l
+        rsync -a /locus/src/ /locus/dst/ && diff -r --no-dereference /locus/src /locus/dst
+        readlink /locus/dst/l
     "#;
     let out = Command::new("bash")
         .args(["-c", script])
@@ -439,7 +448,7 @@ fn the_preload_library_uses_a_running_mount() {
         )
         .output()
         .unwrap();
-    assert_eq!(ok(&out, "preloaded pipeline"), "6\n1000\n");
+    assert_eq!(ok(&out, "preloaded pipeline"), "6\n1000\nd/n\n");
     assert_eq!(std::fs::read(mount.path().join("top")).unwrap(), b"1000\n");
     assert!(mount.path().join("b.db").exists());
 }
@@ -524,4 +533,38 @@ fn fio_jobs_as_processes_verify_their_data() {
     assert!(report.contains("verify"), "{report}");
     let files = std::fs::read_dir(mount.path()).unwrap().count();
     assert_eq!(files, 3, "one file per job");
+}
+
+/// What the file system does not hold is refused with EPERM: FIFOs, device nodes, hard
+/// links; `mknod` of a regular file makes one.
+#[test]
+fn special_files_and_hard_links_are_refused() {
+    let mount = Mount::new();
+    let script = r#"
+import errno, os, stat, sys
+R = sys.argv[1]
+for what, call in [
+    ("mkfifo", lambda: os.mkfifo(R + "/fifo")),
+    ("mknod char", lambda: os.mknod(R + "/dev", 0o644 | stat.S_IFCHR, os.makedev(1, 3))),
+    ("link", lambda: os.link(R + "/plain", R + "/hard")),
+]:
+    if what == "link":
+        os.mknod(R + "/plain", 0o640 | stat.S_IFREG)
+        print("mknod regular", oct(os.stat(R + "/plain").st_mode))
+    try:
+        call()
+        print(what, "made")
+    except OSError as e:
+        print(what, errno.errorcode[e.errno])
+print(sorted(os.listdir(R)))
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script])
+        .arg(mount.path())
+        .output()
+        .unwrap();
+    assert_eq!(
+        ok(&out, "python3"),
+        "mkfifo EPERM\nmknod char EPERM\nmknod regular 0o100640\nlink EPERM\n['plain']\n"
+    );
 }

@@ -510,6 +510,47 @@ impl Filesystem for Server {
         reply_or!(reply, made, attr => reply.entry(&TTL, &attr, 0));
     }
 
+    fn mknod(
+        &mut self,
+        _req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        // Regular files only: no FIFOs, sockets or device nodes.
+        if mode & libc::S_IFMT != libc::S_IFREG {
+            return reply.error(libc::EPERM);
+        }
+        let made = self.writable().and_then(|()| {
+            let path = self.names.child(parent, name)?;
+            let options = OpenOptions {
+                create: true,
+                exclusive: true,
+                mode: mode & !umask & 0o7777,
+                ..OpenOptions::default()
+            };
+            let file = self.fs.open_file(&path, options).map_err(|e| errno(&e))?;
+            file.close().map_err(|e| errno(&e))?;
+            self.entry(path)
+        });
+        reply_or!(reply, made, attr => reply.entry(&TTL, &attr, 0));
+    }
+
+    fn link(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        _newparent: u64,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        // One name per inode (as through the preload library).
+        reply.error(libc::EPERM);
+    }
+
     fn unlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
         let done = self.writable().and_then(|()| {
             let path = self.names.child(parent, name)?;
