@@ -64,10 +64,15 @@ impl Mount {
     }
 
     fn start(&mut self) {
+        self.start_with(&[]);
+    }
+
+    fn start_with(&mut self, options: &[&str]) {
         let server = locus()
             .args(["mount", "--foreground", "--volume"])
             .arg(self.volume.path())
             .arg(self.point.path())
+            .args(options)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -355,6 +360,17 @@ fn kill_9_of_the_server_loses_no_acknowledged_write() {
             .unwrap()
             .success()
     );
+    // The dead server's record is stale: status opens the volume itself (and recovers in
+    // DRAM only, changing nothing).
+    assert!(mount.volume.path().join("locus.mounted").exists());
+    let out = locus()
+        .args(["status", "--json", "--volume"])
+        .arg(mount.volume.path())
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_str(&ok(&out, "status")).unwrap();
+    assert!(report.get("served_by").is_none(), "{report}");
+    assert_eq!(report["fs"]["state"], "present", "{report}");
     mount.start();
     for (file, last) in files.iter().zip(acknowledged) {
         let last = last.expect("the writer acknowledged some records before the kill");
@@ -567,4 +583,37 @@ print(sorted(os.listdir(R)))
         ok(&out, "python3"),
         "mkfifo EPERM\nmknod char EPERM\nmknod regular 0o100640\nlink EPERM\n['plain']\n"
     );
+}
+
+/// `--read-only`: reads work, every change is EROFS, and the volume is unchanged after.
+#[test]
+fn a_read_only_mount_refuses_every_change() {
+    let mut mount = Mount::new();
+    std::fs::write(mount.path().join("f"), b"before").unwrap();
+    let (status, stderr) = mount.stop();
+    assert!(status.success(), "{stderr}");
+    mount.start_with(&["--read-only"]);
+    assert_eq!(std::fs::read(mount.path().join("f")).unwrap(), b"before");
+    let refused = |e: std::io::Error| e.raw_os_error();
+    assert_eq!(
+        std::fs::write(mount.path().join("f"), b"after").map_err(refused),
+        Err(Some(libc::EROFS))
+    );
+    assert_eq!(
+        std::fs::write(mount.path().join("new"), b"x").map_err(refused),
+        Err(Some(libc::EROFS))
+    );
+    assert_eq!(
+        std::fs::create_dir(mount.path().join("d")).map_err(refused),
+        Err(Some(libc::EROFS))
+    );
+    assert_eq!(
+        std::fs::remove_file(mount.path().join("f")).map_err(refused),
+        Err(Some(libc::EROFS))
+    );
+    let (status, stderr) = mount.stop();
+    assert!(status.success(), "{stderr}");
+    mount.start();
+    assert_eq!(std::fs::read(mount.path().join("f")).unwrap(), b"before");
+    assert!(!mount.path().join("new").exists());
 }
