@@ -47,7 +47,8 @@ pub struct VmTestArgs {
     #[arg(long, default_value_t = 60)]
     boot_timeout: u64,
 
-    /// How many times to boot a guest whose boot stalled before giving up.
+    /// How many times to boot a guest whose boot stalled, or whose qemu died before the guest
+    /// was ready, before giving up.
     #[arg(long, default_value_t = 3)]
     boot_attempts: u32,
 
@@ -138,13 +139,28 @@ pub fn run(root: &Path, args: &VmTestArgs) -> Result<ExitCode> {
         let mut attempt = 1;
         let run = loop {
             let run = boot_once(topology, &dir, &archive, &assets.kernel.vmlinuz, args)?;
-            if !run.boot_stalled || attempt >= args.boot_attempts.max(1) {
+            // Before the guest is ready nothing of the suite has run, so a boot that stalled
+            // or a qemu that died on its own (TCG has asserted in `iotlb_to_section` here)
+            // can be tried again without hiding a test failure.
+            let crashed_before_ready =
+                run.boot_to_ready.is_none() && !run.done && !run.timed_out && !run.boot_stalled;
+            let retry = run.boot_stalled || crashed_before_ready;
+            if !retry || attempt >= args.boot_attempts.max(1) {
                 break run;
             }
-            eprintln!(
-                "vm-test {}: the guest did not reach its suite within {} s (attempt {attempt} of {}); booting it again",
-                topology.name, args.boot_timeout, args.boot_attempts
-            );
+            if run.boot_stalled {
+                eprintln!(
+                    "vm-test {}: the guest did not reach its suite within {} s (attempt {attempt} of {}); booting it again",
+                    topology.name, args.boot_timeout, args.boot_attempts
+                );
+            } else {
+                eprintln!(
+                    "vm-test {}: qemu stopped before the guest was ready (attempt {attempt} of {}): {}; booting it again",
+                    topology.name,
+                    args.boot_attempts,
+                    run.qemu_stderr.trim()
+                );
+            }
             attempt += 1;
         };
         let problems = evaluate(topology, &run, &steps);
