@@ -24,12 +24,7 @@ struct Mount {
 }
 
 fn is_mounted(point: &Path) -> bool {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let point = point.canonicalize().unwrap();
-    info.lines().any(|l| {
-        let f: Vec<&str> = l.split(' ').collect();
-        Path::new(f[4]) == point && l.contains(" - fuse")
-    })
+    volume::is_locus_mount(&point.canonicalize().unwrap())
 }
 
 impl Mount {

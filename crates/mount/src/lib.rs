@@ -401,6 +401,20 @@ impl Server {
         bytes
     }
 
+    /// Removes `name` from `parent` with `op` (unlink or rmdir) and forgets its path.
+    fn remove(
+        &mut self,
+        parent: u64,
+        name: &OsStr,
+        op: fn(&fs::Fs, &str) -> fs::Result<()>,
+    ) -> Result<(), i32> {
+        self.writable()?;
+        let path = self.names.child(parent, name)?;
+        op(&self.fs, &path).map_err(|e| errno(&e))?;
+        self.names.removed(&path);
+        Ok(())
+    }
+
     fn listing(&self, ino: u64) -> Result<Listing, i32> {
         let path = self.names.path(ino)?;
         let here = self.fs.lstat(path).map_err(|e| errno(&e))?;
@@ -552,22 +566,12 @@ impl Filesystem for Server {
     }
 
     fn unlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
-        let done = self.writable().and_then(|()| {
-            let path = self.names.child(parent, name)?;
-            self.fs.unlink(&path).map_err(|e| errno(&e))?;
-            self.names.removed(&path);
-            Ok(())
-        });
+        let done = self.remove(parent, name, fs::Fs::unlink);
         reply_or!(reply, done, _d => reply.ok());
     }
 
     fn rmdir(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
-        let done = self.writable().and_then(|()| {
-            let path = self.names.child(parent, name)?;
-            self.fs.rmdir(&path).map_err(|e| errno(&e))?;
-            self.names.removed(&path);
-            Ok(())
-        });
+        let done = self.remove(parent, name, fs::Fs::rmdir);
         reply_or!(reply, done, _d => reply.ok());
     }
 

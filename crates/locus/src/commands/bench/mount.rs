@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use serde::Serialize;
 
+use super::preload::Case;
 use crate::output::outln;
 use crate::size::{format_bytes, parse_size};
 
@@ -46,19 +46,6 @@ pub struct MountBenchArgs {
     /// it the preload column is left out.
     #[arg(long)]
     library: Option<PathBuf>,
-}
-
-#[derive(Debug, Serialize)]
-struct Case {
-    suite: &'static str,
-    engine: &'static str,
-    op: &'static str,
-    bs_bytes: u64,
-    numjobs: u32,
-    iops: f64,
-    bytes_per_sec: f64,
-    latency_mean_ns: f64,
-    durable: bool,
 }
 
 struct Target {
@@ -130,22 +117,8 @@ impl Drop for Server {
 }
 
 fn fio(target: &Target, bs: u64, numjobs: u32, args: &MountBenchArgs) -> Result<Case> {
-    let mut command = Command::new("fio");
-    command.args([
-        "--name=locus-bench-mount".to_owned(),
-        "--ioengine=psync".into(),
-        "--rw=randwrite".into(),
-        format!("--bs={bs}"),
-        format!("--size={}", args.size),
-        format!("--numjobs={numjobs}"),
-        format!("--filename_format={}/bench.$jobnum", target.dir),
-        "--group_reporting".into(),
-        "--randrepeat=0".into(),
-        "--norandommap".into(),
-        "--time_based".into(),
-        format!("--runtime={}ms", (args.seconds * 1000.0) as u64),
-        "--output-format=json".into(),
-    ]);
+    let mut command =
+        super::preload::randwrite_command(&target.dir, bs, args.size, numjobs, args.seconds);
     if let Some((library, volume)) = &target.preload {
         // The library serves one process: fio's jobs run as its threads.
         command
@@ -154,19 +127,13 @@ fn fio(target: &Target, bs: u64, numjobs: u32, args: &MountBenchArgs) -> Result<
             .env("LOCUS_VOLUME", volume)
             .env("LOCUS_MOUNT", "/locus");
     }
-    let doc = super::fio_report(&mut command)?;
-    let side = &doc["jobs"][0]["write"];
-    Ok(Case {
-        suite: "mount",
-        engine: target.engine,
-        op: "randwrite",
-        bs_bytes: bs,
-        numjobs,
-        iops: side["iops"].as_f64().unwrap_or(0.0),
-        bytes_per_sec: side["bw_bytes"].as_f64().unwrap_or(0.0),
-        latency_mean_ns: side["lat_ns"]["mean"].as_f64().unwrap_or(0.0),
-        durable: target.durable,
-    })
+    super::preload::randwrite_case(
+        &mut command,
+        "mount",
+        target.engine,
+        (bs, numjobs),
+        target.durable,
+    )
 }
 
 pub fn run(sysfs: &Path, args: &MountBenchArgs) -> Result<()> {

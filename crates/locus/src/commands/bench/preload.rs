@@ -47,17 +47,18 @@ pub struct PreloadBenchArgs {
     library: Option<PathBuf>,
 }
 
+/// One fio run's result (shared with `bench mount`).
 #[derive(Debug, Serialize)]
-struct Case {
-    suite: &'static str,
-    engine: &'static str,
-    op: &'static str,
-    bs_bytes: u64,
-    numjobs: u32,
-    iops: f64,
-    bytes_per_sec: f64,
-    latency_mean_ns: f64,
-    durable: bool,
+pub(super) struct Case {
+    pub(super) suite: &'static str,
+    pub(super) engine: &'static str,
+    pub(super) op: &'static str,
+    pub(super) bs_bytes: u64,
+    pub(super) numjobs: u32,
+    pub(super) iops: f64,
+    pub(super) bytes_per_sec: f64,
+    pub(super) latency_mean_ns: f64,
+    pub(super) durable: bool,
 }
 
 /// Where one column's fio runs.
@@ -117,44 +118,72 @@ pub(super) fn make_volume_with_room(
     Ok(())
 }
 
-/// A directory in /dev/shm, removed with everything in it when dropped.
-fn fio(target: &Target, bs: u64, numjobs: u32, args: &PreloadBenchArgs) -> Result<Case> {
+/// fio's psync random-write job on `dir/bench.$jobnum` with these sizes and time.
+pub(super) fn randwrite_command(
+    dir: &str,
+    bs: u64,
+    size: u64,
+    numjobs: u32,
+    seconds: f64,
+) -> Command {
     let mut command = Command::new("fio");
     command.args([
-        "--name=locus-bench-preload".to_owned(),
+        "--name=locus-bench".to_owned(),
         "--ioengine=psync".into(),
         "--rw=randwrite".into(),
         format!("--bs={bs}"),
-        format!("--size={}", args.size),
+        format!("--size={size}"),
         format!("--numjobs={numjobs}"),
-        format!("--filename_format={}/bench.$jobnum", target.dir),
-        "--thread".into(),
+        format!("--filename_format={dir}/bench.$jobnum"),
         "--group_reporting".into(),
         "--randrepeat=0".into(),
         "--norandommap".into(),
         "--time_based".into(),
-        format!("--runtime={}ms", (args.seconds * 1000.0) as u64),
+        format!("--runtime={}ms", (seconds * 1000.0) as u64),
         "--output-format=json".into(),
     ]);
-    if let Some((library, volume)) = &target.preload {
-        command
-            .env("LD_PRELOAD", library)
-            .env("LOCUS_VOLUME", volume)
-            .env("LOCUS_MOUNT", "/locus");
-    }
-    let doc = super::fio_report(&mut command)?;
+    command
+}
+
+/// Runs `command` (from [`randwrite_command`]) and reads its write side into a [`Case`].
+pub(super) fn randwrite_case(
+    command: &mut Command,
+    suite: &'static str,
+    engine: &'static str,
+    (bs, numjobs): (u64, u32),
+    durable: bool,
+) -> Result<Case> {
+    let doc = super::fio_report(command)?;
     let side = &doc["jobs"][0]["write"];
     Ok(Case {
-        suite: "preload",
-        engine: target.engine,
+        suite,
+        engine,
         op: "randwrite",
         bs_bytes: bs,
         numjobs,
         iops: side["iops"].as_f64().unwrap_or(0.0),
         bytes_per_sec: side["bw_bytes"].as_f64().unwrap_or(0.0),
         latency_mean_ns: side["lat_ns"]["mean"].as_f64().unwrap_or(0.0),
-        durable: target.durable,
+        durable,
     })
+}
+
+fn fio(target: &Target, bs: u64, numjobs: u32, args: &PreloadBenchArgs) -> Result<Case> {
+    let mut command = randwrite_command(&target.dir, bs, args.size, numjobs, args.seconds);
+    command.arg("--thread");
+    if let Some((library, volume)) = &target.preload {
+        command
+            .env("LD_PRELOAD", library)
+            .env("LOCUS_VOLUME", volume)
+            .env("LOCUS_MOUNT", "/locus");
+    }
+    randwrite_case(
+        &mut command,
+        "preload",
+        target.engine,
+        (bs, numjobs),
+        target.durable,
+    )
 }
 
 pub fn run(sysfs: &Path, args: &PreloadBenchArgs) -> Result<()> {
