@@ -24,7 +24,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("fs", &["topology", "pmem", "volume"]),
     ("fs-capi", &["topology", "volume", "fs"]),
     ("preload", &["topology", "volume", "fs"]),
-    ("mount", &["volume", "fs"]),
+    ("mount", &["topology", "volume", "fs", "uring"]),
     ("exports", &["fs", "nbd"]),
     ("sim", &["cache"]),
     // Test helpers: a dev-dependency only (no crate's [dependencies] may name it, as no

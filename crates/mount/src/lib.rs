@@ -3,43 +3,52 @@
 //! a second `sqlite3` reading a live database, rsync's two processes — while one daemon owns
 //! the volume.
 //!
-//! The kernel speaks of inodes, the file system of paths: [`Names`] keeps the path of every
-//! inode the kernel has looked up (FUSE inode numbers are the file system's, the root is 1 in
-//! both) and follows renames and removals; open files are `fs::File` handles by FUSE file
-//! handle, so a file unlinked while open stays usable. Symbolic links are resolved by the
-//! kernel (it asks `readlink` and walks on), so every path handed to the file system is free
-//! of links.
+//! locus speaks the FUSE protocol itself ([`proto`], [`server`]): the `fuser` crate only
+//! mounts (it knows `mount(2)` and `fusermount3`), because its request loop is a single
+//! thread reading `/dev/fuse` and its `INIT` cannot ask for FUSE over io_uring.
+//!
+//! Transports. With FUSE over io_uring (Linux 6.14+, `fuse.enable_uring=Y`) the kernel has a
+//! request queue per CPU; locus serves queue *c* on a thread pinned to CPU *c*, so a request
+//! is served on the CPU that made it and neither wake-up crosses CPUs
+//! ([`uring::fuse::FuseRing`]). Otherwise a thread per CPU reads `/dev/fuse` (the kernel
+//! hands each request to one reader). `/dev/fuse` is read in both cases: it carries `INIT`,
+//! interrupts and forgets, and every request until all io_uring queues are registered.
+//!
+//! The kernel speaks of inodes, the file system of paths: `server::Names` keeps the path of
+//! every inode the kernel has looked up (FUSE inode numbers are the file system's, the root
+//! is 1 in both) and follows renames and removals; open files are `fs::File` handles by FUSE
+//! file handle, so a file unlinked while open stays usable. Symbolic links are resolved by
+//! the kernel (it asks `readlink` and walks on), so every path handed to the file system is
+//! free of links.
 //!
 //! Semantics: no write-back cache is negotiated, so a `write(2)` that returns has been
-//! written by the file system — atomic and durable, as through the library. Attributes and
-//! names are cached by the kernel for [`TTL`]; every change reaches the file system through
-//! this mount, so the caches are never stale. Shared `mmap` goes through the kernel's page
-//! cache: stores reach the file system when the kernel writes the pages back (`msync`,
-//! `munmap`, `fsync`), which is the durability point for mapped stores.
-//!
-//! The request loop is fuser's, one thread: requests are served one at a time. The file
-//! system itself is concurrent; a loop per node over cloned `/dev/fuse` descriptors is the
-//! way to serve requests near their CPU (ARCHITECTURE.md, `mount`).
+//! written by the file system — atomic and durable, as through the library. Regular files are
+//! opened for direct I/O when the kernel allows shared mmap of direct-I/O files (Linux 6.6+):
+//! reads and writes skip the kernel's page cache (one copy less each way), mappings use it and
+//! their stores reach the file system when the kernel writes the pages back (`msync`,
+//! `munmap`, `fsync`), which is the durability point for mapped stores. Attributes and names
+//! are cached by the kernel for [`TTL`]; every change reaches the file system through this
+//! mount, so the caches are never stale.
 
-use std::collections::HashMap;
-use std::ffi::OsStr;
-use std::io;
+use std::fs::File;
+use std::io::{self, IoSlice, Read, Write};
+use std::os::fd::AsFd;
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
-use fs::{FsError, Kind, OpenOptions, Stat};
-use fuser::consts::FOPEN_DIRECT_IO;
-use fuser::{
-    FileAttr, FileType, Filesystem, KernelConfig, MountOption, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, Request, TimeOrNow,
-};
+use fuser::MountOption;
+
+pub mod proto;
+mod server;
+
+use proto::{InHeader, init};
+use server::{Reply, Server};
 
 /// How long the kernel may keep attributes and names without asking again.
 pub const TTL: Duration = Duration::from_secs(1);
-
-/// The block size reported to `stat` and `statfs`.
-const BLOCK: u32 = 4096;
 
 /// A read-only file at the root, not listed by `readdir`, whose bytes are the server's live
 /// view of the volume as JSON (devices, space, file system counters): how `locus status`
@@ -47,6 +56,27 @@ const BLOCK: u32 = 4096;
 pub const STATUS_NAME: &str = ".locus-status";
 /// The status file's inode number (the file system's numbers never come near it).
 const STATUS_INO: u64 = u64::MAX - 1;
+
+/// The largest write (and read) one request carries: 1 MiB (256 pages, the kernel's default
+/// limit), so a 2 MiB `write(2)` is two requests.
+const MAX_WRITE: usize = 1 << 20;
+/// io_uring entries per CPU queue: one being served, one already holding the next request.
+const QUEUE_DEPTH: usize = 2;
+
+/// The kernel switch for FUSE over io_uring.
+pub const URING_SWITCH: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// How requests travel between the kernel and the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// io_uring when the kernel offers it, `/dev/fuse` reads otherwise.
+    #[default]
+    Auto,
+    /// FUSE over io_uring, per-CPU queues; mounting fails when the kernel does not offer it.
+    IoUring,
+    /// `read(2)`/`write(2)` on `/dev/fuse`, a thread per CPU.
+    Read,
+}
 
 /// How a volume is mounted.
 #[derive(Debug, Clone, Default)]
@@ -56,39 +86,72 @@ pub struct MountConfig {
     /// Let other users than the one who mounted use the files (`allow_other`; the kernel
     /// then checks permissions, as it always does here).
     pub allow_other: bool,
+    /// How requests travel.
+    pub transport: Transport,
 }
 
-/// A running mount. [`Mounted::wait`] returns when the kernel unmounts it (`umount`,
+/// What the mount negotiated with the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Negotiated {
+    /// The protocol minor version in use.
+    pub minor: u32,
+    /// Requests are served from per-CPU io_uring queues.
+    pub io_uring: bool,
+    /// Regular files use direct I/O (shared mmap still works).
+    pub direct_io: bool,
+    /// Threads serving requests.
+    pub threads: usize,
+}
+
+/// A running mount. [`Mounted::finished`] says when the kernel has ended it (`umount`,
 /// `fusermount -u`); [`Mounted::unmount`] unmounts it from here.
-#[derive(Debug)]
 pub struct Mounted {
-    session: Option<fuser::BackgroundSession>,
+    session: Option<fuser::Session<Unused>>,
+    threads: Vec<JoinHandle<io::Result<()>>>,
+    running: Arc<AtomicUsize>,
+    server: Arc<Server>,
+    negotiated: Negotiated,
+}
+
+impl std::fmt::Debug for Mounted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mounted")
+            .field("negotiated", &self.negotiated)
+            .field("running", &self.running.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
 }
 
 impl Mounted {
-    /// Whether the kernel has ended the mount.
+    /// Whether the kernel has ended the mount (every serving thread has returned).
     pub fn finished(&self) -> bool {
-        self.session.as_ref().is_none_or(|s| s.guard.is_finished())
+        self.running.load(Ordering::Acquire) == 0
     }
 
-    /// Unmounts (if the kernel has not already) and waits for the request loop to end.
+    /// What was negotiated with the kernel.
+    pub fn negotiated(&self) -> Negotiated {
+        self.negotiated
+    }
+
+    /// Unmounts (if the kernel has not already) and waits for the serving threads to end.
     pub fn unmount(mut self) -> io::Result<()> {
         self.end()
     }
 
     fn end(&mut self) -> io::Result<()> {
-        let Some(session) = self.session.take() else {
-            return Ok(());
-        };
-        if session.guard.is_finished() {
-            return session
-                .guard
+        // Dropping the session unmounts; the threads then see the connection end.
+        drop(self.session.take());
+        let mut first = Ok(());
+        for thread in self.threads.drain(..) {
+            let ended = thread
                 .join()
-                .unwrap_or_else(|_| Err(io::Error::other("the FUSE request loop panicked")));
+                .unwrap_or_else(|_| Err(io::Error::other("a FUSE serving thread panicked")));
+            if first.is_ok() {
+                first = ended;
+            }
         }
-        // Dropping the session unmounts and joins the loop.
-        session.join();
-        Ok(())
+        self.server.close_all();
+        first
     }
 }
 
@@ -98,7 +161,11 @@ impl Drop for Mounted {
     }
 }
 
-/// Mounts `fs` at `mountpoint` and serves it from a background thread.
+/// fuser mounts; locus serves. Its loop is never run.
+struct Unused;
+impl fuser::Filesystem for Unused {}
+
+/// Mounts `fs` at `mountpoint` and serves it from background threads.
 pub fn mount(fs: fs::Fs, mountpoint: &Path, config: &MountConfig) -> io::Result<Mounted> {
     let mut options = vec![
         MountOption::FSName("locus".into()),
@@ -115,847 +182,271 @@ pub fn mount(fs: fs::Fs, mountpoint: &Path, config: &MountConfig) -> io::Result<
     if config.allow_other {
         options.push(MountOption::AllowOther);
     }
-    let server = Server::new(fs, config.read_only);
-    let session = fuser::spawn_mount2(server, mountpoint, &options)?;
+    let session = fuser::Session::new(Unused, mountpoint, &options)?;
+    let mut dev = File::from(session.as_fd().try_clone_to_owned()?);
+    let mut server = Server::new(fs, config.read_only);
+    let hello = handshake(&mut dev, config.transport)?;
+    server.set_direct_io(hello.direct_io);
+    let server = Arc::new(server);
+
+    let cpus = online_cpus();
+    let running = Arc::new(AtomicUsize::new(0));
+    let mut threads = Vec::new();
+    let spawn = |name: String, work: Box<dyn FnOnce() -> io::Result<()> + Send>| {
+        running.fetch_add(1, Ordering::AcqRel);
+        let running = Arc::clone(&running);
+        std::thread::Builder::new().name(name).spawn(move || {
+            let ended = work();
+            if let Err(e) = &ended {
+                tracing::error!(error = %e, "a FUSE serving thread stopped");
+            }
+            running.fetch_sub(1, Ordering::AcqRel);
+            ended
+        })
+    };
+    let readers = if hello.io_uring { 1 } else { cpus.len().max(2) };
+    for i in 0..readers {
+        let dev = dev.try_clone()?;
+        let server = Arc::clone(&server);
+        threads.push(spawn(
+            format!("locus-fuse-{i}"),
+            Box::new(move || serve_dev(dev, &server)),
+        )?);
+    }
+    if hello.io_uring {
+        for qid in 0..possible_cpus() {
+            let fd = dev.as_fd().try_clone_to_owned()?;
+            let server = Arc::clone(&server);
+            let pin = cpus.contains(&qid).then_some(qid);
+            threads.push(spawn(
+                format!("locus-fuse-q{qid}"),
+                Box::new(move || serve_queue(fd, qid, pin, &server)),
+            )?);
+        }
+    }
+    let negotiated = Negotiated {
+        minor: hello.minor,
+        io_uring: hello.io_uring,
+        direct_io: hello.direct_io,
+        threads: threads.len(),
+    };
+    tracing::info!(?negotiated, "FUSE connection set up");
     Ok(Mounted {
         session: Some(session),
+        threads,
+        running,
+        server,
+        negotiated,
     })
 }
 
-/// The path of every inode the kernel knows.
-#[derive(Debug, Default)]
-struct Names {
-    paths: HashMap<u64, String>,
-}
-
-impl Names {
-    fn path(&self, ino: u64) -> Result<&str, i32> {
-        self.paths.get(&ino).map(String::as_str).ok_or(libc::ESTALE)
-    }
-
-    fn child(&self, parent: u64, name: &OsStr) -> Result<String, i32> {
-        let name = name.to_str().ok_or(libc::EINVAL)?;
-        if parent == fs::ROOT_INO && name == STATUS_NAME {
-            return Err(libc::EPERM); // the status file's name
-        }
-        let parent = self.path(parent)?;
-        Ok(if parent == "/" {
-            format!("/{name}")
-        } else {
-            format!("{parent}/{name}")
-        })
-    }
-
-    /// `from` is now `to` (a rename): it and everything below it.
-    fn moved(&mut self, from: &str, to: &str) {
-        let below = format!("{from}/");
-        for path in self.paths.values_mut() {
-            if path == from {
-                *path = to.to_owned();
-            } else if let Some(rest) = path.strip_prefix(&below) {
-                *path = format!("{to}/{rest}");
-            }
-        }
-    }
-
-    /// `path` is gone.
-    fn removed(&mut self, path: &str) {
-        self.paths.retain(|_, p| p != path);
-    }
-}
-
-/// An open directory: its entries, read at `opendir`.
+/// What `INIT` settled.
 #[derive(Debug)]
-struct Listing {
-    entries: Vec<(u64, FileType, String)>,
+struct Hello {
+    minor: u32,
+    io_uring: bool,
+    direct_io: bool,
 }
 
-#[derive(Debug)]
-enum Handle {
-    File(fs::File),
-    Dir(Listing),
-    /// The status file's bytes, made at `open`.
-    Status(Vec<u8>),
-}
-
-struct Server {
-    fs: fs::Fs,
-    read_only: bool,
-    names: Names,
-    handles: HashMap<u64, Handle>,
-    next_handle: u64,
-    uid: u32,
-    gid: u32,
-}
-
-impl std::fmt::Debug for Server {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Server")
-            .field("read_only", &self.read_only)
-            .field("handles", &self.handles.len())
-            .finish_non_exhaustive()
-    }
-}
-
-fn errno(e: &FsError) -> i32 {
-    e.errno()
-}
-
-fn kind(kind: Kind) -> FileType {
-    match kind {
-        Kind::Dir => FileType::Directory,
-        Kind::Symlink => FileType::Symlink,
-        _ => FileType::RegularFile,
-    }
-}
-
-fn time(ns: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_nanos(ns)
-}
-
-fn ns(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-}
-
-fn now_ns() -> u64 {
-    ns(SystemTime::now())
-}
-
-impl Server {
-    fn new(fs: fs::Fs, read_only: bool) -> Self {
-        let mut names = Names::default();
-        names.paths.insert(fs::ROOT_INO, "/".into());
-        // The daemon's ids own every file (the file system keeps no owners).
-        let (uid, gid) = ids();
-        Server {
-            fs,
-            read_only,
-            names,
-            handles: HashMap::new(),
-            next_handle: 1,
-            uid,
-            gid,
-        }
-    }
-
-    fn attr(&self, st: &Stat) -> FileAttr {
-        FileAttr {
-            ino: st.ino,
-            size: st.size,
-            blocks: st.allocated.div_ceil(512),
-            atime: time(st.atime_ns),
-            mtime: time(st.mtime_ns),
-            ctime: time(st.ctime_ns),
-            crtime: time(st.ctime_ns),
-            kind: kind(st.kind),
-            perm: (st.mode & 0o7777) as u16,
-            nlink: u32::try_from(st.nlink).unwrap_or(u32::MAX),
-            uid: self.uid,
-            gid: self.gid,
-            rdev: 0,
-            blksize: BLOCK,
-            flags: 0,
-        }
-    }
-
-    /// The attributes of `ino`: by path, or through an open handle when the name is gone.
-    fn stat(&self, ino: u64) -> Result<Stat, i32> {
-        if let Ok(path) = self.names.path(ino) {
-            match self.fs.lstat(path) {
-                Ok(st) if st.ino == ino => return Ok(st),
-                Ok(_) | Err(_) => {}
-            }
-        }
-        self.handles
-            .values()
-            .find_map(|h| match h {
-                Handle::File(f) if f.ino() == ino => Some(f.stat()),
-                _ => None,
-            })
-            .ok_or(libc::ENOENT)
-    }
-
-    /// Looks `path` up and remembers it: the entry the kernel caches.
-    fn entry(&mut self, path: String) -> Result<FileAttr, i32> {
-        let st = self.fs.lstat(&path).map_err(|e| errno(&e))?;
-        self.names.paths.insert(st.ino, path);
-        Ok(self.attr(&st))
-    }
-
-    fn writable(&self) -> Result<(), i32> {
-        if self.read_only {
-            Err(libc::EROFS)
-        } else {
-            Ok(())
-        }
-    }
-
-    fn add(&mut self, handle: Handle) -> u64 {
-        let fh = self.next_handle;
-        self.next_handle += 1;
-        self.handles.insert(fh, handle);
-        fh
-    }
-
-    fn file(&self, fh: u64) -> Result<&fs::File, i32> {
-        match self.handles.get(&fh) {
-            Some(Handle::File(f)) => Ok(f),
-            Some(Handle::Dir(_)) => Err(libc::EISDIR),
-            Some(Handle::Status(_)) => Err(libc::EACCES),
-            None => Err(libc::EBADF),
-        }
-    }
-
-    fn open_options(flags: i32) -> OpenOptions {
-        let access = flags & libc::O_ACCMODE;
-        OpenOptions {
-            read: access != libc::O_WRONLY,
-            write: access != libc::O_RDONLY,
-            ..OpenOptions::default()
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn set_attr(
-        &mut self,
-        ino: u64,
-        mode: Option<u32>,
-        owner: (Option<u32>, Option<u32>),
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        fh: Option<u64>,
-    ) -> Result<FileAttr, i32> {
-        if ino == STATUS_INO {
-            return Err(libc::EPERM);
-        }
-        self.writable()?;
-        // Owners are the mounting user's; only a no-op change is allowed.
-        if owner.0.is_some_and(|u| u != self.uid) || owner.1.is_some_and(|g| g != self.gid) {
-            return Err(libc::EPERM);
-        }
-        let path = self.names.path(ino).map(str::to_owned);
-        if let Some(size) = size {
-            match fh.map(|fh| self.file(fh)) {
-                Some(Ok(file)) => file.set_len(size).map_err(|e| errno(&e))?,
-                _ => self
-                    .fs
-                    .truncate(path.as_deref().map_err(|&e| e)?, size)
-                    .map_err(|e| errno(&e))?,
-            }
-        }
-        if let Some(mode) = mode {
-            self.fs
-                .chmod(path.as_deref().map_err(|&e| e)?, mode & 0o7777)
-                .map_err(|e| errno(&e))?;
-        }
-        if atime.is_some() || mtime.is_some() {
-            let when = |t: TimeOrNow| match t {
-                TimeOrNow::Now => now_ns(),
-                TimeOrNow::SpecificTime(t) => ns(t),
-            };
-            let (atime, mtime) = (atime.map(when), mtime.map(when));
-            match (fh.map(|fh| self.file(fh)), path.as_deref()) {
-                (Some(Ok(file)), _) => file.set_times(atime, mtime),
-                (_, Ok(path)) => self.fs.set_times(path, atime, mtime, false),
-                (_, Err(&e)) => return Err(e),
-            }
-            .map_err(|e| errno(&e))?;
-        }
-        let st = self.stat(ino)?;
-        Ok(self.attr(&st))
-    }
-
-    fn status_attr(&self) -> FileAttr {
-        FileAttr {
-            ino: STATUS_INO,
-            size: 0,
-            blocks: 0,
-            atime: SystemTime::now(),
-            mtime: SystemTime::now(),
-            ctime: SystemTime::now(),
-            crtime: SystemTime::now(),
-            kind: FileType::RegularFile,
-            perm: 0o444,
-            nlink: 1,
-            uid: self.uid,
-            gid: self.gid,
-            rdev: 0,
-            blksize: BLOCK,
-            flags: 0,
-        }
-    }
-
-    /// The status file's bytes, now.
-    fn status(&self) -> Vec<u8> {
-        let volume = self.fs.volume();
-        let status = serde_json::json!({
-            "server_pid": std::process::id(),
-            "uuid": volume::hex(&volume.uuid()),
-            "devices": volume.stats(),
-            "fs": self.fs.stats(),
-        });
-        let mut bytes = serde_json::to_vec_pretty(&status).unwrap_or_default();
-        bytes.push(b'\n');
-        bytes
-    }
-
-    /// Removes `name` from `parent` with `op` (unlink or rmdir) and forgets its path.
-    fn remove(
-        &mut self,
-        parent: u64,
-        name: &OsStr,
-        op: fn(&fs::Fs, &str) -> fs::Result<()>,
-    ) -> Result<(), i32> {
-        self.writable()?;
-        let path = self.names.child(parent, name)?;
-        op(&self.fs, &path).map_err(|e| errno(&e))?;
-        self.names.removed(&path);
-        Ok(())
-    }
-
-    fn listing(&self, ino: u64) -> Result<Listing, i32> {
-        let path = self.names.path(ino)?;
-        let here = self.fs.lstat(path).map_err(|e| errno(&e))?;
-        if here.kind != Kind::Dir {
-            return Err(libc::ENOTDIR);
-        }
-        let parent = match path.rsplit_once('/') {
-            Some(("", _)) | None => fs::ROOT_INO,
-            Some((parent, _)) => self.fs.lstat(parent).map_or(fs::ROOT_INO, |s| s.ino),
-        };
-        let mut entries = vec![
-            (here.ino, FileType::Directory, ".".to_owned()),
-            (parent, FileType::Directory, "..".to_owned()),
-        ];
-        let listed = self.fs.readdir(path).map_err(|e| errno(&e))?;
-        entries.extend(listed.into_iter().map(|e| (e.ino, kind(e.kind), e.name)));
-        Ok(Listing { entries })
-    }
-}
-
-/// The daemon's user and group (the owner of every file).
-fn ids() -> (u32, u32) {
-    use std::os::unix::fs::MetadataExt;
-    // /proc/self is owned by the process's effective ids.
-    std::fs::metadata("/proc/self").map_or((0, 0), |m| (m.uid(), m.gid()))
-}
-
-macro_rules! reply_or {
-    ($reply:ident, $result:expr, $ok:ident => $body:expr) => {
-        match $result {
-            Ok($ok) => $body,
-            Err(e) => $reply.error(e),
+/// Answers the kernel's `INIT`, the first request on a new connection.
+fn handshake(dev: &mut File, transport: Transport) -> io::Result<Hello> {
+    let mut buf = vec![0u8; MAX_WRITE + 4096];
+    let n = loop {
+        match dev.read(&mut buf) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
         }
     };
+    let h = InHeader::parse(&buf[..n]).map_err(|e| io::Error::other(e.0))?;
+    if h.opcode != proto::op::INIT {
+        return Err(io::Error::other(format!(
+            "the kernel's first FUSE request is opcode {}, not INIT",
+            h.opcode
+        )));
+    }
+    let mut r = proto::Reader::new(&buf[proto::IN_HEADER..n], "fuse_init_in");
+    let to_io = |e: proto::Malformed| io::Error::other(e.0);
+    let (major, minor) = (r.u32().map_err(to_io)?, r.u32().map_err(to_io)?);
+    let max_readahead = r.u32().map_err(to_io)?;
+    let flags = u64::from(r.u32().map_err(to_io)?);
+    let offered = if flags & init::INIT_EXT != 0 {
+        flags | u64::from(r.u32().map_err(to_io)?) << 32
+    } else {
+        flags
+    };
+    if major != proto::MAJOR || minor < proto::MIN_MINOR {
+        let error = -libc::EPROTO;
+        reply(dev, h.unique, error, &[])?;
+        return Err(io::Error::other(format!(
+            "the kernel speaks FUSE {major}.{minor}; locus needs {}.{} or newer",
+            proto::MAJOR,
+            proto::MIN_MINOR
+        )));
+    }
+    let minor = minor.min(proto::MAX_MINOR);
+    let io_uring = match transport {
+        Transport::Read => false,
+        Transport::Auto => offered & init::OVER_IO_URING != 0,
+        Transport::IoUring if offered & init::OVER_IO_URING != 0 => true,
+        Transport::IoUring => {
+            reply(dev, h.unique, -libc::EPROTO, &[])?;
+            return Err(io::Error::other(format!(
+                "the kernel does not offer FUSE over io_uring (Linux 6.14 or newer with \
+                 `echo Y > {URING_SWITCH}` as root)"
+            )));
+        }
+    };
+    let direct_io = offered & init::DIRECT_IO_ALLOW_MMAP != 0;
+    let mut wanted = init::ASYNC_READ
+        | init::BIG_WRITES
+        | init::PARALLEL_DIROPS
+        | init::MAX_PAGES
+        | init::INIT_EXT
+        | init::DIRECT_IO_ALLOW_MMAP;
+    if io_uring {
+        wanted |= init::OVER_IO_URING;
+    }
+    let granted = wanted & offered;
+    let mut out = [0u8; 64];
+    let mut w = proto::Writer::new(&mut out);
+    let fill = (|| {
+        w.u32(proto::MAJOR)?;
+        w.u32(minor)?;
+        w.u32(max_readahead)?;
+        w.u32(granted as u32)?;
+        w.u16(64)?; // max_background
+        w.u16(48)?; // congestion_threshold
+        w.u32(MAX_WRITE as u32)?;
+        w.u32(1)?; // time_gran: nanoseconds
+        w.u16((MAX_WRITE / 4096) as u16)?; // max_pages
+        w.u16(0)?; // map_alignment
+        w.u32((granted >> 32) as u32)?; // flags2
+        w.zeros(28)
+    })();
+    fill.map_err(io::Error::from_raw_os_error)?;
+    reply(dev, h.unique, 0, &out)?;
+    Ok(Hello {
+        minor,
+        io_uring,
+        direct_io,
+    })
 }
 
-impl Filesystem for Server {
-    fn init(&mut self, _req: &Request<'_>, _config: &mut KernelConfig) -> Result<(), i32> {
-        Ok(())
+/// Writes one reply to `/dev/fuse`.
+fn reply(dev: &mut File, unique: u64, error: i32, args: &[u8]) -> io::Result<()> {
+    let mut header = [0u8; proto::OUT_HEADER];
+    let len = (proto::OUT_HEADER + args.len()) as u32;
+    header[0..4].copy_from_slice(&len.to_ne_bytes());
+    header[4..8].copy_from_slice(&error.to_ne_bytes());
+    header[8..16].copy_from_slice(&unique.to_ne_bytes());
+    let written = dev.write_vectored(&[IoSlice::new(&header), IoSlice::new(args)]);
+    match written {
+        Ok(n) if n == len as usize => Ok(()),
+        Ok(n) => Err(io::Error::other(format!(
+            "the kernel took {n} of a {len}-byte FUSE reply"
+        ))),
+        // The request was interrupted and is gone: nothing to answer.
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        Err(e) => Err(e),
     }
+}
 
-    fn destroy(&mut self) {
-        self.handles.clear();
-    }
-
-    fn lookup(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
-        if parent == fs::ROOT_INO && name == STATUS_NAME {
-            return reply.entry(&Duration::ZERO, &self.status_attr(), 0);
-        }
-        let found = self.names.child(parent, name).and_then(|p| self.entry(p));
-        reply_or!(reply, found, attr => reply.entry(&TTL, &attr, 0));
-    }
-
-    fn getattr(&mut self, _req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
-        if ino == STATUS_INO {
-            return reply.attr(&Duration::ZERO, &self.status_attr());
-        }
-        reply_or!(reply, self.stat(ino), st => reply.attr(&TTL, &self.attr(&st)));
-    }
-
-    fn setattr(
-        &mut self,
-        _req: &Request<'_>,
-        ino: u64,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
-        fh: Option<u64>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<u32>,
-        reply: ReplyAttr,
-    ) {
-        let done = self.set_attr(ino, mode, (uid, gid), size, atime, mtime, fh);
-        reply_or!(reply, done, attr => reply.attr(&TTL, &attr));
-    }
-
-    fn readlink(&mut self, _req: &Request<'_>, ino: u64, reply: ReplyData) {
-        let target = self
-            .names
-            .path(ino)
-            .and_then(|p| self.fs.readlink(p).map_err(|e| errno(&e)));
-        reply_or!(reply, target, t => reply.data(t.as_bytes()));
-    }
-
-    fn mkdir(
-        &mut self,
-        _req: &Request<'_>,
-        parent: u64,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        reply: ReplyEntry,
-    ) {
-        let made = self.writable().and_then(|()| {
-            let path = self.names.child(parent, name)?;
-            self.fs
-                .mkdir(&path, mode & !umask & 0o7777)
-                .map_err(|e| errno(&e))?;
-            self.entry(path)
-        });
-        reply_or!(reply, made, attr => reply.entry(&TTL, &attr, 0));
-    }
-
-    fn mknod(
-        &mut self,
-        _req: &Request<'_>,
-        parent: u64,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        _rdev: u32,
-        reply: ReplyEntry,
-    ) {
-        // Regular files only: no FIFOs, sockets or device nodes.
-        if mode & libc::S_IFMT != libc::S_IFREG {
-            return reply.error(libc::EPERM);
-        }
-        let made = self.writable().and_then(|()| {
-            let path = self.names.child(parent, name)?;
-            let options = OpenOptions {
-                create: true,
-                exclusive: true,
-                mode: mode & !umask & 0o7777,
-                ..OpenOptions::default()
-            };
-            let file = self.fs.open_file(&path, options).map_err(|e| errno(&e))?;
-            file.close().map_err(|e| errno(&e))?;
-            self.entry(path)
-        });
-        reply_or!(reply, made, attr => reply.entry(&TTL, &attr, 0));
-    }
-
-    fn link(
-        &mut self,
-        _req: &Request<'_>,
-        _ino: u64,
-        _newparent: u64,
-        _newname: &OsStr,
-        reply: ReplyEntry,
-    ) {
-        // One name per inode (as through the preload library).
-        reply.error(libc::EPERM);
-    }
-
-    fn unlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
-        let done = self.remove(parent, name, fs::Fs::unlink);
-        reply_or!(reply, done, _d => reply.ok());
-    }
-
-    fn rmdir(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
-        let done = self.remove(parent, name, fs::Fs::rmdir);
-        reply_or!(reply, done, _d => reply.ok());
-    }
-
-    fn symlink(
-        &mut self,
-        _req: &Request<'_>,
-        parent: u64,
-        link_name: &OsStr,
-        target: &Path,
-        reply: ReplyEntry,
-    ) {
-        let made = self.writable().and_then(|()| {
-            let path = self.names.child(parent, link_name)?;
-            let target = target.to_str().ok_or(libc::EINVAL)?;
-            self.fs.symlink(target, &path).map_err(|e| errno(&e))?;
-            self.entry(path)
-        });
-        reply_or!(reply, made, attr => reply.entry(&TTL, &attr, 0));
-    }
-
-    fn rename(
-        &mut self,
-        _req: &Request<'_>,
-        parent: u64,
-        name: &OsStr,
-        newparent: u64,
-        newname: &OsStr,
-        flags: u32,
-        reply: ReplyEmpty,
-    ) {
-        let done = self.writable().and_then(|()| {
-            let from = self.names.child(parent, name)?;
-            let to = self.names.child(newparent, newname)?;
-            if flags & !libc::RENAME_NOREPLACE != 0 {
-                return Err(libc::EINVAL); // RENAME_EXCHANGE, RENAME_WHITEOUT
-            }
-            // One request at a time: nothing can create `to` between the look and the rename.
-            if flags & libc::RENAME_NOREPLACE != 0 && self.fs.lstat(&to).is_ok() {
-                return Err(libc::EEXIST);
-            }
-            self.fs.rename(&from, &to).map_err(|e| errno(&e))?;
-            self.names.removed(&to);
-            self.names.moved(&from, &to);
-            Ok(())
-        });
-        reply_or!(reply, done, _d => reply.ok());
-    }
-
-    fn open(&mut self, _req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
-        if ino == STATUS_INO {
-            if flags & libc::O_ACCMODE != libc::O_RDONLY {
-                return reply.error(libc::EACCES);
-            }
-            let status = self.status();
-            // Direct I/O: the kernel reads to the end of the bytes, whatever the size said.
-            return reply.opened(self.add(Handle::Status(status)), FOPEN_DIRECT_IO);
-        }
-        let opened = (|| {
-            let options = Self::open_options(flags);
-            if options.write {
-                self.writable()?;
-            }
-            let path = self.names.path(ino)?.to_owned();
-            let file = self.fs.open_file(&path, options).map_err(|e| errno(&e))?;
-            if file.ino() != ino {
-                return Err(libc::ESTALE);
-            }
-            Ok(self.add(Handle::File(file)))
-        })();
-        reply_or!(reply, opened, fh => reply.opened(fh, 0));
-    }
-
-    fn read(
-        &mut self,
-        _req: &Request<'_>,
-        _ino: u64,
-        fh: u64,
-        offset: i64,
-        size: u32,
-        _flags: i32,
-        _lock_owner: Option<u64>,
-        reply: ReplyData,
-    ) {
-        if let Some(Handle::Status(bytes)) = self.handles.get(&fh) {
-            let from = usize::try_from(offset)
-                .unwrap_or(usize::MAX)
-                .min(bytes.len());
-            let to = from.saturating_add(size as usize).min(bytes.len());
-            return reply.data(&bytes[from..to]);
-        }
-        let read = self.file(fh).and_then(|file| {
-            let offset = u64::try_from(offset).map_err(|_| libc::EINVAL)?;
-            let mut buf = vec![0u8; size as usize];
-            let mut done = 0;
-            while done < buf.len() {
-                let n = file
-                    .read_at(&mut buf[done..], offset + done as u64)
-                    .map_err(|e| errno(&e))?;
-                if n == 0 {
-                    break;
-                }
-                done += n;
-            }
-            buf.truncate(done);
-            Ok(buf)
-        });
-        reply_or!(reply, read, data => reply.data(&data));
-    }
-
-    fn write(
-        &mut self,
-        _req: &Request<'_>,
-        _ino: u64,
-        fh: u64,
-        offset: i64,
-        data: &[u8],
-        _write_flags: u32,
-        _flags: i32,
-        _lock_owner: Option<u64>,
-        reply: ReplyWrite,
-    ) {
-        let written = self.file(fh).and_then(|file| {
-            let offset = u64::try_from(offset).map_err(|_| libc::EINVAL)?;
-            file.write_at(data, offset).map_err(|e| errno(&e))?;
-            Ok(data.len() as u32)
-        });
-        reply_or!(reply, written, n => reply.written(n));
-    }
-
-    fn flush(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _owner: u64, reply: ReplyEmpty) {
-        // Every write is durable when it returns: nothing is held back.
-        match self.handles.get(&fh) {
-            Some(Handle::File(_) | Handle::Status(_)) => reply.ok(),
-            Some(Handle::Dir(_)) => reply.error(libc::EISDIR),
-            None => reply.error(libc::EBADF),
-        }
-    }
-
-    fn release(
-        &mut self,
-        _req: &Request<'_>,
-        _ino: u64,
-        fh: u64,
-        _flags: i32,
-        _lock_owner: Option<u64>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
-        match self.handles.remove(&fh) {
-            Some(Handle::File(file)) => match file.close() {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
+/// Serves requests read from `/dev/fuse` until the connection ends.
+fn serve_dev(mut dev: File, server: &Server) -> io::Result<()> {
+    let mut buf = vec![0u8; MAX_WRITE + 4096];
+    loop {
+        let n = match dev.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) => match e.raw_os_error() {
+                // Interrupted, or a request that was interrupted before we read it.
+                Some(libc::EINTR | libc::EAGAIN | libc::ENOENT) => continue,
+                // Unmounted (or aborted): the connection is over.
+                Some(libc::ENODEV | libc::ECONNABORTED) => return Ok(()),
+                _ => return Err(e),
             },
-            Some(Handle::Status(_)) => reply.ok(),
-            Some(Handle::Dir(_)) | None => reply.error(libc::EBADF),
-        }
-    }
-
-    fn fsync(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _data: bool, reply: ReplyEmpty) {
-        let synced = self
-            .file(fh)
-            .and_then(|f| f.sync_all().map_err(|e| errno(&e)));
-        reply_or!(reply, synced, _s => reply.ok());
-    }
-
-    fn opendir(&mut self, _req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {
-        let opened = self
-            .listing(ino)
-            .map(|listing| self.add(Handle::Dir(listing)));
-        reply_or!(reply, opened, fh => reply.opened(fh, 0));
-    }
-
-    fn readdir(
-        &mut self,
-        _req: &Request<'_>,
-        _ino: u64,
-        fh: u64,
-        offset: i64,
-        mut reply: ReplyDirectory,
-    ) {
-        let Some(Handle::Dir(listing)) = self.handles.get(&fh) else {
-            return reply.error(libc::EBADF);
         };
-        let skip = usize::try_from(offset).unwrap_or(0);
-        for (i, (ino, kind, name)) in listing.entries.iter().enumerate().skip(skip) {
-            if reply.add(*ino, (i + 1) as i64, *kind, name) {
-                break;
+        let h = match InHeader::parse(&buf[..n]) {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::error!(problem = %e, "malformed FUSE request header; ignored");
+                continue;
             }
-        }
-        reply.ok();
-    }
-
-    fn readdirplus(
-        &mut self,
-        _req: &Request<'_>,
-        ino: u64,
-        fh: u64,
-        offset: i64,
-        mut reply: ReplyDirectoryPlus,
-    ) {
-        let Some(Handle::Dir(listing)) = self.handles.get(&fh) else {
-            return reply.error(libc::EBADF);
         };
-        let entries: Vec<_> = listing
-            .entries
-            .iter()
-            .enumerate()
-            .skip(usize::try_from(offset).unwrap_or(0))
-            .map(|(i, e)| (i, e.clone()))
-            .collect();
-        let Ok(dir) = self.names.path(ino).map(str::to_owned) else {
-            return reply.error(libc::ESTALE);
+        let body = &mut buf[proto::IN_HEADER..n.max(proto::IN_HEADER)];
+        let split = proto::arg_bytes(h.opcode).min(body.len());
+        let body_len = body.len();
+        // Names and data follow the argument struct; the reply is written over them.
+        let whole = &mut buf[proto::IN_HEADER..];
+        let (arg, rest) = whole.split_at_mut(split);
+        let served = server.serve(&h, arg, rest, body_len - split);
+        let (error, len) = match served {
+            Ok(Reply::None) => continue,
+            Ok(Reply::Out(len)) => (0, len),
+            Err(e) => (-e, 0),
         };
-        for (i, (_, _, name)) in entries {
-            let path = match name.as_str() {
-                "." => dir.clone(),
-                ".." => match dir.rsplit_once('/') {
-                    Some(("", _)) | None => "/".to_owned(),
-                    Some((parent, _)) => parent.to_owned(),
-                },
-                _ if dir == "/" => format!("/{name}"),
-                _ => format!("{dir}/{name}"),
-            };
-            let Ok(attr) = self.entry(path) else {
-                continue; // removed since opendir
-            };
-            if reply.add(attr.ino, (i + 1) as i64, &name, &TTL, &attr, 0) {
-                break;
-            }
-        }
-        reply.ok();
-    }
-
-    fn releasedir(
-        &mut self,
-        _req: &Request<'_>,
-        _ino: u64,
-        fh: u64,
-        _flags: i32,
-        reply: ReplyEmpty,
-    ) {
-        match self.handles.remove(&fh) {
-            Some(Handle::Dir(_)) => reply.ok(),
-            _ => reply.error(libc::EBADF),
-        }
-    }
-
-    fn fsyncdir(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _d: bool, reply: ReplyEmpty) {
-        // Metadata operations are durable when they return.
-        reply.ok();
-    }
-
-    fn statfs(&mut self, _req: &Request<'_>, _ino: u64, reply: ReplyStatfs) {
-        let stats = self.fs.volume().stats();
-        let total: u64 = stats.iter().map(|d| d.capacity_bytes).sum();
-        let free: u64 = stats.iter().map(|d| d.free_bytes).sum();
-        let files = self.fs.stats().inodes;
-        let block = u64::from(BLOCK);
-        reply.statfs(
-            total / block,
-            free / block,
-            free / block,
-            files + free / block,
-            free / block,
-            BLOCK,
-            fs::MAX_NAME as u32,
-            BLOCK,
-        );
-    }
-
-    fn create(
-        &mut self,
-        _req: &Request<'_>,
-        parent: u64,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        flags: i32,
-        reply: ReplyCreate,
-    ) {
-        let made = self.writable().and_then(|()| {
-            let path = self.names.child(parent, name)?;
-            let options = OpenOptions {
-                create: true,
-                exclusive: flags & libc::O_EXCL != 0,
-                truncate: flags & libc::O_TRUNC != 0,
-                mode: mode & !umask & 0o7777,
-                ..Self::open_options(flags)
-            };
-            let file = self.fs.open_file(&path, options).map_err(|e| errno(&e))?;
-            let attr = self.attr(&file.stat());
-            self.names.paths.insert(attr.ino, path);
-            Ok((attr, self.add(Handle::File(file))))
-        });
-        reply_or!(reply, made, made => reply.created(&TTL, &made.0, 0, made.1, 0));
-    }
-
-    fn fallocate(
-        &mut self,
-        _req: &Request<'_>,
-        _ino: u64,
-        fh: u64,
-        offset: i64,
-        length: i64,
-        mode: i32,
-        reply: ReplyEmpty,
-    ) {
-        let done = self.writable().and_then(|()| {
-            let file = self.file(fh)?;
-            let (offset, length) = match (u64::try_from(offset), u64::try_from(length)) {
-                (Ok(o), Ok(l)) if l > 0 => (o, l),
-                _ => return Err(libc::EINVAL),
-            };
-            let end = offset.checked_add(length).ok_or(libc::EFBIG)?;
-            match mode {
-                0 if end > file.len() => file.set_len(end).map_err(|e| errno(&e)),
-                0 | libc::FALLOC_FL_KEEP_SIZE => Ok(()),
-                m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => {
-                    file.punch_hole(offset, length).map_err(|e| errno(&e))
-                }
-                _ => Err(libc::EOPNOTSUPP),
-            }
-        });
-        reply_or!(reply, done, _d => reply.ok());
-    }
-
-    fn lseek(
-        &mut self,
-        _req: &Request<'_>,
-        _ino: u64,
-        fh: u64,
-        offset: i64,
-        whence: i32,
-        reply: ReplyLseek,
-    ) {
-        let found = self.file(fh).and_then(|file| {
-            let offset = u64::try_from(offset).map_err(|_| libc::ENXIO)?;
-            let size = file.len();
-            if offset >= size {
-                return Err(libc::ENXIO);
-            }
-            let ranges = file
-                .data_ranges(offset, size - offset)
-                .map_err(|e| errno(&e))?;
-            match whence {
-                libc::SEEK_DATA => ranges
-                    .first()
-                    .map(|r| r.start.max(offset))
-                    .ok_or(libc::ENXIO),
-                libc::SEEK_HOLE => Ok(match ranges.first() {
-                    Some(r) if r.start <= offset => ranges
-                        .windows(2)
-                        .find(|w| w[0].end < w[1].start)
-                        .map_or_else(|| ranges.last().map_or(size, |r| r.end), |w| w[0].end),
-                    _ => offset,
-                }),
-                _ => Err(libc::EINVAL),
-            }
-        });
-        reply_or!(reply, found, at => reply.offset(at as i64));
+        reply(&mut dev, h.unique, error, &rest[..len])?;
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn names(paths: &[(u64, &str)]) -> Names {
-        Names {
-            paths: paths.iter().map(|&(i, p)| (i, p.to_owned())).collect(),
+/// Serves io_uring queue `qid` (requests made on CPU `qid`) on this thread, pinned to that
+/// CPU when it is online.
+fn serve_queue(
+    fd: std::os::fd::OwnedFd,
+    qid: usize,
+    pin: Option<usize>,
+    server: &Server,
+) -> io::Result<()> {
+    let mut node = None;
+    if let Some(cpu) = pin {
+        if let Err(e) = topology::pin_current_thread(&[cpu as topology::CpuId]) {
+            tracing::warn!(cpu, error = %e, "cannot pin the FUSE queue's thread");
         }
+        node = cpu_node(cpu);
     }
+    let qid = u16::try_from(qid).map_err(|_| io::Error::other("more than 65536 CPUs"))?;
+    let mut ring = uring::fuse::FuseRing::new(fd, qid, QUEUE_DEPTH, MAX_WRITE, node)?;
+    while let Some(entry) = ring.next_request()? {
+        let request = ring.request(entry);
+        let (error, len) = match InHeader::parse(request.header) {
+            Ok(h) => match server.serve(&h, request.op_in, request.payload, request.payload_len) {
+                Ok(Reply::Out(len)) => (0, len),
+                // No reply on the ring: forgets and interrupts come through /dev/fuse.
+                Ok(Reply::None) => (0, 0),
+                Err(e) => (-e, 0),
+            },
+            Err(e) => {
+                tracing::error!(problem = %e, "malformed FUSE request header on io_uring");
+                (-libc::EIO, 0)
+            }
+        };
+        ring.commit(entry, error, len)?;
+    }
+    Ok(())
+}
 
-    #[test]
-    fn a_rename_moves_the_name_and_everything_below_it_only() {
-        let mut n = names(&[(1, "/"), (2, "/a"), (3, "/a/b"), (4, "/a/b/c"), (5, "/ab")]);
-        n.moved("/a", "/z/y");
-        assert_eq!(n.path(2), Ok("/z/y"));
-        assert_eq!(n.path(3), Ok("/z/y/b"));
-        assert_eq!(n.path(4), Ok("/z/y/b/c"));
-        assert_eq!(n.path(5), Ok("/ab"), "a sibling sharing the prefix stays");
-        n.removed("/ab");
-        assert_eq!(n.path(5), Err(libc::ESTALE));
-        assert_eq!(n.child(1, OsStr::new("x")), Ok("/x".to_owned()));
-        assert_eq!(n.child(3, OsStr::new("x")), Ok("/z/y/b/x".to_owned()));
-    }
+/// The CPUs this process may run on.
+fn online_cpus() -> Vec<usize> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
+    let cpus = topology::cpulist::parse(text.trim()).unwrap_or_default();
+    let cpus: Vec<usize> = cpus.into_iter().map(|c| c as usize).collect();
+    if cpus.is_empty() { vec![0] } else { cpus }
+}
+
+/// How many queues the kernel makes: one per possible CPU.
+fn possible_cpus() -> usize {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap_or_default();
+    topology::cpulist::parse(text.trim())
+        .ok()
+        .and_then(|c| c.into_iter().max())
+        .map_or(1, |max| max as usize + 1)
+}
+
+/// The NUMA node of `cpu`, for its queue's buffers.
+fn cpu_node(cpu: usize) -> Option<u32> {
+    let dir = format!("/sys/devices/system/cpu/cpu{cpu}");
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .find_map(|e| e.file_name().to_str()?.strip_prefix("node")?.parse().ok())
 }

@@ -6,17 +6,19 @@
 //!   m bytes up to M (scatter/gather, merged on release, released after t idle), and
 //!   per-request registration for large requests — falling back to unregistered memory when
 //!   registration fails.
+//! - [`fuse::FuseRing`]: one queue of a FUSE connection served over io_uring (per-CPU queues).
 //! - [`Engine`]: one ring per thread with the device as a fixed file, a sparse fixed-buffer
 //!   table, bounded queue depth and owned buffers; strategies for the pool and its baselines.
 //!
 //! Invariants: a buffer's memory stays mapped and registered while the kernel may use it
 //! (buffers travel with their requests and come back with the completion); a registered slot
-//! is emptied before its memory is freed; all `unsafe` of this crate is in `memory.rs`, `pool.rs`
-//! and `engine.rs`, each block with a SAFETY comment.
+//! is emptied before its memory is freed; all `unsafe` of this crate is in `memory.rs`, `pool.rs`,
+//! `engine.rs` and `fuse.rs`, each block with a SAFETY comment.
 
 mod engine;
 mod error;
 mod file;
+pub mod fuse;
 mod memory;
 mod pool;
 

@@ -47,6 +47,39 @@ pub struct MountArgs {
     /// Mount read-only: every change is EROFS.
     #[arg(long)]
     pub read_only: bool,
+
+    /// How requests travel between the kernel and locus. `io-uring`: FUSE over io_uring, a
+    /// queue per CPU served by a thread pinned to that CPU, so each request is served where
+    /// it was made (Linux 6.14+, enabled with `echo Y >
+    /// /sys/module/fuse/parameters/enable_uring` as root). `read`: threads reading
+    /// /dev/fuse, a thread per CPU. `auto`: io-uring when the kernel offers it, else read.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub transport: TransportArg,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TransportArg {
+    Auto,
+    IoUring,
+    Read,
+}
+
+impl TransportArg {
+    fn config(self) -> mount::Transport {
+        match self {
+            TransportArg::Auto => mount::Transport::Auto,
+            TransportArg::IoUring => mount::Transport::IoUring,
+            TransportArg::Read => mount::Transport::Read,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            TransportArg::Auto => "auto",
+            TransportArg::IoUring => "io-uring",
+            TransportArg::Read => "read",
+        }
+    }
 }
 
 pub fn run(dir: &Path, sysfs: &Path, args: &MountArgs) -> Result<()> {
@@ -96,6 +129,7 @@ fn background(dir: &Path, args: &MountArgs) -> Result<()> {
     if args.read_only {
         command.arg("--read-only");
     }
+    command.arg("--transport").arg(args.transport.name());
     // The server's messages go to a log beside the volume: holding this command's stderr
     // would keep a pipe it writes into (`locus mount ... | tee`) open forever.
     let log_path = dir.join(LOG_FILE);
@@ -159,6 +193,7 @@ fn serve(dir: &Path, sysfs: &Path, args: &MountArgs) -> Result<()> {
     let config = mount::MountConfig {
         read_only: args.read_only,
         allow_other: args.allow_other,
+        transport: args.transport.config(),
     };
     let mounted = mount::mount(fs.clone(), &args.mountpoint, &config)
         .with_context(|| format!("mounting on {}", args.mountpoint.display()))?;
@@ -169,10 +204,22 @@ fn serve(dir: &Path, sysfs: &Path, args: &MountArgs) -> Result<()> {
             dir.display()
         );
     }
+    let negotiated = mounted.negotiated();
     eprintln!(
-        "locus: serving {} at {}; stop with `umount {}`, Ctrl-C or SIGTERM",
+        "locus: serving {} at {} ({}, {} threads, {}); stop with `umount {}`, Ctrl-C or SIGTERM",
         dir.display(),
         args.mountpoint.display(),
+        if negotiated.io_uring {
+            "FUSE over io_uring, a queue per CPU"
+        } else {
+            "/dev/fuse reads"
+        },
+        negotiated.threads,
+        if negotiated.direct_io {
+            "direct I/O"
+        } else {
+            "page cache"
+        },
         args.mountpoint.display()
     );
     while !stop.load(Ordering::Relaxed) && !mounted.finished() {

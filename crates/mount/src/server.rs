@@ -1,0 +1,855 @@
+//! What each FUSE request does to the file system: the inode-to-path table, open handles,
+//! and one function per opcode. Shared by every serving thread: the file system is
+//! concurrent, the tables are behind locks held for map look-ups only, and changes of names
+//! are serialised with the table updates they imply.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fs::{FsError, Kind, OpenOptions, Stat};
+
+use crate::proto::{self, Attr, InHeader, Malformed, Reader, Writer, fattr, op};
+use crate::{STATUS_INO, STATUS_NAME, TTL};
+
+/// The block size reported to `stat` and `statfs`.
+const BLOCK: u32 = 4096;
+
+/// The path of every inode the kernel knows.
+#[derive(Debug, Default)]
+pub(crate) struct Names {
+    paths: HashMap<u64, String>,
+}
+
+impl Names {
+    fn path(&self, ino: u64) -> Result<&str, i32> {
+        self.paths.get(&ino).map(String::as_str).ok_or(libc::ESTALE)
+    }
+
+    fn child(&self, parent: u64, name: &str) -> Result<String, i32> {
+        if parent == fs::ROOT_INO && name == STATUS_NAME {
+            return Err(libc::EPERM); // the status file's name
+        }
+        if name.is_empty() || name.contains('/') {
+            return Err(libc::EINVAL);
+        }
+        let parent = self.path(parent)?;
+        Ok(if parent == "/" {
+            format!("/{name}")
+        } else {
+            format!("{parent}/{name}")
+        })
+    }
+
+    /// `from` is now `to` (a rename): it and everything below it.
+    fn moved(&mut self, from: &str, to: &str) {
+        let below = format!("{from}/");
+        for path in self.paths.values_mut() {
+            if path == from {
+                *path = to.to_owned();
+            } else if let Some(rest) = path.strip_prefix(&below) {
+                *path = format!("{to}/{rest}");
+            }
+        }
+    }
+
+    /// `path` is gone.
+    fn removed(&mut self, path: &str) {
+        self.paths.retain(|_, p| p != path);
+    }
+}
+
+/// An open directory: its entries, read at `opendir`.
+#[derive(Debug)]
+struct Listing {
+    entries: Vec<(u64, Kind, String)>,
+}
+
+#[derive(Debug)]
+enum Handle {
+    File(fs::File),
+    Dir(Listing),
+    /// The status file's bytes, made at `open`.
+    Status(Vec<u8>),
+}
+
+/// What a request asks for in reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reply {
+    /// This many bytes of reply arguments (possibly none).
+    Out(usize),
+    /// No reply at all (`FORGET`, `INTERRUPT`).
+    None,
+}
+
+/// The file system as FUSE sees it.
+pub(crate) struct Server {
+    fs: fs::Fs,
+    read_only: bool,
+    /// Regular files are opened for direct I/O (reads and writes bypass the kernel's page
+    /// cache, one copy less; shared mappings still work because the kernel allows mmap of
+    /// direct-I/O files on this connection).
+    direct_io: bool,
+    names: RwLock<Names>,
+    handles: RwLock<HashMap<u64, Arc<Handle>>>,
+    next_handle: AtomicU64,
+    /// Held while a request changes names, so the table follows the file system in order.
+    namespace: Mutex<()>,
+    uid: u32,
+    gid: u32,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("read_only", &self.read_only)
+            .field("direct_io", &self.direct_io)
+            .finish_non_exhaustive()
+    }
+}
+
+fn errno(e: &FsError) -> i32 {
+    e.errno()
+}
+
+#[allow(clippy::needless_pass_by_value, reason = "used as map_err(bad)")]
+fn bad(e: Malformed) -> i32 {
+    tracing::warn!(problem = %e, "malformed FUSE request");
+    libc::EINVAL
+}
+
+/// `d_type` of a kind (directory entries).
+fn dtype(kind: Kind) -> u32 {
+    match kind {
+        Kind::Dir => u32::from(libc::DT_DIR),
+        Kind::Symlink => u32::from(libc::DT_LNK),
+        _ => u32::from(libc::DT_REG),
+    }
+}
+
+fn ifmt(kind: Kind) -> u32 {
+    match kind {
+        Kind::Dir => libc::S_IFDIR,
+        Kind::Symlink => libc::S_IFLNK,
+        _ => libc::S_IFREG,
+    }
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// The daemon's user and group (the owner of every file).
+fn ids() -> (u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    // /proc/self is owned by the process's effective ids.
+    std::fs::metadata("/proc/self").map_or((0, 0), |m| (m.uid(), m.gid()))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Server {
+    pub(crate) fn new(fs: fs::Fs, read_only: bool) -> Self {
+        let mut names = Names::default();
+        names.paths.insert(fs::ROOT_INO, "/".into());
+        // The daemon's ids own every file (the file system keeps no owners).
+        let (uid, gid) = ids();
+        Server {
+            fs,
+            read_only,
+            direct_io: false,
+            names: RwLock::new(names),
+            handles: RwLock::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+            namespace: Mutex::new(()),
+            uid,
+            gid,
+        }
+    }
+
+    /// Opens regular files for direct I/O from now on (the connection allows mmap of them).
+    pub(crate) fn set_direct_io(&mut self, on: bool) {
+        self.direct_io = on;
+    }
+
+    /// Drops every open handle (the connection is gone).
+    pub(crate) fn close_all(&self) {
+        self.handles
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
+    fn names(&self) -> std::sync::RwLockReadGuard<'_, Names> {
+        self.names.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn names_mut(&self) -> std::sync::RwLockWriteGuard<'_, Names> {
+        self.names.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn path(&self, ino: u64) -> Result<String, i32> {
+        self.names().path(ino).map(str::to_owned)
+    }
+
+    fn child(&self, parent: u64, name: &str) -> Result<String, i32> {
+        self.names().child(parent, name)
+    }
+
+    fn attr(&self, st: &Stat) -> Attr {
+        Attr {
+            ino: st.ino,
+            size: st.size,
+            blocks: st.allocated.div_ceil(512),
+            atime_ns: st.atime_ns,
+            mtime_ns: st.mtime_ns,
+            ctime_ns: st.ctime_ns,
+            mode: ifmt(st.kind) | (st.mode & 0o7777),
+            nlink: u32::try_from(st.nlink).unwrap_or(u32::MAX),
+            uid: self.uid,
+            gid: self.gid,
+            blksize: BLOCK,
+        }
+    }
+
+    fn status_attr(&self) -> Attr {
+        let now = now_ns();
+        Attr {
+            ino: STATUS_INO,
+            atime_ns: now,
+            mtime_ns: now,
+            ctime_ns: now,
+            mode: libc::S_IFREG | 0o444,
+            nlink: 1,
+            uid: self.uid,
+            gid: self.gid,
+            blksize: BLOCK,
+            ..Attr::default()
+        }
+    }
+
+    /// The attributes of `ino`: by path, or through an open handle when the name is gone.
+    fn stat(&self, ino: u64) -> Result<Stat, i32> {
+        if let Ok(path) = self.path(ino)
+            && let Ok(st) = self.fs.lstat(&path)
+            && st.ino == ino
+        {
+            return Ok(st);
+        }
+        self.handles
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .find_map(|h| match &**h {
+                Handle::File(f) if f.ino() == ino => Some(f.stat()),
+                _ => None,
+            })
+            .ok_or(libc::ENOENT)
+    }
+
+    /// Looks `path` up and remembers it: the entry the kernel caches.
+    fn entry(&self, path: String) -> Result<Attr, i32> {
+        let st = self.fs.lstat(&path).map_err(|e| errno(&e))?;
+        self.names_mut().paths.insert(st.ino, path);
+        Ok(self.attr(&st))
+    }
+
+    fn writable(&self) -> Result<(), i32> {
+        if self.read_only {
+            Err(libc::EROFS)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn add(&self, handle: Handle) -> u64 {
+        let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        self.handles
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(fh, Arc::new(handle));
+        fh
+    }
+
+    fn handle(&self, fh: u64) -> Result<Arc<Handle>, i32> {
+        self.handles
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&fh)
+            .cloned()
+            .ok_or(libc::EBADF)
+    }
+
+    fn take(&self, fh: u64) -> Option<Arc<Handle>> {
+        self.handles
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&fh)
+    }
+
+    fn open_options(flags: u32) -> OpenOptions {
+        let access = flags as i32 & libc::O_ACCMODE;
+        OpenOptions {
+            read: access != libc::O_WRONLY,
+            write: access != libc::O_RDONLY,
+            ..OpenOptions::default()
+        }
+    }
+
+    /// The status file's bytes, now.
+    fn status(&self) -> Vec<u8> {
+        let volume = self.fs.volume();
+        let status = serde_json::json!({
+            "server_pid": std::process::id(),
+            "uuid": volume::hex(&volume.uuid()),
+            "devices": volume.stats(),
+            "fs": self.fs.stats(),
+        });
+        let mut bytes = serde_json::to_vec_pretty(&status).unwrap_or_default();
+        bytes.push(b'\n');
+        bytes
+    }
+
+    /// Serves one request: `arg` is the opcode's argument struct, `buf[..in_len]` the rest of
+    /// the request (names, written data); the reply's arguments are written into `buf`.
+    pub(crate) fn serve(
+        &self,
+        h: &InHeader,
+        arg: &[u8],
+        buf: &mut [u8],
+        in_len: usize,
+    ) -> Result<Reply, i32> {
+        let in_len = in_len.min(buf.len());
+        match h.opcode {
+            op::FORGET | op::BATCH_FORGET | op::INTERRUPT => Ok(Reply::None),
+            op::DESTROY => {
+                self.close_all();
+                Ok(Reply::Out(0))
+            }
+            op::READ => self.read(arg, buf).map(Reply::Out),
+            op::WRITE => self.write(arg, buf, in_len).map(Reply::Out),
+            opcode => {
+                // Every other request is small: take its names out of the buffer, then reply
+                // into it.
+                let rest = buf[..in_len].to_vec();
+                let mut w = Writer::new(buf);
+                self.other(opcode, h, arg, &rest, &mut w)?;
+                Ok(Reply::Out(w.len()))
+            }
+        }
+    }
+
+    fn other(
+        &self,
+        opcode: u32,
+        h: &InHeader,
+        arg: &[u8],
+        rest: &[u8],
+        w: &mut Writer<'_>,
+    ) -> Result<(), i32> {
+        let ino = h.nodeid;
+        let mut r = Reader::new(arg, "the request's arguments");
+        match opcode {
+            op::LOOKUP => {
+                let [name] = proto::names(rest).map_err(bad)?;
+                if ino == fs::ROOT_INO && name == STATUS_NAME {
+                    return proto::entry(w, &self.status_attr(), Duration::ZERO);
+                }
+                let attr = self.entry(self.child(ino, name)?)?;
+                proto::entry(w, &attr, TTL)
+            }
+            op::GETATTR => {
+                if ino == STATUS_INO {
+                    return proto::attr_out(w, &self.status_attr(), Duration::ZERO);
+                }
+                let st = self.stat(ino)?;
+                proto::attr_out(w, &self.attr(&st), TTL)
+            }
+            op::SETATTR => {
+                let attr = self
+                    .setattr(ino, &mut r)
+                    .map_err(|e| e.unwrap_or_else(bad))?;
+                proto::attr_out(w, &attr, TTL)
+            }
+            op::READLINK => {
+                let path = self.path(ino)?;
+                let target = self.fs.readlink(&path).map_err(|e| errno(&e))?;
+                w.bytes(target.as_bytes())
+            }
+            op::SYMLINK => {
+                let [name, target] = proto::names(rest).map_err(bad)?;
+                self.writable()?;
+                let _ns = lock(&self.namespace);
+                let path = self.child(ino, name)?;
+                self.fs.symlink(target, &path).map_err(|e| errno(&e))?;
+                proto::entry(w, &self.entry(path)?, TTL)
+            }
+            op::MKNOD => {
+                let (mode, _rdev, umask) = (r.u32(), r.u32(), r.u32());
+                let (mode, umask) = (mode.map_err(bad)?, umask.map_err(bad)?);
+                let [name] = proto::names(rest).map_err(bad)?;
+                // Regular files only: no FIFOs, sockets or device nodes.
+                if mode & libc::S_IFMT != libc::S_IFREG {
+                    return Err(libc::EPERM);
+                }
+                self.writable()?;
+                let _ns = lock(&self.namespace);
+                let path = self.child(ino, name)?;
+                let options = OpenOptions {
+                    create: true,
+                    exclusive: true,
+                    mode: mode & !umask & 0o7777,
+                    ..OpenOptions::default()
+                };
+                let file = self.fs.open_file(&path, options).map_err(|e| errno(&e))?;
+                file.close().map_err(|e| errno(&e))?;
+                proto::entry(w, &self.entry(path)?, TTL)
+            }
+            op::MKDIR => {
+                let (mode, umask) = (r.u32().map_err(bad)?, r.u32().map_err(bad)?);
+                let [name] = proto::names(rest).map_err(bad)?;
+                self.writable()?;
+                let _ns = lock(&self.namespace);
+                let path = self.child(ino, name)?;
+                self.fs
+                    .mkdir(&path, mode & !umask & 0o7777)
+                    .map_err(|e| errno(&e))?;
+                proto::entry(w, &self.entry(path)?, TTL)
+            }
+            op::UNLINK | op::RMDIR => {
+                let [name] = proto::names(rest).map_err(bad)?;
+                self.writable()?;
+                let _ns = lock(&self.namespace);
+                let path = self.child(ino, name)?;
+                if opcode == op::UNLINK {
+                    self.fs.unlink(&path)
+                } else {
+                    self.fs.rmdir(&path)
+                }
+                .map_err(|e| errno(&e))?;
+                self.names_mut().removed(&path);
+                Ok(())
+            }
+            op::RENAME | op::RENAME2 => {
+                let newdir = r.u64().map_err(bad)?;
+                let flags = if opcode == op::RENAME2 {
+                    r.u32().map_err(bad)?
+                } else {
+                    0
+                };
+                let [name, newname] = proto::names(rest).map_err(bad)?;
+                self.rename(ino, name, newdir, newname, flags)
+            }
+            // One name per inode (as through the preload library).
+            op::LINK => Err(libc::EPERM),
+            op::OPEN => {
+                let flags = r.u32().map_err(bad)?;
+                let (fh, open_flags) = self.open(ino, flags)?;
+                proto::open_out(w, fh, open_flags)
+            }
+            op::CREATE => {
+                let (flags, mode, umask) = (r.u32(), r.u32(), r.u32());
+                let (flags, mode, umask) =
+                    (flags.map_err(bad)?, mode.map_err(bad)?, umask.map_err(bad)?);
+                let [name] = proto::names(rest).map_err(bad)?;
+                self.writable()?;
+                let _ns = lock(&self.namespace);
+                let path = self.child(ino, name)?;
+                let options = OpenOptions {
+                    create: true,
+                    exclusive: flags as i32 & libc::O_EXCL != 0,
+                    truncate: flags as i32 & libc::O_TRUNC != 0,
+                    mode: mode & !umask & 0o7777,
+                    ..Self::open_options(flags)
+                };
+                let file = self.fs.open_file(&path, options).map_err(|e| errno(&e))?;
+                let attr = self.attr(&file.stat());
+                self.names_mut().paths.insert(attr.ino, path);
+                let fh = self.add(Handle::File(file));
+                proto::entry(w, &attr, TTL)?;
+                proto::open_out(w, fh, self.file_open_flags())
+            }
+            op::STATFS => self.statfs(w),
+            op::RELEASE => {
+                let fh = r.u64().map_err(bad)?;
+                match self.take(fh).map(Arc::try_unwrap) {
+                    Some(Ok(Handle::File(file))) => file.close().map_err(|e| errno(&e)),
+                    // Still in use by a request in flight: closed when that ends.
+                    Some(Err(_)) | Some(Ok(Handle::Status(_))) => Ok(()),
+                    Some(Ok(Handle::Dir(_))) | None => Err(libc::EBADF),
+                }
+            }
+            op::FLUSH => {
+                // Every write is durable when it returns: nothing is held back.
+                let fh = r.u64().map_err(bad)?;
+                match &*self.handle(fh)? {
+                    Handle::File(_) | Handle::Status(_) => Ok(()),
+                    Handle::Dir(_) => Err(libc::EISDIR),
+                }
+            }
+            op::FSYNC => {
+                let fh = r.u64().map_err(bad)?;
+                match &*self.handle(fh)? {
+                    Handle::File(f) => f.sync_all().map_err(|e| errno(&e)),
+                    Handle::Status(_) => Ok(()),
+                    Handle::Dir(_) => Err(libc::EISDIR),
+                }
+            }
+            op::OPENDIR => {
+                let listing = self.listing(ino)?;
+                proto::open_out(w, self.add(Handle::Dir(listing)), 0)
+            }
+            op::READDIR => {
+                let (fh, offset, size) = (r.u64(), r.u64(), r.u32());
+                let (fh, offset, size) =
+                    (fh.map_err(bad)?, offset.map_err(bad)?, size.map_err(bad)?);
+                let handle = self.handle(fh)?;
+                let Handle::Dir(listing) = &*handle else {
+                    return Err(libc::EBADF);
+                };
+                let room = (size as usize).min(w.room());
+                let mut out = vec![0u8; room];
+                let mut dw = Writer::new(&mut out);
+                let skip = usize::try_from(offset).unwrap_or(usize::MAX);
+                for (i, (ino, kind, name)) in listing.entries.iter().enumerate().skip(skip) {
+                    if !proto::dirent(&mut dw, *ino, (i + 1) as u64, dtype(*kind), name) {
+                        break;
+                    }
+                }
+                let n = dw.len();
+                w.bytes(&out[..n])
+            }
+            op::RELEASEDIR => {
+                let fh = r.u64().map_err(bad)?;
+                match self.take(fh).as_deref() {
+                    Some(Handle::Dir(_)) => Ok(()),
+                    _ => Err(libc::EBADF),
+                }
+            }
+            // Metadata operations are durable when they return.
+            op::FSYNCDIR => Ok(()),
+            op::FALLOCATE => {
+                let (fh, offset, length, mode) = (r.u64(), r.u64(), r.u64(), r.u32());
+                let (fh, offset, length, mode) = (
+                    fh.map_err(bad)?,
+                    offset.map_err(bad)?,
+                    length.map_err(bad)?,
+                    mode.map_err(bad)?,
+                );
+                self.fallocate(fh, offset, length, mode as i32)
+            }
+            op::LSEEK => {
+                let (fh, offset, whence) = (r.u64(), r.u64(), r.u32());
+                let (fh, offset, whence) =
+                    (fh.map_err(bad)?, offset.map_err(bad)?, whence.map_err(bad)?);
+                let at = self.lseek(fh, offset, whence as i32)?;
+                w.u64(at)
+            }
+            _ => Err(libc::ENOSYS),
+        }
+    }
+
+    fn file_open_flags(&self) -> u32 {
+        if self.direct_io {
+            proto::FOPEN_DIRECT_IO | proto::FOPEN_PARALLEL_DIRECT_WRITES
+        } else {
+            0
+        }
+    }
+
+    fn open(&self, ino: u64, flags: u32) -> Result<(u64, u32), i32> {
+        if ino == STATUS_INO {
+            if flags as i32 & libc::O_ACCMODE != libc::O_RDONLY {
+                return Err(libc::EACCES);
+            }
+            // Direct I/O: the kernel reads to the end of the bytes, whatever the size said.
+            return Ok((
+                self.add(Handle::Status(self.status())),
+                proto::FOPEN_DIRECT_IO,
+            ));
+        }
+        let options = Self::open_options(flags);
+        if options.write {
+            self.writable()?;
+        }
+        let path = self.path(ino)?;
+        let file = self.fs.open_file(&path, options).map_err(|e| errno(&e))?;
+        if file.ino() != ino {
+            return Err(libc::ESTALE);
+        }
+        Ok((self.add(Handle::File(file)), self.file_open_flags()))
+    }
+
+    fn read(&self, arg: &[u8], buf: &mut [u8]) -> Result<usize, i32> {
+        let mut r = Reader::new(arg, "fuse_read_in");
+        let (fh, offset, size) = (r.u64(), r.u64(), r.u32());
+        let (fh, offset, size) = (fh.map_err(bad)?, offset.map_err(bad)?, size.map_err(bad)?);
+        let size = (size as usize).min(buf.len());
+        let handle = self.handle(fh)?;
+        match &*handle {
+            Handle::Status(bytes) => {
+                let from = usize::try_from(offset)
+                    .unwrap_or(usize::MAX)
+                    .min(bytes.len());
+                let to = from.saturating_add(size).min(bytes.len());
+                buf[..to - from].copy_from_slice(&bytes[from..to]);
+                Ok(to - from)
+            }
+            Handle::Dir(_) => Err(libc::EISDIR),
+            Handle::File(file) => {
+                let mut done = 0;
+                while done < size {
+                    let n = file
+                        .read_at(&mut buf[done..size], offset + done as u64)
+                        .map_err(|e| errno(&e))?;
+                    if n == 0 {
+                        break;
+                    }
+                    done += n;
+                }
+                Ok(done)
+            }
+        }
+    }
+
+    fn write(&self, arg: &[u8], buf: &mut [u8], in_len: usize) -> Result<usize, i32> {
+        let mut r = Reader::new(arg, "fuse_write_in");
+        let (fh, offset, size) = (r.u64(), r.u64(), r.u32());
+        let (fh, offset, size) = (fh.map_err(bad)?, offset.map_err(bad)?, size.map_err(bad)?);
+        let size = size as usize;
+        if size > in_len {
+            return Err(bad(Malformed(format!(
+                "a write of {size} bytes carries {in_len}"
+            ))));
+        }
+        let handle = self.handle(fh)?;
+        let Handle::File(file) = &*handle else {
+            return Err(libc::EBADF);
+        };
+        file.write_at(&buf[..size], offset).map_err(|e| errno(&e))?;
+        let mut w = Writer::new(buf);
+        w.u32(size as u32)?;
+        w.u32(0)?;
+        Ok(w.len())
+    }
+
+    /// `SETATTR`: `Err(None)` is a malformed request.
+    fn setattr(&self, ino: u64, r: &mut Reader<'_>) -> Result<Attr, Result<i32, Malformed>> {
+        let valid = r.u32().map_err(Err)?;
+        r.skip(4).map_err(Err)?;
+        let fh = r.u64().map_err(Err)?;
+        let size = r.u64().map_err(Err)?;
+        r.skip(8).map_err(Err)?; // lock_owner
+        let atime = r.u64().map_err(Err)?;
+        let mtime = r.u64().map_err(Err)?;
+        r.skip(8).map_err(Err)?; // ctime
+        let atimensec = r.u32().map_err(Err)?;
+        let mtimensec = r.u32().map_err(Err)?;
+        r.skip(4).map_err(Err)?; // ctimensec
+        let mode = r.u32().map_err(Err)?;
+        r.skip(4).map_err(Err)?;
+        let uid = r.u32().map_err(Err)?;
+        let gid = r.u32().map_err(Err)?;
+        let has = |bit: u32| valid & bit != 0;
+        let done = (|| {
+            if ino == STATUS_INO {
+                return Err(libc::EPERM);
+            }
+            self.writable()?;
+            // Owners are the mounting user's; only a no-op change is allowed.
+            if (has(fattr::UID) && uid != self.uid) || (has(fattr::GID) && gid != self.gid) {
+                return Err(libc::EPERM);
+            }
+            let handle = if has(fattr::FH) {
+                Some(self.handle(fh)?)
+            } else {
+                None
+            };
+            let file = match handle.as_deref() {
+                Some(Handle::File(f)) => Some(f),
+                _ => None,
+            };
+            let path = self.path(ino);
+            if has(fattr::SIZE) {
+                match file {
+                    Some(file) => file.set_len(size),
+                    None => self.fs.truncate(path.as_deref().map_err(|&e| e)?, size),
+                }
+                .map_err(|e| errno(&e))?;
+            }
+            if has(fattr::MODE) {
+                self.fs
+                    .chmod(path.as_deref().map_err(|&e| e)?, mode & 0o7777)
+                    .map_err(|e| errno(&e))?;
+            }
+            let when = |set: u32, now: u32, secs: u64, nsec: u32| {
+                if has(now) {
+                    Some(now_ns())
+                } else if has(set) {
+                    Some(
+                        secs.saturating_mul(1_000_000_000)
+                            .saturating_add(u64::from(nsec)),
+                    )
+                } else {
+                    None
+                }
+            };
+            let atime = when(fattr::ATIME, fattr::ATIME_NOW, atime, atimensec);
+            let mtime = when(fattr::MTIME, fattr::MTIME_NOW, mtime, mtimensec);
+            if atime.is_some() || mtime.is_some() {
+                match (file, path.as_deref()) {
+                    (Some(file), _) => file.set_times(atime, mtime),
+                    (None, Ok(path)) => self.fs.set_times(path, atime, mtime, false),
+                    (None, Err(&e)) => return Err(e),
+                }
+                .map_err(|e| errno(&e))?;
+            }
+            let st = self.stat(ino)?;
+            Ok(self.attr(&st))
+        })();
+        done.map_err(Ok)
+    }
+
+    fn rename(
+        &self,
+        parent: u64,
+        name: &str,
+        newparent: u64,
+        newname: &str,
+        flags: u32,
+    ) -> Result<(), i32> {
+        self.writable()?;
+        if flags & !libc::RENAME_NOREPLACE != 0 {
+            return Err(libc::EINVAL); // RENAME_EXCHANGE, RENAME_WHITEOUT
+        }
+        let _ns = lock(&self.namespace);
+        let from = self.child(parent, name)?;
+        let to = self.child(newparent, newname)?;
+        // Names change only under the namespace lock: nothing can create `to` between the
+        // look and the rename.
+        if flags & libc::RENAME_NOREPLACE != 0 && self.fs.lstat(&to).is_ok() {
+            return Err(libc::EEXIST);
+        }
+        self.fs.rename(&from, &to).map_err(|e| errno(&e))?;
+        let mut names = self.names_mut();
+        names.removed(&to);
+        names.moved(&from, &to);
+        Ok(())
+    }
+
+    fn statfs(&self, w: &mut Writer<'_>) -> Result<(), i32> {
+        let stats = self.fs.volume().stats();
+        let total: u64 = stats.iter().map(|d| d.capacity_bytes).sum();
+        let free: u64 = stats.iter().map(|d| d.free_bytes).sum();
+        let files = self.fs.stats().inodes;
+        let block = u64::from(BLOCK);
+        w.u64(total / block)?; // blocks
+        w.u64(free / block)?; // bfree
+        w.u64(free / block)?; // bavail
+        w.u64(files + free / block)?; // files
+        w.u64(free / block)?; // ffree
+        w.u32(BLOCK)?; // bsize
+        w.u32(fs::MAX_NAME as u32)?; // namelen
+        w.u32(BLOCK)?; // frsize
+        w.zeros(4 + 6 * 4) // padding, spare
+    }
+
+    fn listing(&self, ino: u64) -> Result<Listing, i32> {
+        let path = self.path(ino)?;
+        let here = self.fs.lstat(&path).map_err(|e| errno(&e))?;
+        if here.kind != Kind::Dir {
+            return Err(libc::ENOTDIR);
+        }
+        let parent = match path.rsplit_once('/') {
+            Some(("", _)) | None => fs::ROOT_INO,
+            Some((parent, _)) => self.fs.lstat(parent).map_or(fs::ROOT_INO, |s| s.ino),
+        };
+        let mut entries = vec![
+            (here.ino, Kind::Dir, ".".to_owned()),
+            (parent, Kind::Dir, "..".to_owned()),
+        ];
+        let listed = self.fs.readdir(&path).map_err(|e| errno(&e))?;
+        entries.extend(listed.into_iter().map(|e| (e.ino, e.kind, e.name)));
+        Ok(Listing { entries })
+    }
+
+    fn fallocate(&self, fh: u64, offset: u64, length: u64, mode: i32) -> Result<(), i32> {
+        self.writable()?;
+        let handle = self.handle(fh)?;
+        let Handle::File(file) = &*handle else {
+            return Err(libc::EBADF);
+        };
+        if length == 0 || i64::try_from(offset).is_err() || i64::try_from(length).is_err() {
+            return Err(libc::EINVAL);
+        }
+        let end = offset.checked_add(length).ok_or(libc::EFBIG)?;
+        match mode {
+            0 if end > file.len() => file.set_len(end).map_err(|e| errno(&e)),
+            0 | libc::FALLOC_FL_KEEP_SIZE => Ok(()),
+            m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => {
+                file.punch_hole(offset, length).map_err(|e| errno(&e))
+            }
+            _ => Err(libc::EOPNOTSUPP),
+        }
+    }
+
+    fn lseek(&self, fh: u64, offset: u64, whence: i32) -> Result<u64, i32> {
+        let handle = self.handle(fh)?;
+        let Handle::File(file) = &*handle else {
+            return Err(libc::EBADF);
+        };
+        let size = file.len();
+        if i64::try_from(offset).is_err() || offset >= size {
+            return Err(libc::ENXIO);
+        }
+        let ranges = file
+            .data_ranges(offset, size - offset)
+            .map_err(|e| errno(&e))?;
+        match whence {
+            libc::SEEK_DATA => ranges
+                .first()
+                .map(|r| r.start.max(offset))
+                .ok_or(libc::ENXIO),
+            libc::SEEK_HOLE => Ok(match ranges.first() {
+                Some(r) if r.start <= offset => ranges
+                    .windows(2)
+                    .find(|w| w[0].end < w[1].start)
+                    .map_or_else(|| ranges.last().map_or(size, |r| r.end), |w| w[0].end),
+                _ => offset,
+            }),
+            _ => Err(libc::EINVAL),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(paths: &[(u64, &str)]) -> Names {
+        Names {
+            paths: paths.iter().map(|&(i, p)| (i, p.to_owned())).collect(),
+        }
+    }
+
+    #[test]
+    fn a_rename_moves_the_name_and_everything_below_it_only() {
+        let mut n = names(&[(1, "/"), (2, "/a"), (3, "/a/b"), (4, "/a/b/c"), (5, "/ab")]);
+        n.moved("/a", "/z/y");
+        assert_eq!(n.path(2), Ok("/z/y"));
+        assert_eq!(n.path(3), Ok("/z/y/b"));
+        assert_eq!(n.path(4), Ok("/z/y/b/c"));
+        assert_eq!(n.path(5), Ok("/ab"), "a sibling sharing the prefix stays");
+        n.removed("/ab");
+        assert_eq!(n.path(5), Err(libc::ESTALE));
+        assert_eq!(n.child(1, "x"), Ok("/x".to_owned()));
+        assert_eq!(n.child(3, "x"), Ok("/z/y/b/x".to_owned()));
+        assert_eq!(n.child(1, STATUS_NAME), Err(libc::EPERM));
+        assert_eq!(n.child(1, "a/b"), Err(libc::EINVAL));
+    }
+}
