@@ -208,6 +208,75 @@ fn both(mount: &Mount, script: &str) -> (String, String) {
     (run(tmp.path()), run(mount.path()))
 }
 
+/// The server's request counters, from its status file.
+fn fuse_counters(mount: &Mount) -> serde_json::Value {
+    let text = std::fs::read_to_string(mount.path().join(mount::STATUS_NAME)).unwrap();
+    let status: serde_json::Value = serde_json::from_str(&text).unwrap();
+    status["fuse"].clone()
+}
+
+/// Over io_uring a request is served on the CPU that made it: the writes of a process pinned
+/// to one CPU all come from that CPU's queue, and no queue's request is served on another CPU.
+#[test]
+fn io_uring_serves_each_request_on_the_cpu_that_made_it() {
+    if !uring_on() {
+        eprintln!(
+            "skipped: FUSE over io_uring is off ({})",
+            mount::URING_SWITCH
+        );
+        return;
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    if cpus < 2 || !have("taskset") {
+        eprintln!("skipped: needs two CPUs and taskset");
+        return;
+    }
+    let mount = Mount::new("io-uring");
+    let before = fuse_counters(&mount);
+    assert_eq!(before["io_uring"], true, "{before}");
+    let cpu = cpus - 1;
+    let out = Command::new("taskset")
+        .args([
+            "-c",
+            &cpu.to_string(),
+            "dd",
+            "if=/dev/zero",
+            "bs=4096",
+            "count=2000",
+        ])
+        .arg(format!("of={}", mount.path().join("pinned").display()))
+        .output()
+        .unwrap();
+    ok(&out, "dd");
+    let after = fuse_counters(&mount);
+    let count = |v: &serde_json::Value, q: usize| v["queue_requests"][q].as_u64().unwrap();
+    let delta: Vec<u64> = (0..cpus)
+        .map(|q| count(&after, q) - count(&before, q))
+        .collect();
+    assert!(
+        delta[cpu] >= 2000,
+        "2000 writes made on CPU {cpu}: {delta:?}"
+    );
+    let other: u64 = delta
+        .iter()
+        .enumerate()
+        .filter(|&(q, _)| q != cpu)
+        .map(|(_, n)| n)
+        .sum();
+    // Only this test's own look-ups of the status file may come from elsewhere.
+    assert!(other < 50, "requests from other CPUs: {delta:?}");
+    assert_eq!(
+        after["served_elsewhere"], 0,
+        "every queue's requests are served on its own CPU: {after}"
+    );
+    assert_eq!(
+        std::fs::metadata(mount.path().join("pinned"))
+            .unwrap()
+            .len(),
+        2000 * 4096
+    );
+}
+
 fn everyday_programs_and_pipelines_behave_as_on_tmpfs(transport: &'static str) {
     for program in ["git", "rsync", "tar", "sqlite3", "python3"] {
         assert!(

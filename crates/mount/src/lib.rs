@@ -187,6 +187,9 @@ pub fn mount(fs: fs::Fs, mountpoint: &Path, config: &MountConfig) -> io::Result<
     let mut server = Server::new(fs, config.read_only);
     let hello = handshake(&mut dev, config.transport)?;
     server.set_direct_io(hello.direct_io);
+    if hello.io_uring {
+        server.set_queues(possible_cpus());
+    }
     let server = Arc::new(server);
 
     let cpus = online_cpus();
@@ -366,6 +369,7 @@ fn serve_dev(mut dev: File, server: &Server) -> io::Result<()> {
                 _ => return Err(e),
             },
         };
+        server.count_dev();
         let h = match InHeader::parse(&buf[..n]) {
             Ok(h) => h,
             Err(e) => {
@@ -407,6 +411,7 @@ fn serve_queue(
     let qid = u16::try_from(qid).map_err(|_| io::Error::other("more than 65536 CPUs"))?;
     let mut ring = uring::fuse::FuseRing::new(fd, qid, QUEUE_DEPTH, MAX_WRITE, node)?;
     while let Some(entry) = ring.next_request()? {
+        server.count_queue(usize::from(qid));
         let request = ring.request(entry);
         let (error, len) = match InHeader::parse(request.header) {
             Ok(h) => match server.serve(&h, request.op_in, request.payload, request.payload_len) {

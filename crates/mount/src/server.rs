@@ -98,6 +98,14 @@ pub(crate) struct Server {
     namespace: Mutex<()>,
     uid: u32,
     gid: u32,
+    /// Requests served, for the status file: through `/dev/fuse` reads, and per io_uring
+    /// queue (index = CPU).
+    dev_requests: AtomicU64,
+    queue_requests: Vec<AtomicU64>,
+    /// io_uring requests served on another CPU than the one whose queue they came from
+    /// (the one that made them).
+    served_elsewhere: AtomicU64,
+    io_uring: bool,
 }
 
 impl std::fmt::Debug for Server {
@@ -169,6 +177,32 @@ impl Server {
             namespace: Mutex::new(()),
             uid,
             gid,
+            dev_requests: AtomicU64::new(0),
+            queue_requests: Vec::new(),
+            served_elsewhere: AtomicU64::new(0),
+            io_uring: false,
+        }
+    }
+
+    /// Requests will come from `queues` io_uring queues as well as `/dev/fuse`.
+    pub(crate) fn set_queues(&mut self, queues: usize) {
+        self.io_uring = queues > 0;
+        self.queue_requests = (0..queues).map(|_| AtomicU64::new(0)).collect();
+    }
+
+    /// Counts a request read from `/dev/fuse`.
+    pub(crate) fn count_dev(&self) {
+        self.dev_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a request taken from io_uring queue `qid` (made on CPU `qid`), and whether it
+    /// is being served on another CPU.
+    pub(crate) fn count_queue(&self, qid: usize) {
+        if let Some(c) = self.queue_requests.get(qid) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        if topology::current_cpu().is_ok_and(|cpu| cpu as usize != qid) {
+            self.served_elsewhere.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -309,6 +343,17 @@ impl Server {
             "uuid": volume::hex(&volume.uuid()),
             "devices": volume.stats(),
             "fs": self.fs.stats(),
+            "fuse": {
+                "io_uring": self.io_uring,
+                "direct_io": self.direct_io,
+                "dev_requests": self.dev_requests.load(Ordering::Relaxed),
+                "queue_requests": self
+                    .queue_requests
+                    .iter()
+                    .map(|c| c.load(Ordering::Relaxed))
+                    .collect::<Vec<_>>(),
+                "served_elsewhere": self.served_elsewhere.load(Ordering::Relaxed),
+            },
         });
         let mut bytes = serde_json::to_vec_pretty(&status).unwrap_or_default();
         bytes.push(b'\n');

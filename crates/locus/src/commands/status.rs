@@ -181,6 +181,7 @@ fn served_status(dir: &Path, served: &volume::Served, args: &StatusArgs) -> Resu
             "uuid": live["uuid"],
             "devices": live["devices"],
             "fs_live": live["fs"],
+            "fuse": live["fuse"],
         });
         outln!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
@@ -221,5 +222,29 @@ fn served_status(dir: &Path, served: &volume::Served, args: &StatusArgs) -> Resu
         fs["records_pending"],
         fs["write_amplification"].as_f64().unwrap_or(0.0)
     );
+    let fuse = &live["fuse"];
+    let queues: Vec<String> = fuse["queue_requests"]
+        .as_array()
+        .map(|q| {
+            q.iter()
+                .enumerate()
+                .map(|(cpu, n)| format!("cpu {cpu}: {n}"))
+                .collect()
+        })
+        .unwrap_or_default();
+    if fuse["io_uring"].as_bool() == Some(true) {
+        outln!(
+            "requests: FUSE over io_uring, by the CPU that made them: {}; served on another \
+             CPU: {}; through /dev/fuse: {}",
+            queues.join(", "),
+            fuse["served_elsewhere"],
+            fuse["dev_requests"]
+        );
+    } else {
+        outln!(
+            "requests: through /dev/fuse reads: {}",
+            fuse["dev_requests"]
+        );
+    }
     Ok(())
 }
