@@ -25,6 +25,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("fs-capi", &["topology", "volume", "fs"]),
     ("preload", &["topology", "volume", "fs"]),
     ("mount", &["topology", "volume", "fs", "uring"]),
+    ("cachedev", &["topology", "volume", "fs", "cache", "uring"]),
     ("exports", &["fs", "nbd"]),
     ("sim", &["cache"]),
     // Test helpers: a dev-dependency only (no crate's [dependencies] may name it, as no

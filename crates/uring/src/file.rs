@@ -56,6 +56,13 @@ impl DirectFile {
         })
     }
 
+    /// Makes every completed write durable (`fdatasync`).
+    pub fn sync_data(&self) -> Result<()> {
+        self.file
+            .sync_data()
+            .map_err(io(format!("fdatasync of {}", self.path.display())))
+    }
+
     /// Size in bytes.
     pub fn size_bytes(&self) -> u64 {
         self.size_bytes

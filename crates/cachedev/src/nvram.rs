@@ -1,0 +1,177 @@
+//! The NVRAM tier: one file of the locus file system (so its blocks are persistent memory
+//! of the volume, allocated near the thread that first writes them, and every write to it is
+//! atomic and durable when it returns), laid out as `format` says.
+
+use std::path::Path;
+
+use crate::error::{CacheError, Result};
+use crate::format::{Entry, HEADER_BYTES, Header};
+
+/// The NVRAM file.
+#[derive(Debug)]
+pub(crate) struct Nvram {
+    file: fs::File,
+    header: Header,
+    path: String,
+}
+
+impl Nvram {
+    /// Opens the NVRAM file at `path`, creating it (and its parent directories) laid out as
+    /// `want` if it does not exist. An existing file must have `want`'s layout. Returns the
+    /// file and its index entries.
+    pub(crate) fn open(fs: &fs::Fs, path: &str, want: Header) -> Result<(Self, Vec<Entry>)> {
+        let exists = match fs.stat(path) {
+            Ok(stat) if stat.kind == fs::Kind::Dir => {
+                return Err(CacheError::Config(format!("{path} is a directory")));
+            }
+            Ok(_) => true,
+            Err(fs::FsError::NotFound(_)) => false,
+            Err(e) => return Err(CacheError::nvram(format!("looking up {path}"))(e)),
+        };
+        if !exists {
+            create_parents(fs, path)?;
+            let file = fs
+                .open_file(path, fs::OpenOptions::create())
+                .map_err(CacheError::nvram(format!("creating {path}")))?;
+            file.set_len(want.file_bytes())
+                .map_err(CacheError::nvram(format!("sizing {path}")))?;
+            // The header last: a file without one is not a cache yet (open fails, naming it).
+            file.write_at(&want.encode(), 0)
+                .map_err(CacheError::nvram(format!("writing the header of {path}")))?;
+            let nvram = Nvram {
+                file,
+                header: want,
+                path: path.to_owned(),
+            };
+            let entries = vec![Entry::Free; want.slots as usize];
+            return Ok((nvram, entries));
+        }
+        let file = fs
+            .open_file(path, fs::OpenOptions::read_write())
+            .map_err(CacheError::nvram(format!("opening {path}")))?;
+        let mut head = [0u8; HEADER_BYTES];
+        read_full(&file, &mut head, 0).map_err(CacheError::nvram(format!("reading {path}")))?;
+        let header = Header::decode(&head).map_err(|e| match e {
+            CacheError::Format { problem } => CacheError::Format {
+                problem: format!("{path}: {problem}"),
+            },
+            other => other,
+        })?;
+        let mismatch = |what: &str, has: u64, asked: u64| {
+            CacheError::Config(format!(
+                "{path} caches with {what} {has}, not {asked}; it still holds the cache's \
+                 dirty blocks, so locus does not change it (write everything back and remove \
+                 it first)"
+            ))
+        };
+        if header.block_bytes != want.block_bytes {
+            return Err(mismatch(
+                "block size",
+                header.block_bytes.into(),
+                want.block_bytes.into(),
+            ));
+        }
+        if header.slots != want.slots {
+            return Err(mismatch(
+                "NVRAM slots",
+                header.slots.into(),
+                want.slots.into(),
+            ));
+        }
+        if header.backing_bytes != want.backing_bytes {
+            return Err(mismatch(
+                "a backing store of bytes",
+                header.backing_bytes,
+                want.backing_bytes,
+            ));
+        }
+        if file.len() < header.file_bytes() {
+            return Err(CacheError::Format {
+                problem: format!(
+                    "{path} has {} bytes; its header needs {}",
+                    file.len(),
+                    header.file_bytes()
+                ),
+            });
+        }
+        let mut index = vec![0u8; header.slots as usize * crate::format::ENTRY_BYTES];
+        read_full(&file, &mut index, header.entry_offset(0))
+            .map_err(CacheError::nvram(format!("reading the index of {path}")))?;
+        let entries = index
+            .chunks_exact(crate::format::ENTRY_BYTES)
+            .enumerate()
+            .map(|(slot, b)| Entry::decode(b, slot as u32))
+            .collect::<Result<Vec<_>>>()
+            .map_err(|e| match e {
+                CacheError::Format { problem } => CacheError::Format {
+                    problem: format!("{path}: {problem}"),
+                },
+                other => other,
+            })?;
+        Ok((
+            Nvram {
+                file,
+                header,
+                path: path.to_owned(),
+            },
+            entries,
+        ))
+    }
+
+    /// Writes a whole block into `slot` (atomic and durable when it returns).
+    pub(crate) fn write_slot(&self, slot: u32, data: &[u8]) -> Result<()> {
+        debug_assert_eq!(data.len(), self.header.block_bytes as usize);
+        self.file
+            .write_at(data, self.header.slot_offset(slot))
+            .map_err(CacheError::nvram(format!(
+                "writing slot {slot} of {}",
+                self.path
+            )))
+    }
+
+    /// Reads `slot`'s block.
+    pub(crate) fn read_slot(&self, slot: u32, out: &mut [u8]) -> Result<()> {
+        read_full(&self.file, out, self.header.slot_offset(slot)).map_err(CacheError::nvram(
+            format!("reading slot {slot} of {}", self.path),
+        ))
+    }
+
+    /// Writes `slot`'s index entry (atomic and durable when it returns).
+    pub(crate) fn write_entry(&self, slot: u32, entry: Entry) -> Result<()> {
+        self.file
+            .write_at(&entry.encode(), self.header.entry_offset(slot))
+            .map_err(CacheError::nvram(format!(
+                "writing index entry {slot} of {}",
+                self.path
+            )))
+    }
+}
+
+fn read_full(file: &fs::File, out: &mut [u8], offset: u64) -> fs::Result<()> {
+    let mut done = 0;
+    while done < out.len() {
+        let n = file.read_at(&mut out[done..], offset + done as u64)?;
+        if n == 0 {
+            // Past the end reads as zeros (the file was sized; a hole is zeros).
+            out[done..].fill(0);
+            break;
+        }
+        done += n;
+    }
+    Ok(())
+}
+
+/// Creates the directories above `path`.
+fn create_parents(fs: &fs::Fs, path: &str) -> Result<()> {
+    let parent = Path::new(path).parent().unwrap_or(Path::new("/"));
+    let mut at = String::new();
+    for part in parent.components().skip(1) {
+        at.push('/');
+        at.push_str(&part.as_os_str().to_string_lossy());
+        match fs.mkdir(&at, 0o755) {
+            Ok(()) | Err(fs::FsError::Exists(_)) => {}
+            Err(e) => return Err(CacheError::nvram(format!("creating directory {at}"))(e)),
+        }
+    }
+    Ok(())
+}
