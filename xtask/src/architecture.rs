@@ -26,7 +26,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("preload", &["topology", "volume", "fs"]),
     ("mount", &["topology", "volume", "fs", "uring"]),
     ("cachedev", &["topology", "volume", "fs", "cache", "uring"]),
-    ("exports", &["fs", "nbd"]),
+    ("exports", &["fs", "nbd", "cachedev"]),
     ("sim", &["cache"]),
     // Test helpers: a dev-dependency only (no crate's [dependencies] may name it, as no
     // layer below lists it).
@@ -35,6 +35,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "locus",
         &[
             "topology", "pmem", "volume", "fs", "cache", "sim", "uring", "nbd", "exports", "mount",
+            "cachedev",
         ],
     ),
 ];

@@ -1,5 +1,6 @@
-//! What locus serves over NBD: a file of the locus file system as a block device
-//! ([`FsExport`]), behind `nbd::server::Export`. (The cache device will be the second kind.)
+//! What locus serves over NBD, behind `nbd::server::Export`: a file of the locus file system
+//! as a block device ([`FsExport`]), and a cache device — a backing store behind NVRAM and
+//! DRAM ([`CacheExport`], module `cache`); [`AnyExport`] serves either.
 //!
 //! Writes are copied, as they arrive, from the connection's input buffer into a persistent
 //! buffer allocated by the receiving thread (pinned to its channel's node, so the buffer is
@@ -10,11 +11,18 @@
 //! Opening an export creates what it needs (parent directories, the file, its size) and
 //! refuses, with an [`OpenError`] naming the export, what it cannot serve.
 
+mod cache;
+
 use std::ops::Range;
 use std::path::Path;
 
 use nbd::consts::errno;
 use nbd::server::{Export, ExportError, Payload};
+
+pub use cache::{
+    AnyExport, AnyStaged, CacheExport, CacheSpec, NVRAM_DIR, check_name as check_cache_name,
+    nvram_path,
+};
 
 /// Why an export cannot be served.
 #[derive(Debug, thiserror::Error)]

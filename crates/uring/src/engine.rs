@@ -158,6 +158,12 @@ pub struct Engine {
     vectored_fixed: bool,
 }
 
+// SAFETY: the engine owns its ring, its buffers and the iovecs of its in-flight requests
+// (raw pointers into buffers it also owns); nothing in it is tied to the creating thread (the
+// ring is not `SINGLE_ISSUER`). Moving it to another thread moves all of that together, and
+// `&mut self` on every operation keeps it to one thread at a time.
+unsafe impl Send for Engine {}
+
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")

@@ -20,7 +20,8 @@ use nbd::server::{
 };
 use topology::Topology;
 
-use exports::{ExportSpec, FsExport};
+use exports::{AnyExport, CacheExport, ExportSpec, FsExport};
+use spec::Spec;
 
 use crate::size::{format_bytes, parse_size};
 
@@ -74,11 +75,24 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH")]
     unix: Vec<PathBuf>,
 
-    /// An export (repeatable): NAME=fs:/PATH[,size=SIZE][,ro]. The file is created (with its
-    /// directories) when missing, which needs size=; an existing file is grown to size= (never
-    /// shrunk). ro serves an existing file read-only.
-    #[arg(long = "export", value_name = "NAME=fs:/PATH[,size=SIZE][,ro]", value_parser = spec::parse)]
-    exports: Vec<ExportSpec>,
+    /// An export (repeatable): NAME=fs:/PATH[,size=SIZE][,ro] or
+    /// NAME=cache:PATH,nvram=SIZE,dram=SIZE[,policy=nbm|nvlru|lru].
+    ///
+    /// fs: a file of the file system. It is created (with its directories) when missing,
+    /// which needs size=; an existing file is grown to size= (never shrunk). ro serves an
+    /// existing file read-only.
+    ///
+    /// cache: the block device or file at PATH (opened O_DIRECT, read and written through
+    /// io_uring) behind a cache: nvram= bytes of the volume's persistent memory for written
+    /// blocks (a write is durable once there; the file /.cache/NAME.nvram), dram= bytes of
+    /// memory for read blocks, the policy deciding (nbm, the default; nvlru; lru, one LRU over
+    /// both sizes). A restart recovers the blocks NVRAM holds. See docs/cache.md.
+    #[arg(
+        long = "export",
+        value_name = "NAME=fs:/PATH[,size=SIZE][,ro] | NAME=cache:PATH,nvram=SIZE,dram=SIZE[,policy=P]",
+        value_parser = spec::parse
+    )]
+    exports: Vec<Spec>,
 
     /// Size of the default export when there is no --export: created with it, or grown to
     /// it (default 1G on creation, else the file's size).
@@ -150,9 +164,9 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
     for (i, spec) in args.exports.iter().enumerate() {
         if args.exports[..i]
             .iter()
-            .any(|other| other.name == spec.name)
+            .any(|other| other.name() == spec.name())
         {
-            bail!("export name {:?} is given twice", spec.name);
+            bail!("export name {:?} is given twice", spec.name());
         }
     }
     let listeners = listeners(args)?;
@@ -179,7 +193,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
         );
     }
     let specs = if args.exports.is_empty() {
-        vec![ExportSpec {
+        vec![Spec::Fs(ExportSpec {
             name: DEFAULT_EXPORT_NAME.into(),
             path: DEFAULT_EXPORT_PATH.into(),
             size: args.default_size.or_else(|| {
@@ -188,14 +202,36 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
                     .then_some(DEFAULT_EXPORT_BYTES)
             }),
             read_only: false,
-        }]
+        })]
     } else {
         args.exports.clone()
     };
     let mut entries = Vec::with_capacity(specs.len());
     for spec in &specs {
-        entries.push((spec.name.clone(), Arc::new(FsExport::open(&fs, spec)?)));
+        let export = match spec {
+            Spec::Fs(spec) => AnyExport::Fs(FsExport::open(&fs, spec)?),
+            Spec::Cache(spec) => {
+                let export = CacheExport::open(&fs, spec)?;
+                let stats = export.stats();
+                if stats.dirty_blocks > 0 {
+                    eprintln!(
+                        "locus: cache {}: recovered {} dirty block(s) from NVRAM, awaiting \
+                         write-back to {}",
+                        spec.name,
+                        stats.dirty_blocks,
+                        spec.backing.display()
+                    );
+                }
+                AnyExport::Cache(export)
+            }
+        };
+        entries.push((spec.name().to_owned(), Arc::new(export)));
     }
+    let caches: Vec<(String, Arc<AnyExport>)> = entries
+        .iter()
+        .filter(|(_, e)| matches!(**e, AnyExport::Cache(_)))
+        .cloned()
+        .collect();
     // Exports may be sparse and larger than the volume (writes past its free space get
     // ENOSPC, and the server keeps serving), but an operator should know before a client
     // finds out.
@@ -233,13 +269,21 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
     sockets.0.clear();
     let described: Vec<String> = specs
         .iter()
-        .map(|s| {
-            format!(
+        .map(|s| match s {
+            Spec::Fs(s) => format!(
                 "{} ({}{})",
                 s.name,
                 s.path,
                 if s.read_only { ", ro" } else { "" }
-            )
+            ),
+            Spec::Cache(s) => format!(
+                "{} (cache of {}, nvram {}, dram {}, {})",
+                s.name,
+                s.backing.display(),
+                format_bytes(s.config.nvram_bytes),
+                format_bytes(s.config.dram_bytes),
+                s.config.policy.name()
+            ),
         })
         .collect();
     eprintln!(
@@ -279,6 +323,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
                 Some((&last, last_at.elapsed())),
                 args.stats_json,
             );
+            print_cache_stats("interval", &caches, args.stats_json);
             last = now;
             last_at = Instant::now();
             next += tick;
@@ -291,10 +336,54 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
     eprintln!("locus: signal {signal}: stopping — finishing requests in progress");
     let reports = server.shutdown();
     print_stats("total", &reports, None, args.stats_json);
+    print_cache_stats("total", &caches, args.stats_json);
+    drop(caches);
     fs.unmount()
         .context("checkpointing and closing the file system")?;
     eprintln!("locus: stopped cleanly; every acknowledged write is in its file");
     Ok(())
+}
+
+/// Each cache export's counters: hits, misses, write-backs, dirty blocks, backing-store
+/// latency.
+fn print_cache_stats(report: &str, caches: &[(String, Arc<AnyExport>)], json: bool) {
+    for (name, export) in caches {
+        let AnyExport::Cache(cache) = &**export else {
+            continue;
+        };
+        let s = cache.stats();
+        let latency_us = if s.backing_ops == 0 {
+            0.0
+        } else {
+            s.backing_ns as f64 / s.backing_ops as f64 / 1000.0
+        };
+        if json {
+            let line = serde_json::json!({
+                "report": report,
+                "cache": name,
+                "policy": cache.policy().name(),
+                "stats": s,
+                "backing_latency_us": latency_us,
+            });
+            eprintln!("{line}");
+        } else {
+            eprintln!(
+                "locus: {report}: cache {name} ({}): {} accesses, {} read hits, {} write hits, \
+                 {} backing reads, {} write-backs, {} partial-block reads, {} dirty blocks, {} \
+                 clean blocks, backing store {} ops at {latency_us:.1} µs",
+                cache.policy().name(),
+                s.accesses,
+                s.read_hits,
+                s.write_hits,
+                s.backing_reads,
+                s.writebacks,
+                s.partial_reads,
+                s.dirty_blocks,
+                s.clean_blocks,
+                s.backing_ops
+            );
+        }
+    }
 }
 
 /// Unix socket files this start created, removed if it fails before the server owns them.

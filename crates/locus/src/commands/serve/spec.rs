@@ -1,20 +1,113 @@
-//! `--export NAME=fs:/PATH[,size=SIZE][,ro]`, parsed into an [`ExportSpec`].
+//! `--export NAME=fs:/PATH[,size=SIZE][,ro]` and `--export
+//! NAME=cache:PATH,nvram=SIZE,dram=SIZE[,policy=nbm|nvlru|lru]`, parsed into a [`Spec`].
 
-use exports::ExportSpec;
+use exports::{CacheSpec, ExportSpec};
 
-/// Parses `--export NAME=fs:/PATH[,size=SIZE][,ro]`.
-pub fn parse(text: &str) -> Result<ExportSpec, String> {
-    let (name, rest) = text
-        .split_once('=')
-        .ok_or_else(|| format!("{text:?}: expected NAME=fs:/PATH[,size=SIZE][,ro]"))?;
+/// One `--export`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Spec {
+    /// A file of the file system.
+    Fs(ExportSpec),
+    /// A cache device over a backing store.
+    Cache(CacheSpec),
+}
+
+impl Spec {
+    pub fn name(&self) -> &str {
+        match self {
+            Spec::Fs(s) => &s.name,
+            Spec::Cache(s) => &s.name,
+        }
+    }
+}
+
+/// Parses one `--export`.
+pub fn parse(text: &str) -> Result<Spec, String> {
+    let (name, rest) = text.split_once('=').ok_or_else(|| {
+        format!(
+            "{text:?}: expected NAME=fs:/PATH[,size=SIZE][,ro] or \
+             NAME=cache:PATH,nvram=SIZE,dram=SIZE[,policy=nbm|nvlru|lru]"
+        )
+    })?;
     if name.is_empty() || name.len() > nbd::consts::MAX_STRING_BYTES {
         return Err(format!("{text:?}: the export name must be 1 to 4096 bytes"));
     }
+    if let Some(cache) = rest.strip_prefix("cache:") {
+        return parse_cache(text, name, cache).map(Spec::Cache);
+    }
+    parse_fs(text, name, rest).map(Spec::Fs)
+}
+
+/// `cache:PATH,nvram=SIZE,dram=SIZE[,policy=nbm|nvlru|lru]`.
+fn parse_cache(text: &str, name: &str, rest: &str) -> Result<CacheSpec, String> {
+    exports::check_cache_name(name).map_err(|e| format!("{text:?}: {e}"))?;
+    let mut parts = rest.split(',');
+    let backing = parts.next().unwrap_or_default();
+    if backing.is_empty() {
+        return Err(format!(
+            "{text:?}: cache:PATH needs the backing store's path (a block device or a file)"
+        ));
+    }
+    let (mut nvram, mut dram, mut policy) = (None, None, cachedev::PolicyKind::Nbm);
+    let block = u64::from(cachedev::BLOCK_BYTES);
+    let size = |what: &str, value: &str| -> Result<u64, String> {
+        let bytes = crate::size::parse_size(value).map_err(|e| format!("{text:?}: {e}"))?;
+        if !bytes.is_multiple_of(block) {
+            return Err(format!(
+                "{text:?}: {what}={value} is not a multiple of the {block}-byte block"
+            ));
+        }
+        Ok(bytes)
+    };
+    for part in parts {
+        match part.split_once('=') {
+            Some(("nvram", v)) => nvram = Some(size("nvram", v)?),
+            Some(("dram", v)) => dram = Some(size("dram", v)?),
+            Some(("policy", "nbm")) => policy = cachedev::PolicyKind::Nbm,
+            Some(("policy", "nvlru")) => policy = cachedev::PolicyKind::NvLru,
+            Some(("policy", "lru")) => policy = cachedev::PolicyKind::Lru,
+            Some(("policy", other)) => {
+                return Err(format!(
+                    "{text:?}: unknown policy {other:?} (nbm, nvlru or lru)"
+                ));
+            }
+            _ => {
+                return Err(format!(
+                    "{text:?}: unknown setting {part:?} (nvram=SIZE, dram=SIZE, \
+                     policy=nbm|nvlru|lru)"
+                ));
+            }
+        }
+    }
+    let (Some(nvram_bytes), Some(dram_bytes)) = (nvram, dram) else {
+        return Err(format!(
+            "{text:?}: a cache export needs nvram=SIZE and dram=SIZE"
+        ));
+    };
+    if nvram_bytes == 0 {
+        return Err(format!("{text:?}: nvram must hold at least one block"));
+    }
+    Ok(CacheSpec {
+        name: name.to_owned(),
+        backing: backing.into(),
+        config: cachedev::CacheConfig {
+            nvram_bytes,
+            dram_bytes,
+            policy,
+        },
+    })
+}
+
+/// `fs:/PATH[,size=SIZE][,ro]`.
+fn parse_fs(text: &str, name: &str, rest: &str) -> Result<ExportSpec, String> {
     let mut parts = rest.split(',');
     let target = parts.next().unwrap_or_default();
-    let path = target
-        .strip_prefix("fs:")
-        .ok_or_else(|| format!("{text:?}: the export must be a file system path, fs:/PATH"))?;
+    let path = target.strip_prefix("fs:").ok_or_else(|| {
+        format!(
+            "{text:?}: the export must be a file system path, fs:/PATH, or a cache, \
+             cache:PATH"
+        )
+    })?;
     if !path.starts_with('/') || path == "/" {
         return Err(format!(
             "{text:?}: {path:?} is not an absolute file path in the file system"
@@ -52,19 +145,36 @@ mod tests {
     fn export_specs_parse_and_bad_ones_are_named() {
         assert_eq!(
             parse("disk=fs:/vm/disk.img,size=2G,ro"),
-            Ok(ExportSpec {
+            Ok(Spec::Fs(ExportSpec {
                 name: "disk".into(),
                 path: "/vm/disk.img".into(),
                 size: Some(2 << 30),
                 read_only: true
-            })
+            }))
         );
+        assert!(matches!(
+            parse("d=fs:/x"),
+            Ok(Spec::Fs(ExportSpec {
+                size: None,
+                read_only: false,
+                ..
+            }))
+        ));
         assert_eq!(
-            parse("d=fs:/x").map(|s| (s.size, s.read_only)),
-            Ok((None, false))
+            parse("c=cache:/dev/vdb,nvram=64M,dram=16M,policy=nvlru"),
+            Ok(Spec::Cache(CacheSpec {
+                name: "c".into(),
+                backing: "/dev/vdb".into(),
+                config: cachedev::CacheConfig {
+                    nvram_bytes: 64 << 20,
+                    dram_bytes: 16 << 20,
+                    policy: cachedev::PolicyKind::NvLru,
+                }
+            }))
         );
         for (bad, says) in [
             ("disk", "expected NAME=fs:/PATH"),
+            ("d=/x", "cache:PATH"),
             ("=fs:/x", "1 to 4096 bytes"),
             ("d=/x", "fs:/PATH"),
             ("d=fs:x", "absolute"),
@@ -72,6 +182,15 @@ mod tests {
             ("d=fs:/x,size=1000", "multiple of 512"),
             ("d=fs:/x,size=lots", "lots"),
             ("d=fs:/x,fast", "unknown setting"),
+            ("c=cache:/b,nvram=1M", "nvram=SIZE and dram=SIZE"),
+            (
+                "c=cache:/b,nvram=1M,dram=1000",
+                "not a multiple of the 4096-byte block",
+            ),
+            ("c=cache:/b,nvram=0,dram=4K", "at least one block"),
+            ("c=cache:/b,nvram=4K,dram=4K,policy=arc", "unknown policy"),
+            ("c=cache:,nvram=4K,dram=4K", "backing store's path"),
+            ("a/b=cache:/b,nvram=4K,dram=4K", "names its NVRAM file"),
         ] {
             let e = parse(bad).expect_err(bad);
             assert!(e.contains(says), "{bad}: {e}");
