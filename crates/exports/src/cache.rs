@@ -151,7 +151,9 @@ impl Export for CacheExport {
 
     fn data_ranges(&self, offset: u64, len: u64) -> Result<Vec<Range<u64>>, ExportError> {
         // The cache does not track holes: every byte may hold data.
-        Ok(vec![offset..offset + len])
+        #[allow(clippy::single_range_in_vec_init, reason = "one range: all of it is data")]
+        let all = vec![offset..offset + len];
+        Ok(all)
     }
 
     fn receive(&self, payload: &mut Payload<'_>) -> Result<Vec<u8>, ExportError> {
@@ -196,8 +198,8 @@ impl Export for CacheExport {
 pub enum AnyExport {
     /// A file of the file system.
     Fs(crate::FsExport),
-    /// A cache device.
-    Cache(CacheExport),
+    /// A cache device (boxed: its device is much larger than a file handle).
+    Cache(Box<CacheExport>),
 }
 
 /// A received payload of either kind of export.

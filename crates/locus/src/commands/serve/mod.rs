@@ -222,7 +222,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
                         spec.backing.display()
                     );
                 }
-                AnyExport::Cache(export)
+                AnyExport::Cache(Box::new(export))
             }
         };
         entries.push((spec.name().to_owned(), Arc::new(export)));
