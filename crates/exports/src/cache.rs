@@ -151,7 +151,10 @@ impl Export for CacheExport {
 
     fn data_ranges(&self, offset: u64, len: u64) -> Result<Vec<Range<u64>>, ExportError> {
         // The cache does not track holes: every byte may hold data.
-        #[allow(clippy::single_range_in_vec_init, reason = "one range: all of it is data")]
+        #[allow(
+            clippy::single_range_in_vec_init,
+            reason = "one range: all of it is data"
+        )]
         let all = vec![offset..offset + len];
         Ok(all)
     }
