@@ -132,6 +132,16 @@ struct State {
     /// refused from then on (reads stay exact: NVRAM is consulted first and nothing dirty
     /// was dropped). A restart rebuilds everything from NVRAM.
     failed: Option<String>,
+    /// Set by [`CacheDevice::write_back_all`]: the device has handed everything to the
+    /// backing store and serves nothing more.
+    closed: bool,
+}
+
+/// What [`CacheDevice::write_back_all`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct WriteBackReport {
+    /// Dirty blocks written to the backing store.
+    pub blocks: u64,
 }
 
 impl CacheDevice {
@@ -199,6 +209,7 @@ impl CacheDevice {
             partial_reads: 0,
             actions: Vec::new(),
             failed: None,
+            closed: false,
         };
         state.recover(&entries)?;
         Ok(CacheDevice {
@@ -238,6 +249,9 @@ impl CacheDevice {
         self.check(offset, out.len())?;
         let block = u64::from(BLOCK_BYTES);
         let mut state = self.state();
+        if state.closed {
+            return Err(closed());
+        }
         let mut buf = vec![0u8; BLOCK_BYTES as usize];
         let mut done = 0;
         while done < out.len() {
@@ -262,6 +276,9 @@ impl CacheDevice {
         self.check(offset, data.len())?;
         let block = u64::from(BLOCK_BYTES);
         let mut state = self.state();
+        if state.closed {
+            return Err(closed());
+        }
         if let Some(why) = &state.failed {
             return Err(CacheError::Config(format!(
                 "the cache stopped taking writes after a backing-store error ({why}); restart \
@@ -286,6 +303,32 @@ impl CacheDevice {
         Ok(())
     }
 
+    /// Writes every dirty block back (in block order, one sync at the end), then frees their
+    /// NVRAM slots, so the backing store alone holds everything; the device serves nothing
+    /// more afterwards (it is for a clean stop: the policy's state is left behind). A failure
+    /// leaves NVRAM holding every block not yet freed.
+    pub fn write_back_all(&self) -> Result<WriteBackReport> {
+        let mut state = self.state();
+        state.closed = true;
+        let mut dirty: Vec<(u64, u32)> = state.dirty.iter().map(|(&b, &s)| (b, s)).collect();
+        dirty.sort_unstable();
+        let mut copy = vec![0u8; BLOCK_BYTES as usize];
+        for &(block, slot) in &dirty {
+            state.nvram.read_slot(slot, &mut copy)?;
+            state.backing.write_block(block, &copy)?;
+        }
+        state.backing.sync()?;
+        for &(block, slot) in &dirty {
+            state.nvram.write_entry(slot, Entry::Free)?;
+            state.dirty.remove(&block);
+            state.free_slots.push(slot);
+            state.counters.writebacks += 1;
+        }
+        Ok(WriteBackReport {
+            blocks: dirty.len() as u64,
+        })
+    }
+
     /// The counters now.
     pub fn stats(&self) -> CacheStats {
         let state = self.state();
@@ -308,6 +351,10 @@ impl CacheDevice {
     pub fn policy_counters(&self) -> Counters {
         self.state().counters
     }
+}
+
+fn closed() -> CacheError {
+    CacheError::Config("the cache was written back and closed".into())
 }
 
 impl State {

@@ -24,5 +24,5 @@ mod error;
 pub mod format;
 mod nvram;
 
-pub use device::{BLOCK_BYTES, CacheConfig, CacheDevice, CacheStats, PolicyKind};
+pub use device::{BLOCK_BYTES, CacheConfig, CacheDevice, CacheStats, PolicyKind, WriteBackReport};
 pub use error::{CacheError, Result};

@@ -102,6 +102,12 @@ impl CacheExport {
         self.device.stats()
     }
 
+    /// Writes every dirty block back so the backing store alone is complete; the export
+    /// serves nothing more afterwards (for a clean stop).
+    pub fn write_back_all(&self) -> Result<cachedev::WriteBackReport, CacheError> {
+        self.device.write_back_all()
+    }
+
     /// The backing store.
     pub fn backing(&self) -> &Path {
         &self.backing

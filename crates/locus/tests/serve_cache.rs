@@ -103,12 +103,17 @@ struct Serve {
 
 impl Serve {
     fn start(volume: &Path, export: &str) -> Serve {
+        Serve::start_with(volume, export, &[])
+    }
+
+    fn start_with(volume: &Path, export: &str, extra: &[&str]) -> Serve {
         let socket = volume.join("nbd.sock");
         let log = volume.join("serve.log");
         let mut child = Command::new(env!("CARGO_BIN_EXE_locus"))
             .args(["serve", "--volume", volume.to_str().unwrap(), "--unix"])
             .arg(&socket)
             .args(["--export", export])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -335,4 +340,18 @@ print("ok")
     let out = run("nbdsh", &["-u", &serve.uri(), "-c", &check]);
     assert_eq!(text(&out.stdout).trim(), "ok");
     serve.stop();
+
+    // Restarted with --writeback-on-stop and stopped: the backing file alone holds it all.
+    let mut serve = Serve::start_with(setup.volume.path(), &export, &["--writeback-on-stop"]);
+    let log = serve.stop();
+    assert!(log.contains("dirty block(s) back"), "{log}");
+    let raw = std::fs::read(setup.backing()).unwrap();
+    for b in 0..=last.min(4095) {
+        let newest = (b..=last).step_by(4096).max().unwrap();
+        let want: Vec<u8> = newest.to_le_bytes().repeat(512);
+        assert!(
+            raw[(b * 4096) as usize..][..4096] == want[..],
+            "block {b} of the backing file after write-back"
+        );
+    }
 }

@@ -94,6 +94,12 @@ pub struct ServeArgs {
     )]
     exports: Vec<Spec>,
 
+    /// On a clean stop, write every cache export's dirty blocks back to its backing store
+    /// (which is then complete on its own, e.g. to be used without locus). Without it, dirty
+    /// blocks stay in NVRAM and the next start serves them again.
+    #[arg(long)]
+    writeback_on_stop: bool,
+
     /// Size of the default export when there is no --export: created with it, or grown to
     /// it (default 1G on creation, else the file's size).
     #[arg(long, value_name = "SIZE", value_parser = parse_export_size)]
@@ -337,6 +343,23 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
     let reports = server.shutdown();
     print_stats("total", &reports, None, args.stats_json);
     print_cache_stats("total", &caches, args.stats_json);
+    if args.writeback_on_stop {
+        for (name, export) in &caches {
+            if let AnyExport::Cache(cache) = &**export {
+                let done = cache.write_back_all().with_context(|| {
+                    format!(
+                        "writing cache {name} back to {} (its dirty blocks stay in NVRAM)",
+                        cache.backing().display()
+                    )
+                })?;
+                eprintln!(
+                    "locus: cache {name}: wrote {} dirty block(s) back; {} is complete on its own",
+                    done.blocks,
+                    cache.backing().display()
+                );
+            }
+        }
+    }
     drop(caches);
     fs.unmount()
         .context("checkpointing and closing the file system")?;
