@@ -14,6 +14,9 @@ pub(crate) struct Backing {
     path: String,
     size: u64,
     block_bytes: usize,
+    /// Blocks read and written.
+    pub(crate) reads: u64,
+    pub(crate) writes: u64,
     /// Requests and their total time, for the backing-store latency.
     pub(crate) ops: u64,
     pub(crate) busy: Duration,
@@ -49,6 +52,8 @@ impl Backing {
             path: shown,
             size,
             block_bytes: block_bytes as usize,
+            reads: 0,
+            writes: 0,
             ops: 0,
             busy: Duration::ZERO,
         })
@@ -73,6 +78,7 @@ impl Backing {
                 self.path
             )))?;
         self.account(start);
+        self.reads += 1;
         out.copy_from_slice(&data);
         Ok(())
     }
@@ -87,6 +93,7 @@ impl Backing {
                 self.path
             )))?;
         self.account(start);
+        self.writes += 1;
         Ok(())
     }
 

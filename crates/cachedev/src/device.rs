@@ -62,9 +62,9 @@ pub struct CacheStats {
     pub read_hits: u64,
     /// Writes to blocks already dirty in NVRAM.
     pub write_hits: u64,
-    /// Blocks read from the backing store for the policy (read misses).
+    /// Blocks read from the backing store for the policy (read misses), as done.
     pub backing_reads: u64,
-    /// Blocks written to the backing store (write-backs and write-throughs).
+    /// Blocks written to the backing store (write-backs and write-throughs), as done.
     pub writebacks: u64,
     /// Blocks read from the backing store to complete a partial-block write (not policy
     /// accesses: the policy's model has whole blocks).
@@ -322,7 +322,6 @@ impl CacheDevice {
             state.nvram.write_entry(slot, Entry::Free)?;
             state.dirty.remove(&block);
             state.free_slots.push(slot);
-            state.counters.writebacks += 1;
         }
         Ok(WriteBackReport {
             blocks: dirty.len() as u64,
@@ -337,8 +336,9 @@ impl CacheDevice {
             accesses: c.accesses,
             read_hits: c.read_hits,
             write_hits: c.write_hits,
-            backing_reads: c.storage_reads,
-            writebacks: c.writebacks,
+            // What the backing store really did (the policy's counts are `policy_counters`).
+            backing_reads: state.backing.reads - state.partial_reads,
+            writebacks: state.backing.writes,
             partial_reads: state.partial_reads,
             dirty_blocks: state.dirty.len() as u64,
             clean_blocks: state.clean.len() as u64,

@@ -43,6 +43,7 @@ enum Command {
     Fsck(commands::fsck::FsckArgs),
     Scrub(commands::scrub::ScrubArgs),
     Sim(commands::sim::SimArgs),
+    Cache(commands::cache::CacheArgs),
     Bench(commands::bench::BenchArgs),
 }
 
@@ -58,6 +59,7 @@ fn main() -> ExitCode {
         Command::Fsck(args) => commands::fsck::run(&args.volume.path, &cli.sysfs, args),
         Command::Scrub(args) => commands::scrub::run(&args.volume.path, &cli.sysfs, args),
         Command::Sim(args) => commands::sim::run(args),
+        Command::Cache(args) => commands::cache::run(args),
         Command::Bench(args) => commands::bench::run(&cli.sysfs, args),
     };
     match result.and_then(|()| output::flush().map_err(anyhow::Error::from)) {

@@ -1,6 +1,7 @@
 //! One module per subcommand, plus the shared volume opener.
 
 pub mod bench;
+pub mod cache;
 pub mod format;
 pub mod fsck;
 pub mod mount;
