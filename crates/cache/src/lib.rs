@@ -24,4 +24,6 @@ pub use lru::Lru;
 pub use nbm::Nbm;
 pub use nvlru::NvLru;
 pub use nvmin::NvMin;
-pub use policy::{Access, Action, BlockId, Capacity, Counters, Op, Policy, Sink, Tier};
+pub use policy::{
+    Access, Action, BlockId, Capacity, Counters, Op, Policy, Sink, Tier, WriteBackAhead,
+};

@@ -13,7 +13,7 @@
 
 use crate::block_table::BlockTable;
 use crate::lazy_lru::{LazyLru, Time};
-use crate::policy::{Access, Action, BlockId, Capacity, Op, Policy, Sink, Tier};
+use crate::policy::{Access, Action, BlockId, Capacity, Op, Policy, Sink, Tier, WriteBackAhead};
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Block {
@@ -105,21 +105,7 @@ impl Nbm {
             self.dram_count -= 1;
         }
         if self.nvram_count == self.capacity.nvram_blocks {
-            let blocks = &self.blocks;
-            let (_, victim) = self
-                .lrw
-                .pop_oldest(
-                    |time, b| {
-                        let block = &blocks[b as usize];
-                        block.tier == Some(Tier::Nvram) && block.last_write == time
-                    },
-                    |_, _| {},
-                )
-                .expect("a full NVRAM has a least recently written block");
-            sink.action(Action::WriteBack { block: victim });
-            self.block(victim).tier = None;
-            self.nvram_count -= 1;
-            self.maybe_move_to_dram(victim, sink);
+            self.evict_nvram(sink);
         }
         sink.action(Action::PutDirty { block: id });
         let block = self.block(id);
@@ -127,6 +113,25 @@ impl Nbm {
         block.last_write = now;
         self.nvram_count += 1;
         self.lrw.touch(now, id);
+    }
+
+    /// Writes back NVRAM's least recently written block (which may then move to DRAM).
+    fn evict_nvram<S: Sink>(&mut self, sink: &mut S) {
+        let blocks = &self.blocks;
+        let (_, victim) = self
+            .lrw
+            .pop_oldest(
+                |time, b| {
+                    let block = &blocks[b as usize];
+                    block.tier == Some(Tier::Nvram) && block.last_write == time
+                },
+                |_, _| {},
+            )
+            .expect("a non-empty NVRAM has a least recently written block");
+        sink.action(Action::WriteBack { block: victim });
+        self.block(victim).tier = None;
+        self.nvram_count -= 1;
+        self.maybe_move_to_dram(victim, sink);
     }
 
     /// After `victim` was written back: keep it in DRAM if it was recently read.
@@ -183,6 +188,17 @@ impl Nbm {
             let block = &blocks[b as usize];
             block.tier == Some(Tier::Nvram) && block.last_write == time
         });
+    }
+}
+
+impl WriteBackAhead for Nbm {
+    fn write_back_next<S: Sink>(&mut self, sink: &mut S) -> bool {
+        if self.nvram_count == 0 {
+            return false;
+        }
+        self.evict_nvram(sink);
+        self.compact();
+        true
     }
 }
 

@@ -4,7 +4,7 @@
 
 use crate::block_table::BlockTable;
 use crate::lazy_lru::{LazyLru, Time};
-use crate::policy::{Access, Action, BlockId, Capacity, Op, Policy, Sink, Tier};
+use crate::policy::{Access, Action, BlockId, Capacity, Op, Policy, Sink, Tier, WriteBackAhead};
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Block {
@@ -72,6 +72,32 @@ impl NvLru {
     }
 }
 
+impl NvLru {
+    fn compact(&mut self) {
+        let blocks = &self.blocks;
+        let live = |tier: Tier| {
+            move |time: Time, b: BlockId| {
+                let block = &blocks[b as usize];
+                block.tier == Some(tier) && block.last_use == time
+            }
+        };
+        self.dram.compact_if_needed(live(Tier::Dram));
+        self.nvram.compact_if_needed(live(Tier::Nvram));
+    }
+}
+
+impl WriteBackAhead for NvLru {
+    fn write_back_next<S: Sink>(&mut self, sink: &mut S) -> bool {
+        if self.nvram_count == 0 {
+            return false;
+        }
+        // A written-back block leaves the cache, as on eviction.
+        self.evict(Tier::Nvram, sink);
+        self.compact();
+        true
+    }
+}
+
 impl Policy for NvLru {
     fn name(&self) -> &'static str {
         "nvlru"
@@ -133,15 +159,7 @@ impl Policy for NvLru {
                 self.nvram.touch(now, id);
             }
         }
-        let blocks = &self.blocks;
-        let live = |tier: Tier| {
-            move |time: Time, b: BlockId| {
-                let block = &blocks[b as usize];
-                block.tier == Some(tier) && block.last_use == time
-            }
-        };
-        self.dram.compact_if_needed(live(Tier::Dram));
-        self.nvram.compact_if_needed(live(Tier::Nvram));
+        self.compact();
     }
 
     fn clean_blocks(&self) -> usize {

@@ -121,6 +121,16 @@ pub struct Capacity {
     pub nvram_blocks: usize,
 }
 
+/// A policy that can write a dirty block back before NVRAM is full: a cache device's
+/// background write-back, between a high and a low watermark, asks for the blocks in the
+/// order the policy would evict them anyway.
+pub trait WriteBackAhead: Policy {
+    /// Writes back the dirty block the policy would evict from NVRAM next: reports
+    /// `WriteBack` and whatever follows it (NBM may `MoveToDram`, after an `EvictClean`).
+    /// Returns `false`, reporting nothing, when no block is dirty.
+    fn write_back_next<S: Sink>(&mut self, sink: &mut S) -> bool;
+}
+
 /// A replacement policy over DRAM and NVRAM.
 pub trait Policy {
     /// The policy's name as the simulator prints it.

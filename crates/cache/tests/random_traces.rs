@@ -144,3 +144,66 @@ proptest! {
         );
     }
 }
+
+/// Accesses interleaved with background write-backs (`None`).
+fn accesses_and_write_backs() -> impl Strategy<Value = Vec<Option<Access>>> {
+    let blocks = 1u32..24;
+    blocks.prop_flat_map(|blocks| {
+        prop::collection::vec(
+            prop::option::weighted(
+                0.8,
+                (0..blocks, prop::bool::weighted(0.5)).prop_map(|(block, write)| Access {
+                    block,
+                    op: if write { Op::Write } else { Op::Read },
+                }),
+            ),
+            0..400,
+        )
+    })
+}
+
+/// Runs `steps` through a policy that writes back ahead, checking every action; each write-
+/// back ahead removes exactly one dirty block, or reports nothing when none is dirty.
+fn run_ahead<P: cache::WriteBackAhead>(
+    policy: &mut P,
+    steps: &[Option<Access>],
+    capacity: Capacity,
+) {
+    let mut cache = common::CheckedCache::new(capacity, false);
+    for step in steps {
+        match *step {
+            Some(access) => {
+                cache.current = Some(access);
+                policy.access(access, &mut cache);
+            }
+            None => {
+                // Not an access: only write-backs and moves may follow.
+                cache.current = Some(Access {
+                    block: u32::MAX,
+                    op: Op::Read,
+                });
+                let dirty = cache.nvram.len();
+                let wrote = policy.write_back_next(&mut cache);
+                assert_eq!(wrote, dirty > 0);
+                assert_eq!(cache.nvram.len(), dirty.saturating_sub(1));
+            }
+        }
+        assert_eq!(policy.dirty_blocks(), cache.nvram.len());
+        assert_eq!(policy.clean_blocks(), cache.dram.len());
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn writing_back_ahead_keeps_every_action_legal(
+        steps in accesses_and_write_backs(),
+        dram_blocks in 0usize..8,
+        nvram_blocks in 1usize..8,
+    ) {
+        let capacity = Capacity { dram_blocks, nvram_blocks };
+        run_ahead(&mut Nbm::new(capacity), &steps, capacity);
+        run_ahead(&mut NvLru::new(capacity), &steps, capacity);
+    }
+}

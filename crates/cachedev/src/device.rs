@@ -5,9 +5,15 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
-use cache::{Access, Action, BlockId, Capacity, Counters, Lru, Nbm, NvLru, Op, Policy, Sink, Tier};
+use cache::{
+    Access, Action, BlockId, Capacity, Counters, Lru, Nbm, NvLru, Op, Policy, Sink, Tier,
+    WriteBackAhead,
+};
 
 use crate::backing::Backing;
 use crate::error::{CacheError, Result};
@@ -51,7 +57,29 @@ pub struct CacheConfig {
     pub dram_bytes: u64,
     /// The policy.
     pub policy: PolicyKind,
+    /// Background write-back: when more than `high` percent of NVRAM is dirty, a thread
+    /// writes blocks back, in the policy's eviction order, until at most `low` percent is.
+    /// `None`: blocks are written back only when the policy evicts them (then the device's
+    /// backing-store traffic is exactly the simulator's).
+    pub writeback: Option<Watermarks>,
 }
+
+/// Background write-back thresholds, in percent of NVRAM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Watermarks {
+    /// Start writing back above this.
+    pub high: u8,
+    /// Stop at or below this.
+    pub low: u8,
+}
+
+impl Watermarks {
+    /// dm-writecache's idea with more room for rewrites: start at 90%, stop at 70%.
+    pub const DEFAULT: Watermarks = Watermarks { high: 90, low: 70 };
+}
+
+/// Blocks written back per batch: one backing-store sync for all of them.
+const WRITEBACK_BATCH: usize = 32;
 
 /// Counters of a cache device.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -102,14 +130,86 @@ impl AnyPolicy {
             AnyPolicy::Lru(p) => p.access(access, sink),
         }
     }
+
+    /// The policy's next write-back ahead of need (`false`: nothing dirty, or no order).
+    fn write_back_next<S: Sink>(&mut self, sink: &mut S) -> bool {
+        match self {
+            AnyPolicy::Nbm(p) => p.write_back_next(sink),
+            AnyPolicy::NvLru(p) => p.write_back_next(sink),
+            AnyPolicy::Lru(_) => false,
+        }
+    }
 }
 
 /// A cache device over a backing store.
 #[derive(Debug)]
 pub struct CacheDevice {
-    state: Mutex<State>,
+    shared: Arc<Shared>,
+    writer: Option<JoinHandle<()>>,
     size: u64,
     policy: PolicyKind,
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    /// Wakes the background writer (more dirty blocks, or stop).
+    wake: Condvar,
+    stop: AtomicBool,
+    /// Dirty-block counts that start and stop background write-back.
+    high_blocks: usize,
+    low_blocks: usize,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for CacheDevice {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.wake.notify_all();
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+/// The background writer: sleeps until NVRAM is fuller than the high watermark, then writes
+/// batches back until it is down to the low one, letting requests in between batches.
+fn background_writer(shared: &Shared) {
+    let mut state = shared.state();
+    loop {
+        while !shared.stop.load(Ordering::Acquire) && state.dirty.len() <= shared.high_blocks {
+            state = shared
+                .wake
+                .wait_timeout(state, Duration::from_secs(1))
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        if shared.stop.load(Ordering::Acquire) {
+            return;
+        }
+        while state.dirty.len() > shared.low_blocks && !shared.stop.load(Ordering::Acquire) {
+            let over = state.dirty.len() - shared.low_blocks;
+            match state.write_back_batch(WRITEBACK_BATCH.min(over)) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "background write-back failed; writes are refused until restart");
+                    state.failed = Some(e.to_string());
+                    return;
+                }
+            }
+            drop(state);
+            state = shared.state();
+        }
+        if state.failed.is_some() || state.closed {
+            return;
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -159,6 +259,22 @@ impl CacheDevice {
             if !bytes.is_multiple_of(block) {
                 return Err(CacheError::Config(format!(
                     "{what}={bytes} is not a multiple of the {block}-byte block"
+                )));
+            }
+        }
+        if let Some(w) = config.writeback {
+            if config.policy == PolicyKind::Lru {
+                return Err(CacheError::Config(
+                    "lru has no write-back order of its own (one LRU over clean and dirty \
+                     blocks): background write-back needs nbm or nvlru"
+                        .into(),
+                ));
+            }
+            if !(w.low < w.high && w.high <= 100) {
+                return Err(CacheError::Config(format!(
+                    "write-back watermarks {}:{}: the low one must be below the high one, \
+                     both percentages",
+                    w.high, w.low
                 )));
             }
         }
@@ -212,8 +328,38 @@ impl CacheDevice {
             closed: false,
         };
         state.recover(&entries)?;
-        Ok(CacheDevice {
+        let (high_blocks, low_blocks) = match config.writeback {
+            Some(w) => (
+                capacity.nvram_blocks * usize::from(w.high) / 100,
+                capacity.nvram_blocks * usize::from(w.low) / 100,
+            ),
+            None => (usize::MAX, usize::MAX),
+        };
+        let shared = Arc::new(Shared {
             state: Mutex::new(state),
+            wake: Condvar::new(),
+            stop: AtomicBool::new(false),
+            high_blocks,
+            low_blocks,
+        });
+        let writer = if config.writeback.is_some() {
+            let shared = Arc::clone(&shared);
+            Some(
+                std::thread::Builder::new()
+                    .name("locus-writeback".into())
+                    .spawn(move || background_writer(&shared))
+                    .map_err(|e| {
+                        CacheError::Config(format!("starting the write-back thread: {e}"))
+                    })?,
+            )
+        } else {
+            None
+        };
+        // Recovered dirty blocks above the high watermark are written back from the start.
+        shared.wake.notify_all();
+        Ok(CacheDevice {
+            shared,
+            writer,
             size,
             policy: config.policy,
         })
@@ -229,8 +375,8 @@ impl CacheDevice {
         self.policy
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.shared.state()
     }
 
     fn check(&self, offset: u64, len: usize) -> Result<()> {
@@ -299,6 +445,9 @@ impl CacheDevice {
                 state.write_block(b, &buf)?;
             }
             done += n;
+        }
+        if state.dirty.len() > self.shared.high_blocks {
+            self.shared.wake.notify_one();
         }
         Ok(())
     }
@@ -431,6 +580,66 @@ impl State {
         }
         self.actions.clear();
         Ok(())
+    }
+
+    /// Background write-back of up to `n` blocks the policy picks: each is written to the
+    /// backing store, then one sync for all, then their NVRAM entries are freed. Until the
+    /// sync, the blocks stay in the dirty map (the authority for reads), so a failure drops
+    /// nothing. Returns how many were written back.
+    fn write_back_batch(&mut self, n: usize) -> Result<usize> {
+        if self.failed.is_some() || self.closed {
+            return Ok(0);
+        }
+        let mut actions = std::mem::take(&mut self.actions);
+        actions.clear();
+        let mut pending: Vec<(u64, u32)> = Vec::with_capacity(n);
+        let mut result = Ok(());
+        'batch: for _ in 0..n {
+            let from = actions.len();
+            if !self.policy.write_back_next(&mut actions) {
+                break;
+            }
+            for &action in &actions[from..] {
+                self.counters.action(action);
+                let done = match action {
+                    Action::WriteBack { block } => {
+                        let block = u64::from(block);
+                        self.write_back_data(block)
+                            .map(|slot| pending.push((block, slot)))
+                    }
+                    other => self.apply(other, None, None),
+                };
+                if let Err(e) = done {
+                    result = Err(e);
+                    break 'batch;
+                }
+            }
+        }
+        self.actions = actions;
+        result?;
+        if pending.is_empty() {
+            return Ok(0);
+        }
+        self.backing.sync()?;
+        for &(block, slot) in &pending {
+            self.nvram.write_entry(slot, Entry::Free)?;
+            self.dirty.remove(&block);
+            self.free_slots.push(slot);
+        }
+        Ok(pending.len())
+    }
+
+    /// Writes dirty `block`'s data to the backing store (not synced), keeping it for a
+    /// following `MoveToDram`; returns its slot.
+    fn write_back_data(&mut self, block: u64) -> Result<u32> {
+        let slot = *self.dirty.get(&block).ok_or_else(|| CacheError::Format {
+            problem: format!("the policy and the cache disagree: block {block} is not dirty"),
+        })?;
+        let mut copy = vec![0u8; BLOCK_BYTES as usize].into_boxed_slice();
+        self.nvram.read_slot(slot, &mut copy)?;
+        self.backing.write_block(block, &copy)?;
+        self.written_back = Some((block, copy));
+        Ok(slot)
     }
 
     /// The block's current bytes without a policy access (for a partial write).

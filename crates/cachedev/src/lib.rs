@@ -24,5 +24,7 @@ mod error;
 pub mod format;
 mod nvram;
 
-pub use device::{BLOCK_BYTES, CacheConfig, CacheDevice, CacheStats, PolicyKind, WriteBackReport};
+pub use device::{
+    BLOCK_BYTES, CacheConfig, CacheDevice, CacheStats, PolicyKind, Watermarks, WriteBackReport,
+};
 pub use error::{CacheError, Result};

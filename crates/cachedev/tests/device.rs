@@ -57,11 +57,22 @@ impl Volume {
     }
 }
 
+/// Write-back only on eviction (the simulator's model).
 fn config(policy: PolicyKind, nvram_blocks: u64, dram_blocks: u64) -> CacheConfig {
     CacheConfig {
         nvram_bytes: nvram_blocks * BLOCK,
         dram_bytes: dram_blocks * BLOCK,
         policy,
+        writeback: None,
+    }
+}
+
+/// With background write-back where the policy has an order for it.
+fn config_background(policy: PolicyKind, nvram_blocks: u64, dram_blocks: u64) -> CacheConfig {
+    CacheConfig {
+        writeback: (policy != PolicyKind::Lru)
+            .then_some(cachedev::Watermarks { high: 50, low: 25 }),
+        ..config(policy, nvram_blocks, dram_blocks)
     }
 }
 
@@ -77,7 +88,7 @@ fn model_run(policy: PolicyKind, seed: u64) {
     let blocks = 256;
     let volume = Volume::new(&format!("cachedev-model-{}", policy.name()));
     let (_dir, backing) = backing_file(blocks);
-    let config = config(policy, 24, 16);
+    let config = config_background(policy, 24, 16);
     let mut model = vec![0u8; (blocks * BLOCK) as usize];
     let mut rng = StdRng::seed_from_u64(seed);
     for round in 0..4 {
@@ -329,8 +340,7 @@ fn requests_outside_the_device_and_bad_sizes_are_refused() {
     assert!(e.contains("at least one block"), "{e}");
     let odd = CacheConfig {
         nvram_bytes: 5000,
-        dram_bytes: 0,
-        policy: PolicyKind::Nbm,
+        ..config(PolicyKind::Nbm, 1, 0)
     };
     let e = CacheDevice::open(&fs, NVRAM_PATH, &backing, &odd)
         .unwrap_err()
@@ -344,4 +354,57 @@ fn requests_outside_the_device_and_bad_sizes_are_refused() {
     device.read(8 * BLOCK - 2, &mut out).unwrap();
     drop(device);
     fs.unmount().unwrap();
+}
+
+/// Above the high watermark the background writer writes blocks back, in the policy's order,
+/// down to the low one — with no eviction asking for it — and the backing store has them.
+#[test]
+fn background_write_back_runs_between_the_watermarks() {
+    for policy in [PolicyKind::Nbm, PolicyKind::NvLru] {
+        let volume = Volume::new(&format!("cachedev-background-{}", policy.name()));
+        let (_dir, backing) = backing_file(64);
+        let fs = volume.open();
+        // 20 NVRAM blocks: start above 10, stop at 5.
+        let device =
+            CacheDevice::open(&fs, NVRAM_PATH, &backing, &config_background(policy, 20, 4))
+                .unwrap();
+        for block in 0..12u64 {
+            device
+                .write(block * BLOCK, &pattern(block, BLOCK as usize))
+                .unwrap();
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while device.stats().dirty_blocks > 5 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{policy:?}: not written back: {:?}",
+                device.stats()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let stats = device.stats();
+        assert_eq!(
+            stats.dirty_blocks, 5,
+            "{policy:?}: down to the low mark, no further"
+        );
+        assert_eq!(stats.writebacks, 7, "{policy:?}: {stats:?}");
+        // The oldest writes went first (both policies' order for blocks written once).
+        let raw = std::fs::read(&backing).unwrap();
+        for block in 0..12u64 {
+            let on_backing = raw[(block * BLOCK) as usize..][..BLOCK as usize]
+                == pattern(block, BLOCK as usize)[..];
+            assert_eq!(on_backing, block < 7, "{policy:?}: block {block}");
+        }
+        // Everything still reads back.
+        let mut out = vec![0u8; BLOCK as usize];
+        for block in 0..12u64 {
+            device.read(block * BLOCK, &mut out).unwrap();
+            assert!(
+                out == pattern(block, BLOCK as usize),
+                "{policy:?}: block {block}"
+            );
+        }
+        drop(device);
+        fs.unmount().unwrap();
+    }
 }

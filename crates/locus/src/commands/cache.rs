@@ -39,7 +39,8 @@ enum CacheCommand {
 /// as one NBD request per block access, one at a time, verifying that every read returns the
 /// last data written there, stops the server, and prints the backing-store reads and
 /// write-backs the server counted beside those `locus sim` computes for the same trace,
-/// policy and sizes. Trace blocks are numbered densely, as the simulator does, so the backing
+/// policy and sizes. The export writes back only when the policy evicts (`writeback=off`), as
+/// the simulator does. Trace blocks are numbered densely, as the simulator does, so the backing
 /// file holds exactly the blocks the trace touches. Exits 1 if the counts differ.
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
@@ -184,7 +185,7 @@ fn replay(args: &ReplayArgs) -> Result<()> {
     let socket = volume.0.join("replay.sock");
     let log = volume.0.join("serve.log");
     let export = format!(
-        "replay=cache:{},nvram={},dram={},policy={}",
+        "replay=cache:{},nvram={},dram={},policy={},writeback=off",
         backing.0.display(),
         args.nvram,
         args.dram,

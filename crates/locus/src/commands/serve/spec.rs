@@ -49,6 +49,7 @@ fn parse_cache(text: &str, name: &str, rest: &str) -> Result<CacheSpec, String> 
         ));
     }
     let (mut nvram, mut dram, mut policy) = (None, None, cachedev::PolicyKind::Nbm);
+    let mut writeback: Option<Option<cachedev::Watermarks>> = None;
     let block = u64::from(cachedev::BLOCK_BYTES);
     let size = |what: &str, value: &str| -> Result<u64, String> {
         let bytes = crate::size::parse_size(value).map_err(|e| format!("{text:?}: {e}"))?;
@@ -66,6 +67,24 @@ fn parse_cache(text: &str, name: &str, rest: &str) -> Result<CacheSpec, String> 
             Some(("policy", "nbm")) => policy = cachedev::PolicyKind::Nbm,
             Some(("policy", "nvlru")) => policy = cachedev::PolicyKind::NvLru,
             Some(("policy", "lru")) => policy = cachedev::PolicyKind::Lru,
+            Some(("writeback", "off")) => writeback = Some(None),
+            Some(("writeback", marks)) => {
+                let parsed = marks.split_once(':').and_then(|(high, low)| {
+                    Some(cachedev::Watermarks {
+                        high: high.parse().ok()?,
+                        low: low.parse().ok()?,
+                    })
+                });
+                match parsed {
+                    Some(w) if w.low < w.high && w.high <= 100 => writeback = Some(Some(w)),
+                    _ => {
+                        return Err(format!(
+                            "{text:?}: writeback={marks}: expected HIGH:LOW percentages with \
+                             LOW < HIGH <= 100 (e.g. 90:70), or off"
+                        ));
+                    }
+                }
+            }
             Some(("policy", other)) => {
                 return Err(format!(
                     "{text:?}: unknown policy {other:?} (nbm, nvlru or lru)"
@@ -74,7 +93,7 @@ fn parse_cache(text: &str, name: &str, rest: &str) -> Result<CacheSpec, String> 
             _ => {
                 return Err(format!(
                     "{text:?}: unknown setting {part:?} (nvram=SIZE, dram=SIZE, \
-                     policy=nbm|nvlru|lru)"
+                     policy=nbm|nvlru|lru, writeback=HIGH:LOW|off)"
                 ));
             }
         }
@@ -87,6 +106,17 @@ fn parse_cache(text: &str, name: &str, rest: &str) -> Result<CacheSpec, String> 
     if nvram_bytes == 0 {
         return Err(format!("{text:?}: nvram must hold at least one block"));
     }
+    // Background write-back by default where the policy has an order for it.
+    let writeback = match writeback {
+        Some(Some(_)) if policy == cachedev::PolicyKind::Lru => {
+            return Err(format!(
+                "{text:?}: lru has no write-back order of its own; writeback= needs nbm or nvlru"
+            ));
+        }
+        Some(w) => w,
+        None if policy == cachedev::PolicyKind::Lru => None,
+        None => Some(cachedev::Watermarks::DEFAULT),
+    };
     Ok(CacheSpec {
         name: name.to_owned(),
         backing: backing.into(),
@@ -94,6 +124,7 @@ fn parse_cache(text: &str, name: &str, rest: &str) -> Result<CacheSpec, String> 
             nvram_bytes,
             dram_bytes,
             policy,
+            writeback,
         },
     })
 }
@@ -169,9 +200,21 @@ mod tests {
                     nvram_bytes: 64 << 20,
                     dram_bytes: 16 << 20,
                     policy: cachedev::PolicyKind::NvLru,
+                    writeback: Some(cachedev::Watermarks::DEFAULT),
                 }
             }))
         );
+        match parse("c=cache:/b,nvram=4K,dram=4K,writeback=80:40") {
+            Ok(Spec::Cache(c)) => assert_eq!(
+                c.config.writeback,
+                Some(cachedev::Watermarks { high: 80, low: 40 })
+            ),
+            other => panic!("{other:?}"),
+        }
+        match parse("c=cache:/b,nvram=4K,dram=4K,policy=lru") {
+            Ok(Spec::Cache(c)) => assert_eq!(c.config.writeback, None),
+            other => panic!("{other:?}"),
+        }
         for (bad, says) in [
             ("disk", "expected NAME=fs:/PATH"),
             ("d=/x", "cache:PATH"),
@@ -190,6 +233,12 @@ mod tests {
             ("c=cache:/b,nvram=0,dram=4K", "at least one block"),
             ("c=cache:/b,nvram=4K,dram=4K,policy=arc", "unknown policy"),
             ("c=cache:,nvram=4K,dram=4K", "backing store's path"),
+            ("c=cache:/b,nvram=4K,dram=4K,writeback=40:80", "LOW < HIGH"),
+            ("c=cache:/b,nvram=4K,dram=4K,writeback=90", "HIGH:LOW"),
+            (
+                "c=cache:/b,nvram=4K,dram=4K,policy=lru,writeback=90:70",
+                "no write-back order",
+            ),
             ("a/b=cache:/b,nvram=4K,dram=4K", "names its NVRAM file"),
         ] {
             let e = parse(bad).expect_err(bad);
