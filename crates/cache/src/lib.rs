@@ -25,5 +25,5 @@ pub use nbm::Nbm;
 pub use nvlru::NvLru;
 pub use nvmin::NvMin;
 pub use policy::{
-    Access, Action, BlockId, Capacity, Counters, Op, Policy, Sink, Tier, WriteBackAhead,
+    Access, Action, BlockId, Capacity, Counters, Discard, Op, Policy, Sink, Tier, WriteBackAhead,
 };

@@ -5,7 +5,7 @@
 
 use crate::block_table::BlockTable;
 use crate::lazy_lru::{LazyLru, Time};
-use crate::policy::{Access, Action, BlockId, Capacity, Op, Policy, Sink, Tier};
+use crate::policy::{Access, Action, BlockId, Capacity, Discard, Op, Policy, Sink, Tier};
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Block {
@@ -69,6 +69,23 @@ impl Lru {
         }
         *self.block(victim) = Block::default();
         self.cached -= 1;
+    }
+}
+
+impl Discard for Lru {
+    fn discard<S: Sink>(&mut self, id: BlockId, sink: &mut S) {
+        let block = *self.block(id);
+        if !block.cached {
+            return;
+        }
+        if block.dirty {
+            sink.action(Action::DropDirty { block: id });
+            self.dirty -= 1;
+        } else {
+            sink.action(Action::EvictClean { block: id });
+        }
+        self.cached -= 1;
+        *self.block(id) = Block::default();
     }
 }
 

@@ -13,7 +13,9 @@
 
 use crate::block_table::BlockTable;
 use crate::lazy_lru::{LazyLru, Time};
-use crate::policy::{Access, Action, BlockId, Capacity, Op, Policy, Sink, Tier, WriteBackAhead};
+use crate::policy::{
+    Access, Action, BlockId, Capacity, Discard, Op, Policy, Sink, Tier, WriteBackAhead,
+};
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Block {
@@ -188,6 +190,24 @@ impl Nbm {
             let block = &blocks[b as usize];
             block.tier == Some(Tier::Nvram) && block.last_write == time
         });
+    }
+}
+
+impl Discard for Nbm {
+    fn discard<S: Sink>(&mut self, id: BlockId, sink: &mut S) {
+        match self.block(id).tier {
+            Some(Tier::Dram) => {
+                sink.action(Action::EvictClean { block: id });
+                self.dram_count -= 1;
+            }
+            Some(Tier::Nvram) => {
+                sink.action(Action::DropDirty { block: id });
+                self.nvram_count -= 1;
+            }
+            None => return,
+        }
+        self.block(id).tier = None;
+        self.compact();
     }
 }
 

@@ -4,7 +4,9 @@
 
 use crate::block_table::BlockTable;
 use crate::lazy_lru::{LazyLru, Time};
-use crate::policy::{Access, Action, BlockId, Capacity, Op, Policy, Sink, Tier, WriteBackAhead};
+use crate::policy::{
+    Access, Action, BlockId, Capacity, Discard, Op, Policy, Sink, Tier, WriteBackAhead,
+};
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Block {
@@ -83,6 +85,24 @@ impl NvLru {
         };
         self.dram.compact_if_needed(live(Tier::Dram));
         self.nvram.compact_if_needed(live(Tier::Nvram));
+    }
+}
+
+impl Discard for NvLru {
+    fn discard<S: Sink>(&mut self, id: BlockId, sink: &mut S) {
+        match self.block(id).tier {
+            Some(Tier::Dram) => {
+                sink.action(Action::EvictClean { block: id });
+                self.dram_count -= 1;
+            }
+            Some(Tier::Nvram) => {
+                sink.action(Action::DropDirty { block: id });
+                self.nvram_count -= 1;
+            }
+            None => return,
+        }
+        self.block(id).tier = None;
+        self.compact();
     }
 }
 

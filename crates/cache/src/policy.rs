@@ -59,6 +59,8 @@ pub enum Action {
     MoveToDram { block: BlockId },
     /// No NVRAM: the write goes straight to storage (one storage access).
     WriteThrough { block: BlockId },
+    /// A discarded (trimmed) dirty block leaves NVRAM without a write-back (free).
+    DropDirty { block: BlockId },
 }
 
 /// Receives a policy's actions.
@@ -100,7 +102,7 @@ impl Sink for Counters {
             Action::Load { .. } | Action::Bypass { .. } => self.storage_reads += 1,
             Action::WriteBack { .. } | Action::WriteThrough { .. } => self.writebacks += 1,
             Action::MoveToDram { .. } => self.moves_to_dram += 1,
-            Action::EvictClean { .. } | Action::PutDirty { .. } => {}
+            Action::EvictClean { .. } | Action::PutDirty { .. } | Action::DropDirty { .. } => {}
         }
     }
 }
@@ -129,6 +131,14 @@ pub trait WriteBackAhead: Policy {
     /// `WriteBack` and whatever follows it (NBM may `MoveToDram`, after an `EvictClean`).
     /// Returns `false`, reporting nothing, when no block is dirty.
     fn write_back_next<S: Sink>(&mut self, sink: &mut S) -> bool;
+}
+
+/// A policy that can forget a block (a TRIM: its contents no longer matter).
+pub trait Discard: Policy {
+    /// Removes `block` from the cache without a storage access: `EvictClean` if it is clean
+    /// in DRAM, `DropDirty` if it is dirty in NVRAM, nothing if it is not cached. The
+    /// block's history (recency) is kept.
+    fn discard<S: Sink>(&mut self, block: BlockId, sink: &mut S);
 }
 
 /// A replacement policy over DRAM and NVRAM.

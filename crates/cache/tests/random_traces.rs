@@ -207,3 +207,65 @@ proptest! {
         run_ahead(&mut NvLru::new(capacity), &steps, capacity);
     }
 }
+
+/// Accesses with discards (`(true, block)`) among them.
+fn accesses_and_discards() -> impl Strategy<Value = Vec<(bool, Access)>> {
+    let blocks = 1u32..24;
+    blocks.prop_flat_map(|blocks| {
+        prop::collection::vec(
+            (
+                prop::bool::weighted(0.15),
+                0..blocks,
+                prop::bool::weighted(0.5),
+            )
+                .prop_map(|(discard, block, write)| {
+                    let op = if write { Op::Write } else { Op::Read };
+                    (discard, Access { block, op })
+                }),
+            0..400,
+        )
+    })
+}
+
+/// Runs `steps` through a policy, discarding where asked, checking every action: a discard
+/// removes the block from whichever tier holds it and nothing else.
+fn run_discards<P: cache::Discard>(
+    policy: &mut P,
+    steps: &[(bool, Access)],
+    capacity: Capacity,
+    unified: bool,
+) {
+    let mut cache = common::CheckedCache::new(capacity, unified);
+    for &(discard, access) in steps {
+        cache.current = Some(access);
+        if discard {
+            let (dram, nvram) = (cache.dram.clone(), cache.nvram.clone());
+            policy.discard(access.block, &mut cache);
+            let mut want_dram = dram.clone();
+            want_dram.remove(&access.block);
+            let mut want_nvram = nvram.clone();
+            want_nvram.remove(&access.block);
+            assert_eq!(cache.dram, want_dram, "discard of {}", access.block);
+            assert_eq!(cache.nvram, want_nvram, "discard of {}", access.block);
+        } else {
+            policy.access(access, &mut cache);
+        }
+        assert_eq!(policy.dirty_blocks(), cache.nvram.len());
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn discarding_keeps_every_action_legal(
+        steps in accesses_and_discards(),
+        dram_blocks in 0usize..8,
+        nvram_blocks in 0usize..8,
+    ) {
+        let capacity = Capacity { dram_blocks, nvram_blocks };
+        run_discards(&mut Nbm::new(capacity), &steps, capacity, false);
+        run_discards(&mut NvLru::new(capacity), &steps, capacity, false);
+        run_discards(&mut Lru::new(capacity), &steps, capacity, true);
+    }
+}

@@ -97,6 +97,20 @@ impl Backing {
         Ok(())
     }
 
+    /// Makes `[offset, offset + len)` read as zeros, durably.
+    pub(crate) fn zero_range(&mut self, offset: u64, len: u64) -> Result<()> {
+        let start = Instant::now();
+        self.engine
+            .file()
+            .zero_range(offset, len)
+            .map_err(CacheError::backing(format!(
+                "zeroing {len} bytes at {offset} of {}",
+                self.path
+            )))?;
+        self.account(start);
+        Ok(())
+    }
+
     /// Makes every write so far durable.
     pub(crate) fn sync(&mut self) -> Result<()> {
         let start = Instant::now();

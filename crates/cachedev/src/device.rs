@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use cache::{
-    Access, Action, BlockId, Capacity, Counters, Lru, Nbm, NvLru, Op, Policy, Sink, Tier,
+    Access, Action, BlockId, Capacity, Counters, Discard, Lru, Nbm, NvLru, Op, Policy, Sink, Tier,
     WriteBackAhead,
 };
 
@@ -128,6 +128,14 @@ impl AnyPolicy {
             AnyPolicy::Nbm(p) => p.access(access, sink),
             AnyPolicy::NvLru(p) => p.access(access, sink),
             AnyPolicy::Lru(p) => p.access(access, sink),
+        }
+    }
+
+    fn discard<S: Sink>(&mut self, block: BlockId, sink: &mut S) {
+        match self {
+            AnyPolicy::Nbm(p) => p.discard(block, sink),
+            AnyPolicy::NvLru(p) => p.discard(block, sink),
+            AnyPolicy::Lru(p) => p.discard(block, sink),
         }
     }
 
@@ -452,6 +460,53 @@ impl CacheDevice {
         Ok(())
     }
 
+    /// Discards `[offset, offset + len)` (TRIM): its whole blocks read as zeros afterwards.
+    /// The backing store's range is zeroed (a hole in a file, `BLKZEROOUT` on a device) and
+    /// synced first, then the blocks leave both tiers — so a crash in between leaves the
+    /// acknowledged data, never older data. Partial blocks at the edges are left as they are.
+    pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.check(offset, usize::try_from(len).unwrap_or(usize::MAX))?;
+        let block = u64::from(BLOCK_BYTES);
+        let first = offset.div_ceil(block);
+        let end = (offset + len) / block;
+        if first >= end {
+            return Ok(());
+        }
+        let mut state = self.state();
+        if state.closed {
+            return Err(closed());
+        }
+        if let Some(why) = &state.failed {
+            return Err(CacheError::Config(format!(
+                "the cache stopped taking writes after a backing-store error ({why}); restart \
+                 it to recover from NVRAM"
+            )));
+        }
+        state.discard_blocks(first, end)
+    }
+
+    /// Writes zeros over `[offset, offset + len)`: whole blocks as [`CacheDevice::discard`]
+    /// (the zeros reach the backing store at once), partial blocks through the cache.
+    pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        self.check(offset, usize::try_from(len).unwrap_or(usize::MAX))?;
+        let block = u64::from(BLOCK_BYTES);
+        let (first, end) = (
+            offset.div_ceil(block) * block,
+            (offset + len) / block * block,
+        );
+        if first >= end {
+            return self.write(offset, &vec![0u8; len as usize]);
+        }
+        if offset < first {
+            self.write(offset, &vec![0u8; (first - offset) as usize])?;
+        }
+        self.discard(first, end - first)?;
+        if end < offset + len {
+            self.write(end, &vec![0u8; (offset + len - end) as usize])?;
+        }
+        Ok(())
+    }
+
     /// Writes every dirty block back (in block order, one sync at the end), then frees their
     /// NVRAM slots, so the backing store alone holds everything; the device serves nothing
     /// more afterwards (it is for a clean stop: the policy's state is left behind). A failure
@@ -580,6 +635,40 @@ impl State {
         }
         self.actions.clear();
         Ok(())
+    }
+
+    /// Blocks `first..end` leave the cache after the backing store's range is zeroed.
+    fn discard_blocks(&mut self, first: u64, end: u64) -> Result<()> {
+        let block = u64::from(BLOCK_BYTES);
+        self.backing
+            .zero_range(first * block, (end - first) * block)?;
+        let mut cached: Vec<u64> = self
+            .dirty
+            .keys()
+            .chain(self.clean.keys())
+            .copied()
+            .filter(|b| (first..end).contains(b))
+            .collect();
+        cached.sort_unstable();
+        let mut actions = std::mem::take(&mut self.actions);
+        let mut result = Ok(());
+        for b in cached {
+            actions.clear();
+            self.policy.discard(b as BlockId, &mut actions);
+            for &action in &actions {
+                self.counters.action(action);
+                if let Err(e) = self.apply(action, None, None) {
+                    self.failed = Some(e.to_string());
+                    result = Err(e);
+                    break;
+                }
+            }
+            if result.is_err() {
+                break;
+            }
+        }
+        self.actions = actions;
+        result
     }
 
     /// Background write-back of up to `n` blocks the policy picks: each is written to the
@@ -807,6 +896,17 @@ impl State {
                         "block {block} moves to DRAM without a write-back"
                     ))),
                 }
+            }
+            Action::DropDirty { block } => {
+                let block = u64::from(block);
+                let slot = *self
+                    .dirty
+                    .get(&block)
+                    .ok_or_else(|| bug(format!("block {block} is not dirty")))?;
+                self.nvram.write_entry(slot, Entry::Free)?;
+                self.dirty.remove(&block);
+                self.free_slots.push(slot);
+                Ok(())
             }
             Action::WriteThrough { block } => {
                 let data = data.ok_or_else(|| bug("a write-through of a read".into()))?;

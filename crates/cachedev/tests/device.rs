@@ -121,6 +121,22 @@ fn model_run(policy: PolicyKind, seed: u64) {
                     device.write(at, &data).unwrap();
                     model[at as usize..][..data.len()].copy_from_slice(&data);
                 }
+                6 => {
+                    // TRIM: whole blocks inside the range read as zeros after it.
+                    let at = block * BLOCK + rng.random_range(0..BLOCK);
+                    let len = rng.random_range(1..4 * BLOCK).min(blocks * BLOCK - at);
+                    device.discard(at, len).unwrap();
+                    let (first, end) = (at.div_ceil(BLOCK) * BLOCK, (at + len) / BLOCK * BLOCK);
+                    if first < end {
+                        model[first as usize..end as usize].fill(0);
+                    }
+                }
+                7 => {
+                    let at = block * BLOCK + rng.random_range(0..BLOCK);
+                    let len = rng.random_range(1..4 * BLOCK).min(blocks * BLOCK - at);
+                    device.write_zeroes(at, len).unwrap();
+                    model[at as usize..(at + len) as usize].fill(0);
+                }
                 _ => {
                     let at = block * BLOCK + rng.random_range(0..BLOCK);
                     let len = rng.random_range(1..2 * BLOCK).min(blocks * BLOCK - at);
@@ -373,8 +389,10 @@ fn background_write_back_runs_between_the_watermarks() {
                 .write(block * BLOCK, &pattern(block, BLOCK as usize))
                 .unwrap();
         }
+        // The writer wakes when the 11th block makes NVRAM fuller than 10 and writes back
+        // down to 5; the 12th write may land during that batch, leaving 6.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while device.stats().dirty_blocks > 5 {
+        while device.stats().dirty_blocks > 6 {
             assert!(
                 std::time::Instant::now() < deadline,
                 "{policy:?}: not written back: {:?}",
@@ -382,18 +400,20 @@ fn background_write_back_runs_between_the_watermarks() {
             );
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
+        std::thread::sleep(std::time::Duration::from_millis(100));
         let stats = device.stats();
-        assert_eq!(
-            stats.dirty_blocks, 5,
-            "{policy:?}: down to the low mark, no further"
+        assert!(
+            (5..=6).contains(&stats.dirty_blocks),
+            "{policy:?}: down to the low mark, no further: {stats:?}"
         );
-        assert_eq!(stats.writebacks, 7, "{policy:?}: {stats:?}");
+        let written = 12 - stats.dirty_blocks;
+        assert_eq!(stats.writebacks, written, "{policy:?}: {stats:?}");
         // The oldest writes went first (both policies' order for blocks written once).
         let raw = std::fs::read(&backing).unwrap();
         for block in 0..12u64 {
             let on_backing = raw[(block * BLOCK) as usize..][..BLOCK as usize]
                 == pattern(block, BLOCK as usize)[..];
-            assert_eq!(on_backing, block < 7, "{policy:?}: block {block}");
+            assert_eq!(on_backing, block < written, "{policy:?}: block {block}");
         }
         // Everything still reads back.
         let mut out = vec![0u8; BLOCK as usize];

@@ -117,19 +117,6 @@ impl CacheExport {
     pub fn policy(&self) -> PolicyKind {
         self.device.policy()
     }
-
-    fn zero(&self, offset: u64, len: u64) -> Result<(), ExportError> {
-        let zeros = vec![0u8; (1usize << 20).min(len as usize)];
-        let (mut at, end) = (offset, offset + len);
-        while at < end {
-            let n = (end - at).min(zeros.len() as u64);
-            self.device
-                .write(at, &zeros[..n as usize])
-                .map_err(|e| nbd_error(&e))?;
-            at += n;
-        }
-        Ok(())
-    }
 }
 
 impl Export for CacheExport {
@@ -178,18 +165,21 @@ impl Export for CacheExport {
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, _provision: bool) -> Result<(), ExportError> {
-        // Zeros go through the cache like any write (and reach the backing store when the
-        // policy writes them back).
-        self.zero(offset, len)
+        // Whole blocks: zeroed on the backing store at once and dropped from the cache;
+        // partial blocks through the cache.
+        self.device
+            .write_zeroes(offset, len)
+            .map_err(|e| nbd_error(&e))
     }
 
     fn zeroes_fast(&self, _offset: u64, _len: u64, _provision: bool) -> Result<bool, ExportError> {
         Ok(false)
     }
 
-    fn trim(&self, _offset: u64, _len: u64) -> Result<(), ExportError> {
-        // A hint the protocol lets a server ignore: the cache keeps the data it has.
-        Ok(())
+    fn trim(&self, offset: u64, len: u64) -> Result<(), ExportError> {
+        // Whole blocks leave the cache and are discarded on the backing store (a hole in a
+        // file, zeroed on a device); partial blocks are left as they are.
+        self.device.discard(offset, len).map_err(|e| nbd_error(&e))
     }
 
     fn flush(&self) -> Result<(), ExportError> {

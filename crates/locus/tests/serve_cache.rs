@@ -355,3 +355,57 @@ print("ok")
         );
     }
 }
+
+/// TRIM and WRITE_ZEROES reach the backing store: trimmed whole blocks read as zeros and
+/// leave a hole in the backing file (its blocks go back); zeroing an unaligned range zeros
+/// exactly it.
+#[test]
+fn trim_and_write_zeroes_reach_the_backing_file() {
+    use std::os::unix::fs::MetadataExt;
+    if !require(&["nbdsh"]) {
+        return;
+    }
+    let setup = Setup::new(8 << 20);
+    // Background write-back at 50% of 64 KiB: most written blocks reach the backing file.
+    let export = format!("{},writeback=50:10", setup.export("64K", "16K"));
+    let mut serve = Serve::start(setup.volume.path(), &export);
+    let script = r#"
+data = bytes(range(256)) * 4096 * 4   # 4 MiB
+h.pwrite(data, 0)
+import time
+time.sleep(0.5)
+"#;
+    run("nbdsh", &["-u", &serve.uri(), "-c", script]);
+    let before = std::fs::metadata(setup.backing()).unwrap().blocks();
+    assert!(
+        before >= 2 * 2048,
+        "the backing file holds most of 4 MiB: {before} sectors"
+    );
+    let script = r#"
+h.trim(4 << 20, 0)
+assert h.pread(4 << 20, 0) == bytes(4 << 20), "trimmed blocks read as zeros"
+h.zero(5000, 10000)  # count, offset
+print("ok")
+"#;
+    let out = run("nbdsh", &["-u", &serve.uri(), "-c", script]);
+    assert_eq!(text(&out.stdout).trim(), "ok");
+    let after = std::fs::metadata(setup.backing()).unwrap().blocks();
+    assert_eq!(
+        after, 0,
+        "the trimmed range is a hole again ({before} -> {after} sectors)"
+    );
+    serve.stop();
+    // After a restart (nothing dirty is resurrected), the data is still zeros, and the
+    // zeroed unaligned range is exact.
+    let serve = Serve::start(setup.volume.path(), &export);
+    let script = r#"
+assert h.pread(4 << 20, 0) == bytes(4 << 20)
+h.pwrite(b"\xff" * 16384, 0)
+h.zero(3000, 5000)   # count, offset
+got = h.pread(16384, 0)
+assert got[:5000] == b"\xff" * 5000 and got[5000:8000] == bytes(3000) and got[8000:] == b"\xff" * 8384, got[4990:8010]
+print("ok")
+"#;
+    let out = run("nbdsh", &["-u", &serve.uri(), "-c", script]);
+    assert_eq!(text(&out.stdout).trim(), "ok");
+}

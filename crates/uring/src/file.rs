@@ -1,6 +1,11 @@
 //! A file or block device opened with `O_DIRECT`: data moves between the device and our
 //! buffers by DMA, never through the page cache.
 
+#![allow(
+    unsafe_code,
+    reason = "fallocate and the BLKZEROOUT ioctl on the file's descriptor"
+)]
+
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -54,6 +59,82 @@ impl DirectFile {
             file,
             size_bytes,
         })
+    }
+
+    /// Makes `[offset, offset + len)` read as zeros, durably: a hole punched in a file
+    /// (`fallocate(PUNCH_HOLE | KEEP_SIZE)`, which also gives the space back), zeros written by
+    /// the device for a block device (`BLKZEROOUT`), then `fdatasync`. Both must be whole
+    /// sectors inside the device.
+    pub fn zero_range(&self, offset: u64, len: u64) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        self.check_range(offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let fd = self.file.as_raw_fd();
+        let block_device = self
+            .file
+            .metadata()
+            .map_err(io(format!("stat of {}", self.path.display())))?
+            .file_type()
+            .is_block_device();
+        let done = if block_device {
+            // _IO(0x12, 127): BLKZEROOUT, a u64[2] of start and length.
+            const BLKZEROOUT: libc::c_ulong = 0x127f;
+            let range: [u64; 2] = [offset, len];
+            // SAFETY: the ioctl reads two u64s from `range`, which lives across the call.
+            unsafe { libc::ioctl(fd, BLKZEROOUT, range.as_ptr()) }
+        } else {
+            let (Ok(start), Ok(length)) =
+                (libc::off_t::try_from(offset), libc::off_t::try_from(len))
+            else {
+                return Err(UringError::BadRequest {
+                    path: self.path.clone(),
+                    problem: format!("{len} bytes at {offset} do not fit off_t"),
+                });
+            };
+            // SAFETY: fallocate takes integers only.
+            unsafe {
+                libc::fallocate(
+                    fd,
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    start,
+                    length,
+                )
+            }
+        };
+        if done != 0 {
+            return Err(UringError::Io {
+                what: format!(
+                    "zeroing {len} bytes at {offset} of {} ({})",
+                    self.path.display(),
+                    if block_device {
+                        "BLKZEROOUT"
+                    } else {
+                        "fallocate"
+                    }
+                ),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        self.sync_data()
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<()> {
+        let end = offset.checked_add(len);
+        if !offset.is_multiple_of(SECTOR_BYTES)
+            || !len.is_multiple_of(SECTOR_BYTES)
+            || end.is_none_or(|e| e > self.size_bytes)
+        {
+            return Err(UringError::BadRequest {
+                path: self.path.clone(),
+                problem: format!(
+                    "{len} bytes at {offset}: not whole sectors inside the {}-byte device",
+                    self.size_bytes
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Makes every completed write durable (`fdatasync`).

@@ -138,6 +138,9 @@ impl Sink for CheckedCache {
                 );
                 assert!(self.dram.insert(block), "{block} already in DRAM");
             }
+            Action::DropDirty { block } => {
+                assert!(self.nvram.remove(&block), "dropping {block} not in NVRAM");
+            }
             Action::WriteThrough { block } => {
                 assert_eq!(
                     access,
