@@ -1,6 +1,7 @@
 //! `locus bench`: measurements printed as numbers, one suite per file.
 
 pub mod age;
+pub mod cache;
 mod cleanup;
 pub mod fs;
 pub mod mount;
@@ -28,6 +29,7 @@ enum Suite {
     Age(age::AgeBenchArgs),
     Fs(fs::FsBenchArgs),
     Nbd(nbd::NbdBenchArgs),
+    Cache(cache::CacheBenchArgs),
     Mount(mount::MountBenchArgs),
     Preload(preload::PreloadBenchArgs),
     Sim(sim::SimBenchArgs),
@@ -75,6 +77,7 @@ pub fn run(sysfs: &std::path::Path, args: &BenchArgs) -> Result<()> {
         Suite::Fs(args) => fs::run(sysfs, args),
         Suite::Nbd(args) => nbd::run(args),
         Suite::Mount(args) => mount::run(sysfs, args),
+        Suite::Cache(args) => cache::run(args),
         Suite::Preload(args) => preload::run(sysfs, args),
         Suite::Sim(args) => sim::run(args),
         Suite::Uring(args) => uring::run(args),

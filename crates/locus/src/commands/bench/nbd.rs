@@ -79,20 +79,24 @@ struct Case {
 }
 
 /// A server process, stopped (SIGTERM, then SIGKILL) when dropped.
-struct Running {
-    engine: &'static str,
-    child: Child,
-    port: u16,
-    durable: bool,
+pub(super) struct Running {
+    pub(super) engine: &'static str,
+    pub(super) child: Child,
+    pub(super) port: u16,
+    pub(super) durable: bool,
     /// Dropped after the child is reaped (fields drop after `drop`'s body).
-    _pid: super::cleanup::ChildPid,
-    _scratch: Option<super::cleanup::Scratch>,
+    pub(super) _pid: super::cleanup::ChildPid,
+    pub(super) _scratch: Option<super::cleanup::Scratch>,
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
+            .stderr(Stdio::null())
             .status();
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
@@ -115,12 +119,12 @@ pub(super) fn installed(program: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-fn free_port() -> Result<u16> {
+pub(super) fn free_port() -> Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
     Ok(listener.local_addr()?.port())
 }
 
-fn wait_for(running: &mut Running) -> Result<()> {
+pub(super) fn wait_for(running: &mut Running) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     while TcpStream::connect(("127.0.0.1", running.port)).is_err() {
         if let Some(status) = running.child.try_wait()? {
