@@ -70,16 +70,19 @@ impl Backing {
     /// Reads `block` into `out`.
     pub(crate) fn read_block(&mut self, block: u64, out: &mut [u8]) -> Result<()> {
         let start = Instant::now();
-        let data = self
+        let doing = || format!("reading block {block} of {}", self.path);
+        let n = self
             .engine
-            .read_exact(self.offset(block), self.block_bytes)
-            .map_err(CacheError::backing(format!(
-                "reading block {block} of {}",
-                self.path
-            )))?;
+            .read_into(self.offset(block), &mut out[..self.block_bytes])
+            .map_err(CacheError::backing(doing()))?;
+        if n != self.block_bytes {
+            return Err(CacheError::Backing {
+                doing: doing(),
+                source: std::io::Error::other(format!("{n} of {} bytes", self.block_bytes)),
+            });
+        }
         self.account(start);
         self.reads += 1;
-        out.copy_from_slice(&data);
         Ok(())
     }
 

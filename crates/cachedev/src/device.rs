@@ -430,15 +430,7 @@ impl CacheDevice {
         self.check(offset, data.len())?;
         let block = u64::from(BLOCK_BYTES);
         let mut state = self.state();
-        if state.closed {
-            return Err(closed());
-        }
-        if let Some(why) = &state.failed {
-            return Err(CacheError::Config(format!(
-                "the cache stopped taking writes after a backing-store error ({why}); restart \
-                 it to recover from NVRAM"
-            )));
-        }
+        state.takes_writes()?;
         let mut buf = vec![0u8; BLOCK_BYTES as usize];
         let mut done = 0;
         while done < data.len() {
@@ -473,15 +465,7 @@ impl CacheDevice {
             return Ok(());
         }
         let mut state = self.state();
-        if state.closed {
-            return Err(closed());
-        }
-        if let Some(why) = &state.failed {
-            return Err(CacheError::Config(format!(
-                "the cache stopped taking writes after a backing-store error ({why}); restart \
-                 it to recover from NVRAM"
-            )));
-        }
+        state.takes_writes()?;
         state.discard_blocks(first, end)
     }
 
@@ -562,6 +546,21 @@ fn closed() -> CacheError {
 }
 
 impl State {
+    /// Whether writes may change the cache: not after it was closed, nor after a
+    /// backing-store error left the policy and the tiers apart.
+    fn takes_writes(&self) -> Result<()> {
+        if self.closed {
+            return Err(closed());
+        }
+        if let Some(why) = &self.failed {
+            return Err(CacheError::Config(format!(
+                "the cache stopped taking writes after a backing-store error ({why}); restart \
+                 it to recover from NVRAM"
+            )));
+        }
+        Ok(())
+    }
+
     /// Rebuilds the dirty set from the NVRAM index: the policy is told of each dirty block
     /// as a write, oldest first, and must only place them (the NVRAM holds them already).
     fn recover(&mut self, entries: &[Entry]) -> Result<()> {

@@ -2,8 +2,6 @@
 //! of the volume, allocated near the thread that first writes them, and every write to it is
 //! atomic and durable when it returns), laid out as `format` says.
 
-use std::path::Path;
-
 use crate::error::{CacheError, Result};
 use crate::format::{Entry, HEADER_BYTES, Header};
 
@@ -29,7 +27,8 @@ impl Nvram {
             Err(e) => return Err(CacheError::nvram(format!("looking up {path}"))(e)),
         };
         if !exists {
-            create_parents(fs, path)?;
+            fs.create_parents(path)
+                .map_err(|(at, e)| CacheError::nvram(format!("creating directory {at}"))(e))?;
             let file = fs
                 .open_file(path, fs::OpenOptions::create())
                 .map_err(CacheError::nvram(format!("creating {path}")))?;
@@ -157,21 +156,6 @@ fn read_full(file: &fs::File, out: &mut [u8], offset: u64) -> fs::Result<()> {
             break;
         }
         done += n;
-    }
-    Ok(())
-}
-
-/// Creates the directories above `path`.
-fn create_parents(fs: &fs::Fs, path: &str) -> Result<()> {
-    let parent = Path::new(path).parent().unwrap_or(Path::new("/"));
-    let mut at = String::new();
-    for part in parent.components().skip(1) {
-        at.push('/');
-        at.push_str(&part.as_os_str().to_string_lossy());
-        match fs.mkdir(&at, 0o755) {
-            Ok(()) | Err(fs::FsError::Exists(_)) => {}
-            Err(e) => return Err(CacheError::nvram(format!("creating directory {at}"))(e)),
-        }
     }
     Ok(())
 }

@@ -14,7 +14,6 @@
 mod cache;
 
 use std::ops::Range;
-use std::path::Path;
 
 use nbd::consts::errno;
 use nbd::server::{Export, ExportError, Payload};
@@ -132,7 +131,7 @@ impl FsExport {
                     spec.path
                 )));
             }
-            create_parents(fs, &spec.path)
+            fs.create_parents(&spec.path)
                 .map_err(|(at, e)| failed(format!("creating directory {at}"))(e))?;
         }
         let options = if spec.read_only {
@@ -167,21 +166,6 @@ impl FsExport {
             read_only: spec.read_only,
         })
     }
-}
-
-/// Creates the directories above `path`; on failure, the directory and the error.
-fn create_parents(fs: &fs::Fs, path: &str) -> Result<(), (String, fs::FsError)> {
-    let parent = Path::new(path).parent().unwrap_or(Path::new("/"));
-    let mut at = String::new();
-    for part in parent.components().skip(1) {
-        at.push('/');
-        at.push_str(&part.as_os_str().to_string_lossy());
-        match fs.mkdir(&at, 0o755) {
-            Ok(()) | Err(fs::FsError::Exists(_)) => {}
-            Err(e) => return Err((at, e)),
-        }
-    }
-    Ok(())
 }
 
 /// The NBD error for a file-system error.

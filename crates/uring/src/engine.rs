@@ -524,26 +524,34 @@ impl Engine {
         let mut buf = self.buffer(data.len(), Op::Write)?;
         buf.fill_from(data);
         self.submit(Op::Write, buf, offset, data.len(), u64::MAX)?;
-        self.finish_one(u64::MAX).map(drop)
+        self.finish_one(u64::MAX, None).map(drop)
     }
 
     /// Reads `len` bytes at `offset` and waits for them.
     pub fn read_exact(&mut self, offset: u64, len: usize) -> Result<Vec<u8>> {
-        let buf = self.buffer(len, Op::Read)?;
-        self.submit(Op::Read, buf, offset, len, u64::MAX - 1)?;
-        self.finish_one(u64::MAX - 1)
+        let mut data = vec![0u8; len];
+        let n = self.read_into(offset, &mut data)?;
+        data.truncate(n);
+        Ok(data)
     }
 
-    fn finish_one(&mut self, tag: u64) -> Result<Vec<u8>> {
+    /// Reads `out.len()` bytes at `offset` into `out` and waits for them; returns the bytes
+    /// read.
+    pub fn read_into(&mut self, offset: u64, out: &mut [u8]) -> Result<usize> {
+        let buf = self.buffer(out.len(), Op::Read)?;
+        self.submit(Op::Read, buf, offset, out.len(), u64::MAX - 1)?;
+        self.finish_one(u64::MAX - 1, Some(out))
+    }
+
+    /// Waits for request `tag`; a read's bytes go to `out`. Returns the bytes transferred.
+    fn finish_one(&mut self, tag: u64, out: Option<&mut [u8]>) -> Result<usize> {
         loop {
             if let Some(position) = self.ready.iter().position(|c| c.tag == tag) {
                 let completion = self.ready.remove(position).expect("found");
-                let result = completion.result.map(|n| {
-                    let mut data = vec![0u8; n];
-                    if completion.op == Op::Read {
-                        completion.buf.copy_to(&mut data);
+                let result = completion.result.inspect(|&n| {
+                    if let Some(out) = out {
+                        completion.buf.copy_to(&mut out[..n]);
                     }
-                    data
                 });
                 self.release(completion.buf);
                 return result;

@@ -130,11 +130,6 @@ impl FuseRing {
         Ok(this)
     }
 
-    /// The queue's number (its CPU).
-    pub fn qid(&self) -> u16 {
-        self.qid
-    }
-
     fn command(&self, op: u32, commit_id: u64, index: usize, register: bool) -> squeue::Entry128 {
         let mut cmd = [0u8; 80];
         // struct fuse_uring_cmd_req { u64 flags; u64 commit_id; u16 qid; u8 padding[6]; }

@@ -139,6 +139,24 @@ impl Fs {
         self.inner.create(path, Kind::Dir, mode, "").map(drop)
     }
 
+    /// Makes every missing directory above `path` (mode 0o755), as `mkdir -p` of its parent
+    /// would; on failure, the directory that could not be made and why.
+    pub fn create_parents(&self, path: &str) -> std::result::Result<(), (String, FsError)> {
+        let parent = std::path::Path::new(path)
+            .parent()
+            .unwrap_or(std::path::Path::new("/"));
+        let mut at = String::new();
+        for part in parent.components().skip(1) {
+            at.push('/');
+            at.push_str(&part.as_os_str().to_string_lossy());
+            match self.mkdir(&at, 0o755) {
+                Ok(()) | Err(FsError::Exists(_)) => {}
+                Err(e) => return Err((at, e)),
+            }
+        }
+        Ok(())
+    }
+
     /// Makes `path` a symbolic link to `target` (1..=4095 bytes, any path: the file system
     /// stores it and never follows it itself).
     pub fn symlink(&self, target: &str, path: &str) -> Result<()> {
