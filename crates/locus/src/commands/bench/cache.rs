@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde::Serialize;
 
-use super::nbd::{Running, free_port, installed, wait_for};
+use super::nbd::{Running, free_port, installed};
 use crate::output::outln;
 use crate::size::{format_bytes, parse_size};
 
@@ -353,33 +353,26 @@ fn start_locus(backing: &std::path::Path, args: &CacheBenchArgs, policy: &str) -
     }
     let port = free_port()?;
     let log = dir.join("serve.log");
-    let child = Command::new(exe)
-        .args(["serve", "--stats-json", "--volume"])
-        .arg(&dir)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args([
-            "--export",
-            &format!(
-                "c=cache:{},nvram={},dram={},policy={policy}",
-                backing.display(),
-                args.nvram,
-                args.dram
-            ),
-        ])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?)
-        .spawn()
-        .context("starting locus serve")?;
-    let mut running = Running {
-        engine: "locus",
-        _pid: super::cleanup::ChildPid::new(&child),
-        child,
+    Running::start(
+        "locus",
+        Command::new(exe)
+            .args(["serve", "--stats-json", "--volume"])
+            .arg(&dir)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args([
+                "--export",
+                &format!(
+                    "c=cache:{},nvram={},dram={},policy={policy}",
+                    backing.display(),
+                    args.nvram,
+                    args.dram
+                ),
+            ])
+            .stderr(std::fs::File::create(&log)?),
         port,
-        durable: true,
-        _scratch: Some(scratch),
-    };
-    wait_for(&mut running)?;
-    Ok(running)
+        true,
+        Some(scratch),
+    )
 }
 
 /// Stops locus (SIGTERM) and returns its log.
@@ -415,54 +408,40 @@ fn totals(log: &str) -> Result<(u64, u64)> {
 
 fn start_qemu_nbd(backing: &std::path::Path) -> Result<Running> {
     let port = free_port()?;
-    let child = Command::new("qemu-nbd")
-        .args([
-            "--persistent",
-            "--format=raw",
-            "--cache=none",
-            "--aio=io_uring",
-        ])
-        .args(["--bind=127.0.0.1", &format!("--port={port}")])
-        .arg(backing)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting qemu-nbd")?;
-    let mut running = Running {
-        engine: "qemu-nbd",
-        _pid: super::cleanup::ChildPid::new(&child),
-        child,
+    Running::start(
+        "qemu-nbd",
+        Command::new("qemu-nbd")
+            .args([
+                "--persistent",
+                "--format=raw",
+                "--cache=none",
+                "--aio=io_uring",
+            ])
+            .args(["--bind=127.0.0.1", &format!("--port={port}")])
+            .arg(backing)
+            .stderr(Stdio::null()),
         port,
-        durable: false,
-        _scratch: None,
-    };
-    wait_for(&mut running)?;
-    Ok(running)
+        false,
+        None,
+    )
 }
 
 fn start_nbdkit_cache(backing: &std::path::Path) -> Result<Running> {
     let port = free_port()?;
-    let child = Command::new("nbdkit")
-        .args([
-            "--foreground",
-            "--exit-with-parent",
-            "-p",
-            &port.to_string(),
-        ])
-        .args(["--ipaddr", "127.0.0.1", "--filter=cache", "file"])
-        .arg(backing)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting nbdkit")?;
-    let mut running = Running {
-        engine: "nbdkit-cache",
-        _pid: super::cleanup::ChildPid::new(&child),
-        child,
+    Running::start(
+        "nbdkit-cache",
+        Command::new("nbdkit")
+            .args([
+                "--foreground",
+                "--exit-with-parent",
+                "-p",
+                &port.to_string(),
+            ])
+            .args(["--ipaddr", "127.0.0.1", "--filter=cache", "file"])
+            .arg(backing)
+            .stderr(Stdio::null()),
         port,
-        durable: false,
-        _scratch: None,
-    };
-    wait_for(&mut running)?;
-    Ok(running)
+        false,
+        None,
+    )
 }

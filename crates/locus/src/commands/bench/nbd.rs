@@ -110,6 +110,33 @@ impl Drop for Running {
     }
 }
 
+impl Running {
+    /// Spawns `command` (stdout and stderr to nowhere unless it set them) and waits until
+    /// it listens on `port`; `scratch` is removed once the server is gone.
+    pub(super) fn start(
+        engine: &'static str,
+        command: &mut Command,
+        port: u16,
+        durable: bool,
+        scratch: Option<super::cleanup::Scratch>,
+    ) -> Result<Running> {
+        let child = command
+            .stdout(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {engine}"))?;
+        let mut running = Running {
+            engine,
+            _pid: super::cleanup::ChildPid::new(&child),
+            child,
+            port,
+            durable,
+            _scratch: scratch,
+        };
+        wait_for(&mut running)?;
+        Ok(running)
+    }
+}
+
 pub(super) fn installed(program: &str) -> bool {
     Command::new(program)
         .arg("--version")
@@ -124,7 +151,7 @@ pub(super) fn free_port() -> Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-pub(super) fn wait_for(running: &mut Running) -> Result<()> {
+fn wait_for(running: &mut Running) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     while TcpStream::connect(("127.0.0.1", running.port)).is_err() {
         if let Some(status) = running.child.try_wait()? {
@@ -143,51 +170,37 @@ fn start_locus(submit: &str) -> Result<Running> {
     let dir = scratch.path().to_owned();
     let port = free_port()?;
     let exe = std::env::current_exe().context("finding the locus binary")?;
-    let child = Command::new(exe)
-        .args(["serve", "--volume", dir.to_str().unwrap_or_default()])
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--default-size", &EXPORT_BYTES.to_string()])
-        .args(["--submit", submit])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting locus serve")?;
-    let mut running = Running {
-        engine: "locus",
-        _pid: super::cleanup::ChildPid::new(&child),
-        child,
+    Running::start(
+        "locus",
+        Command::new(exe)
+            .args(["serve", "--volume", dir.to_str().unwrap_or_default()])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--default-size", &EXPORT_BYTES.to_string()])
+            .args(["--submit", submit])
+            .stderr(Stdio::null()),
         port,
-        durable: true,
-        _scratch: Some(scratch),
-    };
-    wait_for(&mut running)?;
-    Ok(running)
+        true,
+        Some(scratch),
+    )
 }
 
 fn start_nbdkit() -> Result<Running> {
     let port = free_port()?;
-    let child = Command::new("nbdkit")
-        .args([
-            "--foreground",
-            "--exit-with-parent",
-            "-p",
-            &port.to_string(),
-        ])
-        .args(["--ipaddr", "127.0.0.1", "memory", &EXPORT_BYTES.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting nbdkit")?;
-    let mut running = Running {
-        engine: "nbdkit-memory",
-        _pid: super::cleanup::ChildPid::new(&child),
-        child,
+    Running::start(
+        "nbdkit-memory",
+        Command::new("nbdkit")
+            .args([
+                "--foreground",
+                "--exit-with-parent",
+                "-p",
+                &port.to_string(),
+            ])
+            .args(["--ipaddr", "127.0.0.1", "memory", &EXPORT_BYTES.to_string()])
+            .stderr(Stdio::null()),
         port,
-        durable: false,
-        _scratch: None,
-    };
-    wait_for(&mut running)?;
-    Ok(running)
+        false,
+        None,
+    )
 }
 
 fn start_qemu_nbd() -> Result<Running> {
@@ -198,29 +211,22 @@ fn start_qemu_nbd() -> Result<Running> {
     std::fs::File::create(&image)
         .and_then(|f| f.set_len(EXPORT_BYTES))
         .with_context(|| format!("creating {}", image.display()))?;
-    let child = Command::new("qemu-nbd")
-        .args([
-            "--persistent",
-            "--shared=8",
-            "--format=raw",
-            "--cache=writeback",
-        ])
-        .args(["--bind=127.0.0.1", &format!("--port={port}")])
-        .arg(&image)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting qemu-nbd")?;
-    let mut running = Running {
-        engine: "qemu-nbd",
-        _pid: super::cleanup::ChildPid::new(&child),
-        child,
+    Running::start(
+        "qemu-nbd",
+        Command::new("qemu-nbd")
+            .args([
+                "--persistent",
+                "--shared=8",
+                "--format=raw",
+                "--cache=writeback",
+            ])
+            .args(["--bind=127.0.0.1", &format!("--port={port}")])
+            .arg(&image)
+            .stderr(Stdio::null()),
         port,
-        durable: false,
-        _scratch: Some(scratch),
-    };
-    wait_for(&mut running)?;
-    Ok(running)
+        false,
+        Some(scratch),
+    )
 }
 
 fn fio(
