@@ -10,56 +10,12 @@
 
 mod common;
 
+use common::{client, require, run, text};
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-
-fn require(tools: &[&str]) -> bool {
-    for tool in tools {
-        let found = client(tool)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !found {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "{tool} is missing; .ci/run installs it"
-            );
-            eprintln!("skipping: {tool} is not installed");
-            return false;
-        }
-    }
-    true
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// nbdsh runs the system's python3, which has the Debian module.
-fn client(program: &str) -> Command {
-    let mut command = Command::new(program);
-    let path = std::env::var("PATH").unwrap_or_default();
-    command.env("PATH", format!("/usr/bin:{path}"));
-    command
-}
-
-fn run(program: &str, args: &[&str]) -> Output {
-    let output = client(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("running {program}: {e}"));
-    assert!(
-        output.status.success(),
-        "{program} {args:?} failed: {}\n{}",
-        text(&output.stdout),
-        text(&output.stderr)
-    );
-    output
-}
 
 /// A volume in shared memory and a backing file of `backing_bytes` on the disk.
 struct Setup {

@@ -8,59 +8,13 @@
 
 mod common;
 
+use common::{client, require, run, text};
+
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
-
-fn require(tools: &[&str]) -> bool {
-    for tool in tools {
-        let found = client(tool)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !found {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "{tool} is missing; .ci/run installs it"
-            );
-            eprintln!("skipping: {tool} is not installed");
-            return false;
-        }
-    }
-    true
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// A client command. nbdsh runs `python3` from PATH, and the Debian module (python3-libnbd)
-/// belongs to the system's Python, which may not come first in a developer's PATH.
-fn client(program: &str) -> Command {
-    let mut command = Command::new(program);
-    let path = std::env::var("PATH").unwrap_or_default();
-    command.env("PATH", format!("/usr/bin:{path}"));
-    command
-}
-
-/// Runs a client and insists it succeeds.
-fn run(program: &str, args: &[&str]) -> Output {
-    let output = client(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("running {program}: {e}"));
-    assert!(
-        output.status.success(),
-        "{program} {args:?} failed: {}\n{}",
-        text(&output.stdout),
-        text(&output.stderr)
-    );
-    output
-}
 
 /// Runs a Python `script` in nbdsh — connected first to `uri` when given — with `env` set.
 fn nbdsh(uri: Option<&str>, script: &str, env: &[(&str, &str)]) -> Output {

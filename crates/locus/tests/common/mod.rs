@@ -1,8 +1,58 @@
 //! Helpers shared by the tests that run `locus serve`.
 
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+
 use std::path::Path;
-use std::process::Child;
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+pub fn require(tools: &[&str]) -> bool {
+    for tool in tools {
+        let found = client(tool)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !found {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "{tool} is missing; .ci/run installs it"
+            );
+            eprintln!("skipping: {tool} is not installed");
+            return false;
+        }
+    }
+    true
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A client command. nbdsh runs `python3` from PATH, and the Debian module (python3-libnbd)
+/// belongs to the system's Python, which may not come first in a developer's PATH.
+pub fn client(program: &str) -> Command {
+    let mut command = Command::new(program);
+    let path = std::env::var("PATH").unwrap_or_default();
+    command.env("PATH", format!("/usr/bin:{path}"));
+    command
+}
+
+/// Runs a client and insists it succeeds.
+pub fn run(program: &str, args: &[&str]) -> Output {
+    let output = client(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {program}: {e}"));
+    assert!(
+        output.status.success(),
+        "{program} {args:?} failed: {}\n{}",
+        text(&output.stdout),
+        text(&output.stderr)
+    );
+    output
+}
 
 /// Waits until the server `child`, logging to `log`, says it is serving. Panics with the log
 /// if it exits first or takes longer than `limit`.
