@@ -792,6 +792,246 @@ fn the_connection_limit_refuses_with_a_reason() {
     }
 }
 
+/// The lock-out attack: 64 clients each send `NBD_OPT_INFO` claiming 0xFFFFFFFF bytes and
+/// then trickle 16 bytes a second. Negotiations have their own limit (the oldest is ended for
+/// a newcomer) and never count against transmission slots, so real clients are still served
+/// — before any deadline could have freed a slot.
+#[test]
+fn clients_that_never_finish_negotiating_cannot_lock_others_out() {
+    if !require(&["nbdinfo", "nbdsh"]) {
+        return;
+    }
+    let dir = volume();
+    let server = Serve::start(
+        dir.path(),
+        &[
+            "--default-size",
+            "8M",
+            "--max-connections",
+            "4",
+            "--max-negotiating",
+            "16",
+            "--handshake-timeout",
+            "600",
+        ],
+    );
+    let mut attackers: Vec<UnixStream> = (0..64)
+        .map(|_| {
+            let mut raw = Raw::connect(&server.socket);
+            raw.send(&1u32.to_be_bytes());
+            let mut header = b"IHAVEOPT".to_vec();
+            header.extend(6u32.to_be_bytes()); // NBD_OPT_INFO
+            header.extend(u32::MAX.to_be_bytes());
+            raw.send(&header);
+            raw.0
+        })
+        .collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let trickler = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut alive = attackers.len();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                alive = 0;
+                for a in &mut attackers {
+                    if a.write_all(&[0u8; 16]).is_ok() {
+                        alive += 1;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(1000));
+            }
+            alive
+        })
+    };
+    // Four real clients at once hold every transmission slot; a fifth is refused with the
+    // reason, not locked out by the attackers.
+    let held: Vec<Raw> = (0..4)
+        .map(|_| {
+            let mut raw = Raw::connect(&server.socket);
+            raw.send(&1u32.to_be_bytes());
+            raw.go("");
+            raw
+        })
+        .collect();
+    let refused = client("nbdinfo")
+        .arg(server.uri(""))
+        .env("LIBNBD_DEBUG", "1")
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused.stderr).contains("maximum of 4 connections"),
+        "{}",
+        text(&refused.stderr)
+    );
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let info = run_unchecked("nbdinfo", &["--size", &server.uri("")]);
+        if info.status.success() {
+            assert_eq!(text(&info.stdout).trim(), (8u64 << 20).to_string());
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "locked out: {}",
+            text(&info.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let copied = run_unchecked(
+        "nbdsh",
+        &[
+            "-u",
+            &server.uri(""),
+            "-c",
+            "h.pwrite(b'x' * 4096, 0); assert h.pread(4096, 0) == b'x' * 4096",
+        ],
+    );
+    assert!(copied.status.success(), "{}", text(&copied.stderr));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let alive = trickler.join().unwrap();
+    assert!(
+        alive <= 16,
+        "{alive} attackers still negotiating past a limit of 16"
+    );
+    let (status, log) = server.stop();
+    assert!(status.success(), "{log}");
+    assert!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains("ending the oldest unfinished negotiation")
+            && l.contains("unix peer pid")),
+        "{log}"
+    );
+}
+
+fn run_unchecked(program: &str, args: &[&str]) -> Output {
+    client(program).args(args).output().expect("run a client")
+}
+
+/// A TCP port nobody listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `--allow` admits only the ranges given (the default admits this host); others are closed
+/// at once and named in a warning. `--max-connections-per-peer` caps one address.
+#[test]
+fn tcp_clients_are_admitted_by_address_and_counted_per_peer() {
+    if !require(&["nbdinfo"]) {
+        return;
+    }
+    let dir = volume();
+    let port = free_port().to_string();
+    let address = format!("127.0.0.1:{port}");
+    let uri = format!("nbd://127.0.0.1:{port}");
+    let server = Serve::start(
+        dir.path(),
+        &[
+            "--default-size",
+            "8M",
+            "--listen",
+            &address,
+            "--allow",
+            "10.255.255.0/24",
+            "--allow",
+            "fd00::/8",
+        ],
+    );
+    let refused = run_unchecked("nbdinfo", &["--size", &uri]);
+    assert!(
+        !refused.status.success(),
+        "a client outside --allow was served"
+    );
+    // The Unix socket is not governed by --allow.
+    let info = run_unchecked("nbdinfo", &["--size", &server.uri("")]);
+    assert!(info.status.success(), "{}", text(&info.stderr));
+    let (status, log) = server.stop();
+    assert!(status.success(), "{log}");
+    assert!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains("not in --allow")
+            && l.contains("127.0.0.1:")),
+        "{log}"
+    );
+
+    let server = Serve::start(
+        dir.path(),
+        &[
+            "--listen",
+            &address,
+            "--allow",
+            "127.0.0.0/8",
+            "--max-connections-per-peer",
+            "1",
+        ],
+    );
+    let info = run_unchecked("nbdinfo", &["--size", &uri]);
+    assert!(info.status.success(), "{}", text(&info.stderr));
+    let held = std::net::TcpStream::connect(&address).unwrap();
+    let mut greeting = [0u8; 8];
+    (&held).read_exact(&mut greeting).unwrap();
+    assert_eq!(&greeting, b"NBDMAGIC");
+    let refused = run_unchecked("nbdinfo", &["--size", &uri]);
+    assert!(
+        !refused.status.success(),
+        "a second connection from one peer was served"
+    );
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !run_unchecked("nbdinfo", &["--size", &uri]).status.success() {
+        assert!(
+            Instant::now() < deadline,
+            "the peer's count was not released"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (status, log) = server.stop();
+    assert!(status.success(), "{log}");
+    assert!(log.contains("its maximum of connections open"), "{log}");
+}
+
+#[test]
+fn unix_sockets_get_the_mode_and_group_asked_for() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = volume();
+    let server = Serve::start(dir.path(), &["--default-size", "8M"]);
+    let mode = std::fs::metadata(&server.socket)
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "default socket mode {mode:o}");
+    drop(server);
+    let gid = std::fs::metadata(dir.path()).unwrap().gid().to_string();
+    let server = Serve::start(dir.path(), &["--unix-mode", "0660", "--unix-group", &gid]);
+    let meta = std::fs::metadata(&server.socket).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o660);
+    assert_eq!(meta.gid().to_string(), gid);
+    drop(server);
+    for (args, says) in [
+        (&["--unix-mode", "999"][..], "octal"),
+        (&["--unix-group", "no-such-group-here"][..], "no such group"),
+        (&["--allow", "10.0.0.1/8"][..], "did you mean 10.0.0.0/8"),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_locus"))
+            .args(["serve", "--volume", dir.path().to_str().unwrap(), "--unix"])
+            .arg(dir.path().join("other.sock"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{args:?} started");
+        assert!(
+            text(&output.stderr).contains(says),
+            "{args:?}: {}",
+            text(&output.stderr)
+        );
+    }
+}
+
 const WRITE_ACKNOWLEDGED: &str = r#"
 import os
 import nbd

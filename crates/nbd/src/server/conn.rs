@@ -19,7 +19,9 @@ use super::{MAX_PAYLOAD_BYTES, MIN_BLOCK_BYTES, PREFERRED_BLOCK_BYTES, Submit};
 use crate::consts::{command, command_flags, errno, info, option, state, transmission_flags};
 use crate::handshake::{self, ClientFlags, OPTION_HEADER_BYTES, OptionHeader};
 use crate::option_reply;
-use crate::options::{ERR_INVALID, ERR_TOO_BIG, ERR_UNKNOWN, ERR_UNSUP, MAX_OPTION_BYTES};
+use crate::options::{
+    ERR_INVALID, ERR_POLICY, ERR_TOO_BIG, ERR_UNKNOWN, ERR_UNSUP, MAX_OPTION_BYTES,
+};
 use crate::reply;
 use crate::request::{Limits, REQUEST_BYTES, Request};
 use crate::{NbdError, NbdOption};
@@ -45,6 +47,8 @@ pub(crate) enum End {
     Io(io::Error),
     /// The client broke the protocol in a way that leaves no answer.
     Protocol(String),
+    /// The client was turned away (the server was at its connection limit).
+    Refused(String),
 }
 
 impl From<io::Error> for End {
@@ -60,12 +64,15 @@ impl std::fmt::Display for End {
             End::Shutdown => f.write_str("closed: the server is stopping"),
             End::Io(e) => write!(f, "connection error: {e}"),
             End::Protocol(m) => write!(f, "protocol violation: {m}"),
+            End::Refused(m) => write!(f, "refused: {m}"),
         }
     }
 }
 
 /// What the handshake settled.
-struct Negotiated<E> {
+struct Negotiated<'a, E> {
+    /// The transmission slot the connection holds until it ends.
+    _slot: super::Slot<'a>,
     export: Arc<E>,
     name: String,
     structured: bool,
@@ -93,17 +100,20 @@ pub(crate) fn transmission_flags<E: Export>(export: &E) -> u16 {
     flags
 }
 
-/// Serves one connection to its end.
+/// Serves connection `id` to its end.
 pub(crate) fn serve<E: Export>(
     shared: &Arc<Shared<E>>,
     channel: &Arc<Channel<E>>,
+    id: u64,
     mut stream: Stream,
 ) -> End {
     let mut negotiating = super::net::Deadlined {
         deadline: Instant::now() + shared.config.handshake_timeout,
         stream: &mut stream,
     };
-    let negotiated = match handshake(shared, &mut negotiating) {
+    let negotiated = handshake(shared, &mut negotiating);
+    shared.end_negotiation(id);
+    let negotiated = match negotiated {
         Ok(Some(n)) => n,
         Ok(None) => return End::Clean,
         Err(end) => return end,
@@ -146,10 +156,16 @@ pub(crate) fn serve<E: Export>(
     end
 }
 
-fn handshake<E: Export>(
-    shared: &Shared<E>,
+fn handshake<'s, E: Export>(
+    shared: &'s Shared<E>,
     stream: &mut super::net::Deadlined<'_>,
-) -> Result<Option<Negotiated<E>>, End> {
+) -> Result<Option<Negotiated<'s, E>>, End> {
+    let full = || {
+        format!(
+            "the server is serving its maximum of {} connections; try later",
+            shared.config.max_connections
+        )
+    };
     stream.write_all(&handshake::greeting())?;
     let mut flags = [0u8; 4];
     stream.read_exact(&mut flags)?;
@@ -198,6 +214,10 @@ fn handshake<E: Export>(
                 let Some((name, export)) = find(&name) else {
                     return Err(End::Protocol(format!("no export named {name:?}")));
                 };
+                // This option has no error reply: a client turned away is only closed.
+                let Some(slot) = shared.take_slot() else {
+                    return Err(End::Refused(full()));
+                };
                 let reply = handshake::export_name_reply(
                     export.size(),
                     transmission_flags(&*export),
@@ -206,6 +226,7 @@ fn handshake<E: Export>(
                 stream.write_all(&reply)?;
                 let base_allocation = structured && selected.as_deref() == Some(name.as_str());
                 return Ok(Some(Negotiated {
+                    _slot: slot,
                     export,
                     name,
                     structured,
@@ -236,6 +257,18 @@ fn handshake<E: Export>(
                     stream.write_all(&option_reply::error(code, ERR_UNKNOWN, &message))?;
                     continue;
                 };
+                // Taken before any reply, so a refused GO answers only the refusal.
+                let slot = if go {
+                    match shared.take_slot() {
+                        Some(slot) => Some(slot),
+                        None => {
+                            stream.write_all(&option_reply::error(code, ERR_POLICY, &full()))?;
+                            continue;
+                        }
+                    }
+                } else {
+                    None
+                };
                 let mut out =
                     option_reply::info_export(code, export.size(), transmission_flags(&*export));
                 if requests.contains(&info::NAME) {
@@ -256,10 +289,11 @@ fn handshake<E: Export>(
                 ));
                 out.extend(option_reply::ack(code));
                 stream.write_all(&out)?;
-                if go {
+                if let Some(slot) = slot {
                     let base_allocation =
                         structured && selected.as_deref() == Some(canonical.as_str());
                     return Ok(Some(Negotiated {
+                        _slot: slot,
                         export,
                         name: canonical,
                         structured,

@@ -12,6 +12,7 @@
 //! write payloads queued, after which it stops reading (TCP flow control holds the client
 //! back).
 
+mod access;
 mod channel;
 mod conn;
 mod export;
@@ -20,18 +21,21 @@ mod net;
 mod stats;
 mod sys;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Shutdown};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+pub use access::Cidr;
 pub use channel::ChannelSpec;
 pub use export::{Export, ExportError, Exports, Payload, ReadDebug};
 pub use net::Listener;
 pub use stats::{LATENCY_BUCKETS, RECORDED_CPUS, Snapshot};
-pub use sys::{Inherited, TerminationSignals, inherited_listeners, interface_addresses};
+pub use sys::{
+    Inherited, TerminationSignals, bind_unix, group_id, inherited_listeners, interface_addresses,
+};
 
 use channel::Channel;
 use net::Stream;
@@ -75,8 +79,19 @@ pub struct ServerConfig {
     pub submit: Submit,
     /// Worker threads per channel with queued submission.
     pub workers_per_channel: usize,
-    /// Open connections beyond this are refused during the handshake (`NBD_REP_ERR_POLICY`).
+    /// Connections in transmission; a client that asks for an export while this many are
+    /// is refused (`NBD_REP_ERR_POLICY` to `NBD_OPT_GO`, a close after `NBD_OPT_EXPORT_NAME`).
     pub max_connections: usize,
+    /// Connections still negotiating; one more ends the oldest negotiation, so clients that
+    /// open connections and never finish negotiating cannot keep others out (they do not
+    /// count against [`Self::max_connections`]).
+    pub max_negotiating: usize,
+    /// Connections from one client address, negotiating or not (TCP; 0: no limit); more are
+    /// closed at once.
+    pub max_per_peer: usize,
+    /// TCP clients allowed to connect (empty: any); others are closed at once. Unix-socket
+    /// clients are governed by the socket file's permissions.
+    pub allow: Vec<Cidr>,
     /// Requests one connection may have queued (queued submission).
     pub max_in_flight: usize,
     /// Write payload bytes one connection may hold in received, not yet committed buffers
@@ -92,6 +107,9 @@ impl Default for ServerConfig {
             submit: Submit::Inline,
             workers_per_channel: 2,
             max_connections: 256,
+            max_negotiating: 32,
+            max_per_peer: 0,
+            allow: Vec::new(),
             max_in_flight: 64,
             max_in_flight_bytes: 64 << 20,
             handshake_timeout: Duration::from_secs(30),
@@ -110,10 +128,6 @@ pub struct ChannelReport {
     pub stats: Snapshot,
 }
 
-/// Handshakes refused at once while at the connection limit; beyond this, excess
-/// connections are closed without a word.
-const MAX_REFUSING: usize = 16;
-
 pub(crate) struct Shared<E: Export> {
     pub(crate) config: ServerConfig,
     pub(crate) exports: Exports<E>,
@@ -122,8 +136,12 @@ pub(crate) struct Shared<E: Export> {
     nic_nodes: Vec<(IpAddr, u32)>,
     pub(crate) stopping: AtomicBool,
     next_channel: AtomicUsize,
+    /// Connections in transmission (at most `config.max_connections`).
     open: AtomicUsize,
-    refusing: AtomicUsize,
+    /// Connections negotiating, oldest first, with a clone of their socket (to end them) and
+    /// who they are (to say so).
+    negotiating: Mutex<VecDeque<(u64, Stream, String)>>,
+    peers: access::PeerCounts,
     next_id: AtomicU64,
     /// A clone of every live connection, to end them at shutdown.
     live: Mutex<HashMap<u64, Stream>>,
@@ -178,7 +196,8 @@ impl<E: Export> Server<E> {
                 stopping: AtomicBool::new(false),
                 next_channel: AtomicUsize::new(0),
                 open: AtomicUsize::new(0),
-                refusing: AtomicUsize::new(0),
+                negotiating: Mutex::new(VecDeque::new()),
+                peers: access::PeerCounts::default(),
                 next_id: AtomicU64::new(1),
                 live: Mutex::new(HashMap::new()),
                 threads: Mutex::new(Vec::new()),
@@ -282,117 +301,145 @@ impl<E: Export> Shared<E> {
     }
 
     fn start(self: &Arc<Self>, stream: Stream, local: Option<IpAddr>) {
+        let peer = stream.peer();
+        let peer_ip = stream.peer_ip();
+        if let Some(ip) = peer_ip {
+            let allow = &self.config.allow;
+            if !allow.is_empty() && !allow.iter().any(|c| c.contains(ip)) {
+                tracing::warn!(%peer, "connection refused: the address is not in --allow");
+                return;
+            }
+            if !self.peers.enter(ip, self.config.max_per_peer) {
+                tracing::warn!(
+                    %peer,
+                    limit = self.config.max_per_peer,
+                    "connection refused: the address has its maximum of connections open"
+                );
+                return;
+            }
+        }
+        // From here on the peer's count is released by `Leave` whatever happens.
+        let leave = Leave {
+            shared: Arc::clone(self),
+            peer_ip,
+        };
         let mut threads = self.threads.lock().expect("connection threads");
         threads.retain(|t| !t.is_finished());
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let Ok(clone) = stream.try_clone() else {
-            tracing::warn!("could not duplicate a connection's socket; closing it");
+        let (Ok(clone), Ok(negotiation)) = (stream.try_clone(), stream.try_clone()) else {
+            tracing::warn!(%peer, "could not duplicate a connection's socket; closing it");
             return;
         };
-        let refuse = self.open.load(Ordering::Relaxed) >= self.config.max_connections;
-        if refuse && self.refusing.fetch_add(1, Ordering::Relaxed) >= MAX_REFUSING {
-            self.refusing.fetch_sub(1, Ordering::Relaxed);
-            return;
-        }
+        self.admit_negotiation(id, negotiation, &peer);
         self.live
             .lock()
             .expect("live connections")
             .insert(id, clone);
         let shared = Arc::clone(self);
-        let spawned = if refuse {
-            std::thread::Builder::new()
-                .name("nbd-refuse".into())
-                .spawn(move || {
-                    refuse_handshake(
-                        stream,
-                        shared.config.max_connections,
-                        shared.config.handshake_timeout,
-                    );
-                    shared.refusing.fetch_sub(1, Ordering::Relaxed);
-                    shared.live.lock().expect("live connections").remove(&id);
-                })
-        } else {
-            let channel = Arc::clone(&self.channels[self.place(local)]);
-            let peer = stream.peer();
-            self.open.fetch_add(1, Ordering::Relaxed);
-            channel.counters.connections.fetch_add(1, Ordering::Relaxed);
-            channel
-                .counters
-                .open_connections
-                .fetch_add(1, Ordering::Relaxed);
-            std::thread::Builder::new()
-                .name(format!("nbd-ch{}-c{id}", channel.id))
-                .spawn(move || {
-                    channel.enter();
-                    let end = conn::serve(&shared, &channel, stream);
-                    match &end {
-                        conn::End::Clean | conn::End::Shutdown => {
-                            tracing::debug!(connection = id, channel = channel.id, %peer, "{end}");
-                        }
-                        conn::End::Io(_) => {
-                            tracing::info!(connection = id, channel = channel.id, %peer, "{end}");
-                        }
-                        // A client that breaks the protocol is an operator's business (a bug
-                        // or an attack): logged at the default level, with who it was.
-                        conn::End::Protocol(_) => {
-                            tracing::warn!(connection = id, channel = channel.id, %peer, "{end}");
-                        }
+        let channel = Arc::clone(&self.channels[self.place(local)]);
+        channel.counters.connections.fetch_add(1, Ordering::Relaxed);
+        channel
+            .counters
+            .open_connections
+            .fetch_add(1, Ordering::Relaxed);
+        let spawned = std::thread::Builder::new()
+            .name(format!("nbd-ch{}-c{id}", channel.id))
+            .spawn(move || {
+                let _leave = leave;
+                channel.enter();
+                let end = conn::serve(&shared, &channel, id, stream);
+                match &end {
+                    conn::End::Clean | conn::End::Shutdown => {
+                        tracing::debug!(connection = id, channel = channel.id, %peer, "{end}");
                     }
-                    channel
-                        .counters
-                        .open_connections
-                        .fetch_sub(1, Ordering::Relaxed);
-                    shared.open.fetch_sub(1, Ordering::Relaxed);
-                    shared.live.lock().expect("live connections").remove(&id);
-                })
-        };
+                    conn::End::Io(_) => {
+                        tracing::info!(connection = id, channel = channel.id, %peer, "{end}");
+                    }
+                    // A client that breaks the protocol is an operator's business (a bug
+                    // or an attack), as is one turned away: logged at the default level,
+                    // with who it was.
+                    conn::End::Protocol(_) | conn::End::Refused(_) => {
+                        tracing::warn!(connection = id, channel = channel.id, %peer, "{end}");
+                    }
+                }
+                channel
+                    .counters
+                    .open_connections
+                    .fetch_sub(1, Ordering::Relaxed);
+                shared.end_negotiation(id);
+                shared.live.lock().expect("live connections").remove(&id);
+            });
         match spawned {
             Ok(handle) => threads.push(handle),
             Err(e) => {
                 tracing::warn!(error = %e, "could not start a connection thread; closing it");
+                self.end_negotiation(id);
                 self.live.lock().expect("live connections").remove(&id);
             }
         }
     }
+
+    /// Registers a new negotiation; at the limit, the oldest one is ended to make room (a
+    /// real client negotiates in milliseconds, so the oldest is the likeliest to be stuck
+    /// or hostile).
+    fn admit_negotiation(&self, id: u64, stream: Stream, peer: &str) {
+        let mut negotiating = self.negotiating.lock().expect("negotiating connections");
+        while negotiating.len() >= self.config.max_negotiating.max(1) {
+            let Some((old, stream, who)) = negotiating.pop_front() else {
+                break;
+            };
+            tracing::warn!(
+                connection = old,
+                peer = %who,
+                limit = self.config.max_negotiating,
+                newcomer = %peer,
+                "ending the oldest unfinished negotiation: too many connections are negotiating"
+            );
+            stream.shutdown(Shutdown::Both);
+        }
+        negotiating.push_back((id, stream, peer.to_owned()));
+    }
+
+    /// Connection `id` finished negotiating (or ended).
+    pub(crate) fn end_negotiation(&self, id: u64) {
+        let mut negotiating = self.negotiating.lock().expect("negotiating connections");
+        if let Some(at) = negotiating.iter().position(|(n, _, _)| *n == id) {
+            negotiating.remove(at);
+        }
+    }
+
+    /// Takes one of the `max_connections` transmission slots, if one is free.
+    pub(crate) fn take_slot(&self) -> Option<Slot<'_>> {
+        self.open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.config.max_connections).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Slot { open: &self.open })
+    }
 }
 
-/// Answers a handshake while at the connection limit: every option gets
-/// `NBD_REP_ERR_POLICY` with the reason, so clients can tell the user why.
-fn refuse_handshake(mut stream: Stream, limit: usize, timeout: Duration) {
-    use crate::handshake::{OPTION_HEADER_BYTES, OptionHeader};
-    use std::io::{Read, Write};
-    let mut stream = net::Deadlined {
-        deadline: std::time::Instant::now() + timeout,
-        stream: &mut stream,
-    };
-    let message = format!("the server is serving its maximum of {limit} connections; try later");
-    let result = (|| -> std::io::Result<()> {
-        stream.write_all(&crate::handshake::greeting())?;
-        let mut flags = [0u8; 4];
-        stream.read_exact(&mut flags)?;
-        for _ in 0..16 {
-            let mut header = [0u8; OPTION_HEADER_BYTES];
-            stream.read_exact(&mut header)?;
-            let Ok(header) = OptionHeader::decode(&header) else {
-                return Ok(());
-            };
-            if header.option == crate::consts::option::EXPORT_NAME {
-                return Ok(());
-            }
-            export::skip_stream(&mut stream, u64::from(header.len))?;
-            if header.option == crate::consts::option::ABORT {
-                stream.write_all(&crate::option_reply::ack(header.option))?;
-                return Ok(());
-            }
-            stream.write_all(&crate::option_reply::error(
-                header.option,
-                crate::options::ERR_POLICY,
-                &message,
-            ))?;
+/// A transmission slot, given back when dropped.
+pub(crate) struct Slot<'a> {
+    open: &'a AtomicUsize,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Releases a connection's place in its peer's count.
+struct Leave<E: Export> {
+    shared: Arc<Shared<E>>,
+    peer_ip: Option<IpAddr>,
+}
+
+impl<E: Export> Drop for Leave<E> {
+    fn drop(&mut self) {
+        if let Some(ip) = self.peer_ip {
+            self.shared.peers.leave(ip);
         }
-        Ok(())
-    })();
-    if let Err(e) = result {
-        tracing::debug!(error = %e, "refused connection ended");
     }
 }

@@ -80,6 +80,14 @@ impl Stream {
         }
     }
 
+    /// The client's address (TCP only).
+    pub(crate) fn peer_ip(&self) -> Option<IpAddr> {
+        match self {
+            Self::Tcp(s) => s.peer_addr().ok().map(|a| a.ip()),
+            Self::Unix(_) => None,
+        }
+    }
+
     pub(crate) fn try_clone(&self) -> io::Result<Self> {
         Ok(match self {
             Self::Tcp(s) => Self::Tcp(s.try_clone()?),

@@ -274,6 +274,65 @@ pub fn stop_accepting(listener: &impl AsRawFd) -> io::Result<()> {
     Ok(())
 }
 
+/// Binds a Unix socket that never exists with looser permissions than `mode`: created under
+/// a umask that leaves only the owner in, then given `mode` and `group`. The umask is
+/// process-wide: call this at start, before other threads create files.
+pub fn bind_unix(
+    path: &std::path::Path,
+    mode: u32,
+    group: Option<libc::gid_t>,
+) -> io::Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: umask only swaps the process's file-creation mask.
+    let old = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(path);
+    // SAFETY: as above, restoring the previous mask.
+    unsafe { libc::umask(old) };
+    let listener = bound?;
+    let finish = || -> io::Result<()> {
+        if let Some(gid) = group {
+            std::os::unix::fs::chown(path, None, Some(gid))?;
+        }
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+    };
+    if let Err(e) = finish() {
+        let _ = std::fs::remove_file(path);
+        return Err(e);
+    }
+    Ok(listener)
+}
+
+/// A group's id, by name or number.
+pub fn group_id(text: &str) -> io::Result<libc::gid_t> {
+    if let Ok(gid) = text.parse::<libc::gid_t>() {
+        return Ok(gid);
+    }
+    let invalid = |m: &str| io::Error::new(io::ErrorKind::InvalidInput, m.to_owned());
+    let name = std::ffi::CString::new(text).map_err(|_| invalid("a group name with a NUL byte"))?;
+    // SAFETY: `group` is plain data that getgrnam_r fills in; all-zero is a valid value.
+    let mut group: libc::group = unsafe { std::mem::zeroed() };
+    let mut buffer = vec![0 as libc::c_char; 64 << 10];
+    let mut found: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call: the name is NUL-terminated, `group`,
+    // `buffer` and `found` are writable and `buffer.len()` is the buffer's true size.
+    let rc = unsafe {
+        libc::getgrnam_r(
+            name.as_ptr(),
+            &raw mut group,
+            buffer.as_mut_ptr(),
+            buffer.len(),
+            &raw mut found,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    if found.is_null() {
+        return Err(invalid("no such group"));
+    }
+    Ok(group.gr_gid)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

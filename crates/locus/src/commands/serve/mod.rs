@@ -6,7 +6,6 @@ mod spec;
 use std::io::Write as _;
 use std::net::{IpAddr, TcpListener};
 use std::os::unix::fs::FileTypeExt;
-use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use nbd::server::{
-    ChannelReport, ChannelSpec, Exports, Inherited, Listener, Server, ServerConfig, Snapshot,
+    ChannelReport, ChannelSpec, Cidr, Exports, Inherited, Listener, Server, ServerConfig, Snapshot,
     Submit, TerminationSignals,
 };
 use topology::Topology;
@@ -75,6 +74,23 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH")]
     unix: Vec<PathBuf>,
 
+    /// Permissions of the --unix socket files, in octal: who may connect (writing to a socket
+    /// is connecting). The default lets only this user in; 0660 with --unix-group admits a
+    /// group.
+    #[arg(long, value_name = "OCTAL", default_value = "0600", value_parser = parse_mode)]
+    unix_mode: u32,
+
+    /// Group owning the --unix socket files (a name or a number).
+    #[arg(long, value_name = "GROUP")]
+    unix_group: Option<String>,
+
+    /// TCP clients allowed to connect, as address ranges (repeatable): 192.168.1.0/24,
+    /// 10.1.2.3, fd00::/8, or `all`. Default: this host only (loopback and the host's own
+    /// addresses), since NBD without TLS has no authentication; others are closed at once
+    /// with a warning naming them. Unix-socket clients are governed by --unix-mode.
+    #[arg(long, value_name = "CIDR|all", value_parser = parse_allow)]
+    allow: Vec<AllowArg>,
+
     /// An export (repeatable): NAME=fs:/PATH[,size=SIZE][,ro] or
     /// NAME=cache:PATH,nvram=SIZE,dram=SIZE[,policy=nbm|nvlru|lru].
     ///
@@ -120,10 +136,21 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=256))]
     workers: u32,
 
-    /// Most open connections; more are refused during negotiation with a policy error. Each
-    /// connection writing inline uses one of the file system's writer slots (63 by default).
+    /// Most connections using exports; a client asking for an export beyond them is refused
+    /// with a policy error. Each connection writing inline uses one of the file system's
+    /// writer slots (63 by default).
     #[arg(long, value_name = "N", default_value_t = 48, value_parser = clap::value_parser!(u32).range(1..=4096))]
     max_connections: u32,
+
+    /// Most connections still negotiating (they do not count against --max-connections); one
+    /// more ends the oldest negotiation, with a warning, so clients that connect and never
+    /// finish negotiating cannot keep others out.
+    #[arg(long, value_name = "N", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    max_negotiating: u32,
+
+    /// Most connections from one client address, negotiating or not (TCP). 0: no limit.
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=65536))]
+    max_connections_per_peer: u32,
 
     /// Seconds a client has to finish negotiating, from its connection — a deadline, not an
     /// idle timeout: a client that trickles bytes is closed at it like a silent one.
@@ -147,6 +174,58 @@ pub struct ServeArgs {
 enum SubmitArg {
     Inline,
     Queued,
+}
+
+/// An `--allow` value.
+#[derive(Debug, Clone)]
+enum AllowArg {
+    All,
+    Range(Cidr),
+}
+
+fn parse_allow(text: &str) -> Result<AllowArg, String> {
+    if text == "all" {
+        Ok(AllowArg::All)
+    } else {
+        text.parse().map(AllowArg::Range)
+    }
+}
+
+fn parse_mode(text: &str) -> Result<u32, String> {
+    match u32::from_str_radix(text.trim_start_matches("0o"), 8) {
+        Ok(mode) if mode <= 0o777 => Ok(mode),
+        _ => Err(format!(
+            "{text:?}: permissions in octal, 0000 to 0777 (e.g. 0660)"
+        )),
+    }
+}
+
+/// The TCP clients let in: `--allow`, or by default this host's own addresses.
+fn allowed(args: &ServeArgs) -> Vec<Cidr> {
+    if args.allow.iter().any(|a| matches!(a, AllowArg::All)) {
+        return Vec::new();
+    }
+    if !args.allow.is_empty() {
+        return args
+            .allow
+            .iter()
+            .filter_map(|a| match a {
+                AllowArg::Range(c) => Some(*c),
+                AllowArg::All => None,
+            })
+            .collect();
+    }
+    let mut own: Vec<Cidr> = vec![
+        "127.0.0.0/8".parse().expect("a range"),
+        "::1".parse().expect("a range"),
+    ];
+    match nbd::server::interface_addresses() {
+        Ok(addresses) => own.extend(addresses.into_iter().map(|(_, ip)| Cidr::host(ip))),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list this host's addresses; admitting loopback only");
+        }
+    }
+    own
 }
 
 fn parse_export_size(text: &str) -> Result<u64, String> {
@@ -263,11 +342,26 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
         },
         workers_per_channel: args.workers as usize,
         max_connections: args.max_connections as usize,
+        max_negotiating: args.max_negotiating as usize,
+        max_per_peer: args.max_connections_per_peer as usize,
+        allow: allowed(args),
         handshake_timeout: Duration::from_secs(args.handshake_timeout),
         ..ServerConfig::default()
     };
     let mut server = Server::new(config, exports, channels, nic_nodes(&topology));
     let mut places = Vec::new();
+    for listener in &listeners {
+        if let Listener::Tcp(l) = listener
+            && args.allow.is_empty()
+            && l.local_addr().is_ok_and(|a| !a.ip().is_loopback())
+        {
+            eprintln!(
+                "locus: {} admits only this host's own addresses; --allow RANGE (or --allow all) \
+                 lets other hosts connect",
+                listener.describe()
+            );
+        }
+    }
     for listener in listeners {
         places.push(listener.describe());
         server.listen(listener);
@@ -470,6 +564,11 @@ fn listeners(args: &ServeArgs) -> Result<Vec<Listener>> {
             .with_context(|| format!("listening on {address} (is another server using it?)"))?;
         out.push(Listener::Tcp(listener));
     }
+    let group = args
+        .unix_group
+        .as_deref()
+        .map(|g| nbd::server::group_id(g).with_context(|| format!("--unix-group {g:?}")))
+        .transpose()?;
     for path in &args.unix {
         if let Ok(meta) = std::fs::symlink_metadata(path) {
             if !meta.file_type().is_socket() {
@@ -484,8 +583,8 @@ fn listeners(args: &ServeArgs) -> Result<Vec<Listener>> {
             std::fs::remove_file(path)
                 .with_context(|| format!("removing the stale socket {}", path.display()))?;
         }
-        let listener =
-            UnixListener::bind(path).with_context(|| format!("listening on {}", path.display()))?;
+        let listener = nbd::server::bind_unix(path, args.unix_mode, group)
+            .with_context(|| format!("listening on {}", path.display()))?;
         out.push(Listener::Unix(listener, Some(path.clone())));
     }
     Ok(out)
