@@ -20,6 +20,8 @@ pub const ERR_UNSUP: u32 = reply::ERROR_BIT | 1;
 pub const ERR_POLICY: u32 = reply::ERROR_BIT | 2;
 /// `NBD_REP_ERR_INVALID`.
 pub const ERR_INVALID: u32 = reply::ERROR_BIT | 3;
+/// `NBD_REP_ERR_TLS_REQD`: the server requires TLS first.
+pub const ERR_TLS_REQD: u32 = reply::ERROR_BIT | 5;
 /// `NBD_REP_ERR_UNKNOWN` (no such export).
 pub const ERR_UNKNOWN: u32 = reply::ERROR_BIT | 6;
 
@@ -32,7 +34,7 @@ pub enum NbdOption {
     Abort,
     /// List exports.
     List,
-    /// Upgrade to TLS (locus answers unsupported until it has TLS).
+    /// Upgrade to TLS.
     StartTls,
     /// Ask about an export (`go` false) or ask and enter transmission (`go` true).
     Info {

@@ -15,12 +15,13 @@ use super::channel::{Channel, Job};
 use super::export::{Export, ExportError, Payload, skip, skip_stream};
 use super::inbox::Inbox;
 use super::net::Stream;
+use super::tls::{Session, TlsMode};
 use super::{MAX_PAYLOAD_BYTES, MIN_BLOCK_BYTES, PREFERRED_BLOCK_BYTES, Submit};
 use crate::consts::{command, command_flags, errno, info, option, state, transmission_flags};
 use crate::handshake::{self, ClientFlags, OPTION_HEADER_BYTES, OptionHeader};
 use crate::option_reply;
 use crate::options::{
-    ERR_INVALID, ERR_POLICY, ERR_TOO_BIG, ERR_UNKNOWN, ERR_UNSUP, MAX_OPTION_BYTES,
+    ERR_INVALID, ERR_POLICY, ERR_TLS_REQD, ERR_TOO_BIG, ERR_UNKNOWN, ERR_UNSUP, MAX_OPTION_BYTES,
 };
 use crate::reply;
 use crate::request::{Limits, REQUEST_BYTES, Request};
@@ -115,7 +116,10 @@ pub(crate) fn serve<E: Export>(
     shared.end_negotiation(id);
     let negotiated = match negotiated {
         Ok(Some(n)) => n,
-        Ok(None) => return End::Clean,
+        Ok(None) => {
+            stream.close_tls();
+            return End::Clean;
+        }
         Err(end) => return end,
     };
     if let Err(e) = stream.set_read_timeout(None) {
@@ -153,6 +157,9 @@ pub(crate) fn serve<E: Export>(
     let end = transmission(shared, &conn, &mut stream);
     conn.wait_idle();
     conn.flush_pending();
+    if matches!(end, End::Clean) {
+        stream.close_tls();
+    }
     end
 }
 
@@ -170,6 +177,11 @@ fn handshake<'s, E: Export>(
     let mut flags = [0u8; 4];
     stream.read_exact(&mut flags)?;
     let client = ClientFlags::decode(flags).map_err(protocol)?;
+    let tls_required = shared
+        .config
+        .tls
+        .as_ref()
+        .is_some_and(|t| t.mode == TlsMode::Require);
     let mut structured = false;
     // The export the last NBD_OPT_SET_META_CONTEXT selected base:allocation on.
     let mut selected: Option<String> = None;
@@ -203,6 +215,22 @@ fn handshake<'s, E: Export>(
             }
             Err(e) => return Err(protocol(e)),
         };
+        if tls_required && !stream.stream.is_tls() {
+            match decoded {
+                NbdOption::StartTls | NbdOption::Abort => {}
+                // It has no error reply: the protocol says to hang up.
+                NbdOption::ExportName(_) => {
+                    return Err(End::Refused(
+                        "NBD_OPT_EXPORT_NAME before STARTTLS on a server that requires TLS".into(),
+                    ));
+                }
+                _ => {
+                    let message = "this server requires TLS: send NBD_OPT_STARTTLS first";
+                    stream.write_all(&option_reply::error(code, ERR_TLS_REQD, message))?;
+                    continue;
+                }
+            }
+        }
         let find = |name: &str| {
             shared
                 .exports
@@ -248,8 +276,27 @@ fn handshake<'s, E: Export>(
                 stream.write_all(&out)?;
             }
             NbdOption::StartTls => {
-                let message = "TLS is not supported by this server";
-                stream.write_all(&option_reply::error(code, ERR_UNSUP, message))?;
+                let Some(tls) = &shared.config.tls else {
+                    let message = "TLS is not enabled on this server (locus serve --tls)";
+                    stream.write_all(&option_reply::error(code, ERR_UNSUP, message))?;
+                    continue;
+                };
+                if stream.stream.is_tls() {
+                    let message = "TLS is already on";
+                    stream.write_all(&option_reply::error(code, ERR_INVALID, message))?;
+                    continue;
+                }
+                stream.write_all(&option_reply::ack(code))?;
+                let session = Session::new(tls, stream.stream)?;
+                // A failed TLS handshake is a client that could not prove itself (or
+                // could not check us): the operator's business, so a refusal (WARN).
+                session
+                    .handshake(stream.deadline)
+                    .map_err(|e| End::Refused(format!("TLS handshake failed: {e}")))?;
+                *stream.stream = Stream::Tls(Arc::new(session));
+                // Negotiation starts over inside TLS: nothing said in plain text holds.
+                structured = false;
+                selected = None;
             }
             NbdOption::Info { go, name, requests } => {
                 let Some((canonical, export)) = find(&name) else {

@@ -12,7 +12,6 @@
 //! copy 10.7 to 14 GB/s.
 
 use std::io::{self, Read};
-use std::os::fd::AsRawFd;
 
 /// Size of a connection's input buffer: large enough that a queue of 4 KiB writes arrives in
 /// one receive, small enough to stay in a core's L2 cache.
@@ -100,9 +99,9 @@ impl Inbox {
     }
 
     /// Like [`Inbox::fill`], without waiting: `WouldBlock` when nothing has arrived.
-    pub(crate) fn fill_now(&mut self, socket: &impl AsRawFd) -> io::Result<usize> {
+    pub(crate) fn fill_now(&mut self, stream: &super::net::Stream) -> io::Result<usize> {
         let space = self.make_room();
-        let n = super::sys::recv_now(socket, space)?;
+        let n = stream.read_now(space)?;
         self.end += n;
         Ok(n)
     }

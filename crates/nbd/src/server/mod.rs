@@ -20,6 +20,7 @@ mod inbox;
 mod net;
 mod stats;
 mod sys;
+mod tls;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Shutdown};
@@ -36,6 +37,7 @@ pub use stats::{LATENCY_BUCKETS, RECORDED_CPUS, Snapshot};
 pub use sys::{
     Inherited, TerminationSignals, bind_unix, group_id, inherited_listeners, interface_addresses,
 };
+pub use tls::{CA_CERT, SERVER_CERT, SERVER_KEY, Tls, TlsMode};
 
 use channel::Channel;
 use net::Stream;
@@ -92,6 +94,8 @@ pub struct ServerConfig {
     /// TCP clients allowed to connect (empty: any); others are closed at once. Unix-socket
     /// clients are governed by the socket file's permissions.
     pub allow: Vec<Cidr>,
+    /// TLS (`NBD_OPT_STARTTLS`), optional or required; `None`: STARTTLS is unsupported.
+    pub tls: Option<Tls>,
     /// Requests one connection may have queued (queued submission).
     pub max_in_flight: usize,
     /// Write payload bytes one connection may hold in received, not yet committed buffers
@@ -110,6 +114,7 @@ impl Default for ServerConfig {
             max_negotiating: 32,
             max_per_peer: 0,
             allow: Vec::new(),
+            tls: None,
             max_in_flight: 64,
             max_in_flight_bytes: 64 << 20,
             handshake_timeout: Duration::from_secs(30),

@@ -4,7 +4,10 @@ use std::io::{self, IoSlice, Read, Write};
 use std::net::{IpAddr, Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+use super::tls::Session;
 
 /// A listening socket.
 #[derive(Debug)]
@@ -65,6 +68,8 @@ impl Listener {
 pub(crate) enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
+    /// TLS over one of the others (every clone shares the session).
+    Tls(Arc<Session>),
 }
 
 impl Stream {
@@ -77,6 +82,7 @@ impl Stream {
                 .map_or_else(|_| "tcp peer".into(), |a| a.to_string()),
             Self::Unix(s) => super::sys::peer_pid(s)
                 .map_or_else(|| "unix peer".into(), |pid| format!("unix peer pid {pid}")),
+            Self::Tls(s) => s.socket.peer(),
         }
     }
 
@@ -85,6 +91,7 @@ impl Stream {
         match self {
             Self::Tcp(s) => s.peer_addr().ok().map(|a| a.ip()),
             Self::Unix(_) => None,
+            Self::Tls(s) => s.socket.peer_ip(),
         }
     }
 
@@ -92,6 +99,7 @@ impl Stream {
         Ok(match self {
             Self::Tcp(s) => Self::Tcp(s.try_clone()?),
             Self::Unix(s) => Self::Unix(s.try_clone()?),
+            Self::Tls(s) => Self::Tls(Arc::clone(s)),
         })
     }
 
@@ -99,6 +107,7 @@ impl Stream {
         let _ = match self {
             Self::Tcp(s) => s.shutdown(how),
             Self::Unix(s) => s.shutdown(how),
+            Self::Tls(s) => return s.socket.shutdown(how),
         };
     }
 
@@ -106,6 +115,27 @@ impl Stream {
         match self {
             Self::Tcp(s) => s.set_read_timeout(timeout),
             Self::Unix(s) => s.set_read_timeout(timeout),
+            Self::Tls(s) => s.socket.set_read_timeout(timeout),
+        }
+    }
+
+    /// Whether the connection is encrypted.
+    pub(crate) fn is_tls(&self) -> bool {
+        matches!(self, Self::Tls(_))
+    }
+
+    /// Ends a TLS session with its goodbye (nothing for plain connections).
+    pub(crate) fn close_tls(&self) {
+        if let Self::Tls(s) = self {
+            s.close();
+        }
+    }
+
+    /// What has arrived, without waiting (`WouldBlock` when nothing has).
+    pub(crate) fn read_now(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Self::Tls(s) => s.read_now(buf),
+            _ => super::sys::recv_now(self, buf),
         }
     }
 
@@ -127,8 +157,13 @@ impl Stream {
 impl Stream {
     /// Sends as much of `slices` as the socket takes without waiting and advances past it;
     /// returns true when everything went.
+    /// (TLS sends nothing here: encrypting is a copy anyway, so the caller's copy of the
+    /// rest costs nothing more and nothing waits while the bytes are lent.)
     pub(crate) fn send_now<'a>(&mut self, slices: &mut &mut [IoSlice<'a>]) -> io::Result<bool> {
         IoSlice::advance_slices(slices, 0);
+        if self.is_tls() {
+            return Ok(slices.is_empty());
+        }
         while !slices.is_empty() {
             match super::sys::send_now(self, slices) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
@@ -147,6 +182,7 @@ impl std::os::fd::AsRawFd for Stream {
         match self {
             Self::Tcp(s) => s.as_raw_fd(),
             Self::Unix(s) => s.as_raw_fd(),
+            Self::Tls(s) => s.socket.as_raw_fd(),
         }
     }
 }
@@ -156,6 +192,7 @@ impl Read for Stream {
         match self {
             Self::Tcp(s) => s.read(buf),
             Self::Unix(s) => s.read(buf),
+            Self::Tls(s) => s.read(buf),
         }
     }
 
@@ -163,6 +200,12 @@ impl Read for Stream {
         match self {
             Self::Tcp(s) => s.read_vectored(bufs),
             Self::Unix(s) => s.read_vectored(bufs),
+            Self::Tls(s) => {
+                let Some(buf) = bufs.iter_mut().find(|b| !b.is_empty()) else {
+                    return Ok(0);
+                };
+                s.read(buf)
+            }
         }
     }
 }
@@ -172,6 +215,7 @@ impl Write for Stream {
         match self {
             Self::Tcp(s) => s.write(buf),
             Self::Unix(s) => s.write(buf),
+            Self::Tls(s) => s.write_vectored(&[IoSlice::new(buf)]),
         }
     }
 
@@ -179,6 +223,7 @@ impl Write for Stream {
         match self {
             Self::Tcp(s) => s.write_vectored(bufs),
             Self::Unix(s) => s.write_vectored(bufs),
+            Self::Tls(s) => s.write_vectored(bufs),
         }
     }
 

@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use nbd::server::{
     ChannelReport, ChannelSpec, Cidr, Exports, Inherited, Listener, Server, ServerConfig, Snapshot,
-    Submit, TerminationSignals,
+    Submit, TerminationSignals, Tls, TlsMode,
 };
 use topology::Topology;
 
@@ -85,11 +85,28 @@ pub struct ServeArgs {
     unix_group: Option<String>,
 
     /// TCP clients allowed to connect, as address ranges (repeatable): 192.168.1.0/24,
-    /// 10.1.2.3, fd00::/8, or `all`. Default: this host only (loopback and the host's own
-    /// addresses), since NBD without TLS has no authentication; others are closed at once
-    /// with a warning naming them. Unix-socket clients are governed by --unix-mode.
+    /// 10.1.2.3, fd00::/8, or `all`. Default: with --tls require, all; otherwise this host
+    /// only (loopback and the host's own addresses), since plain NBD authenticates nobody.
+    /// Others are closed at once with a warning naming them. Unix-socket clients are
+    /// governed by --unix-mode.
     #[arg(long, value_name = "CIDR|all", value_parser = parse_allow)]
     allow: Vec<AllowArg>,
+
+    /// TLS: off; on (clients may upgrade with STARTTLS, nbds:// URIs, or stay plain);
+    /// require (nothing but STARTTLS is answered before TLS). Default: require when
+    /// --tls-certificates is given, else off.
+    #[arg(long, value_enum, value_name = "MODE")]
+    tls: Option<TlsArg>,
+
+    /// Directory of X.509 credentials in PEM, named as qemu and nbdkit name them:
+    /// server-cert.pem (the server's certificate, then any intermediates), server-key.pem,
+    /// and with --tls-verify-peer ca-cert.pem.
+    #[arg(long, value_name = "DIR")]
+    tls_certificates: Option<PathBuf>,
+
+    /// Require a client certificate signed by the directory's ca-cert.pem.
+    #[arg(long, requires = "tls_certificates")]
+    tls_verify_peer: bool,
 
     /// An export (repeatable): NAME=fs:/PATH[,size=SIZE][,ro] or
     /// NAME=cache:PATH,nvram=SIZE,dram=SIZE[,policy=nbm|nvlru|lru].
@@ -171,6 +188,32 @@ pub struct ServeArgs {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum TlsArg {
+    Off,
+    On,
+    Require,
+}
+
+/// The TLS settings the arguments ask for.
+fn tls(args: &ServeArgs) -> Result<Option<Tls>> {
+    let mode = match (args.tls, &args.tls_certificates) {
+        (None | Some(TlsArg::Off), None) => return Ok(None),
+        (Some(TlsArg::Off), Some(_)) => {
+            bail!("--tls off and --tls-certificates exclude each other")
+        }
+        (Some(TlsArg::On | TlsArg::Require), None) => {
+            bail!("--tls needs --tls-certificates DIR (server-cert.pem, server-key.pem)")
+        }
+        (Some(TlsArg::On), Some(_)) => TlsMode::On,
+        (None | Some(TlsArg::Require), Some(_)) => TlsMode::Require,
+    };
+    let dir = args.tls_certificates.as_deref().expect("checked above");
+    let tls = Tls::x509(dir, args.tls_verify_peer, mode)
+        .with_context(|| format!("loading TLS credentials from {}", dir.display()))?;
+    Ok(Some(tls))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum SubmitArg {
     Inline,
     Queued,
@@ -200,9 +243,13 @@ fn parse_mode(text: &str) -> Result<u32, String> {
     }
 }
 
-/// The TCP clients let in: `--allow`, or by default this host's own addresses.
-fn allowed(args: &ServeArgs) -> Vec<Cidr> {
+/// The TCP clients let in: `--allow`, or by default everyone when TLS is required and this
+/// host's own addresses otherwise.
+fn allowed(args: &ServeArgs, tls: Option<&Tls>) -> Vec<Cidr> {
     if args.allow.iter().any(|a| matches!(a, AllowArg::All)) {
+        return Vec::new();
+    }
+    if args.allow.is_empty() && tls.is_some_and(|t| t.mode() == TlsMode::Require) {
         return Vec::new();
     }
     if !args.allow.is_empty() {
@@ -334,6 +381,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
         );
     }
     let exports = Exports::new(entries).map_err(anyhow::Error::msg)?;
+    let tls = tls(args)?;
     let channels = channel_specs(&topology, args.channels);
     let config = ServerConfig {
         submit: match args.submit {
@@ -344,15 +392,25 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
         max_connections: args.max_connections as usize,
         max_negotiating: args.max_negotiating as usize,
         max_per_peer: args.max_connections_per_peer as usize,
-        allow: allowed(args),
+        allow: allowed(args, tls.as_ref()),
+        tls,
         handshake_timeout: Duration::from_secs(args.handshake_timeout),
         ..ServerConfig::default()
     };
+    let config_requires_tls = config
+        .tls
+        .as_ref()
+        .is_some_and(|t| t.mode() == TlsMode::Require);
+    let tls_said = config.tls.as_ref().map(|t| match t.mode() {
+        TlsMode::On => "TLS optional",
+        TlsMode::Require => "TLS required",
+    });
     let mut server = Server::new(config, exports, channels, nic_nodes(&topology));
     let mut places = Vec::new();
     for listener in &listeners {
         if let Listener::Tcp(l) = listener
             && args.allow.is_empty()
+            && !config_requires_tls
             && l.local_addr().is_ok_and(|a| !a.ip().is_loopback())
         {
             eprintln!(
@@ -387,14 +445,15 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
         })
         .collect();
     eprintln!(
-        "locus: serving {} on {} with {} ({} submission); stop with Ctrl-C or SIGTERM",
+        "locus: serving {} on {} with {} ({} submission{}); stop with Ctrl-C or SIGTERM",
         described.join(", "),
         places.join(", "),
         describe_channels(&server.channels()),
         match args.submit {
             SubmitArg::Inline => "inline",
             SubmitArg::Queued => "queued",
-        }
+        },
+        tls_said.map_or_else(String::new, |t| format!(", {t}"))
     );
 
     let stop = Arc::new(AtomicBool::new(false));
