@@ -301,6 +301,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
             bail!("export name {:?} is given twice", spec.name());
         }
     }
+    let tls = tls(args)?;
     let listeners = listeners(args)?;
     // Until the server owns the listeners (and removes their socket files when it stops), a
     // failed start removes the socket files it created.
@@ -381,7 +382,6 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
         );
     }
     let exports = Exports::new(entries).map_err(anyhow::Error::msg)?;
-    let tls = tls(args)?;
     let channels = channel_specs(&topology, args.channels);
     let config = ServerConfig {
         submit: match args.submit {

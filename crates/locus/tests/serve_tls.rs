@@ -1,0 +1,371 @@
+//! `locus serve --tls`: TLS with X.509 credentials, checked with real clients (libnbd's
+//! nbdinfo, nbdcopy and nbdsh with `nbds://` URIs, and qemu-img with `tls-creds-x509`), on
+//! credentials the test makes with `openssl`.
+
+mod common;
+
+use common::{client, require, run, text};
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A CA, a server certificate for `localhost`/127.0.0.1 signed by it (in `server/`), and two
+/// client directories: `client/` with a client certificate the CA signed, `anonymous/` with
+/// the CA's certificate only.
+struct Credentials {
+    dir: tempfile::TempDir,
+}
+
+impl Credentials {
+    fn make() -> Credentials {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let script = r"
+set -e
+openssl req -x509 -newkey rsa:2048 -nodes -keyout ca-key.pem -out ca-cert.pem -days 2 -subj '/CN=locus test CA'
+mkdir server client anonymous stranger
+openssl req -newkey rsa:2048 -nodes -keyout server/server-key.pem -out server.csr -subj '/CN=localhost'
+printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' > server.ext
+openssl x509 -req -in server.csr -CA ca-cert.pem -CAkey ca-key.pem -CAcreateserial -out server/server-cert.pem -days 2 -extfile server.ext
+openssl req -newkey rsa:2048 -nodes -keyout client/client-key.pem -out client.csr -subj '/CN=client'
+printf 'extendedKeyUsage=clientAuth\n' > client.ext
+openssl x509 -req -in client.csr -CA ca-cert.pem -CAkey ca-key.pem -CAcreateserial -out client/client-cert.pem -days 2 -extfile client.ext
+cp ca-cert.pem server/ && cp ca-cert.pem client/ && cp ca-cert.pem anonymous/
+# A client certificate from a CA the server does not know.
+openssl req -x509 -newkey rsa:2048 -nodes -keyout stranger/client-key.pem -out stranger/client-cert.pem -days 2 -subj '/CN=stranger'
+cp ca-cert.pem stranger/
+";
+        let output = Command::new("sh")
+            .args(["-c", script])
+            .current_dir(dir.path())
+            .output()
+            .expect("run openssl");
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        Credentials { dir }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+struct Serve {
+    child: Child,
+    log: PathBuf,
+    port: u16,
+    _volume: tempfile::TempDir,
+}
+
+impl Serve {
+    fn start(args: &[&str]) -> Serve {
+        let volume = tempfile::tempdir_in("/dev/shm").expect("volume directory");
+        let format = Command::new(env!("CARGO_BIN_EXE_locus"))
+            .args(["format", "--volume", volume.path().to_str().unwrap()])
+            .arg("--emulate=256M")
+            .output()
+            .expect("run locus format");
+        assert!(format.status.success(), "{}", text(&format.stderr));
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let log = volume.path().join("serve.log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_locus"))
+            .args(["serve", "--volume", volume.path().to_str().unwrap()])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--default-size", "16M"])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("start locus serve");
+        common::wait_until_serving(&mut child, &log, Duration::from_secs(60));
+        Serve {
+            child,
+            log,
+            port,
+            _volume: volume,
+        }
+    }
+
+    /// An `nbds://` URI whose client credentials are in `dir`.
+    fn tls_uri(&self, dir: &Path) -> String {
+        format!(
+            "nbds://localhost:{}?tls-certificates={}",
+            self.port,
+            dir.display()
+        )
+    }
+
+    fn plain_uri(&self) -> String {
+        format!("nbd://localhost:{}", self.port)
+    }
+
+    /// qemu's JSON image name for the export over TLS, with `--object` credentials `tls0`.
+    fn qemu_image(&self) -> String {
+        format!(
+            r#"json:{{"driver":"nbd","host":"localhost","port":"{}","tls-creds":"tls0"}}"#,
+            self.port
+        )
+    }
+
+    /// SIGTERM; the exit status and the log.
+    fn stop(mut self) -> (std::process::ExitStatus, String) {
+        run("kill", &["-TERM", &self.child.id().to_string()]);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "locus serve did not stop");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        (
+            status,
+            std::fs::read_to_string(&self.log).unwrap_or_default(),
+        )
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether the `openssl` command is here to make credentials (`.ci/run` installs it).
+fn have_openssl() -> bool {
+    let found = Command::new("openssl")
+        .arg("version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        found || std::env::var_os("CI").is_none(),
+        "openssl is missing; .ci/run installs it"
+    );
+    found
+}
+
+fn output(program: &str, args: &[&str]) -> Output {
+    client(program).args(args).output().expect("run a client")
+}
+
+fn random_file(path: &Path, bytes: usize) -> Vec<u8> {
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let data: Vec<u8> = (0..bytes)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    std::fs::write(path, &data).unwrap();
+    data
+}
+
+/// The default with credentials is `--tls require`: data moves intact over TLS for libnbd and
+/// qemu, and a plain client is told TLS is required.
+#[test]
+fn data_moves_intact_over_tls_and_plain_clients_are_refused() {
+    if !require(&["nbdinfo", "nbdcopy", "nbdsh", "qemu-img"]) || !have_openssl() {
+        return;
+    }
+    let credentials = Credentials::make();
+    let server = Serve::start(&[
+        "--tls-certificates",
+        credentials.path("server").to_str().unwrap(),
+    ]);
+    let uri = server.tls_uri(&credentials.path("anonymous"));
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("in.img");
+    let data = random_file(&image, 16 << 20);
+    run("nbdcopy", &[image.to_str().unwrap(), &uri]);
+    let back = work.path().join("out.img");
+    run("nbdcopy", &[&uri, back.to_str().unwrap()]);
+    assert!(std::fs::read(&back).unwrap() == data, "nbdcopy round trip");
+    // Small and unaligned requests, and one as large as the protocol allows.
+    let script = r"
+import os
+h.pwrite(b'abc', 4097)
+assert h.pread(5, 4096) == bytes([data_at_4096]) + b'abc' + bytes([data_at_4100])
+h.pwrite(b'\x5a' * (32 << 20 >> 1), 0)
+assert h.pread(16 << 20, 0) == b'\x5a' * (16 << 20)
+h.zero(1 << 20, 4096)
+assert h.pread(1 << 20, 4096) == bytes(1 << 20)
+h.flush()
+print('ok')
+"
+    .replace("data_at_4096", &data[4096].to_string())
+    .replace("data_at_4100", &data[4100].to_string());
+    let sh = output(
+        "nbdsh",
+        &[
+            "-c",
+            "h.set_uri_allow_local_file(True)",
+            "-c",
+            &format!("h.connect_uri({uri:?})"),
+            "-c",
+            &script,
+        ],
+    );
+    assert!(sh.status.success(), "{}", text(&sh.stderr));
+    assert_eq!(text(&sh.stdout).trim(), "ok");
+    // qemu-img over TLS sees what nbdsh wrote.
+    let expected = work.path().join("expected.img");
+    let mut model = vec![0x5au8; 16 << 20];
+    model[4096..4096 + (1 << 20)].fill(0);
+    std::fs::write(&expected, &model).unwrap();
+    let creds = format!(
+        "tls-creds-x509,id=tls0,dir={},endpoint=client",
+        credentials.path("anonymous").display()
+    );
+    run(
+        "qemu-img",
+        &[
+            "compare",
+            "--object",
+            &creds,
+            &server.qemu_image(),
+            expected.to_str().unwrap(),
+        ],
+    );
+    // Plain text is refused, with the reason.
+    let plain = client("nbdinfo")
+        .arg(server.plain_uri())
+        .env("LIBNBD_DEBUG", "1")
+        .output()
+        .unwrap();
+    assert!(!plain.status.success(), "a plain client was served");
+    assert!(
+        text(&plain.stderr).contains("requires TLS"),
+        "{}",
+        text(&plain.stderr)
+    );
+    let (status, log) = server.stop();
+    assert!(status.success(), "{log}");
+    assert!(log.contains("TLS required"), "{log}");
+}
+
+/// `--tls-verify-peer`: only clients with a certificate the CA signed get in; a failed TLS
+/// handshake is a warning naming the client. With `--tls on`, plain clients are still served.
+#[test]
+fn client_certificates_are_checked_when_asked() {
+    if !require(&["nbdinfo", "qemu-img"]) || !have_openssl() {
+        return;
+    }
+    let credentials = Credentials::make();
+    let server = Serve::start(&[
+        "--tls",
+        "on",
+        "--tls-certificates",
+        credentials.path("server").to_str().unwrap(),
+        "--tls-verify-peer",
+    ]);
+    let size = (16u64 << 20).to_string();
+    let signed = output(
+        "nbdinfo",
+        &["--size", &server.tls_uri(&credentials.path("client"))],
+    );
+    assert!(signed.status.success(), "{}", text(&signed.stderr));
+    assert_eq!(text(&signed.stdout).trim(), size);
+    let creds = format!(
+        "tls-creds-x509,id=tls0,dir={},endpoint=client",
+        credentials.path("client").display()
+    );
+    let info = run(
+        "qemu-img",
+        &["info", "--object", &creds, &server.qemu_image()],
+    );
+    assert!(
+        text(&info.stdout).contains("16 MiB"),
+        "{}",
+        text(&info.stdout)
+    );
+    for who in ["anonymous", "stranger"] {
+        let refused = output(
+            "nbdinfo",
+            &["--size", &server.tls_uri(&credentials.path(who))],
+        );
+        assert!(!refused.status.success(), "{who} was served");
+    }
+    // --tls on: plain text is still served.
+    let plain = output("nbdinfo", &["--size", &server.plain_uri()]);
+    assert!(plain.status.success(), "{}", text(&plain.stderr));
+    let (status, log) = server.stop();
+    assert!(status.success(), "{log}");
+    let warnings = log
+        .lines()
+        .filter(|l| {
+            l.contains("WARN") && l.contains("TLS handshake failed") && l.contains("127.0.0.1:")
+        })
+        .count();
+    assert_eq!(warnings, 2, "{log}");
+}
+
+#[test]
+fn bad_tls_settings_fail_to_start_with_a_reason() {
+    if !have_openssl() {
+        return;
+    }
+    let credentials = Credentials::make();
+    let volume = tempfile::tempdir_in("/dev/shm").unwrap();
+    let empty = tempfile::tempdir().unwrap();
+    let garbled = tempfile::tempdir().unwrap();
+    std::fs::write(garbled.path().join("server-cert.pem"), "not a certificate").unwrap();
+    std::fs::copy(
+        credentials.path("server/server-key.pem"),
+        garbled.path().join("server-key.pem"),
+    )
+    .unwrap();
+    let mismatched = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        credentials.path("server/server-cert.pem"),
+        mismatched.path().join("server-cert.pem"),
+    )
+    .unwrap();
+    std::fs::copy(
+        credentials.path("client/client-key.pem"),
+        mismatched.path().join("server-key.pem"),
+    )
+    .unwrap();
+    let server_dir = credentials.path("server");
+    let server_dir = server_dir.to_str().unwrap();
+    for (args, says) in [
+        (vec!["--tls", "on"], "--tls needs --tls-certificates"),
+        (
+            vec!["--tls", "off", "--tls-certificates", server_dir],
+            "exclude each other",
+        ),
+        (
+            vec!["--tls-certificates", empty.path().to_str().unwrap()],
+            "server-cert.pem",
+        ),
+        (
+            vec!["--tls-certificates", garbled.path().to_str().unwrap()],
+            "no PEM certificate",
+        ),
+        (
+            vec!["--tls-certificates", mismatched.path().to_str().unwrap()],
+            "do not make a usable certificate and key",
+        ),
+        (vec!["--tls-verify-peer"], "--tls-certificates"),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_locus"))
+            .args(["serve", "--volume", volume.path().to_str().unwrap()])
+            .args(["--listen", "127.0.0.1:0"])
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{args:?} started");
+        assert!(
+            text(&output.stderr).contains(says),
+            "{args:?}: {}",
+            text(&output.stderr)
+        );
+    }
+}
