@@ -369,3 +369,76 @@ fn bad_tls_settings_fail_to_start_with_a_reason() {
         );
     }
 }
+
+/// `locus tls-credentials` makes what `--tls-certificates` and libnbd/qemu clients need,
+/// client certificate included, and never replaces existing files.
+#[test]
+fn credentials_made_by_locus_work_with_real_clients() {
+    if !require(&["nbdinfo", "qemu-img"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let made = dir.path().join("tls");
+    let locus = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_locus"))
+            .arg("tls-credentials")
+            .arg(&made)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let first = locus(&["--name", "localhost", "--days", "3"]);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    use std::os::unix::fs::PermissionsExt;
+    for key in ["server/server-key.pem", "client/client-key.pem"] {
+        let mode = std::fs::metadata(made.join(key))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{key}");
+    }
+    let again = locus(&[]);
+    assert!(
+        !again.status.success(),
+        "existing credentials were replaced"
+    );
+    assert!(
+        text(&again.stderr).contains("never replaced"),
+        "{}",
+        text(&again.stderr)
+    );
+    let server = Serve::start(&[
+        "--tls-certificates",
+        made.join("server").to_str().unwrap(),
+        "--tls-verify-peer",
+    ]);
+    let info = output(
+        "nbdinfo",
+        &["--size", &server.tls_uri(&made.join("client"))],
+    );
+    assert!(info.status.success(), "{}", text(&info.stderr));
+    assert_eq!(text(&info.stdout).trim(), (16u64 << 20).to_string());
+    let creds = format!(
+        "tls-creds-x509,id=tls0,dir={},endpoint=client",
+        made.join("client").display()
+    );
+    run(
+        "qemu-img",
+        &["info", "--object", &creds, &server.qemu_image()],
+    );
+    // Only the client directory's certificate gets in.
+    let anonymous = dir.path().join("anonymous");
+    std::fs::create_dir(&anonymous).unwrap();
+    std::fs::copy(
+        made.join("client/ca-cert.pem"),
+        anonymous.join("ca-cert.pem"),
+    )
+    .unwrap();
+    let refused = output("nbdinfo", &["--size", &server.tls_uri(&anonymous)]);
+    assert!(
+        !refused.status.success(),
+        "a client without a certificate was served"
+    );
+    let (status, log) = server.stop();
+    assert!(status.success(), "{log}");
+}

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod cache;
+pub mod credentials;
 pub mod format;
 pub mod fsck;
 pub mod mount;

@@ -18,7 +18,10 @@ use crate::size::{format_bytes, parse_size};
 /// skipped with a note. Every export is filled before the read cases, so reads return data,
 /// not holes. The servers run side by side: each case runs on every server in turn, --rounds
 /// times, and the median run is reported, so a shared machine's drift hits all of them
-/// alike. Prints IOPS, GB/s and locus's ratio to each other server.
+/// alike. Prints IOPS, GB/s and locus's ratio to each other server. With --tls, locus and
+/// nbdkit also run with TLS required (`locus+tls`, `nbdkit-memory+tls`): TLS engines are
+/// compared with locus+tls, and locus+tls with plain locus ("TLS 0.80x": its share of plain
+/// throughput).
 ///
 /// locus serves a fresh volume in /dev/shm (removed afterwards), with every write durable
 /// before its reply; nbdkit's memory plugin keeps data in DRAM, qemu-nbd in the page cache
@@ -52,6 +55,12 @@ pub struct NbdBenchArgs {
     /// locus serve's submission: inline or queued.
     #[arg(long, default_value = "inline")]
     submit: String,
+
+    /// Also measure TLS: locus serve and nbdkit memory with TLS required (credentials made
+    /// for the run), as engines `locus+tls` and `nbdkit-memory+tls`, so the table shows what
+    /// TLS costs each and how the two compare.
+    #[arg(long)]
+    tls: bool,
 }
 
 /// Starts one server.
@@ -85,6 +94,9 @@ pub(super) struct Running {
     pub(super) port: u16,
     pub(super) durable: bool,
     /// Dropped after the child is reaped (fields drop after `drop`'s body).
+    /// With TLS: the HOME whose `.pki/libnbd` holds the CA certificate clients check the
+    /// server with (libnbd's default place; fio's URIs may not name local files).
+    pub(super) tls_home: Option<std::path::PathBuf>,
     pub(super) _pid: super::cleanup::ChildPid,
     pub(super) _scratch: Option<super::cleanup::Scratch>,
 }
@@ -130,6 +142,7 @@ impl Running {
             child,
             port,
             durable,
+            tls_home: None,
             _scratch: scratch,
         };
         wait_for(&mut running)?;
@@ -165,42 +178,76 @@ fn wait_for(running: &mut Running) -> Result<()> {
     Ok(())
 }
 
-fn start_locus(submit: &str) -> Result<Running> {
+/// TLS credentials for one run: the server's directory and a HOME for clients.
+struct Credentials {
+    server: std::path::PathBuf,
+    home: std::path::PathBuf,
+    _scratch: super::cleanup::Scratch,
+}
+
+impl Credentials {
+    fn make() -> Result<Self> {
+        let scratch = super::cleanup::Scratch::shm_dir("locus-bench-nbd-tls")?;
+        let dir = scratch.path().to_owned();
+        crate::commands::credentials::make(&dir.join("made"), &["localhost".to_owned()], 2)?;
+        let pki = dir.join("home/.pki/libnbd");
+        std::fs::create_dir_all(&pki)?;
+        std::fs::copy(dir.join("made/client/ca-cert.pem"), pki.join("ca-cert.pem"))?;
+        Ok(Self {
+            server: dir.join("made/server"),
+            home: dir.join("home"),
+            _scratch: scratch,
+        })
+    }
+}
+
+fn start_locus(submit: &str, tls: Option<&Credentials>) -> Result<Running> {
     let scratch = super::cleanup::Scratch::shm_dir("locus-bench-nbd")?;
     let dir = scratch.path().to_owned();
     let port = free_port()?;
     let exe = std::env::current_exe().context("finding the locus binary")?;
-    Running::start(
-        "locus",
-        Command::new(exe)
-            .args(["serve", "--volume", dir.to_str().unwrap_or_default()])
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--default-size", &EXPORT_BYTES.to_string()])
-            .args(["--submit", submit])
-            .stderr(Stdio::null()),
-        port,
-        true,
-        Some(scratch),
-    )
+    let mut command = Command::new(exe);
+    command
+        .args(["serve", "--volume", dir.to_str().unwrap_or_default()])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--default-size", &EXPORT_BYTES.to_string()])
+        .args(["--submit", submit])
+        .stderr(Stdio::null());
+    if let Some(tls) = tls {
+        command.arg("--tls-certificates").arg(&tls.server);
+    }
+    let engine = if tls.is_some() { "locus+tls" } else { "locus" };
+    let mut running = Running::start(engine, &mut command, port, true, Some(scratch))?;
+    running.tls_home = tls.map(|t| t.home.clone());
+    Ok(running)
 }
 
-fn start_nbdkit() -> Result<Running> {
+fn start_nbdkit(tls: Option<&Credentials>) -> Result<Running> {
     let port = free_port()?;
-    Running::start(
-        "nbdkit-memory",
-        Command::new("nbdkit")
-            .args([
-                "--foreground",
-                "--exit-with-parent",
-                "-p",
-                &port.to_string(),
-            ])
-            .args(["--ipaddr", "127.0.0.1", "memory", &EXPORT_BYTES.to_string()])
-            .stderr(Stdio::null()),
-        port,
-        false,
-        None,
-    )
+    let mut command = Command::new("nbdkit");
+    command
+        .args([
+            "--foreground",
+            "--exit-with-parent",
+            "-p",
+            &port.to_string(),
+        ])
+        .args(["--ipaddr", "127.0.0.1"])
+        .stderr(Stdio::null());
+    if let Some(tls) = tls {
+        command
+            .arg("--tls=require")
+            .arg(format!("--tls-certificates={}", tls.server.display()));
+    }
+    command.args(["memory", &EXPORT_BYTES.to_string()]);
+    let engine = if tls.is_some() {
+        "nbdkit-memory+tls"
+    } else {
+        "nbdkit-memory"
+    };
+    let mut running = Running::start(engine, &mut command, port, false, None)?;
+    running.tls_home = tls.map(|t| t.home.clone());
+    Ok(running)
 }
 
 fn start_qemu_nbd() -> Result<Running> {
@@ -230,18 +277,27 @@ fn start_qemu_nbd() -> Result<Running> {
 }
 
 fn fio(
-    port: u16,
+    server: &Running,
     rw: &str,
     bs: u64,
     size: u64,
     iodepth: u32,
     seconds: Option<f64>,
 ) -> Result<serde_json::Value> {
+    let port = server.port;
     let mut command = Command::new("fio");
+    let uri = match &server.tls_home {
+        // The name the certificate carries.
+        Some(home) => {
+            command.env("HOME", home);
+            format!("--uri=nbds://localhost:{port}/")
+        }
+        None => format!("--uri=nbd://127.0.0.1:{port}/"),
+    };
     command.args([
         "--name=locus-bench-nbd",
         "--ioengine=nbd",
-        &format!("--uri=nbd://127.0.0.1:{port}/"),
+        &uri,
         &format!("--rw={rw}"),
         &format!("--bs={bs}"),
         &format!("--iodepth={iodepth}"),
@@ -285,9 +341,31 @@ pub fn run(args: &NbdBenchArgs) -> Result<()> {
     }
     let mut starters: Vec<(&str, Starter)> = Vec::new();
     let submit = args.submit.clone();
-    starters.push(("locus", Box::new(move || start_locus(&submit))));
+    starters.push(("locus", Box::new(move || start_locus(&submit, None))));
+    let credentials = if args.tls {
+        Some(std::rc::Rc::new(
+            Credentials::make().context("making TLS credentials")?,
+        ))
+    } else {
+        None
+    };
+    if let Some(credentials) = &credentials {
+        let submit = args.submit.clone();
+        let credentials = std::rc::Rc::clone(credentials);
+        starters.push((
+            "locus+tls",
+            Box::new(move || start_locus(&submit, Some(&credentials))),
+        ));
+    }
     if installed("nbdkit") {
-        starters.push(("nbdkit-memory", Box::new(start_nbdkit)));
+        starters.push(("nbdkit-memory", Box::new(|| start_nbdkit(None))));
+        if let Some(credentials) = &credentials {
+            let credentials = std::rc::Rc::clone(credentials);
+            starters.push((
+                "nbdkit-memory+tls",
+                Box::new(move || start_nbdkit(Some(&credentials))),
+            ));
+        }
     } else {
         eprintln!("note: nbdkit is not installed; skipping nbdkit memory (Debian: nbdkit)");
     }
@@ -300,7 +378,7 @@ pub fn run(args: &NbdBenchArgs) -> Result<()> {
     for (name, start) in &starters {
         let server = start().with_context(|| format!("starting {name}"))?;
         // Fill the region once so that reads find data.
-        fio(server.port, "write", 1 << 20, args.size, args.iodepth, None)
+        fio(&server, "write", 1 << 20, args.size, args.iodepth, None)
             .with_context(|| format!("filling {name}'s export"))?;
         servers.push(server);
     }
@@ -335,15 +413,8 @@ pub fn run(args: &NbdBenchArgs) -> Result<()> {
 
 /// One timed fio run of `op` at `bs` against `server`.
 fn run_case(server: &Running, op: &'static str, bs: u64, args: &NbdBenchArgs) -> Result<Case> {
-    let doc = fio(
-        server.port,
-        op,
-        bs,
-        args.size,
-        args.iodepth,
-        Some(args.seconds),
-    )
-    .with_context(|| format!("{op} {bs} on {}", server.engine))?;
+    let doc = fio(server, op, bs, args.size, args.iodepth, Some(args.seconds))
+        .with_context(|| format!("{op} {bs} on {}", server.engine))?;
     let side = &doc["jobs"][0][if op == "randread" { "read" } else { "write" }];
     let bytes_per_sec = side["bw_bytes"].as_f64().unwrap_or(0.0);
     Ok(Case {
@@ -388,7 +459,7 @@ fn print_table(cases: &[Case], args: &NbdBenchArgs) -> Result<()> {
         args.submit
     );
     outln!(
-        "{:<10} {:>6} {:<14} {:>10} {:>8} {:>13} {:>9} {:>9} {:>11}",
+        "{:<10} {:>6} {:<18} {:>10} {:>8} {:>13} {:>9} {:>9} {:>11}",
         "op",
         "bs",
         "engine",
@@ -400,17 +471,32 @@ fn print_table(cases: &[Case], args: &NbdBenchArgs) -> Result<()> {
         "locus vs"
     );
     for case in cases {
-        let locus = cases
-            .iter()
-            .find(|c| c.engine == "locus" && c.op == case.op && c.bs_bytes == case.bs_bytes);
-        let ratio = match locus {
-            Some(l) if case.engine != "locus" && case.bytes_per_sec > 0.0 => {
-                format!("{:.2}x", l.bytes_per_sec / case.bytes_per_sec)
+        // TLS engines are compared with locus over TLS; locus over TLS with plain locus
+        // (what TLS costs it).
+        let base = match case.engine {
+            "locus+tls" => None,
+            e if e.ends_with("+tls") => Some("locus+tls"),
+            _ => Some("locus"),
+        };
+        let find = |engine: &str| {
+            cases
+                .iter()
+                .find(|c| c.engine == engine && c.op == case.op && c.bs_bytes == case.bs_bytes)
+        };
+        let ratio = match (base, find("locus")) {
+            (Some(base), _) if case.engine != base => match find(base) {
+                Some(l) if case.bytes_per_sec > 0.0 => {
+                    format!("{:.2}x", l.bytes_per_sec / case.bytes_per_sec)
+                }
+                _ => String::new(),
+            },
+            (None, Some(plain)) if plain.bytes_per_sec > 0.0 => {
+                format!("TLS {:.2}x", case.bytes_per_sec / plain.bytes_per_sec)
             }
             _ => String::new(),
         };
         outln!(
-            "{:<10} {:>6} {:<14} {:>10.0} {:>8.2} {:>13} {:>9.1} {:>9} {:>11}",
+            "{:<10} {:>6} {:<18} {:>10.0} {:>8.2} {:>13} {:>9.1} {:>9} {:>11}",
             case.op,
             super::short_size(case.bs_bytes),
             case.engine,
