@@ -1503,3 +1503,168 @@ fn bad_exports_and_busy_addresses_fail_to_start_with_a_reason() {
         text(&output.stderr)
     );
 }
+
+/// Parses Prometheus text with Prometheus's own Python parser; prints `name{labels} value`
+/// per sample, labels sorted, so the test can look samples up.
+const PARSE_METRICS: &str = r#"
+import sys
+from prometheus_client.parser import text_string_to_metric_families
+for family in text_string_to_metric_families(sys.stdin.read()):
+    for s in family.samples:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+        print(f"{family.type} {s.name}{{{labels}}} {s.value}")
+"#;
+
+/// `--metrics`: curl gets Prometheus text that Prometheus's parser reads, and the counters
+/// agree with what the client did.
+#[test]
+fn metrics_are_prometheus_text_that_counts_what_clients_did() {
+    if !require(&["nbdsh", "curl"]) {
+        return;
+    }
+    let dir = volume();
+    let port = free_port().to_string();
+    let address = format!("127.0.0.1:{port}");
+    let server = Serve::start(
+        dir.path(),
+        &[
+            "--export",
+            "a=fs:/a.img,size=8M",
+            "--export",
+            "b=fs:/b.img,size=8M",
+            "--metrics",
+            &address,
+        ],
+    );
+    let script = "
+for i in range(10):
+    h.pwrite(b'w' * 8192, i * 8192)
+for i in range(3):
+    h.pread(4096, 0)
+h.set_strict_mode(0)  # let the server judge the out-of-range read
+try:
+    h.pread(4096, 8 << 20)
+except nbd.Error:
+    pass
+h.flush()
+";
+    let sh = run_unchecked("nbdsh", &["-u", &server.uri("b"), "-c", script]);
+    assert!(sh.status.success(), "{}", text(&sh.stderr));
+    let scrape = run("curl", &["-sSf", &format!("http://{address}/metrics")]);
+    let parse = client("python3")
+        .args(["-c", PARSE_METRICS])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    parse
+        .stdin
+        .as_ref()
+        .unwrap()
+        .write_all(&scrape.stdout)
+        .unwrap();
+    let parsed = parse.wait_with_output().unwrap();
+    assert!(
+        parsed.status.success(),
+        "Prometheus's parser refused the text: {}\n{}",
+        text(&parsed.stderr),
+        text(&scrape.stdout)
+    );
+    let samples = text(&parsed.stdout);
+    let value = |kind: &str, sample: &str| -> f64 {
+        let line = samples
+            .lines()
+            .find(|l| {
+                l.strip_prefix(kind)
+                    .and_then(|l| l.strip_prefix(' '))
+                    .is_some_and(|l| l.starts_with(sample) && l[sample.len()..].starts_with(' '))
+            })
+            .unwrap_or_else(|| panic!("no {kind} sample {sample} in:\n{samples}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let b = "channel=0,export=b";
+    assert_eq!(
+        value(
+            "counter",
+            &format!("locus_nbd_requests_total{{{b},kind=write,node=0}}")
+        ),
+        10.0
+    );
+    assert_eq!(
+        value(
+            "counter",
+            &format!("locus_nbd_requests_total{{{b},kind=read,node=0}}")
+        ),
+        3.0
+    );
+    assert_eq!(
+        value(
+            "counter",
+            &format!("locus_nbd_written_bytes_total{{{b},node=0}}")
+        ),
+        81920.0
+    );
+    assert_eq!(
+        value(
+            "counter",
+            &format!("locus_nbd_read_bytes_total{{{b},node=0}}")
+        ),
+        12288.0
+    );
+    assert_eq!(
+        value(
+            "counter",
+            &format!("locus_nbd_request_errors_total{{{b},node=0}}")
+        ),
+        1.0
+    );
+    // FLUSH (and the disconnect's nothing) are "other".
+    assert_eq!(
+        value(
+            "counter",
+            &format!("locus_nbd_requests_total{{{b},kind=other,node=0}}")
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            "counter",
+            "locus_nbd_requests_total{channel=0,export=a,kind=write,node=0}"
+        ),
+        0.0
+    );
+    // The histogram holds every request once.
+    assert_eq!(
+        value(
+            "histogram",
+            &format!("locus_nbd_request_duration_seconds_count{{{b},node=0}}")
+        ),
+        15.0
+    );
+    assert_eq!(
+        value(
+            "histogram",
+            &format!("locus_nbd_request_duration_seconds_bucket{{{b},le=+Inf,node=0}}")
+        ),
+        15.0
+    );
+    assert!(
+        value(
+            "histogram",
+            &format!("locus_nbd_request_duration_seconds_sum{{{b},node=0}}")
+        ) > 0.0
+    );
+    assert_eq!(
+        value("counter", "locus_nbd_connections_total{channel=0,node=0}"),
+        1.0
+    );
+    let free = value("gauge", "locus_volume_free_bytes{}");
+    let capacity = value("gauge", "locus_volume_capacity_bytes{}");
+    assert!(free > 0.0 && free < capacity, "free {free} of {capacity}");
+    // Anything but /metrics is a 404.
+    let other = run_unchecked("curl", &["-sSf", &format!("http://{address}/other")]);
+    assert!(!other.status.success());
+    let (status, log) = server.stop();
+    assert!(status.success(), "{log}");
+}

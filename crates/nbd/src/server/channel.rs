@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use super::conn::{Conn, complete};
 use super::export::{Export, ExportError};
-use super::stats::{Counters, Snapshot};
+use super::stats::{Counters, RequestCounters, RequestSnapshot, Snapshot};
 use crate::request::Request;
 
 /// Where a channel runs: a node and the CPUs its threads are pinned to.
@@ -44,6 +44,8 @@ pub(crate) struct Channel<E: Export> {
     pub(crate) id: usize,
     pub(crate) spec: ChannelSpec,
     pub(crate) counters: Counters,
+    /// Requests by export (in the server's export order), on this channel.
+    pub(crate) by_export: Box<[RequestCounters]>,
     queue: Mutex<Queue<E>>,
     ready: Condvar,
 }
@@ -58,11 +60,12 @@ impl<E: Export> std::fmt::Debug for Channel<E> {
 }
 
 impl<E: Export> Channel<E> {
-    pub(crate) fn new(id: usize, spec: ChannelSpec) -> Self {
+    pub(crate) fn new(id: usize, spec: ChannelSpec, exports: usize) -> Self {
         Self {
             id,
             spec,
             counters: Counters::default(),
+            by_export: (0..exports).map(|_| RequestCounters::default()).collect(),
             queue: Mutex::new(Queue {
                 jobs: VecDeque::new(),
                 closed: false,
@@ -135,5 +138,12 @@ impl<E: Export> Channel<E> {
 
     pub(crate) fn snapshot(&self) -> Snapshot {
         self.counters.snapshot()
+    }
+
+    pub(crate) fn export_snapshots(&self) -> Vec<RequestSnapshot> {
+        self.by_export
+            .iter()
+            .map(RequestCounters::snapshot)
+            .collect()
     }
 }

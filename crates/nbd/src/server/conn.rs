@@ -145,6 +145,7 @@ pub(crate) fn serve<E: Export>(
                 1
             },
         },
+        export_index: shared.exports.position(&negotiated.name).unwrap_or(0),
         export: negotiated.export,
         channel: Arc::clone(channel),
         writer: Mutex::new(writer),
@@ -403,6 +404,8 @@ fn protocol(e: NbdError) -> End {
 pub(crate) struct Conn<E: Export> {
     limits: Limits,
     export: Arc<E>,
+    /// The export's place in the server's list (its counters on the channel).
+    export_index: usize,
     pub(crate) channel: Arc<Channel<E>>,
     writer: Mutex<Stream>,
     /// Inline submission holds small replies back while more requests are already queued
@@ -453,6 +456,13 @@ fn payload_bytes(request: &Request) -> usize {
 }
 
 impl<E: Export> Conn<E> {
+    /// Counts a finished request on the channel and under its export.
+    fn record(&self, request: &Request, ok: bool, latency: std::time::Duration) {
+        let (command, length) = (request.command, request.length);
+        self.channel.counters.request(command, length, ok, latency);
+        self.channel.by_export[self.export_index].record(command, length, ok, latency);
+    }
+
     fn wait_idle(&self) {
         let mut n = self.backlog.lock().expect("backlog");
         while n.requests > 0 {
@@ -624,12 +634,7 @@ fn transmission<E: Export>(shared: &Shared<E>, conn: &Arc<Conn<E>>, stream: &mut
                     return End::Io(e);
                 }
                 conn.reply_error(&request, &ExportError::new(errno, message));
-                conn.channel.counters.request(
-                    request.command,
-                    request.length,
-                    false,
-                    started.elapsed(),
-                );
+                conn.record(&request, false, started.elapsed());
                 continue;
             }
             Err(e) => return protocol(e),
@@ -735,12 +740,7 @@ pub(crate) fn complete<E: Export>(job: Job<E>, scratch: &mut Vec<u8>) {
         tracing::debug!(command = request.command, offset = request.offset, len = request.length, error = %e, "request failed");
         conn.reply_error(&request, e);
     }
-    conn.channel.counters.request(
-        request.command,
-        request.length,
-        result.is_ok(),
-        started.elapsed(),
-    );
+    conn.record(&request, result.is_ok(), started.elapsed());
     conn.done(&request);
 }
 

@@ -293,12 +293,29 @@ impl<E> Exports<E> {
 
     /// The export a client asked for by name; the empty name is the default export.
     pub fn find(&self, name: &str) -> Option<(&str, &Arc<E>)> {
-        let entry = if name.is_empty() {
-            self.entries.first()
+        self.position(name).map(|i| {
+            let (n, e) = &self.entries[i];
+            (n.as_str(), e)
+        })
+    }
+
+    /// Where the export `name` (the empty name: the first) is in listing order.
+    pub fn position(&self, name: &str) -> Option<usize> {
+        if name.is_empty() {
+            (!self.entries.is_empty()).then_some(0)
         } else {
-            self.entries.iter().find(|(n, _)| n == name)
-        };
-        entry.map(|(n, e)| (n.as_str(), e))
+            self.entries.iter().position(|(n, _)| n == name)
+        }
+    }
+
+    /// How many exports there are.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether there are none (never, for a server's exports).
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
     }
 
     /// Every export, in listing order.

@@ -33,7 +33,7 @@ pub use access::Cidr;
 pub use channel::ChannelSpec;
 pub use export::{Export, ExportError, Exports, Payload, ReadDebug};
 pub use net::Listener;
-pub use stats::{LATENCY_BUCKETS, RECORDED_CPUS, Snapshot};
+pub use stats::{LATENCY_BUCKETS, RECORDED_CPUS, RequestSnapshot, Snapshot};
 pub use sys::{
     Inherited, TerminationSignals, bind_unix, group_id, inherited_listeners, interface_addresses,
 };
@@ -131,6 +131,8 @@ pub struct ChannelReport {
     pub spec: ChannelSpec,
     /// Its counters.
     pub stats: Snapshot,
+    /// Its requests by export, in [`Server::export_names`] order.
+    pub exports: Vec<RequestSnapshot>,
 }
 
 pub(crate) struct Shared<E: Export> {
@@ -183,7 +185,7 @@ impl<E: Export> Server<E> {
         let channels: Vec<Arc<Channel<E>>> = channels
             .into_iter()
             .enumerate()
-            .map(|(id, spec)| Arc::new(Channel::new(id, spec)))
+            .map(|(id, spec)| Arc::new(Channel::new(id, spec, exports.len())))
             .collect();
         let workers = match config.submit {
             Submit::Inline => Vec::new(),
@@ -229,6 +231,43 @@ impl<E: Export> Server<E> {
         self.shared.reports()
     }
 
+    /// A handle that reads the server's counters from another thread.
+    pub fn monitor(&self) -> Monitor<E> {
+        Monitor(Arc::clone(&self.shared))
+    }
+}
+
+/// Reads a running server's counters (from any thread).
+pub struct Monitor<E: Export>(Arc<Shared<E>>);
+
+impl<E: Export> std::fmt::Debug for Monitor<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Monitor").finish_non_exhaustive()
+    }
+}
+
+impl<E: Export> Monitor<E> {
+    /// Every channel's counters now.
+    pub fn channels(&self) -> Vec<ChannelReport> {
+        self.0.reports()
+    }
+
+    /// The exports' names, in the order of [`ChannelReport::exports`].
+    pub fn export_names(&self) -> Vec<String> {
+        self.0.exports.iter().map(|(n, _)| n.to_owned()).collect()
+    }
+
+    /// Connections negotiating now.
+    pub fn negotiating(&self) -> usize {
+        self.0
+            .negotiating
+            .lock()
+            .expect("negotiating connections")
+            .len()
+    }
+}
+
+impl<E: Export> Server<E> {
     /// Stops accepting, ends every connection after the request it is executing (queued
     /// requests are finished and answered), stops the workers, and returns the final counters.
     pub fn shutdown(self) -> Vec<ChannelReport> {
@@ -268,6 +307,7 @@ impl<E: Export> Shared<E> {
                 id: c.id,
                 spec: c.spec.clone(),
                 stats: c.snapshot(),
+                exports: c.export_snapshots(),
             })
             .collect()
     }

@@ -194,6 +194,84 @@ impl Snapshot {
     }
 }
 
+/// One export's requests on one channel: counts, bytes, errors and latencies (the same
+/// buckets as the channel's, plus their sum for Prometheus histograms).
+#[derive(Debug, Default)]
+pub(crate) struct RequestCounters {
+    reads: AtomicU64,
+    writes: AtomicU64,
+    others: AtomicU64,
+    errors: AtomicU64,
+    read_bytes: AtomicU64,
+    written_bytes: AtomicU64,
+    latency_ns: AtomicU64,
+    latency: [AtomicU64; LATENCY_BUCKETS],
+}
+
+impl RequestCounters {
+    pub(crate) fn record(&self, cmd: u16, len: u32, ok: bool, latency: Duration) {
+        let relaxed = Ordering::Relaxed;
+        let (count, bytes) = match (cmd, ok) {
+            (command::READ, true) => (&self.reads, Some(&self.read_bytes)),
+            (command::WRITE, true) => (&self.writes, Some(&self.written_bytes)),
+            (_, true) => (&self.others, None),
+            (_, false) => (&self.errors, None),
+        };
+        count.fetch_add(1, relaxed);
+        if let Some(bytes) = bytes {
+            bytes.fetch_add(u64::from(len), relaxed);
+        }
+        let nanos = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+        self.latency_ns.fetch_add(nanos, relaxed);
+        let micros = nanos / 1000;
+        let bucket = (u64::BITS - micros.leading_zeros()) as usize;
+        self.latency[bucket.min(LATENCY_BUCKETS - 1)].fetch_add(1, relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> RequestSnapshot {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        RequestSnapshot {
+            reads: load(&self.reads),
+            writes: load(&self.writes),
+            others: load(&self.others),
+            errors: load(&self.errors),
+            read_bytes: load(&self.read_bytes),
+            written_bytes: load(&self.written_bytes),
+            latency_ns_sum: load(&self.latency_ns),
+            latency: std::array::from_fn(|i| load(&self.latency[i])),
+        }
+    }
+}
+
+/// One export's request counters on one channel at a moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RequestSnapshot {
+    /// Reads that succeeded.
+    pub reads: u64,
+    /// Writes that succeeded.
+    pub writes: u64,
+    /// Other requests that succeeded.
+    pub others: u64,
+    /// Requests answered with an error.
+    pub errors: u64,
+    /// Bytes read.
+    pub read_bytes: u64,
+    /// Bytes written.
+    pub written_bytes: u64,
+    /// Sum of every request's latency, in nanoseconds.
+    pub latency_ns_sum: u64,
+    /// Requests by latency: bucket `i` holds those under 2^i µs (and at least 2^(i-1) µs);
+    /// the last holds everything slower.
+    pub latency: [u64; LATENCY_BUCKETS],
+}
+
+impl RequestSnapshot {
+    /// Every request counted.
+    pub fn requests(&self) -> u64 {
+        self.reads + self.writes + self.others + self.errors
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,6 +303,21 @@ mod tests {
             "{:?} lacks {cpu}",
             s.cpus_used()
         );
+    }
+
+    #[test]
+    fn export_counters_count_by_kind_and_sum_latencies() {
+        let c = RequestCounters::default();
+        c.record(command::READ, 4096, true, Duration::from_micros(3));
+        c.record(command::WRITE, 512, true, Duration::from_micros(40));
+        c.record(command::WRITE, 512, false, Duration::from_micros(40));
+        c.record(command::FLUSH, 0, true, Duration::from_nanos(500));
+        let s = c.snapshot();
+        assert_eq!((s.reads, s.writes, s.others, s.errors), (1, 1, 1, 1));
+        assert_eq!((s.read_bytes, s.written_bytes), (4096, 512));
+        assert_eq!(s.latency_ns_sum, 3_000 + 40_000 + 40_000 + 500);
+        assert_eq!((s.latency[0], s.latency[2], s.latency[6]), (1, 1, 2));
+        assert_eq!(s.requests(), 4);
     }
 
     #[test]

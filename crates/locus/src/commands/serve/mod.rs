@@ -1,6 +1,7 @@
 //! `locus serve`: files of the volume's file system served over NBD, with one channel per
 //! NUMA node.
 
+mod metrics;
 mod spec;
 
 use std::io::Write as _;
@@ -173,6 +174,13 @@ pub struct ServeArgs {
     /// idle timeout: a client that trickles bytes is closed at it like a silent one.
     #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     handshake_timeout: u64,
+
+    /// Serve the counters as Prometheus text at http://ADDR:PORT/metrics (per channel and
+    /// export: requests, bytes, errors, a latency histogram; connections; checkpoint lag;
+    /// free space; cache exports' hits and write-backs). Scrapers are admitted by --allow
+    /// like NBD clients. See docs/nbd.md.
+    #[arg(long, value_name = "ADDR:PORT", value_parser = listen_address)]
+    metrics: Option<String>,
 
     /// Print every channel's counters (requests, bytes, errors, latency) every SECONDS to
     /// stderr. They are always printed once at shutdown.
@@ -383,6 +391,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
     }
     let exports = Exports::new(entries).map_err(anyhow::Error::msg)?;
     let channels = channel_specs(&topology, args.channels);
+    let allow = allowed(args, tls.as_ref());
     let config = ServerConfig {
         submit: match args.submit {
             SubmitArg::Inline => Submit::Inline,
@@ -392,7 +401,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
         max_connections: args.max_connections as usize,
         max_negotiating: args.max_negotiating as usize,
         max_per_peer: args.max_connections_per_peer as usize,
-        allow: allowed(args, tls.as_ref()),
+        allow: allow.clone(),
         tls,
         handshake_timeout: Duration::from_secs(args.handshake_timeout),
         ..ServerConfig::default()
@@ -456,6 +465,37 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
         tls_said.map_or_else(String::new, |t| format!(", {t}"))
     );
 
+    let metrics = match &args.metrics {
+        None => None,
+        Some(address) => {
+            let monitor = server.monitor();
+            let (fs_stats, space_fs) = (fs.clone(), Arc::clone(&volume));
+            let cache_list = caches.clone();
+            let sources = metrics::Sources {
+                channels: Box::new(move || {
+                    (
+                        monitor.channels(),
+                        monitor.export_names(),
+                        monitor.negotiating(),
+                    )
+                }),
+                fs: Box::new(move || fs_stats.stats()),
+                space: Box::new(move || (space_fs.data_bytes(), space_fs.free_bytes())),
+                caches: Box::new(move || {
+                    cache_list
+                        .iter()
+                        .filter_map(|(name, e)| match &**e {
+                            AnyExport::Cache(c) => Some((name.clone(), c.stats())),
+                            AnyExport::Fs(_) => None,
+                        })
+                        .collect()
+                }),
+            };
+            let running = metrics::Metrics::start(address, allow, sources)?;
+            eprintln!("locus: metrics at http://{address}/metrics");
+            Some(running)
+        }
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let signal = {
         let stop = Arc::clone(&stop);
@@ -493,6 +533,9 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
         .map_err(|_| anyhow::anyhow!("the signal thread panicked"))?
         .context("waiting for a signal")?;
     eprintln!("locus: signal {signal}: stopping — finishing requests in progress");
+    if let Some(metrics) = metrics {
+        metrics.stop();
+    }
     let reports = server.shutdown();
     print_stats("total", &reports, None, args.stats_json);
     print_cache_stats("total", &caches, args.stats_json);

@@ -1,0 +1,463 @@
+//! `locus serve --metrics ADDR:PORT`: the server's counters as Prometheus text over HTTP
+//! (`GET /metrics`), for scrapers. One thread answers one request at a time; a request must
+//! arrive within a short timeout, so a silent client delays a scrape by at most that.
+
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use nbd::server::{ChannelReport, Cidr, LATENCY_BUCKETS};
+
+/// The server's side of a scrape: every channel's counters, the export names their
+/// `exports` follow, and the connections negotiating.
+pub type ServerView = (Vec<ChannelReport>, Vec<String>, usize);
+
+/// What a scrape reports, gathered when it comes.
+pub struct Sources {
+    /// The server's counters.
+    pub channels: Box<dyn Fn() -> ServerView + Send>,
+    /// The file system's counters.
+    pub fs: Box<dyn Fn() -> fs::FsStats + Send>,
+    /// The volume's data capacity and free bytes.
+    pub space: Box<dyn Fn() -> (u64, u64) + Send>,
+    /// Each cache export's name and counters.
+    pub caches: Box<dyn Fn() -> Vec<(String, cachedev::CacheStats)> + Send>,
+}
+
+/// A running metrics endpoint; [`Metrics::stop`] ends it.
+pub struct Metrics {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// How long a client has to send its request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest request head read.
+const MAX_REQUEST_BYTES: usize = 8 << 10;
+
+impl Metrics {
+    /// Listens on `address` and serves scrapes from clients in `allow` (empty: anyone).
+    pub fn start(address: &str, allow: Vec<Cidr>, sources: Sources) -> Result<Self> {
+        let listener = TcpListener::bind(address)
+            .with_context(|| format!("--metrics {address}: listening (is it in use?)"))?;
+        listener
+            .set_nonblocking(true)
+            .context("--metrics: a non-blocking listener")?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || {
+                while !stopping.load(Ordering::Acquire) {
+                    match listener.accept() {
+                        Ok((stream, peer)) => {
+                            if !allow.is_empty() && !allow.iter().any(|c| c.contains(peer.ip())) {
+                                tracing::warn!(%peer, "metrics request refused: the address is not in --allow");
+                                continue;
+                            }
+                            if let Err(e) = answer(stream, &sources) {
+                                tracing::debug!(%peer, error = %e, "metrics request failed");
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "metrics: accept failed");
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
+                    }
+                }
+            })
+            .context("starting the metrics thread")?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops answering (before the file system closes).
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Reads one request head and answers it; the connection then closes.
+fn answer(mut stream: TcpStream, sources: &Sources) -> std::io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
+    stream.set_write_timeout(Some(REQUEST_TIMEOUT))?;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&buf[..n]);
+        if head.len() > MAX_REQUEST_BYTES {
+            return respond(
+                &mut stream,
+                "431 Request Header Fields Too Large",
+                "text/plain",
+                "request head too large\n",
+            );
+        }
+    }
+    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut words = line.split_whitespace();
+    let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    match (method, path) {
+        ("GET" | "HEAD", "/metrics") => {
+            let body = render(sources);
+            let body = if method == "HEAD" {
+                String::new()
+            } else {
+                body
+            };
+            respond(
+                &mut stream,
+                "200 OK",
+                "text/plain; version=0.0.4; charset=utf-8",
+                &body,
+            )
+        }
+        ("GET" | "HEAD", _) => respond(
+            &mut stream,
+            "404 Not Found",
+            "text/plain",
+            "locus serves its metrics at /metrics\n",
+        ),
+        _ => respond(
+            &mut stream,
+            "405 Method Not Allowed",
+            "text/plain",
+            "GET /metrics\n",
+        ),
+    }
+}
+
+fn respond(stream: &mut TcpStream, status: &str, kind: &str, body: &str) -> std::io::Result<()> {
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body.as_bytes())?;
+    stream.flush()
+}
+
+/// A label value, escaped as the text format asks.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// One metric family in Prometheus text: its help, type and samples.
+struct Family<'a> {
+    out: &'a mut String,
+}
+
+impl Family<'_> {
+    fn new<'a>(out: &'a mut String, name: &str, kind: &str, help: &str) -> Family<'a> {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        Family { out }
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, String)], value: impl std::fmt::Display) {
+        self.out.push_str(name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (key, value)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(self.out, "{key}=\"{}\"", label(value));
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {value}");
+    }
+}
+
+/// Every metric, now.
+pub fn render(sources: &Sources) -> String {
+    let (channels, exports, negotiating) = (sources.channels)();
+    let mut out = String::new();
+    let where_ = |c: &ChannelReport| {
+        vec![
+            ("channel", c.id.to_string()),
+            (
+                "node",
+                c.spec
+                    .node
+                    .map_or_else(|| "unknown".into(), |n| n.to_string()),
+            ),
+        ]
+    };
+    let per_channel = |out: &mut String,
+                       name: &str,
+                       kind: &str,
+                       help: &str,
+                       value: &dyn Fn(&ChannelReport) -> u64| {
+        let mut f = Family::new(out, name, kind, help);
+        for c in &channels {
+            f.sample(name, &where_(c), value(c));
+        }
+    };
+    per_channel(
+        &mut out,
+        "locus_nbd_connections_total",
+        "counter",
+        "Connections accepted by each channel.",
+        &|c| c.stats.connections,
+    );
+    per_channel(
+        &mut out,
+        "locus_nbd_open_connections",
+        "gauge",
+        "Connections open on each channel (negotiating or in transmission).",
+        &|c| c.stats.open_connections,
+    );
+    {
+        let mut f = Family::new(
+            &mut out,
+            "locus_nbd_negotiating_connections",
+            "gauge",
+            "Connections still negotiating (limited by --max-negotiating).",
+        );
+        f.sample("locus_nbd_negotiating_connections", &[], negotiating);
+    }
+    {
+        let name = "locus_nbd_payloads_total";
+        let mut f = Family::new(
+            &mut out,
+            name,
+            "counter",
+            "Write payloads received, by where they landed: on the channel's node, elsewhere, or with no node known.",
+        );
+        for c in &channels {
+            for (placement, n) in [
+                ("on_node", c.stats.payloads_on_node),
+                ("off_node", c.stats.payloads_off_node),
+                ("unplaced", c.stats.payloads_unplaced),
+            ] {
+                let mut labels = where_(c);
+                labels.push(("placement", placement.into()));
+                f.sample(name, &labels, n);
+            }
+        }
+    }
+    let by_export = |c: &ChannelReport, i: usize| {
+        let mut labels = where_(c);
+        labels.push(("export", exports[i].clone()));
+        labels
+    };
+    {
+        let name = "locus_nbd_requests_total";
+        let mut f = Family::new(
+            &mut out,
+            name,
+            "counter",
+            "Requests that succeeded, by channel, export and kind (read, write, other).",
+        );
+        for c in &channels {
+            for (i, s) in c.exports.iter().enumerate() {
+                for (kind, n) in [("read", s.reads), ("write", s.writes), ("other", s.others)] {
+                    let mut labels = by_export(c, i);
+                    labels.push(("kind", kind.into()));
+                    f.sample(name, &labels, n);
+                }
+            }
+        }
+    }
+    for (name, help, value) in [
+        (
+            "locus_nbd_request_errors_total",
+            "Requests answered with an error.",
+            (|s: &nbd::server::RequestSnapshot| s.errors)
+                as fn(&nbd::server::RequestSnapshot) -> u64,
+        ),
+        (
+            "locus_nbd_read_bytes_total",
+            "Bytes read by clients.",
+            |s| s.read_bytes,
+        ),
+        (
+            "locus_nbd_written_bytes_total",
+            "Bytes written by clients (durable when counted).",
+            |s| s.written_bytes,
+        ),
+    ] {
+        let mut f = Family::new(&mut out, name, "counter", help);
+        for c in &channels {
+            for (i, s) in c.exports.iter().enumerate() {
+                f.sample(name, &by_export(c, i), value(s));
+            }
+        }
+    }
+    {
+        let name = "locus_nbd_request_duration_seconds";
+        let mut f = Family::new(
+            &mut out,
+            name,
+            "histogram",
+            "Time from a request's arrival to its reply, by channel and export.",
+        );
+        for c in &channels {
+            for (i, s) in c.exports.iter().enumerate() {
+                let mut seen = 0u64;
+                // The last bucket holds everything slower: it is +Inf's.
+                for (bucket, n) in s.latency.iter().enumerate().take(LATENCY_BUCKETS - 1) {
+                    seen += n;
+                    let mut labels = by_export(c, i);
+                    labels.push(("le", format!("{:e}", (1u64 << bucket) as f64 / 1e6)));
+                    f.sample(&format!("{name}_bucket"), &labels, seen);
+                }
+                let mut labels = by_export(c, i);
+                labels.push(("le", "+Inf".into()));
+                f.sample(&format!("{name}_bucket"), &labels, s.requests());
+                f.sample(
+                    &format!("{name}_sum"),
+                    &by_export(c, i),
+                    s.latency_ns_sum as f64 / 1e9,
+                );
+                f.sample(&format!("{name}_count"), &by_export(c, i), s.requests());
+            }
+        }
+    }
+    let fs = (sources.fs)();
+    let (capacity, free) = (sources.space)();
+    for (name, kind, help, value) in [
+        (
+            "locus_volume_capacity_bytes",
+            "gauge",
+            "Bytes of the volume's devices the file system may use.",
+            capacity as f64,
+        ),
+        (
+            "locus_volume_free_bytes",
+            "gauge",
+            "Bytes free on the volume.",
+            free as f64,
+        ),
+        (
+            "locus_fs_checkpoint_lag_operations",
+            "gauge",
+            "Operations logged since the oldest record the checkpoint has not finished.",
+            fs.checkpoint_lag as f64,
+        ),
+        (
+            "locus_fs_records_pending",
+            "gauge",
+            "Logged writes not yet moved into their files.",
+            fs.records_pending as f64,
+        ),
+        (
+            "locus_fs_checkpoint_batches_total",
+            "counter",
+            "Checkpoint batches committed.",
+            fs.checkpoint_batches as f64,
+        ),
+        (
+            "locus_fs_backpressure_waits_total",
+            "counter",
+            "Times a writer waited for the checkpoint.",
+            fs.backpressure_waits as f64,
+        ),
+        (
+            "locus_fs_caller_bytes_total",
+            "counter",
+            "Bytes callers asked the file system to write.",
+            fs.caller_bytes as f64,
+        ),
+        (
+            "locus_fs_media_bytes_total",
+            "counter",
+            "Bytes stored to persistent memory for them (write amplification: media / caller).",
+            fs.media_bytes as f64,
+        ),
+    ] {
+        let mut f = Family::new(&mut out, name, kind, help);
+        f.sample(name, &[], value);
+    }
+    let caches = (sources.caches)();
+    if !caches.is_empty() {
+        type Field = fn(&cachedev::CacheStats) -> f64;
+        let fields: [(&str, &str, &str, Field); 9] = [
+            (
+                "locus_cache_accesses_total",
+                "counter",
+                "Block accesses.",
+                |s| s.accesses as f64,
+            ),
+            (
+                "locus_cache_read_hits_total",
+                "counter",
+                "Reads served from DRAM or NVRAM.",
+                |s| s.read_hits as f64,
+            ),
+            (
+                "locus_cache_write_hits_total",
+                "counter",
+                "Writes to blocks already dirty in NVRAM.",
+                |s| s.write_hits as f64,
+            ),
+            (
+                "locus_cache_backing_reads_total",
+                "counter",
+                "Blocks read from the backing store for the policy.",
+                |s| s.backing_reads as f64,
+            ),
+            (
+                "locus_cache_writebacks_total",
+                "counter",
+                "Blocks written to the backing store.",
+                |s| s.writebacks as f64,
+            ),
+            (
+                "locus_cache_dirty_blocks",
+                "gauge",
+                "Dirty blocks in NVRAM awaiting write-back.",
+                |s| s.dirty_blocks as f64,
+            ),
+            (
+                "locus_cache_clean_blocks",
+                "gauge",
+                "Clean blocks in DRAM.",
+                |s| s.clean_blocks as f64,
+            ),
+            (
+                "locus_cache_backing_operations_total",
+                "counter",
+                "Backing-store operations (reads, writes, syncs).",
+                |s| s.backing_ops as f64,
+            ),
+            (
+                "locus_cache_backing_seconds_total",
+                "counter",
+                "Time spent in backing-store operations.",
+                |s| s.backing_ns as f64 / 1e9,
+            ),
+        ];
+        for (name, kind, help, value) in fields {
+            let mut f = Family::new(&mut out, name, kind, help);
+            for (export, stats) in &caches {
+                f.sample(name, &[("export", export.clone())], value(stats));
+            }
+        }
+    }
+    out
+}
