@@ -1062,20 +1062,36 @@ print("all there")
 /// else) go on, and the stalled client still gets the bytes as they were when it asked.
 #[test]
 fn a_client_that_stops_reading_stalls_only_itself() {
+    stalled_reader(&[], 1);
+}
+
+/// With queued submission the channel's workers serve every connection: two 32 MiB reads a
+/// client never reads (one per worker) must not keep them from others' requests — the
+/// replies are parked for the stalled connection's own sender.
+#[test]
+fn a_client_that_stops_reading_stalls_only_itself_with_queued_submission() {
+    stalled_reader(&["--submit", "queued", "--workers", "2"], 2);
+}
+
+fn stalled_reader(args: &[&str], stalled_reads: u64) {
     if !require(&["nbdcopy", "nbdsh"]) {
         return;
     }
     let dir = volume();
-    let server = Serve::start(dir.path(), &["--default-size", "64M"]);
+    let mut all = vec!["--default-size", "64M"];
+    all.extend_from_slice(args);
+    let server = Serve::start(dir.path(), &all);
     let image = dir.path().join("before.img");
     let before = random_file(&image, 32 << 20, 11);
     run("nbdcopy", &[image.to_str().unwrap(), &server.uri("")]);
 
-    // 32 MiB asked for and not read: far more than the socket buffers hold.
+    // 32 MiB asked for (each time) and not read: far more than the socket buffers hold.
     let mut stalled = Raw::connect(&server.socket);
     stalled.send(&[0, 0, 0, 1]); // fixed newstyle
     stalled.go("");
-    stalled.request(0, 42, 0, 32 << 20);
+    for i in 0..stalled_reads {
+        stalled.request(0, 42 + i, 0, 32 << 20);
+    }
     std::thread::sleep(Duration::from_millis(300));
 
     // Another client overwrites the start of that range while the reply is stuck.
@@ -1105,14 +1121,21 @@ fn a_client_that_stops_reading_stalls_only_itself() {
         text(&output.stderr)
     );
 
-    // The stalled client reads at last: the data as it was when it asked.
-    let (error, cookie) = stalled.simple_reply();
-    assert_eq!((error, cookie), (0, 42));
-    let data = stalled.read(32 << 20);
-    assert!(
-        data == before,
-        "the stalled read did not return the bytes it asked for"
-    );
+    // The stalled client reads at last: the data as it was when it asked (replies may come
+    // in any order with queued submission).
+    let mut cookies = Vec::new();
+    for _ in 0..stalled_reads {
+        let (error, cookie) = stalled.simple_reply();
+        assert_eq!(error, 0);
+        cookies.push(cookie);
+        let data = stalled.read(32 << 20);
+        assert!(
+            data == before,
+            "the stalled read did not return the bytes it asked for"
+        );
+    }
+    cookies.sort_unstable();
+    assert_eq!(cookies, (42..42 + stalled_reads).collect::<Vec<_>>());
 
     let after = dir.path().join("after.img");
     run("nbdcopy", &[&server.uri(""), after.to_str().unwrap()]);

@@ -151,13 +151,34 @@ pub(crate) fn serve<E: Export>(
         writer: Mutex::new(writer),
         corked: shared.config.submit == Submit::Inline,
         pending: Mutex::new(Vec::new()),
+        outbox: Mutex::default(),
+        outbox_ready: Condvar::new(),
         backlog: Mutex::default(),
         finished: Condvar::new(),
         broken: AtomicBool::new(false),
     });
+    let sender = if conn.parks() {
+        let sending = Arc::clone(&conn);
+        match std::thread::Builder::new()
+            .name(format!("nbd-ch{}-send", channel.id))
+            .spawn(move || {
+                sending.channel.enter();
+                sending.send_parked();
+            }) {
+            Ok(handle) => Some(handle),
+            Err(e) => return End::Io(e),
+        }
+    } else {
+        None
+    };
     let end = transmission(shared, &conn, &mut stream);
     conn.wait_idle();
     conn.flush_pending();
+    if let Some(sender) = sender {
+        conn.outbox.lock().expect("outbox").closing = true;
+        conn.outbox_ready.notify_all();
+        let _ = sender.join();
+    }
     if matches!(end, End::Clean) {
         stream.close_tls();
     }
@@ -413,9 +434,24 @@ pub(crate) struct Conn<E: Export> {
     /// one wake-up of the client) for a burst instead of one per request.
     corked: bool,
     pending: Mutex<Vec<u8>>,
+    /// Queued submission: replies (or their rests) the socket did not take at once, in wire
+    /// order, sent by the connection's sender thread so that no worker ever waits for one
+    /// client's socket. Bytes go out either straight from a worker — only while this is
+    /// empty, holding its lock and the writer — or from here by the sender, which holds the
+    /// writer from taking a reply until it is sent, so replies never interleave.
+    outbox: Mutex<Outbox>,
+    outbox_ready: Condvar,
     backlog: Mutex<Backlog>,
     finished: Condvar,
     broken: AtomicBool,
+}
+
+/// Parked replies.
+#[derive(Debug, Default)]
+struct Outbox {
+    replies: std::collections::VecDeque<Vec<u8>>,
+    /// The connection is ending: the sender sends what is parked and stops.
+    closing: bool,
 }
 
 impl<E: Export> std::fmt::Debug for Conn<E> {
@@ -432,6 +468,9 @@ impl<E: Export> std::fmt::Debug for Conn<E> {
 struct Backlog {
     requests: usize,
     bytes: usize,
+    /// Reply bytes parked in the outbox (queued submission): they hold memory like
+    /// payloads, so the reader stops taking requests while too many wait for the client.
+    parked: usize,
     /// Threads waiting for a request to finish: `done` wakes them only when there are any,
     /// so the common path makes no system call (a condition variable's notify always does).
     waiting: usize,
@@ -442,7 +481,10 @@ impl Backlog {
     /// connection with nothing in flight may always take one (any payload the protocol
     /// allows must be servable).
     fn admits(&self, bytes: usize, (max_requests, max_bytes): (usize, usize)) -> bool {
-        self.requests == 0 || (self.requests < max_requests && self.bytes + bytes <= max_bytes)
+        (self.requests == 0 && self.parked == 0)
+            || (self.requests < max_requests
+                && self.bytes + bytes <= max_bytes
+                && self.parked <= max_bytes)
     }
 }
 
@@ -539,9 +581,88 @@ impl<E: Export> Conn<E> {
     }
 
     fn write(&self, slices: &mut [IoSlice<'_>]) {
+        if self.parks() {
+            self.send_or_park(slices);
+            return;
+        }
         let mut writer = self.writer.lock().expect("connection writer");
         if let Err(e) = writer.write_all_slices(slices) {
             self.break_on(&writer, &e);
+        }
+    }
+
+    /// Whether replies that cannot go at once are parked (queued submission: workers
+    /// serve every connection of the channel and must never wait for one).
+    fn parks(&self) -> bool {
+        !self.corked
+    }
+
+    /// Sends one reply without waiting: what the socket takes now goes now (when nothing is
+    /// parked and the sender is not mid-reply), the rest is parked for the sender.
+    fn send_or_park(&self, slices: &mut [IoSlice<'_>]) {
+        let outbox = self.outbox.lock().expect("outbox");
+        let mut unsent: &mut [IoSlice<'_>] = slices;
+        if outbox.replies.is_empty()
+            && let Ok(mut writer) = self.writer.try_lock()
+        {
+            match writer.send_now(&mut unsent) {
+                Ok(true) => return,
+                Ok(false) => {}
+                Err(e) => {
+                    self.break_on(&writer, &e);
+                    return;
+                }
+            }
+        }
+        let mut rest = Vec::with_capacity(unsent.iter().map(|s| s.len()).sum());
+        for slice in unsent.iter() {
+            rest.extend_from_slice(slice);
+        }
+        self.park(outbox, rest);
+    }
+
+    /// Queues `reply` (the next bytes due after what is parked) for the sender.
+    fn park(&self, mut outbox: std::sync::MutexGuard<'_, Outbox>, reply: Vec<u8>) {
+        if reply.is_empty() || self.broken.load(Ordering::Relaxed) {
+            return;
+        }
+        self.backlog.lock().expect("backlog").parked += reply.len();
+        outbox.replies.push_back(reply);
+        drop(outbox);
+        self.outbox_ready.notify_one();
+    }
+
+    /// The sender thread: sends parked replies in order, waiting on the socket as long as
+    /// the client takes, until the connection ends and nothing is left.
+    fn send_parked(&self) {
+        loop {
+            {
+                let mut outbox = self.outbox.lock().expect("outbox");
+                while outbox.replies.is_empty() && !outbox.closing {
+                    outbox = self.outbox_ready.wait(outbox).expect("outbox");
+                }
+                if outbox.replies.is_empty() {
+                    return;
+                }
+            }
+            // The writer first, then the reply: no worker can slip a reply in between.
+            let mut writer = self.writer.lock().expect("connection writer");
+            let Some(reply) = self.outbox.lock().expect("outbox").replies.pop_front() else {
+                continue;
+            };
+            if !self.broken.load(Ordering::Relaxed)
+                && let Err(e) = writer.write_all_slices(&mut [IoSlice::new(&reply)])
+            {
+                self.break_on(&writer, &e);
+            }
+            drop(writer);
+            let mut backlog = self.backlog.lock().expect("backlog");
+            backlog.parked -= reply.len();
+            let wake = backlog.waiting > 0;
+            drop(backlog);
+            if wake {
+                self.finished.notify_all();
+            }
         }
     }
 
@@ -842,6 +963,10 @@ fn read<E: Export>(
         return if short { Err(short_read()) } else { Ok(()) };
     }
 
+    if conn.parks() {
+        return read_parking(conn, request, scratch, &headers, &pieces);
+    }
+
     // A large reply is sent from the export's memory itself. The export holds writers (and
     // its checkpoint) off that memory while it is lent, so only what the socket takes at
     // once is sent from it; the rest is copied out and sent after the export let go.
@@ -878,6 +1003,66 @@ fn read<E: Export>(
         conn.break_on(stream, &e);
     }
     if short { Err(short_read()) } else { Ok(()) }
+}
+
+/// A read reply with queued submission: sent from the export's memory as far as the socket
+/// takes it now (when nothing is parked and the sender is idle), the rest copied and parked
+/// for the connection's sender — the worker never waits for the client.
+fn read_parking<E: Export>(
+    conn: &Conn<E>,
+    request: &Request,
+    scratch: &mut Vec<u8>,
+    headers: &[Vec<u8>],
+    pieces: &[Piece],
+) -> Result<(), ExportError> {
+    if conn.broken.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    let outbox = conn.outbox.lock().expect("outbox");
+    let mut writer = if outbox.replies.is_empty() {
+        conn.writer.try_lock().ok()
+    } else {
+        None
+    };
+    let mut rest = Vec::new();
+    let (mut failed, mut short) = (None, false);
+    conn.export
+        .read_with(request.offset, request.length, scratch, &mut |data| {
+            let Some(mut slices) = frame(headers, pieces, data) else {
+                short = true;
+                return;
+            };
+            let mut unsent = slices.as_mut_slice();
+            if let Some(stream) = writer.as_deref_mut() {
+                match stream.send_now(&mut unsent) {
+                    Ok(true) => return,
+                    Ok(false) => {}
+                    Err(e) => {
+                        failed = Some(e);
+                        return;
+                    }
+                }
+            }
+            for slice in unsent.iter() {
+                rest.extend_from_slice(slice);
+            }
+        })?;
+    if let Some(e) = failed {
+        if let Some(stream) = writer.as_deref() {
+            conn.break_on(stream, &e);
+        }
+        return Ok(());
+    }
+    if short {
+        // Nothing of a short reply may reach the client after what went: the stream
+        // would be out of step. (Only a broken export hands over less than asked.)
+        drop(writer);
+        drop(outbox);
+        return Err(short_read());
+    }
+    drop(writer);
+    conn.park(outbox, rest);
+    Ok(())
 }
 
 fn short_read() -> ExportError {
@@ -997,6 +1182,7 @@ mod tests {
         let busy = Backlog {
             requests: 2,
             bytes: 60,
+            parked: 0,
             waiting: 0,
         };
         assert!(busy.admits(40, limits));
@@ -1004,9 +1190,24 @@ mod tests {
         let full = Backlog {
             requests: 4,
             bytes: 0,
+            parked: 0,
             waiting: 0,
         };
         assert!(!full.admits(0, limits));
+        // Replies waiting for a client that does not read hold the reader back too, even
+        // with nothing in flight.
+        let parked = Backlog {
+            requests: 0,
+            bytes: 0,
+            parked: 101,
+            waiting: 0,
+        };
+        assert!(!parked.admits(0, limits));
+        let some_parked = Backlog {
+            parked: 100,
+            ..Backlog::default()
+        };
+        assert!(some_parked.admits(0, limits));
     }
 
     #[test]
