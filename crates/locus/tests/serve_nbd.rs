@@ -446,6 +446,7 @@ def usable(h):
 
 h = nbd.NBD()
 h.set_strict_mode(0)
+h.add_meta_context("base:allocation")
 h.connect_uri(os.environ["RW_URI"])
 size = h.get_size()
 usable(h)
@@ -467,7 +468,27 @@ usable(h)
 h.zero(4096, 8192, nbd.CMD_FLAG_FAST_ZERO)
 if h.pread(4096, 8192) != bytes(4096):
     sys.exit("write zeroes left data behind")
+# Zero-length requests are no-ops (as qemu-nbd answers them), with or without structured
+# replies; block status must describe something, so a zero-length one is EINVAL.
+if h.pread(0, 4096) != b"" or h.pread(0, size) != b"":
+    sys.exit("a zero-length read returned bytes")
+h.pwrite(b"", 8192)
+h.trim(0, 8192)
+h.zero(0, 8192)
+h.cache(0, 8192)
+usable(h)
+h.block_status(4096, 0, lambda *a: 0)  # with a length, block status works here
+expect("zero-length block status", lambda: h.block_status(0, 0, lambda *a: 0), errno.EINVAL)
+usable(h)
 h.shutdown()
+plain = nbd.NBD()
+plain.set_strict_mode(0)
+plain.set_request_structured_replies(False)
+plain.connect_uri(os.environ["RW_URI"])
+if plain.pread(0, 0) != b"":
+    sys.exit("a zero-length read (simple replies) returned bytes")
+usable(plain)
+plain.shutdown()
 
 r = nbd.NBD()
 r.set_strict_mode(0)

@@ -156,8 +156,11 @@ impl Request {
                 "FAST_ZERO applies to write zeroes when advertised".into(),
             );
         }
-        if self.length == 0 {
-            return refuse(errno::EINVAL, "zero-length request".into());
+        // The protocol leaves zero-length requests unspecified; qemu-nbd answers them as
+        // the no-ops they are, and so does locus — except block status, whose reply must
+        // describe at least one extent.
+        if self.length == 0 && self.command == command::BLOCK_STATUS {
+            return refuse(errno::EINVAL, "zero-length block status".into());
         }
         let block = u64::from(limits.min_block_bytes.max(1));
         if !self.offset.is_multiple_of(block) || !u64::from(self.length).is_multiple_of(block) {

@@ -873,6 +873,18 @@ fn execute<E: Export>(
 ) -> Result<(), ExportError> {
     let export = &*conn.export;
     let (offset, len) = (request.offset, u64::from(request.length));
+    if len == 0 && request.command != command::FLUSH {
+        // A no-op (the request check let only these through): nothing to read, write,
+        // trim or zero.
+        drop(staged);
+        if request.command == command::READ && conn.limits.structured_replies {
+            let done = reply::done(request.cookie);
+            conn.send(&mut [IoSlice::new(&done)]);
+        } else {
+            conn.reply_ok(request);
+        }
+        return Ok(());
+    }
     match request.command {
         command::READ => return read(conn, request, scratch),
         command::WRITE => {
