@@ -209,6 +209,23 @@ impl Fs {
         })
     }
 
+    /// A read-only view of the file system on a volume no process has open: its files as
+    /// recovery would leave them (checkpointed blocks with the logged writes over them),
+    /// read straight from the devices. Nothing is written and nothing is marked owned, so
+    /// tools (`locus status`) can look inside files of a stopped volume.
+    pub fn offline(volume: &Volume) -> Result<OfflineFs<'_>> {
+        let loaded = load(volume)?;
+        let paths = crate::scrub::paths(&loaded.inodes)
+            .into_iter()
+            .map(|(ino, path)| (path, ino))
+            .collect();
+        Ok(OfflineFs {
+            volume,
+            inodes: loaded.inodes,
+            paths,
+        })
+    }
+
     /// Reads every block of file data the file system on `volume` names (freshly opened:
     /// nothing owned yet) — its files' blocks and the buffers of logged writes — and checks
     /// each against its data checksum, without changing anything on media. An error when
@@ -392,6 +409,108 @@ impl Fs {
 
 /// What steps 1-5 of recovery find, before anything is changed: the state the file system
 /// opens with, and every piece of memory it owns.
+/// A stopped file system's files, read-only ([`Fs::offline`]).
+pub struct OfflineFs<'v> {
+    volume: &'v Volume,
+    inodes: Table,
+    paths: HashMap<String, u64>,
+}
+
+impl std::fmt::Debug for OfflineFs<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OfflineFs")
+            .field("inodes", &self.inodes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl OfflineFs<'_> {
+    fn inode(&self, path: &str) -> Result<&Arc<Inode>> {
+        self.paths
+            .get(path)
+            .and_then(|ino| self.inodes.get(ino))
+            .ok_or_else(|| FsError::NotFound(path.to_owned()))
+    }
+
+    /// The paths of the regular files directly in directory `dir` (`/` or `/a/b`), sorted.
+    pub fn files_in(&self, dir: &str) -> Vec<String> {
+        let prefix = if dir.ends_with('/') {
+            dir.to_owned()
+        } else {
+            format!("{dir}/")
+        };
+        let mut files: Vec<String> = self
+            .paths
+            .iter()
+            .filter(|(path, ino)| {
+                path.strip_prefix(&prefix)
+                    .is_some_and(|name| !name.is_empty() && !name.contains('/'))
+                    && self.inodes.get(ino).is_some_and(|i| i.kind == Kind::File)
+            })
+            .map(|(path, _)| path.clone())
+            .collect();
+        files.sort();
+        files
+    }
+
+    /// The size of the file at `path`.
+    pub fn size(&self, path: &str) -> Result<u64> {
+        Ok(self.inode(path)?.size.load(Ordering::Acquire))
+    }
+
+    /// Reads from `offset` of the file at `path` into `buf`; the bytes read (fewer at the
+    /// end of the file, 0 past it). Holes read as zeros.
+    pub fn read_at(&self, path: &str, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let inode = self.inode(path)?;
+        if inode.kind != Kind::File {
+            return Err(FsError::IsDir(path.to_owned()));
+        }
+        let size = inode.size.load(Ordering::Acquire);
+        let end = size.min(offset.saturating_add(buf.len() as u64));
+        if offset >= end {
+            return Ok(0);
+        }
+        let out = &mut buf[..(end - offset) as usize];
+        out.fill(0);
+        // Checkpointed blocks first, then the logged writes over them (the overlay holds
+        // the newest bytes of every range it covers).
+        for run in inode.extents.read().expect("extent map").runs() {
+            let (from, to) = (
+                run.file_block * BLOCK,
+                (run.file_block + run.blocks) * BLOCK,
+            );
+            let (start, stop) = (from.max(offset), to.min(end));
+            if start < stop {
+                self.copy(
+                    run.addr + (start - from),
+                    &mut out[(start - offset) as usize..(stop - offset) as usize],
+                )?;
+            }
+        }
+        for piece in inode.overlay.lookup(offset, end) {
+            let at = (piece.start - offset) as usize..(piece.end - offset) as usize;
+            self.copy(piece.src, &mut out[at])?;
+        }
+        Ok(out.len())
+    }
+
+    /// Copies device bytes from global address `src` into `out`, a block at a time (a run
+    /// of pages is contiguous on its device, but reading per block never asks more).
+    fn copy(&self, mut src: u64, mut out: &mut [u8]) -> Result<()> {
+        while !out.is_empty() {
+            let n = ((BLOCK - src % BLOCK) as usize).min(out.len());
+            let at = GlobalAddress::from_raw(src);
+            let (head, rest) = out.split_at_mut(n);
+            self.volume
+                .device_region(at.device())?
+                .read(at.offset(), head)?;
+            out = rest;
+            src += n as u64;
+        }
+        Ok(())
+    }
+}
+
 struct Loaded {
     owner: pmem::Region,
     root: Root,
