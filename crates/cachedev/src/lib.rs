@@ -28,3 +28,4 @@ pub use device::{
     BLOCK_BYTES, CacheConfig, CacheDevice, CacheStats, PolicyKind, Watermarks, WriteBackReport,
 };
 pub use error::{CacheError, Result};
+pub use nvram::{NvramSummary, summarize_offline};

@@ -159,3 +159,66 @@ fn read_full(file: &fs::File, out: &mut [u8], offset: u64) -> fs::Result<()> {
     }
     Ok(())
 }
+
+/// What a stopped cache's NVRAM file holds, read without opening the file system
+/// (`locus status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct NvramSummary {
+    /// Cache block size.
+    pub block_bytes: u32,
+    /// NVRAM slots.
+    pub slots: u32,
+    /// Size of the backing store the cache was made for.
+    pub backing_bytes: u64,
+    /// Distinct backing blocks held dirty, awaiting write-back.
+    pub dirty_blocks: u64,
+}
+
+/// Reads the header and index of the NVRAM file at `path` of a stopped file system.
+pub fn summarize_offline(offline: &fs::OfflineFs<'_>, path: &str) -> Result<NvramSummary> {
+    let read = |offset: u64, buf: &mut [u8]| -> Result<()> {
+        let n = offline
+            .read_at(path, offset, buf)
+            .map_err(CacheError::nvram(format!("reading {path}")))?;
+        if n < buf.len() {
+            return Err(CacheError::Format {
+                problem: format!(
+                    "{path}: ends at {} bytes, inside its index",
+                    offset + n as u64
+                ),
+            });
+        }
+        Ok(())
+    };
+    let mut head = [0u8; HEADER_BYTES];
+    read(0, &mut head)?;
+    let header = Header::decode(&head).map_err(|e| match e {
+        CacheError::Format { problem } => CacheError::Format {
+            problem: format!("{path}: {problem}"),
+        },
+        other => other,
+    })?;
+    let mut index = vec![0u8; header.slots as usize * crate::format::ENTRY_BYTES];
+    read(header.entry_offset(0), &mut index)?;
+    let mut dirty = std::collections::HashSet::new();
+    for (slot, bytes) in index.chunks_exact(crate::format::ENTRY_BYTES).enumerate() {
+        match Entry::decode(bytes, slot as u32) {
+            Ok(Entry::Dirty { block, .. }) => {
+                dirty.insert(block);
+            }
+            Ok(Entry::Free) => {}
+            Err(CacheError::Format { problem }) => {
+                return Err(CacheError::Format {
+                    problem: format!("{path}: {problem}"),
+                });
+            }
+            Err(other) => return Err(other),
+        }
+    }
+    Ok(NvramSummary {
+        block_bytes: header.block_bytes,
+        slots: header.slots,
+        backing_bytes: header.backing_bytes,
+        dirty_blocks: dirty.len() as u64,
+    })
+}

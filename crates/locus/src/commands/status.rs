@@ -15,8 +15,10 @@ use crate::size::format_bytes;
 /// at format), persistence mode, capacity, free space, candidate/fat state and allocations
 /// served locally and remotely by this process; then the order in which each node uses the
 /// devices; the file system on the volume (files, bytes, writes waiting to be replayed),
-/// checked without changing it, so FREE counts its memory as used. Creates the embedded
-/// default volume (with an empty file system) if there is none, and says so.
+/// checked without changing it, so FREE counts its memory as used; and each cache export's
+/// NVRAM (/.cache/NAME.nvram): the dirty blocks it holds, awaiting write-back to the backing
+/// store. Creates the embedded default volume (with an empty file system) if there is none,
+/// and says so.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     #[command(flatten)]
@@ -36,6 +38,57 @@ struct Report {
     orders: Vec<NodeOrder>,
     /// The file system on the volume, checked without changing it.
     fs: super::volume::FsState,
+    /// Cache exports' NVRAM files, read without opening the file system.
+    caches: Vec<CacheNvram>,
+}
+
+/// One cache export's NVRAM as a stopped volume holds it.
+#[derive(Debug, Serialize)]
+struct CacheNvram {
+    /// The export's name.
+    name: String,
+    /// The NVRAM file.
+    path: String,
+    /// What its index says, or why it could not be read.
+    #[serde(flatten)]
+    state: CacheNvramState,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum CacheNvramState {
+    Read(cachedev::NvramSummary),
+    Unreadable { error: String },
+}
+
+/// Every cache NVRAM file on the stopped volume (none when the file system is absent or
+/// damaged: the file system line says why).
+fn caches(volume: &volume::Volume, fs: &super::volume::FsState) -> Vec<CacheNvram> {
+    if !matches!(fs, super::volume::FsState::Present(_)) {
+        return Vec::new();
+    }
+    let Ok(offline) = fs::Fs::offline(volume) else {
+        return Vec::new();
+    };
+    let dir = exports::NVRAM_DIR;
+    offline
+        .files_in(dir)
+        .into_iter()
+        .filter_map(|path| {
+            let name = path
+                .strip_prefix(dir)?
+                .trim_start_matches('/')
+                .strip_suffix(".nvram")?
+                .to_owned();
+            let state = match cachedev::summarize_offline(&offline, &path) {
+                Ok(summary) => CacheNvramState::Read(summary),
+                Err(e) => CacheNvramState::Unreadable {
+                    error: e.to_string(),
+                },
+            };
+            Some(CacheNvram { name, path, state })
+        })
+        .collect()
 }
 
 #[derive(Debug, Serialize)]
@@ -67,12 +120,14 @@ pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
             })
         })
         .collect();
+    let caches = caches(&volume, &fs);
     let report = Report {
         volume: dir.display().to_string(),
         uuid: volume::hex(&volume.uuid()),
         devices: volume.stats(),
         orders,
         fs,
+        caches,
     };
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&report)?);
@@ -139,6 +194,32 @@ pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
     }
     outln!();
     outln!("{}", report.fs.describe());
+    for cache in &report.caches {
+        match &cache.state {
+            CacheNvramState::Read(s) if s.dirty_blocks > 0 => outln!(
+                "cache {}: {} dirty block(s) ({}) in {} awaiting write-back to its backing \
+                 store (the next `locus serve` with this export writes them back; \
+                 --writeback-on-stop empties it)",
+                cache.name,
+                s.dirty_blocks,
+                format_bytes(s.dirty_blocks * u64::from(s.block_bytes)),
+                cache.path
+            ),
+            CacheNvramState::Read(s) => outln!(
+                "cache {}: no dirty blocks in {} ({} slots): its backing store is complete",
+                cache.name,
+                cache.path,
+                s.slots
+            ),
+            CacheNvramState::Unreadable { error } => {
+                outln!(
+                    "cache {}: {} cannot be read: {error}",
+                    cache.name,
+                    cache.path
+                );
+            }
+        }
+    }
     outln!();
     outln!("Allocation order per node (the first non-fat device is the target):");
     for order in &report.orders {
