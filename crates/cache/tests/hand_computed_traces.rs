@@ -171,3 +171,24 @@ fn nvmin_is_not_optimal_with_dram_either() {
     assert_eq!(cost(result[1]), 3, "NVLRU {result:?}");
     assert_eq!(cost(result[2]), 4, "NV-MIN {result:?}");
 }
+
+#[test]
+fn the_exact_optimum_matches_hand_computed_costs() {
+    use common::oracle::optimum;
+    // The trace above where NV-MIN pays 4: the optimum is 3, what NBM and NVLRU pay.
+    let t = trace("W a, W b, W c, R d, R b, R d, R d, R b, W a");
+    assert_eq!(optimum(&t, capacity(1, 2)), 3);
+    // Without DRAM: NBM's 6 is optimal there too (NV-MIN pays 10).
+    let t = trace("W c, W b, W a, W d, R c, R a, R b, R b, R b, R a, R a, R a, R a");
+    assert_eq!(optimum(&t, capacity(0, 2)), 6);
+    // Reads only, DRAM 2: Belady with bypass — a, b, c each miss once; then a and b hit.
+    let t = trace("R a, R b, R c, R a, R b, R a, R b");
+    assert_eq!(optimum(&t, capacity(2, 0)), 3);
+    // No cache at all: every read misses, every write goes through.
+    let t = trace("R a, W a, R a, W b");
+    assert_eq!(optimum(&t, capacity(0, 0)), 4);
+    // NVRAM 1, DRAM 1: the written-back block moves to DRAM and serves the read: W a, W b
+    // (a written back → DRAM), R a hits, R b hits: one storage access.
+    let t = trace("W a, W b, R a, R b");
+    assert_eq!(optimum(&t, capacity(1, 1)), 1);
+}

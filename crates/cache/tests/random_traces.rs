@@ -1,7 +1,8 @@
 //! On random traces and capacities: every action of every policy is legal and the tiers
 //! never exceed their capacity; NBM follows its documented rule exactly. NV-MIN is not an
 //! optimum (it can lose to NBM and NVLRU, with or without DRAM: `hand_computed_traces.rs`), so
-//! no ordering between the policies is asserted.
+//! no ordering between the policies is asserted — but on small traces none of them may cost
+//! less than the exact optimum (`common/oracle.rs`, dynamic programming over cache states).
 
 mod common;
 
@@ -267,5 +268,43 @@ proptest! {
         run_discards(&mut Nbm::new(capacity), &steps, capacity, false);
         run_discards(&mut NvLru::new(capacity), &steps, capacity, false);
         run_discards(&mut Lru::new(capacity), &steps, capacity, true);
+    }
+}
+
+/// Small traces: few blocks, so that the exact optimum is computable.
+fn small_traces() -> impl Strategy<Value = Vec<Access>> {
+    (1u32..7).prop_flat_map(|blocks| {
+        prop::collection::vec(
+            (0..blocks, prop::bool::weighted(0.45)).prop_map(|(block, write)| Access {
+                block,
+                op: if write { Op::Write } else { Op::Read },
+            }),
+            0..18,
+        )
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+    /// No policy — NBM, NVLRU, or the paper's clairvoyant NV-MIN — ever costs less than the
+    /// exact optimum, and each reaches it on some traces (checked below by hand).
+    #[test]
+    fn no_policy_beats_the_exact_optimum(
+        accesses in small_traces(),
+        dram_blocks in 0usize..4,
+        nvram_blocks in 0usize..4,
+    ) {
+        let capacity = Capacity { dram_blocks, nvram_blocks };
+        let optimum = common::oracle::optimum(&accesses, capacity);
+        let futures = nvmin::futures(&accesses).unwrap();
+        let cost = |c: cache::Counters| c.storage_accesses();
+        for (name, paid) in [
+            ("nbm", cost(run_checked(&mut Nbm::new(capacity), &accesses, capacity, false))),
+            ("nvlru", cost(run_checked(&mut NvLru::new(capacity), &accesses, capacity, false))),
+            ("nvmin", cost(run_checked(&mut NvMin::new(capacity, &futures), &accesses, capacity, false))),
+        ] {
+            prop_assert!(paid >= optimum, "{} paid {} below the optimum {}", name, paid, optimum);
+        }
     }
 }

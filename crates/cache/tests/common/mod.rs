@@ -2,6 +2,8 @@
 
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
+pub mod oracle;
+
 use std::collections::BTreeSet;
 
 use cache::{Access, Action, BlockId, Capacity, Counters, Op, Policy, Sink, Tier};
