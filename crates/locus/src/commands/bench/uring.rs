@@ -20,6 +20,13 @@ use crate::size::parse_size;
 
 /// Random O_DIRECT reads and writes: the uDMA pool against per-request registration,
 /// unregistered buffers, a bounce copy, and fio's io_uring engine (fixedbufs=0 and 1).
+///
+/// locus's buffers are on 2 MiB (transparent huge) pages, so a 64 KiB request is one
+/// physically contiguous segment; fio's default buffers are on 4 KiB pages, sixteen segments,
+/// which a virtio disk serves at half the rate or less. For a like-for-like baseline fio is
+/// given huge-page buffers too (`--iomem=shmhuge`) when the system has enough free huge pages
+/// (`echo 256 > /proc/sys/vm/nr_hugepages`); otherwise its cases are marked `4K pages` and
+/// the ratios to them are not like for like.
 #[derive(Debug, Args)]
 pub struct UringBenchArgs {
     /// Print one JSON object per case instead of a table.
@@ -55,6 +62,9 @@ pub struct UringBenchArgs {
 struct Case {
     suite: &'static str,
     engine: String,
+    /// The pages the I/O buffers are on: `THP` (locus's pool memory, transparent huge pages
+    /// asked for), `hugetlb` (fio's `--iomem=shmhuge`) or `4K pages` (fio's default).
+    buffers: &'static str,
     op: &'static str,
     bs_bytes: u64,
     iodepth: u32,
@@ -121,6 +131,19 @@ pub fn run(args: &UringBenchArgs) -> Result<()> {
     }
     let mut cases = Vec::new();
     let per_case = Strategy::ALL.len() + if fio { 2 } else { 0 };
+    // Huge pages fio's largest case needs (iodepth buffers of the largest block).
+    let largest = args.bs.iter().copied().max().unwrap_or(0);
+    let needed = (u64::from(args.iodepth) * largest).div_ceil(2 << 20) + 2;
+    let fio_huge = fio && free_huge_pages() >= needed;
+    if fio && !fio_huge {
+        eprintln!(
+            "note: fio's buffers will be on 4 KiB pages (only {} free 2 MiB huge pages, {needed} \
+             needed; e.g. echo {} > /proc/sys/vm/nr_hugepages): locus's are on huge pages, so \
+             the ratios to fio are not like for like at 64 KiB and up",
+            free_huge_pages(),
+            needed + 16
+        );
+    }
     let total = args.bs.len() * 2 * per_case;
     let bar = crate::progress::steps(total as u64, "runs", !args.json);
     for &bs in &args.bs {
@@ -150,6 +173,7 @@ pub fn run(args: &UringBenchArgs) -> Result<()> {
                         args.iodepth,
                         args.seconds,
                         fixed,
+                        fio_huge,
                     )?);
                     bar.inc(1);
                 }
@@ -255,6 +279,7 @@ fn measure(
     let elapsed = started.elapsed().as_secs_f64();
     Ok(Case {
         suite: "uring",
+        buffers: "THP",
         engine: strategy.name().into(),
         op: op_name(op),
         bs_bytes: bs,
@@ -280,6 +305,26 @@ fn fio_available() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+/// Free 2 MiB huge pages (hugetlbfs), from /proc/meminfo.
+fn free_huge_pages() -> u64 {
+    let Ok(info) = std::fs::read_to_string("/proc/meminfo") else {
+        return 0;
+    };
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+    };
+    if field("Hugepagesize:") != Some(2048) {
+        return 0;
+    }
+    field("HugePages_Free:").unwrap_or(0)
+}
+
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one fio case's settings, all distinct"
+)]
 fn run_fio(
     path: &Path,
     size: u64,
@@ -288,8 +333,13 @@ fn run_fio(
     iodepth: u32,
     seconds: f64,
     fixed: bool,
+    huge: bool,
 ) -> Result<Case> {
-    let doc = super::fio_report(Command::new("fio").args([
+    let mut command = Command::new("fio");
+    if huge {
+        command.arg("--iomem=shmhuge");
+    }
+    let doc = super::fio_report(command.args([
         "--name=locus-bench",
         &format!("--filename={}", path.display()),
         "--ioengine=io_uring",
@@ -310,6 +360,7 @@ fn run_fio(
     Ok(Case {
         suite: "uring",
         engine: if fixed { "fio-fixed" } else { "fio-unfixed" }.into(),
+        buffers: if huge { "hugetlb" } else { "4K pages" },
         op: op_name(op),
         bs_bytes: bs,
         iodepth,
@@ -328,10 +379,11 @@ fn print_table(cases: &[Case], path: &Path, iodepth: u32) -> Result<()> {
         path.display()
     );
     outln!(
-        "{:<10} {:>6} {:<13} {:>10} {:>12} {:>11} {:>11} {:>9} {:>9} {:>9}",
+        "{:<10} {:>6} {:<13} {:<9} {:>10} {:>12} {:>11} {:>11} {:>9} {:>9} {:>9}",
         "op",
         "bs",
         "engine",
+        "buffers",
         "IOPS",
         "MB/s",
         "mean us",
@@ -356,10 +408,11 @@ fn print_table(cases: &[Case], path: &Path, iodepth: u32) -> Result<()> {
                 .map_or_else(|| "-".into(), |b| format!("{:.2}x", case.bytes_per_sec / b))
         };
         outln!(
-            "{:<10} {:>6} {:<13} {:>10.0} {:>12.1} {:>11.1} {:>11.1} {:>9} {:>9} {:>9}",
+            "{:<10} {:>6} {:<13} {:<9} {:>10.0} {:>12.1} {:>11.1} {:>11.1} {:>9} {:>9} {:>9}",
             case.op,
             super::short_size(case.bs_bytes),
             case.engine,
+            case.buffers,
             case.iops,
             case.bytes_per_sec / 1e6,
             case.latency_mean_ns / 1000.0,
