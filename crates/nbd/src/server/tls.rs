@@ -256,8 +256,14 @@ impl Session {
                 Err(e) => return Err(e),
             }
             if !self.feed(&mut inbound, wait)? {
-                // The client closed: 0 after its close_notify, an error for a cut.
-                return self.state().0.reader().read(buf);
+                // The client closed. Many clients (libnbd after NBD_CMD_DISC, qemu) close
+                // without close_notify; the NBD framing above tells a clean end between
+                // requests from a cut one, as over plain TCP (a request or payload cut short
+                // is an error there), so a close without the alert is an end of stream here.
+                return match self.state().0.reader().read(buf) {
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(0),
+                    other => other,
+                };
             }
         }
     }
