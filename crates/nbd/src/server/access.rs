@@ -37,27 +37,8 @@ impl Cidr {
 
     /// Whether `ip` is in the range (an IPv4-mapped IPv6 address counts as its IPv4 address).
     pub fn contains(&self, ip: IpAddr) -> bool {
-        match (self.address, ip.to_canonical()) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                prefix_matches(&net.octets(), &ip.octets(), self.prefix)
-            }
-            (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                prefix_matches(&net.octets(), &ip.octets(), self.prefix)
-            }
-            _ => false,
-        }
-    }
-}
-
-fn prefix_matches(net: &[u8], ip: &[u8], prefix: u8) -> bool {
-    let full = usize::from(prefix / 8);
-    if net[..full] != ip[..full] {
-        return false;
-    }
-    let bits = prefix % 8;
-    bits == 0 || {
-        let mask = 0xFFu8 << (8 - bits);
-        net[full] & mask == ip[full] & mask
+        let ip = ip.to_canonical();
+        ip.is_ipv4() == self.address.is_ipv4() && Self::network(ip, self.prefix) == self.address
     }
 }
 

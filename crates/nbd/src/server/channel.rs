@@ -137,7 +137,7 @@ impl<E: Export> Channel<E> {
     }
 
     pub(crate) fn snapshot(&self) -> Snapshot {
-        self.counters.snapshot()
+        self.counters.snapshot(&self.by_export)
     }
 
     pub(crate) fn export_snapshots(&self) -> Vec<RequestSnapshot> {

@@ -501,7 +501,7 @@ impl<E: Export> Conn<E> {
     /// Counts a finished request on the channel and under its export.
     fn record(&self, request: &Request, ok: bool, latency: std::time::Duration) {
         let (command, length) = (request.command, request.length);
-        self.channel.counters.request(command, length, ok, latency);
+        self.channel.counters.ran_request();
         self.channel.by_export[self.export_index].record(command, length, ok, latency);
     }
 
@@ -986,35 +986,28 @@ fn read<E: Export>(
     let Some(stream) = writer.as_deref_mut() else {
         return Ok(());
     };
-    let mut rest = Vec::new();
-    let (mut failed, mut short) = (None, false);
-    conn.export
-        .read_with(request.offset, request.length, scratch, &mut |data| {
-            let Some(mut slices) = frame(&headers, &pieces, data) else {
-                short = true;
-                return;
-            };
-            let mut unsent = slices.as_mut_slice();
-            match stream.send_now(&mut unsent) {
-                Ok(true) => {}
-                Ok(false) => {
-                    for slice in unsent.iter() {
-                        rest.extend_from_slice(slice);
-                    }
-                }
-                Err(e) => failed = Some(e),
-            }
-        })?;
-    if failed.is_none()
-        && !rest.is_empty()
-        && let Err(e) = stream.write_all_slices(&mut [IoSlice::new(&rest)])
+    let mut lent = lend(
+        conn,
+        request,
+        scratch,
+        &headers,
+        &pieces,
+        Some(&mut *stream),
+    )?;
+    if lent.failed.is_none()
+        && !lent.rest.is_empty()
+        && let Err(e) = stream.write_all_slices(&mut [IoSlice::new(&lent.rest)])
     {
-        failed = Some(e);
+        lent.failed = Some(e);
     }
-    if let Some(e) = failed {
+    if let Some(e) = lent.failed {
         conn.break_on(stream, &e);
     }
-    if short { Err(short_read()) } else { Ok(()) }
+    if lent.short {
+        Err(short_read())
+    } else {
+        Ok(())
+    }
 }
 
 /// A read reply with queued submission: sent from the export's memory as far as the socket
@@ -1036,45 +1029,82 @@ fn read_parking<E: Export>(
     } else {
         None
     };
-    let mut rest = Vec::new();
-    let (mut failed, mut short) = (None, false);
-    conn.export
-        .read_with(request.offset, request.length, scratch, &mut |data| {
-            let Some(mut slices) = frame(headers, pieces, data) else {
-                short = true;
-                return;
-            };
-            let mut unsent = slices.as_mut_slice();
-            if let Some(stream) = writer.as_deref_mut() {
-                match stream.send_now(&mut unsent) {
-                    Ok(true) => return,
-                    Ok(false) => {}
-                    Err(e) => {
-                        failed = Some(e);
-                        return;
-                    }
-                }
-            }
-            for slice in unsent.iter() {
-                rest.extend_from_slice(slice);
-            }
-        })?;
-    if let Some(e) = failed {
+    let lent = lend(
+        conn,
+        request,
+        scratch,
+        headers,
+        pieces,
+        writer.as_deref_mut(),
+    )?;
+    if let Some(e) = lent.failed {
         if let Some(stream) = writer.as_deref() {
             conn.break_on(stream, &e);
         }
         return Ok(());
     }
-    if short {
+    drop(writer);
+    if lent.short {
         // Nothing of a short reply may reach the client after what went: the stream
         // would be out of step. (Only a broken export hands over less than asked.)
-        drop(writer);
-        drop(outbox);
         return Err(short_read());
     }
-    drop(writer);
-    conn.park(outbox, rest);
+    conn.park(outbox, lent.rest);
     Ok(())
+}
+
+/// What [`lend`] did with a read reply.
+struct Lent {
+    /// The reply's bytes the socket did not take at once (all of them without a socket).
+    rest: Vec<u8>,
+    /// The send failed (nothing more was sent).
+    failed: Option<io::Error>,
+    /// The export handed over fewer bytes than asked for.
+    short: bool,
+}
+
+/// Frames a read reply around the bytes the export lends and sends what `socket` (if any)
+/// takes without waiting; the rest is copied out, so nothing waits on the client while the
+/// export's memory is lent.
+fn lend<E: Export>(
+    conn: &Conn<E>,
+    request: &Request,
+    scratch: &mut Vec<u8>,
+    headers: &[Vec<u8>],
+    pieces: &[Piece],
+    mut socket: Option<&mut Stream>,
+) -> Result<Lent, ExportError> {
+    let mut lent = Lent {
+        rest: Vec::new(),
+        failed: None,
+        short: false,
+    };
+    conn.export
+        .read_with(request.offset, request.length, scratch, &mut |data| {
+            let Some(mut slices) = frame(headers, pieces, data) else {
+                lent.short = true;
+                return;
+            };
+            if lent.failed.is_some() {
+                return;
+            }
+            let mut unsent = slices.as_mut_slice();
+            // Once something is held back, everything after it is too (in order).
+            if let Some(stream) = socket.as_deref_mut().filter(|_| lent.rest.is_empty()) {
+                match stream.send_now(&mut unsent) {
+                    Ok(true) => return,
+                    Ok(false) => {}
+                    Err(e) => {
+                        lent.failed = Some(e);
+                        return;
+                    }
+                }
+            }
+            for slice in unsent.iter() {
+                lent.rest.extend_from_slice(slice);
+            }
+        })?;
+    Ok(lent)
 }
 
 fn short_read() -> ExportError {
@@ -1194,25 +1224,20 @@ mod tests {
         let busy = Backlog {
             requests: 2,
             bytes: 60,
-            parked: 0,
-            waiting: 0,
+            ..Backlog::default()
         };
         assert!(busy.admits(40, limits));
         assert!(!busy.admits(41, limits));
         let full = Backlog {
             requests: 4,
-            bytes: 0,
-            parked: 0,
-            waiting: 0,
+            ..Backlog::default()
         };
         assert!(!full.admits(0, limits));
         // Replies waiting for a client that does not read hold the reader back too, even
         // with nothing in flight.
         let parked = Backlog {
-            requests: 0,
-            bytes: 0,
             parked: 101,
-            waiting: 0,
+            ..Backlog::default()
         };
         assert!(!parked.admits(0, limits));
         let some_parked = Backlog {

@@ -145,9 +145,9 @@ pub(crate) struct Shared<E: Export> {
     next_channel: AtomicUsize,
     /// Connections in transmission (at most `config.max_connections`).
     open: AtomicUsize,
-    /// Connections negotiating, oldest first, with a clone of their socket (to end them) and
-    /// who they are (to say so).
-    negotiating: Mutex<VecDeque<(u64, Stream, String)>>,
+    /// Connections negotiating, oldest first, with who they are (to say so when one is
+    /// ended; its socket is in `live`).
+    negotiating: Mutex<VecDeque<(u64, String)>>,
     peers: access::PeerCounts,
     next_id: AtomicU64,
     /// A clone of every live connection, to end them at shutdown.
@@ -371,15 +371,15 @@ impl<E: Export> Shared<E> {
         let mut threads = self.threads.lock().expect("connection threads");
         threads.retain(|t| !t.is_finished());
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (Ok(clone), Ok(negotiation)) = (stream.try_clone(), stream.try_clone()) else {
+        let Ok(clone) = stream.try_clone() else {
             tracing::warn!(%peer, "could not duplicate a connection's socket; closing it");
             return;
         };
-        self.admit_negotiation(id, negotiation, &peer);
         self.live
             .lock()
             .expect("live connections")
             .insert(id, clone);
+        self.admit_negotiation(id, &peer);
         let shared = Arc::clone(self);
         let channel = Arc::clone(&self.channels[self.place(local)]);
         channel.counters.connections.fetch_add(1, Ordering::Relaxed);
@@ -427,10 +427,10 @@ impl<E: Export> Shared<E> {
     /// Registers a new negotiation; at the limit, the oldest one is ended to make room (a
     /// real client negotiates in milliseconds, so the oldest is the likeliest to be stuck
     /// or hostile).
-    fn admit_negotiation(&self, id: u64, stream: Stream, peer: &str) {
+    fn admit_negotiation(&self, id: u64, peer: &str) {
         let mut negotiating = self.negotiating.lock().expect("negotiating connections");
         while negotiating.len() >= self.config.max_negotiating.max(1) {
-            let Some((old, stream, who)) = negotiating.pop_front() else {
+            let Some((old, who)) = negotiating.pop_front() else {
                 break;
             };
             tracing::warn!(
@@ -440,15 +440,17 @@ impl<E: Export> Shared<E> {
                 newcomer = %peer,
                 "ending the oldest unfinished negotiation: too many connections are negotiating"
             );
-            stream.shutdown(Shutdown::Both);
+            if let Some(stream) = self.live.lock().expect("live connections").get(&old) {
+                stream.shutdown(Shutdown::Both);
+            }
         }
-        negotiating.push_back((id, stream, peer.to_owned()));
+        negotiating.push_back((id, peer.to_owned()));
     }
 
     /// Connection `id` finished negotiating (or ended).
     pub(crate) fn end_negotiation(&self, id: u64) {
         let mut negotiating = self.negotiating.lock().expect("negotiating connections");
-        if let Some(at) = negotiating.iter().position(|(n, _, _)| *n == id) {
+        if let Some(at) = negotiating.iter().position(|(n, _)| *n == id) {
             negotiating.remove(at);
         }
     }

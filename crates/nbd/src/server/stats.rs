@@ -18,17 +18,13 @@ pub const LATENCY_BUCKETS: usize = 32;
 pub const RECORDED_CPUS: usize = CPU_WORDS * 64;
 const CPU_WORDS: usize = 16;
 
+/// A channel's own counters. Its requests are counted per export
+/// ([`RequestCounters`], one set per export on each channel); the channel's totals are their
+/// sum, taken at [`Counters::snapshot`], so a request is counted once.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub(crate) connections: AtomicU64,
     pub(crate) open_connections: AtomicU64,
-    reads: AtomicU64,
-    writes: AtomicU64,
-    others: AtomicU64,
-    read_bytes: AtomicU64,
-    written_bytes: AtomicU64,
-    errors: AtomicU64,
-    latency: [AtomicU64; LATENCY_BUCKETS],
     cpus: [AtomicU64; CPU_WORDS],
     cpus_unrecorded: AtomicU64,
     payloads_on_node: AtomicU64,
@@ -37,29 +33,9 @@ pub(crate) struct Counters {
 }
 
 impl Counters {
-    /// Counts one finished request, and the CPU the calling thread runs on.
-    pub(crate) fn request(&self, cmd: u16, len: u32, ok: bool, latency: Duration) {
-        let relaxed = Ordering::Relaxed;
+    /// Notes the CPU the calling thread runs on as it finishes a request.
+    pub(crate) fn ran_request(&self) {
         self.ran_on(topology::current_cpu().ok());
-        match (cmd, ok) {
-            (command::READ, true) => {
-                self.reads.fetch_add(1, relaxed);
-                self.read_bytes.fetch_add(u64::from(len), relaxed);
-            }
-            (command::WRITE, true) => {
-                self.writes.fetch_add(1, relaxed);
-                self.written_bytes.fetch_add(u64::from(len), relaxed);
-            }
-            (_, true) => {
-                self.others.fetch_add(1, relaxed);
-            }
-            (_, false) => {
-                self.errors.fetch_add(1, relaxed);
-            }
-        }
-        let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
-        let bucket = (u64::BITS - micros.leading_zeros()) as usize;
-        self.latency[bucket.min(LATENCY_BUCKETS - 1)].fetch_add(1, relaxed);
     }
 
     /// Adds `cpu` to the set of CPUs the channel ran on. The word is only written when the
@@ -86,18 +62,23 @@ impl Counters {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn snapshot(&self) -> Snapshot {
+    /// The channel's counters with its requests summed over `by_export`.
+    pub(crate) fn snapshot(&self, by_export: &[RequestCounters]) -> Snapshot {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut requests = RequestSnapshot::default();
+        for export in by_export {
+            requests.add(&export.snapshot());
+        }
         Snapshot {
             connections: load(&self.connections),
             open_connections: load(&self.open_connections),
-            reads: load(&self.reads),
-            writes: load(&self.writes),
-            others: load(&self.others),
-            read_bytes: load(&self.read_bytes),
-            written_bytes: load(&self.written_bytes),
-            errors: load(&self.errors),
-            latency: std::array::from_fn(|i| load(&self.latency[i])),
+            reads: requests.reads,
+            writes: requests.writes,
+            others: requests.others,
+            read_bytes: requests.read_bytes,
+            written_bytes: requests.written_bytes,
+            errors: requests.errors,
+            latency: requests.latency,
             cpus: std::array::from_fn(|i| load(&self.cpus[i])),
             cpus_unrecorded: load(&self.cpus_unrecorded),
             payloads_on_node: load(&self.payloads_on_node),
@@ -270,6 +251,19 @@ impl RequestSnapshot {
     pub fn requests(&self) -> u64 {
         self.reads + self.writes + self.others + self.errors
     }
+
+    fn add(&mut self, other: &RequestSnapshot) {
+        self.reads += other.reads;
+        self.writes += other.writes;
+        self.others += other.others;
+        self.errors += other.errors;
+        self.read_bytes += other.read_bytes;
+        self.written_bytes += other.written_bytes;
+        self.latency_ns_sum += other.latency_ns_sum;
+        for (sum, n) in self.latency.iter_mut().zip(other.latency) {
+            *sum += n;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -279,14 +273,20 @@ mod tests {
     #[test]
     fn latencies_land_in_power_of_two_buckets_and_quantiles_read_them_back() {
         let c = Counters::default();
-        for _ in 0..90 {
-            c.request(command::READ, 4096, true, Duration::from_micros(20)); // < 32 µs
+        // Two exports' requests: the channel's totals are their sum.
+        let by_export = [RequestCounters::default(), RequestCounters::default()];
+        let request = |export: usize, cmd, len, ok, latency| {
+            c.ran_request();
+            by_export[export].record(cmd, len, ok, latency);
+        };
+        for i in 0..90 {
+            request(i % 2, command::READ, 4096, true, Duration::from_micros(20)); // < 32 µs
         }
         for _ in 0..10 {
-            c.request(command::WRITE, 512, true, Duration::from_micros(700)); // < 1024 µs
+            request(1, command::WRITE, 512, true, Duration::from_micros(700)); // < 1024 µs
         }
-        c.request(command::FLUSH, 0, false, Duration::from_secs(100_000));
-        let s = c.snapshot();
+        request(0, command::FLUSH, 0, false, Duration::from_secs(100_000));
+        let s = c.snapshot(&by_export);
         assert_eq!(s.latency[5], 90);
         assert_eq!(s.latency[10], 10);
         assert_eq!(s.latency[LATENCY_BUCKETS - 1], 1);
@@ -333,7 +333,7 @@ mod tests {
         c.payload(Some(1), Some(0));
         c.payload(None, Some(0));
         c.payload(Some(1), None);
-        let s = c.snapshot();
+        let s = c.snapshot(&[]);
         assert_eq!(s.cpus_used(), vec![0, 3, 64, 1023]);
         assert_eq!(s.cpus_unrecorded, 2);
         assert_eq!(
@@ -342,7 +342,7 @@ mod tests {
         );
         let later = {
             c.payload(Some(1), Some(1));
-            c.snapshot()
+            c.snapshot(&[])
         };
         assert_eq!(later.since(&s).payloads_on_node, 1);
         assert_eq!(later.since(&s).cpus_used(), vec![0, 3, 64, 1023]);
