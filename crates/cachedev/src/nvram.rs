@@ -50,12 +50,7 @@ impl Nvram {
             .map_err(CacheError::nvram(format!("opening {path}")))?;
         let mut head = [0u8; HEADER_BYTES];
         read_full(&file, &mut head, 0).map_err(CacheError::nvram(format!("reading {path}")))?;
-        let header = Header::decode(&head).map_err(|e| match e {
-            CacheError::Format { problem } => CacheError::Format {
-                problem: format!("{path}: {problem}"),
-            },
-            other => other,
-        })?;
+        let header = Header::decode(&head).map_err(naming(path))?;
         let mismatch = |what: &str, has: u64, asked: u64| {
             CacheError::Config(format!(
                 "{path} caches with {what} {has}, not {asked}; it still holds the cache's \
@@ -96,17 +91,7 @@ impl Nvram {
         let mut index = vec![0u8; header.slots as usize * crate::format::ENTRY_BYTES];
         read_full(&file, &mut index, header.entry_offset(0))
             .map_err(CacheError::nvram(format!("reading the index of {path}")))?;
-        let entries = index
-            .chunks_exact(crate::format::ENTRY_BYTES)
-            .enumerate()
-            .map(|(slot, b)| Entry::decode(b, slot as u32))
-            .collect::<Result<Vec<_>>>()
-            .map_err(|e| match e {
-                CacheError::Format { problem } => CacheError::Format {
-                    problem: format!("{path}: {problem}"),
-                },
-                other => other,
-            })?;
+        let entries = decode_index(&index).map_err(naming(path))?;
         Ok((
             Nvram {
                 file,
@@ -192,33 +177,40 @@ pub fn summarize_offline(offline: &fs::OfflineFs<'_>, path: &str) -> Result<Nvra
     };
     let mut head = [0u8; HEADER_BYTES];
     read(0, &mut head)?;
-    let header = Header::decode(&head).map_err(|e| match e {
-        CacheError::Format { problem } => CacheError::Format {
-            problem: format!("{path}: {problem}"),
-        },
-        other => other,
-    })?;
+    let header = Header::decode(&head).map_err(naming(path))?;
     let mut index = vec![0u8; header.slots as usize * crate::format::ENTRY_BYTES];
     read(header.entry_offset(0), &mut index)?;
-    let mut dirty = std::collections::HashSet::new();
-    for (slot, bytes) in index.chunks_exact(crate::format::ENTRY_BYTES).enumerate() {
-        match Entry::decode(bytes, slot as u32) {
-            Ok(Entry::Dirty { block, .. }) => {
-                dirty.insert(block);
-            }
-            Ok(Entry::Free) => {}
-            Err(CacheError::Format { problem }) => {
-                return Err(CacheError::Format {
-                    problem: format!("{path}: {problem}"),
-                });
-            }
-            Err(other) => return Err(other),
-        }
-    }
+    let dirty: std::collections::HashSet<u64> = decode_index(&index)
+        .map_err(naming(path))?
+        .into_iter()
+        .filter_map(|entry| match entry {
+            Entry::Dirty { block, .. } => Some(block),
+            Entry::Free => None,
+        })
+        .collect();
     Ok(NvramSummary {
         block_bytes: header.block_bytes,
         slots: header.slots,
         backing_bytes: header.backing_bytes,
         dirty_blocks: dirty.len() as u64,
     })
+}
+
+/// The index entries in `index` (slot order).
+fn decode_index(index: &[u8]) -> Result<Vec<Entry>> {
+    index
+        .chunks_exact(crate::format::ENTRY_BYTES)
+        .enumerate()
+        .map(|(slot, b)| Entry::decode(b, slot as u32))
+        .collect()
+}
+
+/// Prefixes a format problem with the NVRAM file's path.
+fn naming(path: &str) -> impl Fn(CacheError) -> CacheError + '_ {
+    move |e| match e {
+        CacheError::Format { problem } => CacheError::Format {
+            problem: format!("{path}: {problem}"),
+        },
+        other => other,
+    }
 }

@@ -177,36 +177,7 @@ impl Fs {
     /// the volume (the volume's allocator is left with it marked owned). Damage is the same
     /// named error [`Fs::open`] would give; [`FsError::NoFileSystem`] when there is none.
     pub fn check(volume: &Volume) -> Result<FsCheck> {
-        let loaded = load(volume)?;
-        volume.mark_owned(
-            loaded
-                .owned
-                .iter()
-                .map(|&(start, len, _)| extent_of(start, len)),
-        )?;
-        let files = loaded.inodes.values().filter(|i| i.kind == Kind::File);
-        Ok(FsCheck {
-            generation: loaded.root.generation,
-            epoch: loaded.root.epoch,
-            slots: loaded.root.slots.len() as u64,
-            files: files.clone().count() as u64,
-            directories: loaded
-                .inodes
-                .values()
-                .filter(|i| i.kind == Kind::Dir)
-                .count() as u64,
-            file_bytes: files.clone().map(|i| i.size.load(Ordering::Acquire)).sum(),
-            mapped_bytes: files
-                .map(|i| i.extents.read().expect("extent map").mapped_blocks() * BLOCK)
-                .sum(),
-            journal_records: loaded.journal_records,
-            log_records: loaded.live.len() as u64,
-            log_bytes: loaded.live.iter().map(|(_, r)| r.length).sum(),
-            owned_bytes: loaded.owned.iter().map(|o| o.1).sum(),
-            snapshot_pieces: loaded.snapshot_pieces.len() as u64,
-            damaged_root_copy: loaded.damaged_root_copy,
-            data_checksums: loaded.checksums.is_some(),
-        })
+        Fs::offline(volume)?.check()
     }
 
     /// A read-only view of the file system on a volume no process has open: its files as
@@ -221,7 +192,7 @@ impl Fs {
             .collect();
         Ok(OfflineFs {
             volume,
-            inodes: loaded.inodes,
+            loaded,
             paths,
         })
     }
@@ -412,23 +383,59 @@ impl Fs {
 /// A stopped file system's files, read-only ([`Fs::offline`]).
 pub struct OfflineFs<'v> {
     volume: &'v Volume,
-    inodes: Table,
+    loaded: Loaded,
     paths: HashMap<String, u64>,
 }
 
 impl std::fmt::Debug for OfflineFs<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OfflineFs")
-            .field("inodes", &self.inodes.len())
+            .field("inodes", &self.loaded.inodes.len())
             .finish_non_exhaustive()
     }
 }
 
 impl OfflineFs<'_> {
+    /// [`Fs::check`] of what this view loaded: the summary, and the memory the file system
+    /// owns marked owned in the volume's allocator (refusing memory claimed twice or
+    /// outside the volume).
+    pub fn check(&self) -> Result<FsCheck> {
+        let loaded = &self.loaded;
+        self.volume.mark_owned(
+            loaded
+                .owned
+                .iter()
+                .map(|&(start, len, _)| extent_of(start, len)),
+        )?;
+        let files = loaded.inodes.values().filter(|i| i.kind == Kind::File);
+        Ok(FsCheck {
+            generation: loaded.root.generation,
+            epoch: loaded.root.epoch,
+            slots: loaded.root.slots.len() as u64,
+            files: files.clone().count() as u64,
+            directories: loaded
+                .inodes
+                .values()
+                .filter(|i| i.kind == Kind::Dir)
+                .count() as u64,
+            file_bytes: files.clone().map(|i| i.size.load(Ordering::Acquire)).sum(),
+            mapped_bytes: files
+                .map(|i| i.extents.read().expect("extent map").mapped_blocks() * BLOCK)
+                .sum(),
+            journal_records: loaded.journal_records,
+            log_records: loaded.live.len() as u64,
+            log_bytes: loaded.live.iter().map(|(_, r)| r.length).sum(),
+            owned_bytes: loaded.owned.iter().map(|o| o.1).sum(),
+            snapshot_pieces: loaded.snapshot_pieces.len() as u64,
+            damaged_root_copy: loaded.damaged_root_copy.clone(),
+            data_checksums: loaded.checksums.is_some(),
+        })
+    }
+
     fn inode(&self, path: &str) -> Result<&Arc<Inode>> {
         self.paths
             .get(path)
-            .and_then(|ino| self.inodes.get(ino))
+            .and_then(|ino| self.loaded.inodes.get(ino))
             .ok_or_else(|| FsError::NotFound(path.to_owned()))
     }
 
@@ -445,7 +452,11 @@ impl OfflineFs<'_> {
             .filter(|(path, ino)| {
                 path.strip_prefix(&prefix)
                     .is_some_and(|name| !name.is_empty() && !name.contains('/'))
-                    && self.inodes.get(ino).is_some_and(|i| i.kind == Kind::File)
+                    && self
+                        .loaded
+                        .inodes
+                        .get(ino)
+                        .is_some_and(|i| i.kind == Kind::File)
             })
             .map(|(path, _)| path.clone())
             .collect();

@@ -63,11 +63,8 @@ enum CacheNvramState {
 
 /// Every cache NVRAM file on the stopped volume (none when the file system is absent or
 /// damaged: the file system line says why).
-fn caches(volume: &volume::Volume, fs: &super::volume::FsState) -> Vec<CacheNvram> {
-    if !matches!(fs, super::volume::FsState::Present(_)) {
-        return Vec::new();
-    }
-    let Ok(offline) = fs::Fs::offline(volume) else {
+fn caches(offline: &fs::Result<fs::OfflineFs<'_>>, fs: &super::volume::FsState) -> Vec<CacheNvram> {
+    let (Ok(offline), super::volume::FsState::Present(_)) = (offline, fs) else {
         return Vec::new();
     };
     let dir = exports::NVRAM_DIR;
@@ -80,7 +77,7 @@ fn caches(volume: &volume::Volume, fs: &super::volume::FsState) -> Vec<CacheNvra
                 .trim_start_matches('/')
                 .strip_suffix(".nvram")?
                 .to_owned();
-            let state = match cachedev::summarize_offline(&offline, &path) {
+            let state = match cachedev::summarize_offline(offline, &path) {
                 Ok(summary) => CacheNvramState::Read(summary),
                 Err(e) => CacheNvramState::Unreadable {
                     error: e.to_string(),
@@ -105,7 +102,8 @@ pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
     let volume = super::volume::open_or_create_default(dir, sysfs, false)?;
     // First: checking the file system marks the memory it owns, which the targets and the
     // free space below must count.
-    let fs = super::volume::FsState::of(&volume);
+    let offline = fs::Fs::offline(&volume);
+    let fs = super::volume::FsState::of_offline(&offline);
     volume.refresh_targets();
     let orders: Vec<NodeOrder> = volume
         .topology()
@@ -120,7 +118,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
             })
         })
         .collect();
-    let caches = caches(&volume, &fs);
+    let caches = caches(&offline, &fs);
     let report = Report {
         volume: dir.display().to_string(),
         uuid: volume::hex(&volume.uuid()),

@@ -98,7 +98,22 @@ impl FsState {
     /// Checks the file system on a freshly opened `volume` (changes nothing on media; the
     /// volume's allocator then counts the file system's memory as used).
     pub fn of(volume: &Volume) -> Self {
-        match fs::Fs::check(volume) {
+        Self::of_offline(&fs::Fs::offline(volume))
+    }
+
+    /// The same, from a read-only view already loaded (`Fs::offline`), which the caller
+    /// may go on reading files through.
+    pub fn of_offline(offline: &fs::Result<fs::OfflineFs<'_>>) -> Self {
+        let checked = match offline {
+            Ok(offline) => offline.check(),
+            Err(fs::FsError::NoFileSystem) => return Self::None,
+            Err(e) => {
+                return Self::Damaged {
+                    error: e.to_string(),
+                };
+            }
+        };
+        match checked {
             Ok(check) => Self::Present(check),
             Err(fs::FsError::NoFileSystem) => Self::None,
             Err(e) => Self::Damaged {
