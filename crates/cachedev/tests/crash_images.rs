@@ -76,10 +76,14 @@ fn check_op(name: &str, setup: impl Fn(&CacheDevice), op: impl Fn(&CacheDevice))
     assert_ne!(before, after, "{name}: the operation changed nothing");
     assert!(last > first, "{name}: no fence");
     drop(device);
-    let (mut saw_before, mut saw_after, mut images) = (false, false, 0);
-    for point in first..=last {
-        for image in tracer.crash_images(point, IMAGES_PER_POINT, point as u64) {
-            images += 1;
+    let images = testkit::check_crash_images(
+        name,
+        &tracer,
+        (first, last),
+        IMAGES_PER_POINT,
+        &before,
+        &after,
+        |point, image| {
             let replay = Tracer::new();
             let volume =
                 testkit::volume_over(vec![replay.region_with(image.regions[0].clone())]).unwrap();
@@ -99,27 +103,18 @@ fn check_op(name: &str, setup: impl Fn(&CacheDevice), op: impl Fn(&CacheDevice))
             let got = contents(&device);
             drop(device);
             recovered.abandon();
-            if got == after {
-                saw_after = true;
-            } else if got == before && point < last {
-                saw_before = true;
-            } else {
-                let differs: Vec<u64> = (0..BLOCKS)
-                    .filter(|&b| {
-                        let r = (b * BLOCK) as usize..((b + 1) * BLOCK) as usize;
-                        got[r.clone()] != after[r.clone()] && got[r.clone()] != before[r]
-                    })
-                    .collect();
-                panic!(
-                    "{name}: point {point}/{last} ({}): neither before nor after; blocks \
-                     {differs:?} are neither, or blocks mix the two",
-                    image.description
-                );
-            }
-        }
-    }
-    assert!(saw_after, "{name}: no image shows the operation done");
-    assert!(saw_before, "{name}: no image shows the operation not done");
+            got
+        },
+        |got| {
+            let differs: Vec<u64> = (0..BLOCKS)
+                .filter(|&b| {
+                    let r = (b * BLOCK) as usize..((b + 1) * BLOCK) as usize;
+                    got[r.clone()] != after[r.clone()] && got[r.clone()] != before[r]
+                })
+                .collect();
+            format!("blocks {differs:?} are neither, or blocks mix the two")
+        },
+    );
     eprintln!(
         "{name}: {} fences, {images} images, all before or after",
         last - first

@@ -116,10 +116,14 @@ fn check_op(name: &str, setup: impl Fn(&Fs), op: impl Fn(&Fs)) {
     let after = state(&fs);
     assert_ne!(before, after, "{name}: the operation changed nothing");
     assert!(last > first, "{name}: no fence");
-    let (mut saw_before, mut saw_after, mut images) = (false, false, 0);
-    for point in first..=last {
-        for image in tracer.crash_images(point, IMAGES_PER_POINT, point as u64) {
-            images += 1;
+    let images = check_crash_images(
+        name,
+        &tracer,
+        (first, last),
+        IMAGES_PER_POINT,
+        &before,
+        &after,
+        |point, image| {
             let recovered = recover(image.regions[0].clone()).unwrap_or_else(|e| {
                 panic!(
                     "{name}: point {point} ({}): recovery failed: {e}",
@@ -128,25 +132,17 @@ fn check_op(name: &str, setup: impl Fn(&Fs), op: impl Fn(&Fs)) {
             });
             let got = state(&recovered);
             recovered.abandon();
-            if got == before && point < last {
-                saw_before = true;
-            } else if got == after {
-                saw_after = true;
-            } else {
-                let diff: Vec<_> = got
-                    .keys()
-                    .chain(after.keys())
-                    .filter(|k| got.get(*k) != after.get(*k) && got.get(*k) != before.get(*k))
-                    .collect();
-                panic!(
-                    "{name}: point {point}/{last} ({}): state is neither before nor after; differs at {diff:?}",
-                    image.description
-                );
-            }
-        }
-    }
-    assert!(saw_after, "{name}: no image shows the operation done");
-    assert!(saw_before, "{name}: no image shows the operation not done");
+            got
+        },
+        |got| {
+            let diff: Vec<_> = got
+                .keys()
+                .chain(after.keys())
+                .filter(|k| got.get(*k) != after.get(*k) && got.get(*k) != before.get(*k))
+                .collect();
+            format!("differs at {diff:?}")
+        },
+    );
     eprintln!(
         "{name}: {} fences, {images} images, all before or after",
         last - first

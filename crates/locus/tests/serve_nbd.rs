@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{client, require, run, text};
+use common::{client, free_port, random_file, require, run, run_unchecked, text};
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -136,20 +136,6 @@ impl Drop for Serve {
             let _ = child.wait();
         }
     }
-}
-
-fn random_file(path: &Path, bytes: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed | 1;
-    let data: Vec<u8> = (0..bytes)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect();
-    std::fs::write(path, &data).expect("write image");
-    data
 }
 
 #[test]
@@ -788,27 +774,40 @@ fn the_connection_limit_refuses_with_a_reason() {
     let mut held = Raw::connect(&server.socket);
     held.send(&1u32.to_be_bytes());
     held.go("");
-    // libnbd shows the server's reason in its debug output.
+    refused_saying(&server.uri(""), "maximum of 1 connections");
+    drop(held);
+    // Once the held connection is gone, clients are served again.
+    served_within(&server.uri(""), Duration::from_secs(10));
+}
+
+/// nbdinfo is refused, and libnbd's debug output shows the server's reason.
+fn refused_saying(uri: &str, says: &str) {
     let refused = client("nbdinfo")
-        .arg(server.uri(""))
+        .arg(uri)
         .env("LIBNBD_DEBUG", "1")
         .output()
         .unwrap();
-    assert!(!refused.status.success());
+    assert!(!refused.status.success(), "{uri} served nbdinfo");
     assert!(
-        text(&refused.stderr).contains("maximum of 1 connections"),
+        text(&refused.stderr).contains(says),
         "{}",
         text(&refused.stderr)
     );
-    drop(held);
-    // Once the held connection is gone, clients are served again.
-    let deadline = Instant::now() + Duration::from_secs(10);
+}
+
+/// Tries `nbdinfo --size` until it succeeds (panicking after `limit`); returns its output.
+fn served_within(uri: &str, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
     loop {
-        let info = client("nbdinfo").arg(server.uri("")).output().unwrap();
+        let info = run_unchecked("nbdinfo", &["--size", uri]);
         if info.status.success() {
-            break;
+            return info;
         }
-        assert!(Instant::now() < deadline, "{}", text(&info.stderr));
+        assert!(
+            Instant::now() < deadline,
+            "not served within {limit:?}: {}",
+            text(&info.stderr)
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -874,32 +873,10 @@ fn clients_that_never_finish_negotiating_cannot_lock_others_out() {
             raw
         })
         .collect();
-    let refused = client("nbdinfo")
-        .arg(server.uri(""))
-        .env("LIBNBD_DEBUG", "1")
-        .output()
-        .unwrap();
-    assert!(!refused.status.success());
-    assert!(
-        text(&refused.stderr).contains("maximum of 4 connections"),
-        "{}",
-        text(&refused.stderr)
-    );
+    refused_saying(&server.uri(""), "maximum of 4 connections");
     drop(held);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let info = run_unchecked("nbdinfo", &["--size", &server.uri("")]);
-        if info.status.success() {
-            assert_eq!(text(&info.stdout).trim(), (8u64 << 20).to_string());
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "locked out: {}",
-            text(&info.stderr)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let info = served_within(&server.uri(""), Duration::from_secs(20));
+    assert_eq!(text(&info.stdout).trim(), (8u64 << 20).to_string());
     let copied = run_unchecked(
         "nbdsh",
         &[
@@ -924,19 +901,6 @@ fn clients_that_never_finish_negotiating_cannot_lock_others_out() {
             && l.contains("unix peer pid")),
         "{log}"
     );
-}
-
-fn run_unchecked(program: &str, args: &[&str]) -> Output {
-    client(program).args(args).output().expect("run a client")
-}
-
-/// A TCP port nobody listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `--allow` admits only the ranges given (the default admits this host); others are closed
@@ -1003,14 +967,8 @@ fn tcp_clients_are_admitted_by_address_and_counted_per_peer() {
         "a second connection from one peer was served"
     );
     drop(held);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !run_unchecked("nbdinfo", &["--size", &uri]).status.success() {
-        assert!(
-            Instant::now() < deadline,
-            "the peer's count was not released"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // The peer's count is released with the connection.
+    served_within(&uri, Duration::from_secs(20));
     let (status, log) = server.stop();
     assert!(status.success(), "{log}");
     assert!(log.contains("its maximum of connections open"), "{log}");

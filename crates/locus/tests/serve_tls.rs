@@ -4,10 +4,10 @@
 
 mod common;
 
-use common::{client, require, run, text};
+use common::{client, free_port, random_file, require, run, run_unchecked, text};
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A CA, a server certificate for `localhost`/127.0.0.1 signed by it (in `server/`), and two
@@ -65,11 +65,7 @@ impl Serve {
             .output()
             .expect("run locus format");
         assert!(format.status.success(), "{}", text(&format.stderr));
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let log = volume.path().join("serve.log");
         let mut child = Command::new(env!("CARGO_BIN_EXE_locus"))
             .args(["serve", "--volume", volume.path().to_str().unwrap()])
@@ -150,24 +146,6 @@ fn have_openssl() -> bool {
     found
 }
 
-fn output(program: &str, args: &[&str]) -> Output {
-    client(program).args(args).output().expect("run a client")
-}
-
-fn random_file(path: &Path, bytes: usize) -> Vec<u8> {
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let data: Vec<u8> = (0..bytes)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect();
-    std::fs::write(path, &data).unwrap();
-    data
-}
-
 /// The default with credentials is `--tls require`: data moves intact over TLS for libnbd and
 /// qemu, and a plain client is told TLS is required.
 #[test]
@@ -183,7 +161,7 @@ fn data_moves_intact_over_tls_and_plain_clients_are_refused() {
     let uri = server.tls_uri(&credentials.path("anonymous"));
     let work = tempfile::tempdir().unwrap();
     let image = work.path().join("in.img");
-    let data = random_file(&image, 16 << 20);
+    let data = random_file(&image, 16 << 20, 0x9E37_79B9_7F4A_7C15);
     run("nbdcopy", &[image.to_str().unwrap(), &uri]);
     let back = work.path().join("out.img");
     run("nbdcopy", &[&uri, back.to_str().unwrap()]);
@@ -202,7 +180,7 @@ print('ok')
 "
     .replace("data_at_4096", &data[4096].to_string())
     .replace("data_at_4100", &data[4100].to_string());
-    let sh = output(
+    let sh = run_unchecked(
         "nbdsh",
         &[
             "-c",
@@ -267,7 +245,7 @@ fn client_certificates_are_checked_when_asked() {
         "--tls-verify-peer",
     ]);
     let size = (16u64 << 20).to_string();
-    let signed = output(
+    let signed = run_unchecked(
         "nbdinfo",
         &["--size", &server.tls_uri(&credentials.path("client"))],
     );
@@ -287,14 +265,14 @@ fn client_certificates_are_checked_when_asked() {
         text(&info.stdout)
     );
     for who in ["anonymous", "stranger"] {
-        let refused = output(
+        let refused = run_unchecked(
             "nbdinfo",
             &["--size", &server.tls_uri(&credentials.path(who))],
         );
         assert!(!refused.status.success(), "{who} was served");
     }
     // --tls on: plain text is still served.
-    let plain = output("nbdinfo", &["--size", &server.plain_uri()]);
+    let plain = run_unchecked("nbdinfo", &["--size", &server.plain_uri()]);
     assert!(plain.status.success(), "{}", text(&plain.stderr));
     let (status, log) = server.stop();
     assert!(status.success(), "{log}");
@@ -412,7 +390,7 @@ fn credentials_made_by_locus_work_with_real_clients() {
         made.join("server").to_str().unwrap(),
         "--tls-verify-peer",
     ]);
-    let info = output(
+    let info = run_unchecked(
         "nbdinfo",
         &["--size", &server.tls_uri(&made.join("client"))],
     );
@@ -434,7 +412,7 @@ fn credentials_made_by_locus_work_with_real_clients() {
         anonymous.join("ca-cert.pem"),
     )
     .unwrap();
-    let refused = output("nbdinfo", &["--size", &server.tls_uri(&anonymous)]);
+    let refused = run_unchecked("nbdinfo", &["--size", &server.tls_uri(&anonymous)]);
     assert!(
         !refused.status.success(),
         "a client without a certificate was served"

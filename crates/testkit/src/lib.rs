@@ -162,3 +162,47 @@ pub fn pattern(tag: u64, offset: u64, len: usize) -> Vec<u8> {
         })
         .collect()
 }
+
+/// Checks every crash image an operation left between fences `first` and `last` of `tracer`
+/// (up to `per_point` images per fence): `observe` recovers each image (the single traced
+/// region's bytes) and returns what it finds, which must equal `after`, or `before` at any
+/// point but the last (the operation returned there). `explain` says how a wrong state
+/// differs, for the failure message. Panics, naming the point and the image, on the first
+/// wrong one, or if no image shows the operation done or none shows it not done; returns
+/// how many images were checked.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one check's inputs, all distinct"
+)]
+pub fn check_crash_images<S: PartialEq>(
+    name: &str,
+    tracer: &Tracer,
+    (first, last): (usize, usize),
+    per_point: usize,
+    before: &S,
+    after: &S,
+    mut observe: impl FnMut(usize, &pmem::CrashImage) -> S,
+    explain: impl Fn(&S) -> String,
+) -> usize {
+    let (mut saw_before, mut saw_after, mut images) = (false, false, 0);
+    for point in first..=last {
+        for image in tracer.crash_images(point, per_point, point as u64) {
+            images += 1;
+            let got = observe(point, &image);
+            if got == *after {
+                saw_after = true;
+            } else if got == *before && point < last {
+                saw_before = true;
+            } else {
+                panic!(
+                    "{name}: point {point}/{last} ({}): neither before nor after: {}",
+                    image.description,
+                    explain(&got)
+                );
+            }
+        }
+    }
+    assert!(saw_after, "{name}: no image shows the operation done");
+    assert!(saw_before, "{name}: no image shows the operation not done");
+    images
+}

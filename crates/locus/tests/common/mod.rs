@@ -71,3 +71,35 @@ pub fn wait_until_serving(child: &mut Child, log: &Path, limit: Duration) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Runs a client and returns what it did, success or not.
+pub fn run_unchecked(program: &str, args: &[&str]) -> Output {
+    client(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {program}: {e}"))
+}
+
+/// A TCP port on 127.0.0.1 that nobody listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind a free port")
+        .local_addr()
+        .expect("its address")
+        .port()
+}
+
+/// Writes `bytes` pseudo-random bytes (xorshift from `seed`) to `path` and returns them.
+pub fn random_file(path: &Path, bytes: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed | 1;
+    let data: Vec<u8> = (0..bytes)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    std::fs::write(path, &data).expect("write image");
+    data
+}
