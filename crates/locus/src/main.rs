@@ -45,6 +45,7 @@ enum Command {
     Sim(commands::sim::SimArgs),
     Cache(commands::cache::CacheArgs),
     Bench(commands::bench::BenchArgs),
+    Report(commands::report::ReportArgs),
     TlsCredentials(commands::credentials::CredentialsArgs),
 }
 
@@ -62,6 +63,7 @@ fn main() -> ExitCode {
         Command::Sim(args) => commands::sim::run(args),
         Command::Cache(args) => commands::cache::run(args),
         Command::Bench(args) => commands::bench::run(&cli.sysfs, args),
+        Command::Report(args) => commands::report::run(&cli.sysfs, args),
         Command::TlsCredentials(args) => commands::credentials::run(args),
     };
     match result.and_then(|()| output::flush().map_err(anyhow::Error::from)) {

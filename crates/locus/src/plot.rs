@@ -38,16 +38,8 @@ pub fn check_target(path: &Path) -> Result<()> {
 /// The NBM paper's Fig. 3: for each policy but NVLRU, storage accesses normalised to NVLRU
 /// against NVRAM size (log scale), one line per DRAM size.
 pub fn fig3(path: &Path, results: &[GridResult], title: &str) -> Result<()> {
-    let panels: Vec<PolicyKind> = PolicyKind::ALL
-        .into_iter()
-        .filter(|p| *p != PolicyKind::NvLru && results.iter().any(|r| r.policy == *p))
-        .collect();
-    if panels.is_empty() || !results.iter().any(|r| r.normalized_to_nvlru.is_some()) {
-        bail!("the plot needs nvlru and at least one other policy in the grid");
-    }
-    let width = 420 * panels.len() as u32 + 40;
-    // The panels, and below them a strip for the legend (it never covers data).
-    let height = 420 + LEGEND_STRIP;
+    let panels = fig3_panels(results)?;
+    let (width, height) = fig3_size(&panels);
     let extension = path.extension().and_then(|e| e.to_str());
     if !matches!(extension, Some("svg" | "png")) {
         bail!("--plot {}: use a .svg or .png file name", path.display());
@@ -68,6 +60,41 @@ pub fn fig3(path: &Path, results: &[GridResult], title: &str) -> Result<()> {
             title,
         )
     }
+}
+
+/// Fig. 3 as an SVG document (for pages that inline their plots, such as `locus report`).
+pub fn fig3_svg(results: &[GridResult], title: &str) -> Result<String> {
+    let panels = fig3_panels(results)?;
+    register_font()?;
+    let mut svg = String::new();
+    {
+        let size = fig3_size(&panels);
+        let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
+        draw(&root, &panels, results, title)?;
+    }
+    Ok(svg)
+}
+
+/// The panels of Fig. 3: every policy of the grid but NVLRU, which they are normalised to.
+fn fig3_panels(results: &[GridResult]) -> Result<Vec<PolicyKind>> {
+    let panels: Vec<PolicyKind> = PolicyKind::ALL
+        .into_iter()
+        .filter(|p| *p != PolicyKind::NvLru && results.iter().any(|r| r.policy == *p))
+        .collect();
+    if panels.is_empty() || !results.iter().any(|r| r.normalized_to_nvlru.is_some()) {
+        bail!("the plot needs nvlru and at least one other policy in the grid");
+    }
+    Ok(panels)
+}
+
+/// Panels side by side, and below them a strip for the legend (it never covers data).
+fn fig3_size(panels: &[PolicyKind]) -> (u32, u32) {
+    (420 * panels.len() as u32 + 40, 420 + LEGEND_STRIP)
+}
+
+/// Checks that plots can be drawn: a font to lay text out with.
+pub fn check_font() -> Result<()> {
+    font_path().map(drop)
 }
 
 fn font_path() -> Result<String> {
@@ -332,6 +359,149 @@ where
             BLACK.mix(0.5),
         ))
         .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// Bars in groups, for `locus report`: one group per category, one bar per series in each
+/// (`None`: that series was not measured there), a legend strip below, and an optional
+/// horizontal reference line (1 when the bars are ratios to a baseline).
+pub struct Bars<'a> {
+    pub title: &'a str,
+    pub y_desc: &'a str,
+    pub categories: &'a [String],
+    pub series: &'a [(String, Vec<Option<f64>>)],
+    pub reference: Option<f64>,
+}
+
+/// Draws `bars` as an SVG document.
+pub fn bars_svg(bars: &Bars<'_>) -> Result<String> {
+    if bars.categories.is_empty() || bars.series.is_empty() {
+        bail!("nothing to plot for `{}`", bars.title);
+    }
+    register_font()?;
+    let group = 16 * bars.series.len() as u32 + 28;
+    let size = (
+        (90 + group * bars.categories.len() as u32).max(560),
+        340 + LEGEND_STRIP,
+    );
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
+        draw_grouped(&root, bars)?;
+    }
+    Ok(svg)
+}
+
+/// A bar's value as its label: three significant figures at most.
+fn bar_label(value: f64) -> String {
+    match value.abs() {
+        v if v >= 100.0 => format!("{value:.0}"),
+        v if v >= 10.0 => format!("{value:.1}"),
+        _ => format!("{value:.2}"),
+    }
+}
+
+fn draw_grouped<B: DrawingBackend>(
+    root: &DrawingArea<B, plotters::coord::Shift>,
+    bars: &Bars<'_>,
+) -> Result<()>
+where
+    B::ErrorType: 'static,
+{
+    let err = |e: DrawingAreaErrorKind<B::ErrorType>| anyhow::anyhow!("drawing the plot: {e}");
+    root.fill(&WHITE).map_err(err)?;
+    let (_, full_height) = root.dim_in_pixel();
+    let (top, legend_area) = root.split_vertically(full_height - LEGEND_STRIP);
+    let n = bars.categories.len();
+    let k = bars.series.len();
+    let y_max = bars
+        .series
+        .iter()
+        .flat_map(|(_, values)| values.iter().flatten().copied())
+        .chain(bars.reference)
+        .fold(0.0f64, f64::max)
+        .max(f64::MIN_POSITIVE)
+        * 1.18;
+    let mut chart = ChartBuilder::on(&top)
+        .caption(bars.title, ("sans-serif", 16))
+        .margin(12)
+        .x_label_area_size(30)
+        .y_label_area_size(60)
+        .build_cartesian_2d(-0.5..n as f64 - 0.5, 0.0..y_max)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .y_desc(bars.y_desc)
+        .x_labels(n)
+        .x_label_formatter(&|v| {
+            let i = v.round();
+            if (v - i).abs() > 0.01 || i < 0.0 {
+                return String::new();
+            }
+            bars.categories.get(i as usize).cloned().unwrap_or_default()
+        })
+        .x_label_style(("sans-serif", 12))
+        .disable_x_mesh()
+        .draw()
+        .map_err(err)?;
+    let width = 0.8 / k as f64;
+    let labelled = n * k <= 40;
+    let label_style = ("sans-serif", 10).into_font().into_text_style(&top).pos(
+        plotters::style::text_anchor::Pos::new(
+            plotters::style::text_anchor::HPos::Center,
+            plotters::style::text_anchor::VPos::Bottom,
+        ),
+    );
+    for (j, (_, values)) in bars.series.iter().enumerate() {
+        let color = Palette99::pick(j).to_rgba();
+        let placed: Vec<(f64, f64)> = values
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| v.map(|v| (i as f64 - 0.4 + j as f64 * width, v)))
+            .collect();
+        chart
+            .draw_series(
+                placed.iter().map(|&(x, v)| {
+                    Rectangle::new([(x, 0.0), (x + width * 0.9, v)], color.filled())
+                }),
+            )
+            .map_err(err)?;
+        if labelled {
+            chart
+                .draw_series(placed.iter().map(|&(x, v)| {
+                    Text::new(bar_label(v), (x + width * 0.45, v), label_style.clone())
+                }))
+                .map_err(err)?;
+        }
+    }
+    if let Some(reference) = bars.reference {
+        chart
+            .draw_series(LineSeries::new(
+                vec![(-0.5, reference), (n as f64 - 0.5, reference)],
+                BLACK.mix(0.5).stroke_width(1),
+            ))
+            .map_err(err)?;
+    }
+    let mut x = 70i32;
+    let y = (LEGEND_STRIP / 2) as i32;
+    for (j, (name, _)) in bars.series.iter().enumerate() {
+        let color = Palette99::pick(j).to_rgba();
+        legend_area
+            .draw(&Rectangle::new(
+                [(x, y - 6), (x + 14, y + 6)],
+                color.filled(),
+            ))
+            .map_err(err)?;
+        legend_area
+            .draw(&Text::new(
+                name.clone(),
+                (x + 20, y - 7),
+                ("sans-serif", 13).into_font(),
+            ))
+            .map_err(err)?;
+        x += 20 + 8 * name.len() as i32 + 28;
+    }
     root.present().map_err(err)?;
     Ok(())
 }

@@ -6,6 +6,7 @@ pub mod credentials;
 pub mod format;
 pub mod fsck;
 pub mod mount;
+pub mod report;
 pub mod scrub;
 pub mod serve;
 pub mod sim;

@@ -99,9 +99,10 @@ pub struct SimArgs {
     output: Option<PathBuf>,
 }
 
+/// One grid point as `--json` prints it (and `locus report` keeps it).
 #[derive(Debug, Serialize)]
-struct JsonPoint<'a> {
-    policy: &'a str,
+pub(crate) struct JsonPoint {
+    policy: &'static str,
     dram_bytes: u64,
     nvram_bytes: u64,
     requests: u64,
@@ -111,6 +112,23 @@ struct JsonPoint<'a> {
     storage_accesses: u64,
     final_flush: u64,
     normalized_to_nvlru: Option<f64>,
+}
+
+impl From<&GridResult> for JsonPoint {
+    fn from(r: &GridResult) -> Self {
+        Self {
+            policy: r.policy.name(),
+            dram_bytes: r.dram_bytes,
+            nvram_bytes: r.nvram_bytes,
+            requests: r.requests,
+            block_accesses: r.accesses,
+            storage_reads: r.storage_reads,
+            writebacks: r.writebacks,
+            storage_accesses: r.storage_accesses(),
+            final_flush: r.final_flush,
+            normalized_to_nvlru: r.normalized_to_nvlru,
+        }
+    }
 }
 
 pub fn run(args: &SimArgs) -> Result<()> {
@@ -180,19 +198,7 @@ pub fn run(args: &SimArgs) -> Result<()> {
         let stdout = std::io::stdout();
         let mut out = stdout.lock();
         for r in &results {
-            let point = JsonPoint {
-                policy: r.policy.name(),
-                dram_bytes: r.dram_bytes,
-                nvram_bytes: r.nvram_bytes,
-                requests: r.requests,
-                block_accesses: r.accesses,
-                storage_reads: r.storage_reads,
-                writebacks: r.writebacks,
-                storage_accesses: r.storage_accesses(),
-                final_flush: r.final_flush,
-                normalized_to_nvlru: r.normalized_to_nvlru,
-            };
-            writeln!(out, "{}", serde_json::to_string(&point)?)
+            writeln!(out, "{}", serde_json::to_string(&JsonPoint::from(r))?)
                 .map_err(crate::output::StdoutError)?;
         }
     } else {

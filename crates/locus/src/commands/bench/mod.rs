@@ -45,7 +45,7 @@ fn print_json<T: serde::Serialize>(cases: &[T]) -> Result<()> {
 }
 
 /// A block size as the tables show it: `4K`, `64K`, `2M`, `1536B`.
-fn short_size(bytes: u64) -> String {
+pub(crate) fn short_size(bytes: u64) -> String {
     crate::size::format_bytes(bytes)
         .replace(".00 ", "")
         .replace("KiB", "K")
