@@ -27,6 +27,21 @@ impl fmt::Display for StdoutError {
 
 impl std::error::Error for StdoutError {}
 
+/// Checks, before any work, that a file can be written at `path` (the directory exists and
+/// takes it, or the file is writable), leaving nothing behind that was not there.
+pub fn check_writable(path: &std::path::Path) -> io::Result<()> {
+    let existed = path.exists();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)?;
+    if !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}
+
 /// Flushes what `out!` left in stdout's buffer (a line without its newline).
 pub fn flush() -> Result<(), StdoutError> {
     io::Write::flush(&mut io::stdout()).map_err(StdoutError)

@@ -22,17 +22,8 @@ pub fn check_target(path: &Path) -> Result<()> {
         bail!("--plot {}: use a .svg or .png file name", path.display());
     }
     font_path()?;
-    let existed = path.exists();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .with_context(|| format!("--plot {}: cannot write there", path.display()))?;
-    if !existed {
-        let _ = std::fs::remove_file(path);
-    }
-    Ok(())
+    crate::output::check_writable(path)
+        .with_context(|| format!("--plot {}: cannot write there", path.display()))
 }
 
 /// The NBM paper's Fig. 3: for each policy but NVLRU, storage accesses normalised to NVLRU

@@ -7,6 +7,8 @@
 //! Each test formats its own small volume on /dev/shm and mounts it on a fresh directory
 //! with `locus mount --foreground`, started by the test so that it can signal and kill it.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -532,21 +534,7 @@ fn sigterm_unmounts_cleanly_and_the_files_stay(transport: &'static str) {
 /// the mount: a pipeline with /locus in both stages and rsync (two processes each, which the
 /// library alone refuses with EBUSY) work, and the files are the mount's.
 fn the_preload_library_uses_a_running_mount(transport: &'static str) {
-    // `cargo build` leaves the library beside the binary; `cargo test --workspace` in deps/.
-    let dir = Path::new(env!("CARGO_BIN_EXE_locus")).parent().unwrap();
-    let library = [
-        dir.join("liblocus_preload.so"),
-        dir.join("deps/liblocus_preload.so"),
-    ]
-    .into_iter()
-    .find(|p| p.exists())
-    .unwrap_or_else(|| {
-        panic!(
-            "liblocus_preload.so is in neither {} nor its deps/: `cargo test --workspace` \
-                 builds it",
-            dir.display()
-        )
-    });
+    let library = common::preload_library();
     let mount = Mount::new(transport);
     let script = r#"
         set -e

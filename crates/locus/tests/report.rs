@@ -4,30 +4,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
 
 const SECTIONS: [&str; 5] = ["mbs-lvm", "libpubl", "tyche", "nbm", "udma"];
-
-/// The preload library: `cargo build` leaves it beside the binary, `cargo test --workspace`
-/// in deps/.
-fn preload_library() -> PathBuf {
-    let dir = Path::new(env!("CARGO_BIN_EXE_locus")).parent().unwrap();
-    [
-        dir.join("liblocus_preload.so"),
-        dir.join("deps/liblocus_preload.so"),
-    ]
-    .into_iter()
-    .find(|p| p.exists())
-    .unwrap_or_else(|| {
-        panic!(
-            "liblocus_preload.so is in neither {} nor its deps/",
-            dir.display()
-        )
-    })
-}
 
 fn chromium() -> Option<&'static str> {
     ["chromium", "chromium-browser"].into_iter().find(|name| {
@@ -68,7 +50,7 @@ fn the_quick_report_covers_every_seed_and_its_screenshot_shows_every_plot() {
         .arg("--trace")
         .arg(&trace)
         .arg("--preload-library")
-        .arg(preload_library())
+        .arg(common::preload_library())
         .arg("--disk-file")
         .arg(dir.path().join("uring.img"))
         .output()

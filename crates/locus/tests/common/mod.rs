@@ -103,3 +103,22 @@ pub fn random_file(path: &Path, bytes: usize, seed: u64) -> Vec<u8> {
     std::fs::write(path, &data).expect("write image");
     data
 }
+
+/// The preload library: `cargo build` leaves it beside the binary, `cargo test --workspace`
+/// in deps/.
+pub fn preload_library() -> std::path::PathBuf {
+    let dir = Path::new(env!("CARGO_BIN_EXE_locus")).parent().unwrap();
+    [
+        dir.join("liblocus_preload.so"),
+        dir.join("deps/liblocus_preload.so"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .unwrap_or_else(|| {
+        panic!(
+            "liblocus_preload.so is in neither {} nor its deps/: `cargo test --workspace` \
+             builds it",
+            dir.display()
+        )
+    })
+}

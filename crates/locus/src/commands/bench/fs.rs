@@ -167,7 +167,11 @@ pub fn run(sysfs: &Path, args: &FsBenchArgs) -> Result<()> {
             .join(format!("locus-bench-fs-{}", std::process::id())),
     );
     let volume_dir = scratch.path().join("volume");
-    let in_flight = 64 * args.prelim_buffers as u64 * args.prelim_buffer_size;
+    // Every thread that writes holds a slot with its preliminary buffers: the case's writers
+    // (a slot is handed on when its thread ends), the thread that fills the file, and the
+    // checkpoint's.
+    let writers = args.threads.iter().copied().max().unwrap_or(1) as u64 + 2;
+    let in_flight = writers * args.prelim_buffers as u64 * args.prelim_buffer_size;
     let volume_bytes = (2 * args.size + in_flight + (256 << 20)).next_multiple_of(2 << 20);
     let config = volume::default_config(&volume_dir, &topology, Some(volume_bytes))?;
     volume::Volume::format(&volume_dir, &config, true).with_context(|| {

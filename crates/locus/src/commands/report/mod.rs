@@ -290,16 +290,8 @@ pub fn run(sysfs: &Path, args: &ReportArgs) -> Result<()> {
     let json_path = args.output.join("report.json");
     // Refuse an unwritable place before minutes of measuring, leaving nothing behind.
     for path in [&html_path, &json_path] {
-        let existed = path.exists();
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
+        crate::output::check_writable(path)
             .with_context(|| format!("{} cannot be written", path.display()))?;
-        if !existed {
-            let _ = std::fs::remove_file(path);
-        }
     }
     let topology = topology::Topology::read_from(sysfs)?;
     let machine = Machine::read(&topology);

@@ -198,6 +198,11 @@ fn iops(case: Option<&Value>) -> String {
     }
 }
 
+/// A ratio with the two measurements it divides: `1.37x (3.79 vs 2.77 GB/s)`.
+fn versus(ratio: f64, a: &str, b: &str, unit: &str) -> String {
+    format!("{} ({a} vs {b} {unit})", times(ratio))
+}
+
 /// The smallest and largest of `values`, as `a–b`.
 fn range(values: &[f64]) -> String {
     let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
@@ -304,7 +309,7 @@ fn mbs_lvm(
                     section.finding(
                         format!("4 KiB random writes, {jobs} job(s): locus / tmpfs"),
                         Some("up to 20x (fio random writes, 4 NUMA nodes)"),
-                        format!("{} ({} vs {} IOPS)", times(q), iops(locus), iops(tmpfs)),
+                        versus(q, &iops(locus), &iops(tmpfs), "IOPS"),
                         Some(q),
                     );
                 }
@@ -512,11 +517,11 @@ fn libpubl(runner: &Runner, scale: &Scale) -> Section {
                     SWEEP[0]
                 ),
                 Some("1.81x (3,394 vs 1,872 MB/s)"),
-                format!(
-                    "{} ({:.2} vs {:.2} GB/s)",
-                    times(q),
-                    last.unwrap_or_default(),
-                    first.unwrap_or_default()
+                versus(
+                    q,
+                    &format!("{:.2}", last.unwrap_or_default()),
+                    &format!("{:.2}", first.unwrap_or_default()),
+                    "GB/s",
                 ),
                 Some(q),
             );
@@ -577,12 +582,7 @@ fn libpubl(runner: &Runner, scale: &Scale) -> Section {
                         "sequential 4 KiB writes: background / foreground-only checkpoint"
                             .to_owned(),
                         Some("1.22x (3,363 vs 2,754 MB/s)"),
-                        format!(
-                            "{} ({} vs {} GB/s)",
-                            times(q),
-                            gbps(bg.as_ref()),
-                            gbps(fg.as_ref())
-                        ),
+                        versus(q, &gbps(bg.as_ref()), &gbps(fg.as_ref()), "GB/s"),
                         Some(q),
                     );
                 }
@@ -590,12 +590,7 @@ fn libpubl(runner: &Runner, scale: &Scale) -> Section {
                     section.finding(
                         "sequential 4 KiB writes: locus / tmpfs".to_owned(),
                         Some("2.08x over the file systems compared (Ext4-DAX, NOVA, Libnvmmio)"),
-                        format!(
-                            "{} ({} vs {} GB/s)",
-                            times(t),
-                            gbps(bg.as_ref()),
-                            gbps(tmpfs.as_ref())
-                        ),
+                        versus(t, &gbps(bg.as_ref()), &gbps(tmpfs.as_ref()), "GB/s"),
                         Some(t),
                     );
                 }
