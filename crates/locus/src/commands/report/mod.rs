@@ -324,6 +324,12 @@ pub fn run(sysfs: &Path, args: &ReportArgs) -> Result<()> {
     for id in wanted {
         built.push(sections::build(id, &runner, &scale, &machine, args));
     }
+    // `sections::steps` says how many runs each section makes; keep it honest.
+    debug_assert_eq!(
+        runner.bar.position(),
+        steps,
+        "sections::steps is out of date"
+    );
     runner.bar.finish_and_clear();
     let report = Report {
         locus_version: env!("CARGO_PKG_VERSION"),
