@@ -1,5 +1,6 @@
 //! On random traces and capacities: every action of every policy is legal and the tiers
-//! never exceed their capacity; NBM follows its documented rule exactly. NV-MIN is not an
+//! never exceed their capacity; NBM, NVLRU and the unified LRU follow their documented rules
+//! exactly (each against a reference model that spells its rule out). NV-MIN is not an
 //! optimum (it can lose to NBM and NVLRU, with or without DRAM: `hand_computed_traces.rs`), so
 //! no ordering between the policies is asserted — but on small traces none of them may cost
 //! less than the exact optimum (`common/oracle.rs`, dynamic programming over cache states).
@@ -142,6 +143,118 @@ proptest! {
         prop_assert_eq!(
             (nbm.storage_reads, nbm.writebacks),
             nbm_by_the_rule(&accesses, capacity)
+        );
+    }
+}
+
+/// NVLRU's documented rule, spelled out (O(cache) per access): clean blocks in DRAM under
+/// LRU, dirty blocks in NVRAM under one LRU ordered by every access to them, reads and writes;
+/// a read miss loads into DRAM (evicting its least recently used block), or reads through
+/// when there is no DRAM; a write makes the block dirty in NVRAM (dropping a DRAM copy,
+/// evicting NVRAM's least recently used block, which is written back and leaves the cache),
+/// or writes through when there is no NVRAM. Returns (storage reads, write-backs and
+/// write-throughs).
+fn nvlru_by_the_rule(accesses: &[Access], capacity: Capacity) -> (u64, u64) {
+    let (mut reads, mut writebacks) = (0u64, 0u64);
+    // (block, last use) per tier.
+    let mut dram: Vec<(u32, u64)> = Vec::new();
+    let mut nvram: Vec<(u32, u64)> = Vec::new();
+    let oldest = |tier: &Vec<(u32, u64)>| (0..tier.len()).min_by_key(|&i| tier[i].1).expect("full");
+    for (i, access) in accesses.iter().enumerate() {
+        let now = i as u64 + 1;
+        let b = access.block;
+        match access.op {
+            Op::Read => {
+                if let Some(entry) = dram.iter_mut().chain(nvram.iter_mut()).find(|e| e.0 == b) {
+                    entry.1 = now;
+                } else if capacity.dram_blocks == 0 {
+                    reads += 1;
+                } else {
+                    if dram.len() == capacity.dram_blocks {
+                        dram.remove(oldest(&dram));
+                    }
+                    reads += 1;
+                    dram.push((b, now));
+                }
+            }
+            Op::Write => {
+                if let Some(entry) = nvram.iter_mut().find(|e| e.0 == b) {
+                    entry.1 = now;
+                } else if capacity.nvram_blocks == 0 {
+                    writebacks += 1;
+                } else {
+                    dram.retain(|e| e.0 != b);
+                    if nvram.len() == capacity.nvram_blocks {
+                        nvram.remove(oldest(&nvram));
+                        writebacks += 1;
+                    }
+                    nvram.push((b, now));
+                }
+            }
+        }
+    }
+    (reads, writebacks)
+}
+
+/// The unified LRU's documented rule: one cache of DRAM + NVRAM blocks under LRU over every
+/// access; a miss takes the least recently used block's place (written back if dirty); a
+/// write dirties the block in place; with no capacity at all, reads and writes go through.
+fn lru_by_the_rule(accesses: &[Access], capacity: Capacity) -> (u64, u64) {
+    let size = capacity.dram_blocks + capacity.nvram_blocks;
+    let (mut reads, mut writebacks) = (0u64, 0u64);
+    // (block, dirty, last use)
+    let mut cache: Vec<(u32, bool, u64)> = Vec::new();
+    for (i, access) in accesses.iter().enumerate() {
+        let now = i as u64 + 1;
+        let write = access.op == Op::Write;
+        if let Some(entry) = cache.iter_mut().find(|e| e.0 == access.block) {
+            entry.1 |= write;
+            entry.2 = now;
+            continue;
+        }
+        if size == 0 {
+            if write {
+                writebacks += 1;
+            } else {
+                reads += 1;
+            }
+            continue;
+        }
+        if cache.len() == size {
+            let at = (0..cache.len()).min_by_key(|&i| cache[i].2).expect("full");
+            if cache.remove(at).1 {
+                writebacks += 1;
+            }
+        }
+        if !write {
+            reads += 1;
+        }
+        cache.push((access.block, write, now));
+    }
+    (reads, writebacks)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+    /// NVLRU's and the unified LRU's lazy queues give exactly what their rules spelled out
+    /// give, whatever state the queues are in.
+    #[test]
+    fn nvlru_and_lru_follow_their_documented_rules(
+        accesses in accesses(),
+        dram_blocks in 0usize..6,
+        nvram_blocks in 0usize..6,
+    ) {
+        let capacity = Capacity { dram_blocks, nvram_blocks };
+        let nvlru = run_checked(&mut NvLru::new(capacity), &accesses, capacity, false);
+        prop_assert_eq!(
+            (nvlru.storage_reads, nvlru.writebacks),
+            nvlru_by_the_rule(&accesses, capacity)
+        );
+        let lru = run_checked(&mut Lru::new(capacity), &accesses, capacity, true);
+        prop_assert_eq!(
+            (lru.storage_reads, lru.writebacks),
+            lru_by_the_rule(&accesses, capacity)
         );
     }
 }
