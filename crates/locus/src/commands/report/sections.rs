@@ -420,26 +420,34 @@ fn libpubl(runner: &Runner, scale: &Scale) -> Section {
     );
     let seconds = scale.seconds.to_string();
     let size = size_arg(scale.file_bytes);
+    // `locus bench fs`, one thread, the given sizes and operations, plus `extra` options.
+    let fs_run = |label: &str, bs: &[u64], ops: &str, extra: [&str; 2]| {
+        let mut args = strings(&[
+            "fs",
+            "--seconds",
+            &seconds,
+            "--size",
+            &size,
+            "--bs",
+            &list(bs),
+            "--ops",
+            ops,
+            "--threads",
+            "1",
+        ]);
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        runner.bench(label, &args)
+    };
     let sweep: Vec<(usize, Run)> = SWEEP
         .iter()
         .map(|&n| {
-            let run = runner.bench(
-                &format!("Libpubl: {n} preliminary buffer(s) per thread"),
-                &strings(&[
-                    "fs",
-                    "--seconds",
-                    &seconds,
-                    "--size",
-                    &size,
-                    "--bs",
-                    &list(&SWEEP_BS),
-                    "--ops",
-                    "seqwrite",
-                    "--threads",
-                    "1",
-                    "--prelim-buffers",
-                    &n.to_string(),
-                ]),
+            let label = format!("Libpubl: {n} preliminary buffer(s) per thread");
+            let buffers = n.to_string();
+            let run = fs_run(
+                &label,
+                &SWEEP_BS,
+                "seqwrite",
+                ["--prelim-buffers", &buffers],
             );
             (n, run)
         })
@@ -450,24 +458,8 @@ fn libpubl(runner: &Runner, scale: &Scale) -> Section {
     ]
     .into_iter()
     .map(|(name, mode)| {
-        let run = runner.bench(
-            &format!("Libpubl: {name} checkpoint"),
-            &strings(&[
-                "fs",
-                "--seconds",
-                &seconds,
-                "--size",
-                &size,
-                "--bs",
-                &list(&BS),
-                "--ops",
-                "seqwrite,randwrite",
-                "--threads",
-                "1",
-                "--checkpoint",
-                mode,
-            ]),
-        );
+        let label = format!("Libpubl: {name} checkpoint");
+        let run = fs_run(&label, &BS, "seqwrite,randwrite", ["--checkpoint", mode]);
         (name, run)
     })
     .collect();
