@@ -378,8 +378,6 @@ impl Fs {
     }
 }
 
-/// What steps 1-5 of recovery find, before anything is changed: the state the file system
-/// opens with, and every piece of memory it owns.
 /// A stopped file system's files, read-only ([`Fs::offline`]).
 pub struct OfflineFs<'v> {
     volume: &'v Volume,
@@ -522,6 +520,8 @@ impl OfflineFs<'_> {
     }
 }
 
+/// What steps 1-5 of recovery find, before anything is changed: the state the file system
+/// opens with, and every piece of memory it owns.
 struct Loaded {
     owner: pmem::Region,
     root: Root,

@@ -213,10 +213,12 @@ where
             .map_err(err)?;
     }
     // The legend: one entry per DRAM size, in a row under the panels.
-    let mut x = 20i32;
-    for (index, &d) in dram.iter().enumerate() {
+    let labels: Vec<String> = dram
+        .iter()
+        .map(|&d| format!("DRAM {}", crate::size::format_bytes(d).replace(".00", "")))
+        .collect();
+    legend(&legend_area, &labels, 24, |index, x, y| {
         let color = Palette99::pick(index).to_rgba();
-        let y = (LEGEND_STRIP / 2) as i32;
         legend_area
             .draw(&PathElement::new(
                 vec![(x, y), (x + 24, y)],
@@ -225,18 +227,34 @@ where
             .map_err(err)?;
         legend_area
             .draw(&marker(index, (x + 12, y), color))
-            .map_err(err)?;
-        let text = format!("DRAM {}", crate::size::format_bytes(d).replace(".00", ""));
-        legend_area
-            .draw(&Text::new(
-                text.clone(),
-                (x + 30, y - 7),
-                ("sans-serif", 14).into_font(),
-            ))
-            .map_err(err)?;
-        x += 30 + 9 * text.len() as i32 + 24;
-    }
+            .map_err(err)
+    })?;
     legend_area.present().map_err(err)?;
+    Ok(())
+}
+
+/// A legend in a row across `area`: each label after its swatch, which `swatch(index, x, y)`
+/// draws `swatch_width` pixels wide from `x`, centred on `y`.
+fn legend<B: DrawingBackend>(
+    area: &DrawingArea<B, plotters::coord::Shift>,
+    labels: &[String],
+    swatch_width: i32,
+    mut swatch: impl FnMut(usize, i32, i32) -> Result<()>,
+) -> Result<()>
+where
+    B::ErrorType: 'static,
+{
+    let (mut x, y) = (20i32, (LEGEND_STRIP / 2) as i32);
+    for (index, label) in labels.iter().enumerate() {
+        swatch(index, x, y)?;
+        area.draw(&Text::new(
+            label.clone(),
+            (x + swatch_width + 6, y - 7),
+            ("sans-serif", 14).into_font(),
+        ))
+        .map_err(|e| anyhow::anyhow!("drawing the plot: {e}"))?;
+        x += swatch_width + 6 + 9 * label.len() as i32 + 24;
+    }
     Ok(())
 }
 
@@ -474,25 +492,15 @@ where
             ))
             .map_err(err)?;
     }
-    let mut x = 70i32;
-    let y = (LEGEND_STRIP / 2) as i32;
-    for (j, (name, _)) in bars.series.iter().enumerate() {
-        let color = Palette99::pick(j).to_rgba();
+    let labels: Vec<String> = bars.series.iter().map(|(name, _)| name.clone()).collect();
+    legend(&legend_area, &labels, 14, |j, x, y| {
         legend_area
             .draw(&Rectangle::new(
                 [(x, y - 6), (x + 14, y + 6)],
-                color.filled(),
+                Palette99::pick(j).to_rgba().filled(),
             ))
-            .map_err(err)?;
-        legend_area
-            .draw(&Text::new(
-                name.clone(),
-                (x + 20, y - 7),
-                ("sans-serif", 13).into_font(),
-            ))
-            .map_err(err)?;
-        x += 20 + 8 * name.len() as i32 + 28;
-    }
+            .map_err(err)
+    })?;
     root.present().map_err(err)?;
     Ok(())
 }

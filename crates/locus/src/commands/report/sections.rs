@@ -159,6 +159,23 @@ fn find<'a>(cases: &'a [Value], want: &[(&str, Value)]) -> Option<&'a Value> {
         .find(|c| want.iter().all(|(k, v)| c.get(*k) == Some(v)))
 }
 
+/// The case of `run` for one engine, operation and block size (the suites' common keys).
+fn case<'a>(run: &'a Run, engine: &str, op: &str, bs: u64) -> Option<&'a Value> {
+    find(
+        run.cases(),
+        &[
+            ("engine", json!(engine)),
+            ("op", json!(op)),
+            ("bs_bytes", json!(bs)),
+        ],
+    )
+}
+
+/// A case's throughput in bytes per second.
+fn rate(case: Option<&Value>) -> Option<f64> {
+    field(case, "bytes_per_sec")
+}
+
 fn field(case: Option<&Value>, name: &str) -> Option<f64> {
     case?.get(name)?.as_f64()
 }
@@ -186,7 +203,7 @@ fn times_or_dash(r: Option<f64>) -> String {
 }
 
 fn gbps(case: Option<&Value>) -> String {
-    field(case, "bytes_per_sec").map_or_else(|| "—".to_owned(), |b| format!("{:.2}", b / 1e9))
+    rate(case).map_or_else(|| "—".to_owned(), |b| format!("{:.2}", b / 1e9))
 }
 
 fn iops(case: Option<&Value>) -> String {
@@ -299,7 +316,7 @@ fn mbs_lvm(
         let mut values = Vec::new();
         for bs in BS {
             let (locus, tmpfs) = (cell("locus", bs, jobs), cell("tmpfs", bs, jobs));
-            let q = ratio(field(locus, "bytes_per_sec"), field(tmpfs, "bytes_per_sec"));
+            let q = ratio(rate(locus), rate(tmpfs));
             values.push(q);
             if let Some(q) = q {
                 if best.is_none_or(|(b, _, _)| q > b) {
@@ -463,19 +480,6 @@ fn libpubl(runner: &Runner, scale: &Scale) -> Section {
         (name, run)
     })
     .collect();
-    let fs_case = |run: &Run, engine: &str, op: &str, bs: u64| {
-        find(
-            run.cases(),
-            &[
-                ("engine", json!(engine)),
-                ("op", json!(op)),
-                ("bs_bytes", json!(bs)),
-                ("threads", json!(1)),
-            ],
-        )
-        .cloned()
-    };
-
     // The sweep.
     let mut series = Vec::new();
     let mut rows = Vec::new();
@@ -483,18 +487,18 @@ fn libpubl(runner: &Runner, scale: &Scale) -> Section {
         let mut values = Vec::new();
         for (n, run) in &sweep {
             let (locus, tmpfs) = (
-                fs_case(run, "locus", "seqwrite", bs),
-                fs_case(run, "tmpfs", "seqwrite", bs),
+                case(run, "locus", "seqwrite", bs),
+                case(run, "tmpfs", "seqwrite", bs),
             );
-            values.push(field(locus.as_ref(), "bytes_per_sec").map(|b| b / 1e9));
+            values.push(rate(locus).map(|b| b / 1e9));
             if locus.is_some() {
                 rows.push(vec![
                     n.to_string(),
                     short_size(bs),
-                    gbps(locus.as_ref()),
-                    field(locus.as_ref(), "backpressure_waits")
+                    gbps(locus),
+                    field(locus, "backpressure_waits")
                         .map_or_else(|| "—".to_owned(), |w| format!("{w:.0}")),
-                    gbps(tmpfs.as_ref()),
+                    gbps(tmpfs),
                 ]);
             }
         }
@@ -556,13 +560,10 @@ fn libpubl(runner: &Runner, scale: &Scale) -> Section {
     let mut rows = Vec::new();
     for op in ["seqwrite", "randwrite"] {
         for bs in BS {
-            let bg = fs_case(background, "locus", op, bs);
-            let fg = fs_case(foreground, "locus", op, bs);
-            let tmpfs = fs_case(background, "tmpfs", op, bs);
-            let (bg_rate, fg_rate) = (
-                field(bg.as_ref(), "bytes_per_sec"),
-                field(fg.as_ref(), "bytes_per_sec"),
-            );
+            let bg = case(background, "locus", op, bs);
+            let fg = case(foreground, "locus", op, bs);
+            let tmpfs = case(background, "tmpfs", op, bs);
+            let (bg_rate, fg_rate) = (rate(bg), rate(fg));
             categories.push(format!("{} {}", &op[..op.len() - 5], short_size(bs)));
             series[0].1.push(bg_rate.map(|b| b / 1e9));
             series[1].1.push(fg_rate.map(|b| b / 1e9));
@@ -574,15 +575,15 @@ fn libpubl(runner: &Runner, scale: &Scale) -> Section {
                         "sequential 4 KiB writes: background / foreground-only checkpoint"
                             .to_owned(),
                         Some("1.22x (3,363 vs 2,754 MB/s)"),
-                        versus(q, &gbps(bg.as_ref()), &gbps(fg.as_ref()), "GB/s"),
+                        versus(q, &gbps(bg), &gbps(fg), "GB/s"),
                         Some(q),
                     );
                 }
-                if let Some(t) = ratio(bg_rate, field(tmpfs.as_ref(), "bytes_per_sec")) {
+                if let Some(t) = ratio(bg_rate, rate(tmpfs)) {
                     section.finding(
                         "sequential 4 KiB writes: locus / tmpfs".to_owned(),
                         Some("2.08x over the file systems compared (Ext4-DAX, NOVA, Libnvmmio)"),
-                        versus(t, &gbps(bg.as_ref()), &gbps(tmpfs.as_ref()), "GB/s"),
+                        versus(t, &gbps(bg), &gbps(tmpfs), "GB/s"),
                         Some(t),
                     );
                 }
@@ -595,11 +596,11 @@ fn libpubl(runner: &Runner, scale: &Scale) -> Section {
                 rows.push(vec![
                     op.to_owned(),
                     short_size(bs),
-                    gbps(bg.as_ref()),
-                    gbps(fg.as_ref()),
+                    gbps(bg),
+                    gbps(fg),
                     times_or_dash(q),
-                    wa(bg.as_ref()),
-                    gbps(tmpfs.as_ref()),
+                    wa(bg),
+                    gbps(tmpfs),
                 ]);
             }
         }
@@ -632,18 +633,13 @@ fn libpubl(runner: &Runner, scale: &Scale) -> Section {
     for op in ["randwrite", "seqwrite"] {
         let values: Vec<Option<f64>> = BS
             .iter()
-            .map(|&bs| {
-                field(
-                    fs_case(background, "locus", op, bs).as_ref(),
-                    "write_amplification",
-                )
-            })
+            .map(|&bs| field(case(background, "locus", op, bs), "write_amplification"))
             .collect();
         wa_series.push((op.to_owned(), values));
     }
     for bs in [4 * KIB, 2 * MIB] {
         if let Some(wa) = field(
-            fs_case(background, "locus", "randwrite", bs).as_ref(),
+            case(background, "locus", "randwrite", bs),
             "write_amplification",
         ) {
             section.finding(
@@ -744,18 +740,6 @@ fn tyche(runner: &Runner, scale: &Scale, machine: &Machine) -> Section {
         })
         .collect();
     let (inline, queued) = (&runs[0], &runs[1]);
-    let case = |run: &Run, engine: &str, op: &str, bs: u64| {
-        find(
-            run.cases(),
-            &[
-                ("engine", json!(engine)),
-                ("op", json!(op)),
-                ("bs_bytes", json!(bs)),
-            ],
-        )
-        .cloned()
-    };
-    let rate = |c: &Option<Value>| field(c.as_ref(), "bytes_per_sec");
     let mut categories = Vec::new();
     let mut series = vec![
         ("locus inline".to_owned(), Vec::new()),
@@ -772,20 +756,20 @@ fn tyche(runner: &Runner, scale: &Scale, machine: &Machine) -> Section {
             let nbdkit_q = case(queued, "nbdkit-memory", op, bs);
             let qemu = case(inline, "qemu-nbd", op, bs);
             categories.push(format!("{} {}", &op[4..], short_size(bs)));
-            series[0].1.push(ratio(rate(&i), rate(&nbdkit_i)));
-            series[1].1.push(ratio(rate(&q), rate(&nbdkit_q)));
-            series[2].1.push(ratio(rate(&qemu), rate(&nbdkit_i)));
-            let gain = ratio(rate(&i), rate(&q));
+            series[0].1.push(ratio(rate(i), rate(nbdkit_i)));
+            series[1].1.push(ratio(rate(q), rate(nbdkit_q)));
+            series[2].1.push(ratio(rate(qemu), rate(nbdkit_i)));
+            let gain = ratio(rate(i), rate(q));
             inline_gain.extend(gain);
-            over_nbdkit.extend(ratio(rate(&i), rate(&nbdkit_i)));
+            over_nbdkit.extend(ratio(rate(i), rate(nbdkit_i)));
             if i.is_some() || q.is_some() {
                 rows.push(vec![
                     op.to_owned(),
                     short_size(bs),
-                    gbps(i.as_ref()),
-                    gbps(q.as_ref()),
-                    gbps(nbdkit_i.as_ref()),
-                    gbps(qemu.as_ref()),
+                    gbps(i),
+                    gbps(q),
+                    gbps(nbdkit_i),
+                    gbps(qemu),
                     times_or_dash(gain),
                 ]);
             }
@@ -1172,17 +1156,7 @@ fn udma(runner: &Runner, scale: &Scale, disk_file: Option<&Path>) -> Section {
         args.push(file.display().to_string());
     }
     let run = runner.bench("uDMA: io_uring O_DIRECT I/O by buffer strategy", &args);
-    let case = |engine: &str, op: &str, bs: u64| {
-        find(
-            run.cases(),
-            &[
-                ("engine", json!(engine)),
-                ("op", json!(op)),
-                ("bs_bytes", json!(bs)),
-            ],
-        )
-    };
-    let rate = |c: Option<&Value>| field(c, "bytes_per_sec");
+    let case = |engine: &str, op: &str, bs: u64| case(&run, engine, op, bs);
     let mut categories = Vec::new();
     let mut series: Vec<(String, Vec<Option<f64>>)> = ENGINES
         .iter()
