@@ -238,7 +238,7 @@ pub(crate) fn truncate(
     file(inode, "truncate")?;
     let mut freed = extents.truncate(size.div_ceil(BLOCK));
     if tail != 0 {
-        freed.extend(extents.map(size / BLOCK, 1, tail));
+        extents.map(size / BLOCK, 1, tail, &mut freed);
     }
     inode.overlay.truncate(size);
     inode.size.store(size, Ordering::Release);
@@ -317,12 +317,18 @@ pub(crate) fn batch(
     inode: impl Fn(u64) -> Option<Arc<Inode>>,
     times_set: impl Fn(u64) -> u64,
 ) {
+    // What the maps replaced was freed when the batch committed (and recovery's allocator
+    // is rebuilt from what is mapped): nothing to hand back here.
+    let mut replaced = Vec::new();
     for m in maps {
         if let Some(file) = inode(m.ino).filter(|i| i.kind == Kind::File) {
-            file.extents
-                .write()
-                .expect("extent map")
-                .map(m.file_block, m.blocks, m.addr);
+            file.extents.write().expect("extent map").map(
+                m.file_block,
+                m.blocks,
+                m.addr,
+                &mut replaced,
+            );
+            replaced.clear();
         }
     }
     for z in sizes {
@@ -457,7 +463,7 @@ mod tests {
     fn truncate_maps_the_kept_tail_and_returns_what_it_unmapped() {
         let f = inode(2, Kind::File);
         let mut extents = ExtentMap::new();
-        extents.map(0, 4, 1 << 20);
+        extents.map(0, 4, 1 << 20, &mut Vec::new());
         let freed = truncate(&f, &mut extents, BLOCK + 10, 9 << 20, 42).unwrap();
         let freed_blocks: u64 = freed.iter().map(|r| r.blocks).sum();
         assert_eq!(

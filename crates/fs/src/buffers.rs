@@ -4,9 +4,10 @@
 //! point into it; when the last of them retires and the set is sealed, the pages that were not
 //! remapped go back to the volume.
 //!
-//! Sets come from three places: a thread's pool of *preliminary buffers* (`File::write_at`
-//! copies into them), a caller's own buffer (`Fs::buffer` + `File::write_buffer`, no copy),
-//! and recovery (the pages of every record found live in the logs).
+//! Sets come from four places: a thread's pool of *preliminary buffers* (`File::write_at`
+//! copies into them), [`Recycled`] pages (blocks overwrites replaced, which single-block
+//! writes reuse), a caller's own buffer (`Fs::buffer` + `File::write_buffer`, no copy), and
+//! recovery (the pages of every record found live in the logs).
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,14 +15,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use volume::{Extent, GlobalAddress, Volume};
 
 use crate::error::Result;
-use crate::extent_map::BLOCK;
+use crate::extent_map::{BLOCK, Run};
 
 const SEALED: u64 = 1 << 63;
 
 /// Volume memory referenced by log records.
 #[derive(Debug)]
 pub(crate) struct BufferSet {
-    extents: Vec<Extent>,
+    /// Fixed at creation, except in a set of recycled pages: one is added as each is used.
+    extents: Mutex<Vec<Extent>>,
     /// Pages remapped into files: theirs now, not ours to free.
     taken: Mutex<Vec<u64>>,
     /// Records still pointing here, plus [`SEALED`] once no more will be added.
@@ -32,7 +34,7 @@ pub(crate) struct BufferSet {
 impl BufferSet {
     pub(crate) fn new(extents: Vec<Extent>) -> Self {
         Self {
-            extents,
+            extents: Mutex::new(extents),
             taken: Mutex::default(),
             state: AtomicU64::new(0),
             reclaimed: AtomicBool::new(false),
@@ -44,6 +46,14 @@ impl BufferSet {
         let set = Self::new(extents);
         set.state.store(SEALED | records, Ordering::Relaxed);
         set
+    }
+
+    /// A page joins the set (a recycled page, before the record placed in it is added).
+    fn add_page(&self, page: u64) {
+        self.extents.lock().expect("buffer set").push(Extent {
+            start: GlobalAddress::from_raw(page),
+            len_bytes: BLOCK,
+        });
     }
 
     /// One more record points here.
@@ -80,7 +90,7 @@ impl BufferSet {
     pub(crate) fn reclaim(&self, volume: &Volume) -> Result<()> {
         let mut taken = std::mem::take(&mut *self.taken.lock().expect("buffer set"));
         taken.sort_unstable();
-        for extent in &self.extents {
+        for extent in self.extents.lock().expect("buffer set").iter() {
             for run in untaken_runs(extent, &taken) {
                 volume.free(run)?;
             }
@@ -115,6 +125,104 @@ fn untaken_runs(extent: &Extent, taken: &[u64]) -> Vec<Extent> {
     runs
 }
 
+/// Recycled pages in one set: records of the same set retire together, so the set is
+/// reclaimed (any page whose record a newer write made void returned) in one go.
+const RECYCLED_SET_PAGES: usize = 64;
+
+/// Single pages the checkpoint freed — file blocks that overwrites replaced — kept for the
+/// writers' single-block writes instead of going back to the volume. A 4 KiB overwrite then
+/// costs no allocator work on either side (its block is remapped into the file, the block
+/// it replaced holds the next one), and random overwrites do not cut the volume's free
+/// memory into 4 KiB pieces that no buffer, journal or snapshot can use.
+///
+/// Per device, so that a writer takes pages of its own node; a writer takes one page at a
+/// time, so none sit unused in a writer's hands when the volume runs short. In DRAM only: nothing on media
+/// names a page here, so after a crash the volume's allocator (rebuilt at open from what
+/// the file system names) has it free. Bounded; what does not fit, and everything when a
+/// writer finds the volume short ([`Recycled::drain`]), goes back to the volume.
+#[derive(Debug)]
+pub(crate) struct Recycled {
+    devices: Vec<Mutex<Vec<u64>>>,
+    /// The node of each device.
+    nodes: Vec<Option<u32>>,
+    cap: usize,
+    /// Pages handed to writers.
+    used: AtomicU64,
+}
+
+impl Recycled {
+    /// Lists for devices on `nodes` (one entry per device) of at most `cap` pages each.
+    pub(crate) fn new(nodes: Vec<Option<u32>>, cap: usize) -> Self {
+        Self {
+            devices: nodes.iter().map(|_| Mutex::default()).collect(),
+            nodes,
+            cap,
+            used: AtomicU64::new(0),
+        }
+    }
+
+    /// Pages handed to writers so far.
+    pub(crate) fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Frees `runs` (blocks a committed batch replaced): single pages into their device's
+    /// list while it has room, everything else back to `volume`.
+    pub(crate) fn free(&self, volume: &Volume, runs: &[Run]) -> Result<()> {
+        let mut locked: Option<(usize, std::sync::MutexGuard<'_, Vec<u64>>)> = None;
+        for run in runs {
+            if run.blocks == 1 {
+                let device = GlobalAddress::from_raw(run.addr).device() as usize;
+                if locked.as_ref().is_none_or(|(d, _)| *d != device)
+                    && let Some(list) = self.devices.get(device)
+                {
+                    locked = Some((device, list.lock().expect("recycled pages")));
+                }
+                if let Some((d, list)) = locked.as_mut()
+                    && *d == device
+                    && list.len() < self.cap
+                {
+                    list.push(run.addr);
+                    continue;
+                }
+            }
+            volume.free(Extent {
+                start: GlobalAddress::from_raw(run.addr),
+                len_bytes: run.blocks * BLOCK,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// A page on a device of `node`, if there is one.
+    pub(crate) fn take(&self, node: u32) -> Option<u64> {
+        let page = self
+            .devices
+            .iter()
+            .zip(&self.nodes)
+            .filter(|(_, n)| **n == Some(node))
+            .find_map(|(list, _)| list.lock().expect("recycled pages").pop())?;
+        self.used.fetch_add(1, Ordering::Relaxed);
+        Some(page)
+    }
+
+    /// Gives every page back to `volume`; true if there was any.
+    pub(crate) fn drain(&self, volume: &Volume) -> Result<bool> {
+        let mut any = false;
+        for list in &self.devices {
+            let pages = std::mem::take(&mut *list.lock().expect("recycled pages"));
+            any |= !pages.is_empty();
+            for page in pages {
+                volume.free(Extent {
+                    start: GlobalAddress::from_raw(page),
+                    len_bytes: BLOCK,
+                })?;
+            }
+        }
+        Ok(any)
+    }
+}
+
 /// Where a write's data goes in a thread's preliminary buffers.
 #[derive(Debug)]
 pub(crate) struct Placement {
@@ -134,6 +242,8 @@ pub(crate) struct Pool {
     cursor: u64,
     buffer_bytes: u64,
     whole_blocks: bool,
+    /// The set of recycled pages single-block writes go into first, and how many it has.
+    recycled: Option<(std::sync::Arc<BufferSet>, usize)>,
 }
 
 /// What a placement attempt needs from the caller.
@@ -154,12 +264,14 @@ impl Pool {
             cursor: 0,
             buffer_bytes,
             whole_blocks,
+            recycled: None,
         }
     }
 
     /// Space for `len` bytes destined for file offset `offset`. A write holding at least one
     /// whole block is placed at the same offset within a page as in the file, so the
     /// checkpoint can remap its whole blocks; smaller writes are packed.
+    /// A single aligned block goes into a recycled page (from `recycle`) while there are any.
     /// New buffers come from `alloc`; `spare` says how much free memory is beyond the
     /// checkpoint's reserve (asked only when a buffer must be allocated).
     pub(crate) fn reserve(
@@ -169,7 +281,14 @@ impl Pool {
         len: u64,
         spare: &dyn Fn() -> u64,
         alloc: &dyn Fn(u64) -> Result<Extent>,
+        recycle: &dyn Fn() -> Option<u64>,
     ) -> Result<Reserve> {
+        if len == BLOCK
+            && offset.is_multiple_of(BLOCK)
+            && let Some(placed) = self.place_recycled(volume, recycle)?
+        {
+            return Ok(Reserve::Placed(placed));
+        }
         let has_whole_block = offset.next_multiple_of(BLOCK) + BLOCK <= offset + len;
         // At the file's in-page offset a write needs this much of a fresh buffer; more than a
         // whole one could never be placed (the caller gives such writes buffers of their own).
@@ -241,8 +360,39 @@ impl Pool {
         unreachable!("a fresh preliminary buffer of at least {needs} bytes places the write")
     }
 
+    /// A recycled page from `recycle` in the pool's set of them; `None` when there is none.
+    /// A full set is sealed at once: its last record's retirement reclaims it.
+    fn place_recycled(
+        &mut self,
+        volume: &Volume,
+        recycle: &dyn Fn() -> Option<u64>,
+    ) -> Result<Option<Placement>> {
+        let Some(addr) = recycle() else {
+            return Ok(None);
+        };
+        let (set, used) = self
+            .recycled
+            .get_or_insert_with(|| (std::sync::Arc::new(BufferSet::new(Vec::new())), 0));
+        set.add_page(addr);
+        set.add_record();
+        *used += 1;
+        let set = std::sync::Arc::clone(set);
+        if *used == RECYCLED_SET_PAGES {
+            self.recycled = None;
+            if set.seal() {
+                set.reclaim(volume)?;
+            }
+        }
+        Ok(Some(Placement { set, addr }))
+    }
+
     /// Seals every buffer (at unmount): the checkpoint reclaims each when its records retire.
     pub(crate) fn seal_all(&mut self, volume: &Volume) -> Result<()> {
+        if let Some((set, _)) = self.recycled.take()
+            && set.seal()
+        {
+            set.reclaim(volume)?;
+        }
         for (set, _, _) in self.buffers.iter_mut().flatten() {
             if !set.is_reclaimed() && set.seal() {
                 set.reclaim(volume)?;

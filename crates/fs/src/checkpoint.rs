@@ -5,9 +5,13 @@
 //! still take an order under (each writer publishes a lower bound of the order it is about to
 //! take). For each record, under the record's range lock, it takes the parts of the record
 //! no newer write replaced (the overlay knows) and
-//! - remaps whole 4 KiB blocks whose buffer position is page aligned into the file's extent
-//!   map (no copy; the block the file had there is freed after the batch commits);
+//! - remaps whole 4 KiB blocks whose buffer position is page aligned into the file's block
+//!   table (no copy; the block the file had there is freed after the batch commits — single
+//!   blocks into [`crate::buffers::Recycled`], for the writers' next single-block writes);
 //! - copies partial blocks into the file's block in place (a fresh zeroed page for a hole).
+//!
+//! Whole blocks are copied in place too where remapping must not happen: in a file mapped
+//! into memory, and on a nearly full volume ([`tight_below`]).
 //!
 //! Then one journal record commits the batch: every map change, the sizes reached, and the
 //! retirement of the records. Until it is durable nothing is freed, so a crash before it
@@ -30,15 +34,6 @@ use crate::snapshot::{
     INDEX_PAGE_BYTES, INDEX_PAGE_PIECES, InodeImage, RUN_BYTES, Snapshot, SnapshotIndex,
     write_growth_bound,
 };
-
-/// Whole-block runs of a record at least this long are remapped into the file; shorter
-/// ones are copied into the file's existing blocks (remapped only into holes). Remapping
-/// 4 KiB overwrites one by one left a randomly written file with an extent per block — a
-/// snapshot of ~20 bytes per 4 KiB, which needs one contiguous extent — and a free for
-/// every write; a 4 KiB non-temporal copy costs about as much as the remap's bookkeeping.
-/// Runs of 64 KiB or more keep the copy-free remap, and bound a file's extents by its size
-/// over 64 KiB.
-pub(crate) const REMAP_MIN_BLOCKS: u64 = 16;
 
 /// A batch smaller than [`GATHER_RECORDS`] waits this long (or until a queue reaches that
 /// many records) for more, so that the per-batch work (the journal record, its flush and
@@ -95,6 +90,7 @@ fn run_loop(inner: &Inner) -> Result<()> {
                     .expect("buffer pool")
                     .seal_all(&inner.volume)?;
             }
+            inner.recycled.drain(&inner.volume)?;
             snapshot(inner)?;
             inner.progress.pass_done();
             return Ok(());
@@ -150,7 +146,10 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
         snapshot(inner)?;
     }
 
-    let mut work = Work::default();
+    let mut work = Work {
+        copy_overwrites: inner.spare_bytes() < tight_below(inner),
+        ..Work::default()
+    };
     for record in &batch.records {
         apply_record(inner, record, &mut work)?;
     }
@@ -204,7 +203,7 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
             .retired
             .fetch_max(seq, Ordering::AcqRel);
     }
-    inner.free_runs(&work.freed)?;
+    inner.recycled.free(&inner.volume, &work.freed)?;
     for p in &batch.records {
         if p.set.release() {
             p.set.reclaim(&inner.volume)?;
@@ -221,8 +220,19 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
     Ok(batch.records.len())
 }
 
+/// Below this much spare memory the checkpoint copies whole-block overwrites into the
+/// blocks the file has instead of remapping them: a remap that splits a run grows the
+/// metadata (the next snapshot, which the writers' reserve counts twice), so on a nearly
+/// full volume remapped overwrites would eat the last free memory and end in `NoSpace` for
+/// writes that replace what they overwrite. A 64th of the volume, at least 1 MiB.
+fn tight_below(inner: &Inner) -> u64 {
+    (inner.volume.data_bytes() / 64).max(1 << 20)
+}
+
 #[derive(Default)]
 struct Work {
+    /// Whole-block overwrites are copied in place this batch ([`tight_below`]).
+    copy_overwrites: bool,
     maps: Vec<MapEntry>,
     sizes: std::collections::BTreeMap<u64, SizeEntry>,
     freed: Vec<Run>,
@@ -274,12 +284,12 @@ fn apply_record(inner: &Inner, record: &Pending, work: &mut Work) -> Result<()> 
             let src = piece.src + (pos - piece.start);
             if pos == block_start && piece.end - pos >= BLOCK && src.is_multiple_of(BLOCK) {
                 let blocks = (piece.end - pos) / BLOCK;
-                if (blocks >= REMAP_MIN_BLOCKS && !mapped) || checked {
+                if !(mapped || work.copy_overwrites) || checked {
                     remap(inode.ino, &mut extents, record, block, blocks, src, work);
                 } else {
-                    // Few whole blocks: copied into the blocks the file has, so that small
-                    // overwrites neither fragment its extent map nor churn the allocator;
-                    // remapped only where the file has a hole.
+                    // A mapped file (whose blocks stay where the mappings point), or a
+                    // nearly full volume: copied into the blocks the file has; remapped
+                    // only where the file has a hole.
                     let mut i = 0;
                     while i < blocks {
                         if let Some(target) = extents.get(block + i) {
@@ -415,7 +425,7 @@ fn map_fresh_page(
     let fresh: Extent = inner.volume.alloc(BLOCK, node)?;
     let (region, at) = inner.region_at(fresh.start.raw())?;
     region.write_nt(at, page)?;
-    work.freed.extend(extents.map(block, 1, fresh.start.raw()));
+    extents.map(block, 1, fresh.start.raw(), &mut work.freed);
     work.maps.push(MapEntry {
         ino,
         file_block: block,
@@ -456,7 +466,7 @@ fn remap(
     src: u64,
     work: &mut Work,
 ) {
-    work.freed.extend(extents.map(block, blocks, src));
+    extents.map(block, blocks, src, &mut work.freed);
     for i in 0..blocks {
         record.set.take_page(src + i * BLOCK);
     }

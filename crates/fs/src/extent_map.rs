@@ -1,14 +1,29 @@
-//! A file's extent map: runs of file blocks (4 KiB) mapped to runs of volume pages.
+//! A file's block table: file blocks (4 KiB) mapped to volume pages.
+//!
+//! The map is kept per *chunk* of [`CHUNK_BLOCKS`] blocks (2 MiB of file), in one ordered
+//! map keyed by chunk number. A chunk is either
+//! - part of a [`Chunk::Run`]: whole chunks, every block mapped, their pages consecutive —
+//!   what sequential writes leave, one entry however long the file; or
+//! - a [`Table`]: one page address per block (or a hole) — what small writes leave.
+//!
+//! Remapping one block of a table is a store into an array: no search beyond the chunk's,
+//! no allocation, whatever the file's history (random 4 KiB overwrites used to leave an
+//! ordered-map entry per block, and each remap split and reinserted them). A table whose
+//! blocks become one consecutive run turns back into a `Run`, merged with its neighbours.
+//! Readers see runs: [`ExtentMap::lookup`] and [`ExtentMap::runs`] coalesce blocks that are
+//! consecutive in both the file and memory, whichever writes put them there.
 //!
 //! Unmapped blocks are holes and read as zeros. Mapping a range replaces whatever was mapped
 //! there and hands back the replaced pieces, which the caller frees once the change is
-//! durable. Runs that happen to be contiguous on both sides are not merged: a run is what one
-//! write put there, and merging would only save memory for sequential writers.
+//! durable.
 
 use std::collections::BTreeMap;
 
 /// Bytes per file block (and per volume page).
 pub const BLOCK: u64 = 4096;
+
+/// Blocks per chunk (2 MiB of file): a table is one page of addresses.
+pub const CHUNK_BLOCKS: u64 = 512;
 
 /// A mapped run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,24 +40,173 @@ impl Run {
     fn end(&self) -> u64 {
         self.file_block + self.blocks
     }
+}
 
-    /// The part of this run inside `[from, to)`, if any.
-    fn clip(&self, from: u64, to: u64) -> Option<Run> {
-        let start = self.file_block.max(from);
-        let end = self.end().min(to);
-        (start < end).then(|| Run {
-            file_block: start,
-            blocks: end - start,
-            addr: self.addr + (start - self.file_block) * BLOCK,
-        })
+/// Appends one block's page to `out`, extending its last run when the block follows it in
+/// both the file and memory.
+fn push_block(out: &mut Vec<Run>, file_block: u64, addr: u64) {
+    if let Some(last) = out.last_mut()
+        && last.end() == file_block
+        && last.addr + last.blocks * BLOCK == addr
+    {
+        last.blocks += 1;
+        return;
+    }
+    out.push(Run {
+        file_block,
+        blocks: 1,
+        addr,
+    });
+}
+
+/// Appends a run to `out`, merging it into the last one when they are consecutive.
+fn push_run(out: &mut Vec<Run>, run: Run) {
+    if let Some(last) = out.last_mut()
+        && last.end() == run.file_block
+        && last.addr + last.blocks * BLOCK == run.addr
+    {
+        last.blocks += run.blocks;
+        return;
+    }
+    out.push(run);
+}
+
+/// One chunk's blocks: `page | 1` for a mapped block (pages are block aligned, so the low
+/// bit is free to mark "mapped"), 0 for a hole.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Table {
+    entries: [u64; CHUNK_BLOCKS as usize],
+    /// Mapped entries.
+    mapped: u32,
+    /// Entries that start a run within the chunk (mapped, and not the page after the
+    /// previous entry's).
+    starts: u32,
+}
+
+impl std::fmt::Debug for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table")
+            .field("mapped", &self.mapped)
+            .field("starts", &self.starts)
+            .finish_non_exhaustive()
     }
 }
 
-/// The runs of one file, keyed by first file block; runs never overlap.
+const MAPPED: u64 = 1;
+
+impl Table {
+    fn empty() -> Box<Self> {
+        Box::new(Self {
+            entries: [0; CHUNK_BLOCKS as usize],
+            mapped: 0,
+            starts: 0,
+        })
+    }
+
+    /// A table of a whole consecutive run from `addr`.
+    fn contiguous(addr: u64) -> Box<Self> {
+        let mut table = Self::empty();
+        for (i, entry) in table.entries.iter_mut().enumerate() {
+            *entry = (addr + i as u64 * BLOCK) | MAPPED;
+        }
+        table.mapped = CHUNK_BLOCKS as u32;
+        table.starts = 1;
+        table
+    }
+
+    fn page(&self, i: usize) -> Option<u64> {
+        let e = self.entries[i];
+        (e != 0).then_some(e & !MAPPED)
+    }
+
+    fn starts_run(&self, i: usize) -> bool {
+        let e = self.entries[i];
+        e != 0
+            && (i == 0
+                || self.entries[i - 1] == 0
+                || (self.entries[i - 1] & !MAPPED) + BLOCK != e & !MAPPED)
+    }
+
+    /// Sets entry `i` to `page` (`None`: a hole); returns the page it replaced, if any (not
+    /// the same page set again).
+    fn set(&mut self, i: usize, page: Option<u64>) -> Option<u64> {
+        let new = page.map_or(0, |p| {
+            debug_assert!(p.is_multiple_of(BLOCK), "page {p:#x} is not block aligned");
+            p | MAPPED
+        });
+        let old = self.entries[i];
+        if old == new {
+            return None;
+        }
+        let around = |t: &Self| {
+            u32::from(t.starts_run(i))
+                + u32::from(i + 1 < CHUNK_BLOCKS as usize && t.starts_run(i + 1))
+        };
+        let before = around(self);
+        self.entries[i] = new;
+        self.starts = self.starts - before + around(self);
+        self.mapped = self.mapped + u32::from(new != 0) - u32::from(old != 0);
+        (old != 0).then_some(old & !MAPPED)
+    }
+
+    /// The single run the table is, if it is one: every block mapped, pages consecutive.
+    fn as_run(&self) -> Option<u64> {
+        (self.mapped == CHUNK_BLOCKS as u32 && self.starts == 1).then(|| self.entries[0] & !MAPPED)
+    }
+
+    /// Appends the mapped blocks of entries `[from, to)` as runs (first file block of the
+    /// chunk: `base`).
+    fn pieces(&self, base: u64, from: usize, to: usize, out: &mut Vec<Run>) {
+        for i in from..to {
+            if let Some(page) = self.page(i) {
+                push_block(out, base + i as u64, page);
+            }
+        }
+    }
+}
+
+/// An entry of the chunk map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Chunk {
+    /// `chunks` whole chunks from the key on, every block mapped, pages consecutive from
+    /// `addr`.
+    Run { chunks: u64, addr: u64 },
+    /// One chunk, block by block.
+    Table(Box<Table>),
+}
+
+impl Chunk {
+    /// Chunks covered.
+    fn chunks(&self) -> u64 {
+        match self {
+            Chunk::Run { chunks, .. } => *chunks,
+            Chunk::Table(_) => 1,
+        }
+    }
+
+    fn blocks(&self) -> u64 {
+        match self {
+            Chunk::Run { chunks, .. } => chunks * CHUNK_BLOCKS,
+            Chunk::Table(t) => u64::from(t.mapped),
+        }
+    }
+
+    /// Runs as counted by [`ExtentMap::run_count`].
+    fn runs(&self) -> u64 {
+        match self {
+            Chunk::Run { .. } => 1,
+            Chunk::Table(t) => u64::from(t.starts),
+        }
+    }
+}
+
+/// The block table of one file.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ExtentMap {
-    runs: BTreeMap<u64, Run>,
+    /// Keyed by first chunk; entries never overlap.
+    chunks: BTreeMap<u64, Chunk>,
     blocks: u64,
+    runs: u64,
 }
 
 impl ExtentMap {
@@ -56,90 +220,241 @@ impl ExtentMap {
         self.blocks
     }
 
-    /// Number of runs.
+    /// Runs, counted per entry: a run that continues from one chunk's table into the next
+    /// entry counts once in each. An upper bound of what [`ExtentMap::runs`] yields, kept
+    /// without a scan.
     pub fn run_count(&self) -> usize {
-        self.runs.len()
+        self.runs as usize
     }
 
-    /// Every run, in file order.
+    /// Every run, in file order, coalesced.
     pub fn runs(&self) -> impl Iterator<Item = Run> + '_ {
-        self.runs.values().copied()
+        self.lookup(0, u64::MAX).into_iter()
     }
 
-    /// Maps `blocks` blocks from `file_block` to the pages at `addr`; returns the pieces that
-    /// were mapped there before (to free once the change is durable).
-    pub fn map(&mut self, file_block: u64, blocks: u64, addr: u64) -> Vec<Run> {
-        let replaced = self.unmap(file_block, file_block + blocks);
-        self.runs.insert(
-            file_block,
-            Run {
-                file_block,
-                blocks,
-                addr,
-            },
-        );
-        self.blocks += blocks;
-        replaced
+    /// Maps `blocks` blocks from `file_block` to the pages at `addr`; appends the pieces that
+    /// were mapped there before (to free once the change is durable) to `replaced`.
+    pub fn map(&mut self, file_block: u64, blocks: u64, addr: u64, replaced: &mut Vec<Run>) {
+        self.replace(file_block, file_block + blocks, Some(addr), replaced);
     }
 
     /// Removes every mapping at or beyond `file_block` (truncation); returns what was mapped.
     pub fn truncate(&mut self, file_block: u64) -> Vec<Run> {
-        self.unmap(file_block, u64::MAX)
+        let mut removed = Vec::new();
+        self.replace(file_block, u64::MAX, None, &mut removed);
+        removed
     }
 
     /// Removes every mapping of blocks `[from, to)` (a hole punched); returns what was mapped.
     pub fn punch(&mut self, from: u64, to: u64) -> Vec<Run> {
-        self.unmap(from, to)
+        let mut removed = Vec::new();
+        self.replace(from, to, None, &mut removed);
+        removed
     }
 
     /// The page of one block, or `None` for a hole.
     pub fn get(&self, file_block: u64) -> Option<u64> {
-        let (_, run) = self.runs.range(..=file_block).next_back()?;
-        (file_block < run.end()).then(|| run.addr + (file_block - run.file_block) * BLOCK)
+        let c = file_block / CHUNK_BLOCKS;
+        let (&key, chunk) = self.chunks.range(..=c).next_back()?;
+        match chunk {
+            Chunk::Table(t) if key == c => t.page((file_block % CHUNK_BLOCKS) as usize),
+            Chunk::Run { chunks, addr } if c < key + chunks => {
+                Some(addr + (file_block - key * CHUNK_BLOCKS) * BLOCK)
+            }
+            _ => None,
+        }
     }
 
-    /// The mapped pieces inside `[from, to)` (file blocks), in order; gaps are holes.
+    /// The mapped pieces inside `[from, to)` (file blocks), in order, coalesced; gaps are
+    /// holes.
     pub fn lookup(&self, from: u64, to: u64) -> Vec<Run> {
         let mut out = Vec::new();
-        if let Some((_, run)) = self.runs.range(..from).next_back()
-            && let Some(piece) = run.clip(from, to)
-        {
-            out.push(piece);
+        if from >= to {
+            return out;
         }
-        out.extend(
-            self.runs
-                .range(from..to)
-                .filter_map(|(_, run)| run.clip(from, to)),
-        );
+        let (first, last) = (from / CHUNK_BLOCKS, (to - 1) / CHUNK_BLOCKS);
+        let before = self.chunks.range(..first).next_back();
+        for (&key, chunk) in before.into_iter().chain(self.chunks.range(first..=last)) {
+            let base = key * CHUNK_BLOCKS;
+            match chunk {
+                Chunk::Run { chunks, addr } => {
+                    let start = base.max(from);
+                    let end = (base + chunks * CHUNK_BLOCKS).min(to);
+                    if start < end {
+                        push_run(
+                            &mut out,
+                            Run {
+                                file_block: start,
+                                blocks: end - start,
+                                addr: addr + (start - base) * BLOCK,
+                            },
+                        );
+                    }
+                }
+                Chunk::Table(_) if key < first => {}
+                Chunk::Table(t) => {
+                    let lo = from.saturating_sub(base) as usize;
+                    let hi = (to - base).min(CHUNK_BLOCKS) as usize;
+                    t.pieces(base, lo, hi, &mut out);
+                }
+            }
+        }
         out
     }
 
-    /// Removes `[from, to)` and returns the removed pieces; runs straddling an edge are split.
-    fn unmap(&mut self, from: u64, to: u64) -> Vec<Run> {
-        let mut affected: Vec<Run> = Vec::new();
-        if let Some((_, run)) = self.runs.range(..from).next_back()
-            && run.end() > from
+    /// Maps `[from, to)` to consecutive pages from `addr` (`None`: unmaps it), appending what
+    /// was mapped there to `replaced`. Whole chunks become one run entry; the others are
+    /// edited entry by entry in their tables.
+    fn replace(&mut self, from: u64, to: u64, addr: Option<u64>, replaced: &mut Vec<Run>) {
+        let mut b = from;
+        while b < to {
+            let c = b / CHUNK_BLOCKS;
+            let base = c * CHUNK_BLOCKS;
+            if b == base && to - b >= CHUNK_BLOCKS {
+                let n = (to - b) / CHUNK_BLOCKS;
+                self.remove_chunks(c, c + n, replaced);
+                if let Some(a) = addr {
+                    self.insert_run(c, n, a + (b - from) * BLOCK);
+                }
+                b += n * CHUNK_BLOCKS;
+                continue;
+            }
+            let end = to.min(base.saturating_add(CHUNK_BLOCKS));
+            if addr.is_some() || self.covers(c) {
+                self.edit(c, |table| {
+                    for i in b..end {
+                        let page = addr.map(|a| a + (i - from) * BLOCK);
+                        if let Some(old) = table.set((i - base) as usize, page) {
+                            push_block(replaced, i, old);
+                        }
+                    }
+                });
+            }
+            b = end;
+        }
+    }
+
+    /// True if some entry covers chunk `c`.
+    fn covers(&self, c: u64) -> bool {
+        self.chunks
+            .range(..=c)
+            .next_back()
+            .is_some_and(|(&key, chunk)| c < key + chunk.chunks())
+    }
+
+    /// Makes chunk `c` start an entry: a run entry across it is cut in two.
+    fn split_at(&mut self, c: u64) {
+        let Some((&key, &Chunk::Run { chunks, addr })) = self.chunks.range(..c).next_back() else {
+            return;
+        };
+        if c >= key + chunks {
+            return;
+        }
+        let head = c - key;
+        self.chunks.insert(key, Chunk::Run { chunks: head, addr });
+        self.chunks.insert(
+            c,
+            Chunk::Run {
+                chunks: chunks - head,
+                addr: addr + head * CHUNK_BLOCKS * BLOCK,
+            },
+        );
+        self.runs += 1;
+    }
+
+    /// Removes chunks `[c1, c2)`, appending what they mapped to `removed`.
+    fn remove_chunks(&mut self, c1: u64, c2: u64, removed: &mut Vec<Run>) {
+        self.split_at(c1);
+        self.split_at(c2);
+        let keys: Vec<u64> = self.chunks.range(c1..c2).map(|(&k, _)| k).collect();
+        for key in keys {
+            let chunk = self.chunks.remove(&key).expect("listed");
+            self.blocks -= chunk.blocks();
+            self.runs -= chunk.runs();
+            let base = key * CHUNK_BLOCKS;
+            match chunk {
+                Chunk::Run { chunks, addr } => push_run(
+                    removed,
+                    Run {
+                        file_block: base,
+                        blocks: chunks * CHUNK_BLOCKS,
+                        addr,
+                    },
+                ),
+                Chunk::Table(t) => t.pieces(base, 0, CHUNK_BLOCKS as usize, removed),
+            }
+        }
+    }
+
+    /// Adds a run entry of `chunks` whole chunks from `c` (nothing mapped there), merged with
+    /// the runs it continues.
+    fn insert_run(&mut self, c: u64, chunks: u64, addr: u64) {
+        self.chunks.insert(c, Chunk::Run { chunks, addr });
+        self.blocks += chunks * CHUNK_BLOCKS;
+        self.runs += 1;
+        self.merge_around(c);
+    }
+
+    /// Merges the run entry at `c` with a run entry it continues and one that continues it.
+    fn merge_around(&mut self, mut c: u64) {
+        let Some(&Chunk::Run {
+            mut chunks,
+            mut addr,
+        }) = self.chunks.get(&c)
+        else {
+            return;
+        };
+        if let Some((&key, &Chunk::Run { chunks: n, addr: a })) = self.chunks.range(..c).next_back()
+            && key + n == c
+            && a + n * CHUNK_BLOCKS * BLOCK == addr
         {
-            affected.push(*run);
+            self.chunks.remove(&c);
+            (c, chunks, addr) = (key, n + chunks, a);
+            self.chunks.insert(c, Chunk::Run { chunks, addr });
+            self.runs -= 1;
         }
-        affected.extend(self.runs.range(from..to).map(|(_, run)| *run));
-        let mut removed = Vec::with_capacity(affected.len());
-        for run in affected {
-            self.runs.remove(&run.file_block);
-            self.blocks -= run.blocks;
-            if let Some(left) = run.clip(run.file_block, from) {
-                self.runs.insert(left.file_block, left);
-                self.blocks += left.blocks;
-            }
-            if let Some(right) = run.clip(to, run.end()) {
-                self.runs.insert(right.file_block, right);
-                self.blocks += right.blocks;
-            }
-            if let Some(middle) = run.clip(from, to) {
-                removed.push(middle);
-            }
+        let next = c + chunks;
+        if let Some(&Chunk::Run { chunks: n, addr: a }) = self.chunks.get(&next)
+            && addr + chunks * CHUNK_BLOCKS * BLOCK == a
+        {
+            self.chunks.remove(&next);
+            self.chunks.insert(
+                c,
+                Chunk::Run {
+                    chunks: chunks + n,
+                    addr,
+                },
+            );
+            self.runs -= 1;
         }
-        removed
+    }
+
+    /// Runs `f` on chunk `c` as a table (made one if it is part of a run or absent), then
+    /// settles it: an empty table is dropped, one that became a single run is one again.
+    fn edit(&mut self, c: u64, f: impl FnOnce(&mut Table)) {
+        if !matches!(self.chunks.get(&c), Some(Chunk::Table(_))) {
+            self.split_at(c);
+            self.split_at(c + 1);
+            let table = match self.chunks.remove(&c) {
+                Some(Chunk::Run { addr, .. }) => Table::contiguous(addr),
+                _ => Table::empty(),
+            };
+            // Counters unchanged: a whole-run table has the run's blocks and one start.
+            self.chunks.insert(c, Chunk::Table(table));
+        }
+        let Some(Chunk::Table(t)) = self.chunks.get_mut(&c) else {
+            unreachable!("chunk {c} was just made a table")
+        };
+        let (mapped, starts) = (t.mapped, t.starts);
+        f(t);
+        self.blocks = self.blocks + u64::from(t.mapped) - u64::from(mapped);
+        self.runs = self.runs + u64::from(t.starts) - u64::from(starts);
+        if t.mapped == 0 {
+            self.chunks.remove(&c);
+        } else if let Some(addr) = t.as_run() {
+            self.chunks.insert(c, Chunk::Run { chunks: 1, addr });
+            self.merge_around(c);
+        }
     }
 }
 
@@ -147,16 +462,17 @@ impl ExtentMap {
 mod tests {
     use super::*;
 
-    /// Block-by-block model: file block -> page address.
-    fn model_of(map: &ExtentMap, upto: u64) -> Vec<Option<u64>> {
-        (0..upto).map(|b| map.get(b)).collect()
+    fn mapped(map: &mut ExtentMap, file_block: u64, blocks: u64, addr: u64) -> Vec<Run> {
+        let mut replaced = Vec::new();
+        map.map(file_block, blocks, addr, &mut replaced);
+        replaced
     }
 
     #[test]
     fn mapping_over_runs_splits_them_and_returns_the_replaced_pages() {
         let mut map = ExtentMap::new();
-        assert!(map.map(0, 10, 1 << 20).is_empty());
-        let replaced = map.map(3, 2, 9 << 20);
+        assert!(mapped(&mut map, 0, 10, 1 << 20).is_empty());
+        let replaced = mapped(&mut map, 3, 2, 9 << 20);
         assert_eq!(
             replaced,
             vec![Run {
@@ -171,14 +487,15 @@ mod tests {
         assert_eq!(map.get(5), Some((1 << 20) + 5 * BLOCK));
         assert_eq!(map.get(10), None);
         assert_eq!(map.mapped_blocks(), 10);
+        assert_eq!(map.runs().count(), 3);
         assert_eq!(map.run_count(), 3);
     }
 
     #[test]
     fn truncate_returns_everything_beyond() {
         let mut map = ExtentMap::new();
-        map.map(0, 4, 0x10000);
-        map.map(8, 4, 0x90000);
+        mapped(&mut map, 0, 4, 0x10000);
+        mapped(&mut map, 8, 4, 0x90000);
         let freed: u64 = map.truncate(2).iter().map(|r| r.blocks).sum();
         assert_eq!(freed, 6);
         assert_eq!(map.mapped_blocks(), 2);
@@ -187,28 +504,102 @@ mod tests {
         assert_eq!(map.lookup(0, 100).len(), 1);
     }
 
+    #[test]
+    fn block_by_block_writes_of_consecutive_pages_become_one_run_entry() {
+        let mut map = ExtentMap::new();
+        let base = 1u64 << 30;
+        // Three chunks' worth, written block by block in a scrambled order.
+        let blocks = 3 * CHUNK_BLOCKS;
+        for i in 0..blocks {
+            let b = (i * 7) % blocks;
+            assert!(mapped(&mut map, b, 1, base + b * BLOCK).is_empty());
+        }
+        assert_eq!(map.mapped_blocks(), blocks);
+        assert_eq!(
+            map.chunks.len(),
+            1,
+            "the tables became one run: {:?}",
+            map.chunks
+        );
+        assert_eq!(map.run_count(), 1);
+        assert_eq!(
+            map.runs().collect::<Vec<_>>(),
+            vec![Run {
+                file_block: 0,
+                blocks,
+                addr: base
+            }]
+        );
+        // One block elsewhere: its chunk is a table again, the rest stays runs.
+        let replaced = mapped(&mut map, CHUNK_BLOCKS + 5, 1, 7 << 20);
+        assert_eq!(replaced[0].addr, base + (CHUNK_BLOCKS + 5) * BLOCK);
+        assert_eq!(map.chunks.len(), 3);
+        assert_eq!(map.runs().count(), 3);
+        assert_eq!(map.get(CHUNK_BLOCKS + 5), Some(7 << 20));
+        assert_eq!(
+            map.get(CHUNK_BLOCKS + 6),
+            Some(base + (CHUNK_BLOCKS + 6) * BLOCK)
+        );
+    }
+
+    #[test]
+    fn a_huge_run_is_one_entry_and_splits_where_it_is_cut() {
+        let mut map = ExtentMap::new();
+        let blocks = 1u64 << 40;
+        mapped(&mut map, 0, blocks, 1 << 20);
+        assert_eq!(map.chunks.len(), 1);
+        assert_eq!(map.mapped_blocks(), blocks);
+        let freed = map.punch(1 << 30, (1 << 30) + 1);
+        assert_eq!(freed.len(), 1);
+        assert_eq!(
+            map.get((1 << 30) + 1),
+            Some((1 << 20) + ((1 << 30) + 1) * BLOCK)
+        );
+        assert_eq!(map.get(1 << 30), None);
+        assert_eq!(map.mapped_blocks(), blocks - 1);
+        let freed: u64 = map.truncate(5).iter().map(|r| r.blocks).sum();
+        assert_eq!(freed, blocks - 6);
+        assert_eq!(map.mapped_blocks(), 5);
+    }
+
     proptest::proptest! {
-        /// Random maps and truncations agree with a per-block model, and every page handed
-        /// back is one the model held.
+        /// Random maps, punches and truncations across chunk edges agree with a per-block
+        /// model; every page handed back is one the model held; runs are coalesced and cover
+        /// exactly the mapped blocks.
         #[test]
-        fn agrees_with_a_block_model(ops in proptest::collection::vec((0u64..64, 1u64..16, proptest::bool::ANY), 1..60)) {
+        fn agrees_with_a_block_model(ops in proptest::collection::vec((0u64..1600, 1u64..1100, 0u8..8), 1..40)) {
+            const SPAN: u64 = 3000;
             let mut map = ExtentMap::new();
-            let mut model: Vec<Option<u64>> = vec![None; 80];
+            let mut model: Vec<Option<u64>> = vec![None; SPAN as usize];
             let mut next_addr = 1u64 << 30;
-            for (start, len, truncate) in ops {
+            let mut last_end = 0;
+            for (start, len, kind) in ops {
                 let mut expect_freed: Vec<u64> = Vec::new();
-                let freed = if truncate {
-                    for slot in model.iter_mut().skip(start as usize) {
-                        expect_freed.extend(slot.take());
+                let freed = match kind {
+                    0 => {
+                        for slot in model.iter_mut().skip(start as usize) {
+                            expect_freed.extend(slot.take());
+                        }
+                        map.truncate(start)
                     }
-                    map.truncate(start)
-                } else {
-                    let addr = next_addr;
-                    next_addr += len * BLOCK;
-                    for b in start..start + len {
-                        expect_freed.extend(model[b as usize].replace(addr + (b - start) * BLOCK));
+                    1 => {
+                        for slot in &mut model[start as usize..(start + len) as usize] {
+                            expect_freed.extend(slot.take());
+                        }
+                        map.punch(start, start + len)
                     }
-                    map.map(start, len, addr)
+                    _ => {
+                        // Some writes continue the previous one, in the file and in memory,
+                        // as a sequential writer's do.
+                        let start = if kind < 5 { start } else { last_end.min(1600) };
+                        let addr = next_addr;
+                        next_addr += len * BLOCK;
+                        last_end = start + len;
+                        for b in start..start + len {
+                            expect_freed.extend(model[b as usize].replace(addr + (b - start) * BLOCK));
+                        }
+                        mapped(&mut map, start, len, addr)
+                    }
                 };
                 let mut got: Vec<u64> = freed
                     .iter()
@@ -217,10 +608,32 @@ mod tests {
                 got.sort_unstable();
                 expect_freed.sort_unstable();
                 proptest::prop_assert_eq!(got, expect_freed);
-                proptest::prop_assert_eq!(model_of(&map, 80), model.clone());
-                let pieces = map.lookup(5, 40);
+                let now: Vec<Option<u64>> = (0..SPAN).map(|b| map.get(b)).collect();
+                proptest::prop_assert_eq!(&now, &model);
+                let held = model.iter().filter(|m| m.is_some()).count() as u64;
+                proptest::prop_assert_eq!(map.mapped_blocks(), held);
+                let runs: Vec<Run> = map.runs().collect();
+                proptest::prop_assert!(runs.len() <= map.run_count());
+                let mut covered = 0;
+                for pair in runs.windows(2) {
+                    let (a, b) = (pair[0], pair[1]);
+                    proptest::prop_assert!(a.end() <= b.file_block);
+                    proptest::prop_assert!(
+                        a.end() != b.file_block || a.addr + a.blocks * BLOCK != b.addr,
+                        "runs {:?} and {:?} were not coalesced", a, b
+                    );
+                }
+                for run in &runs {
+                    for i in 0..run.blocks {
+                        proptest::prop_assert_eq!(model[(run.file_block + i) as usize], Some(run.addr + i * BLOCK));
+                    }
+                    covered += run.blocks;
+                }
+                proptest::prop_assert_eq!(covered, held);
+                let (from, to) = (start.min(SPAN - 1), (start + len).min(SPAN));
+                let pieces = map.lookup(from, to);
                 let covered: u64 = pieces.iter().map(|r| r.blocks).sum();
-                let expect = model[5..40].iter().filter(|m| m.is_some()).count() as u64;
+                let expect = model[from as usize..to as usize].iter().filter(|m| m.is_some()).count() as u64;
                 proptest::prop_assert_eq!(covered, expect);
             }
         }

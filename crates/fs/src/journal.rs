@@ -385,12 +385,23 @@ impl MetaOp {
                 }
                 let mut maps = Vec::with_capacity(m as usize);
                 for _ in 0..m {
-                    maps.push(MapEntry {
+                    let map = MapEntry {
                         ino: d.u64("map ino")?,
                         file_block: d.u64("map file_block")?,
                         blocks: d.u64("map blocks")?,
                         addr: d.u64("map addr")?,
-                    });
+                    };
+                    let run = crate::extent_map::Run {
+                        file_block: map.file_block,
+                        blocks: map.blocks,
+                        addr: map.addr,
+                    };
+                    if !crate::snapshot::run_is_sound(&run) {
+                        return Err(
+                            d.error(format!("file {} maps an invalid run {run:?}", map.ino))
+                        );
+                    }
+                    maps.push(map);
                 }
                 let mut sizes = Vec::with_capacity(s as usize);
                 for _ in 0..s {

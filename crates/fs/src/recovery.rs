@@ -1098,8 +1098,10 @@ fn load_snapshot(snapshot: &Snapshot, granule: u64) -> Result<Table> {
     let mut inodes = Table::with_capacity(snapshot.inodes.len());
     for image in &snapshot.inodes {
         let mut extents = ExtentMap::new();
+        let mut replaced = Vec::new();
         for run in &image.runs {
-            if !extents.map(run.file_block, run.blocks, run.addr).is_empty() {
+            extents.map(run.file_block, run.blocks, run.addr, &mut replaced);
+            if !replaced.is_empty() {
                 return Err(FsError::corrupt(
                     "file-system snapshot",
                     format!("file {} maps block {} twice", image.ino, run.file_block),

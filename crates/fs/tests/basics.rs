@@ -196,11 +196,11 @@ fn a_snapshot_goes_into_pieces_when_no_extent_can_hold_it() {
     fs.unmount().unwrap();
 }
 
-/// Whole-block overwrites shorter than 64 KiB are copied into the file's blocks (its extent
-/// map keeps one run); 64 KiB and longer are remapped without a copy; a short whole-block
-/// write into a hole is remapped (there is no block to copy into).
+/// Whole blocks of every write are remapped into the file without a copy, whatever their
+/// length; only partial blocks are copied. The block a single-block overwrite replaces is
+/// recycled: later single-block writes go into such pages instead of allocating.
 #[test]
-fn small_overwrites_are_copied_in_place_and_large_ones_remapped() {
+fn whole_blocks_are_remapped_and_only_partial_blocks_copied() {
     let shm = shm_volume("copy-or-remap", 128 << 20);
     let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
     let f = fs.create("/f").unwrap();
@@ -211,45 +211,52 @@ fn small_overwrites_are_copied_in_place_and_large_ones_remapped() {
     f.write_at(&model[..1 << 20], 0).unwrap();
     fs.checkpoint().unwrap();
     let start = fs.stats();
-    let mapped = |fs: &Fs| fs.stats();
-    // 4 KiB and 16 KiB overwrites at block boundaries.
-    for (k, (at, len)) in [
+    // 4 KiB, 16 KiB, 60 KiB and 64 KiB overwrites at block boundaries, 8 KiB into a hole
+    // past the end.
+    let writes = [
         (0usize, 4096usize),
         (8192, 16384),
         (900 << 10, 4096),
         (4096 * 200, 60 << 10),
-    ]
-    .into_iter()
-    .enumerate()
-    {
+        (128 << 10, 64 << 10),
+        (2 << 20, 8192),
+    ];
+    for (k, &(at, len)) in writes.iter().enumerate() {
         let data = vec![0xa0 + k as u8; len];
         f.write_at(&data, at as u64).unwrap();
         model[at..at + len].copy_from_slice(&data);
     }
     fs.checkpoint().unwrap();
-    let after_small = mapped(&fs);
+    let after = fs.stats();
+    let blocks: u64 = writes.iter().map(|&(_, len)| len as u64 / 4096).sum();
+    assert_eq!(after.remapped_blocks - start.remapped_blocks, blocks);
     assert_eq!(
-        after_small.remapped_blocks, start.remapped_blocks,
-        "short overwrites must not remap"
+        after.copied_bytes, start.copied_bytes,
+        "whole blocks were copied"
     );
-    assert_eq!(
-        after_small.copied_bytes - start.copied_bytes,
-        (4096 + 16384 + 4096 + (60 << 10)) as u64
-    );
-    // 64 KiB overwrite: remapped; 8 KiB into a hole past the end: remapped.
-    let big = vec![0xbb; 64 << 10];
-    f.write_at(&big, 128 << 10).unwrap();
-    model[128 << 10..192 << 10].copy_from_slice(&big);
-    let tail = vec![0xcc; 8192];
-    f.write_at(&tail, 2 << 20).unwrap();
-    model[2 << 20..(2 << 20) + 8192].copy_from_slice(&tail);
+    // Partial blocks: copied in place, and only they.
+    f.write_at(&[0xee; 100], 5000).unwrap();
+    f.write_at(&[0xef; 6000], 3 * 4096 + 10).unwrap();
+    model[5000..5100].fill(0xee);
+    model[3 * 4096 + 10..3 * 4096 + 6010].fill(0xef);
     fs.checkpoint().unwrap();
-    let after_big = mapped(&fs);
-    assert_eq!(
-        after_big.remapped_blocks - after_small.remapped_blocks,
-        16 + 2
+    let partial = fs.stats();
+    assert_eq!(partial.copied_bytes - after.copied_bytes, 6100);
+    assert_eq!(partial.remapped_blocks, after.remapped_blocks);
+    // Single-block overwrites, a checkpoint between each: from the second on, each goes
+    // into a block an earlier one replaced.
+    for i in 0..20u64 {
+        let at = (30 + 7 * i) * 4096;
+        let data = vec![i as u8 + 1; 4096];
+        f.write_at(&data, at).unwrap();
+        model[at as usize..at as usize + 4096].copy_from_slice(&data);
+        fs.checkpoint().unwrap();
+    }
+    let recycled = fs.stats().recycled_blocks - partial.recycled_blocks;
+    assert!(
+        recycled >= 19,
+        "only {recycled} of 20 overwrites reused a replaced block"
     );
-    assert_eq!(after_big.copied_bytes, after_small.copied_bytes);
     let len = f.len() as usize;
     let mut back = vec![0u8; len];
     assert_eq!(f.read_at(&mut back, 0).unwrap(), len);
@@ -258,6 +265,8 @@ fn small_overwrites_are_copied_in_place_and_large_ones_remapped() {
     assert_eq!(back, expected);
     drop(f);
     fs.unmount().unwrap();
+    let check = Fs::check(&open_volume(&shm.dir)).unwrap();
+    assert_eq!(check.file_bytes, len as u64);
 }
 
 /// Overwrites on a nearly full volume wait for the checkpoint to free what they replace

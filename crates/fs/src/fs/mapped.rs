@@ -223,10 +223,11 @@ impl Inner {
                 retired: Vec::new(),
             };
             if self.journal(&slot, &op)? {
+                let mut replaced = Vec::new();
                 for m in &maps {
-                    let replaced = extents.map(m.file_block, m.blocks, m.addr);
-                    debug_assert!(replaced.is_empty(), "only holes are filled");
+                    extents.map(m.file_block, m.blocks, m.addr, &mut replaced);
                 }
+                debug_assert!(replaced.is_empty(), "only holes are filled");
                 self.grow_snapshot(2 * RUN_BYTES * maps.len() as u64);
                 return Ok(());
             }

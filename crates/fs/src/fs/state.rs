@@ -12,7 +12,7 @@ use pmem::Region;
 use volume::{Extent, GlobalAddress, Volume};
 
 use super::options::FsOptions;
-use crate::buffers::Pool;
+use crate::buffers::{Pool, Recycled};
 use crate::checksums::Checksums;
 use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
@@ -93,6 +93,8 @@ pub(crate) struct Inner {
     /// logged writes (it builds them anew instead of copying in place), in bytes — counted
     /// when a write is logged so that the writers' reserve covers them.
     pub(crate) pending_pages: AtomicU64,
+    /// Blocks overwrites replaced, kept for single-block writes.
+    pub(crate) recycled: Recycled,
 }
 
 #[derive(Debug, Default)]
@@ -130,6 +132,8 @@ pub struct FsStats {
     pub remapped_blocks: u64,
     /// Bytes the checkpoint copied (partial blocks).
     pub copied_bytes: u64,
+    /// Single-block writes placed in a page an earlier overwrite had freed (no allocation).
+    pub recycled_blocks: u64,
     /// Snapshots written.
     pub snapshots: u64,
     /// Times a writer waited for the checkpoint (backpressure).
@@ -142,6 +146,9 @@ pub struct FsStats {
 }
 
 static NEXT_FS_ID: AtomicU64 = AtomicU64::new(1);
+
+/// The fewest recycled pages kept per device: more than one gathered batch replaces.
+const RECYCLE_MIN: usize = 1024;
 
 /// What recovery found, for the running file system: its state and each slot's areas with
 /// the live records they hold.
@@ -277,6 +284,12 @@ impl Inner {
         } else {
             0
         };
+        let device_nodes = (0..devices.len() as u32)
+            .map(|d| volume.device_node(d))
+            .collect();
+        // A 64th of the volume, at least a batch's worth of blocks ([`RECYCLE_MIN`]).
+        let recycle_cap =
+            ((volume.data_bytes() / 64 / BLOCK) as usize).clamp(RECYCLE_MIN, 16 << 10);
         let inner = Arc::new(Inner {
             id: NEXT_FS_ID.fetch_add(1, Ordering::Relaxed),
             volume,
@@ -303,6 +316,7 @@ impl Inner {
             checksums,
             pending_pages: AtomicU64::new(pending_pages),
             replayed,
+            recycled: Recycled::new(device_nodes, recycle_cap),
         });
         for (index, (log, journal, queue)) in slots.into_iter().enumerate() {
             let slot = inner.make_slot(index as u32, log, journal, queue);
@@ -330,8 +344,20 @@ impl Inner {
 
     /// Allocates `len` bytes on the calling thread's node for a writer's buffer, leaving the
     /// checkpoint its reserve ([`Inner::reserve_bytes`]): `NoSpace`, without waiting, when
-    /// the allocation would cut into it.
+    /// the allocation would cut into it even with the recycled pages given back.
     pub(crate) fn alloc_buffer(&self, len: u64) -> Result<Extent> {
+        match self.alloc_buffer_once(len) {
+            Err(FsError::Volume(volume::VolumeError::NoSpace { .. }))
+                if self.recycled.drain(&self.volume)? =>
+            {
+                self.alloc_buffer_once(len)
+            }
+            other => other,
+        }
+    }
+
+    /// [`Inner::alloc_buffer`] without first giving recycled pages back.
+    fn alloc_buffer_once(&self, len: u64) -> Result<Extent> {
         let needed = self.reserve_bytes() + len.next_multiple_of(BLOCK);
         // The published figure is within 1/256 of each device of the truth: count exactly
         // (every allocator lock) only when it is close.
@@ -356,6 +382,14 @@ impl Inner {
         2 * next_snapshot.next_multiple_of(BLOCK)
             + self.pending_pages.load(Ordering::Relaxed)
             + (self.volume.data_bytes() / 512).max(1 << 20)
+    }
+
+    /// Free memory beyond the checkpoint's reserve (the published figure: within 1/256 of
+    /// each device of the truth).
+    pub(crate) fn spare_bytes(&self) -> u64 {
+        self.volume
+            .free_bytes_published()
+            .saturating_sub(self.reserve_bytes())
     }
 
     /// The next snapshot may be up to `bytes` larger: metadata was added (an inode, a name,
@@ -623,6 +657,7 @@ impl Inner {
             checkpointed_records: c.checkpointed_records.load(Ordering::Relaxed),
             remapped_blocks: c.remapped_blocks.load(Ordering::Relaxed),
             copied_bytes: c.copied_bytes.load(Ordering::Relaxed),
+            recycled_blocks: self.recycled.used(),
             snapshots: c.snapshots.load(Ordering::Relaxed),
             backpressure_waits: c.waits.load(Ordering::Relaxed),
             inodes: self.inodes.read().expect("inode table").len() as u64,

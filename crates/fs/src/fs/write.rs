@@ -186,17 +186,14 @@ impl Inner {
         }
         loop {
             let reserved = self.with_space(|| {
-                let spare = || {
-                    self.volume
-                        .free_bytes_published()
-                        .saturating_sub(self.reserve_bytes())
-                };
+                let spare = || self.spare_bytes();
                 slot.pool.lock().expect("buffer pool").reserve(
                     &self.volume,
                     offset,
                     len,
                     &spare,
                     &|bytes| self.alloc_buffer(bytes),
+                    &|| self.recycled.take(self.volume.current_node()),
                 )
             })?;
             match reserved {
