@@ -125,15 +125,21 @@ fn untaken_runs(extent: &Extent, taken: &[u64]) -> Vec<Extent> {
     runs
 }
 
+/// Freed runs shorter than this many blocks are recycled page by page; longer ones go
+/// back to the volume whole.
+pub(crate) const RECYCLE_RUN_BLOCKS: u64 = 16;
+
 /// Recycled pages in one set: records of the same set retire together, so the set is
 /// reclaimed (any page whose record a newer write made void returned) in one go.
 const RECYCLED_SET_PAGES: usize = 64;
 
-/// Single pages the checkpoint freed — file blocks that overwrites replaced — kept for the
-/// writers' single-block writes instead of going back to the volume. A 4 KiB overwrite then
-/// costs no allocator work on either side (its block is remapped into the file, the block
-/// it replaced holds the next one), and random overwrites do not cut the volume's free
-/// memory into 4 KiB pieces that no buffer, journal or snapshot can use.
+/// Pages the checkpoint freed in small runs — file blocks that small overwrites replaced —
+/// kept for the writers' single-block writes instead of going back to the volume. A 4 KiB
+/// overwrite then costs no allocator work on either side (its block is remapped into the
+/// file, the block it replaced holds the next one), and random overwrites do not cut the
+/// volume's free memory into 4 KiB pieces that no buffer, journal or log area can use: the
+/// checkpoint remaps a small overwrite only while the lists have room for what it frees
+/// ([`Recycled::room`]), and copies it in place otherwise.
 ///
 /// Per device, so that a writer takes pages of its own node; a writer takes one page at a
 /// time, so none sit unused in a writer's hands when the volume runs short. In DRAM only: nothing on media
@@ -166,12 +172,13 @@ impl Recycled {
         self.used.load(Ordering::Relaxed)
     }
 
-    /// Frees `runs` (blocks a committed batch replaced): single pages into their device's
-    /// list while it has room, everything else back to `volume`.
+    /// Frees `runs` (blocks a committed batch replaced): the pages of runs shorter than
+    /// [`RECYCLE_RUN_BLOCKS`] into their device's list while it has room, everything else
+    /// back to `volume`.
     pub(crate) fn free(&self, volume: &Volume, runs: &[Run]) -> Result<()> {
         let mut locked: Option<(usize, std::sync::MutexGuard<'_, Vec<u64>>)> = None;
         for run in runs {
-            if run.blocks == 1 {
+            if run.blocks < RECYCLE_RUN_BLOCKS {
                 let device = GlobalAddress::from_raw(run.addr).device() as usize;
                 if locked.as_ref().is_none_or(|(d, _)| *d != device)
                     && let Some(list) = self.devices.get(device)
@@ -180,9 +187,9 @@ impl Recycled {
                 }
                 if let Some((d, list)) = locked.as_mut()
                     && *d == device
-                    && list.len() < self.cap
+                    && list.len() + run.blocks as usize <= self.cap
                 {
-                    list.push(run.addr);
+                    list.extend((0..run.blocks).map(|i| run.addr + i * BLOCK));
                     continue;
                 }
             }
@@ -192,6 +199,18 @@ impl Recycled {
             })?;
         }
         Ok(())
+    }
+
+    /// Pages the lists can still take.
+    pub(crate) fn room(&self) -> u64 {
+        self.devices
+            .iter()
+            .map(|list| {
+                self.cap
+                    .saturating_sub(list.lock().expect("recycled pages").len())
+                    as u64
+            })
+            .sum()
     }
 
     /// A page on a device of `node`, if there is one.

@@ -11,7 +11,9 @@
 //! - copies partial blocks into the file's block in place (a fresh zeroed page for a hole).
 //!
 //! Whole blocks are copied in place too where remapping must not happen: in a file mapped
-//! into memory, and on a nearly full volume ([`tight_below`]).
+//! into memory, on a nearly full volume ([`tight_below`]), and for small overwrites while
+//! the recycled lists have no room for the blocks they would free (which would otherwise
+//! go back to the volume as 4 KiB holes in its free memory).
 //!
 //! Then one journal record commits the batch: every map change, the sizes reached, and the
 //! retirement of the records. Until it is durable nothing is freed, so a crash before it
@@ -23,6 +25,7 @@ use std::time::Duration;
 
 use volume::Extent;
 
+use crate::buffers::RECYCLE_RUN_BLOCKS;
 use crate::error::{FsError, Result};
 use crate::extent_map::{BLOCK, ExtentMap, Run};
 use crate::fs::{CheckpointMode, Inner, Slot, now_ns};
@@ -148,6 +151,7 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
 
     let mut work = Work {
         copy_overwrites: inner.spare_bytes() < tight_below(inner),
+        room: inner.recycled.room(),
         ..Work::default()
     };
     for record in &batch.records {
@@ -182,12 +186,18 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
     // Each mapping splits at most one run into three: that replaces what the records were
     // counted at when logged.
     inner.grow_snapshot(2 * RUN_BYTES * op_maps);
-    let bounds: u64 = batch
-        .records
-        .iter()
-        .map(|p| write_growth_bound(p.offset, p.len))
-        .sum();
-    inner.pending_growth.fetch_sub(bounds, Ordering::Relaxed);
+    // One update per slot: the counters are the writers' cache lines.
+    let mut bounds = vec![0u64; slots.len()];
+    for p in &batch.records {
+        bounds[p.slot as usize] += write_growth_bound(p.offset, p.len);
+    }
+    for (slot, bound) in slots.iter().zip(bounds) {
+        if bound > 0 {
+            slot.counters
+                .pending_growth
+                .fetch_sub(bound, Ordering::Relaxed);
+        }
+    }
     if inner.checksums.is_some() {
         let pages: u64 = batch
             .records
@@ -233,6 +243,9 @@ fn tight_below(inner: &Inner) -> u64 {
 struct Work {
     /// Whole-block overwrites are copied in place this batch ([`tight_below`]).
     copy_overwrites: bool,
+    /// Pages the recycled lists can still take: small overwrites are remapped only while
+    /// what they free fits ([`crate::buffers::Recycled`]).
+    room: u64,
     maps: Vec<MapEntry>,
     sizes: std::collections::BTreeMap<u64, SizeEntry>,
     freed: Vec<Run>,
@@ -284,12 +297,17 @@ fn apply_record(inner: &Inner, record: &Pending, work: &mut Work) -> Result<()> 
             let src = piece.src + (pos - piece.start);
             if pos == block_start && piece.end - pos >= BLOCK && src.is_multiple_of(BLOCK) {
                 let blocks = (piece.end - pos) / BLOCK;
-                if !(mapped || work.copy_overwrites) || checked {
+                let small = blocks < RECYCLE_RUN_BLOCKS;
+                if checked || !(mapped || work.copy_overwrites || small && work.room < blocks) {
+                    if small {
+                        work.room = work.room.saturating_sub(blocks);
+                    }
                     remap(inode.ino, &mut extents, record, block, blocks, src, work);
                 } else {
-                    // A mapped file (whose blocks stay where the mappings point), or a
-                    // nearly full volume: copied into the blocks the file has; remapped
-                    // only where the file has a hole.
+                    // A mapped file (whose blocks stay where the mappings point), a
+                    // nearly full volume, or no room to recycle what a small overwrite
+                    // frees: copied into the blocks the file has; remapped only where the
+                    // file has a hole.
                     let mut i = 0;
                     while i < blocks {
                         if let Some(target) = extents.get(block + i) {
@@ -422,7 +440,7 @@ fn map_fresh_page(
         .volume
         .device_node(volume::GlobalAddress::from_raw(near).device())
         .unwrap_or_else(|| inner.volume.current_node());
-    let fresh: Extent = inner.volume.alloc(BLOCK, node)?;
+    let fresh: Extent = inner.unless_recycled(|| Ok(inner.volume.alloc(BLOCK, node)?))?;
     let (region, at) = inner.region_at(fresh.start.raw())?;
     region.write_nt(at, page)?;
     extents.map(block, 1, fresh.start.raw(), &mut work.freed);
@@ -592,7 +610,7 @@ fn write_snapshot(inner: &Inner, bytes: &[u8]) -> Result<Written> {
         BLOCK,
         crate::snapshot::MAX_PIECES as usize,
         &mut pieces,
-        |_, n| Ok(inner.volume.alloc_local(n.next_multiple_of(BLOCK))?),
+        |_, n| inner.unless_recycled(|| Ok(inner.volume.alloc_local(n.next_multiple_of(BLOCK))?)),
     )
     .and_then(|()| {
         for piece in &pieces {
@@ -630,7 +648,7 @@ fn write_snapshot(inner: &Inner, bytes: &[u8]) -> Result<Written> {
     let written = chunks
         .iter()
         .try_for_each(|_| {
-            pages.push(inner.volume.alloc_local(INDEX_PAGE_BYTES)?);
+            pages.push(inner.unless_recycled(|| Ok(inner.volume.alloc_local(INDEX_PAGE_BYTES)?))?);
             Ok(())
         })
         .and_then(|()| {

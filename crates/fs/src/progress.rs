@@ -24,7 +24,7 @@
 //! checkpoint sees the writer's record.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -139,6 +139,9 @@ pub(crate) struct Progress {
     passed: Condvar,
     /// How the checkpoint sleeps ([`AWAKE`], [`GATHERING`], [`IDLE`], ...).
     sleep: AtomicU8,
+    /// Set (under the state lock) once the checkpoint failed or was asked to stop: every
+    /// call checks it, and a load keeps the state's lock off their path.
+    stopping: AtomicBool,
 }
 
 /// A writer's claim on a place in the order, open from before it takes the order until its
@@ -163,6 +166,7 @@ impl Progress {
             wake: Condvar::new(),
             passed: Condvar::new(),
             sleep: AtomicU8::new(AWAKE),
+            stopping: AtomicBool::new(false),
         }
     }
 
@@ -233,8 +237,10 @@ impl Progress {
 
     /// Fails when the checkpoint failed or the file system is unmounting.
     pub(crate) fn check_running(&self) -> Result<()> {
-        let state = self.state();
-        Self::running(&state)
+        if !self.stopping.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        Self::running(&self.state())
     }
 
     fn running(state: &State) -> Result<()> {
@@ -292,6 +298,7 @@ impl Progress {
         let mut state = self.state();
         state.asked.stop = true;
         state.asked.abandon |= abandon;
+        self.stopping.store(true, Ordering::Release);
         self.wake.notify_all();
     }
 
@@ -322,6 +329,7 @@ impl Progress {
     pub(crate) fn fail(&self, why: String) {
         let mut state = self.state();
         state.failed = Some(why);
+        self.stopping.store(true, Ordering::Release);
         state.passes += 1;
         self.passed.notify_all();
     }

@@ -269,6 +269,70 @@ fn whole_blocks_are_remapped_and_only_partial_blocks_copied() {
     assert_eq!(check.file_bytes, len as u64);
 }
 
+/// Random 4 KiB overwrites of a file that fills most of the volume, with the checkpoint
+/// running only when writers run short (so that the blocks they replace are freed in bulk):
+/// the volume's free memory must stay in large pieces — a new thread's log area and journal,
+/// a snapshot, a buffer need contiguous memory — instead of being cut into the 4 KiB holes
+/// remapped overwrites leave. The checkpoint remaps a small overwrite only while the
+/// recycled lists can take what it frees, and copies it in place otherwise.
+#[test]
+fn random_overwrites_do_not_cut_free_memory_into_pages() {
+    let shm = shm_volume("perforation", 128 << 20);
+    // Thousands of records between checkpoints.
+    let format = fs::FormatOptions {
+        log_records: 8192,
+        ..small_format()
+    };
+    let options = fs::FsOptions {
+        checkpoint: fs::CheckpointMode::OnDemand,
+        prelim_buffers: 4,
+        prelim_buffer_bytes: 4 << 20,
+        checkpoint_batch: 4096,
+    };
+    let fs = Fs::format(open_volume(&shm.dir), &format, options).unwrap();
+    let f = fs.create("/f").unwrap();
+    let size = 64u64 << 20;
+    let chunk = vec![0x11u8; 1 << 20];
+    for at in (0..size).step_by(1 << 20) {
+        f.write_at(&chunk, at).unwrap();
+    }
+    fs.checkpoint().unwrap();
+    let largest = |fs: &Fs| {
+        let mut len = 32u64 << 20;
+        while len >= 4096 {
+            if let Ok(extent) = fs.volume().alloc_local(len) {
+                fs.volume().free(extent).unwrap();
+                return len;
+            }
+            len /= 2;
+        }
+        0
+    };
+    let before = largest(&fs);
+    let mut state = 99u64;
+    let page = vec![0x22u8; 4096];
+    for _ in 0..30_000 {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        f.write_at(&page, (state >> 24) % (size / 4096) * 4096)
+            .unwrap();
+    }
+    fs.checkpoint().unwrap();
+    let after = largest(&fs);
+    assert!(
+        after >= before.min(4 << 20),
+        "the largest free extent fell from {before} to {after} bytes"
+    );
+    let stats = fs.stats();
+    assert!(
+        stats.remapped_blocks > 0 && stats.recycled_blocks > 0,
+        "{stats:?}"
+    );
+    drop(f);
+    fs.unmount().unwrap();
+}
+
 /// Overwrites on a nearly full volume wait for the checkpoint to free what they replace
 /// instead of failing; a write that cannot fit gets `NoSpace` (ENOSPC), and the file system
 /// goes on working and opens clean afterwards.

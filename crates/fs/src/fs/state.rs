@@ -31,6 +31,10 @@ pub(crate) struct SlotCounters {
     pub(crate) caller_bytes: AtomicU64,
     pub(crate) media_bytes: AtomicU64,
     pub(crate) writes: AtomicU64,
+    /// What the slot's logged writes the checkpoint has not moved yet may still add to the
+    /// metadata ([`write_growth_bound`] of each): raised by the slot's writer, lowered by
+    /// the checkpoint — per slot, so that writers never share the counter's cache line.
+    pub(crate) pending_growth: AtomicU64,
 }
 
 /// One thread slot: a data log area, a metadata journal, a pool of preliminary buffers.
@@ -62,10 +66,6 @@ pub(crate) struct Inner {
     /// How much larger than the current snapshot the next may be: the metadata added since
     /// it was written, counted as it is added ([`Inner::grow_snapshot`]).
     pub(crate) snapshot_growth: AtomicU64,
-    /// What the logged writes the checkpoint has not moved yet may still add
-    /// ([`write_growth_bound`] of each): counted when a write is logged, so that the reserve
-    /// covers it before the checkpoint makes it real.
-    pub(crate) pending_growth: AtomicU64,
     pub(crate) options: FsOptions,
     pub(crate) inodes: RwLock<HashMap<u64, Arc<Inode>>>,
     pub(crate) next_ino: AtomicU64,
@@ -270,11 +270,6 @@ impl Inner {
         let slot_limit = root.slot_limit as usize;
         let pending = slots.iter().map(|s| s.2.len() as u64).sum();
         let next_snapshot = snapshot_size(&inodes, root.slots.len());
-        let pending_growth = slots
-            .iter()
-            .flat_map(|s| s.2.iter())
-            .map(|p| write_growth_bound(p.offset, p.len))
-            .sum();
         let pending_pages = if checksums.is_some() {
             slots
                 .iter()
@@ -287,9 +282,10 @@ impl Inner {
         let device_nodes = (0..devices.len() as u32)
             .map(|d| volume.device_node(d))
             .collect();
-        // A 64th of the volume, at least a batch's worth of blocks ([`RECYCLE_MIN`]).
+        // A 32nd of the volume (given back whenever an allocation finds the volume short),
+        // at least a batch's worth of blocks ([`RECYCLE_MIN`]), at most 256 MiB per device.
         let recycle_cap =
-            ((volume.data_bytes() / 64 / BLOCK) as usize).clamp(RECYCLE_MIN, 16 << 10);
+            ((volume.data_bytes() / 32 / BLOCK) as usize).clamp(RECYCLE_MIN, 64 << 10);
         let inner = Arc::new(Inner {
             id: NEXT_FS_ID.fetch_add(1, Ordering::Relaxed),
             volume,
@@ -300,7 +296,6 @@ impl Inner {
             snapshot_bytes: AtomicU64::new(snapshot_bytes),
             // What replaying the journals added to the snapshot's metadata.
             snapshot_growth: AtomicU64::new(next_snapshot.saturating_sub(snapshot_bytes)),
-            pending_growth: AtomicU64::new(pending_growth),
             options,
             symlinks: AtomicBool::new(inodes.values().any(|i| i.kind == Kind::Symlink)),
             inodes: RwLock::new(inodes),
@@ -346,17 +341,24 @@ impl Inner {
     /// checkpoint its reserve ([`Inner::reserve_bytes`]): `NoSpace`, without waiting, when
     /// the allocation would cut into it even with the recycled pages given back.
     pub(crate) fn alloc_buffer(&self, len: u64) -> Result<Extent> {
-        match self.alloc_buffer_once(len) {
+        self.unless_recycled(|| self.alloc_buffer_once(len))
+    }
+
+    /// Runs the allocation `alloc`; when the volume is short, gives the recycled pages
+    /// back to it ([`Recycled::drain`]) and tries once more. Every allocation of the file
+    /// system goes through here: recycled pages are free memory, held only for speed.
+    pub(crate) fn unless_recycled<T>(&self, alloc: impl Fn() -> Result<T>) -> Result<T> {
+        match alloc() {
             Err(FsError::Volume(volume::VolumeError::NoSpace { .. }))
                 if self.recycled.drain(&self.volume)? =>
             {
-                self.alloc_buffer_once(len)
+                alloc()
             }
             other => other,
         }
     }
 
-    /// [`Inner::alloc_buffer`] without first giving recycled pages back.
+    /// [`Inner::alloc_buffer`] without the recycled pages.
     fn alloc_buffer_once(&self, len: u64) -> Result<Extent> {
         let needed = self.reserve_bytes() + len.next_multiple_of(BLOCK);
         // The published figure is within 1/256 of each device of the truth: count exactly
@@ -378,7 +380,12 @@ impl Inner {
     pub(crate) fn reserve_bytes(&self) -> u64 {
         let next_snapshot = self.snapshot_bytes.load(Ordering::Relaxed)
             + self.snapshot_growth.load(Ordering::Relaxed)
-            + self.pending_growth.load(Ordering::Relaxed);
+            + self
+                .slots
+                .iter()
+                .map_while(OnceLock::get)
+                .map(|s| s.counters.pending_growth.load(Ordering::Relaxed))
+                .sum::<u64>();
         2 * next_snapshot.next_multiple_of(BLOCK)
             + self.pending_pages.load(Ordering::Relaxed)
             + (self.volume.data_bytes() / 512).max(1 << 20)
@@ -527,14 +534,15 @@ impl Inner {
             root.journal_bytes
         };
         let log_len = LogArea::bytes_for(root.log_records).next_multiple_of(BLOCK);
-        let log_extent = self.volume.alloc_local(log_len)?;
-        let journal_extent = match self.volume.alloc_local(journal_len) {
-            Ok(e) => e,
-            Err(e) => {
-                self.volume.free(log_extent)?;
-                return Err(e.into());
-            }
-        };
+        let log_extent = self.unless_recycled(|| Ok(self.volume.alloc_local(log_len)?))?;
+        let journal_extent =
+            match self.unless_recycled(|| Ok(self.volume.alloc_local(journal_len)?)) {
+                Ok(e) => e,
+                Err(e) => {
+                    self.volume.free(log_extent)?;
+                    return Err(e.into());
+                }
+            };
         let log = LogArea::format(self.volume.region(&log_extent)?, index)?;
         // Zeroed: the memory may have held anything, even a journal image of this epoch
         // (inside a file), which recovery would take for records after a damaged one.
@@ -567,6 +575,14 @@ impl Inner {
         journal: Journal,
         pending: VecDeque<Pending>,
     ) -> Arc<Slot> {
+        let counters = SlotCounters::default();
+        counters.pending_growth.store(
+            pending
+                .iter()
+                .map(|p| write_growth_bound(p.offset, p.len))
+                .sum(),
+            Ordering::Relaxed,
+        );
         Arc::new(Slot {
             index,
             retired: log.retired_handle(),
@@ -578,7 +594,7 @@ impl Inner {
                 self.options.prelim_buffer_bytes,
                 self.checksums.is_some(),
             )),
-            counters: SlotCounters::default(),
+            counters,
         })
     }
 

@@ -98,7 +98,7 @@ impl Inner {
                 inode, r.offset, r.length, r.buffer, r.order, r.mtime,
             ));
         }
-        self.pending_growth.fetch_add(
+        slot.counters.pending_growth.fetch_add(
             records
                 .iter()
                 .map(|r| write_growth_bound(r.offset, r.length))
