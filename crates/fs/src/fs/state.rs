@@ -540,7 +540,7 @@ impl Inner {
                 Ok(e) => e,
                 Err(e) => {
                     self.volume.free(log_extent)?;
-                    return Err(e.into());
+                    return Err(e);
                 }
             };
         let log = LogArea::format(self.volume.region(&log_extent)?, index)?;
