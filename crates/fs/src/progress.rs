@@ -355,11 +355,14 @@ impl Progress {
     pub(crate) fn take_batch(&self, queues: &[&Queue], limit: usize) -> Batch {
         let safe = self.safe_mark(queues);
         let mut records: Vec<Pending> = Vec::new();
+        let mut runs = 0;
         for queue in queues {
+            // A queue is in order: its movable records are a prefix, moved in one go (the
+            // queue's lock is its writer's too).
             let mut queued = queue.records();
-            while queued.front().is_some_and(|p| p.order < safe) {
-                records.push(queued.pop_front().expect("front"));
-            }
+            let movable = queued.partition_point(|p| p.order < safe);
+            runs += usize::from(movable > 0);
+            records.extend(queued.drain(..movable));
         }
         if records.is_empty() {
             self.done_below.fetch_max(safe, Ordering::AcqRel);
@@ -368,7 +371,10 @@ impl Progress {
                 done_below: safe,
             };
         }
-        records.sort_unstable_by_key(|p| p.order);
+        // One sorted run per queue: in order already when one queue had records.
+        if runs > 1 {
+            records.sort_unstable_by_key(|p| p.order);
+        }
         // Orders are unique (one counter) and every one taken is below the watermark.
         assert!(
             records.windows(2).all(|w| w[0].order < w[1].order),
@@ -381,9 +387,19 @@ impl Progress {
         let done_below = if records.len() > limit {
             let rest = records.split_off(limit);
             let first_left = rest[0].order;
-            // Newest first, each to the front of its queue: the queues stay in order.
+            // Back to the front of their queues, newest first (the queues stay in order),
+            // one lock per queue.
+            let mut back: Vec<Vec<Pending>> = queues.iter().map(|_| Vec::new()).collect();
             for p in rest.into_iter().rev() {
-                queues[p.slot as usize].records().push_front(p);
+                back[p.slot as usize].push(p);
+            }
+            for (queue, newest_first) in queues.iter().zip(back) {
+                if !newest_first.is_empty() {
+                    let mut queued = queue.records();
+                    for p in newest_first {
+                        queued.push_front(p);
+                    }
+                }
             }
             first_left
         } else {
