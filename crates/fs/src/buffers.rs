@@ -61,9 +61,12 @@ impl BufferSet {
         self.state.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// The page at `addr` now belongs to a file.
-    pub(crate) fn take_page(&self, addr: u64) {
-        self.taken.lock().expect("buffer set").push(addr);
+    /// The `pages` pages from `addr` now belong to a file.
+    pub(crate) fn take_pages(&self, addr: u64, pages: u64) {
+        self.taken
+            .lock()
+            .expect("buffer set")
+            .extend((0..pages).map(|i| addr + i * BLOCK));
     }
 
     /// No more records will point here. Returns true if the caller must reclaim it now.

@@ -98,6 +98,10 @@ fn run_loop(inner: &Inner) -> Result<()> {
             inner.progress.pass_done();
             return Ok(());
         }
+        inner.counters.checkpoint_cpu_ns.store(
+            topology::thread_cpu_time().map_or(0, |t| t.as_nanos() as u64),
+            Ordering::Relaxed,
+        );
         inner.progress.pass_done();
         if moved >= GATHER_RECORDS || (moved > 0 && (draining || asked.stop)) {
             continue;
@@ -485,9 +489,7 @@ fn remap(
     work: &mut Work,
 ) {
     extents.map(block, blocks, src, &mut work.freed);
-    for i in 0..blocks {
-        record.set.take_page(src + i * BLOCK);
-    }
+    record.set.take_pages(src, blocks);
     work.maps.push(MapEntry {
         ino,
         file_block: block,

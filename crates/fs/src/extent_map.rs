@@ -432,26 +432,37 @@ impl ExtentMap {
     /// Runs `f` on chunk `c` as a table (made one if it is part of a run or absent), then
     /// settles it: an empty table is dropped, one that became a single run is one again.
     fn edit(&mut self, c: u64, f: impl FnOnce(&mut Table)) {
-        if !matches!(self.chunks.get(&c), Some(Chunk::Table(_))) {
-            self.split_at(c);
-            self.split_at(c + 1);
-            let table = match self.chunks.remove(&c) {
-                Some(Chunk::Run { addr, .. }) => Table::contiguous(addr),
-                _ => Table::empty(),
-            };
-            // Counters unchanged: a whole-run table has the run's blocks and one start.
-            self.chunks.insert(c, Chunk::Table(table));
+        // The common case, a chunk small writes made a table already: one search.
+        if let Some(Chunk::Table(t)) = self.chunks.get_mut(&c) {
+            let before = (t.mapped, t.starts);
+            f(t);
+            let after = (t.mapped, t.starts, t.as_run());
+            return self.settle(c, before, after);
         }
-        let Some(Chunk::Table(t)) = self.chunks.get_mut(&c) else {
-            unreachable!("chunk {c} was just made a table")
+        self.split_at(c);
+        self.split_at(c + 1);
+        let mut table = match self.chunks.remove(&c) {
+            Some(Chunk::Run { addr, .. }) => Table::contiguous(addr),
+            _ => Table::empty(),
         };
-        let (mapped, starts) = (t.mapped, t.starts);
-        f(t);
-        self.blocks = self.blocks + u64::from(t.mapped) - u64::from(mapped);
-        self.runs = self.runs + u64::from(t.starts) - u64::from(starts);
-        if t.mapped == 0 {
+        // Counters unchanged so far: a whole-run table has the run's blocks and one start.
+        let before = (table.mapped, table.starts);
+        f(&mut table);
+        let after = (table.mapped, table.starts, table.as_run());
+        self.chunks.insert(c, Chunk::Table(table));
+        self.settle(c, before, after);
+    }
+
+    /// Chunk `c`, a table, went from `before` (mapped, starts) to `after` (mapped, starts,
+    /// the run it is if it is one): the counters follow, and it is dropped when empty or
+    /// made a run entry when it is one run.
+    fn settle(&mut self, c: u64, before: (u32, u32), after: (u32, u32, Option<u64>)) {
+        let (mapped, starts, run) = after;
+        self.blocks = self.blocks + u64::from(mapped) - u64::from(before.0);
+        self.runs = self.runs + u64::from(starts) - u64::from(before.1);
+        if mapped == 0 {
             self.chunks.remove(&c);
-        } else if let Some(addr) = t.as_run() {
+        } else if let Some(addr) = run {
             self.chunks.insert(c, Chunk::Run { chunks: 1, addr });
             self.merge_around(c);
         }

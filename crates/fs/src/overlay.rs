@@ -59,6 +59,15 @@ impl PieceMap {
 
     /// Cuts `[from, to)` out of every piece, keeping the parts outside.
     fn cut(&mut self, from: u64, to: u64) {
+        // Most writes land where no logged piece is: two searches, no list.
+        let before = self
+            .0
+            .range(..from)
+            .next_back()
+            .is_some_and(|(_, p)| p.end > from);
+        if !before && self.0.range(from..to).next().is_none() {
+            return;
+        }
         for piece in self.overlapping(from, to) {
             self.0.remove(&piece.start);
             for keep in [piece.clip(piece.start, from), piece.clip(to, piece.end)]
@@ -141,6 +150,14 @@ impl Overlay {
         let mut out = Vec::new();
         for (shard, start, end) in stretches(offset, offset + len) {
             let mut map = self.shard(shard);
+            // Mostly the record's piece is still whole: one search takes it.
+            if let std::collections::btree_map::Entry::Occupied(whole) = map.0.entry(start)
+                && whole.get().end == end
+                && whole.get().order == order
+            {
+                out.push(whole.remove());
+                continue;
+            }
             for piece in map.overlapping(start, end) {
                 if piece.order != order {
                     continue;

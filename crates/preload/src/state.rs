@@ -401,15 +401,62 @@ pub(crate) fn entry(fd: c_int) -> Result<FdEntry, c_int> {
         .ok_or(libc::EBADF)
 }
 
-/// The description of a locus fd.
+/// Raised after every change of the fd table (`install`, `uninstall`, `fork`): a thread's
+/// cached lookups ([`LOOKUPS`]) hold for the generation they were made in.
+static FD_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// Lookups a thread remembers.
+const CACHED_LOOKUPS: usize = 4;
+
+thread_local! {
+    /// This thread's last lookups: fd, the table's generation then, and the description
+    /// (weak: a remembered lookup must not keep a closed fd's file open).
+    static LOOKUPS: std::cell::RefCell<[(c_int, u64, std::sync::Weak<Desc>); CACHED_LOOKUPS]> =
+        const { std::cell::RefCell::new([const { (-1, u64::MAX, std::sync::Weak::new()) }; CACHED_LOOKUPS]) };
+}
+
+/// The description of a locus fd. Every read and write asks: a lookup this thread made
+/// while the table has not changed since is taken without the table's lock (whose shared
+/// counter every thread's calls would otherwise pass back and forth between cores).
 pub(crate) fn desc(fd: c_int) -> Result<Arc<Desc>, c_int> {
-    entry(fd).map(|s| s.desc)
+    let generation = FD_GENERATION.load(Ordering::Acquire);
+    let remembered = LOOKUPS
+        .try_with(|lookups| {
+            lookups
+                .borrow()
+                .iter()
+                .find(|(f, g, _)| *f == fd && *g == generation)
+                .and_then(|(_, _, desc)| desc.upgrade())
+        })
+        .ok()
+        .flatten();
+    if let Some(desc) = remembered {
+        return Ok(desc);
+    }
+    let desc = entry(fd)?.desc;
+    // Remembered with the generation read before the lookup: a change in between makes the
+    // next call look again.
+    let _ = LOOKUPS.try_with(|lookups| {
+        let mut lookups = lookups.borrow_mut();
+        let at = lookups
+            .iter()
+            .position(|(f, _, _)| *f == fd)
+            .unwrap_or(fd as usize % CACHED_LOOKUPS);
+        lookups[at] = (fd, generation, Arc::downgrade(&desc));
+    });
+    Ok(desc)
+}
+
+/// The fd table changed: every remembered lookup is void.
+fn table_changed() {
+    FD_GENERATION.fetch_add(1, Ordering::AcqRel);
 }
 
 /// Records `fd` (already reserved from the kernel) as a locus fd; returns what it replaced.
 pub(crate) fn install(fd: c_int, slot: FdEntry) -> Option<FdEntry> {
     let mut fds = ordered(rank::FDS, || FDS.write());
     let replaced = fds.get_or_insert_with(HashMap::new).insert(fd, slot);
+    table_changed();
     if replaced.is_none() {
         mark(fd, true);
         OPEN.fetch_add(1, Ordering::Relaxed);
@@ -431,6 +478,7 @@ pub(crate) fn uninstall(fd: c_int) -> Option<FdEntry> {
     }
     let mut fds = ordered(rank::FDS, || FDS.write());
     let removed = fds.as_mut()?.remove(&fd);
+    table_changed();
     if removed.is_some() {
         mark(fd, false);
         OPEN.fetch_sub(1, Ordering::Relaxed);
@@ -585,6 +633,7 @@ extern "C" fn before_fork() {
     std::mem::forget(FDS.write());
     // SAFETY: we hold FDS and PENDING exclusively (forgotten guards above).
     let dropped = unsafe { suspend_all(&mut *FDS.data_ptr(), &mut *PENDING.data_ptr()) };
+    table_changed();
     // Dropping descriptions releases their locks: before the lock table is taken.
     drop(dropped);
     std::mem::forget(STREAMS.lock());

@@ -1,7 +1,9 @@
-//! Kernel NUMA system calls: thread affinity, memory binding and page placement.
+//! Kernel NUMA system calls: thread affinity, memory binding and page placement, and the
+//! calling thread's CPU time.
 //!
 //! This is the only module of the crate with `unsafe`. It wraps `sched_setaffinity`,
-//! `sched_getaffinity`, `mmap`/`munmap`, `mbind`, `madvise` and `move_pages` in safe
+//! `sched_getaffinity`, `mmap`/`munmap`, `mbind`, `madvise`, `move_pages` and
+//! `clock_gettime(CLOCK_THREAD_CPUTIME_ID)` in safe
 //! functions whose arguments cannot violate the calls' contracts. Anonymous private mappings
 //! are DRAM owned by this process, not persistent memory, so they do not belong to `pmem`.
 
@@ -77,6 +79,22 @@ pub fn current_affinity() -> io::Result<Vec<CpuId>> {
         }
     }
     Ok(cpus)
+}
+
+/// CPU time the calling thread has used (user and system), to the nanosecond.
+pub fn thread_cpu_time() -> io::Result<std::time::Duration> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call to fill.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(std::time::Duration::new(
+        ts.tv_sec as u64,
+        ts.tv_nsec as u32,
+    ))
 }
 
 /// The CPU the calling thread is running on right now.

@@ -106,6 +106,8 @@ pub(crate) struct FsCounters {
     pub(crate) metadata_bytes: AtomicU64,
     pub(crate) snapshots: AtomicU64,
     pub(crate) waits: AtomicU64,
+    /// The checkpoint thread's CPU time, as of its last pass.
+    pub(crate) checkpoint_cpu_ns: AtomicU64,
 }
 
 /// A point-in-time view of the file system's counters.
@@ -138,6 +140,9 @@ pub struct FsStats {
     pub snapshots: u64,
     /// Times a writer waited for the checkpoint (backpressure).
     pub backpressure_waits: u64,
+    /// CPU time the checkpoint thread has used (as of its last pass), in nanoseconds: with
+    /// `checkpointed_records`, what moving a write costs.
+    pub checkpoint_cpu_ns: u64,
     /// Files and directories.
     pub inodes: u64,
     /// Volume memory writers leave free for the checkpoint (its snapshots and the pages
@@ -676,6 +681,7 @@ impl Inner {
             recycled_blocks: self.recycled.used(),
             snapshots: c.snapshots.load(Ordering::Relaxed),
             backpressure_waits: c.waits.load(Ordering::Relaxed),
+            checkpoint_cpu_ns: c.checkpoint_cpu_ns.load(Ordering::Relaxed),
             inodes: self.inodes.read().expect("inode table").len() as u64,
             reserved_bytes: self.reserve_bytes(),
         }

@@ -6,7 +6,10 @@
 //! over the whole file, sequential ones give each thread its own stretch. Write cases on
 //! locus include waiting, at the end, for the checkpoint to move everything into the file, so
 //! the numbers are sustained ones; write amplification is bytes stored to persistent memory
-//! over bytes written by the caller, from the file system's own counters.
+//! over bytes written by the caller, from the file system's own counters. CPU per operation:
+//! the calling threads' (`CLOCK_THREAD_CPUTIME_ID`, both engines) and, for locus writes,
+//! the checkpoint thread's on top (`FsStats::checkpoint_cpu_ns`) — what a write costs in
+//! all, which on a machine with few cores decides how writers scale.
 
 use std::fs::File as StdFile;
 use std::os::unix::fs::FileExt;
@@ -23,7 +26,10 @@ use crate::output::outln;
 use crate::size::parse_size;
 
 /// The file system (locus) against pwrite/pread on tmpfs: random and sequential writes and
-/// reads, several block sizes, 1 and 2 threads on one file.
+/// reads, several block sizes, 1 and 2 threads on one file. Besides IOPS, GB/s and their
+/// ratio: locus's write amplification, its writers' waits for the checkpoint, and CPU time
+/// per operation (`locus us/op`: the calling threads' + the checkpoint thread's; `tmpfs`:
+/// the calling threads', kernel time included).
 #[derive(Debug, Args)]
 pub struct FsBenchArgs {
     /// Print one JSON object per case and engine instead of a table.
@@ -123,6 +129,11 @@ struct Case {
     write_amplification: Option<f64>,
     /// Writers' waits for the checkpoint (locus writes).
     backpressure_waits: Option<u64>,
+    /// CPU time of the bench's threads (the calls themselves) per operation, µs.
+    cpu_us_per_op: f64,
+    /// CPU time of locus's checkpoint thread per operation, µs (locus writes): what
+    /// moving a write into its file costs, on top of `cpu_us_per_op`.
+    checkpoint_us_per_op: Option<f64>,
 }
 
 enum Engine<'a> {
@@ -245,7 +256,7 @@ pub fn run(sysfs: &Path, args: &FsBenchArgs) -> Result<()> {
                         _ => Engine::Tmpfs(&baseline),
                     };
                     let before = fs.stats();
-                    let (ops, elapsed) = measure(&handle, &fs, op, bs, threads, args)?;
+                    let (ops, elapsed, cpu) = measure(&handle, &fs, op, bs, threads, args)?;
                     let after = fs.stats();
                     let locus_writes = engine == "locus" && op.writes();
                     let caller = after.caller_bytes - before.caller_bytes;
@@ -268,6 +279,12 @@ pub fn run(sysfs: &Path, args: &FsBenchArgs) -> Result<()> {
                         },
                         backpressure_waits: locus_writes
                             .then(|| after.backpressure_waits - before.backpressure_waits),
+                        cpu_us_per_op: cpu.as_secs_f64() * 1e6 / ops.max(1) as f64,
+                        checkpoint_us_per_op: locus_writes.then(|| {
+                            (after.checkpoint_cpu_ns - before.checkpoint_cpu_ns) as f64
+                                / 1e3
+                                / ops.max(1) as f64
+                        }),
                     });
                     bar.inc(1);
                 }
@@ -304,8 +321,8 @@ fn pattern_bytes(len: usize, seed: u64) -> Vec<u8> {
     (0..len).map(|_| rng.random()).collect()
 }
 
-/// Runs one case; returns operations done and the time they took (for locus writes,
-/// including the final wait for the checkpoint).
+/// Runs one case; returns operations done, the time they took (for locus writes,
+/// including the final wait for the checkpoint) and the CPU time the bench's threads used.
 fn measure(
     engine: &Engine<'_>,
     fs: &fs::Fs,
@@ -313,15 +330,15 @@ fn measure(
     bs: u64,
     threads: usize,
     args: &FsBenchArgs,
-) -> Result<(u64, Duration)> {
+) -> Result<(u64, Duration, Duration)> {
     let barrier = Barrier::new(threads + 1);
     let deadline = Duration::from_secs_f64(args.seconds);
     let blocks = args.size / bs;
-    let results: Vec<Result<u64>> = std::thread::scope(|scope| {
+    let results: Vec<Result<(u64, Duration)>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let barrier = &barrier;
-                scope.spawn(move || -> Result<u64> {
+                scope.spawn(move || -> Result<(u64, Duration)> {
                     let allowed = topology::current_affinity().unwrap_or_default();
                     if let Some(&cpu) = allowed.get(t % allowed.len().max(1)) {
                         let _ = topology::pin_current_thread(&[cpu]);
@@ -333,6 +350,7 @@ fn measure(
                     let mut ops = 0u64;
                     barrier.wait();
                     let started = Instant::now();
+                    let cpu_before = topology::thread_cpu_time()?;
                     loop {
                         for _ in 0..16 {
                             let block = if op.random() {
@@ -353,7 +371,7 @@ fn measure(
                             ops += 1;
                         }
                         if started.elapsed() >= deadline {
-                            return Ok(ops);
+                            return Ok((ops, topology::thread_cpu_time()? - cpu_before));
                         }
                     }
                 })
@@ -369,14 +387,16 @@ fn measure(
             .collect()
     });
     let started = Instant::now() - deadline;
-    let mut ops = 0;
+    let (mut ops, mut cpu) = (0, Duration::ZERO);
     for r in results {
-        ops += r?;
+        let (n, used) = r?;
+        ops += n;
+        cpu += used;
     }
     if matches!(engine, Engine::Locus(_)) && op.writes() {
         fs.checkpoint()?;
     }
-    Ok((ops, started.elapsed()))
+    Ok((ops, started.elapsed(), cpu))
 }
 
 fn bs_name(bs: u64) -> String {
@@ -411,7 +431,7 @@ fn report(cases: &[Case], args: &FsBenchArgs) -> Result<()> {
             args.seconds
         );
         outln!(
-            "{:<10} {:>5} {:>3} {:>12} {:>9} {:>12} {:>9} {:>7} {:>6} {:>6}",
+            "{:<10} {:>5} {:>3} {:>12} {:>9} {:>12} {:>9} {:>7} {:>6} {:>6} {:>13} {:>8}",
             "op",
             "bs",
             "thr",
@@ -421,11 +441,13 @@ fn report(cases: &[Case], args: &FsBenchArgs) -> Result<()> {
             "GB/s",
             "ratio",
             "WA",
-            "waits"
+            "waits",
+            "locus us/op",
+            "tmpfs"
         );
         for (l, t) in &pairs {
             outln!(
-                "{:<10} {:>5} {:>3} {:>12.0} {:>9.2} {:>12.0} {:>9.2} {:>6.2}x {:>6} {:>6}",
+                "{:<10} {:>5} {:>3} {:>12.0} {:>9.2} {:>12.0} {:>9.2} {:>6.2}x {:>6} {:>6} {:>13} {:>8.2}",
                 l.op,
                 bs_name(l.bs_bytes),
                 l.threads,
@@ -437,6 +459,11 @@ fn report(cases: &[Case], args: &FsBenchArgs) -> Result<()> {
                 l.write_amplification
                     .map_or("-".into(), |w| format!("{w:.3}")),
                 l.backpressure_waits.map_or("-".into(), |w| w.to_string()),
+                match l.checkpoint_us_per_op {
+                    Some(c) => format!("{:.2}+{c:.2}", l.cpu_us_per_op),
+                    None => format!("{:.2}", l.cpu_us_per_op),
+                },
+                t.cpu_us_per_op,
             );
         }
         for op in ["randwrite", "seqwrite", "randread", "seqread"] {
