@@ -935,6 +935,19 @@ assert os.pread(fd, 11, 0) == b"HELLO world"
 assert os.fstat(fd).st_size == 11
 assert stat.S_IMODE(os.fstat(fd).st_mode) == 0o640
 assert stat.S_ISREG(os.stat(M + "/p").st_mode)
+# An fd number reused for another file while the old description lives on in a dup: each
+# call reaches the file its fd names now.
+x = os.open(M + "/reuse-a", os.O_CREAT | os.O_RDWR)
+os.pwrite(x, b"a", 0)
+keep = os.dup(x)
+os.close(x)
+y = os.open(M + "/reuse-b", os.O_CREAT | os.O_RDWR)
+assert y == x, (x, y)
+os.pwrite(y, b"b", 0)
+assert os.pread(keep, 1, 0) == b"a"
+assert os.pread(y, 1, 0) == b"b"
+os.close(y)
+os.close(keep)
 # O_APPEND through a second description
 a = os.open(M + "/p", os.O_WRONLY | os.O_APPEND)
 os.write(a, b"!")
