@@ -356,13 +356,21 @@ impl Progress {
         let safe = self.safe_mark(queues);
         let mut records: Vec<Pending> = Vec::new();
         let mut runs = 0;
+        // The least order of a movable record left in its queue: the batch is done below it.
+        let mut first_left = safe;
         for queue in queues {
             // A queue is in order: its movable records are a prefix, moved in one go (the
-            // queue's lock is its writer's too).
+            // queue's lock is its writer's too). At most `limit` of them: the batch's
+            // `limit` least orders are among each queue's first `limit`, so a backlog
+            // costs a batch no more than that, however long it grew.
             let mut queued = queue.records();
             let movable = queued.partition_point(|p| p.order < safe);
-            runs += usize::from(movable > 0);
-            records.extend(queued.drain(..movable));
+            let take = movable.min(limit);
+            if take < movable {
+                first_left = first_left.min(queued[take].order);
+            }
+            runs += usize::from(take > 0);
+            records.extend(queued.drain(..take));
         }
         if records.is_empty() {
             self.done_below.fetch_max(safe, Ordering::AcqRel);
@@ -384,9 +392,9 @@ impl Progress {
             records.last().is_some_and(|p| p.order < safe),
             "a checkpoint batch reaches the watermark {safe}"
         );
-        let done_below = if records.len() > limit {
+        if records.len() > limit {
             let rest = records.split_off(limit);
-            let first_left = rest[0].order;
+            first_left = first_left.min(rest[0].order);
             // Back to the front of their queues, newest first (the queues stay in order),
             // one lock per queue.
             let mut back: Vec<Vec<Pending>> = queues.iter().map(|_| Vec::new()).collect();
@@ -401,13 +409,10 @@ impl Progress {
                     }
                 }
             }
-            first_left
-        } else {
-            safe
-        };
+        }
         Batch {
             records,
-            done_below,
+            done_below: first_left,
         }
     }
 
@@ -656,6 +661,33 @@ mod tests {
         assert_eq!(second.done_below, 6);
         progress.finish_batch(&second);
         assert_eq!(progress.pending(), 0);
+    }
+
+    /// A long queue gives a batch at most `limit` records (a backlog must not make every
+    /// batch sort and put back all of it), and what it keeps still bounds `done_below`.
+    #[test]
+    fn a_long_queue_gives_a_batch_at_most_its_limit() {
+        let progress = Progress::new(0, 0);
+        let queues = [Queue::with(VecDeque::new()), Queue::with(VecDeque::new())];
+        let all: Vec<&Queue> = queues.iter().collect();
+        for _ in 0..8 {
+            write(&progress, &queues[0], 0);
+        }
+        write(&progress, &queues[1], 1);
+        write(&progress, &queues[1], 1);
+        let first = progress.take_batch(&all, 4);
+        assert_eq!(orders(&first), [0, 1, 2, 3]);
+        assert_eq!(
+            first.done_below, 4,
+            "orders 4..8 are still queued in slot 0, behind what the batch took"
+        );
+        assert_eq!(queues[0].records().len(), 4);
+        progress.finish_batch(&first);
+        let second = progress.take_batch(&all, 4);
+        assert_eq!(orders(&second), [4, 5, 6, 7]);
+        assert_eq!(second.done_below, 8);
+        progress.finish_batch(&second);
+        assert_eq!(orders(&progress.take_batch(&all, 4)), [8, 9]);
     }
 
     #[test]
