@@ -145,10 +145,11 @@ const RECYCLED_SET_PAGES: usize = 64;
 /// ([`Recycled::room`]), and copies it in place otherwise.
 ///
 /// Per device, so that a writer takes pages of its own node; a writer takes one page at a
-/// time, so none sit unused in a writer's hands when the volume runs short. In DRAM only: nothing on media
-/// names a page here, so after a crash the volume's allocator (rebuilt at open from what
-/// the file system names) has it free. Bounded; what does not fit, and everything when a
-/// writer finds the volume short ([`Recycled::drain`]), goes back to the volume.
+/// time, so none sit unused in a writer's hands when the volume runs short. In DRAM only:
+/// nothing on media names a page here, so after a crash the volume's allocator (rebuilt at
+/// open from what the file system names) has it free. Bounded; what does not fit, and
+/// everything when an allocation finds the volume short ([`Recycled::drain`]), goes back
+/// to the volume.
 #[derive(Debug)]
 pub(crate) struct Recycled {
     devices: Vec<Mutex<Vec<u64>>>,
@@ -228,17 +229,24 @@ impl Recycled {
         Some(page)
     }
 
-    /// Gives every page back to `volume`; true if there was any.
+    /// Gives every page back to `volume` (neighbours as one extent); true if there was any.
     pub(crate) fn drain(&self, volume: &Volume) -> Result<bool> {
         let mut any = false;
         for list in &self.devices {
-            let pages = std::mem::take(&mut *list.lock().expect("recycled pages"));
+            let mut pages = std::mem::take(&mut *list.lock().expect("recycled pages"));
             any |= !pages.is_empty();
-            for page in pages {
+            pages.sort_unstable();
+            let mut at = 0;
+            while at < pages.len() {
+                let mut end = at + 1;
+                while end < pages.len() && pages[end] == pages[end - 1] + BLOCK {
+                    end += 1;
+                }
                 volume.free(Extent {
-                    start: GlobalAddress::from_raw(page),
-                    len_bytes: BLOCK,
+                    start: GlobalAddress::from_raw(pages[at]),
+                    len_bytes: (end - at) as u64 * BLOCK,
                 })?;
+                at = end;
             }
         }
         Ok(any)
