@@ -612,7 +612,7 @@ fn write_snapshot(inner: &Inner, bytes: &[u8]) -> Result<Written> {
         BLOCK,
         crate::snapshot::MAX_PIECES as usize,
         &mut pieces,
-        |_, n| inner.unless_recycled(|| Ok(inner.volume.alloc_local(n.next_multiple_of(BLOCK))?)),
+        |_, n| inner.alloc_local(n.next_multiple_of(BLOCK)),
     )
     .and_then(|()| {
         for piece in &pieces {
@@ -650,7 +650,7 @@ fn write_snapshot(inner: &Inner, bytes: &[u8]) -> Result<Written> {
     let written = chunks
         .iter()
         .try_for_each(|_| {
-            pages.push(inner.unless_recycled(|| Ok(inner.volume.alloc_local(INDEX_PAGE_BYTES)?))?);
+            pages.push(inner.alloc_local(INDEX_PAGE_BYTES)?);
             Ok(())
         })
         .and_then(|()| {

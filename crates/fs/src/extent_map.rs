@@ -40,26 +40,37 @@ impl Run {
     fn end(&self) -> u64 {
         self.file_block + self.blocks
     }
-}
 
-/// Appends one block's page to `out`, extending its last run when the block follows it in
-/// both the file and memory.
-fn push_block(out: &mut Vec<Run>, file_block: u64, addr: u64) {
-    if let Some(last) = out.last_mut()
-        && last.end() == file_block
-        && last.addr + last.blocks * BLOCK == addr
-    {
-        last.blocks += 1;
-        return;
+    /// One block.
+    fn block(file_block: u64, addr: u64) -> Self {
+        Self {
+            file_block,
+            blocks: 1,
+            addr,
+        }
     }
-    out.push(Run {
-        file_block,
-        blocks: 1,
-        addr,
-    });
+
+    /// A run a decoder of outside bytes may hand on: at least one block, its file blocks
+    /// and its pages within `u64` bytes, its pages block aligned (the block table marks
+    /// mapped entries in a page address's low bits).
+    pub(crate) fn is_sound(&self) -> bool {
+        self.blocks != 0
+            && self.addr.is_multiple_of(BLOCK)
+            && self
+                .file_block
+                .checked_add(self.blocks)
+                .and_then(|end| end.checked_mul(BLOCK))
+                .is_some()
+            && self
+                .blocks
+                .checked_mul(BLOCK)
+                .and_then(|len| self.addr.checked_add(len))
+                .is_some()
+    }
 }
 
-/// Appends a run to `out`, merging it into the last one when they are consecutive.
+/// Appends a run to `out`, merging it into the last one when they are consecutive in both
+/// the file and memory.
 fn push_run(out: &mut Vec<Run>, run: Run) {
     if let Some(last) = out.last_mut()
         && last.end() == run.file_block
@@ -74,7 +85,7 @@ fn push_run(out: &mut Vec<Run>, run: Run) {
 /// One chunk's blocks: `page | 1` for a mapped block (pages are block aligned, so the low
 /// bit is free to mark "mapped"), 0 for a hole.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Table {
+struct Table {
     entries: [u64; CHUNK_BLOCKS as usize],
     /// Mapped entries.
     mapped: u32,
@@ -159,7 +170,7 @@ impl Table {
     fn pieces(&self, base: u64, from: usize, to: usize, out: &mut Vec<Run>) {
         for i in from..to {
             if let Some(page) = self.page(i) {
-                push_block(out, base + i as u64, page);
+                push_run(out, Run::block(base + i as u64, page));
             }
         }
     }
@@ -325,7 +336,7 @@ impl ExtentMap {
                     for i in b..end {
                         let page = addr.map(|a| a + (i - from) * BLOCK);
                         if let Some(old) = table.set((i - base) as usize, page) {
-                            push_block(replaced, i, old);
+                            push_run(replaced, Run::block(i, old));
                         }
                     }
                 });
@@ -366,9 +377,8 @@ impl ExtentMap {
     fn remove_chunks(&mut self, c1: u64, c2: u64, removed: &mut Vec<Run>) {
         self.split_at(c1);
         self.split_at(c2);
-        let keys: Vec<u64> = self.chunks.range(c1..c2).map(|(&k, _)| k).collect();
-        for key in keys {
-            let chunk = self.chunks.remove(&key).expect("listed");
+        while let Some((&key, _)) = self.chunks.range(c1..c2).next() {
+            let chunk = self.chunks.remove(&key).expect("just found");
             self.blocks -= chunk.blocks();
             self.runs -= chunk.runs();
             let base = key * CHUNK_BLOCKS;

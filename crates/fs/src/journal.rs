@@ -396,7 +396,7 @@ impl MetaOp {
                         blocks: map.blocks,
                         addr: map.addr,
                     };
-                    if !crate::snapshot::run_is_sound(&run) {
+                    if !run.is_sound() {
                         return Err(
                             d.error(format!("file {} maps an invalid run {run:?}", map.ino))
                         );

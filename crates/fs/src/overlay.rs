@@ -59,15 +59,6 @@ impl PieceMap {
 
     /// Cuts `[from, to)` out of every piece, keeping the parts outside.
     fn cut(&mut self, from: u64, to: u64) {
-        // Most writes land where no logged piece is: two searches, no list.
-        let before = self
-            .0
-            .range(..from)
-            .next_back()
-            .is_some_and(|(_, p)| p.end > from);
-        if !before && self.0.range(from..to).next().is_none() {
-            return;
-        }
         for piece in self.overlapping(from, to) {
             self.0.remove(&piece.start);
             for keep in [piece.clip(piece.start, from), piece.clip(to, piece.end)]

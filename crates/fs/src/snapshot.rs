@@ -167,24 +167,6 @@ pub struct InodeImage {
 /// Bytes an inode's fixed fields take in a snapshot.
 pub(crate) const INODE_BYTES: u64 = 8 + 1 + 4 + 8 + 8 + 8 + 8 + 8 + 8 + 8;
 /// Bytes one extent run takes.
-/// A run a decoder may hand on: blocks, its file blocks and its pages within `u64` bytes,
-/// its pages block aligned (the block table marks mapped entries in a page address's low
-/// bits).
-pub(crate) fn run_is_sound(run: &Run) -> bool {
-    run.blocks != 0
-        && run.addr.is_multiple_of(BLOCK)
-        && run
-            .file_block
-            .checked_add(run.blocks)
-            .and_then(|end| end.checked_mul(BLOCK))
-            .is_some()
-        && run
-            .blocks
-            .checked_mul(BLOCK)
-            .and_then(|len| run.addr.checked_add(len))
-            .is_some()
-}
-
 pub(crate) const RUN_BYTES: u64 = 24;
 /// The most a logged write of `len` bytes at `offset` can add to the next snapshot once the
 /// checkpoint has moved it: every map change it causes (one per block, and the partial
@@ -322,7 +304,7 @@ impl Snapshot {
                     blocks: d.u64("run blocks")?,
                     addr: d.u64("run addr")?,
                 };
-                if !run_is_sound(&run) {
+                if !run.is_sound() {
                     return Err(d.error(format!("inode {ino} has an invalid run {run:?}")));
                 }
                 runs.push(run);

@@ -363,6 +363,12 @@ impl Inner {
         }
     }
 
+    /// `len` bytes on the calling thread's node (the volume's `alloc_local`), with the
+    /// recycled pages given back first if the volume is short.
+    pub(crate) fn alloc_local(&self, len: u64) -> Result<Extent> {
+        self.unless_recycled(|| Ok(self.volume.alloc_local(len)?))
+    }
+
     /// [`Inner::alloc_buffer`] without the recycled pages.
     fn alloc_buffer_once(&self, len: u64) -> Result<Extent> {
         let needed = self.reserve_bytes() + len.next_multiple_of(BLOCK);
@@ -539,15 +545,14 @@ impl Inner {
             root.journal_bytes
         };
         let log_len = LogArea::bytes_for(root.log_records).next_multiple_of(BLOCK);
-        let log_extent = self.unless_recycled(|| Ok(self.volume.alloc_local(log_len)?))?;
-        let journal_extent =
-            match self.unless_recycled(|| Ok(self.volume.alloc_local(journal_len)?)) {
-                Ok(e) => e,
-                Err(e) => {
-                    self.volume.free(log_extent)?;
-                    return Err(e);
-                }
-            };
+        let log_extent = self.alloc_local(log_len)?;
+        let journal_extent = match self.alloc_local(journal_len) {
+            Ok(e) => e,
+            Err(e) => {
+                self.volume.free(log_extent)?;
+                return Err(e);
+            }
+        };
         let log = LogArea::format(self.volume.region(&log_extent)?, index)?;
         // Zeroed: the memory may have held anything, even a journal image of this epoch
         // (inside a file), which recovery would take for records after a damaged one.
