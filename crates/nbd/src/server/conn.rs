@@ -15,6 +15,7 @@ use super::channel::{Channel, Job};
 use super::export::{Export, ExportError, Payload, skip, skip_stream};
 use super::inbox::Inbox;
 use super::net::Stream;
+use super::poll::Poller;
 use super::tls::{Session, TlsMode};
 use super::{MAX_PAYLOAD_BYTES, MIN_BLOCK_BYTES, PREFERRED_BLOCK_BYTES, Submit};
 use crate::consts::{command, command_flags, errno, info, option, state, transmission_flags};
@@ -727,6 +728,7 @@ impl<E: Export> Conn<E> {
 fn transmission<E: Export>(shared: &Shared<E>, conn: &Arc<Conn<E>>, stream: &mut Stream) -> End {
     let mut scratch = Vec::new();
     let mut inbox = Inbox::default();
+    let mut poller = Poller::new(shared.config.poll);
     loop {
         if conn.broken.load(Ordering::Relaxed) {
             return End::Io(io::Error::new(
@@ -735,7 +737,7 @@ fn transmission<E: Export>(shared: &Shared<E>, conn: &Arc<Conn<E>>, stream: &mut
             ));
         }
         let mut header = [0u8; REQUEST_BYTES];
-        match read_header(conn, stream, &mut header, &mut inbox) {
+        match read_header(conn, stream, &mut header, &mut inbox, &mut poller) {
             Ok(true) => {}
             Ok(false) if shared.stopping.load(Ordering::Acquire) => return End::Shutdown,
             Ok(false) => return End::Clean,
@@ -805,12 +807,13 @@ fn transmission<E: Export>(shared: &Shared<E>, conn: &Arc<Conn<E>>, stream: &mut
 
 /// Reads a request header from the connection's input; `false` when the connection closed
 /// cleanly before its first byte. Replies held back are sent before the thread would wait
-/// for the client.
+/// for the client, which it does polling first (see [`Poller`]).
 fn read_header<E: Export>(
     conn: &Conn<E>,
     stream: &mut Stream,
     header: &mut [u8; REQUEST_BYTES],
     inbox: &mut Inbox,
+    poller: &mut Poller,
 ) -> io::Result<bool> {
     loop {
         let buffered = inbox.buffered();
@@ -823,12 +826,12 @@ fn read_header<E: Export>(
             match inbox.fill_now(stream) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     conn.flush_pending();
-                    inbox.fill(stream)
+                    poller.fill(inbox, stream)
                 }
                 other => other,
             }
         } else {
-            inbox.fill(stream)
+            poller.fill(inbox, stream)
         };
         match received {
             Ok(0) if inbox.buffered().is_empty() => return Ok(false),

@@ -18,6 +18,7 @@ mod conn;
 mod export;
 mod inbox;
 mod net;
+mod poll;
 mod stats;
 mod sys;
 mod tls;
@@ -52,6 +53,9 @@ pub const SECTOR_BYTES: u32 = 512;
 pub const PREFERRED_BLOCK_BYTES: u32 = 4096;
 /// Largest read or write payload accepted (the protocol's portable maximum, 32 MiB).
 pub const MAX_PAYLOAD_BYTES: u32 = 32 << 20;
+/// Default for [`ServerConfig::poll`]: longer than a queue-depth-1 client's turnaround on
+/// the development machine (~20 µs), far shorter than a scheduler tick.
+pub const DEFAULT_POLL: Duration = Duration::from_micros(50);
 
 /// How requests reach the code that executes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +107,9 @@ pub struct ServerConfig {
     pub max_in_flight_bytes: usize,
     /// A client must finish negotiating within this time.
     pub handshake_timeout: Duration,
+    /// Longest a connection's thread polls its socket for the next request before it
+    /// sleeps (adapted per connection; zero: never poll). See `server/poll.rs`.
+    pub poll: Duration,
 }
 
 impl Default for ServerConfig {
@@ -118,6 +125,7 @@ impl Default for ServerConfig {
             max_in_flight: 64,
             max_in_flight_bytes: 64 << 20,
             handshake_timeout: Duration::from_secs(30),
+            poll: DEFAULT_POLL,
         }
     }
 }
