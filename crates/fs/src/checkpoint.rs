@@ -64,6 +64,11 @@ fn run_loop(inner: &Inner) -> Result<()> {
     // On demand: once asked, keep going until nothing below the watermark is left.
     let mut draining = false;
     loop {
+        // A pass writes to the media only while holding this (`Fs::quiesced`).
+        let hold = inner
+            .checkpoint_hold
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let asked = inner.progress.take_requests();
         if asked.abandon {
             return Ok(());
@@ -103,6 +108,7 @@ fn run_loop(inner: &Inner) -> Result<()> {
             Ordering::Relaxed,
         );
         inner.progress.pass_done();
+        drop(hold);
         if moved >= GATHER_RECORDS || (moved > 0 && (draining || asked.stop)) {
             continue;
         }

@@ -42,7 +42,7 @@ use crate::snapshot::{INDEX_MAGIC, InodeImage, MAX_PIECES, Snapshot, SnapshotInd
 type Table = HashMap<u64, Arc<Inode>>;
 
 /// What [`Fs::check`] found on a file system that would open.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FsCheck {
     /// Generation of the root copy in use.
     pub generation: u64,

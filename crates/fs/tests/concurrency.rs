@@ -100,3 +100,35 @@ fn disjoint_and_overlapping_writers() {
         .unwrap();
     assert!(again == data, "recovery changed the file");
 }
+
+/// While `Fs::quiesced` runs its closure the checkpoint moves nothing: writes logged inside
+/// it stay pending and the media stay byte for byte as they were (what a mount server's
+/// `fsck` relies on); once it returns they are checkpointed.
+#[test]
+fn the_checkpoint_holds_still_while_quiesced() {
+    let tracer = pmem::Tracer::new();
+    let fs = format_over(vec![traced_volume_device(&tracer, 16 << 20)]);
+    let file = fs.create("/f").unwrap();
+    let (pending, same) = fs.quiesced(|| {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for i in 0..16u32 {
+                    file.write_at(&block_of(1, i), u64::from(i % 64) * BLOCK as u64)
+                        .unwrap();
+                }
+            });
+        });
+        let before = tracer.contents();
+        // Longer than the checkpoint's gathering wait many times over.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        (fs.stats().records_pending, tracer.contents() == before)
+    });
+    assert_eq!(pending, 16, "the checkpoint moved records while held");
+    assert!(same, "the media changed while the file system was quiesced");
+    fs.checkpoint().unwrap();
+    assert_eq!(fs.stats().records_pending, 0);
+    let mut data = vec![0u8; 64 * BLOCK];
+    file.read_at(&mut data, 0).unwrap();
+    assert_blocks_whole(&data, 2);
+    fs.unmount().unwrap();
+}

@@ -567,7 +567,9 @@ fn the_preload_library_uses_a_running_mount(transport: &'static str) {
 }
 
 /// `locus status` of a mounted volume reads the server's live view through the mount;
-/// `fsck` refuses, naming the mount; the status file is hidden and read-only.
+/// `fsck` checks it through the server (which holds every request and the checkpoint while
+/// it reads the media), also while another process writes, and sees damage; `--repair`
+/// refuses, naming the mount; the status and check files are hidden and read-only.
 fn status_and_fsck_beside_a_mount(transport: &'static str) {
     let mount = Mount::new(transport);
     std::fs::create_dir(mount.path().join("d")).unwrap();
@@ -587,11 +589,36 @@ fn status_and_fsck_beside_a_mount(transport: &'static str) {
     );
     assert!(report["devices"][0]["free_bytes"].as_u64().unwrap() > 0);
 
-    let out = locus()
-        .args(["fsck", "--volume"])
-        .arg(mount.volume.path())
-        .output()
-        .unwrap();
+    // fsck through the mount sees what the media hold now.
+    let fsck = |args: &[&str]| {
+        locus()
+            .arg("fsck")
+            .args(args)
+            .arg("--volume")
+            .arg(mount.volume.path())
+            .output()
+            .unwrap()
+    };
+    let json = |out: &Output| -> serde_json::Value {
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+    };
+    let text = ok(&fsck(&[]), "fsck of a mounted volume");
+    assert!(
+        text.contains("checked through `locus mount`") && text.trim_end().ends_with("clean"),
+        "{text}"
+    );
+    let report = json(&fsck(&["--json"]));
+    assert_eq!(report["served_by"]["pid"].as_u64(), Some(pid), "{report}");
+    assert_eq!(report["fs"]["state"], "present", "{report}");
+    assert_eq!(report["fs"]["files"], 1, "{report}");
+    assert_eq!(report["fs"]["directories"], 2, "{report}");
+    std::fs::write(mount.path().join("d/g"), vec![7u8; 10_000]).unwrap();
+    let report = json(&fsck(&["--json"]));
+    assert_eq!(report["fs"]["files"], 2, "{report}");
+    assert_eq!(report["fs"]["file_bytes"], 10_001, "{report}");
+
+    let out = fsck(&["--repair"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -599,16 +626,112 @@ fn status_and_fsck_beside_a_mount(transport: &'static str) {
         "{err}"
     );
 
+    // Checks while another process writes and creates files: every one clean, and the
+    // writer's data intact afterwards (it verifies what it wrote).
+    let mut writer = Command::new("python3")
+        .args([
+            "-c",
+            r#"
+import os, sys, time
+d = sys.argv[1]
+fd = os.open(f"{d}/big", os.O_RDWR | os.O_CREAT, 0o644)
+want = {}
+end = time.time() + 3
+n = 0
+while time.time() < end:
+    off = (n * 7919 % 1024) * 4096
+    data = bytes([n % 251]) * (512 if n % 3 else 4096)
+    os.pwrite(fd, data, off)
+    want[off] = data
+    if n % 50 == 0:
+        with open(f"{d}/small{n % 500}", "w") as f:
+            f.write("y" * (n % 3000))
+    n += 1
+for off, data in want.items():
+    got = os.pread(fd, len(data), off)
+    assert got == data, f"offset {off}: read back differs"
+print(n)
+"#,
+        ])
+        .arg(mount.path())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut checks = 0;
+    while writer.try_wait().unwrap().is_none() {
+        let out = fsck(&["--json"]);
+        let report = json(&out);
+        assert!(
+            out.status.success() && report["fs"]["state"] == "present",
+            "fsck during writes: {report}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        checks += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let written = ok(&writer.wait_with_output().unwrap(), "the writer");
+    assert!(checks >= 5, "only {checks} checks ran while writing");
+    assert!(written.trim().parse::<u64>().unwrap() > 100, "{written}");
+
+    // A damaged spare root copy on the media is reported through the mount.
+    let device = std::fs::read_dir(mount.volume.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "pmem"))
+        .expect("an emulated device file");
+    let image = std::fs::read(&device).unwrap();
+    let copies: Vec<usize> = image
+        .windows(8)
+        .enumerate()
+        .filter(|(_, w)| *w == b"LOCUSFS1")
+        .map(|(at, _)| at)
+        .take(2)
+        .collect();
+    let generation = |at: usize| u64::from_le_bytes(image[at + 16..at + 24].try_into().unwrap());
+    let older = *copies.iter().min_by_key(|&&at| generation(at)).unwrap();
+    {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&device)
+            .unwrap();
+        file.write_all_at(&[image[older + 200] ^ 1], (older + 200) as u64)
+            .unwrap();
+    }
+    let out = fsck(&["--json"]);
+    assert!(!out.status.success(), "a damaged root copy fails fsck");
+    let report = json(&out);
+    assert!(
+        report["fs"]["damaged_root_copy"]
+            .as_str()
+            .is_some_and(|d| d.contains("crc32c")),
+        "{report}"
+    );
+
     let status = mount.path().join(".locus-status");
     let names: Vec<_> = std::fs::read_dir(mount.path())
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
-    assert_eq!(names, ["d"], "the status file is not listed");
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.to_string_lossy().starts_with(".locus")),
+        "the status and check files are not listed: {names:?}"
+    );
     assert!(
         std::fs::read_to_string(&status)
             .unwrap()
             .contains("\"server_pid\"")
+    );
+    let check = mount.path().join(".locus-fsck");
+    assert_eq!(
+        std::fs::write(&check, b"x").unwrap_err().raw_os_error(),
+        Some(libc::EACCES)
+    );
+    assert_eq!(
+        std::fs::remove_file(&check).unwrap_err().raw_os_error(),
+        Some(libc::EPERM)
     );
     assert_eq!(
         std::fs::write(&status, b"x").unwrap_err().raw_os_error(),

@@ -57,6 +57,27 @@ pub const STATUS_NAME: &str = ".locus-status";
 /// The status file's inode number (the file system's numbers never come near it).
 const STATUS_INO: u64 = u64::MAX - 1;
 
+/// A read-only file at the root, not listed by `readdir`, present when the mount has a
+/// [`Checker`]: opening it checks the volume while the file system holds still (requests
+/// wait, the checkpoint pauses between passes) and its bytes are the checker's report — how
+/// `locus fsck` checks a volume that a mount holds. Its name cannot be created, removed or
+/// renamed.
+pub const CHECK_NAME: &str = ".locus-fsck";
+/// The check file's inode number.
+const CHECK_INO: u64 = u64::MAX - 2;
+
+/// Checks the volume for [`CHECK_NAME`]: called with no request in flight and the
+/// checkpoint held ([`fs::Fs::quiesced`]), so the media holds still while it reads them;
+/// what it returns is the check file's contents.
+#[derive(Clone)]
+pub struct Checker(pub Arc<dyn Fn() -> Vec<u8> + Send + Sync>);
+
+impl std::fmt::Debug for Checker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Checker")
+    }
+}
+
 /// The largest write (and read) one request carries: 1 MiB (256 pages, the kernel's default
 /// limit), so a 2 MiB `write(2)` is two requests.
 const MAX_WRITE: usize = 1 << 20;
@@ -88,6 +109,8 @@ pub struct MountConfig {
     pub allow_other: bool,
     /// How requests travel.
     pub transport: Transport,
+    /// What opening [`CHECK_NAME`] runs (no check file without one).
+    pub checker: Option<Checker>,
 }
 
 /// What the mount negotiated with the kernel.
@@ -184,7 +207,7 @@ pub fn mount(fs: fs::Fs, mountpoint: &Path, config: &MountConfig) -> io::Result<
     }
     let session = fuser::Session::new(Unused, mountpoint, &options)?;
     let mut dev = File::from(session.as_fd().try_clone_to_owned()?);
-    let mut server = Server::new(fs, config.read_only);
+    let mut server = Server::new(fs, config.read_only, config.checker.clone());
     let hello = handshake(&mut dev, config.transport)?;
     server.set_direct_io(hello.direct_io);
     if hello.io_uring {

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fs::{FsError, Kind, OpenOptions, Stat};
 
 use crate::proto::{self, Attr, InHeader, Malformed, Reader, Writer, fattr, op};
-use crate::{STATUS_INO, STATUS_NAME, TTL};
+use crate::{CHECK_INO, CHECK_NAME, Checker, STATUS_INO, STATUS_NAME, TTL};
 
 /// The block size reported to `stat` and `statfs`.
 const BLOCK: u32 = 4096;
@@ -28,8 +28,8 @@ impl Names {
     }
 
     fn child(&self, parent: u64, name: &str) -> Result<String, i32> {
-        if parent == fs::ROOT_INO && name == STATUS_NAME {
-            return Err(libc::EPERM); // the status file's name
+        if parent == fs::ROOT_INO && (name == STATUS_NAME || name == CHECK_NAME) {
+            return Err(libc::EPERM); // the status and check files' names
         }
         if name.is_empty() || name.contains('/') {
             return Err(libc::EINVAL);
@@ -70,8 +70,8 @@ struct Listing {
 enum Handle {
     File(fs::File),
     Dir(Listing),
-    /// The status file's bytes, made at `open`.
-    Status(Vec<u8>),
+    /// The status or check file's bytes, made at `open`.
+    Made(Vec<u8>),
 }
 
 /// What a request asks for in reply.
@@ -106,6 +106,11 @@ pub(crate) struct Server {
     /// (the one that made them).
     served_elsewhere: AtomicU64,
     io_uring: bool,
+    /// What opening the check file runs.
+    checker: Option<Checker>,
+    /// Every request holds it shared while it is served; opening the check file holds it
+    /// exclusively, so no request is in flight while the volume is checked (new ones wait).
+    still: RwLock<()>,
 }
 
 impl std::fmt::Debug for Server {
@@ -162,7 +167,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Server {
-    pub(crate) fn new(fs: fs::Fs, read_only: bool) -> Self {
+    pub(crate) fn new(fs: fs::Fs, read_only: bool, checker: Option<Checker>) -> Self {
         let mut names = Names::default();
         names.paths.insert(fs::ROOT_INO, "/".into());
         // The daemon's ids own every file (the file system keeps no owners).
@@ -181,6 +186,8 @@ impl Server {
             queue_requests: Vec::new(),
             served_elsewhere: AtomicU64::new(0),
             io_uring: false,
+            checker,
+            still: RwLock::new(()),
         }
     }
 
@@ -251,10 +258,11 @@ impl Server {
         }
     }
 
-    fn status_attr(&self) -> Attr {
+    /// The status or check file's attributes (`ino`).
+    fn made_attr(&self, ino: u64) -> Attr {
         let now = now_ns();
         Attr {
-            ino: STATUS_INO,
+            ino,
             atime_ns: now,
             mtime_ns: now,
             ctime_ns: now,
@@ -335,6 +343,21 @@ impl Server {
         }
     }
 
+    /// The check file's bytes: the checker's report, made with no request in flight (this
+    /// one, an `OPEN` of the check file, is served without the shared hold — see
+    /// [`Server::serve`]) and the checkpoint held.
+    fn check(&self) -> Result<Vec<u8>, i32> {
+        let checker = self.checker.as_ref().ok_or(libc::ENOENT)?;
+        let _still = self.still.write().unwrap_or_else(PoisonError::into_inner);
+        let started = std::time::Instant::now();
+        let report = self.fs.quiesced(|| (checker.0)());
+        tracing::info!(
+            held_ms = started.elapsed().as_millis() as u64,
+            "checked the volume for `locus fsck`; requests waited meanwhile"
+        );
+        Ok(report)
+    }
+
     /// The status file's bytes, now.
     fn status(&self) -> Vec<u8> {
         let volume = self.fs.volume();
@@ -370,6 +393,10 @@ impl Server {
         in_len: usize,
     ) -> Result<Reply, i32> {
         let in_len = in_len.min(buf.len());
+        // Opening the check file takes the hold exclusively itself; a shared one here would
+        // wait for it forever.
+        let _still = (h.opcode != op::OPEN || h.nodeid != CHECK_INO)
+            .then(|| self.still.read().unwrap_or_else(PoisonError::into_inner));
         match h.opcode {
             op::FORGET | op::BATCH_FORGET | op::INTERRUPT => Ok(Reply::None),
             op::DESTROY => {
@@ -403,14 +430,20 @@ impl Server {
             op::LOOKUP => {
                 let [name] = proto::names(rest).map_err(bad)?;
                 if ino == fs::ROOT_INO && name == STATUS_NAME {
-                    return proto::entry(w, &self.status_attr(), Duration::ZERO);
+                    return proto::entry(w, &self.made_attr(STATUS_INO), Duration::ZERO);
+                }
+                if ino == fs::ROOT_INO && name == CHECK_NAME {
+                    if self.checker.is_none() {
+                        return Err(libc::ENOENT);
+                    }
+                    return proto::entry(w, &self.made_attr(CHECK_INO), Duration::ZERO);
                 }
                 let attr = self.entry(self.child(ino, name)?)?;
                 proto::entry(w, &attr, TTL)
             }
             op::GETATTR => {
-                if ino == STATUS_INO {
-                    return proto::attr_out(w, &self.status_attr(), Duration::ZERO);
+                if ino == STATUS_INO || ino == CHECK_INO {
+                    return proto::attr_out(w, &self.made_attr(ino), Duration::ZERO);
                 }
                 let st = self.stat(ino)?;
                 proto::attr_out(w, &self.attr(&st), TTL)
@@ -525,7 +558,7 @@ impl Server {
                 match self.take(fh).map(Arc::try_unwrap) {
                     Some(Ok(Handle::File(file))) => file.close().map_err(|e| errno(&e)),
                     // Still in use by a request in flight: closed when that ends.
-                    Some(Err(_)) | Some(Ok(Handle::Status(_))) => Ok(()),
+                    Some(Err(_)) | Some(Ok(Handle::Made(_))) => Ok(()),
                     Some(Ok(Handle::Dir(_))) | None => Err(libc::EBADF),
                 }
             }
@@ -533,7 +566,7 @@ impl Server {
                 // Every write is durable when it returns: nothing is held back.
                 let fh = r.u64().map_err(bad)?;
                 match &*self.handle(fh)? {
-                    Handle::File(_) | Handle::Status(_) => Ok(()),
+                    Handle::File(_) | Handle::Made(_) => Ok(()),
                     Handle::Dir(_) => Err(libc::EISDIR),
                 }
             }
@@ -541,7 +574,7 @@ impl Server {
                 let fh = r.u64().map_err(bad)?;
                 match &*self.handle(fh)? {
                     Handle::File(f) => f.sync_all().map_err(|e| errno(&e)),
-                    Handle::Status(_) => Ok(()),
+                    Handle::Made(_) => Ok(()),
                     Handle::Dir(_) => Err(libc::EISDIR),
                 }
             }
@@ -608,15 +641,17 @@ impl Server {
     }
 
     fn open(&self, ino: u64, flags: u32) -> Result<(u64, u32), i32> {
-        if ino == STATUS_INO {
+        if ino == STATUS_INO || ino == CHECK_INO {
             if flags as i32 & libc::O_ACCMODE != libc::O_RDONLY {
                 return Err(libc::EACCES);
             }
+            let bytes = if ino == STATUS_INO {
+                self.status()
+            } else {
+                self.check()?
+            };
             // Direct I/O: the kernel reads to the end of the bytes, whatever the size said.
-            return Ok((
-                self.add(Handle::Status(self.status())),
-                proto::FOPEN_DIRECT_IO,
-            ));
+            return Ok((self.add(Handle::Made(bytes)), proto::FOPEN_DIRECT_IO));
         }
         let options = Self::open_options(flags);
         if options.write {
@@ -637,7 +672,7 @@ impl Server {
         let size = (size as usize).min(buf.len());
         let handle = self.handle(fh)?;
         match &*handle {
-            Handle::Status(bytes) => {
+            Handle::Made(bytes) => {
                 let from = usize::try_from(offset)
                     .unwrap_or(usize::MAX)
                     .min(bytes.len());
@@ -702,7 +737,7 @@ impl Server {
         let gid = r.u32().map_err(Err)?;
         let has = |bit: u32| valid & bit != 0;
         let done = (|| {
-            if ino == STATUS_INO {
+            if ino == STATUS_INO || ino == CHECK_INO {
                 return Err(libc::EPERM);
             }
             self.writable()?;
@@ -895,6 +930,7 @@ mod tests {
         assert_eq!(n.child(1, "x"), Ok("/x".to_owned()));
         assert_eq!(n.child(3, "x"), Ok("/z/y/b/x".to_owned()));
         assert_eq!(n.child(1, STATUS_NAME), Err(libc::EPERM));
+        assert_eq!(n.child(1, CHECK_NAME), Err(libc::EPERM));
         assert_eq!(n.child(1, "a/b"), Err(libc::EINVAL));
     }
 }

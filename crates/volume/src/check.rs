@@ -4,15 +4,16 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
+use crate::config::VolumeConfig;
+use crate::error::{Result, VolumeError};
 use crate::lock::VolumeLock;
 use crate::superblock::Superblock;
 use crate::volume::hex;
 
 /// One device as the check found it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceCheck {
     /// Path from `locus.toml`.
     pub path: String,
@@ -25,7 +26,7 @@ pub struct DeviceCheck {
 }
 
 /// The whole report.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckReport {
     /// Per device, in `locus.toml` order.
     pub devices: Vec<DeviceCheck>,
@@ -46,6 +47,19 @@ impl CheckReport {
 /// Checks the volume in `dir` (taking its lock, so nothing changes it meanwhile).
 pub fn check(dir: &Path) -> Result<CheckReport> {
     let (_lock, config) = VolumeLock::acquire_existing(dir)?;
+    check_devices(&config)
+}
+
+/// [`check`] for the process that holds the volume open (a mount server checking its own
+/// volume): superblocks are written only by `format`, so an open volume's do not change.
+pub fn check_held(dir: &Path) -> Result<CheckReport> {
+    let config = VolumeConfig::read(dir)?.ok_or_else(|| VolumeError::NoVolume {
+        dir: dir.to_owned(),
+    })?;
+    check_devices(&config)
+}
+
+fn check_devices(config: &VolumeConfig) -> Result<CheckReport> {
     let flush = config.flush_policy().expect("validated");
     let mut report = CheckReport {
         devices: Vec::new(),

@@ -27,7 +27,7 @@ mod volume;
 
 pub use address::{Extent, GlobalAddress, MAX_DEVICES};
 pub use buddy::BuddyAllocator;
-pub use check::{CheckReport, DeviceCheck, check};
+pub use check::{CheckReport, DeviceCheck, check, check_held};
 pub use config::{CONFIG_FILE, DEFAULT_DIR, DeviceConfig, VolumeConfig, may_create_default_in};
 pub use error::{Result, VolumeError};
 pub use lock::VolumeLock;

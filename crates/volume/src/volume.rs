@@ -377,6 +377,31 @@ impl Volume {
         Ok(volume)
     }
 
+    /// Opens the devices of the volume in `dir` a second time, without its lock, for the
+    /// process that holds it open to read the media as another opener would see them (a
+    /// mount server checking its own volume while its file system holds still). Nothing may
+    /// be written through it; its allocator starts all free like [`Volume::open`]'s, and no
+    /// monitor thread runs.
+    pub fn open_view(dir: &Path, topology: Topology) -> Result<Self> {
+        let config = VolumeConfig::read(dir)?.ok_or_else(|| VolumeError::NoVolume {
+            dir: dir.to_owned(),
+        })?;
+        let flush = config.flush_policy().expect("validated");
+        let sources = config
+            .devices
+            .iter()
+            .map(|device| device.open_source(flush, false))
+            .collect::<Result<Vec<_>>>()?;
+        let options = OpenOptions {
+            check_interval: None,
+            prefault: false,
+            ..OpenOptions::default()
+        };
+        let mut volume = Self::open_devices(sources, topology, &options)?;
+        volume.dir = Some(dir.to_owned());
+        Ok(volume)
+    }
+
     /// The volume's identity.
     pub fn uuid(&self) -> [u8; 16] {
         self.uuid

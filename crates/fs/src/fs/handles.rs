@@ -304,6 +304,21 @@ impl Fs {
         self.inner.drain()
     }
 
+    /// Runs `f` with the checkpoint held between two passes: nothing the checkpoint writes
+    /// (files' blocks, snapshots, the root) changes while `f` runs, so with the caller's
+    /// own writers stopped the media holds still — what recovery would find if the process
+    /// died now. How a mount server checks its live volume (`locus fsck` of a mounted
+    /// volume). Writers are not stopped: one that needs the checkpoint (a full log, an
+    /// `fsync`) waits until `f` returns; `f` must not wait for such a writer.
+    pub fn quiesced<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _hold = self
+            .inner
+            .checkpoint_hold
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f()
+    }
+
     /// Counters.
     pub fn stats(&self) -> FsStats {
         self.inner.stats()

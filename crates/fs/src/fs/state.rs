@@ -95,6 +95,9 @@ pub(crate) struct Inner {
     pub(crate) pending_pages: AtomicU64,
     /// Blocks overwrites replaced, kept for single-block writes.
     pub(crate) recycled: Recycled,
+    /// Held by the checkpoint through each pass (everything it writes to the media), and
+    /// by [`crate::Fs::quiesced`] to keep it between passes.
+    pub(crate) checkpoint_hold: Mutex<()>,
 }
 
 #[derive(Debug, Default)]
@@ -317,6 +320,7 @@ impl Inner {
             pending_pages: AtomicU64::new(pending_pages),
             replayed,
             recycled: Recycled::new(device_nodes, recycle_cap),
+            checkpoint_hold: Mutex::new(()),
         });
         for (index, (log, journal, queue)) in slots.into_iter().enumerate() {
             let slot = inner.make_slot(index as u32, log, journal, queue);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::volume::FsState;
 
@@ -31,6 +31,10 @@ use crate::output::outln;
 /// kept contents may name memory a dropped operation had freed). Damage to the root in use,
 /// the snapshot or the volume is reported and not repaired: nothing could be kept without
 /// guessing.
+///
+/// A volume that `locus mount` holds is checked by its server: it holds every request and
+/// its checkpoint while it reads the media (milliseconds), so the report is what recovery
+/// would find at that moment. --repair needs the volume unmounted.
 #[derive(Debug, Args)]
 pub struct FsckArgs {
     #[command(flatten)]
@@ -47,6 +51,9 @@ pub struct FsckArgs {
 
 #[derive(Debug, Serialize)]
 struct Report {
+    /// The `locus mount` server the check was made through (a mounted volume).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    served_by: Option<ServedBy>,
     #[serde(flatten)]
     volume: volume::CheckReport,
     /// Absent when the volume itself has problems (the file system is not looked at then).
@@ -59,26 +66,105 @@ struct Report {
     not_repaired: Option<String>,
 }
 
-pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
-    if let Some(served) = volume::find_served(dir) {
+#[derive(Debug, Serialize)]
+struct ServedBy {
+    pid: u32,
+    mountpoint: std::path::PathBuf,
+}
+
+/// What a mount server's check file holds: the check of its volume, made while the file
+/// system held still ([`live_check`]), or why it could not be made.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Live {
+    Checked {
+        volume: volume::CheckReport,
+        /// Absent when the volume itself has problems.
+        fs: Option<FsState>,
+    },
+    Failed(String),
+}
+
+/// The check a `locus mount` server makes of its own volume for `fsck` (the mount's
+/// checker, run with no request in flight and the checkpoint held): the volume's devices as
+/// `fsck` checks them, then the file system on a second, read-only view of the media —
+/// exactly what recovery would find if the server died now. JSON, read back by [`run`].
+pub fn live_check(dir: &Path, topology: &topology::Topology) -> Vec<u8> {
+    let live = match volume::check_held(dir) {
+        Ok(report) => {
+            let fs =
+                report
+                    .is_clean()
+                    .then(|| match volume::Volume::open_view(dir, topology.clone()) {
+                        Ok(view) => FsState::of(&view),
+                        Err(e) => FsState::Damaged {
+                            error: format!("opening a view of the media: {e}"),
+                        },
+                    });
+            Live::Checked { volume: report, fs }
+        }
+        Err(e) => Live::Failed(format!("{e:#}")),
+    };
+    serde_json::to_vec(&live).unwrap_or_default()
+}
+
+/// Checks a volume that `locus mount` holds, through its check file.
+fn through_mount(dir: &Path, served: &volume::Served, args: &FsckArgs) -> Result<Report> {
+    if args.repair {
         bail!(
-            "volume {} is served by `locus mount` (pid {}) at {}: fsck needs the volume to \
-             itself; unmount it first (`umount {}`), or see `locus status` for the live view",
+            "volume {} is served by `locus mount` (pid {}) at {}: --repair needs the volume \
+             to itself; unmount it first (`umount {}`). Without --repair, fsck checks it \
+             through the mount",
             dir.display(),
             served.pid,
             served.mountpoint.display(),
             served.mountpoint.display()
         );
     }
-    let volume_report = volume::check(dir)?;
-    let mut report = Report {
-        fs: None,
-        repaired: None,
-        salvaged: None,
-        not_repaired: None,
-        volume: volume_report,
+    let file = served.mountpoint.join(mount::CHECK_NAME);
+    let bytes = std::fs::read(&file).with_context(|| {
+        format!(
+            "asking the mount server (pid {}) for a check through {}",
+            served.pid,
+            file.display()
+        )
+    })?;
+    let live: Live = serde_json::from_slice(&bytes)
+        .with_context(|| format!("the mount server's check in {}", file.display()))?;
+    match live {
+        Live::Checked { volume, fs } => Ok(Report {
+            served_by: Some(ServedBy {
+                pid: served.pid,
+                mountpoint: served.mountpoint.clone(),
+            }),
+            volume,
+            fs,
+            repaired: None,
+            salvaged: None,
+            not_repaired: None,
+        }),
+        Live::Failed(why) => bail!(
+            "the mount server (pid {}) could not check volume {}: {why}",
+            served.pid,
+            dir.display()
+        ),
+    }
+}
+
+pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
+    let mut report = if let Some(served) = volume::find_served(dir) {
+        through_mount(dir, &served, args)?
+    } else {
+        Report {
+            served_by: None,
+            volume: volume::check(dir)?,
+            fs: None,
+            repaired: None,
+            salvaged: None,
+            not_repaired: None,
+        }
     };
-    if report.volume.is_clean() {
+    if report.served_by.is_none() && report.volume.is_clean() {
         let topology = super::volume::read_topology(sysfs)?;
         let volume = super::volume::open(dir, topology, false)?;
         let mut state = FsState::of(&volume);
@@ -147,6 +233,14 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
             dir.display(),
             report.volume.devices.len()
         );
+        if let Some(served) = &report.served_by {
+            outln!(
+                "checked through `locus mount` (pid {}) at {}, its requests held while the \
+                 media were read",
+                served.pid,
+                served.mountpoint.display()
+            );
+        }
         for device in &report.volume.devices {
             let index = device.index.map_or_else(|| "?".into(), |i| i.to_string());
             outln!("  {index:>3}  {}  {}", device.path, device.status);

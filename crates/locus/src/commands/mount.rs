@@ -190,10 +190,15 @@ fn serve(dir: &Path, sysfs: &Path, args: &MountArgs) -> Result<()> {
             replayed.log_records, replayed.log_bytes, replayed.journal_records
         );
     }
+    let topology = fs.volume().topology().clone();
+    let checked_dir = dir.to_owned();
     let config = mount::MountConfig {
         read_only: args.read_only,
         allow_other: args.allow_other,
         transport: args.transport.config(),
+        checker: Some(mount::Checker(Arc::new(move || {
+            super::fsck::live_check(&checked_dir, &topology)
+        }))),
     };
     let mounted = mount::mount(fs.clone(), &args.mountpoint, &config)
         .with_context(|| format!("mounting on {}", args.mountpoint.display()))?;

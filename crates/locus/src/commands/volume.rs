@@ -80,7 +80,7 @@ pub fn format_fs(dir: &Path, topology: Topology, data_checksums: bool) -> Result
 }
 
 /// What a volume's file system looks like to `status` and `fsck`.
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum FsState {
     /// It would open; what recovery found.
