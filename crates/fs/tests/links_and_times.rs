@@ -231,3 +231,28 @@ fn changes_to_an_unlinked_open_file_replay_after_a_crash() {
     assert_eq!(names, ["kept"]);
     fs.unmount().unwrap();
 }
+
+/// Write times are multigrain: a write after its file's times were looked at always moves
+/// them on (an exact time), and no write's time is older than a time handed out before it,
+/// on this file or another.
+#[test]
+fn a_write_after_a_stat_always_moves_the_mtime_on() {
+    let tracer = pmem::Tracer::new();
+    let fs = format_over(vec![traced_volume_device(&tracer, 8 << 20)]);
+    let (f, g) = (fs.create("/f").unwrap(), fs.create("/g").unwrap());
+    let mut last = fs.stat("/f").unwrap().mtime_ns;
+    for i in 0..2000u32 {
+        f.write_at(&i.to_le_bytes(), 0).unwrap();
+        let now = fs.stat("/f").unwrap().mtime_ns;
+        assert!(now > last, "write {i}: mtime {now} after {last}");
+        last = now;
+        // A file written after that time was handed out is not older.
+        g.write_at(&i.to_le_bytes(), 0).unwrap();
+        let g_time = g.stat().mtime_ns;
+        assert!(
+            g_time >= now,
+            "write {i}: /g {g_time} older than /f's {now}"
+        );
+    }
+    fs.unmount().unwrap();
+}
