@@ -38,9 +38,6 @@ pub(crate) struct Inode {
     pub(crate) atime: AtomicU64,
     /// Last change of the inode (ns): writes, size and mode changes, set times, renames.
     pub(crate) ctime: AtomicU64,
-    /// The times were read (`stat`) since a write last set them: the next write takes an
-    /// exact time, not the tick's ([`crate::fs::write_time`]).
-    pub(crate) times_seen: AtomicBool,
     /// A symbolic link's target (empty for files and directories); never changes.
     pub(crate) target: Box<str>,
     /// Entries, for directories.
@@ -66,7 +63,6 @@ impl Inode {
             mtime: AtomicU64::new(mtime),
             atime: AtomicU64::new(mtime),
             ctime: AtomicU64::new(mtime),
-            times_seen: AtomicBool::new(false),
             target: Box::default(),
             entries: Mutex::default(),
             size: AtomicU64::new(0),

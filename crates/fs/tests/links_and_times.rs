@@ -232,9 +232,9 @@ fn changes_to_an_unlinked_open_file_replay_after_a_crash() {
     fs.unmount().unwrap();
 }
 
-/// Write times are multigrain: a write after its file's times were looked at always moves
-/// them on (an exact time), and no write's time is older than a time handed out before it,
-/// on this file or another.
+/// A write after its file's times were looked at always moves them on, and no write's time
+/// is older than a time handed out before it, on this file or another (what a coarse or
+/// multigrain clock for write times would have to keep).
 #[test]
 fn a_write_after_a_stat_always_moves_the_mtime_on() {
     let tracer = pmem::Tracer::new();

@@ -40,7 +40,7 @@ pub use pmem::{PmemDevice, PmemKind};
 pub use probe::{ProbeConfig, ProbeReport, ProbeSample, probe};
 pub use sys::{
     bind_range, current_affinity, current_cpu, page_nodes, page_size, pin_current_thread,
-    realtime_coarse_ns, thread_cpu_time,
+    thread_cpu_time,
 };
 pub use sysfs::Sysfs;
 

@@ -97,22 +97,6 @@ pub fn thread_cpu_time() -> io::Result<std::time::Duration> {
     ))
 }
 
-/// Wall-clock time in nanoseconds since the Unix epoch at the kernel's tick
-/// (`CLOCK_REALTIME_COARSE`: the time of the last timer interrupt, a few milliseconds
-/// grained, read from the vDSO without the clock source's conversion). `None` if the
-/// kernel refuses the clock.
-pub fn realtime_coarse_ns() -> Option<u64> {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec for the call to fill.
-    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) } != 0 {
-        return None;
-    }
-    Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
-}
-
 /// The CPU the calling thread is running on right now.
 pub fn current_cpu() -> io::Result<CpuId> {
     // SAFETY: sched_getcpu takes no arguments and touches no memory of ours.

@@ -21,7 +21,6 @@ mod read;
 mod state;
 mod write;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use pmem::Region;
@@ -48,32 +47,8 @@ pub(crate) type Piece<'a> = (u64, Option<(&'a Region, u64)>);
 /// Holes lent by [`File::read_with`] point here.
 pub(crate) static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
-/// The latest fine-grained time [`now_ns`] handed out: a floor for [`write_time`]'s coarse
-/// ones, so that no time given later is older than one given earlier.
-static FINE_FLOOR: AtomicU64 = AtomicU64::new(0);
-
-/// The time now, to the nanosecond (metadata operations, and writes whose file's times were
-/// looked at).
 pub(crate) fn now_ns() -> u64 {
-    let now = SystemTime::now()
+    SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    FINE_FLOOR.fetch_max(now, Ordering::Relaxed);
-    now
-}
-
-/// A data write's time (its record's, and so the file's mtime and ctime), multigrain as
-/// Linux stamps files since 6.13: the kernel's tick (a few milliseconds grained, and ~5% of
-/// a 4 KiB write cheaper than the exact clock here) — unless `inode`'s times were looked at
-/// since they last changed, when it is exact, so a program that saw a time always sees the
-/// next write change it. Never older than a fine time handed out before (the floor), so
-/// files written one after the other keep their order.
-pub(crate) fn write_time(inode: &crate::inode::Inode) -> u64 {
-    if inode.times_seen.load(Ordering::Relaxed) && inode.times_seen.swap(false, Ordering::AcqRel) {
-        return now_ns();
-    }
-    match topology::realtime_coarse_ns() {
-        Some(coarse) => coarse.max(FINE_FLOOR.load(Ordering::Relaxed)),
-        None => now_ns(),
-    }
+        .map_or(0, |d| d.as_nanos() as u64)
 }

@@ -586,12 +586,7 @@ impl Inner {
             mode: attr.mode,
             size,
             allocated: inode.extents.read().expect("extent map").mapped_blocks() * BLOCK,
-            mtime_ns: {
-                if !inode.times_seen.load(Ordering::Relaxed) {
-                    inode.times_seen.store(true, Ordering::Release);
-                }
-                inode.mtime.load(Ordering::Acquire)
-            },
+            mtime_ns: inode.mtime.load(Ordering::Acquire),
             atime_ns: inode.atime.load(Ordering::Acquire),
             ctime_ns: inode.ctime.load(Ordering::Acquire),
             nlink,

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use volume::Extent;
 
 use super::state::{Inner, Slot, partial_pages};
-use super::{MAX_FILE_SIZE, MAX_IO};
+use super::{MAX_FILE_SIZE, MAX_IO, now_ns};
 use crate::apply::{self, applied};
 use crate::buffers::{BufferSet, Reserve};
 use crate::error::{FsError, Result};
@@ -75,7 +75,7 @@ impl Inner {
         pieces: Vec<Placed>,
     ) -> Result<()> {
         debug_assert_eq!(pieces.iter().map(|p| p.len).sum::<u64>(), len);
-        let time = super::write_time(inode);
+        let time = now_ns();
         let count = pieces.len() as u64;
         self.reserve_log(slot, count)?;
         let _range = inode.lock_range(offset, len, LockMode::Exclusive)?;
