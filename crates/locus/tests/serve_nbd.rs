@@ -411,6 +411,56 @@ fn queued_submission_and_several_channels_serve_correctly() {
     println!("{log}");
 }
 
+/// A client with one request in flight is served by a thread that polls for its next
+/// request: fio at queue depth 1 gets waits caught by polling (the totals count them);
+/// with `--poll-us 0` every wait sleeps.
+#[test]
+fn a_queue_depth_one_client_is_caught_by_polling_unless_it_is_off() {
+    if !require(&["fio"]) {
+        return;
+    }
+    for poll in ["50", "0"] {
+        let dir = volume();
+        let server = Serve::start(
+            dir.path(),
+            &["--stats-json", "--default-size", "64M", "--poll-us", poll],
+        );
+        let uri = server.uri("");
+        run(
+            "fio",
+            &[
+                "--name=qd1",
+                "--ioengine=nbd",
+                &format!("--uri={uri}"),
+                "--rw=randrw",
+                "--bs=4k",
+                "--iodepth=1",
+                "--size=16M",
+                "--number_ios=4000",
+            ],
+        );
+        let (status, log) = server.stop();
+        assert!(status.success(), "{log}");
+        let total: serde_json::Value = log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| v["report"] == "total")
+            .unwrap_or_else(|| panic!("no total report: {log}"));
+        let (polled, slept) = (
+            total["waits"]["polled"].as_u64().unwrap(),
+            total["waits"]["slept"].as_u64().unwrap(),
+        );
+        assert!(total["requests"].as_u64().unwrap() >= 4000, "{total}");
+        println!("--poll-us {poll}: {polled} waits caught polling, {slept} slept");
+        if poll == "0" {
+            assert_eq!(polled, 0, "{total}");
+            assert!(slept >= 1000, "{total}");
+        } else {
+            assert!(polled > 0, "no wait was caught by polling: {total}");
+        }
+    }
+}
+
 const NEGATIVE: &str = r#"
 import errno, os, sys
 import nbd

@@ -826,12 +826,12 @@ fn read_header<E: Export>(
             match inbox.fill_now(stream) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     conn.flush_pending();
-                    poller.fill(inbox, stream)
+                    poller.fill(inbox, stream, &conn.channel.counters)
                 }
                 other => other,
             }
         } else {
-            poller.fill(inbox, stream)
+            poller.fill(inbox, stream, &conn.channel.counters)
         };
         match received {
             Ok(0) if inbox.buffered().is_empty() => return Ok(false),

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use super::inbox::Inbox;
 use super::net::Stream;
+use super::stats::Counters;
 
 /// The window a connection grows from (a shorter one would catch next to nothing).
 const START: Duration = Duration::from_micros(4);
@@ -49,25 +50,33 @@ impl Poller {
 
     /// Receives into `inbox` whatever arrives next (at least one byte; `Ok(0)` at the end of
     /// the stream), polling for up to the window before sleeping in a blocking receive.
-    pub(crate) fn fill(&mut self, inbox: &mut Inbox, stream: &mut Stream) -> io::Result<usize> {
-        if self.window.is_zero() {
-            let started = Instant::now();
-            let received = inbox.fill(stream);
-            self.slept(started.elapsed());
-            return received;
-        }
+    /// Counts the wait on `counters` (bytes already there are no wait).
+    pub(crate) fn fill(
+        &mut self,
+        inbox: &mut Inbox,
+        stream: &mut Stream,
+        counters: &Counters,
+    ) -> io::Result<usize> {
         let started = Instant::now();
+        let mut tries = 0u32;
         loop {
             match inbox.fill_now(stream) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                other => return other,
+                other => {
+                    if tries > 0 {
+                        counters.waited(true);
+                    }
+                    return other;
+                }
             }
+            tries += 1;
             if started.elapsed() >= self.window {
                 break;
             }
             std::thread::yield_now();
         }
         let received = inbox.fill(stream);
+        counters.waited(false);
         self.slept(started.elapsed());
         received
     }

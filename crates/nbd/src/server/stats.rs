@@ -30,9 +30,22 @@ pub(crate) struct Counters {
     payloads_on_node: AtomicU64,
     payloads_off_node: AtomicU64,
     payloads_unplaced: AtomicU64,
+    waits_polled: AtomicU64,
+    waits_slept: AtomicU64,
 }
 
 impl Counters {
+    /// Counts a wait for a client's next request that polling caught (`polled`) or that
+    /// ended in a blocking receive.
+    pub(crate) fn waited(&self, polled: bool) {
+        let counter = if polled {
+            &self.waits_polled
+        } else {
+            &self.waits_slept
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Notes the CPU the calling thread runs on as it finishes a request.
     pub(crate) fn ran_request(&self) {
         self.ran_on(topology::current_cpu().ok());
@@ -84,6 +97,8 @@ impl Counters {
             payloads_on_node: load(&self.payloads_on_node),
             payloads_off_node: load(&self.payloads_off_node),
             payloads_unplaced: load(&self.payloads_unplaced),
+            waits_polled: load(&self.waits_polled),
+            waits_slept: load(&self.waits_slept),
         }
     }
 }
@@ -121,6 +136,10 @@ pub struct Snapshot {
     pub payloads_off_node: u64,
     /// Write payloads whose memory, or whose channel, has no known node.
     pub payloads_unplaced: u64,
+    /// Waits for a client's next request that polling the socket caught (see `--poll-us`).
+    pub waits_polled: u64,
+    /// Waits for a client's next request that ended in a blocking receive (the thread slept).
+    pub waits_slept: u64,
 }
 
 impl Snapshot {
@@ -171,6 +190,8 @@ impl Snapshot {
             payloads_on_node: self.payloads_on_node - earlier.payloads_on_node,
             payloads_off_node: self.payloads_off_node - earlier.payloads_off_node,
             payloads_unplaced: self.payloads_unplaced - earlier.payloads_unplaced,
+            waits_polled: self.waits_polled - earlier.waits_polled,
+            waits_slept: self.waits_slept - earlier.waits_slept,
         }
     }
 }

@@ -260,6 +260,25 @@ pub fn render(sources: &Sources) -> String {
             }
         }
     }
+    {
+        let name = "locus_nbd_request_waits_total";
+        let mut f = Family::new(
+            &mut out,
+            name,
+            "counter",
+            "Waits of connection threads for their clients' next requests, by how they ended: caught while polling the socket, or after sleeping in a receive.",
+        );
+        for c in &channels {
+            for (how, n) in [
+                ("polled", c.stats.waits_polled),
+                ("slept", c.stats.waits_slept),
+            ] {
+                let mut labels = where_(c);
+                labels.push(("how", how.into()));
+                f.sample(name, &labels, n);
+            }
+        }
+    }
     let by_export = |c: &ChannelReport, i: usize| {
         let mut labels = where_(c);
         labels.push(("export", exports[i].clone()));

@@ -200,7 +200,7 @@ pub struct ServeArgs {
     /// Print the counters as JSON, one object per channel and report on its own line
     /// (fields: report, channel, node, cpus, ran_on_cpus, connections, open_connections,
     /// requests, reads, read_bytes, writes, written_bytes, others, errors, latency_us,
-    /// payloads; see docs/nbd.md).
+    /// payloads, waits; see docs/nbd.md).
     #[arg(long)]
     stats_json: bool,
 }
@@ -823,10 +823,18 @@ fn stats_text(
         ),
         _ => String::new(),
     };
+    let waits = if stats.waits_polled + stats.waits_slept > 0 {
+        format!(
+            "; waits for requests: {} caught polling, {} slept",
+            stats.waits_polled, stats.waits_slept
+        )
+    } else {
+        String::new()
+    };
     format!(
         "locus: {label} channel {}: {} connections ({} open), {} requests{per_second}: {} \
          reads ({}), {} writes ({}), {} other, {} errors; latency p50 {} p99 {} max {}; \
-         {ran_on}{placed}",
+         {ran_on}{placed}{waits}",
         report.id,
         stats.connections,
         stats.open_connections,
@@ -874,6 +882,10 @@ fn stats_json(
             "on_node": stats.payloads_on_node,
             "off_node": stats.payloads_off_node,
             "unplaced": stats.payloads_unplaced,
+        },
+        "waits": {
+            "polled": stats.waits_polled,
+            "slept": stats.waits_slept,
         },
     })
 }
