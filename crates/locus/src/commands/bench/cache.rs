@@ -17,11 +17,12 @@ use crate::size::{format_bytes, parse_size};
 /// a 70/30 mix on a hot set that fits the cache, and a 70/30 zipf mix over the whole file,
 /// against a locus cache export (NVRAM and DRAM of --nvram/--dram, each policy of
 /// --policies), the backing file exported raw by qemu-nbd (O_DIRECT), and nbdkit's cache
-/// filter over its file plugin — each case on each server in one run, a fresh server per
-/// case. A hot-set case first reads the hot region once, sequentially, unmeasured (the
-/// caches warm up); before each server starts, the backing file's pages are dropped from the
-/// page cache. Prints IOPS, MB/s, mean latency, locus's ratio to each peer, and the
-/// backing-store reads and write-backs locus counted (warm-up included).
+/// filter over its file plugin — each case on each server in one run, --rounds times with
+/// the servers taking turns (the median run is reported), a fresh server per run. A hot-set
+/// case first reads the hot region once, sequentially, unmeasured (the caches warm up);
+/// before each server starts, the backing file's pages are dropped from the page cache.
+/// Prints IOPS (the median run's, and the range), MB/s, mean latency, locus's ratio to each
+/// peer, and the backing-store reads and write-backs locus counted (warm-up included).
 ///
 /// The backing file (--size, on the disk in --dir) is filled with data first, so reads of it
 /// return data, not holes. Durability differs: locus acknowledges a write once it is in
@@ -34,9 +35,14 @@ pub struct CacheBenchArgs {
     #[arg(long)]
     json: bool,
 
-    /// Seconds per case.
+    /// Seconds per run of a case.
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
+
+    /// Runs of each case per server, the servers taking turns; the median run is reported
+    /// with the range, so a shared machine's drift hits every server alike.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=50))]
+    rounds: u32,
 
     /// Backing file size.
     #[arg(long, default_value = "512M", value_parser = parse_size)]
@@ -79,6 +85,22 @@ struct Case {
     /// locus only: what the backing store did during the case, its warm-up included.
     backing_reads: Option<u64>,
     writebacks: Option<u64>,
+    /// Runs made; the figures above are the median run's (by IOPS).
+    rounds: u32,
+    iops_min: f64,
+    iops_max: f64,
+}
+
+/// The median run of `runs` (by IOPS), with the range.
+fn median(mut runs: Vec<Case>) -> Case {
+    runs.sort_by(|a, b| a.iops.total_cmp(&b.iops));
+    let (min, max) = (runs[0].iops, runs[runs.len() - 1].iops);
+    let count = runs.len() as u32;
+    let mut mid = runs.swap_remove(runs.len() / 2);
+    mid.rounds = count;
+    mid.iops_min = min;
+    mid.iops_max = max;
+    mid
 }
 
 /// (name, fio arguments, whether it stays in the hot set).
@@ -123,57 +145,64 @@ pub fn run(args: &CacheBenchArgs) -> Result<()> {
     );
     fill(backing.path(), args.size)?;
     let mut cases = Vec::new();
+    let engines = args.policies.len() + 2;
     let bar = crate::progress::steps(
-        (WORKLOADS.len() * (args.policies.len() + 2)) as u64,
+        (WORKLOADS.len() * engines) as u64 * u64::from(args.rounds),
         "fio runs",
         !args.json,
     );
     for (workload, fio_args, hot) in WORKLOADS {
         let region = if hot { args.hot } else { args.size };
-        for policy in &args.policies {
+        // Runs by engine: locus per policy, then the raw export, then nbdkit's cache.
+        let mut runs: Vec<Vec<Case>> = (0..engines).map(|_| Vec::new()).collect();
+        for _ in 0..args.rounds {
+            for (i, policy) in args.policies.iter().enumerate() {
+                forget_cached(backing.path())?;
+                let mut server = start_locus(backing.path(), args, policy)?;
+                warm(server.port, region, hot)?;
+                let report = fio(server.port, fio_args, region, args)?;
+                let log = stop(&mut server)?;
+                let counts = totals(&log)?;
+                runs[i].push(case(
+                    workload,
+                    format!("locus {policy}"),
+                    true,
+                    &report,
+                    Some(counts),
+                ));
+                bar.inc(1);
+            }
             forget_cached(backing.path())?;
-            let mut server = start_locus(backing.path(), args, policy)?;
+            let server = start_qemu_nbd(backing.path())?;
             warm(server.port, region, hot)?;
             let report = fio(server.port, fio_args, region, args)?;
-            let log = stop(&mut server)?;
-            let counts = totals(&log)?;
-            cases.push(case(
+            drop(server);
+            runs[engines - 2].push(case(
                 workload,
-                format!("locus {policy}"),
-                true,
+                "raw (qemu-nbd)".into(),
+                false,
                 &report,
-                Some(counts),
+                None,
             ));
             bar.inc(1);
+            forget_cached(backing.path())?;
+            let server = start_nbdkit_cache(backing.path())?;
+            warm(server.port, region, hot)?;
+            let report = fio(server.port, fio_args, region, args)?;
+            drop(server);
+            runs[engines - 1].push(case(workload, "nbdkit cache".into(), false, &report, None));
+            bar.inc(1);
         }
-        forget_cached(backing.path())?;
-        let server = start_qemu_nbd(backing.path())?;
-        warm(server.port, region, hot)?;
-        let report = fio(server.port, fio_args, region, args)?;
-        drop(server);
-        cases.push(case(
-            workload,
-            "raw (qemu-nbd)".into(),
-            false,
-            &report,
-            None,
-        ));
-        bar.inc(1);
-        forget_cached(backing.path())?;
-        let server = start_nbdkit_cache(backing.path())?;
-        warm(server.port, region, hot)?;
-        let report = fio(server.port, fio_args, region, args)?;
-        drop(server);
-        cases.push(case(workload, "nbdkit cache".into(), false, &report, None));
-        bar.inc(1);
+        cases.extend(runs.into_iter().map(median));
     }
     bar.finish_and_clear();
     if args.json {
         return super::print_json(&cases);
     }
     outln!(
-        "4 KiB random I/O over NBD, queue depth {}, {} s per case after a warm-up read of the hot set; backing file {} ({}), hot set {}; locus cache NVRAM {}, DRAM {} (backing counts include the warm-up)",
+        "4 KiB random I/O over NBD, queue depth {}; median of {} runs of {} s per case and server, servers taking turns, each run after a warm-up read of the hot set; backing file {} ({}), hot set {}; locus cache NVRAM {}, DRAM {} (backing counts: the median run's, warm-up included)",
         args.iodepth,
+        args.rounds,
         args.seconds,
         backing.path().display(),
         format_bytes(args.size),
@@ -182,10 +211,11 @@ pub fn run(args: &CacheBenchArgs) -> Result<()> {
         format_bytes(args.dram)
     );
     outln!(
-        "{:<14} {:<16} {:>9} {:>9} {:>9} {:>8} {:>9} {:>13} {:>11}",
+        "{:<14} {:<16} {:>9} {:>13} {:>9} {:>9} {:>8} {:>9} {:>13} {:>11}",
         "workload",
         "engine",
         "IOPS",
+        "IOPS range",
         "MB/s",
         "mean us",
         "vs raw",
@@ -205,10 +235,11 @@ pub fn run(args: &CacheBenchArgs) -> Result<()> {
             _ => String::new(),
         };
         outln!(
-            "{:<14} {:<16} {:>9.0} {:>9.1} {:>9.1} {:>8} {:>9} {:>13} {:>11}",
+            "{:<14} {:<16} {:>9.0} {:>13} {:>9.1} {:>9.1} {:>8} {:>9} {:>13} {:>11}",
             c.workload,
             c.engine,
             c.iops,
+            format!("{:.0}-{:.0}", c.iops_min, c.iops_max),
             c.bytes_per_sec / 1e6,
             c.latency_mean_ns / 1000.0,
             ratio("raw (qemu-nbd)"),
@@ -257,6 +288,9 @@ fn case(
         latency_mean_ns: latency,
         backing_reads: counts.map(|c| c.0),
         writebacks: counts.map(|c| c.1),
+        rounds: 1,
+        iops_min: iops,
+        iops_max: iops,
     }
 }
 
