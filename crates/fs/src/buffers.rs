@@ -205,6 +205,14 @@ impl Recycled {
         Ok(())
     }
 
+    /// Pages the lists hold (free memory the volume's allocator counts as used).
+    pub(crate) fn held(&self) -> u64 {
+        self.devices
+            .iter()
+            .map(|list| list.lock().expect("recycled pages").len() as u64)
+            .sum()
+    }
+
     /// Pages the lists can still take.
     pub(crate) fn room(&self) -> u64 {
         self.devices

@@ -823,10 +823,8 @@ impl Server {
     }
 
     fn statfs(&self, w: &mut Writer<'_>) -> Result<(), i32> {
-        let stats = self.fs.volume().stats();
-        let total: u64 = stats.iter().map(|d| d.capacity_bytes).sum();
-        let free: u64 = stats.iter().map(|d| d.free_bytes).sum();
-        let files = self.fs.stats().inodes;
+        let space = self.fs.space();
+        let (total, free, files) = (space.total_bytes, space.free_bytes, space.files);
         let block = u64::from(BLOCK);
         w.u64(total / block)?; // blocks
         w.u64(free / block)?; // bfree

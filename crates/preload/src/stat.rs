@@ -79,11 +79,12 @@ pub fn fill_statx(st: &Stat, dev: (u32, u32), out: &mut libc::statx) {
 
 /// Capacity and free space of the volume, in blocks of [`BLOCK`].
 pub fn space(fs: &Fs) -> (u64, u64, u64) {
-    let stats = fs.volume().stats();
-    let total: u64 = stats.iter().map(|d| d.capacity_bytes).sum();
-    let free: u64 = stats.iter().map(|d| d.free_bytes).sum();
-    let files = fs.stats().inodes;
-    (total / BLOCK as u64, free / BLOCK as u64, files)
+    let space = fs.space();
+    (
+        space.total_bytes / BLOCK as u64,
+        space.free_bytes / BLOCK as u64,
+        space.files,
+    )
 }
 
 /// Fills a `struct statfs`.

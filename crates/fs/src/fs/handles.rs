@@ -319,6 +319,21 @@ impl Fs {
         f()
     }
 
+    /// The volume's size and the memory free for files, in bytes, and the files and
+    /// directories there are: what `statfs` reports. Free counts the volume's free memory
+    /// and the pages the file system keeps for small writes (`Recycled`), which any
+    /// allocation that finds the volume short takes back — so overwriting files in place
+    /// does not make the volume look fuller.
+    pub fn space(&self) -> Space {
+        let devices = self.inner.volume.stats();
+        Space {
+            total_bytes: devices.iter().map(|d| d.capacity_bytes).sum(),
+            free_bytes: devices.iter().map(|d| d.free_bytes).sum::<u64>()
+                + self.inner.recycled.held() * BLOCK,
+            files: self.inner.stats().inodes,
+        }
+    }
+
     /// Counters.
     pub fn stats(&self) -> FsStats {
         self.inner.stats()
@@ -637,4 +652,15 @@ impl Drop for Buffer {
             tracing::error!(error = %e, "freeing an uncommitted buffer failed");
         }
     }
+}
+
+/// What [`Fs::space`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Space {
+    /// The volume's data capacity.
+    pub total_bytes: u64,
+    /// Memory free for files (see [`Fs::space`]).
+    pub free_bytes: u64,
+    /// Files and directories.
+    pub files: u64,
 }
