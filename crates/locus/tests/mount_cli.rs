@@ -725,23 +725,20 @@ print(n)
             .unwrap()
             .contains("\"server_pid\"")
     );
-    let check = mount.path().join(".locus-fsck");
-    assert_eq!(
-        std::fs::write(&check, b"x").unwrap_err().raw_os_error(),
-        Some(libc::EACCES)
-    );
-    assert_eq!(
-        std::fs::remove_file(&check).unwrap_err().raw_os_error(),
-        Some(libc::EPERM)
-    );
-    assert_eq!(
-        std::fs::write(&status, b"x").unwrap_err().raw_os_error(),
-        Some(libc::EACCES)
-    );
-    assert_eq!(
-        std::fs::remove_file(&status).unwrap_err().raw_os_error(),
-        Some(libc::EPERM)
-    );
+    for file in [status, mount.path().join(".locus-fsck")] {
+        assert_eq!(
+            std::fs::write(&file, b"x").unwrap_err().raw_os_error(),
+            Some(libc::EACCES),
+            "{}",
+            file.display()
+        );
+        assert_eq!(
+            std::fs::remove_file(&file).unwrap_err().raw_os_error(),
+            Some(libc::EPERM),
+            "{}",
+            file.display()
+        );
+    }
 }
 
 /// fio with several jobs as separate processes writes and verifies (crc32c) on the mount.

@@ -822,17 +822,9 @@ fn read_header<E: Export>(
             inbox.consume(REQUEST_BYTES);
             return Ok(true);
         }
-        let received = if conn.corked {
-            match inbox.fill_now(stream) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    conn.flush_pending();
-                    poller.fill(inbox, stream, &conn.channel.counters)
-                }
-                other => other,
-            }
-        } else {
-            poller.fill(inbox, stream, &conn.channel.counters)
-        };
+        let received = poller.fill(inbox, stream, &conn.channel.counters, || {
+            conn.flush_pending();
+        });
         match received {
             Ok(0) if inbox.buffered().is_empty() => return Ok(false),
             Ok(0) => {

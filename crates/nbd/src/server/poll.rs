@@ -50,31 +50,38 @@ impl Poller {
 
     /// Receives into `inbox` whatever arrives next (at least one byte; `Ok(0)` at the end of
     /// the stream), polling for up to the window before sleeping in a blocking receive.
+    /// `before_waiting` runs once when nothing has arrived yet (corked replies go out then).
     /// Counts the wait on `counters` (bytes already there are no wait).
     pub(crate) fn fill(
         &mut self,
         inbox: &mut Inbox,
         stream: &mut Stream,
         counters: &Counters,
+        before_waiting: impl FnOnce(),
     ) -> io::Result<usize> {
-        let started = Instant::now();
-        let mut tries = 0u32;
-        loop {
+        // Taken at the first try that finds nothing, after `before_waiting` (its send is not
+        // waiting for the client): a busy connection reads no clock.
+        let mut started: Option<Instant> = None;
+        let mut before_waiting = Some(before_waiting);
+        let started = loop {
             match inbox.fill_now(stream) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 other => {
-                    if tries > 0 {
+                    if started.is_some() {
                         counters.waited(true);
                     }
                     return other;
                 }
             }
-            tries += 1;
-            if started.elapsed() >= self.window {
-                break;
+            if let Some(first) = before_waiting.take() {
+                first();
+            }
+            let since = *started.get_or_insert_with(Instant::now);
+            if since.elapsed() >= self.window {
+                break since;
             }
             std::thread::yield_now();
-        }
+        };
         let received = inbox.fill(stream);
         counters.waited(false);
         self.slept(started.elapsed());

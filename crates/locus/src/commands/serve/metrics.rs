@@ -240,45 +240,47 @@ pub fn render(sources: &Sources) -> String {
         );
         f.sample("locus_nbd_negotiating_connections", &[], negotiating);
     }
-    {
-        let name = "locus_nbd_payloads_total";
-        let mut f = Family::new(
-            &mut out,
-            name,
-            "counter",
-            "Write payloads received, by where they landed: on the channel's node, elsewhere, or with no node known.",
-        );
-        for c in &channels {
-            for (placement, n) in [
+    // A counter per channel split by one label's values.
+    let per_channel_by =
+        |out: &mut String,
+         name: &str,
+         help: &str,
+         label: &'static str,
+         values: &dyn Fn(&ChannelReport) -> Vec<(&'static str, u64)>| {
+            let mut f = Family::new(out, name, "counter", help);
+            for c in &channels {
+                for (value, n) in values(c) {
+                    let mut labels = where_(c);
+                    labels.push((label, value.into()));
+                    f.sample(name, &labels, n);
+                }
+            }
+        };
+    per_channel_by(
+        &mut out,
+        "locus_nbd_payloads_total",
+        "Write payloads received, by where they landed: on the channel's node, elsewhere, or with no node known.",
+        "placement",
+        &|c| {
+            vec![
                 ("on_node", c.stats.payloads_on_node),
                 ("off_node", c.stats.payloads_off_node),
                 ("unplaced", c.stats.payloads_unplaced),
-            ] {
-                let mut labels = where_(c);
-                labels.push(("placement", placement.into()));
-                f.sample(name, &labels, n);
-            }
-        }
-    }
-    {
-        let name = "locus_nbd_request_waits_total";
-        let mut f = Family::new(
-            &mut out,
-            name,
-            "counter",
-            "Waits of connection threads for their clients' next requests, by how they ended: caught while polling the socket, or after sleeping in a receive.",
-        );
-        for c in &channels {
-            for (how, n) in [
+            ]
+        },
+    );
+    per_channel_by(
+        &mut out,
+        "locus_nbd_request_waits_total",
+        "Waits of connection threads for their clients' next requests, by how they ended: caught while polling the socket, or after sleeping in a receive.",
+        "how",
+        &|c| {
+            vec![
                 ("polled", c.stats.waits_polled),
                 ("slept", c.stats.waits_slept),
-            ] {
-                let mut labels = where_(c);
-                labels.push(("how", how.into()));
-                f.sample(name, &labels, n);
-            }
-        }
-    }
+            ]
+        },
+    );
     let by_export = |c: &ChannelReport, i: usize| {
         let mut labels = where_(c);
         labels.push(("export", exports[i].clone()));
