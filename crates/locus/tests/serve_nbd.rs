@@ -477,6 +477,113 @@ fn a_queue_depth_one_client_is_caught_by_polling_unless_it_is_off() {
     }
 }
 
+/// The CPUs this process may run on (`Cpus_allowed_list`), ascending.
+fn allowed_cpus(status: &str) -> Vec<u32> {
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap_or_default()
+        .trim();
+    let mut cpus = Vec::new();
+    for part in list.split(',').filter(|p| !p.is_empty()) {
+        let (first, last) = part.split_once('-').unwrap_or((part, part));
+        cpus.extend(first.parse::<u32>().unwrap()..=last.parse::<u32>().unwrap());
+    }
+    cpus
+}
+
+/// The allowed CPUs of the server's connection threads (`nbd-ch*-c*`) now.
+fn connection_thread_cpus(pid: u32) -> Vec<Vec<u32>> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|comm| comm.starts_with("nbd-ch") && comm.contains("-c"))
+        })
+        .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
+        .map(|status| allowed_cpus(&status))
+        .collect()
+}
+
+#[test]
+fn a_queue_depth_one_client_pinned_to_a_cpu_is_served_on_that_cpu_unless_pinned_to_the_node() {
+    if !require(&["fio"]) {
+        return;
+    }
+    let ours = allowed_cpus(&std::fs::read_to_string("/proc/self/status").unwrap());
+    if ours.len() < 2 {
+        println!("one CPU: nothing to move between");
+        return;
+    }
+    let client_cpu = *ours.last().unwrap();
+    for pin in ["client", "node"] {
+        let dir = volume();
+        // Over TCP: the kernel records the CPU a connection's data arrives on.
+        let listen = format!("127.0.0.1:{}", free_port());
+        let server = Serve::start(
+            dir.path(),
+            &[
+                "--stats-json",
+                "--default-size",
+                "64M",
+                "--pin",
+                pin,
+                "--listen",
+                &listen,
+            ],
+        );
+        let pid = server.child.as_ref().unwrap().id();
+        let mut fio = client("fio")
+            .args([
+                "--name=qd1",
+                "--ioengine=nbd",
+                &format!("--uri=nbd://{listen}/"),
+                "--rw=randrw",
+                "--bs=4k",
+                "--iodepth=1",
+                "--size=16M",
+                "--number_ios=40000",
+                &format!("--cpus_allowed={client_cpu}"),
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start fio");
+        // What the connection's thread may run on, sampled while fio runs.
+        let mut seen = Vec::new();
+        while fio.try_wait().unwrap().is_none() {
+            seen.extend(connection_thread_cpus(pid));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(fio.wait().unwrap().success());
+        let (status, log) = server.stop();
+        assert!(status.success(), "{log}");
+        let total: serde_json::Value = log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| v["report"] == "total")
+            .unwrap_or_else(|| panic!("no total report: {log}"));
+        let moves = &total["thread_moves"];
+        let on_client_cpu = seen.iter().filter(|cpus| **cpus == [client_cpu]).count();
+        println!(
+            "--pin {pin}: moves {moves}; {on_client_cpu} of {} samples on CPU {client_cpu} alone",
+            seen.len()
+        );
+        if pin == "client" {
+            assert!(moves["to_client"].as_u64().unwrap() >= 1, "{total}");
+            assert!(
+                on_client_cpu > 0,
+                "the connection's thread never ran on the client's CPU alone: {seen:?}"
+            );
+        } else {
+            assert_eq!(moves["to_client"].as_u64(), Some(0), "{total}");
+            assert_eq!(on_client_cpu, 0, "{seen:?}");
+        }
+    }
+}
+
 const NEGATIVE: &str = r#"
 import errno, os, sys
 import nbd
@@ -1023,10 +1130,24 @@ fn tcp_clients_are_admitted_by_address_and_counted_per_peer() {
     );
     let info = run_unchecked("nbdinfo", &["--size", &uri]);
     assert!(info.status.success(), "{}", text(&info.stderr));
-    let held = std::net::TcpStream::connect(&address).unwrap();
-    let mut greeting = [0u8; 8];
-    (&held).read_exact(&mut greeting).unwrap();
-    assert_eq!(&greeting, b"NBDMAGIC");
+    // nbdinfo's connection counts against the peer until the server has seen it close,
+    // which may be a moment after nbdinfo exits: until then a new one is closed at once.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let held = loop {
+        let held = std::net::TcpStream::connect(&address).unwrap();
+        let mut greeting = [0u8; 8];
+        match (&held).read_exact(&mut greeting) {
+            Ok(()) => {
+                assert_eq!(&greeting, b"NBDMAGIC");
+                break held;
+            }
+            Err(e) if Instant::now() < deadline => {
+                println!("closed while the first connection still counted ({e}); again");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("no greeting within 10 s of nbdinfo's exit: {e}"),
+        }
+    };
     let refused = run_unchecked("nbdinfo", &["--size", &uri]);
     assert!(
         !refused.status.success(),

@@ -13,6 +13,7 @@ use std::time::Instant;
 use super::Shared;
 use super::channel::{Channel, Job};
 use super::export::{Export, ExportError, Payload, skip, skip_stream};
+use super::follow::Follower;
 use super::inbox::Inbox;
 use super::net::Stream;
 use super::poll::Poller;
@@ -729,6 +730,8 @@ fn transmission<E: Export>(shared: &Shared<E>, conn: &Arc<Conn<E>>, stream: &mut
     let mut scratch = Vec::new();
     let mut inbox = Inbox::default();
     let mut poller = Poller::new(shared.config.poll);
+    let mut follower =
+        Follower::new(shared.config.follow_client && shared.config.submit == Submit::Inline);
     loop {
         if conn.broken.load(Ordering::Relaxed) {
             return End::Io(io::Error::new(
@@ -792,6 +795,10 @@ fn transmission<E: Export>(shared: &Shared<E>, conn: &Arc<Conn<E>>, stream: &mut
         } else {
             None
         };
+        let payload = match request.command {
+            command::READ | command::WRITE => request.length,
+            _ => 0,
+        };
         let job = Job {
             conn: Arc::clone(conn),
             request,
@@ -802,6 +809,12 @@ fn transmission<E: Export>(shared: &Shared<E>, conn: &Arc<Conn<E>>, stream: &mut
             Submit::Inline => complete(job, &mut scratch),
             Submit::Queued => conn.channel.enqueue(job),
         }
+        follower.request(
+            payload,
+            poller.take_waited(),
+            stream,
+            &conn.channel.counters,
+        );
     }
 }
 

@@ -16,6 +16,7 @@ mod access;
 mod channel;
 mod conn;
 mod export;
+mod follow;
 mod inbox;
 mod net;
 mod poll;
@@ -110,6 +111,10 @@ pub struct ServerConfig {
     /// Longest a connection's thread polls its socket for the next request before it
     /// sleeps (adapted per connection; zero: never poll). See `server/poll.rs`.
     pub poll: Duration,
+    /// Whether a connection's thread (inline submission) that waits on a client of small
+    /// requests moves to the CPU of its channel those requests arrive on. See
+    /// `server/follow.rs`.
+    pub follow_client: bool,
 }
 
 impl Default for ServerConfig {
@@ -126,6 +131,7 @@ impl Default for ServerConfig {
             max_in_flight_bytes: 64 << 20,
             handshake_timeout: Duration::from_secs(30),
             poll: DEFAULT_POLL,
+            follow_client: true,
         }
     }
 }

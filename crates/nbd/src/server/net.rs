@@ -95,6 +95,16 @@ impl Stream {
         }
     }
 
+    /// The CPU the kernel last received this connection's data on (TCP; see
+    /// `server/follow.rs`).
+    pub(crate) fn incoming_cpu(&self) -> Option<u32> {
+        match self {
+            Self::Tcp(s) => super::sys::incoming_cpu(s),
+            Self::Unix(_) => None,
+            Self::Tls(s) => s.socket.incoming_cpu(),
+        }
+    }
+
     pub(crate) fn try_clone(&self) -> io::Result<Self> {
         Ok(match self {
             Self::Tcp(s) => Self::Tcp(s.try_clone()?),

@@ -31,6 +31,8 @@ const START: Duration = Duration::from_micros(4);
 pub(crate) struct Poller {
     window: Duration,
     max: Duration,
+    /// Whether a wait happened since [`Poller::take_waited`] last asked.
+    waited: bool,
 }
 
 impl Poller {
@@ -39,7 +41,13 @@ impl Poller {
         Self {
             window: Duration::ZERO,
             max,
+            waited: false,
         }
+    }
+
+    /// Whether the thread waited for its client (polling or asleep) since the last call.
+    pub(crate) fn take_waited(&mut self) -> bool {
+        std::mem::take(&mut self.waited)
     }
 
     /// The current window.
@@ -69,6 +77,7 @@ impl Poller {
                 other => {
                     if started.is_some() {
                         counters.waited(true);
+                        self.waited = true;
                     }
                     return other;
                 }
@@ -84,6 +93,7 @@ impl Poller {
         };
         let received = inbox.fill(stream);
         counters.waited(false);
+        self.waited = true;
         self.slept(started.elapsed());
         received
     }

@@ -32,6 +32,8 @@ pub(crate) struct Counters {
     payloads_unplaced: AtomicU64,
     waits_polled: AtomicU64,
     waits_slept: AtomicU64,
+    moves_to_client: AtomicU64,
+    moves_to_channel: AtomicU64,
 }
 
 impl Counters {
@@ -42,6 +44,17 @@ impl Counters {
             &self.waits_polled
         } else {
             &self.waits_slept
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a connection thread's move onto its client's CPU (`to_client`) or back onto
+    /// its channel's CPUs.
+    pub(crate) fn moved(&self, to_client: bool) {
+        let counter = if to_client {
+            &self.moves_to_client
+        } else {
+            &self.moves_to_channel
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -99,6 +112,8 @@ impl Counters {
             payloads_unplaced: load(&self.payloads_unplaced),
             waits_polled: load(&self.waits_polled),
             waits_slept: load(&self.waits_slept),
+            moves_to_client: load(&self.moves_to_client),
+            moves_to_channel: load(&self.moves_to_channel),
         }
     }
 }
@@ -140,6 +155,11 @@ pub struct Snapshot {
     pub waits_polled: u64,
     /// Waits for a client's next request that ended in a blocking receive (the thread slept).
     pub waits_slept: u64,
+    /// Moves of a connection's thread onto the CPU its client's requests arrive on (see
+    /// `--pin`).
+    pub moves_to_client: u64,
+    /// Moves of a connection's thread back onto its channel's CPUs.
+    pub moves_to_channel: u64,
 }
 
 impl Snapshot {
@@ -192,6 +212,8 @@ impl Snapshot {
             payloads_unplaced: self.payloads_unplaced - earlier.payloads_unplaced,
             waits_polled: self.waits_polled - earlier.waits_polled,
             waits_slept: self.waits_slept - earlier.waits_slept,
+            moves_to_client: self.moves_to_client - earlier.moves_to_client,
+            moves_to_channel: self.moves_to_channel - earlier.moves_to_channel,
         }
     }
 }

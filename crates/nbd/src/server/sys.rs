@@ -110,6 +110,14 @@ pub(crate) fn peer_pid(socket: &impl AsRawFd) -> Option<i32> {
     (rc == 0 && cred.pid > 0).then_some(cred.pid)
 }
 
+/// The CPU the kernel last received the socket's data on (`SO_INCOMING_CPU`), if it
+/// recorded one (TCP does; Unix-domain sockets do not).
+pub(crate) fn incoming_cpu(socket: &impl AsRawFd) -> Option<u32> {
+    socket_option(socket.as_raw_fd(), libc::SO_INCOMING_CPU)
+        .ok()
+        .and_then(|cpu| u32::try_from(cpu).ok())
+}
+
 fn socket_option(fd: RawFd, option: libc::c_int) -> io::Result<libc::c_int> {
     let mut value: libc::c_int = 0;
     let mut len = size_of::<libc::c_int>() as libc::socklen_t;

@@ -68,6 +68,13 @@ pub struct CacheBenchArgs {
     #[arg(long, default_value_t = 1)]
     iodepth: u32,
 
+    /// Run fio on these CPUs only (a list such as 0 or 0-1), as a client its operator
+    /// pinned: every server meets the same client. A pinned client shows what `locus serve
+    /// --pin client` does (the connection's thread moves to the client's CPU); unpinned, the
+    /// scheduler wakes fio on whichever CPU is idle.
+    #[arg(long, value_name = "CPUS", value_parser = super::parse_client_cpus)]
+    client_cpus: Option<String>,
+
     /// Directory of the backing file (on the disk).
     #[arg(long, default_value = "/var/tmp")]
     dir: std::path::PathBuf,
@@ -82,6 +89,8 @@ struct Case {
     iops: f64,
     bytes_per_sec: f64,
     latency_mean_ns: f64,
+    /// The CPUs fio was kept on (`--client-cpus`), if any.
+    client_cpus: Option<String>,
     /// locus only: what the backing store did during the case, its warm-up included.
     backing_reads: Option<u64>,
     writebacks: Option<u64>,
@@ -196,12 +205,16 @@ pub fn run(args: &CacheBenchArgs) -> Result<()> {
         cases.extend(runs.into_iter().map(median));
     }
     bar.finish_and_clear();
+    for case in &mut cases {
+        case.client_cpus.clone_from(&args.client_cpus);
+    }
     if args.json {
         return super::print_json(&cases);
     }
     outln!(
-        "4 KiB random I/O over NBD, queue depth {}; median of {} runs of {} s per case and server, servers taking turns, each run after a warm-up read of the hot set; backing file {} ({}), hot set {}; locus cache NVRAM {}, DRAM {} (backing counts: the median run's, warm-up included)",
+        "4 KiB random I/O over NBD, queue depth {}, {}; median of {} runs of {} s per case and server, servers taking turns, each run after a warm-up read of the hot set; backing file {} ({}), hot set {}; locus cache NVRAM {}, DRAM {} (backing counts: the median run's, warm-up included)",
         args.iodepth,
+        super::client_placement(args.client_cpus.as_deref()),
         args.rounds,
         args.seconds,
         backing.path().display(),
@@ -286,6 +299,7 @@ fn case(
         iops,
         bytes_per_sec: bytes,
         latency_mean_ns: latency,
+        client_cpus: None,
         backing_reads: counts.map(|c| c.0),
         writebacks: counts.map(|c| c.1),
         rounds: 1,
@@ -365,6 +379,7 @@ fn fio(
             "--output-format=json",
         ])
         .args(fio_args);
+    super::pin_fio(&mut command, args.client_cpus.as_deref());
     super::fio_report(&mut command)
 }
 

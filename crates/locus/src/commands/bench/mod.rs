@@ -52,6 +52,31 @@ pub(crate) fn short_size(bytes: u64) -> String {
         .replace("MiB", "M")
 }
 
+/// A `--client-cpus` value: a CPU list (`0`, `0-1,4`), checked and kept in the kernel's form.
+pub(crate) fn parse_client_cpus(text: &str) -> Result<String, String> {
+    let cpus = topology::cpulist::parse(text)?;
+    if cpus.is_empty() {
+        return Err("an empty CPU list".into());
+    }
+    Ok(topology::cpulist::format(&cpus))
+}
+
+/// Keeps fio on `cpus` (a checked CPU list), when given: every server then meets the same
+/// pinned client.
+fn pin_fio(command: &mut std::process::Command, cpus: Option<&str>) {
+    if let Some(cpus) = cpus {
+        command.arg(format!("--cpus_allowed={cpus}"));
+    }
+}
+
+/// How the tables name where fio ran.
+fn client_placement(cpus: Option<&str>) -> String {
+    match cpus {
+        Some(cpus) => format!("fio on CPUs {cpus}"),
+        None => "fio unpinned".into(),
+    }
+}
+
 /// Runs a fio command given `--output-format=json` and returns its report.
 fn fio_report(command: &mut std::process::Command) -> Result<serde_json::Value> {
     use anyhow::Context;

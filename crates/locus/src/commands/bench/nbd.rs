@@ -52,6 +52,13 @@ pub struct NbdBenchArgs {
     #[arg(long, default_value_t = 16)]
     iodepth: u32,
 
+    /// Run fio on these CPUs only (a list such as 0 or 0-1), as a client its operator
+    /// pinned: every server meets the same client. A pinned client shows what `locus serve
+    /// --pin client` does (the connection's thread moves to the client's CPU); unpinned, the
+    /// scheduler wakes fio on whichever CPU is idle.
+    #[arg(long, value_name = "CPUS", value_parser = super::parse_client_cpus)]
+    client_cpus: Option<String>,
+
     /// locus serve's submission: inline or queued.
     #[arg(long, default_value = "inline")]
     submit: String,
@@ -79,6 +86,8 @@ struct Case {
     iops: f64,
     bytes_per_sec: f64,
     latency_mean_ns: f64,
+    /// The CPUs fio was kept on (`--client-cpus`), if any.
+    client_cpus: Option<String>,
     durable: bool,
     /// Runs this case had on this server; the figures above are the median run's.
     rounds: u32,
@@ -283,6 +292,7 @@ fn fio(
     size: u64,
     iodepth: u32,
     seconds: Option<f64>,
+    client_cpus: Option<&str>,
 ) -> Result<serde_json::Value> {
     let port = server.port;
     let mut command = Command::new("fio");
@@ -307,6 +317,7 @@ fn fio(
         "--norandommap",
         "--output-format=json",
     ]);
+    super::pin_fio(&mut command, client_cpus);
     if let Some(seconds) = seconds {
         command.args([
             "--time_based".to_owned(),
@@ -378,8 +389,16 @@ pub fn run(args: &NbdBenchArgs) -> Result<()> {
     for (name, start) in &starters {
         let server = start().with_context(|| format!("starting {name}"))?;
         // Fill the region once so that reads find data.
-        fio(&server, "write", 1 << 20, args.size, args.iodepth, None)
-            .with_context(|| format!("filling {name}'s export"))?;
+        fio(
+            &server,
+            "write",
+            1 << 20,
+            args.size,
+            args.iodepth,
+            None,
+            None,
+        )
+        .with_context(|| format!("filling {name}'s export"))?;
         servers.push(server);
     }
     let mut cases = Vec::new();
@@ -413,8 +432,16 @@ pub fn run(args: &NbdBenchArgs) -> Result<()> {
 
 /// One timed fio run of `op` at `bs` against `server`.
 fn run_case(server: &Running, op: &'static str, bs: u64, args: &NbdBenchArgs) -> Result<Case> {
-    let doc = fio(server, op, bs, args.size, args.iodepth, Some(args.seconds))
-        .with_context(|| format!("{op} {bs} on {}", server.engine))?;
+    let doc = fio(
+        server,
+        op,
+        bs,
+        args.size,
+        args.iodepth,
+        Some(args.seconds),
+        args.client_cpus.as_deref(),
+    )
+    .with_context(|| format!("{op} {bs} on {}", server.engine))?;
     let side = &doc["jobs"][0][if op == "randread" { "read" } else { "write" }];
     let bytes_per_sec = side["bw_bytes"].as_f64().unwrap_or(0.0);
     Ok(Case {
@@ -426,6 +453,7 @@ fn run_case(server: &Running, op: &'static str, bs: u64, args: &NbdBenchArgs) ->
         iops: side["iops"].as_f64().unwrap_or(0.0),
         bytes_per_sec,
         latency_mean_ns: side["clat_ns"]["mean"].as_f64().unwrap_or(0.0),
+        client_cpus: args.client_cpus.clone(),
         durable: server.durable,
         rounds: 1,
         bytes_per_sec_min: bytes_per_sec,
@@ -450,9 +478,10 @@ fn median(mut runs: Vec<Case>) -> Case {
 
 fn print_table(cases: &[Case], args: &NbdBenchArgs) -> Result<()> {
     outln!(
-        "fio nbd engine, 1 job, queue depth {}, loopback TCP, {} region; median of {} runs of \
-         {} s per case and server, servers taking turns; locus submission {}",
+        "fio nbd engine, 1 job, queue depth {}, loopback TCP, {}, {} region; median of {} \
+         runs of {} s per case and server, servers taking turns; locus submission {}",
         args.iodepth,
+        super::client_placement(args.client_cpus.as_deref()),
         format_bytes(args.size),
         args.rounds,
         args.seconds,

@@ -281,6 +281,18 @@ pub fn render(sources: &Sources) -> String {
             ]
         },
     );
+    per_channel_by(
+        &mut out,
+        "locus_nbd_thread_moves_total",
+        "Moves of connection threads onto the CPU their client's requests arrive on (to=client) and back onto their channel's CPUs (to=channel); see --pin.",
+        "to",
+        &|c| {
+            vec![
+                ("client", c.stats.moves_to_client),
+                ("channel", c.stats.moves_to_channel),
+            ]
+        },
+    );
     let by_export = |c: &ChannelReport, i: usize| {
         let mut labels = where_(c);
         labels.push(("export", exports[i].clone()));
