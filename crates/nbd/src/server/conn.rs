@@ -32,7 +32,12 @@ use crate::{NbdError, NbdOption};
 /// The id of the one metadata context locus serves.
 const BASE_ALLOCATION_ID: u32 = 1;
 const BASE_ALLOCATION: &str = "base:allocation";
-/// Replies up to this size may be held back (corked); larger ones go out at once.
+/// Replies up to this size may be held back (corked); larger ones go out at once, and so
+/// do the replies to writes of more than this: holding a reply back saves a system call
+/// and a client wake-up per request, which is much of a small request's cost and little
+/// of a large one's, while the client, its queue full, waits for the replies to send more
+/// (fio at queue depth 16, 64 KiB writes: 1.8 GB/s with their replies held, 2.6–3.1 GB/s
+/// with them sent at once).
 const CORK_REPLY_BYTES: usize = 16 << 10;
 /// Held-back replies are sent once they add up to this much.
 const CORK_FLUSH_BYTES: usize = 128 << 10;
@@ -560,12 +565,29 @@ impl<E: Export> Conn<E> {
                 }
                 return;
             }
-            if !pending.is_empty() {
-                self.write(&mut [IoSlice::new(&pending)]);
-                pending.clear();
-            }
+            drop(pending);
+        }
+        self.send_uncorked(slices);
+    }
+
+    /// Sends one reply made of `slices` now, after any held back; a failure breaks the
+    /// connection.
+    fn send_uncorked(&self, slices: &mut [IoSlice<'_>]) {
+        if self.broken.load(Ordering::Relaxed) {
+            return;
+        }
+        // Held through both writes: same lock order as everywhere, held-back replies first.
+        let mut pending = self
+            .corked
+            .then(|| self.pending.lock().expect("pending replies"));
+        if let Some(pending) = pending.as_mut()
+            && !pending.is_empty()
+        {
+            self.write(&mut [IoSlice::new(pending)]);
+            pending.clear();
         }
         self.write(slices);
+        drop(pending);
     }
 
     /// Sends the replies held back.
@@ -722,7 +744,11 @@ impl<E: Export> Conn<E> {
 
     fn reply_ok(&self, request: &Request) {
         let header = reply::simple(request.cookie, 0);
-        self.send(&mut [IoSlice::new(&header)]);
+        if request.command == command::WRITE && request.length as usize > CORK_REPLY_BYTES {
+            self.send_uncorked(&mut [IoSlice::new(&header)]);
+        } else {
+            self.send(&mut [IoSlice::new(&header)]);
+        }
     }
 }
 
@@ -781,7 +807,10 @@ fn transmission<E: Export>(shared: &Shared<E>, conn: &Arc<Conn<E>>, stream: &mut
             ),
         }
         let staged = if request.command == command::WRITE {
-            let mut payload = Payload::new(&mut inbox, stream, request.length);
+            let flush = || conn.flush_pending();
+            let mut payload = Payload::new(&mut inbox, stream, request.length)
+                .polling(shared.config.poll)
+                .before_waiting(&flush);
             let staged = conn.export.receive(&mut payload);
             if let Err(e) = payload.finish() {
                 conn.done(&request);

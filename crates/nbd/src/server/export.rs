@@ -4,6 +4,7 @@
 use std::io::{self, Read};
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::inbox::Inbox;
 use crate::consts::errno;
@@ -118,18 +119,40 @@ pub trait Export: Send + Sync + 'static {
 
 /// The payload of one write, taken from the connection as the export asks for it: piece by
 /// piece as it arrives ([`Payload::receive_with`]) or into one slice ([`Payload::receive`]).
-#[derive(Debug)]
 pub struct Payload<'a> {
     inbox: &'a mut Inbox,
     stream: &'a mut dyn ReadDebug,
     remaining: u32,
     received: u64,
     failed: Option<io::Error>,
+    /// Longest the receive of the rest polls before it sleeps (see [`Payload::polling`]).
+    poll: Duration,
+    /// Runs before the receive of the rest waits (see [`Payload::before_waiting`]).
+    before_waiting: Option<&'a dyn Fn()>,
+}
+
+impl std::fmt::Debug for Payload<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Payload")
+            .field("stream", &self.stream)
+            .field("remaining", &self.remaining)
+            .field("received", &self.received)
+            .field("failed", &self.failed)
+            .field("poll", &self.poll)
+            .finish_non_exhaustive()
+    }
 }
 
 /// `Read` that can be debug-printed (a connection's socket).
-pub trait ReadDebug: Read + std::fmt::Debug {}
-impl<T: Read + std::fmt::Debug> ReadDebug for T {}
+pub trait ReadDebug: Read + std::fmt::Debug {
+    /// What has arrived, without waiting (`WouldBlock` when nothing has). A reader that
+    /// cannot tell says `WouldBlock`, and its payloads are never polled for.
+    fn read_now(&mut self, _buf: &mut [u8]) -> io::Result<usize> {
+        Err(io::ErrorKind::WouldBlock.into())
+    }
+}
+
+impl ReadDebug for std::os::unix::net::UnixStream {}
 
 impl<'a> Payload<'a> {
     /// A payload of `len` bytes: first what `inbox` holds, then more from `stream`.
@@ -140,7 +163,29 @@ impl<'a> Payload<'a> {
             remaining: len,
             received: 0,
             failed: None,
+            poll: Duration::ZERO,
+            before_waiting: None,
         }
+    }
+
+    /// Runs `f` whenever the rest of the payload has not arrived yet, before waiting for it:
+    /// replies held back go out then, as before any other wait. A client that fills its
+    /// queue waits for them to send more; held while a large payload trickled in, they
+    /// turned its queue into bursts (fio at queue depth 16, 64 KiB writes: 1.8 GB/s held,
+    /// 2.6–3.1 GB/s with no reply held at all).
+    pub(crate) fn before_waiting(mut self, f: &'a dyn Fn()) -> Self {
+        self.before_waiting = Some(f);
+        self
+    }
+
+    /// Polls for the rest of the payload for up to `limit` before sleeping in a receive.
+    /// The rest of a payload is on its way when a receive finds it short — the client is
+    /// sending it — and a thread asleep in `recv` must be woken by the sender's every
+    /// segment: on the development VM that wake-up was half of fio's time at 64 KiB writes,
+    /// which ran at 1.3 GB/s against 3.6 GB/s for a server that seldom slept.
+    pub(crate) fn polling(mut self, limit: Duration) -> Self {
+        self.poll = limit;
+        self
     }
 
     /// Bytes not yet received.
@@ -218,9 +263,28 @@ impl<'a> Payload<'a> {
     }
 
     fn refill(&mut self) -> Result<(), ExportError> {
-        let filled = self
-            .inbox
-            .fill_within_payload(&mut *self.stream, u64::from(self.remaining));
+        let left = u64::from(self.remaining);
+        if let Some(f) = self.before_waiting {
+            // Often the rest is already there; then nothing needs to go out first.
+            match self.inbox.fill_from_now(&mut *self.stream, left) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => f(),
+                other => return self.fail_on(other),
+            }
+        }
+        if !self.poll.is_zero() {
+            let started = Instant::now();
+            loop {
+                match self.inbox.fill_from_now(&mut *self.stream, left) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    other => return self.fail_on(other),
+                }
+                if started.elapsed() >= self.poll {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+        }
+        let filled = self.inbox.fill_within_payload(&mut *self.stream, left);
         self.fail_on(filled)
     }
 
@@ -330,6 +394,68 @@ mod tests {
     use std::io::Write;
     use std::os::unix::net::UnixStream;
 
+    /// A reader whose non-blocking receives find nothing `misses` times, then `rest`; a
+    /// blocking receive is counted and returns `rest` too.
+    #[derive(Debug)]
+    struct Script {
+        misses: usize,
+        rest: Vec<u8>,
+        blocking: usize,
+    }
+
+    impl Read for Script {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.blocking += 1;
+            self.misses = 0;
+            self.read_now(buf)
+        }
+    }
+
+    impl ReadDebug for Script {
+        fn read_now(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            if self.misses > 0 {
+                self.misses -= 1;
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let n = self.rest.len().min(buf.len());
+            buf[..n].copy_from_slice(&self.rest[..n]);
+            self.rest.drain(..n);
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn the_rest_of_a_payload_is_polled_for_after_held_replies_go_out() {
+        let cases = [
+            // (misses before the rest arrives, poll limit, blocking receives, flushes)
+            (0, Duration::from_secs(5), 0, 0), // already there: nothing to flush, no wait
+            (3, Duration::from_secs(5), 0, 1), // caught polling
+            (3, Duration::ZERO, 1, 1),         // not polling: sleeps, after the flush
+        ];
+        for (misses, limit, blocking, flushes) in cases {
+            let mut stream = Script {
+                misses,
+                rest: vec![7u8; 4096],
+                blocking: 0,
+            };
+            let mut inbox = Inbox::with_capacity(8192);
+            let flushed = std::cell::Cell::new(0);
+            let flush = || flushed.set(flushed.get() + 1);
+            let mut buf = vec![0u8; 4096];
+            Payload::new(&mut inbox, &mut stream, 4096)
+                .polling(limit)
+                .before_waiting(&flush)
+                .receive(&mut buf)
+                .expect("the payload");
+            assert_eq!(buf, vec![7u8; 4096]);
+            assert_eq!(
+                (stream.blocking, flushed.get()),
+                (blocking, flushes),
+                "{misses} misses, polling for {limit:?}"
+            );
+        }
+    }
+
     /// Over a real socket, the payload arriving in uneven pieces: every byte lands at its
     /// offset, and what follows the payload stays buffered or on the socket, in order.
     #[test]
@@ -343,7 +469,7 @@ mod tests {
                 let mut client = client.try_clone().expect("clone");
                 let rest = [&payload[split..], &following[..]].concat();
                 move || {
-                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    std::thread::sleep(Duration::from_millis(20));
                     client.write_all(&rest).expect("send");
                 }
             });

@@ -99,6 +99,27 @@ impl Inbox {
     }
 
     /// Like [`Inbox::fill`], without waiting: `WouldBlock` when nothing has arrived.
+    /// [`Inbox::fill_within_payload`] without waiting: `WouldBlock` when nothing has arrived.
+    pub(crate) fn fill_from_now(
+        &mut self,
+        stream: &mut dyn super::export::ReadDebug,
+        left: u64,
+    ) -> io::Result<()> {
+        let space = self.make_room();
+        match stream.read_now(space) {
+            Ok(0) => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("connection closed {left} bytes before the end of a payload"),
+            )),
+            Ok(n) => {
+                self.end += n;
+                Ok(())
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     pub(crate) fn fill_now(&mut self, stream: &super::net::Stream) -> io::Result<usize> {
         let space = self.make_room();
         let n = stream.read_now(space)?;

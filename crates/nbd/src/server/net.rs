@@ -72,6 +72,12 @@ pub(crate) enum Stream {
     Tls(Arc<Session>),
 }
 
+impl super::export::ReadDebug for Stream {
+    fn read_now(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        Stream::read_now(self, buf)
+    }
+}
+
 impl Stream {
     /// The client, for logs: its address and port over TCP; the Unix socket's peer process
     /// when the kernel names it.
@@ -241,6 +247,9 @@ impl Write for Stream {
         Ok(())
     }
 }
+
+/// Never polled: a negotiation's reads are few and small.
+impl super::export::ReadDebug for Deadlined<'_> {}
 
 /// A connection during negotiation: every read waits at most until one deadline, so a client
 /// that trickles bytes cannot hold the handshake open longer than a silent one.
