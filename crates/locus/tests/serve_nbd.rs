@@ -477,6 +477,60 @@ fn a_queue_depth_one_client_is_caught_by_polling_unless_it_is_off() {
     }
 }
 
+#[test]
+fn loopback_connections_are_not_paced_by_bbr() {
+    if !require(&["ss"]) {
+        return;
+    }
+    let system =
+        std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").unwrap_or_default();
+    if !system.trim().starts_with("bbr") {
+        println!(
+            "the system's congestion control is {system:?}, which does not pace: nothing to see"
+        );
+        return;
+    }
+    let dir = volume();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let server = Serve::start(dir.path(), &["--default-size", "16M", "--listen", &listen]);
+    // A connection in progress: the server accepted it and greeted.
+    let held = std::net::TcpStream::connect(&listen).unwrap();
+    let mut greeting = [0u8; 8];
+    (&held).read_exact(&mut greeting).unwrap();
+    // The kernel's view of the server's end (source port = the server's).
+    let ss = run(
+        "ss",
+        &[
+            "-tin",
+            "state",
+            "established",
+            &format!("( sport = :{port} )"),
+        ],
+    );
+    let report = text(&ss.stdout);
+    let info = report
+        .lines()
+        .skip_while(|l| !l.contains(&format!(":{port} ")))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no server socket in ss's report:\n{report}"));
+    // `ts sack cubic wscale:7,7 rto:...`: the algorithm comes just before the window scale.
+    let tokens: Vec<&str> = info.split_whitespace().collect();
+    let algorithm = tokens
+        .iter()
+        .position(|t| t.starts_with("wscale:"))
+        .and_then(|i| i.checked_sub(1))
+        .map_or("", |i| tokens[i]);
+    assert!(
+        algorithm == "cubic" || algorithm == "reno",
+        "the server's end of a loopback connection uses {algorithm:?}:\n{report}"
+    );
+    // The client's end keeps the system's algorithm: only the server's own sends change.
+    drop(held);
+    let (status, log) = server.stop();
+    assert!(status.success(), "{log}");
+}
+
 /// The CPUs this process may run on (`Cpus_allowed_list`), ascending.
 fn allowed_cpus(status: &str) -> Vec<u32> {
     let list = status

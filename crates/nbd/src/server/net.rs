@@ -42,6 +42,9 @@ impl Listener {
             Self::Tcp(l) => {
                 let (stream, _) = l.accept()?;
                 stream.set_nodelay(true)?;
+                if let Some(algorithm) = super::sys::unpace_loopback(&stream) {
+                    tracing::debug!(algorithm, "a loopback connection left BBR, which paces");
+                }
                 let local = stream.local_addr().ok().map(|a| a.ip());
                 Ok((Stream::Tcp(stream), local))
             }
