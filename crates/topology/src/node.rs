@@ -27,6 +27,11 @@ pub struct Node {
     pub memory_bytes: u64,
     /// `MemFree` of the node at the time of reading, in bytes.
     pub memory_free_bytes: u64,
+    /// Memory of the node the kernel can take back on demand at the time of reading, in
+    /// bytes: page cache other than shared memory (`FilePages` − `Shmem`) and reclaimable
+    /// slab (`SReclaimable`); 0 where the kernel does not say. On a machine that has been
+    /// reading files, most of what is not free is this.
+    pub memory_reclaimable_bytes: u64,
     /// SLIT distances to every node of the topology, in the order of `Topology::nodes`.
     pub distances: Vec<u32>,
     /// True for a node with memory and no CPUs (CXL memory expanders, some HBM and
@@ -68,7 +73,7 @@ fn read_node(sysfs: &Sysfs, id: NodeId, node_count: usize) -> Result<Node> {
         .map_err(|problem| TopologyError::malformed(sysfs.path(&cpulist_rel), problem))?;
 
     let meminfo_rel = format!("{dir}/meminfo");
-    let (memory_bytes, memory_free_bytes) = parse_meminfo(&sysfs.read(&meminfo_rel)?, id)
+    let meminfo = parse_meminfo(&sysfs.read(&meminfo_rel)?, id)
         .map_err(|problem| TopologyError::malformed(sysfs.path(&meminfo_rel), problem))?;
 
     let distance_rel = format!("{dir}/distance");
@@ -80,18 +85,38 @@ fn read_node(sysfs: &Sysfs, id: NodeId, node_count: usize) -> Result<Node> {
         id,
         cpu_less: cpus.is_empty(),
         cpus,
-        memory_bytes,
-        memory_free_bytes,
+        memory_bytes: meminfo.total,
+        memory_free_bytes: meminfo.free,
+        memory_reclaimable_bytes: meminfo.reclaimable(),
         distances,
         hmat_read_latency_ns: hmat.as_ref().and_then(|h| h.read_latency_ns),
         hmat,
     })
 }
 
-/// Parses `nodeN/meminfo` into (MemTotal, MemFree) bytes. Every line must name node `id`.
-fn parse_meminfo(text: &str, id: NodeId) -> Result<(u64, u64), String> {
+/// What a node's `meminfo` says, in bytes.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Meminfo {
+    total: u64,
+    free: u64,
+    file_pages: u64,
+    shmem: u64,
+    slab_reclaimable: u64,
+}
+
+impl Meminfo {
+    /// Page cache that is not shared memory, and reclaimable slab.
+    fn reclaimable(&self) -> u64 {
+        self.file_pages.saturating_sub(self.shmem) + self.slab_reclaimable
+    }
+}
+
+/// Parses `nodeN/meminfo`. Every line must name node `id`; `MemTotal` and `MemFree` must be
+/// there, the page-cache lines may not be (0 then).
+fn parse_meminfo(text: &str, id: NodeId) -> Result<Meminfo, String> {
     let mut total = None;
     let mut free = None;
+    let (mut file_pages, mut shmem, mut slab_reclaimable) = (None, None, None);
     for (index, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
@@ -114,6 +139,9 @@ fn parse_meminfo(text: &str, id: NodeId) -> Result<(u64, u64), String> {
         let target = match key.trim() {
             "MemTotal" => &mut total,
             "MemFree" => &mut free,
+            "FilePages" => &mut file_pages,
+            "Shmem" => &mut shmem,
+            "SReclaimable" => &mut slab_reclaimable,
             _ => continue,
         };
         let mut words = value.split_whitespace();
@@ -136,7 +164,13 @@ fn parse_meminfo(text: &str, id: NodeId) -> Result<(u64, u64), String> {
             "MemFree ({free} bytes) exceeds MemTotal ({total} bytes)"
         ));
     }
-    Ok((total, free))
+    Ok(Meminfo {
+        total,
+        free,
+        file_pages: file_pages.unwrap_or(0),
+        shmem: shmem.unwrap_or(0),
+        slab_reclaimable: slab_reclaimable.unwrap_or(0),
+    })
 }
 
 /// Parses one SLIT row; it must have exactly one entry per online node.
@@ -198,9 +232,26 @@ mod tests {
 
     #[test]
     fn meminfo_in_bytes() {
+        let parsed = parse_meminfo(MEMINFO, 1).unwrap();
         assert_eq!(
-            parse_meminfo(MEMINFO, 1),
-            Ok((3_762_392 * 1024, 3_275_188 * 1024))
+            (parsed.total, parsed.free, parsed.reclaimable()),
+            (3_762_392 * 1024, 3_275_188 * 1024, 0)
+        );
+    }
+
+    #[test]
+    fn page_cache_that_is_not_shared_memory_and_reclaimable_slab_count_as_reclaimable() {
+        let text = "Node 0 MemTotal:       24000000 kB\n\
+                    Node 0 MemFree:         4188144 kB\n\
+                    Node 0 FilePages:      17000000 kB\n\
+                    Node 0 Shmem:           1100000 kB\n\
+                    Node 0 KReclaimable:     300000 kB\n\
+                    Node 0 SReclaimable:     250000 kB\n";
+        let parsed = parse_meminfo(text, 0).unwrap();
+        assert_eq!(parsed.free, 4_188_144 * 1024);
+        assert_eq!(
+            parsed.reclaimable(),
+            (17_000_000 - 1_100_000 + 250_000) * 1024
         );
     }
 

@@ -17,6 +17,7 @@ fn node(id: u32, cpus: &[u32], total_kb: u64, free_kb: u64, distances: &[u32]) -
         cpus: cpus.to_vec(),
         memory_bytes: total_kb * KIB,
         memory_free_bytes: free_kb * KIB,
+        memory_reclaimable_bytes: 0,
         distances: distances.to_vec(),
         cpu_less: cpus.is_empty(),
         hmat_read_latency_ns: None,

@@ -788,11 +788,15 @@ fn check_emulated(dir: &Path, config: &VolumeConfig) -> Result<()> {
             )));
         };
         let wanted = per_node[&node];
-        if wanted > found.memory_free_bytes {
+        // Free memory and what the kernel drops on demand (page cache, reclaimable slab):
+        // a machine that has been reading files has little of its memory free.
+        let available = found.memory_free_bytes + found.memory_reclaimable_bytes;
+        if wanted > available {
             return Err(problem(format!(
                 "device {shown}: emulated devices on node {node} need {wanted} more bytes of \
-                 memory and the node has {} free; give a smaller size=",
-                found.memory_free_bytes
+                 memory and the node has {available} ({} free, {} in caches the kernel can \
+                 drop); give a smaller size=",
+                found.memory_free_bytes, found.memory_reclaimable_bytes
             )));
         }
         let parent = device.path.parent().unwrap_or(Path::new("/"));
