@@ -36,8 +36,8 @@ const BASE_ALLOCATION: &str = "base:allocation";
 /// do the replies to writes of more than this: holding a reply back saves a system call
 /// and a client wake-up per request, which is much of a small request's cost and little
 /// of a large one's, while the client, its queue full, waits for the replies to send more
-/// (fio at queue depth 16, 64 KiB writes: 1.8 GB/s with their replies held, 2.6–3.1 GB/s
-/// with them sent at once).
+/// (fio at queue depth 16, 64 KiB writes: 1.64–1.78 GB/s with their replies held,
+/// 2.11–2.37 GB/s with them sent at once).
 const CORK_REPLY_BYTES: usize = 16 << 10;
 /// Held-back replies are sent once they add up to this much.
 const CORK_FLUSH_BYTES: usize = 128 << 10;

@@ -87,39 +87,23 @@ impl Inbox {
         stream: &mut dyn Read,
         left: u64,
     ) -> io::Result<()> {
-        match self.fill(stream) {
-            Ok(0) => Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!("connection closed {left} bytes before the end of a payload"),
-            )),
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
-            Err(e) => Err(e),
-        }
+        within_payload(self.fill(stream), left)
     }
 
-    /// Like [`Inbox::fill`], without waiting: `WouldBlock` when nothing has arrived.
     /// [`Inbox::fill_within_payload`] without waiting: `WouldBlock` when nothing has arrived.
     pub(crate) fn fill_from_now(
         &mut self,
         stream: &mut dyn super::export::ReadDebug,
         left: u64,
     ) -> io::Result<()> {
-        let space = self.make_room();
-        match stream.read_now(space) {
-            Ok(0) => Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!("connection closed {left} bytes before the end of a payload"),
-            )),
-            Ok(n) => {
-                self.end += n;
-                Ok(())
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
-            Err(e) => Err(e),
+        let received = stream.read_now(self.make_room());
+        if let Ok(n) = received {
+            self.end += n;
         }
+        within_payload(received, left)
     }
 
+    /// Like [`Inbox::fill`], without waiting: `WouldBlock` when nothing has arrived.
     pub(crate) fn fill_now(&mut self, stream: &super::net::Stream) -> io::Result<usize> {
         let space = self.make_room();
         let n = stream.read_now(space)?;
@@ -138,6 +122,20 @@ impl Inbox {
         }
         assert!(self.end < self.buf.len(), "receiving into a full inbox");
         &mut self.buf[self.end..]
+    }
+}
+
+/// What a receive inside a payload with `left` bytes to come amounts to: the end of the
+/// stream is an error that says so, an interrupted receive added nothing.
+fn within_payload(received: io::Result<usize>, left: u64) -> io::Result<()> {
+    match received {
+        Ok(0) => Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("connection closed {left} bytes before the end of a payload"),
+        )),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
