@@ -96,17 +96,15 @@ impl Inbox {
         stream: &mut dyn super::export::ReadDebug,
         left: u64,
     ) -> io::Result<()> {
-        let received = stream.read_now(self.make_room());
-        if let Ok(n) = received {
-            self.end += n;
-        }
-        within_payload(received, left)
+        within_payload(self.fill_now(stream), left)
     }
 
     /// Like [`Inbox::fill`], without waiting: `WouldBlock` when nothing has arrived.
-    pub(crate) fn fill_now(&mut self, stream: &super::net::Stream) -> io::Result<usize> {
-        let space = self.make_room();
-        let n = stream.read_now(space)?;
+    pub(crate) fn fill_now(
+        &mut self,
+        stream: &mut dyn super::export::ReadDebug,
+    ) -> io::Result<usize> {
+        let n = stream.read_now(self.make_room())?;
         self.end += n;
         Ok(n)
     }

@@ -130,19 +130,14 @@ pub(crate) fn unpace_loopback(stream: &std::net::TcpStream) -> Option<&'static s
         return None;
     }
     let mut name = [0u8; 16];
-    let mut len = name.len() as libc::socklen_t;
-    // SAFETY: `name` and `len` are valid for writes of the sizes given; a bad fd only makes
-    // the call fail.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_CONGESTION,
-            name.as_mut_ptr().cast(),
-            &raw mut len,
-        )
-    };
-    if rc != 0 || !name.starts_with(b"bbr") {
+    let paced = get_option(
+        stream.as_raw_fd(),
+        libc::IPPROTO_TCP,
+        libc::TCP_CONGESTION,
+        &mut name,
+    )
+    .is_ok_and(|()| name.starts_with(b"bbr"));
+    if !paced {
         return None;
     }
     ["cubic", "reno"].into_iter().find(|algorithm| {
@@ -162,23 +157,27 @@ pub(crate) fn unpace_loopback(stream: &std::net::TcpStream) -> Option<&'static s
 }
 
 fn socket_option(fd: RawFd, option: libc::c_int) -> io::Result<libc::c_int> {
-    let mut value: libc::c_int = 0;
-    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    let mut value = [0u8; size_of::<libc::c_int>()];
+    get_option(fd, libc::SOL_SOCKET, option, &mut value)?;
+    Ok(libc::c_int::from_ne_bytes(value))
+}
+
+/// `getsockopt` into `value`.
+fn get_option(
+    fd: RawFd,
+    level: libc::c_int,
+    option: libc::c_int,
+    value: &mut [u8],
+) -> io::Result<()> {
+    let mut len = value.len() as libc::socklen_t;
     // SAFETY: `value` and `len` are valid for writes of the sizes given; a bad fd only makes
     // the call fail.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            option,
-            (&raw mut value).cast(),
-            &raw mut len,
-        )
-    };
+    let rc =
+        unsafe { libc::getsockopt(fd, level, option, value.as_mut_ptr().cast(), &raw mut len) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(value)
+    Ok(())
 }
 
 fn set_cloexec(fd: RawFd) -> io::Result<()> {
