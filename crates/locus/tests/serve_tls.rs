@@ -1,6 +1,6 @@
-//! `locus serve --tls`: TLS with X.509 credentials, checked with real clients (libnbd's
-//! nbdinfo, nbdcopy and nbdsh with `nbds://` URIs, and qemu-img with `tls-creds-x509`), on
-//! credentials the test makes with `openssl`.
+//! `locus serve --tls`: TLS with X.509 credentials and with pre-shared keys, checked with
+//! real clients (libnbd's nbdinfo, nbdcopy and nbdsh with `nbds://` URIs, and qemu-img with
+//! `tls-creds-x509` and `tls-creds-psk`), on credentials the test makes with `openssl`.
 
 mod common;
 
@@ -313,11 +313,33 @@ fn bad_tls_settings_fail_to_start_with_a_reason() {
     .unwrap();
     let server_dir = credentials.path("server");
     let server_dir = server_dir.to_str().unwrap();
+    let psk = PskFiles::make(&["alice"]);
+    let psk_path = psk.server.to_str().unwrap();
+    let garbled_psk = tempfile::tempdir().unwrap();
+    let garbled_psk_path = garbled_psk.path().join("keys.psk");
+    std::fs::write(&garbled_psk_path, "alice:00ff\nbob 00ff\n").unwrap();
+    let garbled_psk_path = garbled_psk_path.to_str().unwrap();
     for (args, says) in [
-        (vec!["--tls", "on"], "--tls needs --tls-certificates"),
+        (vec!["--tls", "on"], "--tls needs credentials"),
         (
             vec!["--tls", "off", "--tls-certificates", server_dir],
-            "exclude each other",
+            "--tls off excludes",
+        ),
+        (
+            vec!["--tls-certificates", server_dir, "--tls-psk", psk_path],
+            "cannot be used with",
+        ),
+        (
+            vec!["--tls-psk", garbled_psk_path],
+            "keys.psk line 2: not `identity:hexkey`",
+        ),
+        (
+            vec!["--tls-psk", "/nonexistent/keys.psk"],
+            "/nonexistent/keys.psk: No such file",
+        ),
+        (
+            vec!["--tls-psk", psk_path, "--tls-verify-peer"],
+            "with --tls-psk a client proves itself with its key",
         ),
         (
             vec!["--tls-certificates", empty.path().to_str().unwrap()],
@@ -346,6 +368,124 @@ fn bad_tls_settings_fail_to_start_with_a_reason() {
             text(&output.stderr)
         );
     }
+}
+
+/// Pre-shared key files as `psktool` writes them: the server's (`keys.psk` with every
+/// identity), and a client directory per identity (`DIR/keys.psk` with that identity's line,
+/// as qemu's `tls-creds-psk` reads it); `stranger` has an identity the server lacks, and
+/// `impostor` the first identity with another key.
+struct PskFiles {
+    dir: tempfile::TempDir,
+    server: PathBuf,
+}
+
+impl PskFiles {
+    fn make(identities: &[&str]) -> PskFiles {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let mut seed = 0x2545_F491_4F6C_DD1D_u64;
+        let mut key = || {
+            (0..32)
+                .map(|_| {
+                    seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                    format!("{:02x}", (seed >> 56) as u8)
+                })
+                .collect::<String>()
+        };
+        let mut lines = String::new();
+        let client = |name: &str, identity: &str, key: &str| {
+            let d = dir.path().join(name);
+            std::fs::create_dir(&d).unwrap();
+            std::fs::write(d.join("keys.psk"), format!("{identity}:{key}\n")).unwrap();
+        };
+        for identity in identities {
+            let key = key();
+            client(identity, identity, &key);
+            lines.push_str(&format!("{identity}:{key}\n"));
+        }
+        client("stranger", "stranger", &key());
+        client("impostor", identities[0], &key());
+        let server = dir.path().join("keys.psk");
+        std::fs::write(&server, lines).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&server, std::fs::Permissions::from_mode(0o600)).unwrap();
+        PskFiles { dir, server }
+    }
+
+    /// The client directory of `who`.
+    fn client(&self, who: &str) -> PathBuf {
+        self.dir.path().join(who)
+    }
+}
+
+impl Serve {
+    /// An `nbds://` URI for libnbd as `identity` with the keys of `file`.
+    fn psk_uri(&self, identity: &str, file: &Path) -> String {
+        format!(
+            "nbds://{identity}@localhost:{}?tls-psk-file={}",
+            self.port,
+            file.display()
+        )
+    }
+}
+
+/// `--tls-psk`: libnbd and qemu (over TLS 1.3, and over TLS 1.2 when qemu's priority string
+/// rules 1.3 out) move data intact with a key from the file; an identity the file lacks, a
+/// wrong key and plain text are refused, each refusal a warning that says why.
+#[test]
+fn pre_shared_keys_serve_libnbd_and_qemu_and_refuse_others() {
+    if !require(&["nbdinfo", "nbdcopy", "qemu-img"]) {
+        return;
+    }
+    let psk = PskFiles::make(&["alice", "bob"]);
+    let server = Serve::start(&["--tls-psk", psk.server.to_str().unwrap()]);
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("in.img");
+    let data = random_file(&image, 16 << 20, 0xD1B5_4A32_D192_ED03);
+    let alice = server.psk_uri("alice", &psk.client("alice").join("keys.psk"));
+    run("nbdcopy", &[image.to_str().unwrap(), &alice]);
+    // bob reads back what alice wrote.
+    let back = work.path().join("out.img");
+    let bob = server.psk_uri("bob", &psk.client("bob").join("keys.psk"));
+    run("nbdcopy", &[&bob, back.to_str().unwrap()]);
+    assert!(std::fs::read(&back).unwrap() == data, "nbdcopy round trip");
+    for priority in ["", ",priority=NORMAL:-VERS-TLS1.3"] {
+        let creds = format!(
+            "tls-creds-psk,id=tls0,dir={},username=alice,endpoint=client{priority}",
+            psk.client("alice").display()
+        );
+        run(
+            "qemu-img",
+            &[
+                "compare",
+                "--object",
+                &creds,
+                &server.qemu_image(),
+                image.to_str().unwrap(),
+            ],
+        );
+    }
+    for (who, identity) in [("stranger", "stranger"), ("impostor", "alice")] {
+        let uri = server.psk_uri(identity, &psk.client(who).join("keys.psk"));
+        let refused = run_unchecked("nbdinfo", &["--size", &uri]);
+        assert!(!refused.status.success(), "{who} was served");
+    }
+    let plain = run_unchecked("nbdinfo", &["--size", &server.plain_uri()]);
+    assert!(!plain.status.success(), "a plain client was served");
+    let (status, log) = server.stop();
+    assert!(status.success(), "{log}");
+    assert!(log.contains("TLS required (PSK)"), "{log}");
+    let warned = |says: &str| {
+        log.lines()
+            .any(|l| l.contains("WARN") && l.contains(says) && l.contains("127.0.0.1:"))
+    };
+    assert!(
+        warned("PSK identity \"stranger\" is not in"),
+        "no warning naming the unknown identity: {log}"
+    );
+    assert!(
+        warned("as PSK identity \"alice\" failed; most likely the client's key is not"),
+        "no warning about the wrong key: {log}"
+    );
 }
 
 /// `locus tls-credentials` makes what `--tls-certificates` and libnbd/qemu clients need,

@@ -20,6 +20,7 @@ mod follow;
 mod inbox;
 mod net;
 mod poll;
+mod psk;
 mod stats;
 mod sys;
 mod tls;

@@ -1,11 +1,13 @@
-//! TLS (rustls) for connections that ask for it with `NBD_OPT_STARTTLS`: the server's
-//! credentials, and a TLS session over a connection's socket that its reading thread and its
-//! reply writers share.
+//! TLS for connections that ask for it with `NBD_OPT_STARTTLS`: the server's credentials,
+//! and a TLS session over a connection's socket that its reading thread and its reply
+//! writers share.
 //!
-//! The session is one `rustls::ServerConnection` behind a mutex. The reading thread never
-//! holds that mutex while it waits for the socket: it receives ciphertext into its own buffer
-//! and takes the lock only to hand it to rustls and take the plaintext out, so a reply can be
-//! encrypted and sent while the reader waits for the next request.
+//! X.509 credentials are served by rustls, pre-shared keys by OpenSSL ([`super::psk`]:
+//! rustls has no external PSKs). Either session is an [`Engine`] behind a mutex that reads
+//! ciphertext handed to it and writes ciphertext for its holder to send. The reading thread
+//! never holds that mutex while it waits for the socket: it receives ciphertext into its own
+//! buffer and takes the lock only to hand it over and take the plaintext out, so a reply can
+//! be encrypted and sent while the reader waits for the next request.
 
 use std::io::{self, IoSlice, Read, Write};
 use std::path::Path;
@@ -16,6 +18,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use super::net::Stream;
+use super::psk;
 
 /// When clients must use TLS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,13 +33,26 @@ pub enum TlsMode {
 /// The server's TLS settings.
 #[derive(Clone)]
 pub struct Tls {
-    pub(crate) config: Arc<rustls::ServerConfig>,
+    credentials: Credentials,
     pub(crate) mode: TlsMode,
+}
+
+#[derive(Clone)]
+enum Credentials {
+    X509(Arc<rustls::ServerConfig>),
+    Psk(psk::Credentials),
 }
 
 impl std::fmt::Debug for Tls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tls").field("mode", &self.mode).finish()
+        let credentials = match &self.credentials {
+            Credentials::X509(_) => "X.509",
+            Credentials::Psk(_) => "PSK",
+        };
+        f.debug_struct("Tls")
+            .field("credentials", &credentials)
+            .field("mode", &self.mode)
+            .finish()
     }
 }
 
@@ -91,9 +107,27 @@ impl Tls {
             ))
         })?;
         Ok(Self {
-            config: Arc::new(config),
+            credentials: Credentials::X509(Arc::new(config)),
             mode,
         })
+    }
+
+    /// Pre-shared keys from `path`, one `identity:hexkey` per line (the files GnuTLS's
+    /// `psktool` makes and qemu and nbdkit read). Garbage in the file is an error naming the
+    /// line; a file other users may read is a warning.
+    pub fn psk(path: &Path, mode: TlsMode) -> io::Result<Self> {
+        Ok(Self {
+            credentials: Credentials::Psk(psk::Credentials::load(path)?),
+            mode,
+        })
+    }
+
+    /// `"X.509"` or `"PSK"`, for log lines.
+    pub fn kind(&self) -> &'static str {
+        match self.credentials {
+            Credentials::X509(_) => "X.509",
+            Credentials::Psk(_) => "PSK",
+        }
     }
 }
 
@@ -131,10 +165,95 @@ fn other(e: impl std::fmt::Display) -> io::Error {
 /// Ciphertext received at most at once.
 const RECEIVE_BYTES: usize = 64 << 10;
 
+/// A TLS session of either implementation, reading ciphertext handed to it and writing
+/// ciphertext for its holder to send.
+// One per connection, made in place and never moved: the size of rustls's is no cost.
+#[allow(clippy::large_enum_variant)]
+enum Engine {
+    X509(rustls::ServerConnection),
+    Psk(psk::Session),
+}
+
+impl Engine {
+    fn is_handshaking(&self) -> bool {
+        match self {
+            Self::X509(session) => session.is_handshaking(),
+            Self::Psk(session) => session.is_handshaking(),
+        }
+    }
+
+    /// Takes ciphertext from the front of `pending` (perhaps not all of it) and processes
+    /// the records it completes.
+    fn receive(&mut self, pending: &mut &[u8]) -> io::Result<()> {
+        match self {
+            Self::X509(session) => {
+                session.read_tls(pending)?;
+                session.process_new_packets().map_err(|e| tls_error(&e))?;
+                Ok(())
+            }
+            Self::Psk(session) => session.receive(pending),
+        }
+    }
+
+    /// The client closed its side; the session tells a clean close (`close_notify`) from a
+    /// cut one.
+    fn end_of_input(&mut self) -> io::Result<()> {
+        match self {
+            Self::X509(session) => {
+                session.read_tls(&mut &[][..])?;
+                session.process_new_packets().map_err(|e| tls_error(&e))?;
+                Ok(())
+            }
+            Self::Psk(session) => session.end_of_input(),
+        }
+    }
+
+    /// Plaintext received: `WouldBlock` when none, `Ok(0)` or `UnexpectedEof` at the end.
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Self::X509(session) => session.reader().read(buf),
+            Self::Psk(session) => session.read(buf),
+        }
+    }
+
+    /// Encrypts a first part of `buf` (how much: the result).
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Self::X509(session) => session.writer().write(buf),
+            Self::Psk(session) => session.write(buf),
+        }
+    }
+
+    /// Sends every TLS record the session has ready.
+    fn flush(&mut self, socket: &mut Stream) -> io::Result<()> {
+        match self {
+            Self::X509(session) => {
+                while session.wants_write() {
+                    match session.write_tls(socket) {
+                        Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                        Ok(_) => {}
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(())
+            }
+            Self::Psk(session) => session.flush(socket),
+        }
+    }
+
+    fn close_notify(&mut self) {
+        match self {
+            Self::X509(session) => session.send_close_notify(),
+            Self::Psk(session) => session.close_notify(),
+        }
+    }
+}
+
 /// A TLS session over a connection's socket.
 pub(crate) struct Session {
     /// The session and the socket it writes ciphertext to, written under the lock.
-    state: Mutex<(rustls::ServerConnection, Stream)>,
+    state: Mutex<(Engine, Stream)>,
     /// The reading thread's socket clone and ciphertext received but not yet handed to the
     /// session (only the reading thread uses it; the lock is never contended).
     inbound: Mutex<Inbound>,
@@ -158,9 +277,14 @@ impl std::fmt::Debug for Session {
 impl Session {
     /// Starts a server session on `socket` (the handshake runs as it is read from).
     pub(crate) fn new(tls: &Tls, socket: &Stream) -> io::Result<Self> {
-        let connection = rustls::ServerConnection::new(Arc::clone(&tls.config)).map_err(other)?;
+        let engine = match &tls.credentials {
+            Credentials::X509(config) => {
+                Engine::X509(rustls::ServerConnection::new(Arc::clone(config)).map_err(other)?)
+            }
+            Credentials::Psk(credentials) => Engine::Psk(psk::Session::new(credentials)?),
+        };
         Ok(Self {
-            state: Mutex::new((connection, socket.try_clone()?)),
+            state: Mutex::new((engine, socket.try_clone()?)),
             inbound: Mutex::new(Inbound {
                 socket: socket.try_clone()?,
                 buf: vec![0u8; RECEIVE_BYTES].into_boxed_slice(),
@@ -171,7 +295,7 @@ impl Session {
         })
     }
 
-    fn state(&self) -> MutexGuard<'_, (rustls::ServerConnection, Stream)> {
+    fn state(&self) -> MutexGuard<'_, (Engine, Stream)> {
         self.state.lock().expect("TLS session")
     }
 
@@ -182,7 +306,7 @@ impl Session {
             {
                 let mut state = self.state();
                 let (session, socket) = &mut *state;
-                flush(session, socket)?;
+                session.flush(socket)?;
                 if !session.is_handshaking() {
                     return Ok(());
                 }
@@ -228,19 +352,16 @@ impl Session {
         if inbound.start == inbound.end {
             // The client closed: let the session know, so that it can tell a clean close
             // (close_notify) from a cut.
-            session.read_tls(&mut &[][..])?;
-            session.process_new_packets().map_err(|e| tls_error(&e))?;
+            session.end_of_input()?;
             return Ok(false);
         }
         let mut pending = &inbound.buf[inbound.start..inbound.end];
         let before = pending.len();
-        let taken = session.read_tls(&mut pending);
+        let received = session.receive(&mut pending);
         inbound.start += before - pending.len();
-        taken?;
-        let processed = session.process_new_packets();
         // Alerts and post-handshake messages go out whatever happened.
-        let flushed = flush(session, socket);
-        processed.map_err(|e| tls_error(&e))?;
+        let flushed = session.flush(socket);
+        received?;
         flushed?;
         Ok(true)
     }
@@ -250,7 +371,7 @@ impl Session {
     fn read_plain(&self, buf: &mut [u8], wait: bool) -> io::Result<usize> {
         let mut inbound = self.inbound.lock().expect("TLS input");
         loop {
-            match self.state().0.reader().read(buf) {
+            match self.state().0.read(buf) {
                 Ok(n) => return Ok(n),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
@@ -260,7 +381,7 @@ impl Session {
                 // without close_notify; the NBD framing above tells a clean end between
                 // requests from a cut one, as over plain TCP (a request or payload cut short
                 // is an error there), so a close without the alert is an end of stream here.
-                return match self.state().0.reader().read(buf) {
+                return match self.state().0.read(buf) {
                     Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(0),
                     other => other,
                 };
@@ -285,13 +406,13 @@ impl Session {
         for buf in bufs {
             let mut rest: &[u8] = buf;
             while !rest.is_empty() {
-                let n = session.writer().write(rest)?;
+                let n = session.write(rest)?;
                 rest = &rest[n..];
                 written += n;
-                flush(session, socket)?;
+                session.flush(socket)?;
             }
         }
-        flush(session, socket)?;
+        session.flush(socket)?;
         Ok(written)
     }
 
@@ -299,22 +420,9 @@ impl Session {
     pub(crate) fn close(&self) {
         let mut state = self.state();
         let (session, socket) = &mut *state;
-        session.send_close_notify();
-        let _ = flush(session, socket);
+        session.close_notify();
+        let _ = session.flush(socket);
     }
-}
-
-/// Sends every TLS record the session has ready.
-fn flush(session: &mut rustls::ServerConnection, socket: &mut Stream) -> io::Result<()> {
-    while session.wants_write() {
-        match session.write_tls(socket) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 fn tls_error(e: &rustls::Error) -> io::Error {

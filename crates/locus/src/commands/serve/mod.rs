@@ -95,15 +95,21 @@ pub struct ServeArgs {
 
     /// TLS: off; on (clients may upgrade with STARTTLS, nbds:// URIs, or stay plain);
     /// require (nothing but STARTTLS is answered before TLS). Default: require when
-    /// --tls-certificates is given, else off.
+    /// --tls-certificates or --tls-psk is given, else off.
     #[arg(long, value_enum, value_name = "MODE")]
     tls: Option<TlsArg>,
 
     /// Directory of X.509 credentials in PEM, named as qemu and nbdkit name them:
     /// server-cert.pem (the server's certificate, then any intermediates), server-key.pem,
     /// and with --tls-verify-peer ca-cert.pem.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "tls_psk")]
     tls_certificates: Option<PathBuf>,
+
+    /// Pre-shared keys instead of certificates: a file of `identity:hexkey` lines, as
+    /// `psktool -u NAME -p FILE` makes them and qemu (tls-creds-psk) and libnbd
+    /// (tls-psk-file=) read them. Keep it mode 0600; it is read at start.
+    #[arg(long, value_name = "FILE")]
+    tls_psk: Option<PathBuf>,
 
     /// Require a client certificate signed by the directory's ca-cert.pem.
     #[arg(long, requires = "tls_certificates")]
@@ -226,20 +232,40 @@ enum TlsArg {
 
 /// The TLS settings the arguments ask for.
 fn tls(args: &ServeArgs) -> Result<Option<Tls>> {
-    let mode = match (args.tls, &args.tls_certificates) {
+    enum Credentials<'a> {
+        X509(&'a Path),
+        Psk(&'a Path),
+    }
+    // clap keeps --tls-certificates and --tls-psk apart.
+    let credentials = match (&args.tls_certificates, &args.tls_psk) {
+        (Some(dir), _) => Some(Credentials::X509(dir)),
+        (None, Some(_)) if args.tls_verify_peer => bail!(
+            "--tls-verify-peer checks client certificates; with --tls-psk a client proves \
+             itself with its key"
+        ),
+        (None, Some(file)) => Some(Credentials::Psk(file)),
+        (None, None) => None,
+    };
+    let (mode, credentials) = match (args.tls, credentials) {
         (None | Some(TlsArg::Off), None) => return Ok(None),
         (Some(TlsArg::Off), Some(_)) => {
-            bail!("--tls off and --tls-certificates exclude each other")
+            bail!("--tls off excludes --tls-certificates and --tls-psk")
         }
         (Some(TlsArg::On | TlsArg::Require), None) => {
-            bail!("--tls needs --tls-certificates DIR (server-cert.pem, server-key.pem)")
+            bail!(
+                "--tls needs credentials: --tls-certificates DIR (server-cert.pem, \
+                 server-key.pem) or --tls-psk FILE (identity:hexkey lines)"
+            )
         }
-        (Some(TlsArg::On), Some(_)) => TlsMode::On,
-        (None | Some(TlsArg::Require), Some(_)) => TlsMode::Require,
+        (Some(TlsArg::On), Some(credentials)) => (TlsMode::On, credentials),
+        (None | Some(TlsArg::Require), Some(credentials)) => (TlsMode::Require, credentials),
     };
-    let dir = args.tls_certificates.as_deref().expect("checked above");
-    let tls = Tls::x509(dir, args.tls_verify_peer, mode)
-        .with_context(|| format!("loading TLS credentials from {}", dir.display()))?;
+    let tls = match credentials {
+        Credentials::X509(dir) => Tls::x509(dir, args.tls_verify_peer, mode)
+            .with_context(|| format!("loading TLS credentials from {}", dir.display()))?,
+        Credentials::Psk(file) => Tls::psk(file, mode)
+            .with_context(|| format!("loading TLS pre-shared keys from {}", file.display()))?,
+    };
     Ok(Some(tls))
 }
 
@@ -441,8 +467,8 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
         .as_ref()
         .is_some_and(|t| t.mode() == TlsMode::Require);
     let tls_said = config.tls.as_ref().map(|t| match t.mode() {
-        TlsMode::On => "TLS optional",
-        TlsMode::Require => "TLS required",
+        TlsMode::On => format!("TLS optional ({})", t.kind()),
+        TlsMode::Require => format!("TLS required ({})", t.kind()),
     });
     let mut server = Server::new(config, exports, channels, nic_nodes(&topology));
     let mut places = Vec::new();
