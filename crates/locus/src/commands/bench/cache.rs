@@ -24,6 +24,12 @@ use crate::size::{format_bytes, parse_size};
 /// Prints IOPS (the median run's, and the range), MB/s, mean latency, locus's ratio to each
 /// peer, and the backing-store reads and write-backs locus counted (warm-up included).
 ///
+/// A last engine, `floor (nbdkit memory)`, is no cache at all: nbdkit's memory plugin, which
+/// keeps the export in DRAM and does nothing else, measured with the same client. It is
+/// what the NBD round trip itself allows on this machine and client placement; "of floor"
+/// is each locus row's share of it (a cache at 0.9 of the floor has little left to gain
+/// whatever the peers do).
+///
 /// The backing file (--size, on the disk in --dir) is filled with data first, so reads of it
 /// return data, not holes. Durability differs: locus acknowledges a write once it is in
 /// NVRAM (persistent); qemu-nbd with --cache=none once it reached the disk's cache (no
@@ -154,7 +160,7 @@ pub fn run(args: &CacheBenchArgs) -> Result<()> {
     );
     fill(backing.path(), args.size)?;
     let mut cases = Vec::new();
-    let engines = args.policies.len() + 2;
+    let engines = args.policies.len() + 3;
     let bar = crate::progress::steps(
         (WORKLOADS.len() * engines) as u64 * u64::from(args.rounds),
         "fio runs",
@@ -162,7 +168,7 @@ pub fn run(args: &CacheBenchArgs) -> Result<()> {
     );
     for (workload, fio_args, hot) in WORKLOADS {
         let region = if hot { args.hot } else { args.size };
-        // Runs by engine: locus per policy, then the raw export, then nbdkit's cache.
+        // Runs by engine: locus per policy, the raw export, nbdkit's cache, the floor.
         let mut runs: Vec<Vec<Case>> = (0..engines).map(|_| Vec::new()).collect();
         for _ in 0..args.rounds {
             for (i, policy) in args.policies.iter().enumerate() {
@@ -186,7 +192,7 @@ pub fn run(args: &CacheBenchArgs) -> Result<()> {
             warm(server.port, region, hot)?;
             let report = fio(server.port, fio_args, region, args)?;
             drop(server);
-            runs[engines - 2].push(case(
+            runs[engines - 3].push(case(
                 workload,
                 "raw (qemu-nbd)".into(),
                 false,
@@ -199,7 +205,13 @@ pub fn run(args: &CacheBenchArgs) -> Result<()> {
             warm(server.port, region, hot)?;
             let report = fio(server.port, fio_args, region, args)?;
             drop(server);
-            runs[engines - 1].push(case(workload, "nbdkit cache".into(), false, &report, None));
+            runs[engines - 2].push(case(workload, "nbdkit cache".into(), false, &report, None));
+            bar.inc(1);
+            let server = start_nbdkit_memory(args.size)?;
+            warm(server.port, region, hot)?;
+            let report = fio(server.port, fio_args, region, args)?;
+            drop(server);
+            runs[engines - 1].push(case(workload, FLOOR.into(), false, &report, None));
             bar.inc(1);
         }
         cases.extend(runs.into_iter().map(median));
@@ -224,7 +236,7 @@ pub fn run(args: &CacheBenchArgs) -> Result<()> {
         format_bytes(args.dram)
     );
     outln!(
-        "{:<14} {:<16} {:>9} {:>13} {:>9} {:>9} {:>8} {:>9} {:>13} {:>11}",
+        "{:<14} {:<22} {:>9} {:>13} {:>9} {:>9} {:>8} {:>9} {:>8} {:>13} {:>11}",
         "workload",
         "engine",
         "IOPS",
@@ -233,6 +245,7 @@ pub fn run(args: &CacheBenchArgs) -> Result<()> {
         "mean us",
         "vs raw",
         "vs nbdkit",
+        "of floor",
         "backing reads",
         "write-backs"
     );
@@ -248,7 +261,7 @@ pub fn run(args: &CacheBenchArgs) -> Result<()> {
             _ => String::new(),
         };
         outln!(
-            "{:<14} {:<16} {:>9.0} {:>13} {:>9.1} {:>9.1} {:>8} {:>9} {:>13} {:>11}",
+            "{:<14} {:<22} {:>9.0} {:>13} {:>9.1} {:>9.1} {:>8} {:>9} {:>8} {:>13} {:>11}",
             c.workload,
             c.engine,
             c.iops,
@@ -257,6 +270,7 @@ pub fn run(args: &CacheBenchArgs) -> Result<()> {
             c.latency_mean_ns / 1000.0,
             ratio("raw (qemu-nbd)"),
             ratio("nbdkit cache"),
+            ratio(FLOOR),
             c.backing_reads.map(|n| n.to_string()).unwrap_or_default(),
             c.writebacks.map(|n| n.to_string()).unwrap_or_default()
         );
@@ -468,6 +482,29 @@ fn start_qemu_nbd(backing: &std::path::Path) -> Result<Running> {
             ])
             .args(["--bind=127.0.0.1", &format!("--port={port}")])
             .arg(backing)
+            .stderr(Stdio::null()),
+        port,
+        false,
+        None,
+    )
+}
+
+/// The engine name of the round-trip floor.
+const FLOOR: &str = "floor (nbdkit memory)";
+
+/// nbdkit's memory plugin: the export in DRAM, nothing behind it.
+fn start_nbdkit_memory(size: u64) -> Result<Running> {
+    let port = free_port()?;
+    Running::start(
+        "nbdkit-memory",
+        Command::new("nbdkit")
+            .args([
+                "--foreground",
+                "--exit-with-parent",
+                "-p",
+                &port.to_string(),
+            ])
+            .args(["--ipaddr", "127.0.0.1", "memory", &size.to_string()])
             .stderr(Stdio::null()),
         port,
         false,
