@@ -45,12 +45,8 @@ enum Credentials {
 
 impl std::fmt::Debug for Tls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let credentials = match &self.credentials {
-            Credentials::X509(_) => "X.509",
-            Credentials::Psk(_) => "PSK",
-        };
         f.debug_struct("Tls")
-            .field("credentials", &credentials)
+            .field("credentials", &self.kind())
             .field("mode", &self.mode)
             .finish()
     }
