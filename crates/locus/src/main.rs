@@ -47,6 +47,7 @@ enum Command {
     Bench(commands::bench::BenchArgs),
     Report(commands::report::ReportArgs),
     TlsCredentials(commands::credentials::CredentialsArgs),
+    TlsPsk(commands::credentials::PskArgs),
 }
 
 fn main() -> ExitCode {
@@ -65,6 +66,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => commands::bench::run(&cli.sysfs, args),
         Command::Report(args) => commands::report::run(&cli.sysfs, args),
         Command::TlsCredentials(args) => commands::credentials::run(args),
+        Command::TlsPsk(args) => commands::credentials::run_psk(args),
     };
     match result.and_then(|()| output::flush().map_err(anyhow::Error::from)) {
         Ok(()) => ExitCode::SUCCESS,

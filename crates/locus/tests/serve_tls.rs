@@ -560,3 +560,65 @@ fn credentials_made_by_locus_work_with_real_clients() {
     let (status, log) = server.stop();
     assert!(status.success(), "{log}");
 }
+
+/// `locus tls-psk` makes key files that `--tls-psk` and libnbd and qemu use, adds identities
+/// without touching existing keys, and never replaces a key.
+#[test]
+fn key_files_made_by_locus_work_with_real_clients() {
+    if !require(&["nbdinfo", "qemu-img"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("keys.psk");
+    let locus = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_locus"))
+            .arg("tls-psk")
+            .arg(&file)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let first = locus(&["--identity", "alice"]);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let alice_line = std::fs::read_to_string(&file).unwrap();
+    let added = locus(&["--identity", "bob"]);
+    assert!(added.status.success(), "{}", text(&added.stderr));
+    let again = locus(&["--identity", "alice"]);
+    assert!(!again.status.success(), "a key was replaced");
+    assert!(
+        text(&again.stderr).contains("never replaced"),
+        "{}",
+        text(&again.stderr)
+    );
+    let text_now = std::fs::read_to_string(&file).unwrap();
+    assert!(text_now.starts_with(&alice_line), "alice's key changed");
+    assert_eq!(text_now.lines().count(), 2, "{text_now}");
+    // Keys are 32 random bytes: alice's and bob's differ.
+    let keys: Vec<&str> = text_now
+        .lines()
+        .map(|l| &l[l.find(':').unwrap() + 1..])
+        .collect();
+    assert_eq!(keys[0].len(), 64);
+    assert_ne!(keys[0], keys[1]);
+    let server = Serve::start(&["--tls-psk", file.to_str().unwrap()]);
+    let info = run_unchecked("nbdinfo", &["--size", &server.psk_uri("bob", &file)]);
+    assert!(info.status.success(), "{}", text(&info.stderr));
+    assert_eq!(text(&info.stdout).trim(), (16u64 << 20).to_string());
+    // qemu reads DIR/keys.psk: alice's line alone.
+    let client = dir.path().join("alice");
+    std::fs::create_dir(&client).unwrap();
+    std::fs::write(client.join("keys.psk"), &alice_line).unwrap();
+    let creds = format!(
+        "tls-creds-psk,id=tls0,dir={},username=alice,endpoint=client",
+        client.display()
+    );
+    run(
+        "qemu-img",
+        &["info", "--object", &creds, &server.qemu_image()],
+    );
+    let (status, log) = server.stop();
+    assert!(status.success(), "{log}");
+}

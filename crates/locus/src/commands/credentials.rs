@@ -1,6 +1,7 @@
 //! `locus tls-credentials`: X.509 credentials for `locus serve --tls-certificates`, made
 //! in-process — a CA, a server certificate and a client certificate it signs, in PEM files
-//! named as qemu, nbdkit and libnbd expect them.
+//! named as qemu, nbdkit and libnbd expect them. `locus tls-psk`: identities with fresh keys
+//! in a pre-shared key file for `locus serve --tls-psk`.
 
 use std::path::{Path, PathBuf};
 
@@ -149,4 +150,96 @@ fn write(path: &Path, text: &str, secret: bool) -> Result<()> {
     file.write_all(text.as_bytes())
         .and_then(|()| file.sync_all())
         .with_context(|| format!("writing {}", path.display()))
+}
+
+/// Add identities with fresh random keys to a pre-shared key file for `locus serve --tls-psk`.
+///
+/// Each identity gets 32 random bytes from the kernel, written as an `identity:hexkey` line
+/// (the form GnuTLS's `psktool` writes, and qemu and libnbd read). A missing FILE is created
+/// with mode 0600; an existing one must parse, and gets the new lines at its end. An identity
+/// the file already has is refused, never given a new key (remove its line first). A client
+/// needs its own line: libnbd as `nbds://NAME@HOST?tls-psk-file=FILE`, qemu as
+/// `--object tls-creds-psk,id=tls0,dir=DIR,username=NAME,endpoint=client` with the line in
+/// DIR/keys.psk.
+#[derive(Debug, Args)]
+pub struct PskArgs {
+    /// The key file (created if missing).
+    file: PathBuf,
+
+    /// An identity (a user name) to add (repeatable): no colon, no white space.
+    #[arg(long = "identity", value_name = "NAME", required = true)]
+    identities: Vec<String>,
+}
+
+/// Bytes of a key `locus tls-psk` makes (what `psktool` makes by default).
+const PSK_KEY_BYTES: usize = 32;
+
+pub fn run_psk(args: &PskArgs) -> Result<()> {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+
+    for (i, name) in args.identities.iter().enumerate() {
+        if name.is_empty() || name.contains(':') || name.chars().any(char::is_whitespace) {
+            bail!("--identity {name:?}: a name without colons or white space");
+        }
+        if args.identities[..i].contains(name) {
+            bail!("--identity {name:?} is given twice");
+        }
+    }
+    let existing = match std::fs::read_to_string(&args.file) {
+        Ok(text) => Some(text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("reading {}", args.file.display())),
+    };
+    if let Some(text) = &existing {
+        let keys = nbd::server::parse_psk_file(&args.file, text)?;
+        for name in &args.identities {
+            if keys.contains_key(name.as_bytes()) {
+                bail!(
+                    "{} already has a key for {name:?}; keys are never replaced (remove its \
+                     line to make a new one)",
+                    args.file.display()
+                );
+            }
+        }
+    }
+    let mut random = std::fs::File::open("/dev/urandom").context("opening /dev/urandom")?;
+    let mut lines = String::new();
+    if existing
+        .as_ref()
+        .is_some_and(|t| !t.is_empty() && !t.ends_with('\n'))
+    {
+        lines.push('\n');
+    }
+    for name in &args.identities {
+        let mut key = [0u8; PSK_KEY_BYTES];
+        random
+            .read_exact(&mut key)
+            .context("reading /dev/urandom")?;
+        lines.push_str(name);
+        lines.push(':');
+        for byte in key {
+            lines.push_str(&format!("{byte:02x}"));
+        }
+        lines.push('\n');
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .create_new(existing.is_none())
+        .mode(0o600)
+        .open(&args.file)
+        .with_context(|| format!("opening {}", args.file.display()))?;
+    file.write_all(lines.as_bytes())
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("writing {}", args.file.display()))?;
+    let names = args.identities.join(", ");
+    eprintln!(
+        "locus: {} {names} to {file}; serve with `locus serve --tls-psk {file}`; a client \
+         needs its line (libnbd: nbds://{first}@HOST?tls-psk-file=FILE; qemu: tls-creds-psk \
+         with the line in DIR/keys.psk)",
+        if existing.is_some() { "added" } else { "wrote" },
+        file = args.file.display(),
+        first = args.identities[0],
+    );
+    Ok(())
 }

@@ -36,6 +36,7 @@ pub use access::Cidr;
 pub use channel::ChannelSpec;
 pub use export::{Export, ExportError, Exports, Payload, ReadDebug};
 pub use net::Listener;
+pub use psk::parse_keys as parse_psk_file;
 pub use stats::{LATENCY_BUCKETS, RECORDED_CPUS, RequestSnapshot, Snapshot};
 pub use sys::{
     Inherited, TerminationSignals, bind_unix, group_id, inherited_listeners, interface_addresses,

@@ -59,7 +59,7 @@ const MAX_KEY_BYTES: usize = 512;
 /// qemu and nbdkit read them. Blank lines are skipped; anything else that does not parse, an
 /// empty identity or key, an odd number of hex digits, or an identity given twice is an
 /// error naming the line.
-pub(crate) fn parse_keys(path: &Path, text: &str) -> io::Result<HashMap<Vec<u8>, Vec<u8>>> {
+pub fn parse_keys(path: &Path, text: &str) -> io::Result<HashMap<Vec<u8>, Vec<u8>>> {
     let mut keys = HashMap::new();
     for (i, line) in text.lines().enumerate() {
         let at = || format!("{} line {}", path.display(), i + 1);
