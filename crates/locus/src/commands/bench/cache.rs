@@ -492,11 +492,11 @@ fn start_qemu_nbd(backing: &std::path::Path) -> Result<Running> {
 /// The engine name of the round-trip floor.
 const FLOOR: &str = "floor (nbdkit memory)";
 
-/// nbdkit's memory plugin: the export in DRAM, nothing behind it.
-fn start_nbdkit_memory(size: u64) -> Result<Running> {
+/// nbdkit on loopback with `plugin` (a plugin and its arguments, filters first).
+fn start_nbdkit(engine: &'static str, plugin: &[&std::ffi::OsStr]) -> Result<Running> {
     let port = free_port()?;
     Running::start(
-        "nbdkit-memory",
+        engine,
         Command::new("nbdkit")
             .args([
                 "--foreground",
@@ -504,7 +504,8 @@ fn start_nbdkit_memory(size: u64) -> Result<Running> {
                 "-p",
                 &port.to_string(),
             ])
-            .args(["--ipaddr", "127.0.0.1", "memory", &size.to_string()])
+            .args(["--ipaddr", "127.0.0.1"])
+            .args(plugin)
             .stderr(Stdio::null()),
         port,
         false,
@@ -512,22 +513,19 @@ fn start_nbdkit_memory(size: u64) -> Result<Running> {
     )
 }
 
+/// nbdkit's memory plugin: the export in DRAM, nothing behind it.
+fn start_nbdkit_memory(size: u64) -> Result<Running> {
+    let size = size.to_string();
+    start_nbdkit("nbdkit-memory", &["memory".as_ref(), size.as_ref()])
+}
+
 fn start_nbdkit_cache(backing: &std::path::Path) -> Result<Running> {
-    let port = free_port()?;
-    Running::start(
+    start_nbdkit(
         "nbdkit-cache",
-        Command::new("nbdkit")
-            .args([
-                "--foreground",
-                "--exit-with-parent",
-                "-p",
-                &port.to_string(),
-            ])
-            .args(["--ipaddr", "127.0.0.1", "--filter=cache", "file"])
-            .arg(backing)
-            .stderr(Stdio::null()),
-        port,
-        false,
-        None,
+        &[
+            "--filter=cache".as_ref(),
+            "file".as_ref(),
+            backing.as_os_str(),
+        ],
     )
 }
