@@ -619,6 +619,49 @@ fn key_files_made_by_locus_work_with_real_clients() {
         "qemu-img",
         &["info", "--object", &creds, &server.qemu_image()],
     );
+    // The running server takes an identity added to the file, drops one removed from it,
+    // and keeps its keys when the file is garbled.
+    let carol = locus(&["--identity", "carol"]);
+    assert!(carol.status.success(), "{}", text(&carol.stderr));
+    let served = |who: &str| {
+        run_unchecked("nbdinfo", &["--size", &server.psk_uri(who, &file)])
+            .status
+            .success()
+    };
+    assert!(
+        served("carol"),
+        "an identity added while serving was refused"
+    );
+    let without_bob: String = std::fs::read_to_string(&file)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with("bob:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    // The client keeps bob's line in a file of its own.
+    let bob_file = dir.path().join("bob.psk");
+    std::fs::copy(&file, &bob_file).unwrap();
+    std::fs::write(&file, &without_bob).unwrap();
+    assert!(
+        !run_unchecked("nbdinfo", &["--size", &server.psk_uri("bob", &bob_file)])
+            .status
+            .success(),
+        "an identity removed while serving was still served"
+    );
+    assert!(served("carol"));
+    std::fs::write(&file, format!("{without_bob}garbage\n")).unwrap();
+    assert!(
+        run_unchecked("nbdinfo", &["--size", &server.psk_uri("alice", &bob_file)])
+            .status
+            .success(),
+        "the keys read before a garbled file were dropped"
+    );
     let (status, log) = server.stop();
     assert!(status.success(), "{log}");
+    assert!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains("keys.psk line 3: not `identity:hexkey`")
+            && l.contains("identities read before stay in force")),
+        "{log}"
+    );
 }

@@ -16,7 +16,8 @@ use std::fmt;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
+use std::time::SystemTime;
 
 use openssl::error::ErrorStack;
 use openssl::ex_data::Index;
@@ -34,14 +35,91 @@ pub(crate) struct Credentials {
     /// Where a connection notes the identity its client offered, for the warning when the
     /// handshake fails.
     offered: Index<Ssl, Offered>,
-    path: Arc<PathBuf>,
+    keys: Arc<Keys>,
 }
 
 impl fmt::Debug for Credentials {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Credentials")
-            .field("path", &self.path)
+            .field("path", &self.keys.path)
             .finish_non_exhaustive()
+    }
+}
+
+/// A key file's identities and keys as last read, re-read when the file changes.
+struct Keys {
+    path: PathBuf,
+    state: RwLock<KeysState>,
+}
+
+struct KeysState {
+    /// What the file looked like when last read (or found unreadable).
+    stamp: Option<Stamp>,
+    keys: HashMap<Vec<u8>, Vec<u8>>,
+}
+
+/// A file's identity as far as telling a change goes: inode, size, modification time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    inode: u64,
+    len: u64,
+    modified: Option<SystemTime>,
+}
+
+fn stamp(path: &Path) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    Some(Stamp {
+        inode: meta.ino(),
+        len: meta.len(),
+        modified: meta.modified().ok(),
+    })
+}
+
+/// Reads and parses a key file, warning when other users may read it.
+fn read_keys(path: &Path) -> io::Result<HashMap<Vec<u8>, Vec<u8>>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    let keys = parse_keys(path, &text)?;
+    let mode = std::fs::metadata(path)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        tracing::warn!(
+            "{}: other users may read these keys (mode {:o}); chmod 600 it",
+            path.display(),
+            mode & 0o777
+        );
+    }
+    Ok(keys)
+}
+
+impl Keys {
+    /// Re-reads the file if it changed since it was last read. A file that no longer reads
+    /// or parses is a warning (once per change), and the keys read before stay in force.
+    fn refresh(&self) {
+        let now = stamp(&self.path);
+        if self.state.read().expect("PSK keys").stamp == now {
+            return;
+        }
+        let mut state = self.state.write().expect("PSK keys");
+        if state.stamp == now {
+            return;
+        }
+        state.stamp = now;
+        match read_keys(&self.path) {
+            Ok(keys) => {
+                tracing::info!(
+                    "{}: re-read, {} identities (were {})",
+                    self.path.display(),
+                    keys.len(),
+                    state.keys.len()
+                );
+                state.keys = keys;
+            }
+            Err(e) => tracing::warn!(
+                "{e}; the {} identities read before stay in force",
+                state.keys.len()
+            ),
+        }
     }
 }
 
@@ -124,19 +202,17 @@ fn decode_hex(hex: &str) -> Result<Vec<u8>, String> {
 
 impl Credentials {
     /// Reads the keys of `path` and makes the TLS context that serves them. The file is
-    /// read once: a restart applies changes to it.
+    /// read again, when it has changed, as each connection starts TLS
+    /// ([`Session::new`]): identities added or removed count from the next connection.
     pub(crate) fn load(path: &Path) -> io::Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-        let keys = parse_keys(path, &text)?;
-        let mode = std::fs::metadata(path)?.permissions().mode();
-        if mode & 0o077 != 0 {
-            tracing::warn!(
-                "{}: other users may read these keys (mode {:o}); chmod 600 it",
-                path.display(),
-                mode & 0o777
-            );
-        }
+        let first = stamp(path);
+        let keys = Arc::new(Keys {
+            path: path.to_path_buf(),
+            state: RwLock::new(KeysState {
+                keys: read_keys(path)?,
+                stamp: first,
+            }),
+        });
         let offered = Ssl::new_ex_index::<Offered>().map_err(|e| openssl_error(&e))?;
         let mut builder =
             SslContext::builder(SslMethod::tls_server()).map_err(|e| openssl_error(&e))?;
@@ -161,9 +237,14 @@ impl Credentials {
                 | SslOptions::CIPHER_SERVER_PREFERENCE,
         );
         builder.set_session_cache_mode(SslSessionCacheMode::OFF);
+        let lookup = Arc::clone(&keys);
         builder.set_psk_server_callback(move |ssl: &mut SslRef, identity, out| {
             let identity = identity.unwrap_or_default();
-            let key = keys.get(identity).filter(|key| key.len() <= out.len());
+            let state = lookup.state.read().expect("PSK keys");
+            let key = state
+                .keys
+                .get(identity)
+                .filter(|key| key.len() <= out.len());
             ssl.set_ex_data(
                 offered,
                 Offered {
@@ -179,7 +260,7 @@ impl Credentials {
         Ok(Self {
             context: builder.build(),
             offered,
-            path: Arc::new(path.to_path_buf()),
+            keys,
         })
     }
 }
@@ -247,6 +328,7 @@ impl fmt::Debug for Session {
 
 impl Session {
     pub(crate) fn new(credentials: &Credentials) -> io::Result<Self> {
+        credentials.keys.refresh();
         let ssl = Ssl::new(&credentials.context).map_err(|e| openssl_error(&e))?;
         let stream = SslStream::new(ssl, Pipe::default()).map_err(|e| openssl_error(&e))?;
         Ok(Self {
@@ -341,7 +423,7 @@ impl Session {
         let reason = e
             .ssl_error()
             .map_or_else(|| e.to_string(), ErrorStack::to_string);
-        let path = self.credentials.path.display();
+        let path = self.credentials.keys.path.display();
         match self.stream.ssl().ex_data(self.credentials.offered) {
             Some(Offered {
                 identity,

@@ -107,7 +107,9 @@ pub struct ServeArgs {
 
     /// Pre-shared keys instead of certificates: a file of `identity:hexkey` lines, as
     /// `psktool -u NAME -p FILE` makes them and qemu (tls-creds-psk) and libnbd
-    /// (tls-psk-file=) read them. Keep it mode 0600; it is read at start.
+    /// (tls-psk-file=) read them. Keep it mode 0600. Re-read when it has changed as each
+    /// connection starts TLS: added and removed identities count from the next connection;
+    /// a file that no longer parses is a warning, and the keys read before stay.
     #[arg(long, value_name = "FILE")]
     tls_psk: Option<PathBuf>,
 
