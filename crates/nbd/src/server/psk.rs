@@ -229,10 +229,12 @@ impl Credentials {
             .set_ciphersuites("TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256")
             .map_err(|e| openssl_error(&e))?;
         // No resumption: every connection proves it holds a key from the file as it is now.
-        // The server's order of suites: in the client's, libnbd got ChaCha20-Poly1305 here,
-        // where AES-GCM is the faster on CPUs with AES instructions.
+        // No TLS 1.2 renegotiation (a client could make the server redo handshakes at will;
+        // rustls has none either). The server's order of suites: in the client's, libnbd got
+        // ChaCha20-Poly1305 here, where AES-GCM is the faster on CPUs with AES instructions.
         builder.set_options(
             SslOptions::NO_TICKET
+                | SslOptions::NO_RENEGOTIATION
                 | SslOptions::IGNORE_UNEXPECTED_EOF
                 | SslOptions::CIPHER_SERVER_PREFERENCE,
         );
