@@ -488,6 +488,16 @@ fn pre_shared_keys_serve_libnbd_and_qemu_and_refuse_others() {
     );
 }
 
+/// `locus SUBCOMMAND TARGET ARGS...` (a credentials maker), its output.
+fn make_with_locus(subcommand: &str, target: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_locus"))
+        .arg(subcommand)
+        .arg(target)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 /// `locus tls-credentials` makes what `--tls-certificates` and libnbd/qemu clients need,
 /// client certificate included, and never replaces existing files.
 #[test]
@@ -497,14 +507,7 @@ fn credentials_made_by_locus_work_with_real_clients() {
     }
     let dir = tempfile::tempdir().unwrap();
     let made = dir.path().join("tls");
-    let locus = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_locus"))
-            .arg("tls-credentials")
-            .arg(&made)
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let locus = |args: &[&str]| make_with_locus("tls-credentials", &made, args);
     let first = locus(&["--name", "localhost", "--days", "3"]);
     assert!(first.status.success(), "{}", text(&first.stderr));
     use std::os::unix::fs::PermissionsExt;
@@ -570,14 +573,7 @@ fn key_files_made_by_locus_work_with_real_clients() {
     }
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("keys.psk");
-    let locus = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_locus"))
-            .arg("tls-psk")
-            .arg(&file)
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let locus = |args: &[&str]| make_with_locus("tls-psk", &file, args);
     let first = locus(&["--identity", "alice"]);
     assert!(first.status.success(), "{}", text(&first.stderr));
     use std::os::unix::fs::PermissionsExt;
@@ -623,13 +619,13 @@ fn key_files_made_by_locus_work_with_real_clients() {
     // and keeps its keys when the file is garbled.
     let carol = locus(&["--identity", "carol"]);
     assert!(carol.status.success(), "{}", text(&carol.stderr));
-    let served = |who: &str| {
-        run_unchecked("nbdinfo", &["--size", &server.psk_uri(who, &file)])
+    let served = |who: &str, keys: &Path| {
+        run_unchecked("nbdinfo", &["--size", &server.psk_uri(who, keys)])
             .status
             .success()
     };
     assert!(
-        served("carol"),
+        served("carol", &file),
         "an identity added while serving was refused"
     );
     let without_bob: String = std::fs::read_to_string(&file)
@@ -643,17 +639,13 @@ fn key_files_made_by_locus_work_with_real_clients() {
     std::fs::copy(&file, &bob_file).unwrap();
     std::fs::write(&file, &without_bob).unwrap();
     assert!(
-        !run_unchecked("nbdinfo", &["--size", &server.psk_uri("bob", &bob_file)])
-            .status
-            .success(),
+        !served("bob", &bob_file),
         "an identity removed while serving was still served"
     );
-    assert!(served("carol"));
+    assert!(served("carol", &file));
     std::fs::write(&file, format!("{without_bob}garbage\n")).unwrap();
     assert!(
-        run_unchecked("nbdinfo", &["--size", &server.psk_uri("alice", &bob_file)])
-            .status
-            .success(),
+        served("alice", &bob_file),
         "the keys read before a garbled file were dropped"
     );
     let (status, log) = server.stop();

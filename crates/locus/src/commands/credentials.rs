@@ -216,12 +216,7 @@ pub fn run_psk(args: &PskArgs) -> Result<()> {
         random
             .read_exact(&mut key)
             .context("reading /dev/urandom")?;
-        lines.push_str(name);
-        lines.push(':');
-        for byte in key {
-            lines.push_str(&format!("{byte:02x}"));
-        }
-        lines.push('\n');
+        lines.push_str(&format!("{name}:{}\n", volume::hex(&key)));
     }
     let mut file = std::fs::OpenOptions::new()
         .append(true)
