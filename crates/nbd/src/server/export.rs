@@ -150,6 +150,10 @@ pub trait ReadDebug: Read + std::fmt::Debug {
     fn read_now(&mut self, _buf: &mut [u8]) -> io::Result<usize> {
         Err(io::ErrorKind::WouldBlock.into())
     }
+
+    /// Acknowledges what was received at once, where the transport has acknowledgements
+    /// and the connection asks for it (see `Acks` in `server/net.rs`).
+    fn acknowledge(&mut self) {}
 }
 
 impl ReadDebug for std::os::unix::net::UnixStream {}
@@ -270,7 +274,7 @@ impl<'a> Payload<'a> {
             loop {
                 match self.inbox.fill_from_now(&mut *self.stream, left) {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    other => return self.fail_on(other),
+                    other => return self.received(other),
                 }
                 let since = *started.get_or_insert_with(|| {
                     if let Some(f) = before_waiting {
@@ -285,7 +289,16 @@ impl<'a> Payload<'a> {
             }
         }
         let filled = self.inbox.fill_within_payload(&mut *self.stream, left);
-        self.fail_on(filled)
+        self.received(filled)
+    }
+
+    /// A receive inside the payload: the client is sending the rest of it, and its
+    /// acknowledgement goes at once.
+    fn received(&mut self, result: io::Result<()>) -> Result<(), ExportError> {
+        if result.is_ok() {
+            self.stream.acknowledge();
+        }
+        self.fail_on(result)
     }
 
     fn fail_on(&mut self, result: io::Result<()>) -> Result<(), ExportError> {

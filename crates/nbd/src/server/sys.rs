@@ -290,6 +290,27 @@ pub fn recv_now(socket: &impl AsRawFd, buf: &mut [u8]) -> io::Result<usize> {
     Ok(n as usize)
 }
 
+/// Sends the acknowledgement of what a TCP socket received, if one is due, now rather than
+/// when the kernel's delayed-acknowledgement rules would (`TCP_QUICKACK`; see `Acks` in
+/// `server/net.rs`). The setting does not last: each receive that needs it asks again.
+pub fn acknowledge_now(socket: &impl AsRawFd) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: the pointer and length describe `on`, which the kernel only reads.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_QUICKACK,
+            (&raw const on).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Sends what the socket takes now from `slices` (at most `IOV_MAX` of them), without
 /// waiting (`MSG_DONTWAIT`, and `MSG_NOSIGNAL`: a closed peer is an error, not a signal).
 pub fn send_now(socket: &impl AsRawFd, slices: &[io::IoSlice<'_>]) -> io::Result<usize> {
