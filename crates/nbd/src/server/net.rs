@@ -324,3 +324,42 @@ impl Write for Deadlined<'_> {
         self.stream.flush()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::export::ReadDebug;
+
+    #[test]
+    fn loopback_connections_acknowledge_payload_receives_at_once() {
+        let listener = Listener::Tcp(TcpListener::bind("127.0.0.1:0").expect("bind"));
+        let Listener::Tcp(tcp) = &listener else {
+            unreachable!()
+        };
+        let mut client = TcpStream::connect(tcp.local_addr().expect("address")).expect("connect");
+        let (mut stream, local) = listener.accept().expect("accept");
+        assert_eq!(local, Some(IpAddr::from([127, 0, 0, 1])));
+        assert!(
+            matches!(stream, Stream::Tcp(_, Acks::AtOnce)),
+            "a loopback connection: {stream:?}"
+        );
+        assert!(
+            matches!(
+                stream.try_clone().expect("clone"),
+                Stream::Tcp(_, Acks::AtOnce)
+            ),
+            "its clones (the reply writer, a TLS session's reader) keep the policy"
+        );
+        client.write_all(b"payload").expect("send");
+        let mut buf = [0u8; 7];
+        stream.read_exact(&mut buf).expect("receive");
+        assert_eq!(&buf, b"payload");
+        // The kernel takes the option on a connected socket (a refusal would only be
+        // ignored by `acknowledge`, so it is asked for directly here).
+        let Stream::Tcp(socket, _) = &stream else {
+            unreachable!()
+        };
+        super::super::sys::acknowledge_now(socket).expect("TCP_QUICKACK");
+        stream.acknowledge();
+    }
+}
