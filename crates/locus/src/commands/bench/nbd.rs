@@ -476,11 +476,20 @@ fn median(mut runs: Vec<Case>) -> Case {
     middle
 }
 
+/// The system's default TCP congestion control, which fio's sockets use: with BBR the client
+/// paces its sends (see `Acks` in the nbd server's `net.rs`), so results depend on it.
+fn client_congestion_control() -> String {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+        .map_or_else(|_| "unknown".to_owned(), |name| name.trim().to_owned())
+}
+
 fn print_table(cases: &[Case], args: &NbdBenchArgs) -> Result<()> {
     outln!(
-        "fio nbd engine, 1 job, queue depth {}, loopback TCP, {}, {} region; median of {} \
-         runs of {} s per case and server, servers taking turns; locus submission {}",
+        "fio nbd engine, 1 job, queue depth {}, loopback TCP (client congestion control: {}), \
+         {}, {} region; median of {} runs of {} s per case and server, servers taking turns; \
+         locus submission {}",
         args.iodepth,
+        client_congestion_control(),
         super::client_placement(args.client_cpus.as_deref()),
         format_bytes(args.size),
         args.rounds,
