@@ -42,14 +42,11 @@ impl Listener {
             Self::Tcp(l) => {
                 let (stream, _) = l.accept()?;
                 stream.set_nodelay(true)?;
-                if let Some(algorithm) = super::sys::unpace_loopback(&stream) {
+                let loopback = stream.peer_addr().is_ok_and(|a| a.ip().is_loopback());
+                if loopback && let Some(algorithm) = super::sys::unpace_loopback(&stream) {
                     tracing::debug!(algorithm, "a loopback connection left BBR, which paces");
                 }
-                let acks = if stream.peer_addr().is_ok_and(|a| a.ip().is_loopback()) {
-                    Acks::AtOnce
-                } else {
-                    Acks::Kernel
-                };
+                let acks = if loopback { Acks::AtOnce } else { Acks::Kernel };
                 let local = stream.local_addr().ok().map(|a| a.ip());
                 Ok((Stream::Tcp(stream, acks), local))
             }

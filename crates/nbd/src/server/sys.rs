@@ -118,7 +118,8 @@ pub(crate) fn incoming_cpu(socket: &impl AsRawFd) -> Option<u32> {
         .and_then(|cpu| u32::try_from(cpu).ok())
 }
 
-/// Turns off pacing on a TCP connection with a peer on this machine. The kernel paces the
+/// Turns off pacing on a TCP connection with a peer on this machine (the caller checked
+/// that it is one). The kernel paces the
 /// sends of a connection whose congestion control asks for it (BBR: one high-resolution
 /// timer per burst), which over loopback — no link to share, no queue to spare — only
 /// costs: on the development VM, where arming a timer exits to the hypervisor, it halved
@@ -126,9 +127,6 @@ pub(crate) fn incoming_cpu(socket: &impl AsRawFd) -> Option<u32> {
 /// connection is moved to CUBIC, or Reno where CUBIC is not allowed; connections from other
 /// hosts keep the system's choice. Returns the algorithm now in use when it changed it.
 pub(crate) fn unpace_loopback(stream: &std::net::TcpStream) -> Option<&'static str> {
-    if !stream.peer_addr().is_ok_and(|a| a.ip().is_loopback()) {
-        return None;
-    }
     let mut name = [0u8; 16];
     let paced = get_option(
         stream.as_raw_fd(),
@@ -141,18 +139,13 @@ pub(crate) fn unpace_loopback(stream: &std::net::TcpStream) -> Option<&'static s
         return None;
     }
     ["cubic", "reno"].into_iter().find(|algorithm| {
-        // SAFETY: the pointer and length describe the name's bytes, which the kernel only
-        // reads.
-        let rc = unsafe {
-            libc::setsockopt(
-                stream.as_raw_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_CONGESTION,
-                algorithm.as_ptr().cast(),
-                algorithm.len() as libc::socklen_t,
-            )
-        };
-        rc == 0
+        set_option(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            algorithm.as_bytes(),
+        )
+        .is_ok()
     })
 }
 
@@ -174,6 +167,24 @@ fn get_option(
     // the call fail.
     let rc =
         unsafe { libc::getsockopt(fd, level, option, value.as_mut_ptr().cast(), &raw mut len) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn set_option(fd: RawFd, level: libc::c_int, option: libc::c_int, value: &[u8]) -> io::Result<()> {
+    // SAFETY: the pointer and length describe `value`, which the kernel only reads; a bad fd
+    // only makes the call fail.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            option,
+            value.as_ptr().cast(),
+            value.len() as libc::socklen_t,
+        )
+    };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -295,20 +306,12 @@ pub fn recv_now(socket: &impl AsRawFd, buf: &mut [u8]) -> io::Result<usize> {
 /// `server/net.rs`). The setting does not last: each receive that needs it asks again.
 pub fn acknowledge_now(socket: &impl AsRawFd) -> io::Result<()> {
     let on: libc::c_int = 1;
-    // SAFETY: the pointer and length describe `on`, which the kernel only reads.
-    let rc = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_QUICKACK,
-            (&raw const on).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    set_option(
+        socket.as_raw_fd(),
+        libc::IPPROTO_TCP,
+        libc::TCP_QUICKACK,
+        &on.to_ne_bytes(),
+    )
 }
 
 /// Sends what the socket takes now from `slices` (at most `IOV_MAX` of them), without
