@@ -341,6 +341,66 @@ fn random_overwrites_do_not_cut_free_memory_into_pages() {
     fs.unmount().unwrap();
 }
 
+/// Random 4 KiB overwrites committed from caller-filled buffers (`Fs::buffer` +
+/// `File::write_buffer`, how the NBD server writes), far more of them than the recycled lists
+/// hold: each buffer takes a page an earlier overwrite replaced, so the lists never fill up
+/// and the checkpoint keeps remapping — no overwrite is copied in place, and write
+/// amplification stays that of the records alone.
+#[test]
+fn overwrites_from_lent_buffers_reuse_replaced_pages() {
+    let shm = shm_volume("lent-recycle", 128 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    let f = fs.create("/f").unwrap();
+    let size = 16u64 << 20;
+    let mut model = vec![0x11u8; size as usize];
+    f.write_at(&model, 0).unwrap();
+    fs.checkpoint().unwrap();
+    let start = fs.stats();
+    let writes = 6000u64;
+    let mut state = 7u64;
+    for i in 0..writes {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let at = (state >> 24) % (size / 4096) * 4096;
+        let mut buffer = fs.buffer(4096).unwrap();
+        let data = [(i % 251) as u8 + 1; 4096];
+        buffer.write(0, &data).unwrap();
+        f.write_buffer(buffer, at).unwrap();
+        model[at as usize..at as usize + 4096].copy_from_slice(&data);
+        if i % 64 == 63 {
+            fs.checkpoint().unwrap();
+        }
+    }
+    fs.checkpoint().unwrap();
+    let stats = fs.stats();
+    assert_eq!(
+        stats.copied_bytes, start.copied_bytes,
+        "overwrites were copied in place: {stats:?}"
+    );
+    // Less the overwrites a newer one in the same batch made void.
+    let remapped = stats.remapped_blocks - start.remapped_blocks;
+    assert!(remapped > writes * 9 / 10, "{remapped} of {writes} remapped");
+    // Every buffer after the first checkpoint's worth took a replaced page, but for those
+    // after an overwrite that a newer one made void (its page went back to the volume, and
+    // it replaced nothing).
+    let recycled = stats.recycled_blocks - start.recycled_blocks;
+    assert!(
+        recycled > writes * 9 / 10,
+        "only {recycled} of {writes} buffers reused a replaced page"
+    );
+    let wa = (stats.media_bytes - start.media_bytes) as f64
+        / (stats.caller_bytes - start.caller_bytes) as f64;
+    assert!(wa < 1.1, "write amplification {wa:.3}: {stats:?}");
+    let mut back = vec![0u8; size as usize];
+    assert_eq!(f.read_at(&mut back, 0).unwrap(), size as usize);
+    assert!(back == model, "the file differs from what was written");
+    drop(f);
+    fs.unmount().unwrap();
+    let check = Fs::check(&open_volume(&shm.dir)).unwrap();
+    assert_eq!(check.file_bytes, size);
+}
+
 /// Overwrites on a nearly full volume wait for the checkpoint to free what they replace
 /// instead of failing; a write that cannot fit gets `NoSpace` (ENOSPC), and the file system
 /// goes on working and opens clean afterwards.

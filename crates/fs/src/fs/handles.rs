@@ -270,14 +270,16 @@ impl Fs {
     }
 
     /// A persistent buffer of `len` bytes on the calling thread's node, to fill and commit
-    /// with [`File::write_buffer`] without a copy.
+    /// with [`File::write_buffer`] without a copy. One of a block or less is a page a
+    /// committed overwrite replaced, when there is one (as for `File::write_at`'s
+    /// single-block writes; see [`Inner::alloc_lent_buffer`]).
     pub fn buffer(&self, len: u64) -> Result<Buffer> {
         if len == 0 || len > MAX_IO {
             return Err(FsError::Invalid(format!(
                 "buffer of {len} bytes; 1..={MAX_IO}"
             )));
         }
-        let extent = self.inner.with_space(|| self.inner.alloc_buffer(len))?;
+        let extent = self.inner.alloc_lent_buffer(len)?;
         let (region, offset) = self.inner.region_at(extent.start.raw())?;
         Ok(Buffer {
             fs: self.clone(),

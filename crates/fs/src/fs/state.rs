@@ -353,6 +353,24 @@ impl Inner {
         self.unless_recycled(|| self.alloc_buffer_once(len))
     }
 
+    /// A buffer of `len` bytes for a caller to fill and commit ([`super::Fs::buffer`]): of
+    /// a block or less, a recycled page of the calling thread's node when the lists have
+    /// one. Without this, overwrites committed from such buffers (every NBD write of 4 KiB)
+    /// would only ever add to the lists: once they are full the checkpoint copies small
+    /// overwrites in place instead of remapping them ([`crate::buffers::Recycled`]), twice
+    /// the media writes, and every write costs an allocation and a free.
+    pub(crate) fn alloc_lent_buffer(&self, len: u64) -> Result<Extent> {
+        if len <= BLOCK
+            && let Some(page) = self.recycled.take(self.volume.current_node())
+        {
+            return Ok(Extent {
+                start: GlobalAddress::from_raw(page),
+                len_bytes: BLOCK,
+            });
+        }
+        self.with_space(|| self.alloc_buffer(len))
+    }
+
     /// Runs the allocation `alloc`; when the volume is short, gives the recycled pages
     /// back to it ([`Recycled::drain`]) and tries once more. Every allocation of the file
     /// system goes through here: recycled pages are free memory, held only for speed.
