@@ -152,12 +152,19 @@ const RECYCLED_SET_PAGES: usize = 64;
 /// to the volume.
 #[derive(Debug)]
 pub(crate) struct Recycled {
-    devices: Vec<Mutex<Vec<u64>>>,
+    devices: Vec<Mutex<Pages>>,
     /// The node of each device.
     nodes: Vec<Option<u32>>,
     cap: usize,
-    /// Pages handed to writers.
-    used: AtomicU64,
+}
+
+/// One device's recycled pages, and how many it handed to writers: counted under the lock
+/// a writer takes anyway (a shared counter would be one more cache line bouncing between
+/// writers on every write).
+#[derive(Debug, Default)]
+struct Pages {
+    free: Vec<u64>,
+    taken: u64,
 }
 
 impl Recycled {
@@ -167,20 +174,22 @@ impl Recycled {
             devices: nodes.iter().map(|_| Mutex::default()).collect(),
             nodes,
             cap,
-            used: AtomicU64::new(0),
         }
     }
 
     /// Pages handed to writers so far.
     pub(crate) fn used(&self) -> u64 {
-        self.used.load(Ordering::Relaxed)
+        self.devices
+            .iter()
+            .map(|list| list.lock().expect("recycled pages").taken)
+            .sum()
     }
 
     /// Frees `runs` (blocks a committed batch replaced): the pages of runs shorter than
     /// [`RECYCLE_RUN_BLOCKS`] into their device's list while it has room, everything else
     /// back to `volume`.
     pub(crate) fn free(&self, volume: &Volume, runs: &[Run]) -> Result<()> {
-        let mut locked: Option<(usize, std::sync::MutexGuard<'_, Vec<u64>>)> = None;
+        let mut locked: Option<(usize, std::sync::MutexGuard<'_, Pages>)> = None;
         for run in runs {
             if run.blocks < RECYCLE_RUN_BLOCKS {
                 let device = GlobalAddress::from_raw(run.addr).device() as usize;
@@ -191,9 +200,10 @@ impl Recycled {
                 }
                 if let Some((d, list)) = locked.as_mut()
                     && *d == device
-                    && list.len() + run.blocks as usize <= self.cap
+                    && list.free.len() + run.blocks as usize <= self.cap
                 {
-                    list.extend((0..run.blocks).map(|i| run.addr + i * BLOCK));
+                    list.free
+                        .extend((0..run.blocks).map(|i| run.addr + i * BLOCK));
                     continue;
                 }
             }
@@ -209,7 +219,7 @@ impl Recycled {
     pub(crate) fn held(&self) -> u64 {
         self.devices
             .iter()
-            .map(|list| list.lock().expect("recycled pages").len() as u64)
+            .map(|list| list.lock().expect("recycled pages").free.len() as u64)
             .sum()
     }
 
@@ -219,7 +229,7 @@ impl Recycled {
             .iter()
             .map(|list| {
                 self.cap
-                    .saturating_sub(list.lock().expect("recycled pages").len())
+                    .saturating_sub(list.lock().expect("recycled pages").free.len())
                     as u64
             })
             .sum()
@@ -227,21 +237,23 @@ impl Recycled {
 
     /// A page on a device of `node`, if there is one.
     pub(crate) fn take(&self, node: u32) -> Option<u64> {
-        let page = self
-            .devices
+        self.devices
             .iter()
             .zip(&self.nodes)
             .filter(|(_, n)| **n == Some(node))
-            .find_map(|(list, _)| list.lock().expect("recycled pages").pop())?;
-        self.used.fetch_add(1, Ordering::Relaxed);
-        Some(page)
+            .find_map(|(list, _)| {
+                let mut list = list.lock().expect("recycled pages");
+                let page = list.free.pop()?;
+                list.taken += 1;
+                Some(page)
+            })
     }
 
     /// Gives every page back to `volume` (neighbours as one extent); true if there was any.
     pub(crate) fn drain(&self, volume: &Volume) -> Result<bool> {
         let mut any = false;
         for list in &self.devices {
-            let mut pages = std::mem::take(&mut *list.lock().expect("recycled pages"));
+            let mut pages = std::mem::take(&mut list.lock().expect("recycled pages").free);
             any |= !pages.is_empty();
             pages.sort_unstable();
             let mut at = 0;

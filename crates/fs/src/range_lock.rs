@@ -38,9 +38,11 @@ pub enum LockMode {
     Exclusive,
 }
 
-#[derive(Debug, Clone, Copy)]
+/// A held range. Holders have no identity: two entries alike are two shared holders of the
+/// same range (exclusive ones would conflict), and either may leave by removing either
+/// entry — a counter of holders would be one more lock word every locker of the file writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Held {
-    id: u64,
     start: u64,
     end: u64,
     mode: LockMode,
@@ -65,7 +67,6 @@ struct Shard {
 #[derive(Debug)]
 pub struct RangeLocks {
     granule: u64,
-    next_id: std::sync::atomic::AtomicU64,
     shards: [Shard; SHARDS],
 }
 
@@ -73,11 +74,9 @@ pub struct RangeLocks {
 #[derive(Debug)]
 pub struct RangeGuard<'a> {
     locks: &'a RangeLocks,
-    id: u64,
     shards: ShardSet,
-    /// The held range, rounded out to the granule.
-    start: u64,
-    end: u64,
+    /// The held range, rounded out to the granule, as entered in the tables.
+    held: Held,
 }
 
 /// The tables a range touches, as a bit set (bit i = shard i).
@@ -113,7 +112,6 @@ impl RangeLocks {
         }
         Ok(Self {
             granule,
-            next_id: std::sync::atomic::AtomicU64::new(1),
             shards: Default::default(),
         })
     }
@@ -174,24 +172,14 @@ impl RangeLocks {
                 tables.push(table);
             }
         }
-        let id = self
-            .next_id
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let held = Held {
-            id,
-            start,
-            end,
-            mode,
-        };
+        let held = Held { start, end, mode };
         for table in single.iter_mut().chain(tables.iter_mut()) {
             table.held.push(held);
         }
         Ok(RangeGuard {
             locks: self,
-            id,
             shards,
-            start,
-            end,
+            held,
         })
     }
 
@@ -217,8 +205,10 @@ impl RangeGuard<'_> {
     /// Whether this guard holds `[offset, offset + len)` of `locks`.
     pub fn covers(&self, locks: &RangeLocks, offset: u64, len: u64) -> bool {
         std::ptr::eq(self.locks, locks)
-            && self.start <= offset
-            && offset.checked_add(len).is_some_and(|end| end <= self.end)
+            && self.held.start <= offset
+            && offset
+                .checked_add(len)
+                .is_some_and(|end| end <= self.held.end)
     }
 }
 
@@ -227,7 +217,7 @@ impl Drop for RangeGuard<'_> {
         for index in self.shards.iter() {
             let shard = &self.locks.shards[index];
             let mut table = shard.table.lock().expect("range lock table");
-            if let Some(at) = table.held.iter().position(|h| h.id == self.id) {
+            if let Some(at) = table.held.iter().position(|h| *h == self.held) {
                 table.held.swap_remove(at);
             }
             let waiting = table.waiting > 0;
@@ -277,6 +267,32 @@ mod tests {
         assert!(
             locks
                 .try_lock(0, 1 << 20, LockMode::Exclusive)
+                .unwrap()
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn alike_shared_holders_leave_one_at_a_time() {
+        let locks = RangeLocks::new(4096).unwrap();
+        // Across two tables, so that each holds two alike entries.
+        let (at, len) = ((2 << 20) - 4096, 8192);
+        let a = locks.lock(at, len, LockMode::Shared).unwrap();
+        let b = locks.lock(at, len, LockMode::Shared).unwrap();
+        drop(a);
+        for probe in [at, at + 4096] {
+            assert!(
+                locks
+                    .try_lock(probe, 1, LockMode::Exclusive)
+                    .unwrap()
+                    .is_none(),
+                "a writer entered {probe} while a reader still held it"
+            );
+        }
+        drop(b);
+        assert!(
+            locks
+                .try_lock(at, len, LockMode::Exclusive)
                 .unwrap()
                 .is_some()
         );
