@@ -168,3 +168,80 @@ fn large_writes_fit_in_scattered_free_blocks() {
     f.read_at(&mut back, 0).unwrap();
     assert!(back == over, "the overwrite survives reopening");
 }
+
+/// A thread that starts writing on a volume whose free memory is all in 64 KiB pieces (what
+/// random overwrites leave once the checkpoint has freed the blocks they replaced): its slot's
+/// log area and journal (1 MiB each in this format) are made smaller rather than failing the
+/// write with `NoSpace` while half the volume is free. The small log wraps many times under
+/// the thread's writes, and a crash with records live in it recovers them.
+#[test]
+fn a_new_thread_writes_when_free_memory_is_in_small_pieces() {
+    let shm = shm_volume("aged-new-slot", 48 << 20);
+    let format = fs::FormatOptions {
+        log_records: 16 << 10,
+        journal_bytes: 1 << 20,
+        ..small_format()
+    };
+    let fs = Fs::format(open_volume(&shm.dir), &format, small_options()).unwrap();
+    let f = fs.create("/holes").unwrap();
+    let mut size = 0u64;
+    loop {
+        match f.write_at(&vec![0x11; 1 << 20], size) {
+            Ok(()) => size += 1 << 20,
+            Err(e) if e.kind() == ErrorKind::NoSpace => break,
+            Err(e) => panic!("filling: {e}"),
+        }
+    }
+    fs.checkpoint().unwrap();
+    for at in (0..size).step_by(128 << 10) {
+        f.punch_hole(at, 64 << 10).unwrap();
+    }
+    fs.checkpoint().unwrap();
+    assert!(size >= 24 << 20, "only {size} bytes filled");
+    drop(f);
+    let writes = 2048u64;
+    let expected: Vec<Vec<u8>> = (0..writes)
+        .map(|i| pattern(i, i * 4096, 4096))
+        .collect();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let g = fs.create("/new").unwrap();
+            for (i, data) in expected.iter().enumerate() {
+                g.write_at(data, (i as u64 % 64) * 4096)
+                    .unwrap_or_else(|e| panic!("write {i} from a new thread: {e}"));
+            }
+        })
+        .join()
+        .unwrap();
+    });
+    // The last write at each of the 64 offsets.
+    let last = |k: u64| &expected[(writes - 64 + k) as usize];
+    let g = fs.open_file("/new", fs::OpenOptions::read_write()).unwrap();
+    for k in 0..64 {
+        let mut back = vec![0u8; 4096];
+        g.read_at(&mut back, k * 4096).unwrap();
+        assert!(back == *last(k), "block {k} reads back");
+    }
+    drop(g);
+    // A crash with the new thread's records still in its log.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let g = fs.open_file("/new", fs::OpenOptions::read_write()).unwrap();
+            g.write_at(&[0xab; 4096], 8192).unwrap();
+        })
+        .join()
+        .unwrap();
+    });
+    fs.abandon();
+    let fs = Fs::open(open_volume(&shm.dir), FsOptions::default()).unwrap();
+    let g = fs.open_file("/new", fs::OpenOptions::read_write()).unwrap();
+    let mut back = vec![0u8; 4096];
+    g.read_at(&mut back, 8192).unwrap();
+    assert_eq!(back, vec![0xab; 4096], "the write logged before the crash");
+    g.read_at(&mut back, 4096).unwrap();
+    assert!(back == *last(1), "an earlier write");
+    drop(g);
+    fs.unmount().unwrap();
+    let check = Fs::check(&open_volume(&shm.dir)).unwrap();
+    assert_eq!(check.files, 2);
+}

@@ -155,6 +155,12 @@ pub struct FsStats {
 
 static NEXT_FS_ID: AtomicU64 = AtomicU64::new(1);
 
+/// The fewest records a writer's log area is made with when free memory is in pieces
+/// smaller than the format's size ([`Inner::alloc_area`]).
+const MIN_SLOT_LOG_RECORDS: u64 = 256;
+/// The smallest journal a writer's slot is made with (the smallest the format allows).
+const MIN_SLOT_JOURNAL_BYTES: u64 = 64 << 10;
+
 /// The fewest recycled pages kept per device: more than one gathered batch replaces.
 const RECYCLE_MIN: usize = 1024;
 
@@ -567,14 +573,27 @@ impl Inner {
             root.journal_bytes
         };
         let log_len = LogArea::bytes_for(root.log_records).next_multiple_of(BLOCK);
-        let log_extent = self.alloc_local(log_len)?;
-        let journal_extent = match self.alloc_local(journal_len) {
+        // A writer's areas may be smaller than the format asks (slot 0, the checkpoint's,
+        // is made at format on an empty volume and needs its full journal for batches).
+        let (log_floor, journal_floor) = if index == 0 {
+            (log_len, journal_len)
+        } else {
+            (
+                LogArea::bytes_for(MIN_SLOT_LOG_RECORDS.min(root.log_records))
+                    .next_multiple_of(BLOCK)
+                    .min(log_len),
+                MIN_SLOT_JOURNAL_BYTES.min(journal_len),
+            )
+        };
+        let log_extent = self.alloc_area(log_len, log_floor)?;
+        let journal_extent = match self.alloc_area(journal_len, journal_floor) {
             Ok(e) => e,
             Err(e) => {
                 self.volume.free(log_extent)?;
                 return Err(e);
             }
         };
+        let (log_len, journal_len) = (log_extent.len_bytes, journal_extent.len_bytes);
         let log = LogArea::format(self.volume.region(&log_extent)?, index)?;
         // Zeroed: the memory may have held anything, even a journal image of this epoch
         // (inside a file), which recovery would take for records after a damaged one.
@@ -598,6 +617,27 @@ impl Inner {
             .set(slot)
             .expect("slot created once, under the root lock");
         Ok(())
+    }
+
+    /// A contiguous area of `len` bytes for a new slot's log or journal — or, when free
+    /// memory has no piece that large, the largest power-of-two fraction of it down to
+    /// `floor` that it has. Remapped overwrites free the blocks they replace wherever those
+    /// were, so an aged volume can have most of its memory free in pieces of 64 KiB: a
+    /// thread that starts writing there gets a log of fewer records (its writes wait for the
+    /// checkpoint sooner) and a journal that asks for snapshots sooner, instead of `NoSpace`
+    /// with the volume half empty. Areas record their own lengths (`SlotAreas`), and a log
+    /// area its capacity, so recovery reads them at whatever size they were made. No wait
+    /// for the checkpoint here: the caller holds the root, which a snapshot takes.
+    fn alloc_area(&self, len: u64, floor: u64) -> Result<Extent> {
+        let mut size = len;
+        loop {
+            match self.alloc_local(size) {
+                Err(e) if e.kind() == crate::ErrorKind::NoSpace && size > floor => {
+                    size = (size / 2).next_multiple_of(BLOCK).max(floor);
+                }
+                other => return other,
+            }
+        }
     }
 
     fn make_slot(
