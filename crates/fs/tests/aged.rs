@@ -200,9 +200,7 @@ fn a_new_thread_writes_when_free_memory_is_in_small_pieces() {
     assert!(size >= 24 << 20, "only {size} bytes filled");
     drop(f);
     let writes = 2048u64;
-    let expected: Vec<Vec<u8>> = (0..writes)
-        .map(|i| pattern(i, i * 4096, 4096))
-        .collect();
+    let expected: Vec<Vec<u8>> = (0..writes).map(|i| pattern(i, i * 4096, 4096)).collect();
     std::thread::scope(|s| {
         s.spawn(|| {
             let g = fs.create("/new").unwrap();

@@ -380,7 +380,10 @@ fn overwrites_from_lent_buffers_reuse_replaced_pages() {
     );
     // Less the overwrites a newer one in the same batch made void.
     let remapped = stats.remapped_blocks - start.remapped_blocks;
-    assert!(remapped > writes * 9 / 10, "{remapped} of {writes} remapped");
+    assert!(
+        remapped > writes * 9 / 10,
+        "{remapped} of {writes} remapped"
+    );
     // Every buffer after the first checkpoint's worth took a replaced page, but for those
     // after an overwrite that a newer one made void (its page went back to the volume, and
     // it replaced nothing).
