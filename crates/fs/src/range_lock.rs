@@ -40,7 +40,7 @@ pub enum LockMode {
 
 /// A held range. Holders have no identity: two entries alike are two shared holders of the
 /// same range (exclusive ones would conflict), and either may leave by removing either
-/// entry — a counter of holders would be one more lock word every locker of the file writes.
+/// entry — an id per holder would need a counter that every locker of the file writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Held {
     start: u64,

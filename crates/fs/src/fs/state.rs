@@ -620,8 +620,8 @@ impl Inner {
     }
 
     /// A contiguous area of `len` bytes for a new slot's log or journal — or, when free
-    /// memory has no piece that large, the largest power-of-two fraction of it down to
-    /// `floor` that it has. Remapped overwrites free the blocks they replace wherever those
+    /// memory has no piece that large, the first of `len` halved (in whole blocks), halved
+    /// again and so on down to `floor`, that it has. Remapped overwrites free the blocks they replace wherever those
     /// were, so an aged volume can have most of its memory free in pieces of 64 KiB: a
     /// thread that starts writing there gets a log of fewer records (its writes wait for the
     /// checkpoint sooner) and a journal that asks for snapshots sooner, instead of `NoSpace`
