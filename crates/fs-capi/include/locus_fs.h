@@ -86,8 +86,8 @@ struct locus_fs_stats {
 /* Options for locus_fs_open / locus_fs_format; zero means "the default". Initialise with
  * LOCUS_FS_OPTIONS_INIT. */
 struct locus_fs_options {
-    uint32_t prelim_buffers;       /* preliminary buffers per thread, 1..=16 (default 4) */
-    uint64_t prelim_buffer_bytes;  /* bytes of each (default 8 MiB) */
+    uint32_t prelim_buffers;       /* preliminary buffers per thread, 1..=16 (default 16) */
+    uint64_t prelim_buffer_bytes;  /* bytes of each (default 2 MiB) */
     uint32_t on_demand_checkpoint; /* 1: checkpoint only when needed, not in the background */
 };
 #define LOCUS_FS_OPTIONS_INIT { 0, 0, 0 }

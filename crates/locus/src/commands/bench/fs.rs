@@ -61,11 +61,11 @@ pub struct FsBenchArgs {
     seconds: f64,
 
     /// Preliminary buffers per thread (1..=16).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 16)]
     prelim_buffers: usize,
 
     /// Bytes of each preliminary buffer.
-    #[arg(long, default_value = "8M", value_parser = parse_size)]
+    #[arg(long, default_value = "2M", value_parser = parse_size)]
     prelim_buffer_size: u64,
 
     /// When the file system checkpoints: `background` (continuously, the normal mode) or
