@@ -243,3 +243,57 @@ fn a_new_thread_writes_when_free_memory_is_in_small_pieces() {
     let check = Fs::check(&open_volume(&shm.dir)).unwrap();
     assert_eq!(check.files, 2);
 }
+
+/// When free memory is in 64 KiB pieces, preliminary buffers come out smaller than asked; the
+/// pool then holds more of them, up to the bytes its buffers were to hold, instead of making
+/// the writer wait for the checkpoint every time its few small buffers are full. With the
+/// checkpoint running only on demand, every wait is a writer out of buffers.
+#[test]
+fn small_buffers_on_a_fragmented_volume_keep_the_pools_bytes_in_flight() {
+    let shm = shm_volume("aged-small-buffers", 48 << 20);
+    let options = FsOptions {
+        prelim_buffers: 2,
+        prelim_buffer_bytes: 512 << 10,
+        checkpoint_batch: 4096,
+        checkpoint: fs::CheckpointMode::OnDemand,
+    };
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), options).unwrap();
+    let f = fs.create("/holes").unwrap();
+    let mut size = 0u64;
+    loop {
+        match f.write_at(&vec![0x11; 1 << 20], size) {
+            Ok(()) => size += 1 << 20,
+            Err(e) if e.kind() == ErrorKind::NoSpace => break,
+            Err(e) => panic!("filling: {e}"),
+        }
+    }
+    fs.checkpoint().unwrap();
+    for at in (0..size).step_by(128 << 10) {
+        f.punch_hole(at, 64 << 10).unwrap();
+    }
+    fs.checkpoint().unwrap();
+    drop(f);
+    let g = fs.create("/new").unwrap();
+    let before = fs.stats().backpressure_waits;
+    let writes = 64u64;
+    let mut state = 5u64;
+    let mut model = vec![0u8; 4 << 20];
+    for i in 0..writes {
+        let at = rng(&mut state) % 64 * (64 << 10);
+        let data = pattern(i, at, 64 << 10);
+        g.write_at(&data, at).unwrap();
+        model[at as usize..at as usize + data.len()].copy_from_slice(&data);
+    }
+    let waits = fs.stats().backpressure_waits - before;
+    // 1 MiB of buffers is 16 writes of 64 KiB; two buffers of 64 KiB would be 2.
+    assert!(
+        waits <= writes / 8,
+        "{waits} waits for the checkpoint in {writes} writes"
+    );
+    let mut back = vec![0u8; model.len()];
+    let n = g.read_at(&mut back, 0).unwrap();
+    assert!(back[..n] == model[..n], "the writes read back");
+    drop(g);
+    fs.unmount().unwrap();
+    assert_eq!(Fs::check(&open_volume(&shm.dir)).unwrap().files, 2);
+}
