@@ -107,9 +107,9 @@ fn writes_longer_than_a_buffer_at_unaligned_offsets_complete() {
     drop(f);
     fs.unmount().unwrap();
 }
-/// Fills the volume with one file in 1 MiB writes, then frees every other 4 KiB block of it:
-/// free memory left in 4 KiB holes only. Returns the bytes freed.
-fn fragment(fs: &Fs) -> u64 {
+/// Fills the volume with one file in 1 MiB writes, then frees the first `piece` bytes of every
+/// `2 × piece` of it: free memory left in holes of `piece` bytes only. Returns the bytes freed.
+fn fragment(fs: &Fs, piece: u64) -> u64 {
     let f = fs.create("/holes").unwrap();
     let mut size = 0u64;
     loop {
@@ -120,8 +120,8 @@ fn fragment(fs: &Fs) -> u64 {
         }
     }
     fs.checkpoint().unwrap();
-    for block in (0..size / 4096).step_by(2) {
-        f.punch_hole(block * 4096, 4096).unwrap();
+    for at in (0..size).step_by(2 * piece as usize) {
+        f.punch_hole(at, piece).unwrap();
     }
     fs.checkpoint().unwrap();
     size / 2
@@ -137,7 +137,7 @@ fn large_writes_fit_in_scattered_free_blocks() {
         ..small_format()
     };
     let fs = Fs::format(open_volume(&shm.dir), &format, small_options()).unwrap();
-    let freed = fragment(&fs);
+    let freed = fragment(&fs, 4096);
     assert!(freed >= 12 << 20, "only {freed} bytes freed");
     let f = fs.create("/new").unwrap();
     let mut at = 0;
@@ -183,22 +183,8 @@ fn a_new_thread_writes_when_free_memory_is_in_small_pieces() {
         ..small_format()
     };
     let fs = Fs::format(open_volume(&shm.dir), &format, small_options()).unwrap();
-    let f = fs.create("/holes").unwrap();
-    let mut size = 0u64;
-    loop {
-        match f.write_at(&vec![0x11; 1 << 20], size) {
-            Ok(()) => size += 1 << 20,
-            Err(e) if e.kind() == ErrorKind::NoSpace => break,
-            Err(e) => panic!("filling: {e}"),
-        }
-    }
-    fs.checkpoint().unwrap();
-    for at in (0..size).step_by(128 << 10) {
-        f.punch_hole(at, 64 << 10).unwrap();
-    }
-    fs.checkpoint().unwrap();
-    assert!(size >= 24 << 20, "only {size} bytes filled");
-    drop(f);
+    let freed = fragment(&fs, 64 << 10);
+    assert!(freed >= 12 << 20, "only {freed} bytes freed");
     let writes = 2048u64;
     let expected: Vec<Vec<u8>> = (0..writes).map(|i| pattern(i, i * 4096, 4096)).collect();
     std::thread::scope(|s| {
@@ -258,21 +244,7 @@ fn small_buffers_on_a_fragmented_volume_keep_the_pools_bytes_in_flight() {
         checkpoint: fs::CheckpointMode::OnDemand,
     };
     let fs = Fs::format(open_volume(&shm.dir), &small_format(), options).unwrap();
-    let f = fs.create("/holes").unwrap();
-    let mut size = 0u64;
-    loop {
-        match f.write_at(&vec![0x11; 1 << 20], size) {
-            Ok(()) => size += 1 << 20,
-            Err(e) if e.kind() == ErrorKind::NoSpace => break,
-            Err(e) => panic!("filling: {e}"),
-        }
-    }
-    fs.checkpoint().unwrap();
-    for at in (0..size).step_by(128 << 10) {
-        f.punch_hole(at, 64 << 10).unwrap();
-    }
-    fs.checkpoint().unwrap();
-    drop(f);
+    fragment(&fs, 64 << 10);
     let g = fs.create("/new").unwrap();
     let before = fs.stats().backpressure_waits;
     let writes = 64u64;
