@@ -3,7 +3,8 @@
 //!
 //! A batch takes the oldest records of every thread's queue, below a watermark no writer can
 //! still take an order under (each writer publishes a lower bound of the order it is about to
-//! take). For each record, under the record's range lock, it takes the parts of the record
+//! take). For each record (in file order when that cannot change what is remapped:
+//! [`checkpoint_once`]), under the record's range lock, it takes the parts of the record
 //! no newer write replaced (the overlay knows) and
 //! - remaps whole 4 KiB blocks whose buffer position is page aligned into the file's block
 //!   table (no copy; the block the file had there is freed after the batch commits — single
@@ -29,6 +30,7 @@ use crate::buffers::RECYCLE_RUN_BLOCKS;
 use crate::error::{FsError, Result};
 use crate::extent_map::{BLOCK, ExtentMap, Run};
 use crate::fs::{CheckpointMode, Inner, Slot, now_ns};
+use crate::inode::Inode;
 use crate::journal::{Kind, MAX_RECORD, MapEntry, MetaOp, SizeEntry};
 use crate::pieces::{Piece, alloc_halving};
 use crate::progress::{GATHER_RECORDS, Pending, Queue, Until};
@@ -164,8 +166,31 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
         room: inner.recycled.room(),
         ..Work::default()
     };
-    for record in &batch.records {
-        apply_record(inner, record, &mut work)?;
+    // What a record moves is what the overlay still holds of it, which no other record's
+    // move changes, so the records may be applied in file order: then the range-lock
+    // tables, overlay shards and extent-map nodes of neighbouring records are still in this
+    // core's cache (in log order, random writes touch a line the writers last wrote on
+    // nearly every record), and one inode look-up serves a file's records. Measured with
+    // two writers of random 4 KiB blocks: the checkpoint's CPU time per record fell by a
+    // quarter, and the writers' too. Only when the recycled lists have room for every block
+    // the batch could remap, though: when room runs out mid-batch, the records remapped
+    // must be the oldest, whose buffers are then used up whole, while the newer ones are
+    // copied and their buffers go back whole — remapped in file order, every buffer would
+    // go back with holes, and free memory would end in pieces.
+    let remappable: u64 = batch.records.iter().map(|p| p.len / BLOCK).sum();
+    let mut ordered: Vec<&Pending> = batch.records.iter().collect();
+    if remappable <= work.room {
+        ordered.sort_unstable_by_key(|p| (p.ino, p.offset));
+    }
+    let mut inode: Option<Arc<Inode>> = None;
+    for record in ordered {
+        if inode.as_ref().is_none_or(|i| i.ino != record.ino) {
+            inode = inner.inode(record.ino);
+        }
+        // A file removed since has nothing left to move.
+        if let Some(inode) = &inode {
+            apply_record(inner, inode, record, &mut work)?;
+        }
     }
     // Partial copies were non-temporal: one fence makes them durable before the commit.
     inner.volume.fence();
@@ -264,10 +289,7 @@ struct Work {
 }
 
 /// Moves what is left of one record into its file.
-fn apply_record(inner: &Inner, record: &Pending, work: &mut Work) -> Result<()> {
-    let Some(inode) = inner.inode(record.ino) else {
-        return Ok(()); // removed since: nothing to move
-    };
+fn apply_record(inner: &Inner, inode: &Inode, record: &Pending, work: &mut Work) -> Result<()> {
     if inode.kind != Kind::File {
         return Err(FsError::corrupt(
             format!("log record {} of slot {}", record.seq, record.slot),

@@ -338,43 +338,53 @@ fn measure(
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let barrier = &barrier;
-                scope.spawn(move || -> Result<(u64, Duration)> {
-                    let allowed = topology::current_affinity().unwrap_or_default();
-                    if let Some(&cpu) = allowed.get(t % allowed.len().max(1)) {
-                        let _ = topology::pin_current_thread(&[cpu]);
-                    }
-                    let mut rng = rand::rngs::SmallRng::seed_from_u64(t as u64 + 1);
-                    let mut buf = pattern_bytes(bs as usize, t as u64 + 100);
-                    let stretch = blocks / threads as u64;
-                    let mut next = t as u64 * stretch;
-                    let mut ops = 0u64;
-                    barrier.wait();
-                    let started = Instant::now();
-                    let cpu_before = topology::thread_cpu_time()?;
-                    loop {
-                        for _ in 0..16 {
-                            let block = if op.random() {
-                                rng.random_range(0..blocks)
-                            } else {
-                                let b = next;
-                                next += 1;
-                                if next >= (t as u64 + 1) * stretch {
-                                    next = t as u64 * stretch;
+                // Named by engine, so that a profile of the bench tells the two apart.
+                let name = match engine {
+                    Engine::Locus(_) => format!("bench-locus-{t}"),
+                    Engine::Tmpfs(_) => format!("bench-tmpfs-{t}"),
+                };
+                std::thread::Builder::new()
+                    .name(name)
+                    .spawn_scoped(scope, move || -> Result<(u64, Duration)> {
+                        let allowed = topology::current_affinity().unwrap_or_default();
+                        if let Some(&cpu) = allowed.get(t % allowed.len().max(1)) {
+                            let _ = topology::pin_current_thread(&[cpu]);
+                        }
+                        let mut rng = rand::rngs::SmallRng::seed_from_u64(t as u64 + 1);
+                        let mut buf = pattern_bytes(bs as usize, t as u64 + 100);
+                        let stretch = blocks / threads as u64;
+                        let mut next = t as u64 * stretch;
+                        let mut ops = 0u64;
+                        barrier.wait();
+                        let started = Instant::now();
+                        let cpu_before = topology::thread_cpu_time()?;
+                        loop {
+                            for _ in 0..16 {
+                                let block = if op.random() {
+                                    rng.random_range(0..blocks)
+                                } else {
+                                    let b = next;
+                                    next += 1;
+                                    if next >= (t as u64 + 1) * stretch {
+                                        next = t as u64 * stretch;
+                                    }
+                                    b
+                                };
+                                if op.writes() {
+                                    engine.write(&buf, block * bs)?;
+                                } else {
+                                    engine.read(&mut buf, block * bs)?;
                                 }
-                                b
-                            };
-                            if op.writes() {
-                                engine.write(&buf, block * bs)?;
-                            } else {
-                                engine.read(&mut buf, block * bs)?;
+                                ops += 1;
                             }
-                            ops += 1;
+                            if started.elapsed() >= deadline {
+                                return Ok((ops, topology::thread_cpu_time()? - cpu_before));
+                            }
                         }
-                        if started.elapsed() >= deadline {
-                            return Ok((ops, topology::thread_cpu_time()? - cpu_before));
-                        }
-                    }
-                })
+                    })
+                    // As `std::thread::spawn` does: the threads already started would wait at
+                    // the barrier forever.
+                    .expect("spawn a bench thread")
             })
             .collect();
         barrier.wait();
