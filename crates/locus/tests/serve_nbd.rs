@@ -1905,6 +1905,17 @@ h.flush()
     let free = value("gauge", "locus_volume_free_bytes{}");
     let capacity = value("gauge", "locus_volume_capacity_bytes{}");
     assert!(free > 0.0 && free < capacity, "free {free} of {capacity}");
+    // Ten small writes on a fresh volume never wait for the checkpoint; each reason has
+    // its sample.
+    for reason in ["log", "buffers", "space", "journal"] {
+        assert_eq!(
+            value(
+                "counter",
+                &format!("locus_fs_backpressure_waits_total{{reason={reason}}}")
+            ),
+            0.0
+        );
+    }
     // Anything but /metrics is a 404.
     let other = run_unchecked("curl", &["-sSf", &format!("http://{address}/other")]);
     assert!(!other.status.success());

@@ -108,9 +108,27 @@ pub(crate) struct FsCounters {
     pub(crate) copied_bytes: AtomicU64,
     pub(crate) metadata_bytes: AtomicU64,
     pub(crate) snapshots: AtomicU64,
-    pub(crate) waits: AtomicU64,
+    /// Writers' waits for the checkpoint, by [`Wait`] reason.
+    pub(crate) waits: [AtomicU64; Wait::COUNT],
     /// The checkpoint thread's CPU time, as of its last pass.
     pub(crate) checkpoint_cpu_ns: AtomicU64,
+}
+
+/// Why a writer waits for the checkpoint.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Wait {
+    /// Its slot's log area has no free record slot.
+    Log,
+    /// Its preliminary buffers are all full of records not yet retired.
+    Buffers,
+    /// The volume has no memory for it until the checkpoint frees some.
+    Space,
+    /// A metadata journal is full until the checkpoint writes a snapshot.
+    Journal,
+}
+
+impl Wait {
+    const COUNT: usize = 4;
 }
 
 /// A point-in-time view of the file system's counters.
@@ -141,8 +159,18 @@ pub struct FsStats {
     pub recycled_blocks: u64,
     /// Snapshots written.
     pub snapshots: u64,
-    /// Times a writer waited for the checkpoint (backpressure).
+    /// Times a writer waited for the checkpoint (backpressure): the sum of the four below.
     pub backpressure_waits: u64,
+    /// ... because its thread's log area had no free record slot (the checkpoint retires
+    /// records slower than the thread logs them).
+    pub waits_for_log: u64,
+    /// ... because its thread's preliminary buffers were all full of records not yet
+    /// retired (buffers are reused only when every write in them is checkpointed).
+    pub waits_for_buffers: u64,
+    /// ... because the volume had no free memory for it until the checkpoint freed some.
+    pub waits_for_space: u64,
+    /// ... because a metadata journal was full until the checkpoint wrote a snapshot.
+    pub waits_for_journal: u64,
     /// CPU time the checkpoint thread has used (as of its last pass), in nanoseconds: with
     /// `checkpointed_records`, what moving a write costs.
     pub checkpoint_cpu_ns: u64,
@@ -458,7 +486,7 @@ impl Inner {
                 Err(FsError::Volume(volume::VolumeError::NoSpace { .. }))
                     if self.progress.pending() > 0 =>
                 {
-                    self.wait_for_progress()?;
+                    self.wait_for_progress(Wait::Space)?;
                 }
                 Err(FsError::Volume(volume::VolumeError::NoSpace { .. }))
                     if self.progress.batches_finished() != finished => {}
@@ -697,6 +725,7 @@ impl Inner {
     pub(crate) fn wait_for_snapshot(&self) -> Result<()> {
         let epoch = self.root.lock().expect("root").epoch;
         while self.root.lock().expect("root").epoch == epoch {
+            self.count_wait(Wait::Journal);
             self.progress.await_pass(|asked| asked.snapshot = true)?;
         }
         Ok(())
@@ -708,9 +737,13 @@ impl Inner {
     }
 
     /// Waits for a checkpoint pass (a writer out of log space, buffers or memory).
-    pub(crate) fn wait_for_progress(&self) -> Result<()> {
-        self.counters.waits.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn wait_for_progress(&self, why: Wait) -> Result<()> {
+        self.count_wait(why);
         self.progress.await_pass(|asked| asked.drain = true)
+    }
+
+    fn count_wait(&self, why: Wait) {
+        self.counters.waits[why as usize].fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -724,6 +757,11 @@ impl Inner {
             media_bytes += slot.counters.media_bytes.load(Ordering::Relaxed);
             writes += slot.counters.writes.load(Ordering::Relaxed);
         }
+        let waits = self
+            .counters
+            .waits
+            .each_ref()
+            .map(|w| w.load(Ordering::Relaxed));
         let c = &self.counters;
         media_bytes +=
             c.copied_bytes.load(Ordering::Relaxed) + c.metadata_bytes.load(Ordering::Relaxed);
@@ -747,7 +785,11 @@ impl Inner {
             copied_bytes: c.copied_bytes.load(Ordering::Relaxed),
             recycled_blocks: self.recycled.used(),
             snapshots: c.snapshots.load(Ordering::Relaxed),
-            backpressure_waits: c.waits.load(Ordering::Relaxed),
+            backpressure_waits: waits.iter().sum(),
+            waits_for_log: waits[Wait::Log as usize],
+            waits_for_buffers: waits[Wait::Buffers as usize],
+            waits_for_space: waits[Wait::Space as usize],
+            waits_for_journal: waits[Wait::Journal as usize],
             checkpoint_cpu_ns: c.checkpoint_cpu_ns.load(Ordering::Relaxed),
             inodes: self.inodes.read().expect("inode table").len() as u64,
             reserved_bytes: self.reserve_bytes(),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use volume::Extent;
 
-use super::state::{Inner, Slot, partial_pages};
+use super::state::{Inner, Slot, Wait, partial_pages};
 use super::{MAX_FILE_SIZE, MAX_IO, now_ns};
 use crate::apply::{self, applied};
 use crate::buffers::{BufferSet, Reserve};
@@ -39,7 +39,7 @@ impl Inner {
                 return Ok(());
             }
             drop(log);
-            self.wait_for_progress()?;
+            self.wait_for_progress(Wait::Log)?;
         }
     }
 
@@ -208,7 +208,7 @@ impl Inner {
                         set: p.set,
                     }]);
                 }
-                Reserve::Wait => self.wait_for_progress()?,
+                Reserve::Wait => self.wait_for_progress(Wait::Buffers)?,
             }
         }
     }

@@ -114,6 +114,26 @@ impl Op {
     }
 }
 
+/// A case's waits for the checkpoint, by reason ([`fs::FsStats::waits_for_log`] and the rest).
+#[derive(Debug, Clone, Serialize)]
+struct WaitReasons {
+    log: u64,
+    buffers: u64,
+    space: u64,
+    journal: u64,
+}
+
+impl WaitReasons {
+    fn between(before: &fs::FsStats, after: &fs::FsStats) -> Self {
+        Self {
+            log: after.waits_for_log - before.waits_for_log,
+            buffers: after.waits_for_buffers - before.waits_for_buffers,
+            space: after.waits_for_space - before.waits_for_space,
+            journal: after.waits_for_journal - before.waits_for_journal,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 struct Case {
     suite: &'static str,
@@ -129,6 +149,9 @@ struct Case {
     write_amplification: Option<f64>,
     /// Writers' waits for the checkpoint (locus writes).
     backpressure_waits: Option<u64>,
+    /// The same, by what the writer lacked (locus writes with waits).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    waits_by_reason: Option<WaitReasons>,
     /// CPU time of the bench's threads (the calls themselves) per operation, µs.
     cpu_us_per_op: f64,
     /// CPU time of locus's checkpoint thread per operation, µs (locus writes): what
@@ -279,6 +302,9 @@ pub fn run(sysfs: &Path, args: &FsBenchArgs) -> Result<()> {
                         },
                         backpressure_waits: locus_writes
                             .then(|| after.backpressure_waits - before.backpressure_waits),
+                        waits_by_reason: (locus_writes
+                            && after.backpressure_waits > before.backpressure_waits)
+                            .then(|| WaitReasons::between(&before, &after)),
                         cpu_us_per_op: cpu.as_secs_f64() * 1e6 / ops.max(1) as f64,
                         checkpoint_us_per_op: locus_writes.then(|| {
                             (after.checkpoint_cpu_ns - before.checkpoint_cpu_ns) as f64
@@ -475,6 +501,20 @@ fn report(cases: &[Case], args: &FsBenchArgs) -> Result<()> {
                 },
                 t.cpu_us_per_op,
             );
+        }
+        for (l, _) in &pairs {
+            if let Some(w) = &l.waits_by_reason {
+                outln!(
+                    "  {} {} x{} waited for: log {}, buffers {}, space {}, journal {}",
+                    l.op,
+                    bs_name(l.bs_bytes),
+                    l.threads,
+                    w.log,
+                    w.buffers,
+                    w.space,
+                    w.journal
+                );
+            }
         }
         for op in ["randwrite", "seqwrite", "randread", "seqread"] {
             let one: Vec<_> = pairs

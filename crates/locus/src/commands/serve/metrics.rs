@@ -405,12 +405,6 @@ pub fn render(sources: &Sources) -> String {
             fs.checkpoint_batches as f64,
         ),
         (
-            "locus_fs_backpressure_waits_total",
-            "counter",
-            "Times a writer waited for the checkpoint.",
-            fs.backpressure_waits as f64,
-        ),
-        (
             "locus_fs_caller_bytes_total",
             "counter",
             "Bytes callers asked the file system to write.",
@@ -425,6 +419,23 @@ pub fn render(sources: &Sources) -> String {
     ] {
         let mut f = Family::new(&mut out, name, kind, help);
         f.sample(name, &[], value);
+    }
+    let name = "locus_fs_backpressure_waits_total";
+    let mut f = Family::new(
+        &mut out,
+        name,
+        "counter",
+        "Times a writer waited for the checkpoint, by what it lacked: log (a free record slot \
+         in its thread's log area), buffers (a preliminary buffer whose writes are all \
+         checkpointed), space (free memory on the volume), journal (room in a metadata journal).",
+    );
+    for (reason, waits) in [
+        ("log", fs.waits_for_log),
+        ("buffers", fs.waits_for_buffers),
+        ("space", fs.waits_for_space),
+        ("journal", fs.waits_for_journal),
+    ] {
+        f.sample(name, &[("reason", reason.to_owned())], waits);
     }
     let caches = (sources.caches)();
     if !caches.is_empty() {
