@@ -187,18 +187,31 @@ impl Inner {
                 set: Arc::new(BufferSet::sealed_with(vec![extent], 1)),
             }]);
         }
+        let reserve = || {
+            let spare = || self.spare_bytes();
+            slot.pool.lock().expect("buffer pool").reserve(
+                &self.volume,
+                offset,
+                len,
+                &spare,
+                &|bytes| self.alloc_buffer(bytes),
+                &|| self.recycled.take(self.volume.current_node()),
+            )
+        };
         loop {
-            let reserved = self.with_space(|| {
-                let spare = || self.spare_bytes();
-                slot.pool.lock().expect("buffer pool").reserve(
-                    &self.volume,
-                    offset,
-                    len,
-                    &spare,
-                    &|bytes| self.alloc_buffer(bytes),
-                    &|| self.recycled.take(self.volume.current_node()),
-                )
-            })?;
+            let reserved = match reserve() {
+                // Free memory is there, in pieces smaller than this write (an aged volume:
+                // random overwrites free blocks wherever they were). Waiting for the
+                // checkpoint would not make a larger piece appear — it frees blocks where
+                // they are — so the write goes into pieces at once (`write_at`).
+                Err(e)
+                    if e.kind() == crate::ErrorKind::NoSpace && self.spare_bytes() >= 2 * len =>
+                {
+                    return Err(e);
+                }
+                Err(e) if e.kind() == crate::ErrorKind::NoSpace => self.with_space(reserve)?,
+                other => other?,
+            };
             match reserved {
                 Reserve::Placed(p) => {
                     return Ok(vec![Placed {
