@@ -39,10 +39,43 @@ const BASE_ALLOCATION: &str = "base:allocation";
 /// (fio at queue depth 16, 64 KiB writes: 1.64–1.78 GB/s with their replies held,
 /// 2.11–2.37 GB/s with them sent at once).
 const CORK_REPLY_BYTES: usize = 16 << 10;
-/// Held-back replies are sent once they add up to this much.
+/// Held-back replies are sent once they add up to this much, or to this many replies.
+///
+/// A few at a time, not the whole burst: a client that keeps a queue of requests in flight
+/// sends more only as replies come back, so replies held until the connection's input runs
+/// dry turn the two into a ping-pong — the client idle while the server works through the
+/// burst, the server idle while the client refills it. Measured with fio (nbd engine, 4 KiB
+/// random writes, queue depth 16) on the 2-core development VM: 132k–145k IOPS with the
+/// whole burst held (fio busy 62–68% of the time), 164k–182k sending every 2, 4 or 8 replies
+/// (fio busy 83–85%; nbdkit's memory plugin 166k–186k), the server's CPU time per request
+/// the same.
 const CORK_FLUSH_BYTES: usize = 128 << 10;
+const CORK_FLUSH_REPLIES: usize = 4;
 /// Most extents in one block-status reply.
 const MAX_EXTENTS: usize = 1 << 16;
+
+/// Replies held back on a corked connection, in wire order.
+#[derive(Debug, Default)]
+struct Held {
+    bytes: Vec<u8>,
+    replies: usize,
+}
+
+impl Held {
+    /// Holds one more reply; true when the held ones should now be sent.
+    fn add(&mut self, reply: &[IoSlice<'_>]) -> bool {
+        for slice in reply {
+            self.bytes.extend_from_slice(slice);
+        }
+        self.replies += 1;
+        self.replies >= CORK_FLUSH_REPLIES || self.bytes.len() >= CORK_FLUSH_BYTES
+    }
+
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.replies = 0;
+    }
+}
 
 /// Why a connection ended.
 #[derive(Debug)]
@@ -157,7 +190,7 @@ pub(crate) fn serve<E: Export>(
         channel: Arc::clone(channel),
         writer: Mutex::new(writer),
         corked: shared.config.submit == Submit::Inline,
-        pending: Mutex::new(Vec::new()),
+        pending: Mutex::default(),
         outbox: Mutex::default(),
         outbox_ready: Condvar::new(),
         backlog: Mutex::default(),
@@ -440,7 +473,7 @@ pub(crate) struct Conn<E: Export> {
     /// on the socket, and sends them together before it would wait: one system call (and
     /// one wake-up of the client) for a burst instead of one per request.
     corked: bool,
-    pending: Mutex<Vec<u8>>,
+    pending: Mutex<Held>,
     /// Queued submission: replies (or their rests) the socket did not take at once, in wire
     /// order, sent by the connection's sender thread so that no worker ever waits for one
     /// client's socket. Bytes go out either straight from a worker — only while this is
@@ -556,11 +589,8 @@ impl<E: Export> Conn<E> {
             let len: usize = slices.iter().map(|s| s.len()).sum();
             let mut pending = self.pending.lock().expect("pending replies");
             if len <= CORK_REPLY_BYTES {
-                for slice in slices.iter() {
-                    pending.extend_from_slice(slice);
-                }
-                if pending.len() >= CORK_FLUSH_BYTES {
-                    self.write(&mut [IoSlice::new(&pending)]);
+                if pending.add(slices) {
+                    self.write(&mut [IoSlice::new(&pending.bytes)]);
                     pending.clear();
                 }
                 return;
@@ -581,9 +611,9 @@ impl<E: Export> Conn<E> {
             .corked
             .then(|| self.pending.lock().expect("pending replies"));
         if let Some(pending) = pending.as_mut()
-            && !pending.is_empty()
+            && !pending.bytes.is_empty()
         {
-            self.write(&mut [IoSlice::new(pending)]);
+            self.write(&mut [IoSlice::new(&pending.bytes)]);
             pending.clear();
         }
         self.write(slices);
@@ -596,9 +626,9 @@ impl<E: Export> Conn<E> {
             return;
         }
         let mut pending = self.pending.lock().expect("pending replies");
-        if !pending.is_empty() {
+        if !pending.bytes.is_empty() {
             if !self.broken.load(Ordering::Relaxed) {
-                self.write(&mut [IoSlice::new(&pending)]);
+                self.write(&mut [IoSlice::new(&pending.bytes)]);
             }
             pending.clear();
         }
@@ -700,11 +730,7 @@ impl<E: Export> Conn<E> {
     /// Holds a small reply back (corked connections); true when the held-back replies
     /// should now be sent. Never waits for the socket.
     fn hold(&self, slices: &mut [IoSlice<'_>]) -> bool {
-        let mut pending = self.pending.lock().expect("pending replies");
-        for slice in slices.iter() {
-            pending.extend_from_slice(slice);
-        }
-        pending.len() >= CORK_FLUSH_BYTES
+        self.pending.lock().expect("pending replies").add(slices)
     }
 
     /// The connection's writer, with every held-back reply sent first; `None` once the
@@ -719,9 +745,9 @@ impl<E: Export> Conn<E> {
             .then(|| self.pending.lock().expect("pending replies"));
         let mut writer = self.writer.lock().expect("connection writer");
         if let Some(mut pending) = pending
-            && !pending.is_empty()
+            && !pending.bytes.is_empty()
         {
-            let result = writer.write_all_slices(&mut [IoSlice::new(&pending)]);
+            let result = writer.write_all_slices(&mut [IoSlice::new(&pending.bytes)]);
             pending.clear();
             if let Err(e) = result {
                 self.break_on(&writer, &e);
