@@ -203,7 +203,8 @@ impl Inner {
                 // Free memory is there, in pieces smaller than this write (an aged volume:
                 // random overwrites free blocks wherever they were). Waiting for the
                 // checkpoint would not make a larger piece appear — it frees blocks where
-                // they are — so the write goes into pieces at once (`write_at`).
+                // they are — so the write goes into pieces at once (`write_at`). Twice the
+                // write: the published free figure is approximate.
                 Err(e)
                     if e.kind() == crate::ErrorKind::NoSpace && self.spare_bytes() >= 2 * len =>
                 {

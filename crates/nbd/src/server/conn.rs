@@ -470,8 +470,9 @@ pub(crate) struct Conn<E: Export> {
     pub(crate) channel: Arc<Channel<E>>,
     writer: Mutex<Stream>,
     /// Inline submission holds small replies back while more requests are already queued
-    /// on the socket, and sends them together before it would wait: one system call (and
-    /// one wake-up of the client) for a burst instead of one per request.
+    /// on the socket, and sends them a few at a time ([`CORK_FLUSH_REPLIES`]) and before it
+    /// would wait: one system call (and one wake-up of the client) for several replies
+    /// instead of one each.
     corked: bool,
     pending: Mutex<Held>,
     /// Queued submission: replies (or their rests) the socket did not take at once, in wire
