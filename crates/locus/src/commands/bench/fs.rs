@@ -60,6 +60,12 @@ pub struct FsBenchArgs {
     #[arg(long, default_value_t = 0.5)]
     seconds: f64,
 
+    /// Runs of each case per engine, alternating locus and tmpfs; each engine's median run
+    /// (by IOPS) is reported, with the range of the rounds' locus/tmpfs ratios (a shared
+    /// machine's drift then hits both engines alike, and shows).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    rounds: u32,
+
     /// Preliminary buffers per thread (1..=16).
     #[arg(long, default_value_t = 16)]
     prelim_buffers: usize,
@@ -157,6 +163,15 @@ struct Case {
     /// CPU time of locus's checkpoint thread per operation, µs (locus writes): what
     /// moving a write into its file costs, on top of `cpu_us_per_op`.
     checkpoint_us_per_op: Option<f64>,
+    /// Runs of the case on this engine; the figures above are the median run's.
+    rounds: u32,
+    /// Lowest and highest IOPS of the rounds (with `--rounds` above 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    iops_range: Option<[f64; 2]>,
+    /// Lowest and highest locus/tmpfs ratio of the rounds, each round's locus run against
+    /// the tmpfs run beside it (locus cases, with `--rounds` above 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ratio_range: Option<[f64; 2]>,
 }
 
 enum Engine<'a> {
@@ -263,57 +278,82 @@ pub fn run(sysfs: &Path, args: &FsBenchArgs) -> Result<()> {
         .into_iter()
         .filter(|op| args.ops.contains(op))
         .collect();
-    let total = ops.len() * args.bs.len() * args.threads.len() * 2;
-    let bar = crate::progress::steps(total as u64, "cases", !args.json);
+    let rounds = args.rounds as usize;
+    let total = ops.len() * args.bs.len() * args.threads.len() * 2 * rounds;
+    let bar = crate::progress::steps(total as u64, "runs", !args.json);
     for op in ops {
         for &bs in &args.bs {
             for &threads in &args.threads {
-                for engine in ["locus", "tmpfs"] {
-                    bar.set_message(format!(
-                        "{} {} x{threads} on {engine}",
-                        op.name(),
-                        bs_name(bs)
-                    ));
-                    let handle = match engine {
-                        "locus" => Engine::Locus(&locus),
-                        _ => Engine::Tmpfs(&baseline),
-                    };
-                    let before = fs.stats();
-                    let (ops, elapsed, cpu) = measure(&handle, &fs, op, bs, threads, args)?;
-                    let after = fs.stats();
-                    let locus_writes = engine == "locus" && op.writes();
-                    let caller = after.caller_bytes - before.caller_bytes;
-                    let media = after.media_bytes - before.media_bytes;
-                    let secs = elapsed.as_secs_f64().max(1e-9);
-                    cases.push(Case {
-                        suite: "fs",
-                        engine,
-                        op: op.name(),
-                        bs_bytes: bs,
-                        threads,
-                        ops,
-                        seconds: secs,
-                        iops: ops as f64 / secs,
-                        bytes_per_sec: (ops * bs) as f64 / secs,
-                        write_amplification: match (op.writes(), locus_writes) {
-                            (false, _) => None,
-                            (true, false) => Some(1.0),
-                            (true, true) => Some(media as f64 / caller.max(1) as f64),
-                        },
-                        backpressure_waits: locus_writes
-                            .then(|| after.backpressure_waits - before.backpressure_waits),
-                        waits_by_reason: (locus_writes
-                            && after.backpressure_waits > before.backpressure_waits)
-                            .then(|| WaitReasons::between(&before, &after)),
-                        cpu_us_per_op: cpu.as_secs_f64() * 1e6 / ops.max(1) as f64,
-                        checkpoint_us_per_op: locus_writes.then(|| {
-                            (after.checkpoint_cpu_ns - before.checkpoint_cpu_ns) as f64
-                                / 1e3
-                                / ops.max(1) as f64
-                        }),
-                    });
-                    bar.inc(1);
+                // Each engine's runs, in round order.
+                let mut runs: [Vec<Case>; 2] = [Vec::new(), Vec::new()];
+                for round in 0..rounds {
+                    for (e, engine) in ["locus", "tmpfs"].into_iter().enumerate() {
+                        bar.set_message(format!(
+                            "{} {} x{threads} on {engine}{}",
+                            op.name(),
+                            bs_name(bs),
+                            if rounds > 1 {
+                                format!(", round {} of {rounds}", round + 1)
+                            } else {
+                                String::new()
+                            }
+                        ));
+                        let handle = match engine {
+                            "locus" => Engine::Locus(&locus),
+                            _ => Engine::Tmpfs(&baseline),
+                        };
+                        let before = fs.stats();
+                        let (ops, elapsed, cpu) = measure(&handle, &fs, op, bs, threads, args)?;
+                        let after = fs.stats();
+                        let locus_writes = engine == "locus" && op.writes();
+                        let caller = after.caller_bytes - before.caller_bytes;
+                        let media = after.media_bytes - before.media_bytes;
+                        let secs = elapsed.as_secs_f64().max(1e-9);
+                        runs[e].push(Case {
+                            suite: "fs",
+                            engine,
+                            op: op.name(),
+                            bs_bytes: bs,
+                            threads,
+                            ops,
+                            seconds: secs,
+                            iops: ops as f64 / secs,
+                            bytes_per_sec: (ops * bs) as f64 / secs,
+                            write_amplification: match (op.writes(), locus_writes) {
+                                (false, _) => None,
+                                (true, false) => Some(1.0),
+                                (true, true) => Some(media as f64 / caller.max(1) as f64),
+                            },
+                            backpressure_waits: locus_writes
+                                .then(|| after.backpressure_waits - before.backpressure_waits),
+                            waits_by_reason: (locus_writes
+                                && after.backpressure_waits > before.backpressure_waits)
+                                .then(|| WaitReasons::between(&before, &after)),
+                            cpu_us_per_op: cpu.as_secs_f64() * 1e6 / ops.max(1) as f64,
+                            checkpoint_us_per_op: locus_writes.then(|| {
+                                (after.checkpoint_cpu_ns - before.checkpoint_cpu_ns) as f64
+                                    / 1e3
+                                    / ops.max(1) as f64
+                            }),
+                            rounds: args.rounds,
+                            iops_range: None,
+                            ratio_range: None,
+                        });
+                        bar.inc(1);
+                    }
                 }
+                let [locus_runs, tmpfs_runs] = runs;
+                let ratios: Vec<f64> = locus_runs
+                    .iter()
+                    .zip(&tmpfs_runs)
+                    .map(|(l, t)| l.iops / t.iops.max(1e-9))
+                    .collect();
+                let mut l = median_run(locus_runs);
+                if rounds > 1 {
+                    l.ratio_range = Some(min_max(&ratios));
+                }
+                cases.push(l);
+                cases.push(median_run(tmpfs_runs));
             }
         }
     }
@@ -321,6 +361,27 @@ pub fn run(sysfs: &Path, args: &FsBenchArgs) -> Result<()> {
     drop(locus);
     fs.unmount()?;
     report(&cases, args)
+}
+
+/// The run of median IOPS (the upper one of an even count), with the rounds' IOPS range when
+/// there was more than one.
+fn median_run(mut runs: Vec<Case>) -> Case {
+    runs.sort_by(|a, b| a.iops.total_cmp(&b.iops));
+    let range = min_max(&runs.iter().map(|r| r.iops).collect::<Vec<_>>());
+    let count = runs.len();
+    let mut median = runs.swap_remove(count / 2);
+    if count > 1 {
+        median.iops_range = Some(range);
+    }
+    median
+}
+
+fn min_max(values: &[f64]) -> [f64; 2] {
+    values
+        .iter()
+        .fold([f64::INFINITY, f64::NEG_INFINITY], |[lo, hi], &v| {
+            [lo.min(v), hi.max(v)]
+        })
 }
 
 fn parse_op(name: &str) -> Result<Op, String> {
@@ -457,17 +518,26 @@ fn report(cases: &[Case], args: &FsBenchArgs) -> Result<()> {
         super::print_json(cases)?;
     } else {
         outln!(
-            "file system: locus (write_at/read_at{}) vs pwrite/pread on tmpfs; file {}, {} s per case",
+            "file system: locus (write_at/read_at{}) vs pwrite/pread on tmpfs; file {}, {} s per case{}",
             if args.data_checksums {
                 ", data checksums"
             } else {
                 ""
             },
             crate::size::format_bytes(args.size),
-            args.seconds
+            args.seconds,
+            if args.rounds > 1 {
+                format!(
+                    "; median of {} alternated rounds per engine, with the rounds' ratios",
+                    args.rounds
+                )
+            } else {
+                String::new()
+            }
         );
+        let range_header = if args.rounds > 1 { "  ratio range" } else { "" };
         outln!(
-            "{:<10} {:>5} {:>3} {:>12} {:>9} {:>12} {:>9} {:>7} {:>6} {:>6} {:>13} {:>8}",
+            "{:<10} {:>5} {:>3} {:>12} {:>9} {:>12} {:>9} {:>7} {:>6} {:>6} {:>13} {:>8}{range_header}",
             "op",
             "bs",
             "thr",
@@ -482,8 +552,11 @@ fn report(cases: &[Case], args: &FsBenchArgs) -> Result<()> {
             "tmpfs"
         );
         for (l, t) in &pairs {
+            let range = l
+                .ratio_range
+                .map_or(String::new(), |[lo, hi]| format!("  {lo:.2}x-{hi:.2}x"));
             outln!(
-                "{:<10} {:>5} {:>3} {:>12.0} {:>9.2} {:>12.0} {:>9.2} {:>6.2}x {:>6} {:>6} {:>13} {:>8.2}",
+                "{:<10} {:>5} {:>3} {:>12.0} {:>9.2} {:>12.0} {:>9.2} {:>6.2}x {:>6} {:>6} {:>13} {:>8.2}{range}",
                 l.op,
                 bs_name(l.bs_bytes),
                 l.threads,

@@ -1,0 +1,91 @@
+//! `locus bench fs` as its users run it: one JSON object per case and engine, and with
+//! `--rounds` each engine's median run with the range of the rounds.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn bench_fs(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["bench", "fs", "--size", "16M", "--seconds", "0.05"])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn cases(output: &std::process::Output) -> Vec<Value> {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn pair(value: &Value) -> [f64; 2] {
+    let v = value
+        .as_array()
+        .unwrap_or_else(|| panic!("not a pair: {value}"));
+    assert_eq!(v.len(), 2, "{value}");
+    [v[0].as_f64().unwrap(), v[1].as_f64().unwrap()]
+}
+
+#[test]
+fn rounds_report_each_engines_median_run_and_the_rounds_range() {
+    let output = bench_fs(&[
+        "--json",
+        "--bs",
+        "4K,64K",
+        "--threads",
+        "1",
+        "--ops",
+        "randwrite,randread",
+        "--rounds",
+        "3",
+    ]);
+    let cases = cases(&output);
+    assert_eq!(
+        cases.len(),
+        8,
+        "2 ops x 2 sizes x 2 engines, one object each"
+    );
+    for case in &cases {
+        assert_eq!(case["rounds"], 3, "{case}");
+        let iops = case["iops"].as_f64().unwrap();
+        let [lo, hi] = pair(&case["iops_range"]);
+        assert!(0.0 < lo && lo <= iops && iops <= hi, "{case}");
+        if case["engine"] == "locus" {
+            let [lo, hi] = pair(&case["ratio_range"]);
+            assert!(0.0 < lo && lo <= hi, "{case}");
+        } else {
+            assert!(case["ratio_range"].is_null(), "{case}");
+        }
+    }
+}
+
+#[test]
+fn one_round_has_no_range_and_zero_rounds_are_refused() {
+    let cases = cases(&bench_fs(&[
+        "--json",
+        "--bs",
+        "4K",
+        "--threads",
+        "1",
+        "--ops",
+        "randwrite",
+    ]));
+    assert_eq!(cases.len(), 2);
+    for case in &cases {
+        assert_eq!(case["rounds"], 1, "{case}");
+        assert!(case["iops_range"].is_null(), "{case}");
+        assert!(case["ratio_range"].is_null(), "{case}");
+        assert!(case["iops"].as_f64().unwrap() > 0.0, "{case}");
+    }
+    let refused = bench_fs(&["--rounds", "0"]);
+    assert_eq!(refused.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("--rounds"), "{stderr}");
+}
