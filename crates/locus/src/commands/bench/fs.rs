@@ -348,12 +348,21 @@ pub fn run(sysfs: &Path, args: &FsBenchArgs) -> Result<()> {
                     .zip(&tmpfs_runs)
                     .map(|(l, t)| l.iops / t.iops.max(1e-9))
                     .collect();
-                let mut l = median_run(locus_runs);
+                let median = |runs| {
+                    super::median_run(
+                        runs,
+                        |c: &Case| c.iops,
+                        |c, range| {
+                            c.iops_range = Some(range);
+                        },
+                    )
+                };
+                let mut l = median(locus_runs);
                 if rounds > 1 {
-                    l.ratio_range = Some(min_max(&ratios));
+                    l.ratio_range = Some(super::min_max(&ratios));
                 }
                 cases.push(l);
-                cases.push(median_run(tmpfs_runs));
+                cases.push(median(tmpfs_runs));
             }
         }
     }
@@ -361,27 +370,6 @@ pub fn run(sysfs: &Path, args: &FsBenchArgs) -> Result<()> {
     drop(locus);
     fs.unmount()?;
     report(&cases, args)
-}
-
-/// The run of median IOPS (the upper one of an even count), with the rounds' IOPS range when
-/// there was more than one.
-fn median_run(mut runs: Vec<Case>) -> Case {
-    runs.sort_by(|a, b| a.iops.total_cmp(&b.iops));
-    let range = min_max(&runs.iter().map(|r| r.iops).collect::<Vec<_>>());
-    let count = runs.len();
-    let mut median = runs.swap_remove(count / 2);
-    if count > 1 {
-        median.iops_range = Some(range);
-    }
-    median
-}
-
-fn min_max(values: &[f64]) -> [f64; 2] {
-    values
-        .iter()
-        .fold([f64::INFINITY, f64::NEG_INFINITY], |[lo, hi], &v| {
-            [lo.min(v), hi.max(v)]
-        })
 }
 
 fn parse_op(name: &str) -> Result<Op, String> {

@@ -44,6 +44,32 @@ fn print_json<T: serde::Serialize>(cases: &[T]) -> Result<()> {
     Ok(())
 }
 
+/// The run of median `rate` among a case's rounds (the upper one of an even count), given
+/// the rounds' range of `rate` by `set_range` when there was more than one.
+pub(crate) fn median_run<C>(
+    mut runs: Vec<C>,
+    rate: impl Fn(&C) -> f64,
+    set_range: impl FnOnce(&mut C, [f64; 2]),
+) -> C {
+    runs.sort_by(|a, b| rate(a).total_cmp(&rate(b)));
+    let range = min_max(&runs.iter().map(&rate).collect::<Vec<_>>());
+    let count = runs.len();
+    let mut median = runs.swap_remove(count / 2);
+    if count > 1 {
+        set_range(&mut median, range);
+    }
+    median
+}
+
+/// The lowest and highest of `values`.
+pub(crate) fn min_max(values: &[f64]) -> [f64; 2] {
+    values
+        .iter()
+        .fold([f64::INFINITY, f64::NEG_INFINITY], |[lo, hi], &v| {
+            [lo.min(v), hi.max(v)]
+        })
+}
+
 /// A block size as the tables show it: `4K`, `64K`, `2M`, `1536B`.
 pub(crate) fn short_size(bytes: u64) -> String {
     crate::size::format_bytes(bytes)

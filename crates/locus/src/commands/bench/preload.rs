@@ -41,6 +41,12 @@ pub struct PreloadBenchArgs {
     #[arg(long, value_delimiter = ',', default_values_t = [1u32, 2])]
     numjobs: Vec<u32>,
 
+    /// Runs of each case per column, the columns alternating; each column's median run (by
+    /// IOPS) is reported, with the range of the rounds' locus/tmpfs ratios (a shared
+    /// machine's drift then hits every column alike, and shows).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    rounds: u32,
+
     /// The preload library (default: liblocus_preload.so next to this executable, as
     /// `cargo build --release` leaves it).
     #[arg(long)]
@@ -59,6 +65,15 @@ pub(super) struct Case {
     pub(super) bytes_per_sec: f64,
     pub(super) latency_mean_ns: f64,
     pub(super) durable: bool,
+    /// Runs of the case on this column; the figures above are the median run's.
+    pub(super) rounds: u32,
+    /// Lowest and highest IOPS of the rounds (with `--rounds` above 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) iops_range: Option<[f64; 2]>,
+    /// Lowest and highest locus/tmpfs throughput ratio of the rounds, each round's locus run
+    /// against the tmpfs run of the same round (locus cases, with `--rounds` above 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) ratio_range: Option<[f64; 2]>,
 }
 
 /// Where one column's fio runs.
@@ -165,6 +180,9 @@ pub(super) fn randwrite_case(
         bytes_per_sec: side["bw_bytes"].as_f64().unwrap_or(0.0),
         latency_mean_ns: side["lat_ns"]["mean"].as_f64().unwrap_or(0.0),
         durable,
+        rounds: 1,
+        iops_range: None,
+        ratio_range: None,
     })
 }
 
@@ -233,19 +251,52 @@ pub fn run(sysfs: &Path, args: &PreloadBenchArgs) -> Result<()> {
         },
     ];
     let mut cases = Vec::new();
-    let total = args.numjobs.len() * args.bs.len() * targets.len();
+    let rounds = args.rounds as usize;
+    let total = args.numjobs.len() * args.bs.len() * targets.len() * rounds;
     let bar = crate::progress::steps(total as u64, "fio runs", !args.json);
     for &numjobs in &args.numjobs {
         for &bs in &args.bs {
-            for target in &targets {
-                let case = format!(
-                    "randwrite {} x{numjobs} on {}",
-                    super::short_size(bs),
-                    target.engine
+            // Each column's runs, in round order.
+            let mut runs: Vec<Vec<Case>> = targets.iter().map(|_| Vec::new()).collect();
+            for round in 0..rounds {
+                for (target, runs) in targets.iter().zip(&mut runs) {
+                    let case = format!(
+                        "randwrite {} x{numjobs} on {}",
+                        super::short_size(bs),
+                        target.engine
+                    );
+                    bar.set_message(if rounds > 1 {
+                        format!("{case}, round {} of {rounds}", round + 1)
+                    } else {
+                        case.clone()
+                    });
+                    let mut run = fio(target, bs, numjobs, args).context(case)?;
+                    run.rounds = args.rounds;
+                    runs.push(run);
+                    bar.inc(1);
+                }
+            }
+            // Per-round ratios, before the medians are taken out of the runs.
+            let column = |engine: &str| targets.iter().position(|t| t.engine == engine);
+            let ratios: Option<Vec<f64>> = column("locus").zip(column("tmpfs")).map(|(l, t)| {
+                runs[l]
+                    .iter()
+                    .zip(&runs[t])
+                    .map(|(l, t)| l.bytes_per_sec / t.bytes_per_sec.max(1e-9))
+                    .collect()
+            });
+            for (target, runs) in targets.iter().zip(runs) {
+                let mut median = super::median_run(
+                    runs,
+                    |c: &Case| c.iops,
+                    |c, range| {
+                        c.iops_range = Some(range);
+                    },
                 );
-                bar.set_message(case.clone());
-                cases.push(fio(target, bs, numjobs, args).context(case)?);
-                bar.inc(1);
+                if rounds > 1 && target.engine == "locus" {
+                    median.ratio_range = ratios.as_deref().map(super::min_max);
+                }
+                cases.push(median);
             }
         }
     }
@@ -261,12 +312,21 @@ pub fn run(sysfs: &Path, args: &PreloadBenchArgs) -> Result<()> {
 fn print_table(cases: &[Case], args: &PreloadBenchArgs) -> Result<()> {
     outln!(
         "fio psync randwrite, one {} file per job, {} s per case; locus through \
-         liblocus_preload.so (durable), tmpfs (not durable), tmpfs with the library loaded",
+         liblocus_preload.so (durable), tmpfs (not durable), tmpfs with the library loaded{}",
         format_bytes(args.size),
-        args.seconds
+        args.seconds,
+        if args.rounds > 1 {
+            format!(
+                "; median of {} alternated rounds per column, with the rounds' ratios",
+                args.rounds
+            )
+        } else {
+            String::new()
+        }
     );
+    let range_header = if args.rounds > 1 { "  ratio range" } else { "" };
     outln!(
-        "{:>4} {:>6} {:<14} {:>10} {:>8} {:>9} {:>13}",
+        "{:>4} {:>6} {:<14} {:>10} {:>8} {:>9} {:>13}{range_header}",
         "jobs",
         "bs",
         "engine",
@@ -288,8 +348,11 @@ fn print_table(cases: &[Case], args: &PreloadBenchArgs) -> Result<()> {
         } else {
             String::new()
         };
+        let range = case
+            .ratio_range
+            .map_or(String::new(), |[lo, hi]| format!("  {lo:.2}x-{hi:.2}x"));
         outln!(
-            "{:>4} {:>6} {:<14} {:>10.0} {:>8.2} {:>9.1} {:>13}",
+            "{:>4} {:>6} {:<14} {:>10.0} {:>8.2} {:>9.1} {:>13}{range}",
             case.numjobs,
             super::short_size(case.bs_bytes),
             case.engine,

@@ -1,9 +1,12 @@
-//! `locus bench fs` as its users run it: one JSON object per case and engine, and with
-//! `--rounds` each engine's median run with the range of the rounds.
+//! `locus bench fs` and `locus bench preload` as their users run them: one JSON object per
+//! case and engine, and with `--rounds` each engine's median run with the range of the
+//! rounds.
 
 use std::process::Command;
 
 use serde_json::Value;
+
+mod common;
 
 fn bench_fs(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_locus"))
@@ -88,4 +91,29 @@ fn one_round_has_no_range_and_zero_rounds_are_refused() {
     assert_eq!(refused.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("--rounds"), "{stderr}");
+}
+
+#[test]
+fn preload_rounds_report_each_columns_median_run_and_the_rounds_range() {
+    let output = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["bench", "preload", "--json", "--size", "8M", "--seconds", "0.2"])
+        .args(["--bs", "4K", "--numjobs", "1", "--rounds", "3", "--library"])
+        .arg(common::preload_library())
+        .output()
+        .unwrap();
+    let cases = cases(&output);
+    let engines: Vec<&str> = cases.iter().map(|c| c["engine"].as_str().unwrap()).collect();
+    assert_eq!(engines, ["tmpfs", "locus", "tmpfs+preload"], "one object per column");
+    for case in &cases {
+        assert_eq!(case["rounds"], 3, "{case}");
+        let iops = case["iops"].as_f64().unwrap();
+        let [lo, hi] = pair(&case["iops_range"]);
+        assert!(0.0 < lo && lo <= iops && iops <= hi, "{case}");
+        if case["engine"] == "locus" {
+            let [lo, hi] = pair(&case["ratio_range"]);
+            assert!(0.0 < lo && lo <= hi, "{case}");
+        } else {
+            assert!(case["ratio_range"].is_null(), "{case}");
+        }
+    }
 }
