@@ -96,14 +96,29 @@ fn one_round_has_no_range_and_zero_rounds_are_refused() {
 #[test]
 fn preload_rounds_report_each_columns_median_run_and_the_rounds_range() {
     let output = Command::new(env!("CARGO_BIN_EXE_locus"))
-        .args(["bench", "preload", "--json", "--size", "8M", "--seconds", "0.2"])
+        .args([
+            "bench",
+            "preload",
+            "--json",
+            "--size",
+            "8M",
+            "--seconds",
+            "0.2",
+        ])
         .args(["--bs", "4K", "--numjobs", "1", "--rounds", "3", "--library"])
         .arg(common::preload_library())
         .output()
         .unwrap();
     let cases = cases(&output);
-    let engines: Vec<&str> = cases.iter().map(|c| c["engine"].as_str().unwrap()).collect();
-    assert_eq!(engines, ["tmpfs", "locus", "tmpfs+preload"], "one object per column");
+    let engines: Vec<&str> = cases
+        .iter()
+        .map(|c| c["engine"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        engines,
+        ["tmpfs", "locus", "tmpfs+preload"],
+        "one object per column"
+    );
     for case in &cases {
         assert_eq!(case["rounds"], 3, "{case}");
         let iops = case["iops"].as_f64().unwrap();
