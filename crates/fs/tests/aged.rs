@@ -230,6 +230,30 @@ fn a_new_thread_writes_when_free_memory_is_in_small_pieces() {
     assert_eq!(check.files, 2);
 }
 
+/// `writes` 64 KiB writes to `g` at random 64 KiB-aligned offsets in its first 4 MiB, each
+/// a different pattern (`seed` picks the offsets); returns what the 4 MiB should hold.
+fn random_64k_writes(g: &fs::File, writes: u64, seed: u64) -> Vec<u8> {
+    let mut state = seed;
+    let mut model = vec![0u8; 4 << 20];
+    for i in 0..writes {
+        let at = rng(&mut state) % 64 * (64 << 10);
+        let data = pattern(i, at, 64 << 10);
+        g.write_at(&data, at).unwrap();
+        model[at as usize..at as usize + data.len()].copy_from_slice(&data);
+    }
+    model
+}
+
+/// `g` reads back as `model`; after unmount the volume in `dir` checks clean with two files.
+fn reads_back_and_checks_clean(fs: Fs, g: fs::File, model: &[u8], dir: &std::path::Path) {
+    let mut back = vec![0u8; model.len()];
+    let n = g.read_at(&mut back, 0).unwrap();
+    assert!(back[..n] == model[..n], "the writes read back");
+    drop(g);
+    fs.unmount().unwrap();
+    assert_eq!(Fs::check(&open_volume(dir)).unwrap().files, 2);
+}
+
 /// When free memory is in 64 KiB pieces, preliminary buffers come out smaller than asked; the
 /// pool then holds more of them, up to the bytes its buffers were to hold, instead of making
 /// the writer wait for the checkpoint every time its few small buffers are full. With the
@@ -248,26 +272,14 @@ fn small_buffers_on_a_fragmented_volume_keep_the_pools_bytes_in_flight() {
     let g = fs.create("/new").unwrap();
     let before = fs.stats().backpressure_waits;
     let writes = 64u64;
-    let mut state = 5u64;
-    let mut model = vec![0u8; 4 << 20];
-    for i in 0..writes {
-        let at = rng(&mut state) % 64 * (64 << 10);
-        let data = pattern(i, at, 64 << 10);
-        g.write_at(&data, at).unwrap();
-        model[at as usize..at as usize + data.len()].copy_from_slice(&data);
-    }
+    let model = random_64k_writes(&g, writes, 5);
     let waits = fs.stats().backpressure_waits - before;
     // 1 MiB of buffers is 16 writes of 64 KiB; two buffers of 64 KiB would be 2.
     assert!(
         waits <= writes / 8,
         "{waits} waits for the checkpoint in {writes} writes"
     );
-    let mut back = vec![0u8; model.len()];
-    let n = g.read_at(&mut back, 0).unwrap();
-    assert!(back[..n] == model[..n], "the writes read back");
-    drop(g);
-    fs.unmount().unwrap();
-    assert_eq!(Fs::check(&open_volume(&shm.dir)).unwrap().files, 2);
+    reads_back_and_checks_clean(fs, g, &model, &shm.dir);
 }
 
 /// A write larger than every free piece of a volume that has plenty of memory free in
@@ -289,14 +301,7 @@ fn writes_larger_than_every_free_piece_do_not_wait_for_the_checkpoint() {
     assert!(freed >= 12 << 20, "only {freed} bytes freed");
     let g = fs.create("/new").unwrap();
     let before = fs.stats();
-    let mut state = 11u64;
-    let mut model = vec![0u8; 4 << 20];
-    for i in 0..64 {
-        let at = rng(&mut state) % 64 * (64 << 10);
-        let data = pattern(i, at, 64 << 10);
-        g.write_at(&data, at).unwrap();
-        model[at as usize..at as usize + data.len()].copy_from_slice(&data);
-    }
+    let model = random_64k_writes(&g, 64, 11);
     let after = fs.stats();
     assert_eq!(
         after.waits_for_space - before.waits_for_space,
@@ -304,10 +309,5 @@ fn writes_larger_than_every_free_piece_do_not_wait_for_the_checkpoint() {
         "writes waited for the checkpoint with {} bytes free",
         fs.volume().free_bytes()
     );
-    let mut back = vec![0u8; model.len()];
-    let n = g.read_at(&mut back, 0).unwrap();
-    assert!(back[..n] == model[..n], "the writes read back");
-    drop(g);
-    fs.unmount().unwrap();
-    assert_eq!(Fs::check(&open_volume(&shm.dir)).unwrap().files, 2);
+    reads_back_and_checks_clean(fs, g, &model, &shm.dir);
 }

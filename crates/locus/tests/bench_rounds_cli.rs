@@ -36,6 +36,23 @@ fn pair(value: &Value) -> [f64; 2] {
     [v[0].as_f64().unwrap(), v[1].as_f64().unwrap()]
 }
 
+/// Every case is the median of 3 rounds, within its rounds' IOPS range; only locus has a
+/// ratio range.
+fn each_is_a_median_of_three(cases: &[Value]) {
+    for case in cases {
+        assert_eq!(case["rounds"], 3, "{case}");
+        let iops = case["iops"].as_f64().unwrap();
+        let [lo, hi] = pair(&case["iops_range"]);
+        assert!(0.0 < lo && lo <= iops && iops <= hi, "{case}");
+        if case["engine"] == "locus" {
+            let [lo, hi] = pair(&case["ratio_range"]);
+            assert!(0.0 < lo && lo <= hi, "{case}");
+        } else {
+            assert!(case["ratio_range"].is_null(), "{case}");
+        }
+    }
+}
+
 #[test]
 fn rounds_report_each_engines_median_run_and_the_rounds_range() {
     let output = bench_fs(&[
@@ -55,18 +72,7 @@ fn rounds_report_each_engines_median_run_and_the_rounds_range() {
         8,
         "2 ops x 2 sizes x 2 engines, one object each"
     );
-    for case in &cases {
-        assert_eq!(case["rounds"], 3, "{case}");
-        let iops = case["iops"].as_f64().unwrap();
-        let [lo, hi] = pair(&case["iops_range"]);
-        assert!(0.0 < lo && lo <= iops && iops <= hi, "{case}");
-        if case["engine"] == "locus" {
-            let [lo, hi] = pair(&case["ratio_range"]);
-            assert!(0.0 < lo && lo <= hi, "{case}");
-        } else {
-            assert!(case["ratio_range"].is_null(), "{case}");
-        }
-    }
+    each_is_a_median_of_three(&cases);
 }
 
 #[test]
@@ -119,16 +125,5 @@ fn preload_rounds_report_each_columns_median_run_and_the_rounds_range() {
         ["tmpfs", "locus", "tmpfs+preload"],
         "one object per column"
     );
-    for case in &cases {
-        assert_eq!(case["rounds"], 3, "{case}");
-        let iops = case["iops"].as_f64().unwrap();
-        let [lo, hi] = pair(&case["iops_range"]);
-        assert!(0.0 < lo && lo <= iops && iops <= hi, "{case}");
-        if case["engine"] == "locus" {
-            let [lo, hi] = pair(&case["ratio_range"]);
-            assert!(0.0 < lo && lo <= hi, "{case}");
-        } else {
-            assert!(case["ratio_range"].is_null(), "{case}");
-        }
-    }
+    each_is_a_median_of_three(&cases);
 }

@@ -514,16 +514,9 @@ fn report(cases: &[Case], args: &FsBenchArgs) -> Result<()> {
             },
             crate::size::format_bytes(args.size),
             args.seconds,
-            if args.rounds > 1 {
-                format!(
-                    "; median of {} alternated rounds per engine, with the rounds' ratios",
-                    args.rounds
-                )
-            } else {
-                String::new()
-            }
+            super::rounds_title(args.rounds, "engine")
         );
-        let range_header = if args.rounds > 1 { "  ratio range" } else { "" };
+        let range_header = super::range_header(args.rounds);
         outln!(
             "{:<10} {:>5} {:>3} {:>12} {:>9} {:>12} {:>9} {:>7} {:>6} {:>6} {:>13} {:>8}{range_header}",
             "op",
@@ -540,9 +533,7 @@ fn report(cases: &[Case], args: &FsBenchArgs) -> Result<()> {
             "tmpfs"
         );
         for (l, t) in &pairs {
-            let range = l
-                .ratio_range
-                .map_or(String::new(), |[lo, hi]| format!("  {lo:.2}x-{hi:.2}x"));
+            let range = super::range_cell(l.ratio_range);
             outln!(
                 "{:<10} {:>5} {:>3} {:>12.0} {:>9.2} {:>12.0} {:>9.2} {:>6.2}x {:>6} {:>6} {:>13} {:>8.2}{range}",
                 l.op,

@@ -61,6 +61,25 @@ pub(crate) fn median_run<C>(
     median
 }
 
+/// What a table's title adds for `--rounds` (nothing for one round); `per`: "engine", "column".
+pub(crate) fn rounds_title(rounds: u32, per: &str) -> String {
+    if rounds > 1 {
+        format!("; median of {rounds} alternated rounds per {per}, with the rounds' ratios")
+    } else {
+        String::new()
+    }
+}
+
+/// The header of the ratio-range column (only with `--rounds` above 1).
+pub(crate) fn range_header(rounds: u32) -> &'static str {
+    if rounds > 1 { "  ratio range" } else { "" }
+}
+
+/// A case's ratio-range cell: empty without one.
+pub(crate) fn range_cell(range: Option<[f64; 2]>) -> String {
+    range.map_or(String::new(), |[lo, hi]| format!("  {lo:.2}x-{hi:.2}x"))
+}
+
 /// The lowest and highest of `values`.
 pub(crate) fn min_max(values: &[f64]) -> [f64; 2] {
     values

@@ -315,16 +315,9 @@ fn print_table(cases: &[Case], args: &PreloadBenchArgs) -> Result<()> {
          liblocus_preload.so (durable), tmpfs (not durable), tmpfs with the library loaded{}",
         format_bytes(args.size),
         args.seconds,
-        if args.rounds > 1 {
-            format!(
-                "; median of {} alternated rounds per column, with the rounds' ratios",
-                args.rounds
-            )
-        } else {
-            String::new()
-        }
+        super::rounds_title(args.rounds, "column")
     );
-    let range_header = if args.rounds > 1 { "  ratio range" } else { "" };
+    let range_header = super::range_header(args.rounds);
     outln!(
         "{:>4} {:>6} {:<14} {:>10} {:>8} {:>9} {:>13}{range_header}",
         "jobs",
@@ -348,9 +341,7 @@ fn print_table(cases: &[Case], args: &PreloadBenchArgs) -> Result<()> {
         } else {
             String::new()
         };
-        let range = case
-            .ratio_range
-            .map_or(String::new(), |[lo, hi]| format!("  {lo:.2}x-{hi:.2}x"));
+        let range = super::range_cell(case.ratio_range);
         outln!(
             "{:>4} {:>6} {:<14} {:>10.0} {:>8.2} {:>9.1} {:>13}{range}",
             case.numjobs,
