@@ -86,7 +86,7 @@ pub struct FsExport {
 /// buffer, unless free memory had no single extent that large (see [`FsExport::buffers`]).
 #[derive(Debug)]
 pub struct Staged {
-    pieces: Vec<(u64, fs::Buffer)>,
+    pieces: fs::Buffers,
 }
 
 /// Largest zero run written per call when zeroing.
@@ -339,7 +339,7 @@ impl Export for FsExport {
 impl FsExport {
     /// Persistent buffers for a payload of `len` bytes ([`fs::Fs::buffers`]: in pieces when
     /// free memory is fragmented).
-    fn buffers(&self, len: u64) -> Result<Vec<(u64, fs::Buffer)>, ExportError> {
+    fn buffers(&self, len: u64) -> Result<fs::Buffers, ExportError> {
         self.file.fs().buffers(len).map_err(|e| nbd_error(&e))
     }
 

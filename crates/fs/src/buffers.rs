@@ -12,6 +12,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use smallvec::SmallVec;
 use volume::{Extent, GlobalAddress, Volume};
 
 use crate::error::Result;
@@ -19,20 +20,25 @@ use crate::extent_map::{BLOCK, Run};
 
 const SEALED: u64 = 1 << 63;
 
+/// A buffer set's extents: one for nearly every set (a write's own buffer, a pool buffer),
+/// kept inline so that a set costs one allocation, the `Arc`'s.
+pub(crate) type Extents = SmallVec<[Extent; 1]>;
+
 /// Volume memory referenced by log records.
 #[derive(Debug)]
 pub(crate) struct BufferSet {
     /// Fixed at creation, except in a set of recycled pages: one is added as each is used.
-    extents: Mutex<Vec<Extent>>,
-    /// Pages remapped into files: theirs now, not ours to free.
-    taken: Mutex<Vec<u64>>,
+    extents: Mutex<Extents>,
+    /// Pages remapped into files: theirs now, not ours to free (inline: most sets of
+    /// one write's buffer have their one page taken).
+    taken: Mutex<SmallVec<[u64; 1]>>,
     /// Records still pointing here, plus [`SEALED`] once no more will be added.
     state: AtomicU64,
     reclaimed: AtomicBool,
 }
 
 impl BufferSet {
-    pub(crate) fn new(extents: Vec<Extent>) -> Self {
+    pub(crate) fn new(extents: Extents) -> Self {
         Self {
             extents: Mutex::new(extents),
             taken: Mutex::default(),
@@ -42,7 +48,7 @@ impl BufferSet {
     }
 
     /// A set that will get exactly `records` records (recovered or caller buffers).
-    pub(crate) fn sealed_with(extents: Vec<Extent>, records: u64) -> Self {
+    pub(crate) fn sealed_with(extents: Extents, records: u64) -> Self {
         let set = Self::new(extents);
         set.state.store(SEALED | records, Ordering::Relaxed);
         set
@@ -104,11 +110,11 @@ impl BufferSet {
 }
 
 /// The parts of `extent` not covered by the sorted page addresses in `taken`.
-fn untaken_runs(extent: &Extent, taken: &[u64]) -> Vec<Extent> {
+fn untaken_runs(extent: &Extent, taken: &[u64]) -> SmallVec<[Extent; 2]> {
     let start = extent.start.raw();
     let end = start + extent.len_bytes;
     let first = taken.partition_point(|&p| p < start);
-    let mut runs = Vec::new();
+    let mut runs = SmallVec::new();
     let mut at = start;
     for &page in taken[first..].iter().take_while(|&&p| p < end) {
         if page > at {
@@ -439,7 +445,7 @@ impl Pool {
                             other => break other?,
                         }
                     };
-                    let set = std::sync::Arc::new(BufferSet::new(vec![extent]));
+                    let set = std::sync::Arc::new(BufferSet::new(smallvec::smallvec![extent]));
                     self.buffers[self.current] = Some((set, extent.start.raw(), extent.len_bytes));
                     self.cursor = 0;
                 }
@@ -470,7 +476,7 @@ impl Pool {
         };
         let (set, used) = self
             .recycled
-            .get_or_insert_with(|| (std::sync::Arc::new(BufferSet::new(Vec::new())), 0));
+            .get_or_insert_with(|| (std::sync::Arc::new(BufferSet::new(Extents::new())), 0));
         set.add_page(addr);
         set.add_record();
         *used += 1;
@@ -524,13 +530,13 @@ mod tests {
 
     #[test]
     fn a_set_is_reclaimed_once_sealed_and_released() {
-        let set = BufferSet::new(vec![]);
+        let set = BufferSet::new(Extents::new());
         set.add_record();
         set.add_record();
         assert!(!set.seal());
         assert!(!set.release());
         assert!(set.release());
-        let empty = BufferSet::new(vec![]);
+        let empty = BufferSet::new(Extents::new());
         assert!(empty.seal(), "sealing an unused set reclaims at once");
     }
 }

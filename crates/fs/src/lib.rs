@@ -64,8 +64,8 @@ mod snapshot;
 
 pub use error::{ErrorKind, FsError, Result};
 pub use fs::{
-    Buffer, CheckpointMode, File, FormatOptions, Fs, FsOptions, FsStats, MAX_FILE_SIZE, MAX_IO,
-    MappedRun, OpenOptions, ROOT_INO, ReplaySummary, Space,
+    Buffer, Buffers, CheckpointMode, File, FormatOptions, Fs, FsOptions, FsStats, MAX_FILE_SIZE,
+    MAX_IO, MappedRun, OpenOptions, ROOT_INO, ReplaySummary, Space,
 };
 pub use inode::{DirEntry, Stat};
 pub use journal::Kind;

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use pmem::Region;
+use smallvec::SmallVec;
 
 use crate::error::{FsError, Result};
 
@@ -483,7 +484,7 @@ impl LogArea {
         pieces: &[Piece],
         first_order: u64,
         mtime: u64,
-    ) -> Result<Vec<LogRecord>> {
+    ) -> Result<SmallVec<[LogRecord; 1]>> {
         let count = pieces.len() as u64;
         assert!(count > 0, "a write has at least one piece");
         if self.pending() + count > self.capacity {
@@ -496,7 +497,7 @@ impl LogArea {
         if count > 1 && self.version < LOG_VERSION {
             self.raise_version()?;
         }
-        let mut records = Vec::with_capacity(pieces.len());
+        let mut records = SmallVec::with_capacity(pieces.len());
         for (i, piece) in pieces.iter().enumerate() {
             let record = LogRecord {
                 sequence: self.next_sequence + i as u64,

@@ -23,14 +23,15 @@ pub(crate) fn alloc_halving<T>(
     len: u64,
     min: u64,
     max_pieces: usize,
-    pieces: &mut Vec<Piece<T>>,
+    pieces: &mut impl Extend<Piece<T>>,
     mut alloc: impl FnMut(u64, u64) -> Result<T>,
 ) -> Result<()> {
     debug_assert!(min.is_power_of_two());
     let mut size = len;
     let mut at = 0;
+    let mut count = 0;
     while at < len {
-        if pieces.len() == max_pieces {
+        if count == max_pieces {
             return Err(FsError::Volume(volume::VolumeError::NoSpace {
                 len_bytes: len,
             }));
@@ -38,7 +39,8 @@ pub(crate) fn alloc_halving<T>(
         let n = size.min(len - at);
         match alloc(at, n) {
             Ok(item) => {
-                pieces.push(Piece { at, len: n, item });
+                pieces.extend(std::iter::once(Piece { at, len: n, item }));
+                count += 1;
                 at += n;
             }
             Err(e) if e.kind() == crate::ErrorKind::NoSpace && size > min => {

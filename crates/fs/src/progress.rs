@@ -28,6 +28,8 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
+use smallvec::SmallVec;
+
 use crate::buffers::BufferSet;
 use crate::error::{FsError, Result};
 
@@ -526,12 +528,12 @@ impl Ticket<'_> {
     /// and closes the ticket.
     #[cfg(test)]
     pub(crate) fn queue(self, record: Pending) {
-        self.queue_all(vec![record]);
+        self.queue_all(smallvec::smallvec![record]);
     }
 
     /// Queues the records of the writer's write (carrying the ticket's orders, in order) for
     /// the checkpoint and closes the ticket.
-    pub(crate) fn queue_all(mut self, records: Vec<Pending>) {
+    pub(crate) fn queue_all(mut self, records: SmallVec<[Pending; 1]>) {
         let taken = self.orders.clone().unwrap_or(0..0);
         assert!(
             records.len() as u64 == taken.end - taken.start
@@ -574,6 +576,7 @@ mod tests {
     use std::thread;
 
     use super::*;
+    use crate::buffers::Extents;
 
     fn record(slot: u32, order: u64) -> Pending {
         Pending {
@@ -583,7 +586,7 @@ mod tests {
             ino: 2,
             offset: 0,
             len: 1,
-            set: Arc::new(BufferSet::sealed_with(Vec::new(), 1)),
+            set: Arc::new(BufferSet::sealed_with(Extents::new(), 1)),
             mtime: 0,
         }
     }

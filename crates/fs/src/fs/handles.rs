@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use pmem::Region;
+use smallvec::SmallVec;
 use volume::{Extent, Volume};
 
 use super::lend;
@@ -16,7 +17,7 @@ use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
 use crate::inode::{DirEntry, Inode, Stat};
 use crate::journal::Kind;
-use crate::pieces::alloc_halving;
+use crate::pieces::{Piece, alloc_halving};
 use crate::range_lock::LockMode;
 
 /// Stops the checkpoint and writes the final snapshot when the last handle goes.
@@ -294,8 +295,8 @@ impl Fs {
     /// the largest power-of-two size it still has, down to 4 KiB, each with its offset in the
     /// `len` bytes, a multiple of its size (so that whole blocks stay remappable). `NoSpace`
     /// only when not even 4 KiB is free beyond the file system's reserve.
-    pub fn buffers(&self, len: u64) -> Result<Vec<(u64, Buffer)>> {
-        let mut pieces = Vec::new();
+    pub fn buffers(&self, len: u64) -> Result<Buffers> {
+        let mut pieces: SmallVec<[Piece<Buffer>; 1]> = SmallVec::new();
         // On failure the pieces got so far drop with `pieces`, and go back to the volume.
         alloc_halving(len, BLOCK, usize::MAX, &mut pieces, |_, n| self.buffer(n))?;
         Ok(pieces.into_iter().map(|p| (p.at, p.item)).collect())
@@ -599,6 +600,10 @@ impl Drop for File {
         }
     }
 }
+
+/// The buffers [`Fs::buffers`] returns, each with its offset in the whole: one, inline,
+/// unless free memory is in pieces.
+pub type Buffers = SmallVec<[(u64, Buffer); 1]>;
 
 /// A persistent buffer from [`Fs::buffer`]: fill it, then commit it with
 /// [`File::write_buffer`]. Dropped uncommitted, its memory goes back to the volume.

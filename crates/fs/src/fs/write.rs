@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use smallvec::{SmallVec, smallvec};
 use std::sync::atomic::Ordering;
 use volume::Extent;
 
@@ -27,6 +28,10 @@ struct Placed {
     addr: u64,
     set: Arc<BufferSet>,
 }
+
+/// Where a write's data goes: nearly always one piece, kept inline (no allocation per
+/// write on the hot path).
+type Placement = SmallVec<[Placed; 1]>;
 
 impl Inner {
     /// Waits until the slot's log area has `count` free record slots. Only the slot's thread
@@ -60,7 +65,7 @@ impl Inner {
             addr: buffer,
             set,
         };
-        self.commit_pieces(slot, inode, offset, len, vec![whole])
+        self.commit_pieces(slot, inode, offset, len, smallvec![whole])
     }
 
     /// Commits a write of `[offset, offset + len)` of `inode` whose data is already
@@ -72,7 +77,7 @@ impl Inner {
         inode: &Inode,
         offset: u64,
         len: u64,
-        pieces: Vec<Placed>,
+        pieces: Placement,
     ) -> Result<()> {
         debug_assert_eq!(pieces.iter().map(|p| p.len).sum::<u64>(), len);
         let time = now_ns();
@@ -83,7 +88,7 @@ impl Inner {
         // The ticket holds the checkpoint below this write's orders until it is queued.
         let mut ticket = self.progress.begin(&slot.queue);
         let orders = ticket.orders(count);
-        let log_pieces: Vec<LogPiece> = pieces
+        let log_pieces: SmallVec<[LogPiece; 1]> = pieces
             .iter()
             .map(|p| LogPiece {
                 offset: offset + p.at,
@@ -175,16 +180,16 @@ impl Inner {
 
     /// One buffer for a write: in the slot's pool, or — a write whose bytes, at the file's
     /// in-page offset, would not fit one preliminary buffer — one of its own.
-    fn place(&self, slot: &Slot, offset: u64, len: u64) -> Result<Vec<Placed>> {
+    fn place(&self, slot: &Slot, offset: u64, len: u64) -> Result<Placement> {
         let skew = offset % BLOCK;
         if skew + len > self.options.prelim_buffer_bytes {
             // At the file's in-page offset, so its whole blocks can be remapped.
             let extent = self.with_space(|| self.alloc_buffer(len + skew))?;
-            return Ok(vec![Placed {
+            return Ok(smallvec![Placed {
                 at: 0,
                 len,
                 addr: extent.start.raw() + skew,
-                set: Arc::new(BufferSet::sealed_with(vec![extent], 1)),
+                set: Arc::new(BufferSet::sealed_with(smallvec![extent], 1)),
             }]);
         }
         let reserve = || {
@@ -215,7 +220,7 @@ impl Inner {
             };
             match reserved {
                 Reserve::Placed(p) => {
-                    return Ok(vec![Placed {
+                    return Ok(smallvec![Placed {
                         at: 0,
                         len,
                         addr: p.addr,
@@ -233,7 +238,7 @@ impl Inner {
     /// piece of one block fits any free block, and whole blocks stay remappable). At most
     /// half the slot's log area (a group of records must fit it); `NoSpace` beyond that, or
     /// when the free blocks beyond the reserve do not add up to the write.
-    fn place_in_pieces(&self, slot: &Slot, offset: u64, len: u64) -> Result<Vec<Placed>> {
+    fn place_in_pieces(&self, slot: &Slot, offset: u64, len: u64) -> Result<Placement> {
         let most = (slot.log().capacity() / 2).clamp(1, u64::from(u16::MAX)) as usize;
         let skew = offset % BLOCK;
         let span = skew + len;
@@ -255,7 +260,7 @@ impl Inner {
                         at: from - skew,
                         len: p.at + p.len - from,
                         addr: p.item.start.raw() + (from - p.at),
-                        set: Arc::new(BufferSet::sealed_with(vec![p.item], 1)),
+                        set: Arc::new(BufferSet::sealed_with(smallvec![p.item], 1)),
                     }
                 })
                 .collect())
@@ -278,7 +283,7 @@ impl Inner {
         self.note_filled_in_place(extent.start.raw(), len)?;
         self.volume.fence();
         slot.counters.media_bytes.fetch_add(len, Ordering::Relaxed);
-        let set = Arc::new(BufferSet::sealed_with(vec![extent], 1));
+        let set = Arc::new(BufferSet::sealed_with(smallvec![extent], 1));
         self.commit(slot, inode, offset, len, extent.start.raw(), set)
     }
 }
