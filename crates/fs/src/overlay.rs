@@ -10,6 +10,8 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use smallvec::SmallVec;
+
 /// Bytes per shard stretch.
 const STRETCH: u64 = 2 << 20;
 /// Shards per file.
@@ -137,8 +139,9 @@ impl Overlay {
 
     /// Takes out the pieces of `[offset, offset + len)` still written by `order` (the parts
     /// no newer write replaced) and returns them: what the checkpoint must move into the file.
-    pub fn take_record(&self, offset: u64, len: u64, order: u64) -> Vec<Piece> {
-        let mut out = Vec::new();
+    pub fn take_record(&self, offset: u64, len: u64, order: u64) -> SmallVec<[Piece; 1]> {
+        // Mostly one piece: inline, no allocation per record.
+        let mut out = SmallVec::new();
         for (shard, start, end) in stretches(offset, offset + len) {
             let mut map = self.shard(shard);
             // Mostly the record's piece is still whole: one search takes it.

@@ -223,12 +223,23 @@ impl Progress {
     /// A writer finished (queued a record, or gave up): wake the checkpoint if it sleeps
     /// waiting for that.
     /// `filled`: its queue just reached a multiple of [`GATHER_RECORDS`].
+    ///
+    /// Only the writer that moves the mode from `IDLE` (or `GATHERING`) to `AWAKE` wakes it:
+    /// a woken thread takes tens of microseconds to run, and every other writer finishing
+    /// meanwhile would otherwise make a `futex` wake call of its own — measured with two
+    /// writers of random 4 KiB blocks, about 21 000 such calls a second, one per 36 writes.
+    /// The wake still happens under the state lock, so it cannot fall between the
+    /// checkpoint's last look for work and its wait.
     fn finished(&self, filled: bool) {
-        let wake = match self.sleep.load(Ordering::SeqCst) {
-            IDLE => true,
-            GATHERING => filled,
-            _ => false,
+        let from = match self.sleep.load(Ordering::SeqCst) {
+            IDLE => IDLE,
+            GATHERING if filled => GATHERING,
+            _ => return,
         };
+        let wake = self
+            .sleep
+            .compare_exchange(from, AWAKE, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok();
         if wake {
             let _state = self.state();
             self.wake.notify_all();
