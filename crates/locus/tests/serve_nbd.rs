@@ -1922,3 +1922,67 @@ h.flush()
     let (status, log) = server.stop();
     assert!(status.success(), "{log}");
 }
+
+/// `locus status` and `fsck` of a volume `locus serve` holds: status asks the server through
+/// its control socket and shows what a real client just did; fsck refuses, naming the
+/// server; once the server stops (its socket gone) both open the volume themselves again.
+#[test]
+fn status_of_a_served_volume_is_the_servers_live_view() {
+    if !require(&["qemu-io"]) {
+        return;
+    }
+    let dir = volume();
+    let server = Serve::start(dir.path(), &["--default-size", "16M"]);
+    let pid = server.child.as_ref().unwrap().id();
+    run(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 0xab 0 1M", &server.uri("")],
+    );
+    let locus = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_locus"))
+            .args(args)
+            .args(["--volume", dir.path().to_str().unwrap()])
+            .output()
+            .expect("run locus")
+    };
+
+    let output = locus(&["status", "--json"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let live: serde_json::Value = serde_json::from_slice(&output.stdout).expect("status JSON");
+    assert_eq!(live["served_by"]["pid"], pid, "{live}");
+    let channels = live["channels"].as_array().expect("channels");
+    let sum = |key: &str| {
+        channels
+            .iter()
+            .map(|c| c[key].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    assert!(sum("writes") >= 1, "{live}");
+    assert!(sum("written_bytes") >= 1 << 20, "{live}");
+    assert!(live["fs_live"]["writes"].as_u64().unwrap() >= 1, "{live}");
+    assert!(!live["devices"].as_array().unwrap().is_empty(), "{live}");
+    let output = locus(&["status"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stdout).contains(&format!("served by `locus serve` (pid {pid})")),
+        "{}",
+        text(&output.stdout)
+    );
+
+    let output = locus(&["fsck"]);
+    assert!(!output.status.success());
+    assert!(
+        text(&output.stderr).contains(&format!("served by `locus serve` (pid {pid})")),
+        "{}",
+        text(&output.stderr)
+    );
+
+    let (status, log) = server.stop();
+    assert!(status.success(), "{log}");
+    assert!(!dir.path().join("locus.serve.sock").exists());
+    let output = locus(&["status", "--json"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let offline: serde_json::Value = serde_json::from_slice(&output.stdout).expect("status JSON");
+    assert!(offline.get("served_by").is_none(), "{offline}");
+    fsck(dir.path(), &[]);
+}

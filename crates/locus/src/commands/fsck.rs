@@ -154,6 +154,15 @@ fn through_mount(dir: &Path, served: &volume::Served, args: &FsckArgs) -> Result
 pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
     let mut report = if let Some(served) = volume::find_served(dir) {
         through_mount(dir, &served, args)?
+    } else if let Some(Ok(live)) = super::serve::control::ask(dir) {
+        // An NBD server has no quiet moment to offer: its clients' writes go on.
+        bail!(
+            "volume {} is served by `locus serve` (pid {}): fsck needs the volume to itself; \
+             stop the server (SIGTERM or Ctrl-C: it finishes requests in progress and stops \
+             cleanly) and run fsck again. `locus status` shows the server's live view",
+            dir.display(),
+            live["server_pid"]
+        );
     } else {
         Report {
             served_by: None,

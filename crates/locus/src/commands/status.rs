@@ -18,7 +18,9 @@ use crate::size::format_bytes;
 /// checked without changing it, so FREE counts its memory as used; and each cache export's
 /// NVRAM (/.cache/NAME.nvram): the dirty blocks it holds, awaiting write-back to the backing
 /// store. Creates the embedded default volume (with an empty file system) if there is none,
-/// and says so.
+/// and says so. While `locus mount` or `locus serve` holds the volume, shows that server's
+/// live view instead (read through the mount, or asked through the server's control socket
+/// in the volume directory): devices, space, file-system counters and its request counters.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     #[command(flatten)]
@@ -98,6 +100,13 @@ struct NodeOrder {
 pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
     if let Some(served) = volume::find_served(dir) {
         return served_status(dir, &served, args);
+    }
+    if let Some(live) = super::serve::control::ask(dir) {
+        let live = anyhow::Context::context(
+            live,
+            "asking the `locus serve` that holds the volume for its status",
+        )?;
+        return serve_status(dir, &live, args);
     }
     let volume = super::volume::open_or_create_default(dir, sysfs, false)?;
     // First: checking the file system marks the memory it owns, which the targets and the
@@ -277,30 +286,7 @@ fn served_status(dir: &Path, served: &volume::Served, args: &StatusArgs) -> Resu
         served.pid,
         served.mountpoint.display()
     );
-    outln!();
-    outln!("DEV  NODE  CAPACITY  FREE  PATH");
-    for d in &devices {
-        let bytes = |key: &str| format_bytes(d[key].as_u64().unwrap_or(0));
-        outln!(
-            "{:<4} {:<5} {:<9} {:<5} {}",
-            d["index"],
-            d["node"]
-                .as_u64()
-                .map_or_else(|| "-".into(), |n| n.to_string()),
-            bytes("capacity_bytes"),
-            bytes("free_bytes"),
-            d["path"].as_str().unwrap_or("?")
-        );
-    }
-    let fs = &live["fs"];
-    outln!();
-    outln!(
-        "file system: {} files and directories, {} logged write(s) waiting for the checkpoint, \
-         write amplification {:.3}",
-        fs["inodes"],
-        fs["records_pending"],
-        fs["write_amplification"].as_f64().unwrap_or(0.0)
-    );
+    print_live_volume(&live)?;
     let fuse = &live["fuse"];
     let queues: Vec<String> = fuse["queue_requests"]
         .as_array()
@@ -325,5 +311,90 @@ fn served_status(dir: &Path, served: &volume::Served, args: &StatusArgs) -> Resu
             fuse["dev_requests"]
         );
     }
+    Ok(())
+}
+
+/// The status of a volume a `locus serve` holds, asked through its control socket
+/// ([`super::serve::control`]): devices, space, file system and request counters, live.
+fn serve_status(dir: &Path, live: &serde_json::Value, args: &StatusArgs) -> Result<()> {
+    if args.json {
+        let report = serde_json::json!({
+            "volume": dir.display().to_string(),
+            "served_by": { "pid": live["server_pid"], "server": "serve" },
+            "uuid": live["uuid"],
+            "devices": live["devices"],
+            "fs_live": live["fs"],
+            "exports": live["exports"],
+            "channels": live["channels"],
+        });
+        outln!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    let devices = live["devices"].as_array().map_or(0, Vec::len);
+    outln!(
+        "volume {} ({devices} device(s)), uuid {}",
+        dir.display(),
+        live["uuid"].as_str().unwrap_or("?")
+    );
+    outln!(
+        "served by `locus serve` (pid {}): the live view of its server",
+        live["server_pid"]
+    );
+    print_live_volume(live)?;
+    let names: Vec<&str> = live["exports"]
+        .as_array()
+        .map(|e| e.iter().filter_map(serde_json::Value::as_str).collect())
+        .unwrap_or_default();
+    outln!("exports: {}", names.join(", "));
+    for c in live["channels"].as_array().cloned().unwrap_or_default() {
+        let bytes = |key: &str| format_bytes(c[key].as_u64().unwrap_or(0));
+        outln!(
+            "channel {} ({}): {} connections ({} open), {} requests: {} reads ({}), {} writes \
+             ({}), {} other, {} errors",
+            c["channel"],
+            c["node"]
+                .as_u64()
+                .map_or_else(|| "no node".into(), |n| format!("node {n}")),
+            c["connections"],
+            c["open_connections"],
+            c["requests"],
+            c["reads"],
+            bytes("read_bytes"),
+            c["writes"],
+            bytes("written_bytes"),
+            c["others"],
+            c["errors"]
+        );
+    }
+    Ok(())
+}
+
+/// The device table and the file-system line of a server's live status.
+fn print_live_volume(live: &serde_json::Value) -> Result<()> {
+    outln!();
+    outln!("DEV  NODE  CAPACITY    FREE        PATH");
+    for d in live["devices"].as_array().cloned().unwrap_or_default() {
+        let bytes = |key: &str| format_bytes(d[key].as_u64().unwrap_or(0));
+        // JSON values ignore widths: every cell becomes a string first.
+        outln!(
+            "{:<4} {:<5} {:<11} {:<11} {}",
+            d["index"].to_string(),
+            d["node"]
+                .as_u64()
+                .map_or_else(|| "-".into(), |n| n.to_string()),
+            bytes("capacity_bytes"),
+            bytes("free_bytes"),
+            d["path"].as_str().unwrap_or("?")
+        );
+    }
+    let fs = &live["fs"];
+    outln!();
+    outln!(
+        "file system: {} files and directories, {} logged write(s) waiting for the checkpoint, \
+         write amplification {:.3}",
+        fs["inodes"],
+        fs["records_pending"],
+        fs["write_amplification"].as_f64().unwrap_or(0.0)
+    );
     Ok(())
 }

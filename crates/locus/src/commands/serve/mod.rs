@@ -1,6 +1,7 @@
 //! `locus serve`: files of the volume's file system served over NBD, with one channel per
 //! NUMA node.
 
+pub mod control;
 mod metrics;
 mod spec;
 
@@ -554,6 +555,27 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
             Some(running)
         }
     };
+    // `locus status` of this volume asks here while the server holds it.
+    let control = {
+        let monitor = server.monitor();
+        let (fs, held) = (fs.clone(), Arc::clone(&volume));
+        control::Control::start(dir, move || {
+            let channels: Vec<serde_json::Value> = monitor
+                .channels()
+                .iter()
+                .map(|r| stats_json("live", r, &r.stats, None))
+                .collect();
+            serde_json::json!({
+                "server": "serve",
+                "server_pid": std::process::id(),
+                "uuid": volume::hex(&held.uuid()),
+                "devices": held.stats(),
+                "fs": fs.stats(),
+                "exports": monitor.export_names(),
+                "channels": channels,
+            })
+        })?
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let signal = {
         let stop = Arc::clone(&stop);
@@ -591,6 +613,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
         .map_err(|_| anyhow::anyhow!("the signal thread panicked"))?
         .context("waiting for a signal")?;
     eprintln!("locus: signal {signal}: stopping — finishing requests in progress");
+    drop(control);
     if let Some(metrics) = metrics {
         metrics.stop();
     }

@@ -1,0 +1,217 @@
+//! `locus serve`'s control socket: how `locus status` shows a volume the server holds.
+//!
+//! A volume is open in one process at a time, so while `locus serve` runs, `status` cannot
+//! open it. The server answers for it instead: it listens on a Unix socket in the volume
+//! directory ([`SOCKET_NAME`], mode 0600: the volume's owner only), and to the request line
+//! `status` it replies with one JSON object — its pid, the volume's devices and space, the
+//! file system's counters and each channel's request counters — and closes the connection.
+//! A server killed with SIGKILL leaves the socket file behind; nobody answers on it then
+//! ([`ask`] reports no server), and the next server of the volume replaces it.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+/// The control socket's name in the volume directory.
+pub const SOCKET_NAME: &str = "locus.serve.sock";
+
+/// The one request: the server's live status.
+const STATUS_REQUEST: &str = "status";
+
+/// How long either side waits for the other's bytes.
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often the accepting thread looks whether the server is stopping.
+const STOP_POLL: Duration = Duration::from_millis(50);
+
+/// The longest request line read.
+const MAX_REQUEST: u64 = 256;
+
+/// The listening control socket and its thread; dropping it stops the thread and removes the
+/// socket file.
+pub struct Control {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Control {
+    /// Listens in `dir` (whose volume this process holds: a socket file there is a killed
+    /// server's, and is replaced) and answers `status` with what `status` returns.
+    pub fn start(
+        dir: &Path,
+        status: impl Fn() -> serde_json::Value + Send + 'static,
+    ) -> Result<Self> {
+        let path = dir.join(SOCKET_NAME);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("removing the stale control socket {}", path.display())
+                });
+            }
+        }
+        let listener = UnixListener::bind(&path)
+            .with_context(|| format!("creating the control socket {}", path.display()))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("setting the mode of {}", path.display()))?;
+        listener
+            .set_nonblocking(true)
+            .context("making the control socket non-blocking")?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = Arc::clone(&stop);
+            std::thread::Builder::new()
+                .name("serve-control".into())
+                .spawn(move || accept_loop(&listener, &stop, &status))
+                .context("starting the control socket's thread")?
+        };
+        Ok(Self {
+            path,
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn accept_loop(listener: &UnixListener, stop: &AtomicBool, status: &dyn Fn() -> serde_json::Value) {
+    while !stop.load(Ordering::Acquire) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                // One connection at a time, each bounded by the timeouts: a client that says
+                // nothing delays the next by at most IO_TIMEOUT and never the data path.
+                if let Err(e) = answer(&stream, status) {
+                    tracing::warn!(error = %format!("{e:#}"), "control socket request failed");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(STOP_POLL),
+            Err(e) => {
+                tracing::warn!(error = %e, "accepting on the control socket");
+                std::thread::sleep(STOP_POLL);
+            }
+        }
+    }
+}
+
+fn answer(stream: &UnixStream, status: &dyn Fn() -> serde_json::Value) -> Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    let mut line = String::new();
+    BufReader::new(stream.take(MAX_REQUEST))
+        .read_line(&mut line)
+        .context("reading the request")?;
+    let reply = match line.trim_end_matches(['\r', '\n']) {
+        STATUS_REQUEST => status(),
+        other => serde_json::json!({
+            "error": format!("unknown request {other:?}; the one request is {STATUS_REQUEST:?}")
+        }),
+    };
+    let mut bytes = serde_json::to_vec(&reply)?;
+    bytes.push(b'\n');
+    let mut out = stream;
+    out.write_all(&bytes).context("sending the reply")?;
+    Ok(())
+}
+
+/// The live status of the `locus serve` holding the volume in `dir`: `None` when no server
+/// answers there (no socket file, or one a killed server left), else what it said, or why
+/// its answer could not be had.
+pub fn ask(dir: &Path) -> Option<Result<serde_json::Value>> {
+    let path = dir.join(SOCKET_NAME);
+    let stream = match UnixStream::connect(&path) {
+        Ok(stream) => stream,
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            return None;
+        }
+        Err(e) => {
+            return Some(Err(e).with_context(|| format!("connecting to {}", path.display())));
+        }
+    };
+    Some(request(&stream, &path))
+}
+
+fn request(stream: &UnixStream, path: &Path) -> Result<serde_json::Value> {
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    (&*stream)
+        .write_all(format!("{STATUS_REQUEST}\n").as_bytes())
+        .with_context(|| format!("asking the server through {}", path.display()))?;
+    let mut bytes = Vec::new();
+    (&*stream)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("reading the server's reply through {}", path.display()))?;
+    let reply: serde_json::Value = serde_json::from_slice(&bytes)
+        .with_context(|| format!("the server's reply through {}", path.display()))?;
+    if let Some(error) = reply.get("error") {
+        bail!("the server through {} said: {error}", path.display());
+    }
+    Ok(reply)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_is_answered_and_the_socket_goes_with_the_server() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(ask(dir.path()).is_none(), "no server yet");
+        let control = Control::start(dir.path(), || serde_json::json!({"answer": 42})).unwrap();
+        let mode = std::fs::metadata(dir.path().join(SOCKET_NAME))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let reply = ask(dir.path()).expect("a server").unwrap();
+        assert_eq!(reply["answer"], 42);
+        drop(control);
+        assert!(!dir.path().join(SOCKET_NAME).exists());
+        assert!(ask(dir.path()).is_none(), "the server stopped");
+    }
+
+    #[test]
+    fn a_killed_servers_socket_is_not_a_server_and_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        // What SIGKILL leaves: the socket file, nobody listening.
+        drop(UnixListener::bind(dir.path().join(SOCKET_NAME)).unwrap());
+        assert!(dir.path().join(SOCKET_NAME).exists());
+        assert!(ask(dir.path()).is_none());
+        let _control = Control::start(dir.path(), || serde_json::json!({"fresh": true})).unwrap();
+        assert_eq!(ask(dir.path()).unwrap().unwrap()["fresh"], true);
+    }
+
+    #[test]
+    fn an_unknown_request_gets_an_error_that_names_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let _control = Control::start(dir.path(), || serde_json::json!({})).unwrap();
+        let stream = UnixStream::connect(dir.path().join(SOCKET_NAME)).unwrap();
+        (&stream).write_all(b"reboot\n").unwrap();
+        let mut reply = String::new();
+        (&stream).read_to_string(&mut reply).unwrap();
+        assert!(reply.contains("unknown request \\\"reboot\\\""), "{reply}");
+    }
+}
