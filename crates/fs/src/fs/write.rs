@@ -2,9 +2,9 @@
 //! fragmented), then one log record per buffer, appended as one group, then the overlay.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use smallvec::{SmallVec, smallvec};
-use std::sync::atomic::Ordering;
 use volume::Extent;
 
 use super::state::{Inner, Slot, Wait, partial_pages};

@@ -133,24 +133,13 @@ fn answer(stream: &UnixStream, status: &dyn Fn() -> serde_json::Value) -> Result
 }
 
 /// The live status of the `locus serve` holding the volume in `dir`: `None` when no server
-/// answers there (no socket file, or one a killed server left), else what it said, or why
-/// its answer could not be had.
+/// answers there, else what it said, or why its answer could not be had. No server answers
+/// when the socket cannot be connected to, whatever the reason — no socket file, one a
+/// killed server left, a `dir` that is no directory, another user's socket: the caller then
+/// opens the volume itself, and that says what is wrong.
 pub fn ask(dir: &Path) -> Option<Result<serde_json::Value>> {
     let path = dir.join(SOCKET_NAME);
-    let stream = match UnixStream::connect(&path) {
-        Ok(stream) => stream,
-        Err(e)
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
-            ) =>
-        {
-            return None;
-        }
-        Err(e) => {
-            return Some(Err(e).with_context(|| format!("connecting to {}", path.display())));
-        }
-    };
+    let stream = UnixStream::connect(&path).ok()?;
     Some(request(&stream, &path))
 }
 
@@ -202,6 +191,14 @@ mod tests {
         assert!(ask(dir.path()).is_none());
         let _control = Control::start(dir.path(), || serde_json::json!({"fresh": true})).unwrap();
         assert_eq!(ask(dir.path()).unwrap().unwrap()["fresh"], true);
+    }
+
+    #[test]
+    fn a_path_through_a_file_has_no_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(ask(&file.join("vol")).is_none());
     }
 
     #[test]
