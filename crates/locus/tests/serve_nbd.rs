@@ -1986,3 +1986,23 @@ fn status_of_a_served_volume_is_the_servers_live_view() {
     assert!(offline.get("served_by").is_none(), "{offline}");
     fsck(dir.path(), &[]);
 }
+
+/// The control socket's name in the volume directory is not free for an NBD socket: `serve`
+/// refuses it at once, naming it, instead of serving on a socket its control thread replaces.
+#[test]
+fn an_nbd_socket_on_the_control_sockets_path_is_refused() {
+    let dir = volume();
+    let taken = dir.path().join("locus.serve.sock");
+    let output = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["serve", "--volume", dir.path().to_str().unwrap(), "--unix"])
+        .arg(&taken)
+        .output()
+        .expect("run locus serve");
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        text(&output.stderr).contains("is the server's control socket"),
+        "{}",
+        text(&output.stderr)
+    );
+    assert!(!taken.exists());
+}

@@ -132,6 +132,16 @@ fn answer(stream: &UnixStream, status: &dyn Fn() -> serde_json::Value) -> Result
     Ok(())
 }
 
+/// Whether `path` names the control socket of the volume in `dir` (directories compared
+/// as the file system resolves them, when they exist).
+pub fn is_socket_of(path: &Path, dir: &Path) -> bool {
+    let resolve = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned());
+    path.file_name() == Some(std::ffi::OsStr::new(SOCKET_NAME))
+        && path
+            .parent()
+            .is_some_and(|parent| resolve(parent) == resolve(dir))
+}
+
 /// The live status of the `locus serve` holding the volume in `dir`: `None` when no server
 /// answers there, else what it said, or why its answer could not be had. No server answers
 /// when the socket cannot be connected to, whatever the reason — no socket file, one a
@@ -191,6 +201,20 @@ mod tests {
         assert!(ask(dir.path()).is_none());
         let _control = Control::start(dir.path(), || serde_json::json!({"fresh": true})).unwrap();
         assert_eq!(ask(dir.path()).unwrap().unwrap()["fresh"], true);
+    }
+
+    #[test]
+    fn the_control_socket_is_recognised_however_its_directory_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("v");
+        std::fs::create_dir(&sub).unwrap();
+        assert!(is_socket_of(&sub.join(SOCKET_NAME), &sub));
+        assert!(is_socket_of(
+            &dir.path().join("v/../v").join(SOCKET_NAME),
+            &sub
+        ));
+        assert!(!is_socket_of(&sub.join("nbd.sock"), &sub));
+        assert!(!is_socket_of(&dir.path().join(SOCKET_NAME), &sub));
     }
 
     #[test]

@@ -366,6 +366,13 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
             bail!("export name {:?} is given twice", spec.name());
         }
     }
+    if let Some(path) = args.unix.iter().find(|p| control::is_socket_of(p, dir)) {
+        bail!(
+            "--unix {}: that name in the volume directory is the server's control socket \
+             (`locus status` asks the server there); give the NBD socket another path",
+            path.display()
+        );
+    }
     let tls = tls(args)?;
     let listeners = listeners(args)?;
     // Until the server owns the listeners (and removes their socket files when it stops), a
