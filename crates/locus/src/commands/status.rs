@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 use serde::Serialize;
 
@@ -102,10 +102,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
         return served_status(dir, &served, args);
     }
     if let Some(live) = super::serve::control::ask(dir) {
-        let live = anyhow::Context::context(
-            live,
-            "asking the `locus serve` that holds the volume for its status",
-        )?;
+        let live = live.context("asking the `locus serve` that holds the volume for its status")?;
         return serve_status(dir, &live, args);
     }
     let volume = super::volume::open_or_create_default(dir, sysfs, false)?;
@@ -256,37 +253,24 @@ pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
 /// The status of a volume a `locus mount` server holds, read through its mount (the
 /// server's live view: devices, space, file system counters).
 fn served_status(dir: &Path, served: &volume::Served, args: &StatusArgs) -> Result<()> {
-    use anyhow::Context;
     let file = served.mountpoint.join(mount::STATUS_NAME);
     let text = std::fs::read_to_string(&file)
         .with_context(|| format!("reading the mount server's status from {}", file.display()))?;
     let live: serde_json::Value = serde_json::from_str(&text)
         .with_context(|| format!("the mount server's status in {}", file.display()))?;
     if args.json {
-        let report = serde_json::json!({
-            "volume": dir.display().to_string(),
-            "served_by": { "pid": served.pid, "mountpoint": served.mountpoint },
-            "uuid": live["uuid"],
-            "devices": live["devices"],
-            "fs_live": live["fs"],
-            "fuse": live["fuse"],
-        });
-        outln!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
+        let served_by = serde_json::json!({ "pid": served.pid, "mountpoint": served.mountpoint });
+        return print_live_json(dir, &live, &served_by, &["fuse"]);
     }
-    let devices = live["devices"].as_array().cloned().unwrap_or_default();
-    outln!(
-        "volume {} ({} device(s)), uuid {}",
-        dir.display(),
-        devices.len(),
-        live["uuid"].as_str().unwrap_or("?")
-    );
-    outln!(
-        "served by `locus mount` (pid {}) at {}: the live view of its server",
-        served.pid,
-        served.mountpoint.display()
-    );
-    print_live_volume(&live)?;
+    print_live_volume(
+        dir,
+        &live,
+        &format!(
+            "`locus mount` (pid {}) at {}",
+            served.pid,
+            served.mountpoint.display()
+        ),
+    )?;
     let fuse = &live["fuse"];
     let queues: Vec<String> = fuse["queue_requests"]
         .as_array()
@@ -318,29 +302,14 @@ fn served_status(dir: &Path, served: &volume::Served, args: &StatusArgs) -> Resu
 /// ([`super::serve::control`]): devices, space, file system and request counters, live.
 fn serve_status(dir: &Path, live: &serde_json::Value, args: &StatusArgs) -> Result<()> {
     if args.json {
-        let report = serde_json::json!({
-            "volume": dir.display().to_string(),
-            "served_by": { "pid": live["server_pid"], "server": "serve" },
-            "uuid": live["uuid"],
-            "devices": live["devices"],
-            "fs_live": live["fs"],
-            "exports": live["exports"],
-            "channels": live["channels"],
-        });
-        outln!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
+        let served_by = serde_json::json!({ "pid": live["server_pid"], "server": "serve" });
+        return print_live_json(dir, live, &served_by, &["exports", "channels"]);
     }
-    let devices = live["devices"].as_array().map_or(0, Vec::len);
-    outln!(
-        "volume {} ({devices} device(s)), uuid {}",
-        dir.display(),
-        live["uuid"].as_str().unwrap_or("?")
-    );
-    outln!(
-        "served by `locus serve` (pid {}): the live view of its server",
-        live["server_pid"]
-    );
-    print_live_volume(live)?;
+    print_live_volume(
+        dir,
+        live,
+        &format!("`locus serve` (pid {})", live["server_pid"]),
+    )?;
     let names: Vec<&str> = live["exports"]
         .as_array()
         .map(|e| e.iter().filter_map(serde_json::Value::as_str).collect())
@@ -369,8 +338,38 @@ fn serve_status(dir: &Path, live: &serde_json::Value, args: &StatusArgs) -> Resu
     Ok(())
 }
 
-/// The device table and the file-system line of a server's live status.
-fn print_live_volume(live: &serde_json::Value) -> Result<()> {
+/// A server's live status as `--json` prints it: the volume, `served_by`, the devices and
+/// the file system (`fs_live`), and the keys of `live` that only this kind of server has.
+fn print_live_json(
+    dir: &Path,
+    live: &serde_json::Value,
+    served_by: &serde_json::Value,
+    own: &[&str],
+) -> Result<()> {
+    let mut report = serde_json::json!({
+        "volume": dir.display().to_string(),
+        "served_by": served_by,
+        "uuid": live["uuid"],
+        "devices": live["devices"],
+        "fs_live": live["fs"],
+    });
+    for key in own {
+        report[*key] = live[*key].clone();
+    }
+    outln!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
+/// The head of a server's live status: the volume, who serves it (`server`), the device
+/// table and the file-system line.
+fn print_live_volume(dir: &Path, live: &serde_json::Value, server: &str) -> Result<()> {
+    outln!(
+        "volume {} ({} device(s)), uuid {}",
+        dir.display(),
+        live["devices"].as_array().map_or(0, Vec::len),
+        live["uuid"].as_str().unwrap_or("?")
+    );
+    outln!("served by {server}: the live view of its server");
     outln!();
     outln!("DEV  NODE  CAPACITY    FREE        PATH");
     for d in live["devices"].as_array().cloned().unwrap_or_default() {
