@@ -43,6 +43,25 @@ macro_rules! real {
     )*};
 }
 
+/// libc's `syscall` with all six argument words (glibc's reads six whatever the call; a
+/// word the caller did not pass is never used by the kernel).
+///
+/// # Safety
+/// The caller upholds the contract of the call `n` names.
+pub(crate) unsafe fn syscall(n: libc::c_long, w: [libc::c_long; 6]) -> libc::c_long {
+    static CACHE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+    let f = resolve(&CACHE, b"syscall\0");
+    if f.is_null() {
+        crate::errno::set(libc::ENOSYS);
+        return -1;
+    }
+    // SAFETY: `f` is libc's `syscall`, variadic after the number.
+    unsafe {
+        let f: unsafe extern "C" fn(libc::c_long, ...) -> libc::c_long = std::mem::transmute(f);
+        f(n, w[0], w[1], w[2], w[3], w[4], w[5])
+    }
+}
+
 /// The value a C call returns on failure.
 pub(crate) trait Failed {
     const FAILED: Self;
@@ -61,6 +80,7 @@ real! {
     fn open(path: *const c_char, flags: c_int, mode: mode_t) -> c_int;
     fn openat(dirfd: c_int, path: *const c_char, flags: c_int, mode: mode_t) -> c_int;
     fn close(fd: c_int) -> c_int;
+    fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int;
     fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t;
     fn write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t;
     fn pread64(fd: c_int, buf: *mut c_void, count: size_t, offset: off_t) -> ssize_t;

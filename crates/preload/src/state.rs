@@ -8,7 +8,7 @@
 //! or read through them runs; never the tables.
 
 use std::cell::Cell;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ffi::c_int;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
@@ -373,6 +373,50 @@ pub(crate) fn is_locus(fd: c_int) -> bool {
     }
 }
 
+/// The locus fds in `first..=last`, ascending (suspended ones included, as [`is_locus`]
+/// counts them).
+pub(crate) fn locus_fds_in(first: c_int, last: c_int) -> Vec<c_int> {
+    let mut found = Vec::new();
+    if first > last || last < 0 {
+        return found;
+    }
+    let first = first.max(0) as usize;
+    let bitmap_last = (last as usize).min(BITMAP_FDS - 1);
+    if first <= bitmap_last {
+        for (word, slot) in BITS
+            .iter()
+            .enumerate()
+            .take(bitmap_last / 64 + 1)
+            .skip(first / 64)
+        {
+            let mut bits = slot.load(Ordering::Relaxed);
+            while bits != 0 {
+                let fd = word * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if (first..=bitmap_last).contains(&fd) {
+                    found.push(fd as c_int);
+                }
+            }
+        }
+    }
+    if last as usize >= BITMAP_FDS && HIGH.load(Ordering::Relaxed) > 0 {
+        let low = first.max(BITMAP_FDS) as c_int;
+        let table = ordered(rank::FDS, || FDS.read());
+        let mut high: Vec<c_int> = table
+            .as_ref()
+            .map(|t| {
+                t.keys()
+                    .copied()
+                    .filter(|fd| (low..=last).contains(fd))
+                    .collect()
+            })
+            .unwrap_or_default();
+        high.sort_unstable();
+        found.extend(high);
+    }
+    found
+}
+
 fn mark(fd: c_int, on: bool) {
     let index = fd as usize;
     if index < BITMAP_FDS {
@@ -538,8 +582,57 @@ pub(crate) fn reserve(at_least: Option<c_int>) -> Result<c_int, c_int> {
 /// close the volume lock or a device under the file system. The new number is the lowest
 /// free one from half the fd limit up (never below 64); if none is free, `fd` stays.
 pub(crate) fn move_internal(fd: c_int) -> c_int {
+    let base = internal_base();
+    if fd >= base {
+        INTERNAL.lock().insert(fd);
+        return fd;
+    }
+    // SAFETY: our own fd; the duplicate keeps close-on-exec (the library's fds never cross an
+    // exec), the original is closed only when the move succeeded.
+    unsafe {
+        let moved = real::fcntl(fd, libc::F_DUPFD_CLOEXEC, base as libc::c_ulong);
+        if moved < 0 {
+            return fd;
+        }
+        real::close(fd);
+        INTERNAL.lock().insert(moved);
+        moved
+    }
+}
+
+/// The library's own fds at or above [`internal_base`]: the program cannot close them
+/// (`close`, `close_range`, `closefrom`, a close loop over every number) nor `dup2` onto
+/// them. Closing the volume lock's fd would let another process open the volume while this
+/// one still writes to it. An fd left below the base (none was free above it) is not
+/// protected.
+static INTERNAL: Mutex<BTreeSet<c_int>> = Mutex::new(BTreeSet::new());
+
+/// True when `fd` is one of the library's own fds. One comparison for the numbers programs
+/// use; a set lookup only at or above half the fd limit.
+#[inline]
+pub(crate) fn is_internal(fd: c_int) -> bool {
+    fd >= internal_base() && INTERNAL.lock().contains(&fd)
+}
+
+/// The library's own fds in `first..=last`, ascending.
+pub(crate) fn internal_in(first: c_int, last: c_int) -> Vec<c_int> {
+    if last < internal_base() {
+        return Vec::new();
+    }
+    INTERNAL.lock().range(first..=last).copied().collect()
+}
+
+/// Forgets an internal fd the library itself is closing.
+pub(crate) fn forget_internal(fd: c_int) {
+    if fd >= internal_base() {
+        INTERNAL.lock().remove(&fd);
+    }
+}
+
+/// Where the library's own fds go: half the soft fd limit (never below 64).
+fn internal_base() -> c_int {
     static BASE: OnceLock<c_int> = OnceLock::new();
-    let base = *BASE.get_or_init(|| {
+    *BASE.get_or_init(|| {
         let mut limit = libc::rlimit {
             rlim_cur: 0,
             rlim_max: 0,
@@ -552,20 +645,7 @@ pub(crate) fn move_internal(fd: c_int) -> c_int {
             1024
         };
         ((soft / 2) as c_int).max(64)
-    });
-    if fd >= base {
-        return fd;
-    }
-    // SAFETY: our own fd; the duplicate keeps close-on-exec (the library's fds never cross an
-    // exec), the original is closed only when the move succeeded.
-    unsafe {
-        let moved = real::fcntl(fd, libc::F_DUPFD_CLOEXEC, base as libc::c_ulong);
-        if moved < 0 {
-            return fd;
-        }
-        real::close(fd);
-        moved
-    }
+    })
 }
 
 /// Opens a locus fd for `desc`, returning the number.

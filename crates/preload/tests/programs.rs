@@ -88,6 +88,24 @@ fn read_all(fs: &fs::Fs, path: &str) -> Vec<u8> {
     data
 }
 
+/// Compiles `tests/c/NAME.c` into a temporary directory (kept alive by the returned guard).
+fn compile(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let build = tempfile::tempdir().unwrap();
+    let program = build.path().join(name);
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    ok(
+        &Command::new(&compiler)
+            .args(["-Wall", "-Werror", "-O1", "-o"])
+            .arg(&program)
+            .arg(&source)
+            .output()
+            .unwrap(),
+        &format!("compiling {name}.c"),
+    );
+    (build, program)
+}
+
 fn have(program: &str) -> bool {
     Command::new("sh")
         .args(["-c", &format!("command -v {program}")])
@@ -1117,19 +1135,7 @@ fn other_paths_pass_through_without_mounting() {
 #[test]
 fn glibc_walkers_and_freopen_behave_as_on_tmpfs() {
     let vol = volume();
-    let build = tempfile::tempdir().unwrap();
-    let program = build.path().join("glibc_walks");
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/glibc_walks.c");
-    let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    ok(
-        &Command::new(&compiler)
-            .args(["-Wall", "-Werror", "-O1", "-o"])
-            .arg(&program)
-            .arg(&source)
-            .output()
-            .unwrap(),
-        "compiling glibc_walks.c",
-    );
+    let (_build, program) = compile("glibc_walks");
     let tmp = tempfile::tempdir_in("/dev/shm").unwrap();
     let host_cwd = tempfile::tempdir_in("/dev/shm").unwrap();
     let expected = ok(
@@ -1156,4 +1162,79 @@ fn glibc_walkers_and_freopen_behave_as_on_tmpfs() {
     assert!(leaked.is_empty(), "host files for /locus names: {leaked:?}");
     let fs = open_fs(vol.path());
     assert!(read_all(&fs, "/rel.txt").starts_with(b"through stdout"));
+}
+
+/// Calls made with `syscall(2)` by number (fsx's `copy_file_range`, `getdents64`, `statx`,
+/// `renameat2`, `getcwd`, ...) reach locus files as the C-library calls do: the same output
+/// as on tmpfs. Without the routing they reach the kernel with the fd's placeholder or a
+/// path the host does not have.
+#[test]
+fn calls_made_by_number_behave_as_on_tmpfs() {
+    let vol = volume();
+    let (_build, program) = compile("raw_and_closing");
+    let tmp = tempfile::tempdir_in("/dev/shm").unwrap();
+    let expected = ok(
+        &Command::new(&program)
+            .arg("raw")
+            .arg(tmp.path())
+            .output()
+            .unwrap(),
+        "raw calls on tmpfs",
+    );
+    let got = ok(
+        &preloaded(vol.path(), "sh")
+            .arg("-c")
+            .arg(format!(
+                "mkdir {MOUNT}/raw && exec {} raw {MOUNT}/raw",
+                program.display()
+            ))
+            .output()
+            .unwrap(),
+        "raw calls on locus",
+    );
+    assert_eq!(got, expected);
+    assert!(expected.contains("bytes: 012345678923456") && expected.contains("entries: moved sub"));
+}
+
+/// A program that closes every fd it did not open (`closefrom`, a loop over every number,
+/// `close_range`, `close_range` by number), as daemons do at start, keeps its locus files
+/// and leaves the library's own fds alone: the volume stays locked to it (another process
+/// cannot open it meanwhile) and its writes before and after land.
+#[test]
+fn closing_every_other_fd_keeps_the_volume_held() {
+    let (_build, program) = compile("raw_and_closing");
+    for how in ["closefrom", "loop", "close_range", "raw"] {
+        let vol = volume();
+        let mut child = preloaded(vol.path(), program.to_str().unwrap())
+            .args(["close", how, MOUNT])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        if line != "ready\n" {
+            let _ = child.kill();
+            let status = child.wait().unwrap();
+            let mut err = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+            panic!("{how}: not ready ({status}): {line:?} {err}");
+        }
+        let topology = topology::Topology::read_live().expect("topology");
+        let second = volume::Volume::open(vol.path(), topology, &Default::default());
+        assert!(
+            second.is_err(),
+            "{how}: another process opened the volume while the program still had it"
+        );
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"go\n").unwrap();
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+        let status = child.wait().unwrap();
+        assert!(status.success(), "{how}: {status}");
+        assert_eq!(rest, "before\nafter\n", "{how}");
+        let fs = open_fs(vol.path());
+        assert_eq!(read_all(&fs, "/data"), b"before\nafter\n", "{how}");
+    }
 }

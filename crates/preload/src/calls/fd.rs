@@ -1,7 +1,7 @@
 //! Opening and closing: `open` and its variants, `close`, `dup*`, `fcntl`, `flock`, `lockf`,
 //! `ioctl`.
 
-use std::ffi::{c_char, c_int, c_ulong};
+use std::ffi::{c_char, c_int, c_uint, c_ulong};
 use std::sync::Arc;
 
 use fs::{FsError, Kind, OpenOptions};
@@ -250,10 +250,87 @@ fn close_locus(fd: c_int) -> Result<(), c_int> {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if !state::is_locus(fd) {
+        if state::is_internal(fd) {
+            if !state::inside() {
+                // The library's own fd (the volume lock, a device): to the program, a number
+                // that is not open.
+                errno::set(libc::EBADF);
+                return -1;
+            }
+            state::forget_internal(fd);
+        }
         // SAFETY: passed through.
         return unsafe { real::close(fd) };
     }
     unit(state::run(|| close_locus(fd)))
+}
+
+/// `close_range(2)` flags (linux/close_range.h).
+const CLOSE_RANGE_UNSHARE: c_int = 1 << 1;
+const CLOSE_RANGE_CLOEXEC: c_int = 1 << 2;
+
+/// `close_range(2)`: the locus fds in the range are closed as `close` closes them (marked
+/// close-on-exec with `CLOSE_RANGE_CLOEXEC`), the library's own fds stay open, and the kernel
+/// closes the rest.
+///
+/// # Safety
+/// None beyond C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    if state::inside() || first > last || flags & !(CLOSE_RANGE_UNSHARE | CLOSE_RANGE_CLOEXEC) != 0
+    {
+        // SAFETY: passed through (the kernel judges bad arguments).
+        return unsafe { real::close_range(first, last, flags) };
+    }
+    unit(close_range_keeping_ours(first, last, flags))
+}
+
+/// `closefrom(3)`: `close_range(lowfd, ~0, 0)`, keeping the library's own fds.
+///
+/// # Safety
+/// None beyond C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn closefrom(lowfd: c_int) {
+    // closefrom reports nothing; a kernel refusal leaves the fds open, as glibc's would when
+    // its fallback fails.
+    let _ = close_range_keeping_ours(lowfd.max(0) as c_uint, c_uint::MAX, 0);
+}
+
+fn close_range_keeping_ours(first: c_uint, last: c_uint, flags: c_int) -> Result<(), c_int> {
+    let to_int = |n: c_uint| n.min(c_int::MAX as c_uint) as c_int;
+    let (lo, hi) = (to_int(first), to_int(last));
+    let cloexec = flags & CLOSE_RANGE_CLOEXEC != 0;
+    for fd in state::locus_fds_in(lo, hi) {
+        if cloexec {
+            state::set_cloexec(fd, true)?;
+        } else {
+            state::run(|| close_locus(fd))?;
+        }
+    }
+    // The kernel takes the gaps between the library's own fds (their placeholders of the locus
+    // fds just closed are already gone).
+    let mut from = first;
+    for own in state::internal_in(lo, hi) {
+        let own = own as c_uint;
+        if own > from {
+            kernel_close_range(from, own - 1, flags)?;
+        }
+        // `own` ≤ `c_int::MAX`: no overflow.
+        from = own + 1;
+    }
+    if from <= last {
+        kernel_close_range(from, last, flags)?;
+    }
+    Ok(())
+}
+
+fn kernel_close_range(first: c_uint, last: c_uint, flags: c_int) -> Result<(), c_int> {
+    // SAFETY: plain system call on numbers (none of them the library's).
+    if unsafe { real::close_range(first, last, flags) } == 0 {
+        Ok(())
+    } else {
+        Err(errno::get())
+    }
 }
 
 /// `dup(2)`.
@@ -324,6 +401,11 @@ fn dup_onto(oldfd: c_int, newfd: c_int, cloexec: bool) -> Result<c_int, c_int> {
 /// None beyond C's.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dup2(oldfd: c_int, newfd: c_int) -> c_int {
+    if state::is_internal(newfd) && !state::inside() {
+        // Replacing the library's own fd would drop the volume lock or a device.
+        errno::set(libc::EBADF);
+        return -1;
+    }
     if !state::is_locus(oldfd) && !state::is_locus(newfd) {
         // SAFETY: passed through.
         return unsafe { real::dup2(oldfd, newfd) };
@@ -340,6 +422,11 @@ pub unsafe extern "C" fn dup2(oldfd: c_int, newfd: c_int) -> c_int {
 /// None beyond C's.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dup3(oldfd: c_int, newfd: c_int, flags: c_int) -> c_int {
+    if state::is_internal(newfd) && !state::inside() {
+        // Replacing the library's own fd would drop the volume lock or a device.
+        errno::set(libc::EBADF);
+        return -1;
+    }
     if !state::is_locus(oldfd) && !state::is_locus(newfd) {
         // SAFETY: passed through.
         return unsafe { real::dup3(oldfd, newfd, flags) };

@@ -14,6 +14,7 @@ pub(crate) mod exec;
 pub(crate) mod fd;
 pub(crate) mod io;
 pub(crate) mod meta;
+pub(crate) mod raw;
 pub(crate) mod shared;
 pub(crate) mod stdio;
 pub(crate) mod temp;
