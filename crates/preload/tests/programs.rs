@@ -1238,3 +1238,62 @@ fn closing_every_other_fd_keeps_the_volume_held() {
         assert_eq!(read_all(&fs, "/data"), b"before\nafter\n", "{how}");
     }
 }
+
+/// The kernel's names of open fds — `/dev/stdin`, `/dev/stdout`, `/dev/fd/N`,
+/// `/proc/self/fd/N` — lead to the locus file an fd has open, as they lead to the open file on
+/// tmpfs: `wc /dev/stdin < file`, `cat /dev/fd/3 3< file`, `tee /dev/stdout`, `sort -o
+/// /dev/stdout`, a name under a directory fd, `readlink` of the fd's link. Without this they
+/// reach the fd's placeholder (a descriptor of `/`): "Is a directory".
+#[test]
+fn fd_names_lead_to_the_open_file_as_on_tmpfs() {
+    let vol = volume();
+    let tmp = tempfile::tempdir_in("/dev/shm").unwrap();
+    let script = r#"
+        set -u
+        R=$1
+        printf 'c\nb\na\n' > $R/s
+        wc -l /dev/stdin < $R/s
+        cat /dev/fd/3 3< $R/s
+        cat /dev/stdin < $R/s | wc -c
+        stat -L -c '%s %F' /dev/stdin < $R/s
+        stat -c '%F' /dev/stdin < $R/s
+        readlink /proc/self/fd/0 < $R/s | sed "s|$R|ROOT|"
+        exec 4< $R/s
+        readlink /dev/fd/4 | sed "s|$R|ROOT|"
+        readlink -f /dev/fd/4 | sed "s|$R|ROOT|"
+        readlink /dev/stdin
+        exec 4<&-
+        echo hi | tee /dev/stdout > $R/t && cat $R/t
+        sort -o /dev/stdout $R/s > $R/sorted && cat $R/sorted
+        mkdir $R/d && exec 5< $R/d
+        touch /dev/fd/5/inner && ls $R/d
+        cat /dev/fd/5/missing 2>&1 | sed "s|$R|ROOT|"
+        exec 5<&-
+        cat /dev/fd/7 2>&1
+    "#;
+    let run = |root: &str, preload: bool| {
+        let mut cmd = if preload {
+            preloaded(vol.path(), "bash")
+        } else {
+            Command::new("bash")
+        };
+        let output = cmd
+            .arg("-c")
+            .arg(script)
+            .arg("script")
+            .arg(root)
+            .output()
+            .expect("bash");
+        (
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (expected, expected_err) = run(tmp.path().to_str().unwrap(), false);
+    let (got, got_err) = run(MOUNT, true);
+    assert!(
+        expected.contains("3 /dev/stdin") && expected.contains("inner"),
+        "tmpfs run broken:\n{expected}\n{expected_err}"
+    );
+    assert_eq!(got, expected, "stderr on locus:\n{got_err}");
+}

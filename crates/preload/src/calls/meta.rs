@@ -1035,6 +1035,10 @@ pub unsafe extern "C" fn readlinkat(
     buf: *mut c_char,
     len: size_t,
 ) -> ssize_t {
+    // SAFETY: the caller's NUL-terminated path (or null).
+    if let Some(target) = unsafe { fd_link_target(path) } {
+        return size(copy_link(&target, buf, len));
+    }
     route!(dirfd, path, follow(false),
         // SAFETY: passed through.
         kernel(dirfd, path) => unsafe { real::readlinkat(dirfd, path, buf, len) },
@@ -1045,18 +1049,44 @@ pub unsafe extern "C" fn readlinkat(
                 return Err(libc::EINVAL);
             }
             let target = state::with_fs(|fs| fs.readlink(&inner).map_err(|e| fs_errno(&e)))?;
-            if buf.is_null() {
-                return Err(libc::EFAULT);
-            }
-            if len == 0 {
-                return Err(libc::EINVAL);
-            }
-            let n = target.len().min(len);
-            // SAFETY: the caller's buffer of `len` bytes.
-            unsafe { std::ptr::copy_nonoverlapping(target.as_ptr().cast::<c_char>(), buf, n) };
-            Ok(n)
+            copy_link(target.as_bytes(), buf, len)
         })),
     )
+}
+
+/// `readlink` of an open locus fd's own link (`/proc/self/fd/N`, `/dev/fd/N`): the path it
+/// was opened by, under the mount prefix, where the kernel would name its placeholder (`/`).
+///
+/// # Safety
+/// `path` is null or NUL-terminated.
+unsafe fn fd_link_target(path: *const c_char) -> Option<Vec<u8>> {
+    if path.is_null() || state::inside() {
+        return None;
+    }
+    // SAFETY: non-null and NUL-terminated per the caller's contract.
+    let bytes = unsafe { std::ffi::CStr::from_ptr(path) }.to_bytes();
+    let (fd, own_link, rest) = super::fd_name(bytes)?;
+    if !own_link || !rest.is_empty() || !state::is_locus(fd) {
+        return None;
+    }
+    let desc = state::desc(fd).ok()?;
+    desc.usable().ok()?;
+    Some(state::config()?.mount.outside(&desc.path))
+}
+
+/// A link's target into the caller's buffer, truncated to `len` and not terminated, as
+/// `readlink` returns it.
+fn copy_link(target: &[u8], buf: *mut c_char, len: size_t) -> Result<usize, c_int> {
+    if buf.is_null() {
+        return Err(libc::EFAULT);
+    }
+    if len == 0 {
+        return Err(libc::EINVAL);
+    }
+    let n = target.len().min(len);
+    // SAFETY: the caller's buffer of `len` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(target.as_ptr().cast::<c_char>(), buf, n) };
+    Ok(n)
 }
 
 /// `readlink(2)`.

@@ -98,7 +98,12 @@ pub(crate) unsafe fn resolve_as(
     follow_last: bool,
 ) -> Result<Resolved, c_int> {
     // SAFETY: forwarded contract.
-    match unsafe { resolve_names(dirfd, path) }? {
+    let resolved = match unsafe { resolve_names(dirfd, path) }? {
+        // SAFETY: forwarded contract.
+        Resolved::Kernel => unsafe { through_fd_name(path, follow_last) }?,
+        other => other,
+    };
+    match resolved {
         Resolved::Locus {
             path,
             trailing_slash,
@@ -120,6 +125,85 @@ pub(crate) unsafe fn resolve_as(
         },
         other => Ok(other),
     }
+}
+
+/// The kernel's names of an open fd: `/dev/stdin`, `/dev/stdout`, `/dev/stderr` (ordinary
+/// links to the next forms), `/dev/fd/N`, `/proc/self/fd/N`, `/proc/thread-self/fd/N` and
+/// `/proc/PID/fd/N` of this process. Returns the fd, whether the name is the fd's own link
+/// (`/proc/.../fd/N`, `/dev/fd/N`) rather than a `/dev/std*` link to one, and the rest of
+/// the path after it (empty or from a `/`).
+pub(crate) fn fd_name(path: &[u8]) -> Option<(c_int, bool, &[u8])> {
+    let (fd, own_link, rest) = if let Some(stream) = path.strip_prefix(b"/dev/std") {
+        let (fd, rest) = [(0, &b"in"[..]), (1, b"out"), (2, b"err")]
+            .into_iter()
+            .find_map(|(fd, name)| stream.strip_prefix(name).map(|rest| (fd, rest)))?;
+        (fd, false, rest)
+    } else {
+        let numbered = path.strip_prefix(b"/dev/fd/").or_else(|| {
+            let proc = path.strip_prefix(b"/proc/")?;
+            let slash = proc.iter().position(|&b| b == b'/')?;
+            let (who, rest) = proc.split_at(slash);
+            let own = who == b"self"
+                || who == b"thread-self"
+                || std::str::from_utf8(who)
+                    .ok()
+                    .and_then(|pid| pid.parse::<u32>().ok())
+                    == Some(std::process::id());
+            if own {
+                rest.strip_prefix(b"/fd/")
+            } else {
+                None
+            }
+        })?;
+        let digits = numbered.iter().take_while(|b| b.is_ascii_digit()).count();
+        let fd = std::str::from_utf8(&numbered[..digits])
+            .ok()?
+            .parse::<c_int>()
+            .ok()?;
+        (fd, true, &numbered[digits..])
+    };
+    (rest.is_empty() || rest[0] == b'/').then_some((fd, own_link, rest))
+}
+
+/// A kernel name of an open locus fd ([`fd_name`]) leads to its file, as the kernel follows
+/// such a name to the open file (`wc /dev/stdin < /locus/f`, `cat /dev/fd/3`): the inside
+/// path the fd was opened by. (The kernel follows the open file itself; a file renamed or
+/// unlinked since is not found by its old name.) `lstat` and `readlink` of the name itself
+/// (`follow_last` false) see the kernel's link, as on any file system.
+///
+/// # Safety
+/// `path` is null or a NUL-terminated string.
+unsafe fn through_fd_name(path: *const c_char, follow_last: bool) -> Result<Resolved, c_int> {
+    if path.is_null() || state::inside() {
+        return Ok(Resolved::Kernel);
+    }
+    // SAFETY: non-null and NUL-terminated per the caller's contract.
+    let bytes = unsafe { CStr::from_ptr(path) }.to_bytes();
+    let Some((fd, _, rest)) = fd_name(bytes) else {
+        return Ok(Resolved::Kernel);
+    };
+    if !state::is_locus(fd) || (rest.is_empty() && !follow_last) {
+        return Ok(Resolved::Kernel);
+    }
+    let desc = state::desc(fd)?;
+    desc.usable()?;
+    let config = state::config().ok_or(libc::EIO)?;
+    let mut full = config.mount.outside(&desc.path);
+    full.extend_from_slice(rest);
+    Ok(match config.mount.classify(&full) {
+        Target::Locus {
+            path,
+            trailing_slash,
+        } => Resolved::Locus {
+            path,
+            trailing_slash,
+        },
+        // `/dev/fd/3/..` of the mount's root.
+        Target::Kernel => Resolved::KernelPath(
+            CString::new(crate::path::normalize(&full).ok_or(libc::EINVAL)?)
+                .map_err(|_| libc::EINVAL)?,
+        ),
+    })
 }
 
 /// Follows the symbolic links a walk of the inside `path` meets, as the kernel does: a
@@ -338,5 +422,41 @@ pub(crate) fn umask() -> u32 {
         let mask = libc::umask(0o022);
         libc::umask(mask);
         mask
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fd_name;
+
+    #[test]
+    fn the_kernels_names_of_open_fds_are_recognised_and_nothing_else() {
+        assert_eq!(fd_name(b"/dev/stdin"), Some((0, false, &b""[..])));
+        assert_eq!(fd_name(b"/dev/stdout"), Some((1, false, &b""[..])));
+        assert_eq!(fd_name(b"/dev/stderr/x"), Some((2, false, &b"/x"[..])));
+        assert_eq!(fd_name(b"/dev/fd/12"), Some((12, true, &b""[..])));
+        assert_eq!(fd_name(b"/dev/fd/3/a/b"), Some((3, true, &b"/a/b"[..])));
+        assert_eq!(fd_name(b"/proc/self/fd/5"), Some((5, true, &b""[..])));
+        assert_eq!(
+            fd_name(b"/proc/thread-self/fd/6/"),
+            Some((6, true, &b"/"[..]))
+        );
+        let own = format!("/proc/{}/fd/7", std::process::id());
+        assert_eq!(fd_name(own.as_bytes()), Some((7, true, &b""[..])));
+        for other in [
+            &b"/dev/stdinx"[..],
+            b"/dev/std",
+            b"/dev/fd/",
+            b"/dev/fd/3x",
+            b"/dev/fd/99999999999",
+            b"/proc/self/fdinfo/3",
+            b"/proc/self/fd",
+            b"/proc/0/fd/3",
+            b"/proc/self/cwd",
+            b"/locus/dev/fd/3",
+            b"dev/fd/3",
+        ] {
+            assert_eq!(fd_name(other), None, "{}", String::from_utf8_lossy(other));
+        }
     }
 }
