@@ -1170,30 +1170,46 @@ fn glibc_walkers_and_freopen_behave_as_on_tmpfs() {
 /// path the host does not have.
 #[test]
 fn calls_made_by_number_behave_as_on_tmpfs() {
+    let (expected, got) = tmpfs_and_locus("raw");
+    assert_eq!(got, expected);
+    assert!(expected.contains("bytes: 012345678923456") && expected.contains("entries: moved sub"));
+}
+
+/// Calls on an fd with an empty name (`AT_EMPTY_PATH` and without it: `ENOENT` before
+/// `ENOTDIR`), a null name, and flags glibc itself refuses give tmpfs's answers.
+#[test]
+fn calls_with_empty_names_behave_as_on_tmpfs() {
+    let (expected, got) = tmpfs_and_locus("empty");
+    assert_eq!(got, expected);
+    assert!(expected.contains("fchownat AT_EMPTY_PATH: 0") && expected.contains("mtime: 2000"));
+}
+
+/// `raw_and_closing MODE DIR` on a tmpfs directory and, preloaded, on a fresh /locus one:
+/// both outputs.
+fn tmpfs_and_locus(mode: &str) -> (String, String) {
     let vol = volume();
     let (_build, program) = compile("raw_and_closing");
     let tmp = tempfile::tempdir_in("/dev/shm").unwrap();
     let expected = ok(
         &Command::new(&program)
-            .arg("raw")
+            .arg(mode)
             .arg(tmp.path())
             .output()
             .unwrap(),
-        "raw calls on tmpfs",
+        &format!("{mode} on tmpfs"),
     );
     let got = ok(
         &preloaded(vol.path(), "sh")
             .arg("-c")
             .arg(format!(
-                "mkdir {MOUNT}/raw && exec {} raw {MOUNT}/raw",
+                "mkdir {MOUNT}/d && exec {} {mode} {MOUNT}/d",
                 program.display()
             ))
             .output()
             .unwrap(),
-        "raw calls on locus",
+        &format!("{mode} on locus"),
     );
-    assert_eq!(got, expected);
-    assert!(expected.contains("bytes: 012345678923456") && expected.contains("entries: moved sub"));
+    (expected, got)
 }
 
 /// A program that closes every fd it did not open (`closefrom`, a loop over every number,

@@ -647,6 +647,11 @@ pub unsafe extern "C" fn fchmodat(
     mode: mode_t,
     flags: c_int,
 ) -> c_int {
+    if flags & !libc::AT_SYMLINK_NOFOLLOW != 0 && !state::inside() {
+        // glibc's own answer for any other flag (`AT_EMPTY_PATH` included).
+        errno::set(libc::EINVAL);
+        return -1;
+    }
     route!(dirfd, path, follow(flags & libc::AT_SYMLINK_NOFOLLOW == 0),
         // SAFETY: passed through.
         kernel(dirfd, path) => unsafe { real::fchmodat(dirfd, path, mode, flags) },
@@ -715,6 +720,12 @@ pub unsafe extern "C" fn fchownat(
     gid: libc::gid_t,
     flags: c_int,
 ) -> c_int {
+    // SAFETY: `path` is null or NUL-terminated per C's contract.
+    let empty = !path.is_null() && unsafe { *path } == 0;
+    if empty && flags & libc::AT_EMPTY_PATH != 0 && state::is_locus(dirfd) {
+        // SAFETY: forwarded contract.
+        return unsafe { fchown(dirfd, uid, gid) };
+    }
     route!(dirfd, path, follow(flags & libc::AT_SYMLINK_NOFOLLOW == 0),
         // SAFETY: passed through.
         kernel(dirfd, path) => unsafe { real::fchownat(dirfd, path, uid, gid, flags) },

@@ -296,6 +296,11 @@ unsafe fn resolve_names(dirfd: c_int, path: *const c_char) -> Result<Resolved, c
     } else if state::is_locus(dirfd) {
         let desc = state::desc(dirfd)?;
         desc.usable()?;
+        if bytes.is_empty() {
+            // Before the directory check, as the kernel orders them (an empty name without
+            // `AT_EMPTY_PATH`, which the callers that take it handle first).
+            return Err(libc::ENOENT);
+        }
         if !matches!(desc.node, Node::Dir(_)) {
             return Err(libc::ENOTDIR);
         }

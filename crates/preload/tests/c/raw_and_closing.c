@@ -4,6 +4,9 @@
  *   raw_and_closing raw DIR    file calls made with syscall(2) by number (as fsx makes
  *                              copy_file_range); prints what they return, to be compared
  *                              with the same run on tmpfs.
+ *   raw_and_closing empty DIR  calls on an fd with an empty name (AT_EMPTY_PATH and
+ *                              without it), a null name, and flags glibc refuses; prints
+ *                              what they return, to be compared with tmpfs.
  *   raw_and_closing close HOW DIR
  *                              opens DIR/data, writes, then closes every other fd the way
  *                              daemons do (HOW: closefrom, loop, close_range, raw), writes
@@ -96,6 +99,36 @@ static int raw(const char *dir) {
     return 0;
 }
 
+static int empty(const char *dir) {
+    int fd = open(join(dir, "e"), O_CREAT | O_RDWR | O_TRUNC, 0644);
+    if (fd < 0 || write(fd, "12345", 5) != 5) {
+        perror("open/write");
+        return 1;
+    }
+    struct stat st;
+    struct statx sx;
+    say("fstatat AT_EMPTY_PATH", fstatat(fd, "", &st, AT_EMPTY_PATH));
+    printf("size: %lld\n", (long long)st.st_size);
+    say("statx AT_EMPTY_PATH", statx(fd, "", AT_EMPTY_PATH, STATX_SIZE, &sx));
+    printf("size: %llu\n", (unsigned long long)sx.stx_size);
+    say("fstatat empty name", fstatat(fd, "", &st, 0));
+    say("fchownat AT_EMPTY_PATH", fchownat(fd, "", getuid(), getgid(), AT_EMPTY_PATH));
+    say("fchownat empty name", fchownat(fd, "", getuid(), getgid(), 0));
+    struct timespec times[2] = {{1000, 0}, {2000, 0}};
+    say("utimensat by number, null name", syscall(SYS_utimensat, fd, NULL, times, 0));
+    fstat(fd, &st);
+    printf("mtime: %lld\n", (long long)st.st_mtime);
+    say("fchmodat AT_EMPTY_PATH", fchmodat(fd, "", 0600, AT_EMPTY_PATH));
+    fstat(fd, &st);
+    printf("mode: %o\n", st.st_mode & 0777);
+    int d = open(dir, O_RDONLY | O_DIRECTORY);
+    say("fstatat directory AT_EMPTY_PATH", fstatat(d, "", &st, AT_EMPTY_PATH));
+    printf("directory: %d\n", S_ISDIR(st.st_mode));
+    say("openat empty name", openat(d, "", O_RDONLY));
+    say("faccessat", faccessat(d, "e", R_OK, 0));
+    return close(d) || close(fd);
+}
+
 static int closing(const char *how, const char *dir) {
     int fd = open(join(dir, "data"), O_CREAT | O_RDWR | O_TRUNC, 0644);
     if (fd < 0 || write(fd, "before\n", 7) != 7) {
@@ -143,8 +176,11 @@ static int closing(const char *how, const char *dir) {
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "raw"))
         return raw(argv[2]);
+    if (argc == 3 && !strcmp(argv[1], "empty"))
+        return empty(argv[2]);
     if (argc == 4 && !strcmp(argv[1], "close"))
         return closing(argv[2], argv[3]);
-    fprintf(stderr, "usage: %s raw DIR | close closefrom|loop|close_range|raw DIR\n", argv[0]);
+    fprintf(stderr, "usage: %s raw DIR | empty DIR | close closefrom|loop|close_range|raw DIR\n",
+            argv[0]);
     return 2;
 }
