@@ -202,6 +202,11 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
         }
     }
     let op_maps = work.maps.len() as u64;
+    if inner.options.defrag {
+        inner
+            .defrag
+            .note(work.maps.iter().map(|m| (m.ino, m.file_block, m.blocks)));
+    }
     let op = MetaOp::Batch {
         maps: work.maps,
         sizes: work.sizes.into_values().collect(),

@@ -43,6 +43,7 @@ mod buffers;
 mod checkpoint;
 mod checksums;
 mod codec;
+mod defrag;
 mod error;
 mod extent_map;
 #[allow(clippy::module_inception)]

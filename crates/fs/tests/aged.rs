@@ -266,6 +266,7 @@ fn small_buffers_on_a_fragmented_volume_keep_the_pools_bytes_in_flight() {
         prelim_buffer_bytes: 512 << 10,
         checkpoint_batch: 4096,
         checkpoint: fs::CheckpointMode::OnDemand,
+        defrag: true,
     };
     let fs = Fs::format(open_volume(&shm.dir), &small_format(), options).unwrap();
     fragment(&fs, 64 << 10);
@@ -295,6 +296,7 @@ fn writes_larger_than_every_free_piece_do_not_wait_for_the_checkpoint() {
         prelim_buffer_bytes: 1 << 20,
         checkpoint_batch: 4096,
         checkpoint: fs::CheckpointMode::OnDemand,
+        defrag: true,
     };
     let fs = Fs::format(open_volume(&shm.dir), &small_format(), options).unwrap();
     let freed = fragment(&fs, 32 << 10);

@@ -136,6 +136,7 @@ pub fn small_options() -> FsOptions {
         prelim_buffer_bytes: 256 << 10,
         checkpoint_batch: 64,
         checkpoint: fs::CheckpointMode::Background,
+        defrag: true,
     }
 }
 

@@ -13,6 +13,7 @@ use super::options::{FsOptions, OpenOptions};
 use super::state::{FsStats, Inner, Recovered};
 use super::write::check_io;
 use super::{MAX_FILE_SIZE, MAX_IO};
+use crate::defrag::Defragmenter;
 use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
 use crate::inode::{DirEntry, Inode, Stat};
@@ -25,12 +26,17 @@ use crate::range_lock::LockMode;
 pub(crate) struct Unmounter {
     inner: Arc<Inner>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    defrag: Mutex<Option<Defragmenter>>,
 }
 
 impl Unmounter {
     /// Stops the checkpoint thread after it has moved everything and written a final
     /// snapshot (`abandon`: at once, leaving the logs as a crash would).
     fn stop(&self, abandon: bool) -> Result<()> {
+        // Its writes come first: the checkpoint then moves them with the rest.
+        if let Some(mut defrag) = self.defrag.lock().expect("defrag thread").take() {
+            defrag.stop();
+        }
         let Some(handle) = self.thread.lock().expect("checkpoint thread").take() else {
             return Ok(());
         };
@@ -70,13 +76,15 @@ impl Fs {
     ) -> Result<Fs> {
         let inner = Inner::assemble(recovered, options);
         let thread = spawn(Arc::clone(&inner))?;
-        Ok(Fs {
-            mount: Arc::new(Unmounter {
-                inner: Arc::clone(&inner),
-                thread: Mutex::new(Some(thread)),
-            }),
-            inner,
-        })
+        let mount = Arc::new(Unmounter {
+            inner: Arc::clone(&inner),
+            thread: Mutex::new(Some(thread)),
+            defrag: Mutex::new(None),
+        });
+        // Started after the unmounter exists, so that a failure here still stops the
+        // checkpoint.
+        *mount.defrag.lock().expect("defrag thread") = Defragmenter::start(&inner)?;
+        Ok(Fs { mount, inner })
     }
 
     /// Opens `path`. See [`OpenOptions`]. A symbolic link at `path` is reported

@@ -64,6 +64,9 @@ pub struct FsOptions {
     pub checkpoint_batch: usize,
     /// When the checkpoint runs.
     pub checkpoint: CheckpointMode,
+    /// Rewrite 2 MiB windows of files that small overwrites scattered into one extent each,
+    /// while the file system is idle ([`crate::defrag`]); on by default.
+    pub defrag: bool,
 }
 
 /// When the checkpoint moves logged writes into files.
@@ -90,6 +93,7 @@ impl Default for FsOptions {
             prelim_buffer_bytes: 2 << 20,
             checkpoint_batch: 4096,
             checkpoint: CheckpointMode::Background,
+            defrag: true,
         }
     }
 }

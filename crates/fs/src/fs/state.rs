@@ -98,6 +98,8 @@ pub(crate) struct Inner {
     /// Held by the checkpoint through each pass (everything it writes to the media), and
     /// by [`crate::Fs::quiesced`] to keep it between passes.
     pub(crate) checkpoint_hold: Mutex<()>,
+    /// Windows of files to defragment when idle ([`crate::defrag`]).
+    pub(crate) defrag: crate::defrag::Defrag,
 }
 
 #[derive(Debug, Default)]
@@ -108,6 +110,8 @@ pub(crate) struct FsCounters {
     pub(crate) copied_bytes: AtomicU64,
     pub(crate) metadata_bytes: AtomicU64,
     pub(crate) snapshots: AtomicU64,
+    /// 2 MiB windows of files rewritten into one extent ([`crate::defrag`]).
+    pub(crate) defragmented_windows: AtomicU64,
     /// Writers' waits for the checkpoint, by [`Wait`] reason.
     pub(crate) waits: [AtomicU64; Wait::COUNT],
     /// The checkpoint thread's CPU time, as of its last pass.
@@ -159,6 +163,11 @@ pub struct FsStats {
     pub recycled_blocks: u64,
     /// Snapshots written.
     pub snapshots: u64,
+    /// 2 MiB windows of files that small overwrites had scattered, rewritten into one
+    /// extent while the file system was idle (their bytes count in `media_bytes`).
+    pub defragmented_windows: u64,
+    /// Windows noted for that and not yet looked at.
+    pub defrag_windows_noted: u64,
     /// Times a writer waited for the checkpoint (backpressure): the sum of the four below.
     pub backpressure_waits: u64,
     /// ... because its thread's log area had no free record slot (the checkpoint retires
@@ -355,6 +364,7 @@ impl Inner {
             replayed,
             recycled: Recycled::new(device_nodes, recycle_cap),
             checkpoint_hold: Mutex::new(()),
+            defrag: crate::defrag::Defrag::default(),
         });
         for (index, (log, journal, queue)) in slots.into_iter().enumerate() {
             let slot = inner.make_slot(index as u32, log, journal, queue);
@@ -426,7 +436,7 @@ impl Inner {
     }
 
     /// [`Inner::alloc_buffer`] without the recycled pages.
-    fn alloc_buffer_once(&self, len: u64) -> Result<Extent> {
+    pub(crate) fn alloc_buffer_once(&self, len: u64) -> Result<Extent> {
         let needed = self.reserve_bytes() + len.next_multiple_of(BLOCK);
         // The published figure is within 1/256 of each device of the truth: count exactly
         // (every allocator lock) only when it is close.
@@ -748,6 +758,15 @@ impl Inner {
 }
 
 impl Inner {
+    /// Writes callers have logged so far (a rewrite of a file's own bytes is not one).
+    pub(crate) fn caller_writes(&self) -> u64 {
+        self.slots
+            .iter()
+            .filter_map(OnceLock::get)
+            .map(|slot| slot.counters.writes.load(Ordering::Relaxed))
+            .sum()
+    }
+
     pub(crate) fn stats(&self) -> FsStats {
         let mut caller_bytes = 0;
         let mut media_bytes = 0;
@@ -785,6 +804,8 @@ impl Inner {
             copied_bytes: c.copied_bytes.load(Ordering::Relaxed),
             recycled_blocks: self.recycled.used(),
             snapshots: c.snapshots.load(Ordering::Relaxed),
+            defragmented_windows: c.defragmented_windows.load(Ordering::Relaxed),
+            defrag_windows_noted: self.defrag.noted() as u64,
             backpressure_waits: waits.iter().sum(),
             waits_for_log: waits[Wait::Log as usize],
             waits_for_buffers: waits[Wait::Buffers as usize],

@@ -80,10 +80,50 @@ impl Inner {
         pieces: Placement,
     ) -> Result<()> {
         debug_assert_eq!(pieces.iter().map(|p| p.len).sum::<u64>(), len);
-        let time = now_ns();
-        let count = pieces.len() as u64;
-        self.reserve_log(slot, count)?;
+        self.reserve_log(slot, pieces.len() as u64)?;
         let _range = inode.lock_range(offset, len, LockMode::Exclusive)?;
+        self.append_and_queue(slot, inode, offset, len, pieces, now_ns(), true)
+    }
+
+    /// Commits data persisted at `buffer` as `[offset, offset + len)` of `inode` for a
+    /// caller that holds the range lock exclusively and has reserved one record slot, with
+    /// the record's time `time`, leaving the file's times as they are (a rewrite of the
+    /// file's own bytes: [`crate::defrag`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn commit_locked(
+        &self,
+        slot: &Slot,
+        inode: &Inode,
+        offset: u64,
+        len: u64,
+        buffer: u64,
+        set: Arc<BufferSet>,
+        time: u64,
+    ) -> Result<()> {
+        let whole = Placed {
+            at: 0,
+            len,
+            addr: buffer,
+            set,
+        };
+        self.append_and_queue(slot, inode, offset, len, smallvec![whole], time, false)
+    }
+
+    /// Appends the records of a write whose range lock the caller holds, updates the
+    /// overlay and queues them for the checkpoint. A `caller`'s write moves the file's
+    /// times and counts as written by a caller; a rewrite does neither.
+    #[allow(clippy::too_many_arguments)]
+    fn append_and_queue(
+        &self,
+        slot: &Slot,
+        inode: &Inode,
+        offset: u64,
+        len: u64,
+        pieces: Placement,
+        time: u64,
+        caller: bool,
+    ) -> Result<()> {
+        let count = pieces.len() as u64;
         let mut log = slot.log();
         // The ticket holds the checkpoint below this write's orders until it is queued.
         let mut ticket = self.progress.begin(&slot.queue);
@@ -98,9 +138,10 @@ impl Inner {
             .collect();
         let records = log.append_group(inode.ino, &log_pieces, orders.start, time)?;
         drop(log);
+        let touched = if caller { time } else { 0 };
         for r in &records {
             applied(apply::write(
-                inode, r.offset, r.length, r.buffer, r.order, r.mtime,
+                inode, r.offset, r.length, r.buffer, r.order, touched,
             ));
         }
         slot.counters.pending_growth.fetch_add(
@@ -135,8 +176,10 @@ impl Inner {
                 })
                 .collect(),
         );
-        slot.counters.writes.fetch_add(1, Ordering::Relaxed);
-        slot.counters.caller_bytes.fetch_add(len, Ordering::Relaxed);
+        if caller {
+            slot.counters.writes.fetch_add(1, Ordering::Relaxed);
+            slot.counters.caller_bytes.fetch_add(len, Ordering::Relaxed);
+        }
         slot.counters
             .media_bytes
             .fetch_add(crate::log::RECORD_BYTES * count, Ordering::Relaxed);

@@ -185,7 +185,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
                     drop(volume);
                     let volume =
                         super::volume::open(dir, super::volume::read_topology(sysfs)?, false)?;
-                    let fs = fs::Fs::open(Arc::new(volume), fs::FsOptions::default())
+                    let fs = fs::Fs::open(Arc::new(volume), checking_options())
                         .context("opening the file system cut back to before the damage")?;
                     fs.unmount().context("writing the repaired file system")?;
                     report.repaired = Some(format!(
@@ -210,7 +210,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
             // that owns nothing yet.
             drop(volume);
             let volume = super::volume::open(dir, super::volume::read_topology(sysfs)?, false)?;
-            let fs = fs::Fs::open(Arc::new(volume), fs::FsOptions::default())
+            let fs = fs::Fs::open(Arc::new(volume), checking_options())
                 .context("opening the file system to repair it")?;
             fs.unmount().context("writing the repaired file system")?;
             report.repaired = Some(format!(
@@ -322,4 +322,12 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A check opens the file system only to look at it: no idle-time rewrites.
+fn checking_options() -> fs::FsOptions {
+    fs::FsOptions {
+        defrag: false,
+        ..fs::FsOptions::default()
+    }
 }

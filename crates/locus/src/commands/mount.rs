@@ -48,6 +48,13 @@ pub struct MountArgs {
     #[arg(long)]
     pub read_only: bool,
 
+    /// Do not defragment while idle. By default, once no write has come for 100 ms, 2 MiB
+    /// windows of files that small overwrites scattered (64 or more pieces) are rewritten
+    /// into one extent each, so later reads gather one piece of memory instead of hundreds;
+    /// the rewrites count as media writes. See docs/defrag.md.
+    #[arg(long)]
+    pub no_defrag: bool,
+
     /// How requests travel between the kernel and locus. `io-uring`: FUSE over io_uring, a
     /// queue per CPU served by a thread pinned to that CPU, so each request is served where
     /// it was made (Linux 6.14+, enabled with `echo Y >
@@ -180,7 +187,12 @@ fn serve(dir: &Path, sysfs: &Path, args: &MountArgs) -> Result<()> {
             .context("installing the signal handlers")?;
     }
     let volume = open_or_create_default(dir, sysfs, true)?;
-    let fs = fs::Fs::open(Arc::new(volume), fs::FsOptions::default())
+    let options = fs::FsOptions {
+        // A read-only mount writes nothing, its own layout included.
+        defrag: !args.no_defrag && !args.read_only,
+        ..fs::FsOptions::default()
+    };
+    let fs = fs::Fs::open(Arc::new(volume), options)
         .with_context(|| format!("mounting the file system of {}", dir.display()))?;
     let replayed = fs.replayed();
     if replayed.any() {

@@ -415,6 +415,7 @@ pub fn run(args: &NbdBenchArgs) -> Result<()> {
                         server.engine
                     ));
                     runs.push(run_case(server, op, bs, args)?);
+                    settle(server);
                     bar.inc(1);
                 }
             }
@@ -428,6 +429,32 @@ pub fn run(args: &NbdBenchArgs) -> Result<()> {
         print_table(&cases, args)?;
     }
     Ok(())
+}
+
+/// Waits (up to 10 s) until a locus server's file system has nothing left to do in the
+/// background — logged writes checkpointed, windows that small writes scattered
+/// defragmented (`fs::defrag`, after 100 ms without writes) — so that this work runs between
+/// turns and never during another server's timed run. Other servers have none.
+fn settle(server: &Running) {
+    let Some(dir) = server._scratch.as_ref().map(super::cleanup::Scratch::path) else {
+        return;
+    };
+    std::thread::sleep(Duration::from_millis(150));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let busy = match crate::commands::serve::control::ask(dir) {
+            Some(Ok(status)) => {
+                let fs = &status["fs"];
+                fs["records_pending"].as_u64() != Some(0)
+                    || fs["defrag_windows_noted"].as_u64() != Some(0)
+            }
+            _ => false,
+        };
+        if !busy {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// One timed fio run of `op` at `bs` against `server`.

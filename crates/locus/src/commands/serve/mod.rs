@@ -143,6 +143,13 @@ pub struct ServeArgs {
     #[arg(long)]
     writeback_on_stop: bool,
 
+    /// Do not defragment while idle. By default, once no write has come for 100 ms, 2 MiB
+    /// windows of files that small overwrites scattered (64 or more pieces) are rewritten
+    /// into one extent each, so later reads gather one piece of memory instead of hundreds;
+    /// the rewrites count as media writes. See docs/defrag.md.
+    #[arg(long)]
+    pub no_defrag: bool,
+
     /// Size of the default export when there is no --export: created with it, or grown to
     /// it (default 1G on creation, else the file's size).
     #[arg(long, value_name = "SIZE", value_parser = parse_export_size)]
@@ -380,7 +387,11 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
     let mut sockets = SocketFiles(args.unix.clone());
     let volume = Arc::new(super::volume::open_or_create_default(dir, sysfs, true)?);
     let topology = volume.topology().clone();
-    let fs = fs::Fs::open(Arc::clone(&volume), fs::FsOptions::default()).map_err(|e| match e {
+    let options = fs::FsOptions {
+        defrag: !args.no_defrag,
+        ..fs::FsOptions::default()
+    };
+    let fs = fs::Fs::open(Arc::clone(&volume), options).map_err(|e| match e {
         fs::FsError::NoFileSystem => anyhow::anyhow!(
             "the volume at {} has no file system; create one with `locus format --force`",
             dir.display()

@@ -1,0 +1,195 @@
+//! Idle-time defragmentation (`crates/fs/src/defrag.rs`): windows that random 4 KiB
+//! overwrites scattered come back as one extent once writers pause, with the same bytes and
+//! times; windows with holes are left alone; writers arriving mid-pass lose nothing.
+
+use std::time::{Duration, Instant};
+
+use fs::{CheckpointMode, File, FormatOptions, Fs, FsOptions};
+use testkit::{open_volume, shm_volume, small_format, small_options};
+
+const WINDOW: u64 = 2 << 20;
+
+fn options() -> FsOptions {
+    FsOptions {
+        checkpoint: CheckpointMode::Background,
+        defrag: true,
+        ..small_options()
+    }
+}
+
+/// Slices `read_with` lends for `[offset, offset + len)`: one per piece of memory.
+fn pieces(file: &File, offset: u64, len: u64) -> usize {
+    file.read_with(offset, len, |slices| slices.len())
+        .unwrap()
+        .1
+}
+
+fn read_all(file: &File) -> Vec<u8> {
+    let mut out = vec![0u8; file.len() as usize];
+    let mut at = 0;
+    while at < out.len() {
+        let n = file.read_at(&mut out[at..], at as u64).unwrap();
+        assert!(n > 0);
+        at += n;
+    }
+    out
+}
+
+/// Small xorshift: the same overwrites every run.
+fn next(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+/// `count` random 4 KiB overwrites of `[0, len)`, applied to `model` too.
+fn scatter(file: &File, model: &mut [u8], len: u64, count: usize, seed: u64) {
+    let mut state = seed | 1;
+    for i in 0..count {
+        let block = next(&mut state) % (len / 4096);
+        let data = vec![(i % 251) as u8 + 1; 4096];
+        file.write_at(&data, block * 4096).unwrap();
+        model[(block * 4096) as usize..(block * 4096 + 4096) as usize].copy_from_slice(&data);
+    }
+}
+
+fn wait_for(fs: &Fs, windows: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let done = fs.stats().defragmented_windows;
+        if done >= windows || Instant::now() > deadline {
+            return done;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn scattered_windows_come_back_whole_with_the_same_bytes_and_times() {
+    whole_windows(false);
+}
+
+/// With data checksums the copies get their blocks' checksums, and every read verifies.
+#[test]
+fn with_data_checksums_too() {
+    whole_windows(true);
+}
+
+fn whole_windows(data_checksums: bool) {
+    let shm = shm_volume("defrag-whole", 96 << 20);
+    let format = FormatOptions {
+        data_checksums,
+        ..small_format()
+    };
+    let fs = Fs::format(open_volume(&shm.dir), &format, options()).unwrap();
+    let f = fs.create("/f").unwrap();
+    let len = 4 * WINDOW;
+    let mut model: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+    f.write_at(&model, 0).unwrap();
+    scatter(&f, &mut model, len, 4000, 7);
+    // A hole in the third window: it must stay one (a rewrite would fill it with zeros).
+    f.punch_hole(2 * WINDOW + 8192, 16384).unwrap();
+    model[(2 * WINDOW + 8192) as usize..(2 * WINDOW + 8192 + 16384) as usize].fill(0);
+    fs.checkpoint().unwrap();
+    for w in 0..4 {
+        assert!(
+            pieces(&f, w * WINDOW, WINDOW) >= 64,
+            "window {w} is not scattered: the test does not test anything"
+        );
+    }
+    let before = f.stat();
+    let media_before = fs.stats().media_bytes;
+
+    let done = wait_for(&fs, 3);
+    assert_eq!(done, 3, "windows rewritten");
+    fs.checkpoint().unwrap();
+    for w in [0, 1, 3] {
+        assert_eq!(pieces(&f, w * WINDOW, WINDOW), 1, "window {w}");
+    }
+    assert!(
+        pieces(&f, 2 * WINDOW, WINDOW) >= 64,
+        "the window with a hole was rewritten"
+    );
+    let holes = f.data_ranges(2 * WINDOW, WINDOW).unwrap();
+    assert!(
+        holes
+            .iter()
+            .all(|r| r.end <= 2 * WINDOW + 8192 || r.start >= 2 * WINDOW + 8192 + 16384),
+        "the hole was filled: {holes:?}"
+    );
+    assert_eq!(read_all(&f), model);
+    let after = f.stat();
+    assert_eq!(
+        (after.mtime_ns, after.ctime_ns),
+        (before.mtime_ns, before.ctime_ns)
+    );
+    assert_eq!(after.size, before.size);
+    // Three windows' bytes, counted as media writes (plus their records and the batches).
+    let media = fs.stats().media_bytes - media_before;
+    assert!(media >= 3 * WINDOW, "{media} media bytes for three windows");
+    assert_eq!(fs.stats().defrag_windows_noted, 0);
+
+    // Reopened (snapshot and logs as left by the unmount), the file is the same.
+    drop(f);
+    fs.unmount().unwrap();
+    let fs = Fs::open(open_volume(&shm.dir), options()).unwrap();
+    let f = fs.open_read("/f").unwrap();
+    assert_eq!(read_all(&f), model);
+    assert_eq!(pieces(&f, 0, WINDOW), 1);
+    let again = f.stat();
+    assert_eq!(
+        (again.mtime_ns, again.ctime_ns),
+        (before.mtime_ns, before.ctime_ns)
+    );
+}
+
+#[test]
+fn writers_that_come_and_go_during_passes_lose_nothing() {
+    let shm = shm_volume("defrag-writers", 96 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), options()).unwrap();
+    let f = fs.create("/f").unwrap();
+    let len = 6 * WINDOW;
+    let mut model: Vec<u8> = (0..len).map(|i| (i % 241) as u8).collect();
+    f.write_at(&model, 0).unwrap();
+    // Bursts of overwrites with pauses just past the idle time: passes start, and the next
+    // burst meets them mid-way.
+    for round in 0..12u64 {
+        scatter(&f, &mut model, len, 300, 11 + round);
+        std::thread::sleep(Duration::from_millis(100 + (round % 4) * 40));
+    }
+    assert_eq!(read_all(&f), model);
+    let done = wait_for(&fs, 1);
+    assert!(done >= 1, "nothing was defragmented");
+    assert_eq!(read_all(&f), model);
+    drop(f);
+    fs.unmount().unwrap();
+    let fs = Fs::open(open_volume(&shm.dir), options()).unwrap();
+    assert_eq!(read_all(&fs.open_read("/f").unwrap()), model);
+}
+
+#[test]
+fn off_or_on_demand_it_does_nothing() {
+    for options in [
+        FsOptions {
+            defrag: false,
+            ..options()
+        },
+        FsOptions {
+            checkpoint: CheckpointMode::OnDemand,
+            ..options()
+        },
+    ] {
+        let shm = shm_volume("defrag-off", 64 << 20);
+        let fs = Fs::format(open_volume(&shm.dir), &small_format(), options).unwrap();
+        let f = fs.create("/f").unwrap();
+        let mut model = vec![1u8; (2 * WINDOW) as usize];
+        f.write_at(&model, 0).unwrap();
+        scatter(&f, &mut model, 2 * WINDOW, 2000, 3);
+        fs.checkpoint().unwrap();
+        std::thread::sleep(Duration::from_millis(400));
+        assert_eq!(fs.stats().defragmented_windows, 0);
+        assert!(pieces(&f, 0, WINDOW) >= 64);
+        assert_eq!(read_all(&f), model);
+    }
+}
