@@ -87,7 +87,9 @@ fn whole_windows(data_checksums: bool) {
     let len = 4 * WINDOW;
     let mut model: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
     f.write_at(&model, 0).unwrap();
-    scatter(&f, &mut model, len, 4000, 7);
+    // 120 MiB of overwrites: the rewrites' budget (1/20 of what callers wrote) covers the
+    // three windows.
+    scatter(&f, &mut model, len, 30_000, 7);
     // A hole in the third window: it must stay one (a rewrite would fill it with zeros).
     f.punch_hole(2 * WINDOW + 8192, 16384).unwrap();
     model[(2 * WINDOW + 8192) as usize..(2 * WINDOW + 8192 + 16384) as usize].fill(0);
@@ -155,7 +157,7 @@ fn writers_that_come_and_go_during_passes_lose_nothing() {
     // Bursts of overwrites with pauses just past the idle time: passes start, and the next
     // burst meets them mid-way.
     for round in 0..12u64 {
-        scatter(&f, &mut model, len, 300, 11 + round);
+        scatter(&f, &mut model, len, 2500, 11 + round);
         std::thread::sleep(Duration::from_millis(100 + (round % 4) * 40));
     }
     assert_eq!(read_all(&f), model);
@@ -192,4 +194,33 @@ fn off_or_on_demand_it_does_nothing() {
         assert!(pieces(&f, 0, WINDOW) >= 64);
         assert_eq!(read_all(&f), model);
     }
+}
+
+/// The rewrites stay within 1/20 of what callers wrote: a few thousand scattered blocks do
+/// not buy a 2 MiB rewrite; more writes later do.
+#[test]
+fn the_rewrites_stay_within_their_budget() {
+    let shm = shm_volume("defrag-budget", 64 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), options()).unwrap();
+    let f = fs.create("/f").unwrap();
+    let mut model = vec![3u8; WINDOW as usize];
+    f.write_at(&model, 0).unwrap();
+    // 2 MiB + 10 MiB written: a budget of 0.6 MiB, less than a window.
+    scatter(&f, &mut model, WINDOW, 2560, 5);
+    fs.checkpoint().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let stats = fs.stats();
+    assert_eq!(stats.defragmented_windows, 0);
+    assert_eq!(
+        stats.defrag_windows_noted, 1,
+        "the window is kept for later"
+    );
+    assert!(pieces(&f, 0, WINDOW) >= 64);
+    // 40 MiB more (a budget of 2.6 MiB): now it is rewritten.
+    scatter(&f, &mut model, WINDOW, 10_240, 6);
+    assert_eq!(wait_for(&fs, 1), 1);
+    assert_eq!(fs.stats().defragmented_windows, 1);
+    fs.checkpoint().unwrap();
+    assert_eq!(pieces(&f, 0, WINDOW), 1);
+    assert_eq!(read_all(&f), model);
 }

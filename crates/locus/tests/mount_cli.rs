@@ -674,7 +674,28 @@ print(n)
     assert!(checks >= 5, "only {checks} checks ran while writing");
     assert!(written.trim().parse::<u64>().unwrap() > 100, "{written}");
 
-    // A damaged spare root copy on the media is reported through the mount.
+    // A damaged spare root copy on the media is reported through the mount. The volume must
+    // be idle first: the writer above left scattered windows, and their idle-time rewrites
+    // (a slot for the rewriting thread, a new root) would race with the flip below.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = locus()
+            .args(["status", "--json", "--volume"])
+            .arg(mount.volume.path())
+            .output()
+            .unwrap();
+        let live = &json(&out)["fs_live"];
+        let busy = live["records_pending"].as_u64() != Some(0)
+            || live["defrag_windows_noted"].as_u64() != Some(0);
+        if !busy {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the mount never went idle: {live}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let device = std::fs::read_dir(mount.volume.path())
         .unwrap()
         .map(|e| e.unwrap().path())

@@ -320,8 +320,16 @@ impl Fs {
     /// own writers stopped the media holds still — what recovery would find if the process
     /// died now. How a mount server checks its live volume (`locus fsck` of a mounted
     /// volume). Writers are not stopped: one that needs the checkpoint (a full log, an
-    /// `fsync`) waits until `f` returns; `f` must not wait for such a writer.
+    /// `fsync`) waits until `f` returns; `f` must not wait for such a writer. The file
+    /// system's own writer, idle-time defragmentation, is paused (after the window it is
+    /// rewriting, if any).
     pub fn quiesced<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _paused = self
+            .inner
+            .defrag
+            .pause
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let _hold = self
             .inner
             .checkpoint_hold

@@ -767,6 +767,15 @@ impl Inner {
             .sum()
     }
 
+    /// Bytes callers have written so far.
+    pub(crate) fn caller_bytes(&self) -> u64 {
+        self.slots
+            .iter()
+            .filter_map(OnceLock::get)
+            .map(|slot| slot.counters.caller_bytes.load(Ordering::Relaxed))
+            .sum()
+    }
+
     pub(crate) fn stats(&self) -> FsStats {
         let mut caller_bytes = 0;
         let mut media_bytes = 0;
