@@ -71,8 +71,11 @@ pub(crate) struct Defrag {
 
 #[derive(Debug, Default)]
 struct State {
-    /// (inode, window index), in file order.
+    /// (inode, window index), in file order: to look at in the next idle spell.
     noted: BTreeSet<(u64, u64)>,
+    /// Windows a pass could not rewrite for want of budget or of a free 2 MiB extent: back
+    /// to `noted` once callers have written more or the checkpoint has freed something.
+    deferred: BTreeSet<(u64, u64)>,
     stop: bool,
 }
 
@@ -103,6 +106,7 @@ impl Defrag {
                 if state.noted.len() >= MAX_NOTED {
                     break;
                 }
+                state.deferred.remove(&(ino, window));
                 state.noted.insert((ino, window));
             }
         }
@@ -111,9 +115,28 @@ impl Defrag {
         }
     }
 
-    /// Windows noted and not yet done.
+    /// Windows noted and not yet looked at.
     pub(crate) fn noted(&self) -> usize {
         self.state.lock().expect("defrag state").noted.len()
+    }
+
+    /// Windows waiting for budget or free space.
+    pub(crate) fn deferred(&self) -> usize {
+        self.state.lock().expect("defrag state").deferred.len()
+    }
+
+    fn defer(&self, window: (u64, u64)) {
+        self.state
+            .lock()
+            .expect("defrag state")
+            .deferred
+            .insert(window);
+    }
+
+    fn requeue_deferred(&self) {
+        let mut state = self.state.lock().expect("defrag state");
+        let deferred = std::mem::take(&mut state.deferred);
+        state.noted.extend(deferred);
     }
 
     fn request_stop(&self) {
@@ -213,7 +236,9 @@ fn run(inner: &Arc<Inner>) {
         {
             continue;
         }
-        stalled_at = None;
+        if stalled_at.take().is_some() {
+            defrag.requeue_deferred();
+        }
         // A pass: windows in file order until something else changes the file system.
         while !defrag.stopping() {
             if inner.caller_writes() != seen {
@@ -225,8 +250,7 @@ fn run(inner: &Arc<Inner>) {
             match inner.rewrite_window(ino, window) {
                 Ok(Outcome::Rewritten | Outcome::Skipped) => {}
                 Ok(Outcome::NoSpace | Outcome::OverBudget) => {
-                    // Kept for later.
-                    defrag.note(std::iter::once((ino, window * WINDOW_BLOCKS, 1)));
+                    defrag.defer((ino, window));
                     stalled_at = Some((inner.progress.batches_finished(), inner.caller_bytes()));
                     break;
                 }

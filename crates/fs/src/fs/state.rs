@@ -168,6 +168,9 @@ pub struct FsStats {
     pub defragmented_windows: u64,
     /// Windows noted for that and not yet looked at.
     pub defrag_windows_noted: u64,
+    /// Windows put off until callers have written more (the rewrites' budget is 1/20 of
+    /// what they wrote) or a free 2 MiB extent may exist again.
+    pub defrag_windows_deferred: u64,
     /// Times a writer waited for the checkpoint (backpressure): the sum of the four below.
     pub backpressure_waits: u64,
     /// ... because its thread's log area had no free record slot (the checkpoint retires
@@ -815,6 +818,7 @@ impl Inner {
             snapshots: c.snapshots.load(Ordering::Relaxed),
             defragmented_windows: c.defragmented_windows.load(Ordering::Relaxed),
             defrag_windows_noted: self.defrag.noted() as u64,
+            defrag_windows_deferred: self.defrag.deferred() as u64,
             backpressure_waits: waits.iter().sum(),
             waits_for_log: waits[Wait::Log as usize],
             waits_for_buffers: waits[Wait::Buffers as usize],

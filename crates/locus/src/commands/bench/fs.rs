@@ -29,7 +29,9 @@ use crate::size::parse_size;
 /// reads, several block sizes, 1 and 2 threads on one file. Besides IOPS, GB/s and their
 /// ratio: locus's write amplification, its writers' waits for the checkpoint, and CPU time
 /// per operation (`locus us/op`: the calling threads' + the checkpoint thread's; `tmpfs`:
-/// the calling threads', kernel time included).
+/// the calling threads', kernel time included). After each locus case the bench waits until
+/// the file system is idle (checkpoint and idle-time defragmentation done), so that this
+/// work never runs during a tmpfs case and its writes count in the case's amplification.
 #[derive(Debug, Args)]
 pub struct FsBenchArgs {
     /// Print one JSON object per case and engine instead of a table.
@@ -304,6 +306,9 @@ pub fn run(sysfs: &Path, args: &FsBenchArgs) -> Result<()> {
                         };
                         let before = fs.stats();
                         let (ops, elapsed, cpu) = measure(&handle, &fs, op, bs, threads, args)?;
+                        if engine == "locus" {
+                            settle(&fs);
+                        }
                         let after = fs.stats();
                         let locus_writes = engine == "locus" && op.writes();
                         let caller = after.caller_bytes - before.caller_bytes;
@@ -482,6 +487,22 @@ fn measure(
         fs.checkpoint()?;
     }
     Ok((ops, started.elapsed(), cpu))
+}
+
+/// Waits (up to 10 s) until the file system has nothing left to do in the background —
+/// logged writes checkpointed, scattered windows defragmented once writes have paused for
+/// 100 ms (`fs::defrag`) — so that this work never runs during the tmpfs case that follows,
+/// and its media writes count in the write amplification of the case that caused them.
+fn settle(fs: &fs::Fs) {
+    std::thread::sleep(Duration::from_millis(150));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let stats = fs.stats();
+        if stats.records_pending == 0 && stats.defrag_windows_noted == 0 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn bs_name(bs: u64) -> String {
