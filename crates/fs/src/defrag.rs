@@ -125,12 +125,13 @@ impl Defrag {
         self.state.lock().expect("defrag state").deferred.len()
     }
 
-    fn defer(&self, window: (u64, u64)) {
-        self.state
-            .lock()
-            .expect("defrag state")
-            .deferred
-            .insert(window);
+    /// Puts `window` and every window still noted off: what stopped this one (the budget,
+    /// free space) stops them all.
+    fn defer_all(&self, window: (u64, u64)) {
+        let mut state = self.state.lock().expect("defrag state");
+        state.deferred.insert(window);
+        let noted = std::mem::take(&mut state.noted);
+        state.deferred.extend(noted);
     }
 
     fn requeue_deferred(&self) {
@@ -250,7 +251,7 @@ fn run(inner: &Arc<Inner>) {
             match inner.rewrite_window(ino, window) {
                 Ok(Outcome::Rewritten | Outcome::Skipped) => {}
                 Ok(Outcome::NoSpace | Outcome::OverBudget) => {
-                    defrag.defer((ino, window));
+                    defrag.defer_all((ino, window));
                     stalled_at = Some((inner.progress.batches_finished(), inner.caller_bytes()));
                     break;
                 }
