@@ -455,11 +455,24 @@ pub unsafe extern "C" fn getdents64(fd: c_int, buf: *mut c_void, count: size_t) 
         let Node::Dir(cache) = &desc.node else {
             return Err(libc::ENOTDIR);
         };
-        let mut pos = state::ordered(state::rank::POSITION, || desc.pos.lock());
-        let mut cache = cache.lock();
-        if cache.is_none() || *pos == 0 {
-            *cache = Some(list(&desc.path)?);
-        }
+        // Listing takes the mount, which ranks above the offset: the listing is made with
+        // neither the offset nor the cache held, then installed (again if another thread
+        // rewound the fd in between).
+        let mut listed = None;
+        let (mut pos, cache) = loop {
+            let pos = state::ordered(state::rank::POSITION, || desc.pos.lock());
+            let mut cache = cache.lock();
+            if cache.is_some() && *pos != 0 {
+                break (pos, cache);
+            }
+            if let Some(fresh) = listed.take() {
+                *cache = Some(fresh);
+                break (pos, cache);
+            }
+            drop(cache);
+            drop(pos);
+            listed = Some(list(&desc.path)?);
+        };
         let entries = cache.as_ref().expect("listed");
         // SAFETY: the caller's buffer of `count` bytes.
         let out = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), count) };
