@@ -38,7 +38,8 @@ use smallvec::smallvec;
 use crate::buffers::BufferSet;
 use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
-use crate::fs::{CheckpointMode, Inner};
+use crate::fs::{CheckpointMode, Inner, Slot};
+use crate::inode::Inode;
 use crate::journal::Kind;
 use crate::range_lock::LockMode;
 
@@ -276,7 +277,7 @@ impl Inner {
         }
         let offset = window * WINDOW_BYTES;
         let first = window * WINDOW_BLOCKS;
-        let fragmented = |inode: &crate::inode::Inode| {
+        let fragmented = |inode: &Inode| {
             let size = inode.size.load(Ordering::Acquire);
             if offset + WINDOW_BYTES > size
                 || inode.dead.load(Ordering::Acquire)
@@ -319,15 +320,34 @@ impl Inner {
             Err(e) => return Err(e),
         };
         let dest = extent.start.raw();
-        // Freed on every early return: nothing refers to it until the record does.
         let set = Arc::new(BufferSet::sealed_with(smallvec![extent], 1));
-        let range = inode.lock_range(offset, WINDOW_BYTES, LockMode::Exclusive)?;
-        if !fragmented(&inode) {
-            drop(range);
-            if set.release() {
-                set.reclaim(&self.volume)?;
+        match self.copy_and_commit(&slot, &inode, window, dest, &set, &fragmented) {
+            Ok(true) => Ok(Outcome::Rewritten),
+            // Nothing refers to the extent unless the record does: freed here otherwise.
+            outcome => {
+                if set.release() {
+                    set.reclaim(&self.volume)?;
+                }
+                outcome.map(|_| Outcome::Skipped)
             }
-            return Ok(Outcome::Skipped);
+        }
+    }
+
+    /// Under the window's range lock: checks it is still worth rewriting, copies its blocks
+    /// into `dest` (the whole of `set`) and commits them. False when it no longer qualifies.
+    fn copy_and_commit(
+        &self,
+        slot: &Slot,
+        inode: &Inode,
+        window: u64,
+        dest: u64,
+        set: &Arc<BufferSet>,
+        fragmented: &impl Fn(&Inode) -> bool,
+    ) -> Result<bool> {
+        let (offset, first) = (window * WINDOW_BYTES, window * WINDOW_BLOCKS);
+        let _range = inode.lock_range(offset, WINDOW_BYTES, LockMode::Exclusive)?;
+        if !fragmented(inode) {
+            return Ok(false);
         }
         let runs = inode
             .extents
@@ -339,28 +359,13 @@ impl Inner {
             let to = (run.file_block + run.blocks).min(first + WINDOW_BLOCKS);
             let src = run.addr + (from - run.file_block) * BLOCK;
             let len = (to - from) * BLOCK;
-            let at = dest + (from - first) * BLOCK;
             // A damaged block is not copied (it would get a fresh, valid checksum).
-            if let Err(e) = self
-                .verify_data(ino, from * BLOCK, src, len)
-                .and_then(|()| self.copy_pmem(src, at, len))
-            {
-                drop(range);
-                if set.release() {
-                    set.reclaim(&self.volume)?;
-                }
-                return Err(e);
-            }
+            self.verify_data(inode.ino, from * BLOCK, src, len)?;
+            self.copy_pmem(src, dest + (from - first) * BLOCK, len)?;
         }
         self.note_filled_in_place(dest, WINDOW_BYTES)?;
         // The copy is durable before the record that points at it can be.
         self.volume.fence();
-        slot.counters
-            .media_bytes
-            .fetch_add(WINDOW_BYTES, Ordering::Relaxed);
-        self.counters
-            .defragmented_windows
-            .fetch_add(1, Ordering::Relaxed);
         // The record's time moves neither time: the checkpoint and recovery only raise a
         // file's modification and change times to a record's (0 would mean "now").
         let time = inode
@@ -368,8 +373,14 @@ impl Inner {
             .load(Ordering::Acquire)
             .min(inode.ctime.load(Ordering::Acquire))
             .max(1);
-        self.commit_locked(&slot, &inode, offset, WINDOW_BYTES, dest, set, time)?;
-        drop(range);
-        Ok(Outcome::Rewritten)
+        let buffer = Arc::clone(set);
+        self.commit_locked(slot, inode, offset, WINDOW_BYTES, dest, buffer, time)?;
+        slot.counters
+            .media_bytes
+            .fetch_add(WINDOW_BYTES, Ordering::Relaxed);
+        self.counters
+            .defragmented_windows
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(true)
     }
 }

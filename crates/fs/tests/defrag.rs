@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use fs::{CheckpointMode, File, FormatOptions, Fs, FsOptions};
-use testkit::{open_volume, shm_volume, small_format, small_options};
+use testkit::{ShmVolume, open_volume, shm_volume, small_format, small_options};
 
 const WINDOW: u64 = 2 << 20;
 
@@ -54,6 +54,21 @@ fn scatter(file: &File, model: &mut [u8], len: u64, count: usize, seed: u64) {
     }
 }
 
+/// A fresh file system on a `volume`-byte shm volume whose `/f` holds `model`.
+fn file_holding(
+    name: &str,
+    volume: u64,
+    format: &FormatOptions,
+    options: FsOptions,
+    model: &[u8],
+) -> (ShmVolume, Fs, File) {
+    let shm = shm_volume(name, volume);
+    let fs = Fs::format(open_volume(&shm.dir), format, options).unwrap();
+    let f = fs.create("/f").unwrap();
+    f.write_at(model, 0).unwrap();
+    (shm, fs, f)
+}
+
 fn wait_for(fs: &Fs, windows: u64) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -77,16 +92,13 @@ fn with_data_checksums_too() {
 }
 
 fn whole_windows(data_checksums: bool) {
-    let shm = shm_volume("defrag-whole", 96 << 20);
     let format = FormatOptions {
         data_checksums,
         ..small_format()
     };
-    let fs = Fs::format(open_volume(&shm.dir), &format, options()).unwrap();
-    let f = fs.create("/f").unwrap();
     let len = 4 * WINDOW;
     let mut model: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
-    f.write_at(&model, 0).unwrap();
+    let (shm, fs, f) = file_holding("defrag-whole", 96 << 20, &format, options(), &model);
     // 120 MiB of overwrites: the rewrites' budget (1/20 of what callers wrote) covers the
     // three windows.
     scatter(&f, &mut model, len, 30_000, 7);
@@ -148,12 +160,15 @@ fn whole_windows(data_checksums: bool) {
 
 #[test]
 fn writers_that_come_and_go_during_passes_lose_nothing() {
-    let shm = shm_volume("defrag-writers", 96 << 20);
-    let fs = Fs::format(open_volume(&shm.dir), &small_format(), options()).unwrap();
-    let f = fs.create("/f").unwrap();
     let len = 6 * WINDOW;
     let mut model: Vec<u8> = (0..len).map(|i| (i % 241) as u8).collect();
-    f.write_at(&model, 0).unwrap();
+    let (shm, fs, f) = file_holding(
+        "defrag-writers",
+        96 << 20,
+        &small_format(),
+        options(),
+        &model,
+    );
     // Bursts of overwrites with pauses just past the idle time: passes start, and the next
     // burst meets them mid-way.
     for round in 0..12u64 {
@@ -182,11 +197,8 @@ fn off_or_on_demand_it_does_nothing() {
             ..options()
         },
     ] {
-        let shm = shm_volume("defrag-off", 64 << 20);
-        let fs = Fs::format(open_volume(&shm.dir), &small_format(), options).unwrap();
-        let f = fs.create("/f").unwrap();
         let mut model = vec![1u8; (2 * WINDOW) as usize];
-        f.write_at(&model, 0).unwrap();
+        let (_shm, fs, f) = file_holding("defrag-off", 64 << 20, &small_format(), options, &model);
         scatter(&f, &mut model, 2 * WINDOW, 2000, 3);
         fs.checkpoint().unwrap();
         std::thread::sleep(Duration::from_millis(400));
@@ -201,12 +213,15 @@ fn off_or_on_demand_it_does_nothing() {
 /// reach waits, put off (not noted, so the file system counts as idle).
 #[test]
 fn the_rewrites_stay_within_their_budget() {
-    let shm = shm_volume("defrag-budget", 64 << 20);
-    let fs = Fs::format(open_volume(&shm.dir), &small_format(), options()).unwrap();
-    let f = fs.create("/f").unwrap();
     let len = 2 * WINDOW;
     let mut model = vec![3u8; len as usize];
-    f.write_at(&model, 0).unwrap();
+    let (_shm, fs, f) = file_holding(
+        "defrag-budget",
+        64 << 20,
+        &small_format(),
+        options(),
+        &model,
+    );
     // 4 MiB + 10 MiB written: a budget of 0.7 MiB, less than a window.
     scatter(&f, &mut model, len, 2560, 5);
     fs.checkpoint().unwrap();

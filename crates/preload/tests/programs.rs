@@ -106,6 +106,31 @@ fn compile(name: &str) -> (tempfile::TempDir, PathBuf) {
     (build, program)
 }
 
+/// `SHELL -c SCRIPT script ARGS...`, under the library on `vol` when one is given: its
+/// stdout and stderr.
+fn shell(
+    vol: Option<&Path>,
+    shell: &str,
+    script: &str,
+    args: &[&std::ffi::OsStr],
+) -> (String, String) {
+    let mut cmd = match vol {
+        Some(vol) => preloaded(vol, shell),
+        None => Command::new(shell),
+    };
+    let output = cmd
+        .arg("-c")
+        .arg(script)
+        .arg("script")
+        .args(args)
+        .output()
+        .expect(shell);
+    (
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
 fn have(program: &str) -> bool {
     Command::new("sh")
         .args(["-c", &format!("command -v {program}")])
@@ -163,24 +188,12 @@ fn coreutils_behave_as_on_tmpfs() {
     "#;
     let run = |root: &str, preload: bool| {
         let out_dir = tempfile::tempdir().unwrap();
-        let mut cmd = if preload {
-            preloaded(vol.path(), "sh")
-        } else {
-            Command::new("sh")
-        };
-        let output = cmd
-            .arg("-c")
-            .arg(script)
-            .arg("script")
-            .arg(root)
-            .arg(&source)
-            .arg(out_dir.path())
-            .output()
-            .expect("sh");
-        (
-            String::from_utf8_lossy(&output.stdout).into_owned(),
-            String::from_utf8_lossy(&output.stderr).into_owned(),
-        )
+        let args = [
+            root.as_ref(),
+            source.as_os_str(),
+            out_dir.path().as_os_str(),
+        ];
+        shell(preload.then(|| vol.path()), "sh", script, &args)
     };
     let tmpfs_root = tmp.path().join("root");
     std::fs::create_dir(&tmpfs_root).unwrap();
@@ -271,24 +284,10 @@ print(os.stat(sys.argv[1] + "/py/a/f").st_mtime_ns)
             && git -c user.name=u -c user.email=u@e commit -qam second && git log -1 --format='%H %s'
         git ls-files -s
     "#;
+    let tar = tmp.path().join("t.tar");
     let run = |root: &str, preload: bool| {
-        let mut cmd = if preload {
-            preloaded(vol.path(), "bash")
-        } else {
-            Command::new("bash")
-        };
-        let output = cmd
-            .arg("-c")
-            .arg(script)
-            .arg("script")
-            .arg(root)
-            .arg(tmp.path().join("t.tar"))
-            .output()
-            .expect("bash");
-        (
-            String::from_utf8_lossy(&output.stdout).into_owned(),
-            String::from_utf8_lossy(&output.stderr).into_owned(),
-        )
+        let args = [root.as_ref(), tar.as_os_str()];
+        shell(preload.then(|| vol.path()), "bash", script, &args)
     };
     let tmpfs_root = tmp.path().join("root");
     std::fs::create_dir(&tmpfs_root).unwrap();
@@ -1288,21 +1287,11 @@ fn fd_names_lead_to_the_open_file_as_on_tmpfs() {
         cat /dev/fd/7 2>&1
     "#;
     let run = |root: &str, preload: bool| {
-        let mut cmd = if preload {
-            preloaded(vol.path(), "bash")
-        } else {
-            Command::new("bash")
-        };
-        let output = cmd
-            .arg("-c")
-            .arg(script)
-            .arg("script")
-            .arg(root)
-            .output()
-            .expect("bash");
-        (
-            String::from_utf8_lossy(&output.stdout).into_owned(),
-            String::from_utf8_lossy(&output.stderr).into_owned(),
+        shell(
+            preload.then(|| vol.path()),
+            "bash",
+            script,
+            &[root.as_ref()],
         )
     };
     let (expected, expected_err) = run(tmp.path().to_str().unwrap(), false);

@@ -761,33 +761,29 @@ impl Inner {
 }
 
 impl Inner {
-    /// Writes callers have logged so far (a rewrite of a file's own bytes is not one).
-    pub(crate) fn caller_writes(&self) -> u64 {
+    /// A slot counter summed over the slots that exist.
+    fn slot_sum(&self, counter: impl Fn(&SlotCounters) -> &AtomicU64) -> u64 {
         self.slots
             .iter()
             .filter_map(OnceLock::get)
-            .map(|slot| slot.counters.writes.load(Ordering::Relaxed))
+            .map(|slot| counter(&slot.counters).load(Ordering::Relaxed))
             .sum()
+    }
+
+    /// Writes callers have logged so far (a rewrite of a file's own bytes is not one).
+    pub(crate) fn caller_writes(&self) -> u64 {
+        self.slot_sum(|c| &c.writes)
     }
 
     /// Bytes callers have written so far.
     pub(crate) fn caller_bytes(&self) -> u64 {
-        self.slots
-            .iter()
-            .filter_map(OnceLock::get)
-            .map(|slot| slot.counters.caller_bytes.load(Ordering::Relaxed))
-            .sum()
+        self.slot_sum(|c| &c.caller_bytes)
     }
 
     pub(crate) fn stats(&self) -> FsStats {
-        let mut caller_bytes = 0;
-        let mut media_bytes = 0;
-        let mut writes = 0;
-        for slot in self.slots.iter().filter_map(OnceLock::get) {
-            caller_bytes += slot.counters.caller_bytes.load(Ordering::Relaxed);
-            media_bytes += slot.counters.media_bytes.load(Ordering::Relaxed);
-            writes += slot.counters.writes.load(Ordering::Relaxed);
-        }
+        let caller_bytes = self.caller_bytes();
+        let writes = self.caller_writes();
+        let mut media_bytes = self.slot_sum(|c| &c.media_bytes);
         let waits = self
             .counters
             .waits

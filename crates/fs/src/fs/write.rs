@@ -33,6 +33,16 @@ struct Placed {
 /// write on the hot path).
 type Placement = SmallVec<[Placed; 1]>;
 
+/// All `len` bytes of a write in one buffer, at `addr` in `set`.
+fn whole(len: u64, addr: u64, set: Arc<BufferSet>) -> Placement {
+    smallvec![Placed {
+        at: 0,
+        len,
+        addr,
+        set
+    }]
+}
+
 impl Inner {
     /// Waits until the slot's log area has `count` free record slots. Only the slot's thread
     /// appends, so the space stays free until it does. Called before taking a range lock:
@@ -59,13 +69,7 @@ impl Inner {
         buffer: u64,
         set: Arc<BufferSet>,
     ) -> Result<()> {
-        let whole = Placed {
-            at: 0,
-            len,
-            addr: buffer,
-            set,
-        };
-        self.commit_pieces(slot, inode, offset, len, smallvec![whole])
+        self.commit_pieces(slot, inode, offset, len, whole(len, buffer, set))
     }
 
     /// Commits a write of `[offset, offset + len)` of `inode` whose data is already
@@ -100,13 +104,8 @@ impl Inner {
         set: Arc<BufferSet>,
         time: u64,
     ) -> Result<()> {
-        let whole = Placed {
-            at: 0,
-            len,
-            addr: buffer,
-            set,
-        };
-        self.append_and_queue(slot, inode, offset, len, smallvec![whole], time, false)
+        let pieces = whole(len, buffer, set);
+        self.append_and_queue(slot, inode, offset, len, pieces, time, false)
     }
 
     /// Appends the records of a write whose range lock the caller holds, updates the
@@ -228,12 +227,12 @@ impl Inner {
         if skew + len > self.options.prelim_buffer_bytes {
             // At the file's in-page offset, so its whole blocks can be remapped.
             let extent = self.with_space(|| self.alloc_buffer(len + skew))?;
-            return Ok(smallvec![Placed {
-                at: 0,
+            let addr = extent.start.raw() + skew;
+            return Ok(whole(
                 len,
-                addr: extent.start.raw() + skew,
-                set: Arc::new(BufferSet::sealed_with(smallvec![extent], 1)),
-            }]);
+                addr,
+                Arc::new(BufferSet::sealed_with(smallvec![extent], 1)),
+            ));
         }
         let reserve = || {
             let spare = || self.spare_bytes();
@@ -263,12 +262,7 @@ impl Inner {
             };
             match reserved {
                 Reserve::Placed(p) => {
-                    return Ok(smallvec![Placed {
-                        at: 0,
-                        len,
-                        addr: p.addr,
-                        set: p.set,
-                    }]);
+                    return Ok(whole(len, p.addr, p.set));
                 }
                 Reserve::Wait => self.wait_for_progress(Wait::Buffers)?,
             }

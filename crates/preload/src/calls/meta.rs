@@ -46,11 +46,20 @@ fn locus_stat(path: &str, slash: bool, buf: *mut libc::stat) -> c_int {
     }))
 }
 
+/// `AT_EMPTY_PATH` with an empty name on a locus fd: the call is about the fd itself.
+///
+/// # Safety
+/// `path` is null or NUL-terminated.
+unsafe fn names_the_fd(dirfd: c_int, path: *const c_char, flags: c_int) -> bool {
+    // SAFETY: the caller's contract.
+    let empty = !path.is_null() && unsafe { *path } == 0;
+    empty && flags & libc::AT_EMPTY_PATH != 0 && state::is_locus(dirfd)
+}
+
 /// `fstatat` for everyone: `AT_EMPTY_PATH` on a locus fd, a locus path, or libc's.
 unsafe fn stat_at(dirfd: c_int, path: *const c_char, buf: *mut libc::stat, flags: c_int) -> c_int {
     // SAFETY: a NUL-terminated path per C's contract.
-    let empty = !path.is_null() && unsafe { *path } == 0;
-    if empty && flags & libc::AT_EMPTY_PATH != 0 && state::is_locus(dirfd) {
+    if unsafe { names_the_fd(dirfd, path, flags) } {
         // SAFETY: forwarded contract.
         return unsafe { fstat64(dirfd, buf) };
     }
@@ -284,8 +293,7 @@ pub unsafe extern "C" fn statx(
         return unsafe { real::statx(dirfd, path, flags, mask, buf) };
     }
     // SAFETY: a NUL-terminated path per C's contract.
-    let empty = !path.is_null() && unsafe { *path } == 0;
-    if empty && flags & libc::AT_EMPTY_PATH != 0 && state::is_locus(dirfd) {
+    if unsafe { names_the_fd(dirfd, path, flags) } {
         return unit(state::run(|| {
             let (st, dev) = stat_fd(dirfd)?;
             // SAFETY: the caller's buffer, checked non-null.
@@ -721,8 +729,7 @@ pub unsafe extern "C" fn fchownat(
     flags: c_int,
 ) -> c_int {
     // SAFETY: `path` is null or NUL-terminated per C's contract.
-    let empty = !path.is_null() && unsafe { *path } == 0;
-    if empty && flags & libc::AT_EMPTY_PATH != 0 && state::is_locus(dirfd) {
+    if unsafe { names_the_fd(dirfd, path, flags) } {
         // SAFETY: forwarded contract.
         return unsafe { fchown(dirfd, uid, gid) };
     }

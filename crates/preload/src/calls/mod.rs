@@ -98,12 +98,7 @@ pub(crate) unsafe fn resolve_as(
     follow_last: bool,
 ) -> Result<Resolved, c_int> {
     // SAFETY: forwarded contract.
-    let resolved = match unsafe { resolve_names(dirfd, path) }? {
-        // SAFETY: forwarded contract.
-        Resolved::Kernel => unsafe { through_fd_name(path, follow_last) }?,
-        other => other,
-    };
-    match resolved {
+    match unsafe { resolve_names(dirfd, path, follow_last) }? {
         Resolved::Locus {
             path,
             trailing_slash,
@@ -170,15 +165,11 @@ pub(crate) fn fd_name(path: &[u8]) -> Option<(c_int, bool, &[u8])> {
 /// path the fd was opened by. (The kernel follows the open file itself; a file renamed or
 /// unlinked since is not found by its old name.) `lstat` and `readlink` of the name itself
 /// (`follow_last` false) see the kernel's link, as on any file system.
-///
-/// # Safety
-/// `path` is null or a NUL-terminated string.
-unsafe fn through_fd_name(path: *const c_char, follow_last: bool) -> Result<Resolved, c_int> {
-    if path.is_null() || state::inside() {
-        return Ok(Resolved::Kernel);
-    }
-    // SAFETY: non-null and NUL-terminated per the caller's contract.
-    let bytes = unsafe { CStr::from_ptr(path) }.to_bytes();
+fn through_fd_name(
+    config: &state::Config,
+    bytes: &[u8],
+    follow_last: bool,
+) -> Result<Resolved, c_int> {
     let Some((fd, _, rest)) = fd_name(bytes) else {
         return Ok(Resolved::Kernel);
     };
@@ -187,23 +178,10 @@ unsafe fn through_fd_name(path: *const c_char, follow_last: bool) -> Result<Reso
     }
     let desc = state::desc(fd)?;
     desc.usable()?;
-    let config = state::config().ok_or(libc::EIO)?;
     let mut full = config.mount.outside(&desc.path);
     full.extend_from_slice(rest);
-    Ok(match config.mount.classify(&full) {
-        Target::Locus {
-            path,
-            trailing_slash,
-        } => Resolved::Locus {
-            path,
-            trailing_slash,
-        },
-        // `/dev/fd/3/..` of the mount's root.
-        Target::Kernel => Resolved::KernelPath(
-            CString::new(crate::path::normalize(&full).ok_or(libc::EINVAL)?)
-                .map_err(|_| libc::EINVAL)?,
-        ),
-    })
+    // (`/dev/fd/3/..` of the mount's root is a kernel path.)
+    absolute(config, &full)
 }
 
 /// Follows the symbolic links a walk of the inside `path` meets, as the kernel does: a
@@ -257,11 +235,16 @@ fn follow_links(
     Err(libc::ELOOP)
 }
 
-/// Decides whose `path` (relative to `dirfd`) is, by its names alone.
+/// Decides whose `path` (relative to `dirfd`) is, by its names alone (and, for a kernel
+/// name of an open fd, [`through_fd_name`]).
 ///
 /// # Safety
 /// `path` is null or a NUL-terminated string.
-unsafe fn resolve_names(dirfd: c_int, path: *const c_char) -> Result<Resolved, c_int> {
+unsafe fn resolve_names(
+    dirfd: c_int,
+    path: *const c_char,
+    follow_last: bool,
+) -> Result<Resolved, c_int> {
     if path.is_null() || state::inside() {
         return Ok(Resolved::Kernel);
     }
@@ -271,22 +254,10 @@ unsafe fn resolve_names(dirfd: c_int, path: *const c_char) -> Result<Resolved, c
         return Ok(Resolved::Kernel);
     };
     if bytes.first() == Some(&b'/') {
-        return Ok(match config.mount.classify(bytes) {
-            Target::Locus {
-                path,
-                trailing_slash,
-            } => Resolved::Locus {
-                path,
-                trailing_slash,
-            },
-            // `/locus/../etc` names `/etc`, but the kernel would look for `/locus` first,
-            // which does not exist for it: hand it the folded path.
-            Target::Kernel if bytes.starts_with(config.mount.prefix()) => {
-                let folded = crate::path::normalize(bytes).expect("absolute");
-                Resolved::KernelPath(CString::new(folded).map_err(|_| libc::EINVAL)?)
-            }
-            Target::Kernel => Resolved::Kernel,
-        });
+        return match absolute(config, bytes)? {
+            Resolved::Kernel => through_fd_name(config, bytes, follow_last),
+            other => Ok(other),
+        };
     }
     let base = if dirfd == libc::AT_FDCWD {
         match state::cwd() {
@@ -342,6 +313,26 @@ unsafe fn resolve_names(dirfd: c_int, path: *const c_char) -> Result<Resolved, c
             trailing_slash,
         },
         Target::Kernel => Resolved::KernelPath(CString::new(full).map_err(|_| libc::EINVAL)?),
+    })
+}
+
+/// Whose the absolute path `bytes` is, by its names alone.
+fn absolute(config: &state::Config, bytes: &[u8]) -> Result<Resolved, c_int> {
+    Ok(match config.mount.classify(bytes) {
+        Target::Locus {
+            path,
+            trailing_slash,
+        } => Resolved::Locus {
+            path,
+            trailing_slash,
+        },
+        // `/locus/../etc` names `/etc`, but the kernel would look for `/locus` first, which
+        // does not exist for it: hand it the folded path.
+        Target::Kernel if bytes.starts_with(config.mount.prefix()) => {
+            let folded = crate::path::normalize(bytes).expect("absolute");
+            Resolved::KernelPath(CString::new(folded).map_err(|_| libc::EINVAL)?)
+        }
+        Target::Kernel => Resolved::Kernel,
     })
 }
 
