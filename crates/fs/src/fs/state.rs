@@ -166,10 +166,12 @@ pub struct FsStats {
     /// 2 MiB windows of files that small overwrites had scattered, rewritten into one
     /// extent while the file system was idle (their bytes count in `media_bytes`).
     pub defragmented_windows: u64,
+    /// ... of which reads earned the rewrite: read scattered, a window's size of them.
+    pub defragmented_for_reads: u64,
     /// Windows noted for that and not yet looked at.
     pub defrag_windows_noted: u64,
     /// Windows put off until callers have written more (the rewrites' budget is 1/20 of
-    /// what they wrote) or a free 2 MiB extent may exist again.
+    /// what they wrote), reads earn them a rewrite, or a free 2 MiB extent may exist again.
     pub defrag_windows_deferred: u64,
     /// Times a writer waited for the checkpoint (backpressure): the sum of the four below.
     pub backpressure_waits: u64,
@@ -813,6 +815,7 @@ impl Inner {
             recycled_blocks: self.recycled.used(),
             snapshots: c.snapshots.load(Ordering::Relaxed),
             defragmented_windows: c.defragmented_windows.load(Ordering::Relaxed),
+            defragmented_for_reads: self.defrag.earned_by_reads.load(Ordering::Relaxed),
             defrag_windows_noted: self.defrag.noted() as u64,
             defrag_windows_deferred: self.defrag.deferred() as u64,
             backpressure_waits: waits.iter().sum(),
