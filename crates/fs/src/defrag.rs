@@ -179,10 +179,14 @@ impl Defrag {
         let mut woke = false;
         for (window, bytes, _) in parts {
             let key = (ino, window);
-            if state.hot.contains(&key)
-                || (!state.read_credit.contains_key(&key) && state.read_credit.len() >= MAX_NOTED)
-            {
+            if state.hot.contains(&key) {
                 continue;
+            }
+            // Credits of files since removed, or read scattered once long ago, would fill the
+            // table for good: when it is full, every partial credit starts over (which only
+            // delays those windows' rewrites).
+            if state.read_credit.len() >= MAX_NOTED && !state.read_credit.contains_key(&key) {
+                state.read_credit.clear();
             }
             let credit = state.read_credit.entry(key).or_default();
             *credit += bytes;
