@@ -1916,6 +1916,20 @@ h.flush()
             0.0
         );
     }
+    // A fresh volume written in ten small pieces has nothing to defragment, and says so.
+    for earned_by in ["writes", "reads"] {
+        assert_eq!(
+            value(
+                "counter",
+                &format!("locus_fs_defragmented_windows_total{{earned_by={earned_by}}}")
+            ),
+            0.0
+        );
+    }
+    assert_eq!(
+        value("gauge", "locus_fs_defrag_windows{state=deferred}"),
+        0.0
+    );
     // Anything but /metrics is a 404.
     let other = run_unchecked("curl", &["-sSf", &format!("http://{address}/other")]);
     assert!(!other.status.success());

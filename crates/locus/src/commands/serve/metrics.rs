@@ -437,6 +437,39 @@ pub fn render(sources: &Sources) -> String {
     ] {
         f.sample(name, &[("reason", reason.to_owned())], waits);
     }
+    let name = "locus_fs_defragmented_windows_total";
+    let mut f = Family::new(
+        &mut out,
+        name,
+        "counter",
+        "2 MiB windows of files rewritten into one extent while no caller wrote, by what paid \
+         for it: writes (the rewrites' budget, 1/20 of the bytes written) or reads (a window \
+         read its own size in scattered pieces). Their bytes count in \
+         locus_fs_media_bytes_total.",
+    );
+    for (earned_by, windows) in [
+        (
+            "writes",
+            fs.defragmented_windows - fs.defragmented_for_reads,
+        ),
+        ("reads", fs.defragmented_for_reads),
+    ] {
+        f.sample(name, &[("earned_by", earned_by.to_owned())], windows);
+    }
+    let name = "locus_fs_defrag_windows";
+    let mut f = Family::new(
+        &mut out,
+        name,
+        "gauge",
+        "Windows waiting to be rewritten: noted (looked at in the next idle spell) or \
+         deferred (until more writes add budget, reads earn them, or space frees up).",
+    );
+    for (state, windows) in [
+        ("noted", fs.defrag_windows_noted),
+        ("deferred", fs.defrag_windows_deferred),
+    ] {
+        f.sample(name, &[("state", state.to_owned())], windows);
+    }
     let caches = (sources.caches)();
     if !caches.is_empty() {
         type Field = fn(&cachedev::CacheStats) -> f64;
