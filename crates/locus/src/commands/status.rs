@@ -395,5 +395,14 @@ fn print_live_volume(dir: &Path, live: &serde_json::Value, server: &str) -> Resu
         fs["records_pending"],
         fs["write_amplification"].as_f64().unwrap_or(0.0)
     );
+    let count = |key: &str| fs[key].as_u64().unwrap_or(0);
+    outln!(
+        "idle-time defragmentation: {} window(s) rewritten ({} earned by reads), {} noted, {} \
+         put off",
+        count("defragmented_windows"),
+        count("defragmented_for_reads"),
+        count("defrag_windows_noted"),
+        count("defrag_windows_deferred")
+    );
     Ok(())
 }
