@@ -258,6 +258,10 @@ fn the_rewrites_stay_within_their_budget() {
         (0, 2),
         "both windows put off, none dropped"
     );
+    assert!(
+        stats.idle,
+        "windows put off leave the file system idle: {stats:?}"
+    );
     assert!(pieces(&f, 0, WINDOW) >= 64 && pieces(&f, WINDOW, WINDOW) >= 64);
     // 28 MiB more (a budget of 2.1 MiB): one window is rewritten, the other waits.
     scatter(&f, &mut model, len, 7168, 6);

@@ -685,9 +685,7 @@ print(n)
             .output()
             .unwrap();
         let live = &json(&out)["fs_live"];
-        let busy = live["records_pending"].as_u64() != Some(0)
-            || live["defrag_windows_noted"].as_u64() != Some(0);
-        if !busy {
+        if live["idle"].as_bool() == Some(true) {
             break;
         }
         assert!(

@@ -149,6 +149,10 @@ pub struct FsStats {
     pub writes: u64,
     /// Logged writes not yet moved into their files.
     pub records_pending: u64,
+    /// Nothing left to do in the background: no logged write waiting for the checkpoint and
+    /// no window waiting for the defragmenter to look at it. (What waits for tools that
+    /// must not overlap that work, e.g. a benchmark's next timed run.)
+    pub idle: bool,
     /// Operations logged since the oldest record the checkpoint has not finished.
     pub checkpoint_lag: u64,
     /// Checkpoint batches committed.
@@ -794,7 +798,7 @@ impl Inner {
         let c = &self.counters;
         media_bytes +=
             c.copied_bytes.load(Ordering::Relaxed) + c.metadata_bytes.load(Ordering::Relaxed);
-        FsStats {
+        let mut stats = FsStats {
             caller_bytes,
             media_bytes,
             write_amplification: if caller_bytes == 0 {
@@ -804,6 +808,7 @@ impl Inner {
             },
             writes,
             records_pending: self.progress.pending(),
+            idle: false,
             checkpoint_lag: self
                 .progress
                 .current_order()
@@ -826,7 +831,9 @@ impl Inner {
             checkpoint_cpu_ns: c.checkpoint_cpu_ns.load(Ordering::Relaxed),
             inodes: self.inodes.read().expect("inode table").len() as u64,
             reserved_bytes: self.reserve_bytes(),
-        }
+        };
+        stats.idle = stats.records_pending == 0 && stats.defrag_windows_noted == 0;
+        stats
     }
 }
 

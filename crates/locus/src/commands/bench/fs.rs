@@ -497,8 +497,7 @@ fn settle(fs: &fs::Fs) {
     std::thread::sleep(Duration::from_millis(150));
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
-        let stats = fs.stats();
-        if stats.records_pending == 0 && stats.defrag_windows_noted == 0 {
+        if fs.stats().idle {
             return;
         }
         std::thread::sleep(Duration::from_millis(20));

@@ -443,11 +443,7 @@ fn settle(server: &Running) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
         let busy = match crate::commands::serve::control::ask(dir) {
-            Some(Ok(status)) => {
-                let fs = &status["fs"];
-                fs["records_pending"].as_u64() != Some(0)
-                    || fs["defrag_windows_noted"].as_u64() != Some(0)
-            }
+            Some(Ok(status)) => status["fs"]["idle"].as_bool() != Some(true),
             _ => false,
         };
         if !busy {
