@@ -63,7 +63,8 @@ pub(crate) const WINDOW_BLOCKS: u64 = WINDOW_BYTES / BLOCK;
 pub(crate) const MIN_RUNS: usize = 64;
 /// How long the file system must have been unchanged before a pass starts.
 pub(crate) const IDLE: Duration = Duration::from_millis(100);
-/// Most windows remembered; past it, new ones are not noted until some are done.
+/// Most windows remembered (noted, and queued by reads); past it, new ones are not queued
+/// until some are done.
 const MAX_NOTED: usize = 1 << 16;
 /// The rewrites' bytes stay within this share of what callers have written since the file
 /// system was opened: 1/20, so defragmenting adds at most 0.05 to the write amplification
@@ -179,7 +180,7 @@ impl Defrag {
         let mut woke = false;
         for (window, bytes, _) in parts {
             let key = (ino, window);
-            if state.hot.contains(&key) {
+            if state.hot.contains(&key) || state.hot.len() >= MAX_NOTED {
                 continue;
             }
             // Credits of files since removed, or read scattered once long ago, would fill the
