@@ -121,6 +121,9 @@ pub(crate) enum Outcome {
     NoSpace,
     /// The rewrites have used their share of what callers wrote ([`BUDGET_SHARE`]).
     OverBudget,
+    /// A window reads paid for still has logged data over it: the pass stops, the window
+    /// waits (still paid for) until the checkpoint has finished another batch.
+    Logged,
 }
 
 impl Defrag {
@@ -209,6 +212,11 @@ impl Defrag {
     pub(crate) fn noted(&self) -> usize {
         let state = self.state.lock().expect("defrag state");
         state.noted.len() + state.hot.len()
+    }
+
+    /// Puts a window reads paid for back in their queue (see [`Outcome::Logged`]).
+    fn queue_hot(&self, window: (u64, u64)) {
+        self.state.lock().expect("defrag state").hot.insert(window);
     }
 
     /// Windows that reads have ever queued for rewriting.
@@ -356,6 +364,15 @@ fn run(inner: &Arc<Inner>) {
             };
             match inner.rewrite_window(ino, window, earned) {
                 Ok(Outcome::Rewritten | Outcome::Skipped) => {}
+                Ok(Outcome::Logged) => {
+                    defrag.queue_hot((ino, window));
+                    stalled_at = Some((
+                        inner.progress.batches_finished(),
+                        inner.caller_bytes(),
+                        defrag.hot_added(),
+                    ));
+                    break;
+                }
                 Ok(Outcome::NoSpace | Outcome::OverBudget) => {
                     defrag.defer_all((ino, window));
                     stalled_at = Some((
@@ -413,6 +430,18 @@ impl Inner {
                     .lookup(offset, offset + WINDOW_BYTES)
                     .is_empty()
         };
+        // Logged data the checkpoint has not moved yet is passing: a window reads paid for
+        // waits for it rather than being forgotten (the checkpoint notes the window again when
+        // it moves the data, but as one for the writes' budget).
+        if earned
+            && !inode.dead.load(Ordering::Acquire)
+            && !inode
+                .overlay
+                .lookup(offset, offset + WINDOW_BYTES)
+                .is_empty()
+        {
+            return Ok(Outcome::Logged);
+        }
         // A cheap look before taking space and a record slot; the answer is checked again
         // under the range lock.
         if !fragmented(&inode) {

@@ -334,3 +334,45 @@ fn scattered_reads_earn_a_rewrite_outside_the_budget() {
     }
     assert_eq!(all, model);
 }
+
+/// A window whose reads earned its rewrite while logged data still lay over it (the
+/// checkpoint had not moved it yet) waits for the checkpoint and is rewritten then, still
+/// paid for by its reads, instead of being forgotten.
+#[test]
+fn an_earned_window_waits_for_logged_data_to_be_checkpointed() {
+    let len = 2 * WINDOW;
+    let mut model = vec![9u8; len as usize];
+    let (_shm, fs, f) = file_holding(
+        "defrag-reads-logged",
+        64 << 20,
+        &small_format(),
+        options(),
+        &model,
+    );
+    scatter(&f, &mut model, len, 2560, 5);
+    fs.checkpoint().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(fs.stats().defrag_windows_deferred, 2);
+    fs.quiesced(|| {
+        // Logged, and held there: the checkpoint waits for `quiesced` to return.
+        let block = vec![0xA5u8; 4096];
+        f.write_at(&block, 8192).unwrap();
+        model[8192..8192 + 4096].copy_from_slice(&block);
+        read_in(&f, 0, WINDOW, 64 << 10);
+        // Idle for the defragmenter, which finds the window's logged data.
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(fs.stats().defragmented_windows, 0);
+    });
+    // Dropped instead, the window would come back only as one for the writes' budget, which
+    // does not cover it.
+    assert_eq!(wait_for(&fs, 1), 1, "the earned window was dropped");
+    assert_eq!(fs.stats().defragmented_for_reads, 1);
+    fs.checkpoint().unwrap();
+    assert_eq!(pieces(&f, 0, WINDOW), 1);
+    let mut all = vec![0u8; len as usize];
+    for at in (0..len).step_by(4096) {
+        f.read_at(&mut all[at as usize..at as usize + 4096], at)
+            .unwrap();
+    }
+    assert_eq!(all, model);
+}
