@@ -282,9 +282,9 @@ fn the_rewrites_stay_within_their_budget() {
     assert_eq!(read_all(&f), model);
 }
 
-/// Reads earn what the writes' budget does not cover: a window read its own size in
-/// scattered 64 KiB reads is rewritten though the budget is spent; one read the same in
-/// 4 KiB reads (one piece each, nothing to gain) is not.
+/// Reads earn what the writes' budget does not cover: a window read about its own size in
+/// scattered reads is rewritten though the budget is spent (half of it is not enough); one
+/// read whole in 4 KiB reads (one piece each, nothing to gain) is not.
 #[test]
 fn scattered_reads_earn_a_rewrite_outside_the_budget() {
     let len = 2 * WINDOW;
@@ -303,15 +303,21 @@ fn scattered_reads_earn_a_rewrite_outside_the_budget() {
         ),
         (0, 0, 2)
     );
-    // Half of window 0 in 64 KiB reads, and all of window 1 in 4 KiB reads: not enough, and
-    // not scattered.
-    read_in(&f, 0, WINDOW / 2, 64 << 10);
+    // Window 0 read as a FUSE mount asks for it, in reads of 1 MiB less 16 bytes (the
+    // window's last 32 bytes come in a read of one piece). The first read, half the window,
+    // is not enough; all of window 1 in 4 KiB reads is not scattered.
+    let fuse_reads = (1 << 20) - 16;
+    let mut buf = vec![0u8; fuse_reads];
+    assert_eq!(f.read_at(&mut buf, 0).unwrap(), fuse_reads);
     read_in(&f, WINDOW, WINDOW, 4096);
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(fs.stats().defragmented_windows, 0);
-    // The other half (and a second look at the first): window 0 has earned its rewrite.
-    read_in(&f, WINDOW / 2, WINDOW / 2, 64 << 10);
-    read_in(&f, 0, WINDOW, 64 << 10);
+    // The rest of the pass: window 0 has earned its rewrite (32 bytes short of its size).
+    assert_eq!(f.read_at(&mut buf, fuse_reads as u64).unwrap(), fuse_reads);
+    assert_eq!(
+        f.read_at(&mut buf[..32], 2 * fuse_reads as u64).unwrap(),
+        32
+    );
     assert_eq!(wait_for(&fs, 1), 1);
     std::thread::sleep(Duration::from_millis(300));
     let stats = fs.stats();
