@@ -18,8 +18,13 @@
 //! rules, and the checkpoint remaps the new extent whole, freeing the pieces. The write
 //! leaves the file's times alone (its record carries the file's current modification time).
 //!
-//! It skips, and forgets, a window that is not fully mapped (a hole would be written as
-//! zeros and stop being a hole), that still has logged data the checkpoint has not moved,
+//! A window with holes (a sparse file, an export the client trimmed) is rewritten around
+//! them: each data range between holes is copied to its place in the extent and committed
+//! as one record of the write's group, so holes stay holes, and the extent's blocks under
+//! them go back to the volume once the records retire. A window whose holes leave it in more
+//! than an eighth as many ranges as pieces is not worth it (the ranges stay apart anyway).
+//!
+//! It skips, and forgets, a window that still has logged data the checkpoint has not moved,
 //! that a shared mapping may point into (its blocks must stay put), or whose blocks fail
 //! their data checksums (the damage must stay an error, not be copied into a block with a
 //! fresh checksum). When no free 2 MiB extent is left it stops until the next idle spell;
@@ -117,7 +122,7 @@ struct State {
 pub(crate) enum Outcome {
     /// Rewritten into one extent.
     Rewritten,
-    /// Left as it is (gone, in few pieces, has holes, logged data or a mapping).
+    /// Left as it is (gone, in few pieces, cut up by holes, logged data or a mapping).
     Skipped,
     /// No free extent of a window's size: the pass stops.
     NoSpace,
@@ -394,8 +399,10 @@ fn run(inner: &Arc<Inner>) {
 }
 
 impl Inner {
-    /// Rewrites window `window` of file `ino` into one fresh extent when it is fully mapped,
-    /// in [`MIN_RUNS`] or more pieces, with nothing logged over it and no shared mapping.
+    /// Rewrites window `window` of file `ino` into one fresh extent when it is in [`MIN_RUNS`]
+    /// or more pieces that its holes split into at most an eighth as many data ranges, with
+    /// nothing logged over it and no shared mapping. Each data range becomes one piece of the
+    /// extent, at its place in the window; holes stay holes.
     /// `earned`: reads paid for it ([`Defrag::read_scattered`]), so the writes' budget is not
     /// asked.
     pub(crate) fn rewrite_window(
@@ -426,7 +433,7 @@ impl Inner {
                 .expect("extent map")
                 .lookup(first, first + WINDOW_BLOCKS);
             runs.len() >= MIN_RUNS
-                && runs.iter().map(|r| r.blocks).sum::<u64>() == WINDOW_BLOCKS
+                && data_ranges(&runs, first).len() * 8 <= runs.len()
                 && inode
                     .overlay
                     .lookup(offset, offset + WINDOW_BYTES)
@@ -459,7 +466,9 @@ impl Inner {
             return Ok(Outcome::OverBudget);
         }
         let slot = self.slot()?;
-        self.reserve_log(&slot, 1)?;
+        // One record per data range, and a window rewritten has at most an eighth as many
+        // ranges as its at most `WINDOW_BLOCKS` pieces.
+        self.reserve_log(&slot, WINDOW_BLOCKS / 8)?;
         // Not `alloc_buffer`: a window is not worth emptying the recycled lists for.
         let extent = match self.alloc_buffer_once(WINDOW_BYTES) {
             Ok(extent) => extent,
@@ -467,21 +476,21 @@ impl Inner {
             Err(e) => return Err(e),
         };
         let dest = extent.start.raw();
-        let set = Arc::new(BufferSet::sealed_with(smallvec![extent], 1));
+        // Sealed with one record per data range once they are known, under the range lock.
+        let set = Arc::new(BufferSet::new(smallvec![extent]));
         match self.copy_and_commit(&slot, &inode, window, dest, &set, &fragmented) {
-            Ok(true) => {
+            Ok(Some(bytes)) => {
                 if earned {
                     self.defrag.earned_by_reads.fetch_add(1, Ordering::Relaxed);
                 } else {
-                    self.defrag
-                        .budget_spent
-                        .fetch_add(WINDOW_BYTES, Ordering::Relaxed);
+                    self.defrag.budget_spent.fetch_add(bytes, Ordering::Relaxed);
                 }
                 Ok(Outcome::Rewritten)
             }
-            // Nothing refers to the extent unless the record does: freed here otherwise.
+            // Nothing refers to the extent unless a record does: freed here otherwise (a set
+            // sealed with no record is its sealer's to reclaim).
             outcome => {
-                if set.release() {
+                if !set.is_sealed() && set.seal() {
                     set.reclaim(&self.volume)?;
                 }
                 outcome.map(|_| Outcome::Skipped)
@@ -490,7 +499,10 @@ impl Inner {
     }
 
     /// Under the window's range lock: checks it is still worth rewriting, copies its blocks
-    /// into `dest` (the whole of `set`) and commits them. False when it no longer qualifies.
+    /// into `dest` (the whole of the unsealed `set`, each block at its place in the window)
+    /// and commits each data range as one record of one group. The bytes rewritten, or
+    /// `None` when the window no longer qualifies (then `set` has no record and is not
+    /// sealed).
     fn copy_and_commit(
         &self,
         slot: &Slot,
@@ -499,11 +511,11 @@ impl Inner {
         dest: u64,
         set: &Arc<BufferSet>,
         fragmented: &impl Fn(&Inode) -> bool,
-    ) -> Result<bool> {
+    ) -> Result<Option<u64>> {
         let (offset, first) = (window * WINDOW_BYTES, window * WINDOW_BLOCKS);
         let _range = inode.lock_range(offset, WINDOW_BYTES, LockMode::Exclusive)?;
         if !fragmented(inode) {
-            return Ok(false);
+            return Ok(None);
         }
         let runs = inode
             .extents
@@ -519,8 +531,12 @@ impl Inner {
             self.verify_data(inode.ino, from * BLOCK, src, len)?;
             self.copy_pmem(src, dest + (from - first) * BLOCK, len)?;
         }
-        self.note_filled_in_place(dest, WINDOW_BYTES)?;
-        // The copy is durable before the record that points at it can be.
+        // (window offset, length) of each data range.
+        let ranges = data_ranges(&runs, first);
+        for &(at, len) in &ranges {
+            self.note_filled_in_place(dest + at, len)?;
+        }
+        // The copy is durable before the records that point at it can be.
         self.volume.fence();
         // The record's time moves neither time: the checkpoint and recovery only raise a
         // file's modification and change times to a record's (0 would mean "now").
@@ -529,14 +545,47 @@ impl Inner {
             .load(Ordering::Acquire)
             .min(inode.ctime.load(Ordering::Acquire))
             .max(1);
-        let buffer = Arc::clone(set);
-        self.commit_locked(slot, inode, offset, WINDOW_BYTES, dest, buffer, time)?;
+        for _ in &ranges {
+            set.add_record();
+        }
+        set.seal();
+        if let Err(e) = self.commit_locked(slot, inode, offset, &ranges, dest, set, time) {
+            // A group is appended whole or not at all: no record points at the extent.
+            let mut last = false;
+            for _ in &ranges {
+                last |= set.release();
+            }
+            if last {
+                set.reclaim(&self.volume)?;
+            }
+            return Err(e);
+        }
+        let bytes = ranges.iter().map(|&(_, len)| len).sum();
         slot.counters
             .media_bytes
-            .fetch_add(WINDOW_BYTES, Ordering::Relaxed);
+            .fetch_add(bytes, Ordering::Relaxed);
         self.counters
             .defragmented_windows
             .fetch_add(1, Ordering::Relaxed);
-        Ok(true)
+        Ok(Some(bytes))
     }
+}
+
+/// The data ranges of a window whose first block is `first`, as `(offset in the window,
+/// length)` in bytes: its extent-map `runs` (in file order), clipped to the window, with
+/// touching runs joined. Holes separate ranges.
+fn data_ranges(runs: &[crate::extent_map::Run], first: u64) -> SmallVec<[(u64, u64); 4]> {
+    let mut ranges: SmallVec<[(u64, u64); 4]> = SmallVec::new();
+    for run in runs {
+        let from = run.file_block.max(first) - first;
+        let to = (run.file_block + run.blocks).min(first + WINDOW_BLOCKS) - first;
+        if to <= from {
+            continue;
+        }
+        match ranges.last_mut() {
+            Some((at, len)) if *at + *len == from * BLOCK => *len += (to - from) * BLOCK,
+            _ => ranges.push((from * BLOCK, (to - from) * BLOCK)),
+        }
+    }
+    ranges
 }

@@ -408,4 +408,49 @@ fn with_data_checksums_no_crash_leaves_a_block_failing_its_checksum() {
     punch_a_block_aligned_hole();
     checkpoint_moves_everything_and_changes_nothing_visible();
     unmount_snapshot_and_root_switch();
+    defragmenting_a_window_with_a_hole();
+}
+
+/// Idle-time defragmentation's rewrite of a window scattered by 4 KiB overwrites, with a hole
+/// in it (so its group has one record per data range, with a gap between them): a crash
+/// anywhere in it, or in the checkpoint that moves it, changes nothing visible.
+#[test]
+fn defragmenting_a_window_with_a_hole() {
+    let tracer = Tracer::new();
+    // Room for the rewrite's free 2 MiB extent beside the file and the logs.
+    let region = traced_volume_device(&tracer, 2 * DEVICE);
+    let fs = Fs::format(volume_over(vec![region]).unwrap(), &format(), options()).unwrap();
+    let window = 2u64 << 20;
+    let f = fs.create("/f").unwrap();
+    f.write_at(&pattern(1, 0, window as usize), 0).unwrap();
+    let mut state_word = 0x9E37_79B9_u64;
+    for i in 0..600u64 {
+        state_word ^= state_word << 13;
+        state_word ^= state_word >> 7;
+        state_word ^= state_word << 17;
+        let block = state_word % (window / 4096);
+        f.write_at(&pattern(100 + i, block * 4096, 4096), block * 4096)
+            .unwrap();
+    }
+    f.punch_hole(64 << 10, 32 << 10).unwrap();
+    drop(f);
+    fs.checkpoint().unwrap();
+    let expect = state(&fs);
+    let first = tracer.fence_count();
+    assert_eq!(
+        fs.defragment_now("/f").unwrap(),
+        1,
+        "the window was not rewritten"
+    );
+    fs.checkpoint().unwrap();
+    let last = tracer.fence_count();
+    assert!(state(&fs) == expect, "the rewrite changed the file");
+    every_image_is(
+        "defragmenting a window with a hole",
+        &tracer,
+        first,
+        last,
+        &expect,
+    );
+    fs.abandon();
 }

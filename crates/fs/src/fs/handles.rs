@@ -373,6 +373,27 @@ impl Fs {
         let _ = self.mount.stop(true);
     }
 
+    /// Rewrites every window of `path` that idle-time defragmentation would, now and outside
+    /// its budget, whatever the checkpoint mode; the windows rewritten. For crash tests of
+    /// the rewrite itself.
+    #[doc(hidden)]
+    pub fn defragment_now(&self, path: &str) -> Result<u64> {
+        let inode = self.inner.resolve(path)?;
+        let windows = inode
+            .size
+            .load(Ordering::Acquire)
+            .div_ceil(crate::defrag::WINDOW_BYTES);
+        let mut rewritten = 0;
+        for window in 0..windows {
+            if self.inner.rewrite_window(inode.ino, window, true)?
+                == crate::defrag::Outcome::Rewritten
+            {
+                rewritten += 1;
+            }
+        }
+        Ok(rewritten)
+    }
+
     /// The volume under the file system.
     pub fn volume(&self) -> &Arc<Volume> {
         &self.inner.volume

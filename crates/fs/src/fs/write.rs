@@ -89,22 +89,32 @@ impl Inner {
         self.append_and_queue(slot, inode, offset, len, pieces, now_ns(), true)
     }
 
-    /// Commits data persisted at `buffer` as `[offset, offset + len)` of `inode` for a
-    /// caller that holds the range lock exclusively and has reserved one record slot, with
-    /// the record's time `time`, leaving the file's times as they are (a rewrite of the
-    /// file's own bytes: [`crate::defrag`]).
+    /// Commits data persisted in `set` from `buffer` as the `ranges` (`(offset from
+    /// `offset`, length)`, in order, the same offsets from `buffer`) of `inode`, one record
+    /// each, as one group, for a caller that holds the range lock exclusively and has
+    /// reserved a record slot per range, with the records' time `time`, leaving the file's
+    /// times as they are (a rewrite of the file's own bytes: [`crate::defrag`]).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn commit_locked(
         &self,
         slot: &Slot,
         inode: &Inode,
         offset: u64,
-        len: u64,
+        ranges: &[(u64, u64)],
         buffer: u64,
-        set: Arc<BufferSet>,
+        set: &Arc<BufferSet>,
         time: u64,
     ) -> Result<()> {
-        let pieces = whole(len, buffer, set);
+        let pieces: Placement = ranges
+            .iter()
+            .map(|&(at, len)| Placed {
+                at,
+                len,
+                addr: buffer + at,
+                set: Arc::clone(set),
+            })
+            .collect();
+        let len = ranges.iter().map(|&(_, len)| len).sum();
         self.append_and_queue(slot, inode, offset, len, pieces, time, false)
     }
 
