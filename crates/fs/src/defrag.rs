@@ -337,6 +337,13 @@ fn run(inner: &Arc<Inner>) {
     // then. Nothing is tried again until one has moved (a batch may have freed a window's
     // worth; writes add budget; reads earn a window its rewrite).
     let mut stalled_at: Option<(u64, u64, u64)> = None;
+    let progress = || {
+        (
+            inner.progress.batches_finished(),
+            inner.caller_bytes(),
+            defrag.hot_added(),
+        )
+    };
     loop {
         if defrag.wait(IDLE / 2) {
             return;
@@ -347,14 +354,9 @@ fn run(inner: &Arc<Inner>) {
             quiet_since = Instant::now();
             continue;
         }
-        let progress = (
-            inner.progress.batches_finished(),
-            inner.caller_bytes(),
-            defrag.hot_added(),
-        );
         if quiet_since.elapsed() < IDLE
             || inner.check_running().is_err()
-            || stalled_at == Some(progress)
+            || stalled_at == Some(progress())
         {
             continue;
         }
@@ -370,29 +372,17 @@ fn run(inner: &Arc<Inner>) {
                 break;
             };
             match inner.rewrite_window(ino, window, earned) {
-                Ok(Outcome::Rewritten | Outcome::Skipped) => {}
-                Ok(Outcome::Logged) => {
-                    defrag.queue_hot((ino, window));
-                    stalled_at = Some((
-                        inner.progress.batches_finished(),
-                        inner.caller_bytes(),
-                        defrag.hot_added(),
-                    ));
-                    break;
-                }
-                Ok(Outcome::NoSpace | Outcome::OverBudget) => {
-                    defrag.defer_all((ino, window));
-                    stalled_at = Some((
-                        inner.progress.batches_finished(),
-                        inner.caller_bytes(),
-                        defrag.hot_added(),
-                    ));
-                    break;
-                }
+                Ok(Outcome::Rewritten | Outcome::Skipped) => continue,
+                Ok(Outcome::Logged) => defrag.queue_hot((ino, window)),
+                Ok(Outcome::NoSpace | Outcome::OverBudget) => defrag.defer_all((ino, window)),
                 Err(e) => {
                     tracing::debug!(ino, window, error = %e, "window not defragmented");
+                    continue;
                 }
             }
+            // Stopped short: wait for something to move before the next try.
+            stalled_at = Some(progress());
+            break;
         }
         quiet_since = Instant::now();
     }

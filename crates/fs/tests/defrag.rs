@@ -103,6 +103,18 @@ fn wait_for(fs: &Fs, windows: u64) -> u64 {
     }
 }
 
+/// Two windows of `/f` holding `fill`, scattered by 2560 overwrites (4 MiB + 10 MiB written:
+/// a budget of 0.7 MiB, less than a window), checkpointed, and half a second to be put off.
+fn two_windows_put_off(name: &str, fill: u8) -> (ShmVolume, Fs, File, Vec<u8>) {
+    let len = 2 * WINDOW;
+    let mut model = vec![fill; len as usize];
+    let (shm, fs, f) = file_holding(name, 64 << 20, &small_format(), options(), &model);
+    scatter(&f, &mut model, len, 2560, 5);
+    fs.checkpoint().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    (shm, fs, f, model)
+}
+
 #[test]
 fn scattered_windows_come_back_whole_with_the_same_bytes_and_times() {
     whole_windows(false);
@@ -247,18 +259,7 @@ fn off_or_on_demand_it_does_nothing() {
 #[test]
 fn the_rewrites_stay_within_their_budget() {
     let len = 2 * WINDOW;
-    let mut model = vec![3u8; len as usize];
-    let (_shm, fs, f) = file_holding(
-        "defrag-budget",
-        64 << 20,
-        &small_format(),
-        options(),
-        &model,
-    );
-    // 4 MiB + 10 MiB written: a budget of 0.7 MiB, less than a window.
-    scatter(&f, &mut model, len, 2560, 5);
-    fs.checkpoint().unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    let (_shm, fs, f, mut model) = two_windows_put_off("defrag-budget", 3);
     let stats = fs.stats();
     assert_eq!(stats.defragmented_windows, 0);
     assert_eq!(
@@ -295,13 +296,7 @@ fn the_rewrites_stay_within_their_budget() {
 /// read whole in 4 KiB reads (one piece each, nothing to gain) is not.
 #[test]
 fn scattered_reads_earn_a_rewrite_outside_the_budget() {
-    let len = 2 * WINDOW;
-    let mut model = vec![5u8; len as usize];
-    let (_shm, fs, f) = file_holding("defrag-reads", 64 << 20, &small_format(), options(), &model);
-    // As in the budget test: 14 MiB written, a budget of 0.7 MiB, both windows put off.
-    scatter(&f, &mut model, len, 2560, 5);
-    fs.checkpoint().unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    let (_shm, fs, f, model) = two_windows_put_off("defrag-reads", 5);
     let stats = fs.stats();
     assert_eq!(
         (
@@ -341,12 +336,7 @@ fn scattered_reads_earn_a_rewrite_outside_the_budget() {
     fs.checkpoint().unwrap();
     assert_eq!(pieces(&f, 0, WINDOW), 1);
     assert!(pieces(&f, WINDOW, WINDOW) >= 64);
-    let mut all = vec![0u8; len as usize];
-    for at in (0..len).step_by(4096) {
-        f.read_at(&mut all[at as usize..at as usize + 4096], at)
-            .unwrap();
-    }
-    assert_eq!(all, model);
+    assert_eq!(read_all(&f), model);
 }
 
 /// A window whose reads earned its rewrite while logged data still lay over it (the
@@ -354,18 +344,7 @@ fn scattered_reads_earn_a_rewrite_outside_the_budget() {
 /// paid for by its reads, instead of being forgotten.
 #[test]
 fn an_earned_window_waits_for_logged_data_to_be_checkpointed() {
-    let len = 2 * WINDOW;
-    let mut model = vec![9u8; len as usize];
-    let (_shm, fs, f) = file_holding(
-        "defrag-reads-logged",
-        64 << 20,
-        &small_format(),
-        options(),
-        &model,
-    );
-    scatter(&f, &mut model, len, 2560, 5);
-    fs.checkpoint().unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    let (_shm, fs, f, mut model) = two_windows_put_off("defrag-reads-logged", 9);
     assert_eq!(fs.stats().defrag_windows_deferred, 2);
     fs.quiesced(|| {
         // Logged, and held there: the checkpoint waits for `quiesced` to return.
@@ -383,10 +362,5 @@ fn an_earned_window_waits_for_logged_data_to_be_checkpointed() {
     assert_eq!(fs.stats().defragmented_for_reads, 1);
     fs.checkpoint().unwrap();
     assert_eq!(pieces(&f, 0, WINDOW), 1);
-    let mut all = vec![0u8; len as usize];
-    for at in (0..len).step_by(4096) {
-        f.read_at(&mut all[at as usize..at as usize + 4096], at)
-            .unwrap();
-    }
-    assert_eq!(all, model);
+    assert_eq!(read_all(&f), model);
 }

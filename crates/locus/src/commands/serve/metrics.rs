@@ -420,55 +420,59 @@ pub fn render(sources: &Sources) -> String {
         let mut f = Family::new(&mut out, name, kind, help);
         f.sample(name, &[], value);
     }
-    let name = "locus_fs_backpressure_waits_total";
-    let mut f = Family::new(
-        &mut out,
-        name,
-        "counter",
-        "Times a writer waited for the checkpoint, by what it lacked: log (a free record slot \
-         in its thread's log area), buffers (a preliminary buffer whose writes are all \
-         checkpointed), space (free memory on the volume), journal (room in a metadata journal).",
-    );
-    for (reason, waits) in [
-        ("log", fs.waits_for_log),
-        ("buffers", fs.waits_for_buffers),
-        ("space", fs.waits_for_space),
-        ("journal", fs.waits_for_journal),
-    ] {
-        f.sample(name, &[("reason", reason.to_owned())], waits);
-    }
-    let name = "locus_fs_defragmented_windows_total";
-    let mut f = Family::new(
-        &mut out,
-        name,
-        "counter",
-        "2 MiB windows of files rewritten into one extent while no caller wrote, by what paid \
-         for it: writes (the rewrites' budget, 1/20 of the bytes written) or reads (a window \
-         read its own size in scattered pieces). Their bytes count in \
-         locus_fs_media_bytes_total.",
-    );
-    for (earned_by, windows) in [
+    /// A family of one label: name, kind, help, label, and (label value, sample) pairs.
+    type Labelled<'a> = (&'a str, &'a str, &'a str, &'a str, &'a [(&'a str, u64)]);
+    let labelled: [Labelled<'_>; 3] = [
         (
-            "writes",
-            fs.defragmented_windows - fs.defragmented_for_reads,
+            "locus_fs_backpressure_waits_total",
+            "counter",
+            "Times a writer waited for the checkpoint, by what it lacked: log (a free record \
+             slot in its thread's log area), buffers (a preliminary buffer whose writes are all \
+             checkpointed), space (free memory on the volume), journal (room in a metadata \
+             journal).",
+            "reason",
+            &[
+                ("log", fs.waits_for_log),
+                ("buffers", fs.waits_for_buffers),
+                ("space", fs.waits_for_space),
+                ("journal", fs.waits_for_journal),
+            ],
         ),
-        ("reads", fs.defragmented_for_reads),
-    ] {
-        f.sample(name, &[("earned_by", earned_by.to_owned())], windows);
-    }
-    let name = "locus_fs_defrag_windows";
-    let mut f = Family::new(
-        &mut out,
-        name,
-        "gauge",
-        "Windows waiting to be rewritten: noted (looked at in the next idle spell) or \
-         deferred (until more writes add budget, reads earn them, or space frees up).",
-    );
-    for (state, windows) in [
-        ("noted", fs.defrag_windows_noted),
-        ("deferred", fs.defrag_windows_deferred),
-    ] {
-        f.sample(name, &[("state", state.to_owned())], windows);
+        (
+            "locus_fs_defragmented_windows_total",
+            "counter",
+            "2 MiB windows of files rewritten into one extent while no caller wrote, by what \
+             paid for it: writes (the rewrites' budget, 1/20 of the bytes written) or reads (a \
+             window read about its size in scattered pieces). Their bytes count in \
+             locus_fs_media_bytes_total.",
+            "earned_by",
+            &[
+                (
+                    "writes",
+                    // The two counters are read one after the other.
+                    fs.defragmented_windows
+                        .saturating_sub(fs.defragmented_for_reads),
+                ),
+                ("reads", fs.defragmented_for_reads),
+            ],
+        ),
+        (
+            "locus_fs_defrag_windows",
+            "gauge",
+            "Windows waiting to be rewritten: noted (looked at in the next idle spell) or \
+             deferred (until more writes add budget, reads earn them, or space frees up).",
+            "state",
+            &[
+                ("noted", fs.defrag_windows_noted),
+                ("deferred", fs.defrag_windows_deferred),
+            ],
+        ),
+    ];
+    for (name, kind, help, label, samples) in labelled {
+        let mut f = Family::new(&mut out, name, kind, help);
+        for &(value, sample) in samples {
+            f.sample(name, &[(label, value.to_owned())], sample);
+        }
     }
     let caches = (sources.caches)();
     if !caches.is_empty() {
