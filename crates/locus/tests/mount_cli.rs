@@ -217,6 +217,131 @@ fn fuse_counters(mount: &Mount) -> serde_json::Value {
     status["fuse"].clone()
 }
 
+/// The server's pid, from the record the mount keeps in its volume directory.
+fn served_pid(volume: &Path) -> u32 {
+    let record = std::fs::read_to_string(volume.join(volume::SERVED_FILE)).unwrap();
+    record.lines().next().unwrap().parse().unwrap()
+}
+
+/// `locus mount` without --foreground, as a user runs it: a directory that holds no volume
+/// is refused before anything is made there; the command returns once mounted; a second
+/// mount on the same point is refused and leaves the first serving; after kill -9 of the
+/// server the dead mount point is named with `umount -l`, and once detached a new mount
+/// recovers and says what it replayed; `umount` stops the server cleanly.
+#[test]
+fn a_background_mount_refuses_what_it_cannot_serve() {
+    let volume = tempfile::Builder::new()
+        .prefix("locus-mount-test")
+        .tempdir_in("/dev/shm")
+        .unwrap();
+    let point = tempfile::tempdir().unwrap();
+    let mount = |dir: &Path| {
+        locus()
+            .args(["mount", "--volume"])
+            .arg(dir)
+            .arg(point.path())
+            .output()
+            .unwrap()
+    };
+    let stderr = |out: &Output| String::from_utf8_lossy(&out.stderr).into_owned();
+
+    let absent = volume.path().join("absent");
+    let out = mount(&absent);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("no volume at") && stderr(&out).contains("locus format"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!absent.exists(), "nothing is made where no volume is");
+
+    let formatted = locus()
+        .args(["format", "--volume"])
+        .arg(volume.path())
+        .args(["--emulate", "256M"])
+        .output()
+        .unwrap();
+    ok(&formatted, "locus format");
+    let out = mount(volume.path());
+    ok(&out, "locus mount");
+    assert!(stderr(&out).contains("mounted"), "{}", stderr(&out));
+    assert!(is_mounted(point.path()));
+    let first = served_pid(volume.path());
+    std::fs::write(point.path().join("kept"), b"written before the kill").unwrap();
+
+    let out = mount(volume.path());
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("already has a locus file system mounted"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        served_pid(volume.path()),
+        first,
+        "the first server still serves"
+    );
+    assert_eq!(
+        std::fs::read(point.path().join("kept")).unwrap(),
+        b"written before the kill"
+    );
+
+    assert!(
+        Command::new("kill")
+            .args(["-KILL", &first.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::metadata(point.path()).is_ok() {
+        assert!(Instant::now() < deadline, "the mount outlived its server");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = mount(volume.path());
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("umount -l"), "{}", stderr(&out));
+
+    assert!(
+        Command::new("umount")
+            .arg("-l")
+            .arg(point.path())
+            .status()
+            .unwrap()
+            .success()
+    );
+    let out = mount(volume.path());
+    ok(&out, "locus mount after the kill");
+    assert!(
+        stderr(&out).contains("recovery replayed"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        std::fs::read(point.path().join("kept")).unwrap(),
+        b"written before the kill"
+    );
+    let second = served_pid(volume.path());
+    assert!(
+        Command::new("umount")
+            .arg(point.path())
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Path::new(&format!("/proc/{second}")).exists() {
+        assert!(Instant::now() < deadline, "the server outlived umount");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = std::fs::read_to_string(volume.path().join("locus-mount.log")).unwrap();
+    assert!(
+        log.trim_end()
+            .ends_with(&format!("unmounted {}", point.path().display())),
+        "{log}"
+    );
+}
+
 /// Over io_uring a request is served on the CPU that made it: the writes of a process pinned
 /// to one CPU all come from that CPU's queue, and no queue's request is served on another CPU.
 #[test]

@@ -90,6 +90,15 @@ impl TransportArg {
 }
 
 pub fn run(dir: &Path, sysfs: &Path, args: &MountArgs) -> Result<()> {
+    // Before the directory is looked at: the mount point of a server that died answers
+    // ENOTCONN to `stat`, and a second file system stacked on a live one would hide it.
+    if is_mounted(&args.mountpoint) {
+        bail!(
+            "{0} already has a locus file system mounted; unmount it first (`umount {0}`, or \
+             `umount -l {0}` if its server is gone)",
+            args.mountpoint.display()
+        );
+    }
     let meta = std::fs::metadata(&args.mountpoint)
         .with_context(|| format!("mount point {}", args.mountpoint.display()))?;
     if !meta.is_dir() {
@@ -105,10 +114,13 @@ pub fn run(dir: &Path, sysfs: &Path, args: &MountArgs) -> Result<()> {
     }
 }
 
-/// Whether a locus FUSE file system is mounted at `mountpoint`.
+/// Whether a locus FUSE file system is mounted at `mountpoint`, live or with its server
+/// gone (then the path cannot be resolved, `stat` fails with ENOTCONN, and it is looked up
+/// as written, made absolute).
 fn is_mounted(mountpoint: &Path) -> bool {
     mountpoint
         .canonicalize()
+        .or_else(|_| std::path::absolute(mountpoint))
         .is_ok_and(|m| volume::is_locus_mount(&m))
 }
 
@@ -137,6 +149,20 @@ fn background(dir: &Path, args: &MountArgs) -> Result<()> {
         command.arg("--read-only");
     }
     command.arg("--transport").arg(args.transport.name());
+    // The log lives in the volume directory, so the directory must be one the server will
+    // use: a volume, or where it creates the embedded default (the default directory, made
+    // here on first use, or an empty one). Anywhere else the error is the volume's, as in
+    // the foreground, not the log's.
+    if volume::VolumeConfig::read(dir)?.is_none() {
+        if !volume::may_create_default_in(dir) {
+            return Err(volume::VolumeError::NoVolume {
+                dir: dir.to_owned(),
+            }
+            .into());
+        }
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating the volume directory {}", dir.display()))?;
+    }
     // The server's messages go to a log beside the volume: holding this command's stderr
     // would keep a pipe it writes into (`locus mount ... | tee`) open forever.
     let log_path = dir.join(LOG_FILE);
@@ -157,6 +183,14 @@ fn background(dir: &Path, args: &MountArgs) -> Result<()> {
             bail!("the mount server stopped before mounting ({status})");
         }
         if is_mounted(&args.mountpoint) {
+            // What the server said on the way (the embedded default created, what recovery
+            // replayed) is written before it mounts; its "serving" line, which this one
+            // replaces, may or may not be there yet.
+            let said = std::fs::read(&log_path).unwrap_or_default();
+            let said = String::from_utf8_lossy(said.get(start as usize..).unwrap_or_default());
+            for line in said.lines().filter(|l| !l.starts_with("locus: serving ")) {
+                eprintln!("{line}");
+            }
             eprintln!(
                 "locus: mounted {} at {} (server pid {}, log {}); unmount with `umount {}`",
                 dir.display(),
