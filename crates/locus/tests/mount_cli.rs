@@ -281,6 +281,22 @@ fn a_background_mount_refuses_what_it_cannot_serve() {
         first,
         "the first server still serves"
     );
+    // The commands that need the volume to themselves name the mount and what frees it.
+    for command in [&["scrub"][..], &["format", "--emulate", "64M", "--force"]] {
+        let out = locus()
+            .args(command)
+            .arg("--volume")
+            .arg(volume.path())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{command:?}");
+        let said = stderr(&out);
+        assert!(
+            said.contains(&format!("served by `locus mount` (pid {first})"))
+                && said.contains(&format!("umount {}", point.path().display())),
+            "{command:?}: {said}"
+        );
+    }
     assert_eq!(
         std::fs::read(point.path().join("kept")).unwrap(),
         b"written before the kill"

@@ -1983,13 +1983,20 @@ fn status_of_a_served_volume_is_the_servers_live_view() {
         text(&output.stdout)
     );
 
-    let output = locus(&["fsck"]);
-    assert!(!output.status.success());
-    assert!(
-        text(&output.stderr).contains(&format!("served by `locus serve` (pid {pid})")),
-        "{}",
-        text(&output.stderr)
-    );
+    // fsck, and the commands that need the volume to themselves, name the server.
+    for command in [
+        &["fsck"][..],
+        &["scrub"],
+        &["format", "--emulate", "64M", "--force"],
+    ] {
+        let output = locus(command);
+        assert!(!output.status.success(), "{command:?}");
+        assert!(
+            text(&output.stderr).contains(&format!("served by `locus serve` (pid {pid})")),
+            "{command:?}: {}",
+            text(&output.stderr)
+        );
+    }
 
     let (status, log) = server.stop();
     assert!(status.success(), "{log}");

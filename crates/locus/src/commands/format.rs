@@ -104,6 +104,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FormatArgs) -> Result<()> {
         true,
     );
     let uuid = Volume::format(dir, &config, args.force)
+        .map_err(|e| super::volume::named_holder(dir, e))
         .with_context(|| format!("formatting a volume in {}", dir.display()))?;
     if !args.no_fs {
         spinner.set_message("creating the file system");

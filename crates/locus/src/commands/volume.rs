@@ -66,7 +66,35 @@ pub fn open(dir: &Path, topology: Topology, prefault: bool) -> Result<Volume> {
         ..OpenOptions::default()
     };
     Volume::open(dir, topology, &options)
+        .map_err(|e| named_holder(dir, e))
         .with_context(|| format!("opening the volume at {}", dir.display()))
+}
+
+/// A volume error, with the server that holds the volume named when it is locus's own —
+/// `locus mount` (from its record in the directory) or `locus serve` (answering on its
+/// control socket) — and what frees it, instead of only the pid the lock file gives.
+pub fn named_holder(dir: &Path, error: volume::VolumeError) -> anyhow::Error {
+    if !matches!(error, volume::VolumeError::InUse { .. }) {
+        return error.into();
+    }
+    if let Some(served) = volume::find_served(dir) {
+        return anyhow::anyhow!(
+            "volume {} is served by `locus mount` (pid {}) at {}; unmount it first (`umount {}`)",
+            dir.display(),
+            served.pid,
+            served.mountpoint.display(),
+            served.mountpoint.display()
+        );
+    }
+    if let Some(Ok(live)) = super::serve::control::ask(dir) {
+        return anyhow::anyhow!(
+            "volume {} is served by `locus serve` (pid {}); stop it first (SIGTERM or Ctrl-C: it \
+             finishes the requests in progress and stops cleanly)",
+            dir.display(),
+            live["server_pid"]
+        );
+    }
+    error.into()
 }
 
 /// Creates an empty file system on the (closed) volume in `dir`, replacing any there.
