@@ -66,6 +66,7 @@ transports!(
     fio_jobs_as_processes_verify_their_data,
     special_files_and_hard_links_are_refused,
     a_read_only_mount_refuses_every_change,
+    a_tree_deeper_than_path_max_behaves_as_on_tmpfs,
 );
 
 fn is_mounted(point: &Path) -> bool {
@@ -215,6 +216,28 @@ fn fuse_counters(mount: &Mount) -> serde_json::Value {
     let text = std::fs::read_to_string(mount.path().join(mount::STATUS_NAME)).unwrap();
     let status: serde_json::Value = serde_json::from_str(&text).unwrap();
     status["fuse"].clone()
+}
+
+/// A tree deeper than `PATH_MAX` (4096 bytes), made one `cd` at a time as programs make
+/// them: the server turns each request into a path from the root longer than any one
+/// system call's argument, and the file system takes it (24 levels of 200-byte names).
+fn a_tree_deeper_than_path_max_behaves_as_on_tmpfs(transport: &'static str) {
+    let mount = Mount::new(transport);
+    let script = r#"
+        set -e
+        for i in $(seq 10 33); do n=$(printf "%0200d" $i); mkdir $n; cd -P $n; done
+        echo "at the bottom" > file
+        mv file moved && ln -s moved link && cat link && ls
+        cd "$R" && find . -name moved | wc -c
+        rm -r "$R"/0*
+        ls "$R" | wc -l
+    "#;
+    let (tmpfs, locus) = both(&mount, script);
+    assert!(
+        tmpfs.contains("at the bottom") && tmpfs.contains("exit 0"),
+        "{tmpfs}"
+    );
+    assert_eq!(locus, tmpfs);
 }
 
 /// The server's pid, from the record the mount keeps in its volume directory.
