@@ -88,6 +88,9 @@ pub(crate) fn create(
         ));
     }
     entries.insert(name.to_owned(), ino);
+    if kind == Kind::Dir {
+        parent.subdirs.fetch_add(1, Ordering::Relaxed);
+    }
     parent.mtime.store(time, Ordering::Release);
     parent.changed(time);
     let attr = Attr {
@@ -122,11 +125,22 @@ pub(crate) fn remove(
         return Err(format!("removal of directory {ino}, which is not empty"));
     }
     entries.remove(name);
+    if removed_entries.is_some() {
+        less_subdirs(parent);
+    }
     if time != 0 {
         parent.mtime.store(time, Ordering::Release);
         parent.changed(time);
     }
     Ok(())
+}
+
+/// One directory fewer in `dir` (under its `entries` lock). Saturating: a count recovery
+/// has not set yet (it replays before it counts) must not wrap.
+fn less_subdirs(dir: &Inode) {
+    let _ = dir
+        .subdirs
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
 }
 
 /// The entries a rename changes, locked: one directory's or two.
@@ -209,6 +223,13 @@ pub(crate) fn rename(
         Some(to) => to.insert(dst_name.to_owned(), ino),
         None => from.insert(dst_name.to_owned(), ino),
     };
+    if replaced_entries.is_some() {
+        less_subdirs(dst);
+    }
+    if src.ino != dst.ino && moving.is_some_and(|m| m.kind == Kind::Dir) {
+        less_subdirs(src);
+        dst.subdirs.fetch_add(1, Ordering::Relaxed);
+    }
     if time != 0 {
         for d in [src, dst] {
             d.mtime.store(time, Ordering::Release);

@@ -42,6 +42,11 @@ pub(crate) struct Inode {
     pub(crate) target: Box<str>,
     /// Entries, for directories.
     pub(crate) entries: Mutex<BTreeMap<String, u64>>,
+    /// How many of `entries` are directories (their `..` links to this one): what `stat`'s
+    /// link count adds to 2, kept so that a `stat` of a directory does not look up every
+    /// entry. Changed under the `entries` lock by the namespace operations ([`crate::apply`]);
+    /// set from the whole tree at the end of recovery, which replays them too.
+    pub(crate) subdirs: AtomicU64,
     /// Bytes, including logged writes not yet checkpointed.
     pub(crate) size: AtomicU64,
     pub(crate) extents: RwLock<ExtentMap>,
@@ -65,6 +70,7 @@ impl Inode {
             ctime: AtomicU64::new(mtime),
             target: Box::default(),
             entries: Mutex::default(),
+            subdirs: AtomicU64::new(0),
             size: AtomicU64::new(0),
             extents: RwLock::default(),
             dead: AtomicBool::new(false),

@@ -1138,6 +1138,7 @@ fn load_snapshot(snapshot: &Snapshot, granule: u64) -> Result<Table> {
 fn check_tree(inodes: &Table) -> Result<()> {
     let mut named: HashMap<u64, u64> = HashMap::with_capacity(inodes.len());
     for (&dir, inode) in inodes {
+        let mut subdirs = 0;
         for (name, &ino) in inode.entries.lock().expect("directory").iter() {
             let Some(child) = inodes.get(&ino) else {
                 return Err(FsError::corrupt(
@@ -1158,7 +1159,10 @@ fn check_tree(inodes: &Table) -> Result<()> {
                     format!("directory {ino} is in {dir} but says its parent is {parent}"),
                 ));
             }
+            subdirs += u64::from(child.kind == Kind::Dir);
         }
+        // The count the namespace operations keep from here on ([`Inode::subdirs`]).
+        inode.subdirs.store(subdirs, Ordering::Relaxed);
     }
     if let Some(orphan) = inodes
         .keys()

@@ -77,6 +77,43 @@ fn namespace_operations_and_their_errors() {
     assert_eq!(g.stat().mode, 0o600);
 }
 
+/// A directory's link count is 2 and one per subdirectory, through mkdir, rmdir, renames
+/// within and across directories (replacing an empty directory, or a file) — and the same
+/// after a crash-like drop (recovery replays the journal) and after a clean open (from the
+/// snapshot).
+#[test]
+fn directory_link_counts_follow_the_tree_and_recover() {
+    let shm = shm_volume("nlink", 256 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    let links = |fs: &Fs, path: &str| fs.stat(path).unwrap().nlink;
+    for d in ["/a", "/a/x", "/a/y", "/a/z", "/b", "/b/empty"] {
+        fs.mkdir(d, 0o755).unwrap();
+    }
+    fs.create("/a/file").unwrap();
+    assert_eq!(
+        (links(&fs, "/"), links(&fs, "/a"), links(&fs, "/b")),
+        (4, 5, 3)
+    );
+    fs.rmdir("/a/z").unwrap();
+    fs.rename("/a/y", "/a/w").unwrap(); // within one directory
+    fs.rename("/a/x", "/b/empty").unwrap(); // across, replacing an empty directory
+    fs.rename("/a/file", "/b/file").unwrap(); // a file moves: no link changes
+    fs.mkdir("/b/empty/deeper", 0o755).unwrap();
+    let expected = [("/", 4), ("/a", 3), ("/b", 3), ("/b/empty", 3), ("/a/w", 2)];
+    let check = |fs: &Fs| {
+        for (path, n) in expected {
+            assert_eq!(links(fs, path), n, "{path}");
+        }
+    };
+    check(&fs);
+    drop(fs);
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    check(&fs);
+    fs.unmount().unwrap();
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    check(&fs);
+}
+
 /// A tree deeper than one system call's argument (`PATH_MAX`, 4096 bytes) — what `mkdir` in
 /// a deep working directory or through `locus mount` builds — works like any other: made,
 /// written, renamed and listed, then found again by recovery after a crash-like drop and

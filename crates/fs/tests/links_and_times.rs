@@ -205,16 +205,18 @@ fn a_batch_after_a_set_time_does_not_bring_back_the_write_time() {
     fs.unmount().unwrap();
 }
 
-/// Changes of a file through a handle after its name is gone (truncate, times) are
-/// journaled for an inode whose removal replays first: recovery skips them, as it skips
-/// writes to it, instead of calling the journal damaged.
+/// Changes of a file through a handle after its name is gone (truncate, times; its `fstat`
+/// says no links are left) are journaled for an inode whose removal replays first: recovery
+/// skips them, as it skips writes to it, instead of calling the journal damaged.
 #[test]
 fn changes_to_an_unlinked_open_file_replay_after_a_crash() {
     let shm = shm_volume("unlinked-changes", 256 << 20);
     let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
     let f = fs.create("/tmp").unwrap();
     f.write_at(&[5u8; 20_000], 0).unwrap();
+    assert_eq!(f.stat().nlink, 1);
     fs.unlink("/tmp").unwrap();
+    assert_eq!(f.stat().nlink, 0, "no name is left");
     f.set_len(100).unwrap();
     f.set_times(Some(SEC), Some(SEC)).unwrap();
     f.punch_hole(0, 4096).unwrap();

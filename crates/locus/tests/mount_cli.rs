@@ -258,6 +258,19 @@ fn a_background_mount_refuses_what_it_cannot_serve() {
         .tempdir_in("/dev/shm")
         .unwrap();
     let point = tempfile::tempdir().unwrap();
+    // A failing assertion must not leave a background server behind: detaching its mount
+    // point makes it stop.
+    struct Detach<'a>(&'a Path);
+    impl Drop for Detach<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount")
+                .arg("-l")
+                .arg(self.0)
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+    let _detach = Detach(point.path());
     let mount = |dir: &Path| {
         locus()
             .args(["mount", "--volume"])

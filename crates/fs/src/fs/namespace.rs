@@ -569,15 +569,15 @@ impl Inner {
 
     pub(crate) fn stat_of(&self, inode: &Inode) -> Stat {
         let attr = inode.attr().clone();
+        // A removed inode still open (or a removed directory still someone's working
+        // directory) has no name left: `fstat` reports no links, as on kernel file systems.
+        let links = |n: u64| if attr.unlinked { 0 } else { n };
         let (size, nlink) = match inode.kind {
-            Kind::File | Kind::Symlink => (inode.size.load(Ordering::Acquire), 1),
+            Kind::File | Kind::Symlink => (inode.size.load(Ordering::Acquire), links(1)),
             Kind::Dir => {
                 let entries = inode.entries();
-                let subdirs = entries
-                    .values()
-                    .filter(|&&i| self.inode(i).is_some_and(|c| c.kind == Kind::Dir))
-                    .count() as u64;
-                (entries.len() as u64, 2 + subdirs)
+                let subdirs = inode.subdirs.load(Ordering::Relaxed);
+                (entries.len() as u64, links(2 + subdirs))
             }
         };
         Stat {
