@@ -67,6 +67,7 @@ transports!(
     special_files_and_hard_links_are_refused,
     a_read_only_mount_refuses_every_change,
     a_tree_deeper_than_path_max_behaves_as_on_tmpfs,
+    the_server_forgets_what_the_kernel_forgets,
 );
 
 fn is_mounted(point: &Path) -> bool {
@@ -238,6 +239,46 @@ fn a_tree_deeper_than_path_max_behaves_as_on_tmpfs(transport: &'static str) {
         "{tmpfs}"
     );
     assert_eq!(locus, tmpfs);
+}
+
+/// The server keeps a name for each inode the kernel holds, and lets it go when the kernel
+/// forgets the inode: after the kernel's caches are dropped the table is back to the root,
+/// and the files are found again by name — also below a directory renamed meanwhile.
+fn the_server_forgets_what_the_kernel_forgets(transport: &'static str) {
+    // Dropping the caches is machine-wide: the other transport's run waits, or its table
+    // would shrink before it is looked at.
+    static DROPS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = DROPS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mount = Mount::new(transport);
+    let known = || fuse_counters(&mount)["known_inodes"].as_u64().unwrap();
+    let dir = mount.path().join("d");
+    std::fs::create_dir(&dir).unwrap();
+    for i in 0..2000 {
+        std::fs::write(dir.join(format!("f{i}")), i.to_string()).unwrap();
+    }
+    assert!(known() > 2000, "{}", known());
+    // Dropping dentries and inodes makes the kernel send its forgets (root only).
+    if std::fs::write("/proc/sys/vm/drop_caches", "2").is_err() {
+        eprintln!("skipped the forgetting half: /proc/sys/vm/drop_caches is not writable");
+        return;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while known() > 10 {
+        assert!(Instant::now() < deadline, "{} inodes still known", known());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::rename(&dir, mount.path().join("e")).unwrap();
+    let moved = mount.path().join("e");
+    assert_eq!(std::fs::read_dir(&moved).unwrap().count(), 2000);
+    assert_eq!(
+        std::fs::read_to_string(moved.join("f1999")).unwrap(),
+        "1999"
+    );
+    std::fs::remove_file(moved.join("f7")).unwrap();
+    assert!(!moved.join("f7").exists());
+    assert_eq!(std::fs::read_to_string(moved.join("f8")).unwrap(), "8");
 }
 
 /// The server's pid, from the record the mount keeps in its volume directory.

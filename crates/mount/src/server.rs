@@ -16,15 +16,63 @@ use crate::{CHECK_INO, CHECK_NAME, Checker, STATUS_INO, STATUS_NAME, TTL};
 /// The block size reported to `stat` and `statfs`.
 const BLOCK: u32 = 4096;
 
-/// The path of every inode the kernel knows.
-#[derive(Debug, Default)]
+/// Where each inode the kernel knows is: its directory and name, and how many of the
+/// kernel's lookups hold it. A path is built by walking up to the root, so renaming a
+/// directory changes one entry, not one per inode below it, and removing or renaming a name
+/// costs the same whatever the table holds. An inode leaves the table when the kernel
+/// forgets its last lookup (`FORGET`, `BATCH_FORGET`) or its name is removed; the kernel
+/// keeps a directory while it knows anything below it, so a known inode's ancestors are
+/// known too.
+#[derive(Debug)]
 pub(crate) struct Names {
-    paths: HashMap<u64, String>,
+    known: HashMap<u64, Known>,
+}
+
+#[derive(Debug)]
+struct Known {
+    parent: u64,
+    name: Box<str>,
+    /// Entry replies the kernel has not forgotten (the root's is never counted down).
+    lookups: u64,
+}
+
+impl Default for Names {
+    fn default() -> Self {
+        let root = Known {
+            parent: fs::ROOT_INO,
+            name: "".into(),
+            lookups: 1,
+        };
+        Names {
+            known: HashMap::from([(fs::ROOT_INO, root)]),
+        }
+    }
 }
 
 impl Names {
-    fn path(&self, ino: u64) -> Result<&str, i32> {
-        self.paths.get(&ino).map(String::as_str).ok_or(libc::ESTALE)
+    /// The path of `ino` from the root; ESTALE when the kernel names an inode the table no
+    /// longer holds (its name was removed).
+    fn path(&self, ino: u64) -> Result<String, i32> {
+        let mut names = Vec::new();
+        let mut at = ino;
+        while at != fs::ROOT_INO {
+            let known = self.known.get(&at).ok_or(libc::ESTALE)?;
+            names.push(&*known.name);
+            // A cycle cannot be made by the operations below; refuse rather than spin.
+            if names.len() > self.known.len() {
+                return Err(libc::ESTALE);
+            }
+            at = known.parent;
+        }
+        if names.is_empty() {
+            return Ok("/".into());
+        }
+        let mut path = String::with_capacity(names.iter().map(|n| n.len() + 1).sum());
+        for name in names.iter().rev() {
+            path.push('/');
+            path.push_str(name);
+        }
+        Ok(path)
     }
 
     fn child(&self, parent: u64, name: &str) -> Result<String, i32> {
@@ -42,21 +90,52 @@ impl Names {
         })
     }
 
-    /// `from` is now `to` (a rename): it and everything below it.
-    fn moved(&mut self, from: &str, to: &str) {
-        let below = format!("{from}/");
-        for path in self.paths.values_mut() {
-            if path == from {
-                *path = to.to_owned();
-            } else if let Some(rest) = path.strip_prefix(&below) {
-                *path = format!("{to}/{rest}");
+    /// An entry reply for `ino`, named `name` in `parent`, is going to the kernel.
+    fn looked_up(&mut self, ino: u64, parent: u64, name: &str) {
+        if ino == fs::ROOT_INO {
+            return;
+        }
+        let known = self.known.entry(ino).or_insert_with(|| Known {
+            parent,
+            name: name.into(),
+            lookups: 0,
+        });
+        if (known.parent, &*known.name) != (parent, name) {
+            (known.parent, known.name) = (parent, name.into());
+        }
+        known.lookups += 1;
+    }
+
+    /// `ino` is now `name` in `parent` (a rename).
+    fn moved(&mut self, ino: u64, parent: u64, name: &str) {
+        if let Some(known) = self.known.get_mut(&ino) {
+            (known.parent, known.name) = (parent, name.into());
+        }
+    }
+
+    /// `ino`'s name is gone.
+    fn removed(&mut self, ino: u64) {
+        if ino != fs::ROOT_INO {
+            self.known.remove(&ino);
+        }
+    }
+
+    /// The kernel forgot `lookups` of its lookups of `ino`.
+    fn forget(&mut self, ino: u64, lookups: u64) {
+        if ino == fs::ROOT_INO {
+            return;
+        }
+        if let Some(known) = self.known.get_mut(&ino) {
+            known.lookups = known.lookups.saturating_sub(lookups);
+            if known.lookups == 0 {
+                self.known.remove(&ino);
             }
         }
     }
 
-    /// `path` is gone.
-    fn removed(&mut self, path: &str) {
-        self.paths.retain(|_, p| p != path);
+    /// Inodes in the table, the root included.
+    fn len(&self) -> usize {
+        self.known.len()
     }
 }
 
@@ -168,8 +247,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Server {
     pub(crate) fn new(fs: fs::Fs, read_only: bool, checker: Option<Checker>) -> Self {
-        let mut names = Names::default();
-        names.paths.insert(fs::ROOT_INO, "/".into());
+        let names = Names::default();
         // The daemon's ids own every file (the file system keeps no owners).
         let (uid, gid) = ids();
         Server {
@@ -235,7 +313,7 @@ impl Server {
     }
 
     fn path(&self, ino: u64) -> Result<String, i32> {
-        self.names().path(ino).map(str::to_owned)
+        self.names().path(ino)
     }
 
     fn child(&self, parent: u64, name: &str) -> Result<String, i32> {
@@ -295,10 +373,17 @@ impl Server {
     }
 
     /// Looks `path` up and remembers it: the entry the kernel caches.
-    fn entry(&self, path: String) -> Result<Attr, i32> {
-        let st = self.fs.lstat(&path).map_err(|e| errno(&e))?;
-        self.names_mut().paths.insert(st.ino, path);
+    /// The attributes of `path` (`name` in directory `parent`) for an entry reply, counted
+    /// as one more lookup the kernel holds.
+    fn entry(&self, parent: u64, name: &str, path: &str) -> Result<Attr, i32> {
+        let st = self.fs.lstat(path).map_err(|e| errno(&e))?;
+        self.names_mut().looked_up(st.ino, parent, name);
         Ok(self.attr(&st))
+    }
+
+    /// The inode `path` names, if any (before a change that removes or moves the name).
+    fn ino_of(&self, path: &str) -> Option<u64> {
+        self.fs.lstat(path).ok().map(|st| st.ino)
     }
 
     fn writable(&self) -> Result<(), i32> {
@@ -369,6 +454,9 @@ impl Server {
             "fuse": {
                 "io_uring": self.io_uring,
                 "direct_io": self.direct_io,
+                // Inodes the kernel holds lookups on (the root included): forgotten ones
+                // leave, so this follows the kernel's inode cache, not the files ever seen.
+                "known_inodes": self.names().len(),
                 "dev_requests": self.dev_requests.load(Ordering::Relaxed),
                 "queue_requests": self
                     .queue_requests
@@ -398,7 +486,24 @@ impl Server {
         let _still = (h.opcode != op::OPEN || h.nodeid != CHECK_INO)
             .then(|| self.still.read().unwrap_or_else(PoisonError::into_inner));
         match h.opcode {
-            op::FORGET | op::BATCH_FORGET | op::INTERRUPT => Ok(Reply::None),
+            op::FORGET => {
+                let lookups = Reader::new(arg, "fuse_forget_in").u64().map_err(bad)?;
+                self.names_mut().forget(h.nodeid, lookups);
+                Ok(Reply::None)
+            }
+            op::BATCH_FORGET => {
+                let count = Reader::new(arg, "fuse_batch_forget_in")
+                    .u32()
+                    .map_err(bad)?;
+                let mut r = Reader::new(&buf[..in_len], "fuse_forget_one");
+                let mut names = self.names_mut();
+                for _ in 0..count {
+                    let (ino, lookups) = (r.u64().map_err(bad)?, r.u64().map_err(bad)?);
+                    names.forget(ino, lookups);
+                }
+                Ok(Reply::None)
+            }
+            op::INTERRUPT => Ok(Reply::None),
             op::DESTROY => {
                 self.close_all();
                 Ok(Reply::Out(0))
@@ -438,7 +543,7 @@ impl Server {
                     }
                     return proto::entry(w, &self.made_attr(CHECK_INO), Duration::ZERO);
                 }
-                let attr = self.entry(self.child(ino, name)?)?;
+                let attr = self.entry(ino, name, &self.child(ino, name)?)?;
                 proto::entry(w, &attr, TTL)
             }
             op::GETATTR => {
@@ -465,7 +570,7 @@ impl Server {
                 let _ns = lock(&self.namespace);
                 let path = self.child(ino, name)?;
                 self.fs.symlink(target, &path).map_err(|e| errno(&e))?;
-                proto::entry(w, &self.entry(path)?, TTL)
+                proto::entry(w, &self.entry(ino, name, &path)?, TTL)
             }
             op::MKNOD => {
                 let (mode, _rdev, umask) = (r.u32(), r.u32(), r.u32());
@@ -486,7 +591,7 @@ impl Server {
                 };
                 let file = self.fs.open_file(&path, options).map_err(|e| errno(&e))?;
                 file.close().map_err(|e| errno(&e))?;
-                proto::entry(w, &self.entry(path)?, TTL)
+                proto::entry(w, &self.entry(ino, name, &path)?, TTL)
             }
             op::MKDIR => {
                 let (mode, umask) = (r.u32().map_err(bad)?, r.u32().map_err(bad)?);
@@ -497,20 +602,23 @@ impl Server {
                 self.fs
                     .mkdir(&path, mode & !umask & 0o7777)
                     .map_err(|e| errno(&e))?;
-                proto::entry(w, &self.entry(path)?, TTL)
+                proto::entry(w, &self.entry(ino, name, &path)?, TTL)
             }
             op::UNLINK | op::RMDIR => {
                 let [name] = proto::names(rest).map_err(bad)?;
                 self.writable()?;
                 let _ns = lock(&self.namespace);
                 let path = self.child(ino, name)?;
+                let gone = self.ino_of(&path);
                 if opcode == op::UNLINK {
                     self.fs.unlink(&path)
                 } else {
                     self.fs.rmdir(&path)
                 }
                 .map_err(|e| errno(&e))?;
-                self.names_mut().removed(&path);
+                if let Some(gone) = gone {
+                    self.names_mut().removed(gone);
+                }
                 Ok(())
             }
             op::RENAME | op::RENAME2 => {
@@ -547,7 +655,7 @@ impl Server {
                 };
                 let file = self.fs.open_file(&path, options).map_err(|e| errno(&e))?;
                 let attr = self.attr(&file.stat());
-                self.names_mut().paths.insert(attr.ino, path);
+                self.names_mut().looked_up(attr.ino, ino, name);
                 let fh = self.add(Handle::File(file));
                 proto::entry(w, &attr, TTL)?;
                 proto::open_out(w, fh, self.file_open_flags())
@@ -815,10 +923,15 @@ impl Server {
         if flags & libc::RENAME_NOREPLACE != 0 && self.fs.lstat(&to).is_ok() {
             return Err(libc::EEXIST);
         }
+        let (moving, replaced) = (self.ino_of(&from), self.ino_of(&to));
         self.fs.rename(&from, &to).map_err(|e| errno(&e))?;
         let mut names = self.names_mut();
-        names.removed(&to);
-        names.moved(&from, &to);
+        if let Some(replaced) = replaced.filter(|&r| Some(r) != moving) {
+            names.removed(replaced);
+        }
+        if let Some(moving) = moving {
+            names.moved(moving, newparent, newname);
+        }
         Ok(())
     }
 
@@ -909,26 +1022,39 @@ impl Server {
 mod tests {
     use super::*;
 
-    fn names(paths: &[(u64, &str)]) -> Names {
-        Names {
-            paths: paths.iter().map(|&(i, p)| (i, p.to_owned())).collect(),
-        }
-    }
-
     #[test]
-    fn a_rename_moves_the_name_and_everything_below_it_only() {
-        let mut n = names(&[(1, "/"), (2, "/a"), (3, "/a/b"), (4, "/a/b/c"), (5, "/ab")]);
-        n.moved("/a", "/z/y");
-        assert_eq!(n.path(2), Ok("/z/y"));
-        assert_eq!(n.path(3), Ok("/z/y/b"));
-        assert_eq!(n.path(4), Ok("/z/y/b/c"));
-        assert_eq!(n.path(5), Ok("/ab"), "a sibling sharing the prefix stays");
-        n.removed("/ab");
+    fn paths_follow_renames_removals_and_forgets() {
+        let mut n = Names::default();
+        n.looked_up(2, 1, "a");
+        n.looked_up(3, 2, "b");
+        n.looked_up(4, 3, "c");
+        n.looked_up(5, 1, "ab");
+        assert_eq!(n.path(4), Ok("/a/b/c".to_owned()));
+        // A directory's rename moves everything below it with it.
+        n.looked_up(6, 1, "z");
+        n.moved(2, 6, "y");
+        assert_eq!(n.path(2), Ok("/z/y".to_owned()));
+        assert_eq!(n.path(4), Ok("/z/y/b/c".to_owned()));
+        assert_eq!(
+            n.path(5),
+            Ok("/ab".to_owned()),
+            "a sibling sharing the prefix stays"
+        );
+        n.removed(5);
         assert_eq!(n.path(5), Err(libc::ESTALE));
         assert_eq!(n.child(1, "x"), Ok("/x".to_owned()));
         assert_eq!(n.child(3, "x"), Ok("/z/y/b/x".to_owned()));
         assert_eq!(n.child(1, STATUS_NAME), Err(libc::EPERM));
         assert_eq!(n.child(1, CHECK_NAME), Err(libc::EPERM));
         assert_eq!(n.child(1, "a/b"), Err(libc::EINVAL));
+        // An inode stays until the kernel forgets every lookup it was given.
+        n.looked_up(4, 3, "c");
+        n.forget(4, 1);
+        assert_eq!(n.path(4), Ok("/z/y/b/c".to_owned()));
+        n.forget(4, 1);
+        assert_eq!(n.path(4), Err(libc::ESTALE));
+        n.forget(1, u64::MAX);
+        assert_eq!(n.path(1), Ok("/".to_owned()), "the root is never forgotten");
+        assert_eq!(n.len(), 4, "the root, /z, /z/y and /z/y/b");
     }
 }
