@@ -589,8 +589,7 @@ impl Server {
                     mode: mode & !umask & 0o7777,
                     ..OpenOptions::default()
                 };
-                let file = self.fs.open_file(&path, options).map_err(|e| errno(&e))?;
-                file.close().map_err(|e| errno(&e))?;
+                drop(self.fs.open_file(&path, options).map_err(|e| errno(&e))?);
                 proto::entry(w, &self.entry(ino, name, &path)?, TTL)
             }
             op::MKDIR => {
@@ -662,11 +661,14 @@ impl Server {
             }
             op::STATFS => self.statfs(w),
             op::RELEASE => {
+                // Dropped, not `File::close`d: that waits for the checkpoint to move every
+                // record logged so far, which durability does not need (a write is durable
+                // when it returns) and which cost every create-and-close a wake-up of the
+                // checkpoint thread (43 us of the 77 us a create and close took here).
                 let fh = r.u64().map_err(bad)?;
                 match self.take(fh).map(Arc::try_unwrap) {
-                    Some(Ok(Handle::File(file))) => file.close().map_err(|e| errno(&e)),
                     // Still in use by a request in flight: closed when that ends.
-                    Some(Err(_)) | Some(Ok(Handle::Made(_))) => Ok(()),
+                    Some(Ok(Handle::File(_) | Handle::Made(_)) | Err(_)) => Ok(()),
                     Some(Ok(Handle::Dir(_))) | None => Err(libc::EBADF),
                 }
             }
