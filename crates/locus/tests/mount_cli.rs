@@ -74,23 +74,29 @@ fn is_mounted(point: &Path) -> bool {
     volume::is_locus_mount(&point.canonicalize().unwrap())
 }
 
+/// A fresh directory on /dev/shm with a small volume formatted in it.
+fn formatted_volume() -> tempfile::TempDir {
+    let volume = tempfile::Builder::new()
+        .prefix("locus-mount-test")
+        .tempdir_in("/dev/shm")
+        .unwrap();
+    let out = locus()
+        .args(["format", "--volume"])
+        .arg(volume.path())
+        .args(["--emulate", "256M"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    volume
+}
+
 impl Mount {
     fn new(transport: &'static str) -> Mount {
-        let volume = tempfile::Builder::new()
-            .prefix("locus-mount-test")
-            .tempdir_in("/dev/shm")
-            .unwrap();
-        let out = locus()
-            .args(["format", "--volume"])
-            .arg(volume.path())
-            .args(["--emulate", "256M"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let volume = formatted_volume();
         let point = tempfile::tempdir().unwrap();
         let mut mount = Mount {
             volume,
@@ -294,10 +300,7 @@ fn served_pid(volume: &Path) -> u32 {
 /// recovers and says what it replayed; `umount` stops the server cleanly.
 #[test]
 fn a_background_mount_refuses_what_it_cannot_serve() {
-    let volume = tempfile::Builder::new()
-        .prefix("locus-mount-test")
-        .tempdir_in("/dev/shm")
-        .unwrap();
+    let volume = formatted_volume();
     let point = tempfile::tempdir().unwrap();
     // A failing assertion must not leave a background server behind: detaching its mount
     // point makes it stop.
@@ -332,13 +335,6 @@ fn a_background_mount_refuses_what_it_cannot_serve() {
     );
     assert!(!absent.exists(), "nothing is made where no volume is");
 
-    let formatted = locus()
-        .args(["format", "--volume"])
-        .arg(volume.path())
-        .args(["--emulate", "256M"])
-        .output()
-        .unwrap();
-    ok(&formatted, "locus format");
     let out = mount(volume.path());
     ok(&out, "locus mount");
     assert!(stderr(&out).contains("mounted"), "{}", stderr(&out));

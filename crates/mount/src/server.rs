@@ -922,10 +922,10 @@ impl Server {
         let to = self.child(newparent, newname)?;
         // Names change only under the namespace lock: nothing can create `to` between the
         // look and the rename.
-        if flags & libc::RENAME_NOREPLACE != 0 && self.fs.lstat(&to).is_ok() {
+        let (moving, replaced) = (self.ino_of(&from), self.ino_of(&to));
+        if flags & libc::RENAME_NOREPLACE != 0 && replaced.is_some() {
             return Err(libc::EEXIST);
         }
-        let (moving, replaced) = (self.ino_of(&from), self.ino_of(&to));
         self.fs.rename(&from, &to).map_err(|e| errno(&e))?;
         let mut names = self.names_mut();
         if let Some(replaced) = replaced.filter(|&r| Some(r) != moving) {

@@ -174,21 +174,22 @@ fn background(dir: &Path, args: &MountArgs) -> Result<()> {
     let start = log.metadata().map_or(0, |m| m.len());
     command.stderr(log);
     let mut child = command.spawn().context("starting the mount server")?;
+    // What this server has written to the log so far.
+    let said = || {
+        let bytes = std::fs::read(&log_path).unwrap_or_default();
+        String::from_utf8_lossy(bytes.get(start as usize..).unwrap_or_default()).into_owned()
+    };
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if let Some(status) = child.try_wait().context("waiting for the mount server")? {
-            let said = std::fs::read(&log_path).unwrap_or_default();
-            let said = String::from_utf8_lossy(said.get(start as usize..).unwrap_or_default());
-            eprint!("{said}");
+            eprint!("{}", said());
             bail!("the mount server stopped before mounting ({status})");
         }
         if is_mounted(&args.mountpoint) {
             // What the server said on the way (the embedded default created, what recovery
             // replayed) is written before it mounts; its "serving" line, which this one
             // replaces, may or may not be there yet.
-            let said = std::fs::read(&log_path).unwrap_or_default();
-            let said = String::from_utf8_lossy(said.get(start as usize..).unwrap_or_default());
-            for line in said.lines().filter(|l| !l.starts_with("locus: serving ")) {
+            for line in said().lines().filter(|l| !l.starts_with("locus: serving ")) {
                 eprintln!("{line}");
             }
             eprintln!(
