@@ -130,7 +130,12 @@ impl Mount {
             .unwrap();
         self.server = Some(server);
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !is_mounted(self.path()) {
+        // Mounted, and recorded as the volume's server (the preload library and `status`
+        // find the mount by that record, written just after the kernel shows the mount).
+        let pid = self.server.as_ref().unwrap().id();
+        while !(is_mounted(self.path())
+            && volume::find_served(self.volume.path()).is_some_and(|s| s.pid == pid))
+        {
             if let Some(status) = self.server.as_mut().unwrap().try_wait().unwrap() {
                 let mut err = String::new();
                 let _ = std::io::Read::read_to_string(

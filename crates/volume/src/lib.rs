@@ -32,7 +32,9 @@ pub use config::{CONFIG_FILE, DEFAULT_DIR, DeviceConfig, VolumeConfig, may_creat
 pub use error::{Result, VolumeError};
 pub use lock::VolumeLock;
 pub use monitor::Thresholds;
-pub use served::{SERVED_FILE, Served, clear_served, find_served, is_locus_mount, record_served};
+pub use served::{
+    SERVED_FILE, Served, UNRECORDED, clear_served, find_served, is_locus_mount, record_served,
+};
 pub use volume::{
     DeviceSource, DeviceStats, MAX_ALLOC_BYTES, OpenOptions, Volume, default_config, hex,
 };

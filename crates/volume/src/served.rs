@@ -29,6 +29,10 @@ pub fn record_served(dir: &Path, mountpoint: &Path) -> io::Result<()> {
     std::fs::rename(&tmp, dir.join(SERVED_FILE))
 }
 
+/// What a server logs when it cannot write its record (`locus mount` in the background
+/// looks for it, so as not to wait for a record that will never come).
+pub const UNRECORDED: &str = "cannot record the mount";
+
 /// Removes the record (the server stopped).
 pub fn clear_served(dir: &Path) {
     let _ = std::fs::remove_file(dir.join(SERVED_FILE));

@@ -185,7 +185,14 @@ fn background(dir: &Path, args: &MountArgs) -> Result<()> {
             eprint!("{}", said());
             bail!("the mount server stopped before mounting ({status})");
         }
-        if is_mounted(&args.mountpoint) {
+        // Mounted, and recorded as the volume's server: the preload library and `status`
+        // find the mount through that record, so it must be there when this command
+        // returns (the server writes it just after the kernel shows the mount, or logs why
+        // it could not).
+        if is_mounted(&args.mountpoint)
+            && (volume::find_served(dir).is_some_and(|served| served.pid == child.id())
+                || said().contains(volume::UNRECORDED))
+        {
             // What the server said on the way (the embedded default created, what recovery
             // replayed) is written before it mounts; its "serving" line, which this one
             // replaces, may or may not be there yet.
@@ -252,7 +259,8 @@ fn serve(dir: &Path, sysfs: &Path, args: &MountArgs) -> Result<()> {
     // For the preload library and `status`: who serves this volume, and where.
     if let Err(e) = volume::record_served(dir, &args.mountpoint) {
         eprintln!(
-            "locus: cannot record the mount in {} ({e}); the preload library will not find it",
+            "locus: {} in {} ({e}); the preload library will not find it",
+            volume::UNRECORDED,
             dir.display()
         );
     }
