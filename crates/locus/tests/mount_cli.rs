@@ -68,6 +68,7 @@ transports!(
     a_read_only_mount_refuses_every_change,
     a_tree_deeper_than_path_max_behaves_as_on_tmpfs,
     the_server_forgets_what_the_kernel_forgets,
+    a_missing_name_is_cached_until_something_makes_it,
 );
 
 fn is_mounted(point: &Path) -> bool {
@@ -228,6 +229,70 @@ fn fuse_counters(mount: &Mount) -> serde_json::Value {
     let text = std::fs::read_to_string(mount.path().join(mount::STATUS_NAME)).unwrap();
     let status: serde_json::Value = serde_json::from_str(&text).unwrap();
     status["fuse"].clone()
+}
+
+/// Requests the server has served so far, by its status file (reading it costs a few).
+fn requests_served(mount: &Mount) -> u64 {
+    let fuse = fuse_counters(mount);
+    fuse["dev_requests"].as_u64().unwrap()
+        + fuse["queue_requests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_u64().unwrap())
+            .sum::<u64>()
+}
+
+/// A name looked up and missing is remembered by the kernel (the server answers with a
+/// negative entry), so probing it again costs no request; and every way of making the name
+/// — create, mkdir, rename onto it, symlink, another process's shell — is seen at once.
+fn a_missing_name_is_cached_until_something_makes_it(transport: &'static str) {
+    let mount = Mount::new(transport);
+    let at = |name: &str| mount.path().join(name);
+    let missing = |name: &str| matches!(std::fs::symlink_metadata(at(name)), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+    let before = requests_served(&mount);
+    let answered = fuse_counters(&mount)["missing_names"].as_u64().unwrap();
+    for _ in 0..1000 {
+        assert!(missing("absent"));
+    }
+    let spent = requests_served(&mount) - before;
+    assert!(
+        spent < 100,
+        "1,000 looks at a missing name cost {spent} requests"
+    );
+    assert!(fuse_counters(&mount)["missing_names"].as_u64().unwrap() > answered);
+
+    std::fs::write(at("absent"), b"made").unwrap();
+    assert_eq!(std::fs::read(at("absent")).unwrap(), b"made");
+    std::fs::remove_file(at("absent")).unwrap();
+    assert!(missing("absent"));
+
+    assert!(missing("dir"));
+    std::fs::create_dir(at("dir")).unwrap();
+    assert!(at("dir").is_dir());
+
+    std::fs::write(at("source"), b"moved").unwrap();
+    assert!(missing("dir/target"));
+    std::fs::rename(at("source"), at("dir/target")).unwrap();
+    assert_eq!(std::fs::read(at("dir/target")).unwrap(), b"moved");
+    assert!(missing("source"));
+
+    assert!(missing("link"));
+    std::os::unix::fs::symlink("dir/target", at("link")).unwrap();
+    assert_eq!(std::fs::read(at("link")).unwrap(), b"moved");
+
+    assert!(missing("shell"));
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("echo made by another process > shell")
+        .current_dir(mount.path())
+        .output()
+        .unwrap();
+    ok(&out, "sh");
+    assert_eq!(
+        std::fs::read_to_string(at("shell")).unwrap(),
+        "made by another process\n"
+    );
 }
 
 /// A tree deeper than `PATH_MAX` (4096 bytes), made one `cd` at a time as programs make

@@ -27,8 +27,8 @@
 //! reads and writes skip the kernel's page cache (one copy less each way), mappings use it and
 //! their stores reach the file system when the kernel writes the pages back (`msync`,
 //! `munmap`, `fsync`), which is the durability point for mapped stores. Attributes and names
-//! are cached by the kernel for [`TTL`]; every change reaches the file system through this
-//! mount, so the caches are never stale.
+//! are cached by the kernel for [`TTL`], and so are missing names (negative entries); every
+//! change reaches the file system through this mount, so the caches are never stale.
 
 use std::fs::File;
 use std::io::{self, IoSlice, Read, Write};

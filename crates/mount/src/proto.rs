@@ -319,6 +319,18 @@ pub fn entry(w: &mut Writer<'_>, attr: &Attr, ttl: std::time::Duration) -> Resul
     attr.write(w)
 }
 
+/// A `fuse_entry_out` naming no inode: the name does not exist, and the kernel may answer
+/// so itself for `ttl` (a negative dentry) instead of asking again.
+pub fn no_entry(w: &mut Writer<'_>, ttl: std::time::Duration) -> Result<(), i32> {
+    w.u64(0)?; // no inode
+    w.u64(0)?;
+    w.u64(ttl.as_secs())?;
+    w.u64(0)?; // no attributes to cache
+    w.u32(ttl.subsec_nanos())?;
+    w.u32(0)?;
+    Attr::default().write(w)
+}
+
 /// `fuse_attr_out`.
 pub fn attr_out(w: &mut Writer<'_>, attr: &Attr, ttl: std::time::Duration) -> Result<(), i32> {
     w.u64(ttl.as_secs())?;

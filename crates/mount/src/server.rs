@@ -184,6 +184,8 @@ pub(crate) struct Server {
     /// io_uring requests served on another CPU than the one whose queue they came from
     /// (the one that made them).
     served_elsewhere: AtomicU64,
+    /// LOOKUPs answered with a negative entry.
+    missing_names: AtomicU64,
     io_uring: bool,
     /// What opening the check file runs.
     checker: Option<Checker>,
@@ -263,6 +265,7 @@ impl Server {
             dev_requests: AtomicU64::new(0),
             queue_requests: Vec::new(),
             served_elsewhere: AtomicU64::new(0),
+            missing_names: AtomicU64::new(0),
             io_uring: false,
             checker,
             still: RwLock::new(()),
@@ -464,6 +467,8 @@ impl Server {
                     .map(|c| c.load(Ordering::Relaxed))
                     .collect::<Vec<_>>(),
                 "served_elsewhere": self.served_elsewhere.load(Ordering::Relaxed),
+                // Lookups answered "no such name" (which the kernel then caches).
+                "missing_names": self.missing_names.load(Ordering::Relaxed),
             },
         });
         let mut bytes = serde_json::to_vec_pretty(&status).unwrap_or_default();
@@ -543,8 +548,19 @@ impl Server {
                     }
                     return proto::entry(w, &self.made_attr(CHECK_INO), Duration::ZERO);
                 }
-                let attr = self.entry(ino, name, &self.child(ino, name)?)?;
-                proto::entry(w, &attr, TTL)
+                match self.entry(ino, name, &self.child(ino, name)?) {
+                    Ok(attr) => proto::entry(w, &attr, TTL),
+                    // A missing name is cached by the kernel as such (a negative dentry):
+                    // a name can only appear through this mount, which the kernel sees,
+                    // so the cache cannot go stale. Programs probe missing names often
+                    // (include and library search paths, make's implicit rules, sqlite's
+                    // journal files), and each would otherwise be a round trip here.
+                    Err(libc::ENOENT) => {
+                        self.missing_names.fetch_add(1, Ordering::Relaxed);
+                        proto::no_entry(w, TTL)
+                    }
+                    Err(e) => Err(e),
+                }
             }
             op::GETATTR => {
                 if ino == STATUS_INO || ino == CHECK_INO {
