@@ -174,7 +174,9 @@ fn nbd_error(e: &fs::FsError) -> ExportError {
     let code = match e.kind() {
         K::NoSpace => errno::ENOSPC,
         K::TryAgain => errno::ENOMEM,
-        K::Invalid => errno::EINVAL,
+        // Past the largest file: the export's size keeps requests far below it, as it
+        // keeps them inside the export.
+        K::Invalid | K::TooLarge => errno::EINVAL,
         K::NotSupported => errno::ENOTSUP,
         K::BadHandle => errno::EPERM,
         K::Shutdown => errno::ESHUTDOWN,

@@ -101,9 +101,13 @@ pub enum FsError {
         target: String,
     },
 
-    /// A name over 255 bytes or a path over 4096.
+    /// A name over 255 bytes, or a symbolic link's target over 4095.
     #[error("{0}: file name too long")]
     NameTooLong(String),
+
+    /// A write, size or hole reaching past the largest file ([`crate::MAX_FILE_SIZE`]).
+    #[error("file too large: {0}")]
+    TooLarge(String),
 
     /// An argument the operation cannot accept.
     #[error("invalid argument: {0}")]
@@ -143,6 +147,8 @@ pub enum ErrorKind {
     NotEmpty,
     /// Name or path too long (`ENAMETOOLONG`).
     NameTooLong,
+    /// Past the largest file (`EFBIG`).
+    TooLarge,
     /// A symbolic link where the operation does not follow one (`ELOOP`).
     Symlink,
     /// An argument the operation cannot accept (`EINVAL`).
@@ -175,6 +181,7 @@ impl ErrorKind {
             Self::IsDir => libc::EISDIR,
             Self::NotEmpty => libc::ENOTEMPTY,
             Self::NameTooLong => libc::ENAMETOOLONG,
+            Self::TooLarge => libc::EFBIG,
             Self::Symlink => libc::ELOOP,
             Self::Invalid => libc::EINVAL,
             Self::NotSupported => libc::EOPNOTSUPP,
@@ -200,6 +207,7 @@ impl FsError {
             Self::IsDir(_) => ErrorKind::IsDir,
             Self::NotEmpty(_) => ErrorKind::NotEmpty,
             Self::NameTooLong(_) => ErrorKind::NameTooLong,
+            Self::TooLarge(_) => ErrorKind::TooLarge,
             Self::Symlink { .. } => ErrorKind::Symlink,
             Self::Invalid(_) | Self::BadRange(_) => ErrorKind::Invalid,
             Self::NotSupported(_) => ErrorKind::NotSupported,

@@ -207,6 +207,19 @@ fn writes_reads_truncate_and_recovery_without_unmount() {
     let tail = pattern(7, 15_000, 3000);
     f.write_at(&tail, 15_000).unwrap();
     model[15_000..18_000].copy_from_slice(&tail);
+    // Past the largest file: EFBIG, as the kernel's file systems answer, and nothing changes.
+    let past = fs::MAX_FILE_SIZE;
+    for err in [
+        f.write_at(b"x", past).unwrap_err(),
+        f.write_at(b"xy", past - 1).unwrap_err(),
+        f.set_len(past + 1).unwrap_err(),
+        f.punch_hole(past - 4096, 8192).unwrap_err(),
+    ] {
+        assert_eq!(err.errno(), libc::EFBIG, "{err}");
+    }
+    f.write_at(b"x", past - 1).unwrap();
+    f.set_len(model.len() as u64).unwrap();
+    check(&f, &model);
 
     // No unmount: stop as a crash would, with writes logged and not all checkpointed.
     let pending = fs.stats().records_pending;

@@ -1071,7 +1071,8 @@ fn fio_jobs_as_processes_verify_their_data(transport: &'static str) {
 }
 
 /// What the file system does not hold is refused with EPERM: FIFOs, device nodes, hard
-/// links; `mknod` of a regular file makes one.
+/// links; `mknod` of a regular file makes one. Bytes past its largest file (1 PiB; the
+/// kernel allows FUSE files up to 8 EiB) are EFBIG, as past the kernel's own limit.
 fn special_files_and_hard_links_are_refused(transport: &'static str) {
     let mount = Mount::new(transport);
     let script = r#"
@@ -1090,6 +1091,18 @@ for what, call in [
         print(what, "made")
     except OSError as e:
         print(what, errno.errorcode[e.errno])
+fd = os.open(R + "/plain", os.O_RDWR)
+for what, call in [
+    ("pwrite past", lambda: os.pwrite(fd, b"x", 1 << 62)),
+    ("ftruncate past", lambda: os.ftruncate(fd, (1 << 50) + 1)),
+    ("fallocate past", lambda: os.posix_fallocate(fd, 1 << 50, 4096)),
+]:
+    try:
+        call()
+        print(what, "done")
+    except OSError as e:
+        print(what, errno.errorcode[e.errno])
+print("size", os.fstat(fd).st_size)
 print(sorted(os.listdir(R)))
 "#;
     let out = Command::new("python3")
@@ -1099,7 +1112,8 @@ print(sorted(os.listdir(R)))
         .unwrap();
     assert_eq!(
         ok(&out, "python3"),
-        "mkfifo EPERM\nmknod char EPERM\nmknod regular 0o100640\nlink EPERM\n['plain']\n"
+        "mkfifo EPERM\nmknod char EPERM\nmknod regular 0o100640\nlink EPERM\n\
+         pwrite past EFBIG\nftruncate past EFBIG\nfallocate past EFBIG\nsize 0\n['plain']\n"
     );
 }
 

@@ -563,7 +563,7 @@ impl File {
             .checked_add(len)
             .is_none_or(|end| end > MAX_FILE_SIZE)
         {
-            return Err(FsError::Invalid(format!(
+            return Err(FsError::TooLarge(format!(
                 "{len} bytes at offset {offset} end beyond the largest file ({MAX_FILE_SIZE})"
             )));
         }

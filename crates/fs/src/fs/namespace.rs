@@ -349,7 +349,7 @@ impl Inner {
 
     pub(crate) fn set_len(self: &Arc<Self>, inode: &Arc<Inode>, size: u64) -> Result<()> {
         if size > MAX_FILE_SIZE {
-            return Err(FsError::Invalid(format!(
+            return Err(FsError::TooLarge(format!(
                 "size {size} is over the largest file ({MAX_FILE_SIZE})"
             )));
         }

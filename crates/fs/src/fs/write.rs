@@ -343,7 +343,7 @@ pub(crate) fn check_io(offset: u64, len: u64) -> Result<()> {
     }
     match offset.checked_add(len) {
         Some(end) if end <= MAX_FILE_SIZE => Ok(()),
-        _ => Err(FsError::Invalid(format!(
+        _ => Err(FsError::TooLarge(format!(
             "{len} bytes at offset {offset} end beyond the largest file ({MAX_FILE_SIZE})"
         ))),
     }
