@@ -328,6 +328,7 @@ fn handshake(dev: &mut File, transport: Transport) -> io::Result<Hello> {
         | init::BIG_WRITES
         | init::PARALLEL_DIROPS
         | init::MAX_PAGES
+        | init::HANDLE_KILLPRIV_V2
         | init::INIT_EXT
         | init::DIRECT_IO_ALLOW_MMAP;
     if io_uring {

@@ -52,10 +52,21 @@ pub mod init {
     pub const BIG_WRITES: u64 = 1 << 5;
     pub const PARALLEL_DIROPS: u64 = 1 << 18;
     pub const MAX_PAGES: u64 = 1 << 22;
+    /// The kernel tells the server when a write, truncation or `O_TRUNC` open comes from a
+    /// process without `CAP_FSETID` (whose change must clear set-user-ID and set-group-ID),
+    /// instead of the server not knowing.
+    pub const HANDLE_KILLPRIV_V2: u64 = 1 << 28;
     pub const INIT_EXT: u64 = 1 << 30;
     pub const DIRECT_IO_ALLOW_MMAP: u64 = 1 << 36;
     pub const OVER_IO_URING: u64 = 1 << 41;
 }
+
+/// `fuse_write_in.write_flags`: the writer lacks `CAP_FSETID` (with
+/// [`init::HANDLE_KILLPRIV_V2`]).
+pub const WRITE_KILL_SUIDGID: u32 = 1 << 2;
+/// `fuse_open_in.open_flags` and `fuse_create_in.open_flags`: an `O_TRUNC` open by a process
+/// without `CAP_FSETID`.
+pub const OPEN_KILL_SUIDGID: u32 = 1 << 0;
 
 /// `open_flags` of an open reply.
 pub const FOPEN_DIRECT_IO: u32 = 1 << 0;
@@ -73,6 +84,8 @@ pub mod fattr {
     pub const FH: u32 = 1 << 6;
     pub const ATIME_NOW: u32 = 1 << 7;
     pub const MTIME_NOW: u32 = 1 << 8;
+    /// A truncation by a process without `CAP_FSETID`.
+    pub const KILL_SUIDGID: u32 = 1 << 11;
 }
 
 /// `fuse_getattr_in.getattr_flags`: `fh` is meaningful.
@@ -308,14 +321,27 @@ impl Attr {
     }
 }
 
+/// How long the kernel may keep `attr`: `ttl`, except for a set-user-ID or set-group-ID
+/// file, whose attributes are never kept — a write by a process without `CAP_FSETID` clears
+/// those bits here (`WRITE_KILL_SUIDGID`), and the write's reply cannot tell the kernel, so
+/// a kept mode would show the privileges for up to `ttl` after they were dropped.
+fn attr_ttl(attr: &Attr, ttl: std::time::Duration) -> std::time::Duration {
+    if attr.mode & (libc::S_ISUID | libc::S_ISGID) != 0 {
+        std::time::Duration::ZERO
+    } else {
+        ttl
+    }
+}
+
 /// `fuse_entry_out`: the inode, how long the name and attributes may be cached, the attributes.
 pub fn entry(w: &mut Writer<'_>, attr: &Attr, ttl: std::time::Duration) -> Result<(), i32> {
+    let attr_ttl = attr_ttl(attr, ttl);
     w.u64(attr.ino)?;
     w.u64(0)?; // generation: inode numbers are not reused while the kernel knows them
     w.u64(ttl.as_secs())?;
-    w.u64(ttl.as_secs())?;
+    w.u64(attr_ttl.as_secs())?;
     w.u32(ttl.subsec_nanos())?;
-    w.u32(ttl.subsec_nanos())?;
+    w.u32(attr_ttl.subsec_nanos())?;
     attr.write(w)
 }
 
@@ -333,6 +359,7 @@ pub fn no_entry(w: &mut Writer<'_>, ttl: std::time::Duration) -> Result<(), i32>
 
 /// `fuse_attr_out`.
 pub fn attr_out(w: &mut Writer<'_>, attr: &Attr, ttl: std::time::Duration) -> Result<(), i32> {
+    let ttl = attr_ttl(attr, ttl);
     w.u64(ttl.as_secs())?;
     w.u32(ttl.subsec_nanos())?;
     w.u32(0)?;

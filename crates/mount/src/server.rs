@@ -649,14 +649,20 @@ impl Server {
             // One name per inode (as through the preload library).
             op::LINK => Err(libc::EPERM),
             op::OPEN => {
-                let flags = r.u32().map_err(bad)?;
-                let (fh, open_flags) = self.open(ino, flags)?;
-                proto::open_out(w, fh, open_flags)
+                let (flags, open_flags) = (r.u32().map_err(bad)?, r.u32().map_err(bad)?);
+                let (fh, reply_flags) = self.open(ino, flags)?;
+                if open_flags & proto::OPEN_KILL_SUIDGID != 0
+                    && let Handle::File(file) = &*self.handle(fh)?
+                {
+                    file.drop_privileges().map_err(|e| errno(&e))?;
+                }
+                proto::open_out(w, fh, reply_flags)
             }
             op::CREATE => {
-                let (flags, mode, umask) = (r.u32(), r.u32(), r.u32());
+                let (flags, mode, umask, open_flags) = (r.u32(), r.u32(), r.u32(), r.u32());
                 let (flags, mode, umask) =
                     (flags.map_err(bad)?, mode.map_err(bad)?, umask.map_err(bad)?);
+                let open_flags = open_flags.map_err(bad)?;
                 let [name] = proto::names(rest).map_err(bad)?;
                 self.writable()?;
                 let _ns = lock(&self.namespace);
@@ -669,6 +675,10 @@ impl Server {
                     ..Self::open_options(flags)
                 };
                 let file = self.fs.open_file(&path, options).map_err(|e| errno(&e))?;
+                // An existing file truncated by `O_TRUNC`.
+                if open_flags & proto::OPEN_KILL_SUIDGID != 0 {
+                    file.drop_privileges().map_err(|e| errno(&e))?;
+                }
                 let attr = self.attr(&file.stat());
                 self.names_mut().looked_up(attr.ino, ino, name);
                 let fh = self.add(Handle::File(file));
@@ -825,8 +835,9 @@ impl Server {
 
     fn write(&self, arg: &[u8], buf: &mut [u8], in_len: usize) -> Result<usize, i32> {
         let mut r = Reader::new(arg, "fuse_write_in");
-        let (fh, offset, size) = (r.u64(), r.u64(), r.u32());
+        let (fh, offset, size, write_flags) = (r.u64(), r.u64(), r.u32(), r.u32());
         let (fh, offset, size) = (fh.map_err(bad)?, offset.map_err(bad)?, size.map_err(bad)?);
+        let write_flags = write_flags.map_err(bad)?;
         let size = size as usize;
         if size > in_len {
             return Err(bad(Malformed(format!(
@@ -837,6 +848,11 @@ impl Server {
         let Handle::File(file) = &*handle else {
             return Err(libc::EBADF);
         };
+        // Before the data, as the kernel's file systems do: a set-user-ID program is never
+        // on the media with a stranger's bytes and its privileges.
+        if write_flags & proto::WRITE_KILL_SUIDGID != 0 {
+            file.drop_privileges().map_err(|e| errno(&e))?;
+        }
         file.write_at(&buf[..size], offset).map_err(|e| errno(&e))?;
         let mut w = Writer::new(buf);
         w.u32(size as u32)?;
@@ -892,6 +908,14 @@ impl Server {
                 self.fs
                     .chmod(path.as_deref().map_err(|&e| e)?, mode & 0o7777)
                     .map_err(|e| errno(&e))?;
+            }
+            // A truncation by a process without CAP_FSETID.
+            if has(fattr::KILL_SUIDGID) {
+                match file {
+                    Some(file) => file.drop_privileges(),
+                    None => self.fs.drop_privileges(path.as_deref().map_err(|&e| e)?),
+                }
+                .map_err(|e| errno(&e))?;
             }
             let when = |set: u32, now: u32, secs: u64, nsec: u32| {
                 if has(now) {

@@ -232,6 +232,12 @@ impl Fs {
         self.inner.set_mode(path, mode)
     }
 
+    /// [`File::drop_privileges`] of what `path` leads to.
+    pub fn drop_privileges(&self, path: &str) -> Result<bool> {
+        let inode = self.inner.resolve_follow(path)?;
+        self.inner.drop_privileges(&inode)
+    }
+
     /// Attributes of what `path` leads to (a symbolic link there is reported).
     pub fn stat(&self, path: &str) -> Result<Stat> {
         let inode = self.inner.resolve_follow(path)?;
@@ -589,6 +595,14 @@ impl File {
     /// Attributes.
     pub fn stat(&self) -> Stat {
         self.fs.inner.stat_of(&self.inode)
+    }
+
+    /// Clears the set-user-ID bit, and the set-group-ID bit when group execution is on, as
+    /// the kernel's file systems do when a process without `CAP_FSETID` writes or truncates
+    /// a file (the file system keeps no owners or capabilities: its caller, who knows the
+    /// writer, asks). Durable on return; `true` when the mode changed. Any handle may.
+    pub fn drop_privileges(&self) -> Result<bool> {
+        self.fs.inner.drop_privileges(&self.inode)
     }
 
     /// Sets the access and modification times (ns since the epoch; `None` leaves one as it

@@ -528,6 +528,41 @@ impl Inner {
         })
     }
 
+    /// Clears `inode`'s set-user-ID bit, and its set-group-ID bit when group execution is
+    /// on (without it, the bit is mandatory locking's mark and stays), as the kernel's file
+    /// systems do when a process without `CAP_FSETID` writes or truncates a file. One
+    /// journal record when a bit was set, none otherwise; `true` when the mode changed.
+    pub(crate) fn drop_privileges(self: &Arc<Self>, inode: &Arc<Inode>) -> Result<bool> {
+        let dropped = |mode: u32| {
+            let group_exec = mode & libc::S_IXGRP != 0;
+            mode & !(libc::S_ISUID | if group_exec { libc::S_ISGID } else { 0 })
+        };
+        {
+            let attr = inode.attr();
+            if dropped(attr.mode) == attr.mode {
+                return Ok(false);
+            }
+        }
+        self.metadata(|fs, slot| {
+            let mut attr = inode.attr();
+            let mode = dropped(attr.mode);
+            if mode == attr.mode {
+                return Ok(Some(false)); // another writer got there first
+            }
+            let time = now_ns();
+            let op = MetaOp::SetMode {
+                ino: inode.ino,
+                mode,
+                time,
+            };
+            if !fs.journal(slot, &op)? {
+                return Ok(None);
+            }
+            apply::set_mode(inode, &mut attr, mode, time);
+            Ok(Some(true))
+        })
+    }
+
     /// Sets `inode`'s access and modification times (`None`: unchanged); the change time
     /// becomes now. Times are ns since the epoch, and at least 1 (0 means "unchanged" in
     /// the record).
