@@ -266,27 +266,37 @@ fn dropped_privileges_clear_set_id_bits_and_replay_after_a_crash() {
     let shm = shm_volume("privileges", 256 << 20);
     let fs = Fs::format(open_volume(&shm.dir), &small_format(), on_demand()).unwrap();
     let mut files = Vec::new();
-    for (name, mode) in [("/a", 0o6775), ("/b", 0o6745), ("/c", 0o2755), ("/d", 0o755)] {
+    for (name, mode) in [
+        ("/a", 0o6775),
+        ("/b", 0o6745),
+        ("/c", 0o2755),
+        ("/d", 0o755),
+    ] {
         let f = fs.create(name).unwrap();
         fs.chmod(name, mode).unwrap();
         files.push((name, f));
     }
     // Bytes stored to the media: a journal record adds some, a call that changes nothing none.
     let stored = || fs.stats().media_bytes;
-    for ((name, f), (changed, mode)) in files.iter().zip([
-        (true, 0o775),
-        (true, 0o2745),
-        (true, 0o755),
-        (false, 0o755),
-    ]) {
+    for ((name, f), (changed, mode)) in
+        files
+            .iter()
+            .zip([(true, 0o775), (true, 0o2745), (true, 0o755), (false, 0o755)])
+    {
         let before = stored();
         assert_eq!(f.drop_privileges().unwrap(), changed, "{name}");
         assert_eq!(f.stat().mode, mode, "{name}");
         assert_eq!(stored() > before, changed, "{name}");
-        assert!(!f.drop_privileges().unwrap(), "{name}: nothing left to drop");
+        assert!(
+            !f.drop_privileges().unwrap(),
+            "{name}: nothing left to drop"
+        );
     }
     fs.chmod("/d", 0o4700).unwrap();
     assert!(fs.drop_privileges("/d").unwrap());
+    // A link is not followed (the kernel asks on `lchown` too); it has nothing to drop.
+    fs.symlink("a", "/link").unwrap();
+    assert!(!fs.drop_privileges("/link").unwrap());
     drop(files);
     fs.abandon();
     let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();

@@ -232,9 +232,10 @@ impl Fs {
         self.inner.set_mode(path, mode)
     }
 
-    /// [`File::drop_privileges`] of what `path` leads to.
+    /// [`File::drop_privileges`] of what `path` names (a symbolic link there is itself the
+    /// target, and has no set-ID bits: `lchown` of a link asks too).
     pub fn drop_privileges(&self, path: &str) -> Result<bool> {
-        let inode = self.inner.resolve_follow(path)?;
+        let inode = self.inner.resolve(path)?;
         self.inner.drop_privileges(&inode)
     }
 
