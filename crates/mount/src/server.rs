@@ -909,7 +909,8 @@ impl Server {
                     .chmod(path.as_deref().map_err(|&e| e)?, mode & 0o7777)
                     .map_err(|e| errno(&e))?;
             }
-            // A truncation by a process without CAP_FSETID.
+            // A truncation by a process without CAP_FSETID, or a change of owner (which
+            // the kernel flags for every non-directory, and which comes here as a no-op).
             if has(fattr::KILL_SUIDGID) {
                 match file {
                     Some(file) => file.drop_privileges(),
