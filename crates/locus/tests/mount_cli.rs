@@ -70,6 +70,7 @@ transports!(
     the_server_forgets_what_the_kernel_forgets,
     a_missing_name_is_cached_until_something_makes_it,
     a_change_without_cap_fsetid_drops_set_id_bits_as_on_tmpfs,
+    a_listing_carries_attributes_and_its_lookups_are_forgotten,
 );
 
 fn is_mounted(point: &Path) -> bool {
@@ -349,13 +350,81 @@ fn a_tree_deeper_than_path_max_behaves_as_on_tmpfs(transport: &'static str) {
     assert_eq!(locus, tmpfs);
 }
 
+/// Dropping the kernel's caches is machine-wide: the tests that do it take turns, or one's
+/// table would shrink (or its counts grow) while another looks at it.
+static DROPS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Drops the kernel's dentries and inodes (it then forgets what it held) and waits until
+/// the server's table is back near the root; `false` when /proc cannot be written.
+fn forget_all(mount: &Mount) -> bool {
+    if std::fs::write("/proc/sys/vm/drop_caches", "2").is_err() {
+        return false;
+    }
+    let known = || fuse_counters(mount)["known_inodes"].as_u64().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while known() > 10 {
+        assert!(Instant::now() < deadline, "{} inodes still known", known());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    true
+}
+
+/// A listing hands the kernel each entry's attributes (`READDIRPLUS`): `ls -l` of 2,000
+/// files the kernel has forgotten costs far fewer requests than one lookup per file, what
+/// it lists is right, the files are usable by name after, and the lookups the listing gave
+/// the kernel are forgotten with the rest.
+fn a_listing_carries_attributes_and_its_lookups_are_forgotten(transport: &'static str) {
+    let _one_at_a_time = DROPS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mount = Mount::new(transport);
+    let dir = mount.path().join("d");
+    std::fs::create_dir(&dir).unwrap();
+    for i in 0..2000 {
+        std::fs::write(dir.join(format!("f{i:04}")), "x".repeat(i % 7)).unwrap();
+    }
+    if !forget_all(&mount) {
+        eprintln!("skipped: /proc/sys/vm/drop_caches is not writable");
+        return;
+    }
+    let before = requests_served(&mount);
+    let out = Command::new("ls")
+        .args(["-l", "--time-style=+"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let spent = requests_served(&mount) - before;
+    let listing = ok(&out, "ls -l");
+    let sizes: Vec<&str> = listing
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().nth(4).unwrap())
+        .collect();
+    let expected: Vec<String> = (0..2000).map(|i| (i % 7).to_string()).collect();
+    assert_eq!(sizes, expected, "ls -l lists each file with its size");
+    assert!(
+        spent < 1000,
+        "ls -l of 2,000 forgotten files cost {spent} requests"
+    );
+    // Usable by name while the kernel holds what the listing gave it.
+    assert_eq!(
+        std::fs::read_to_string(dir.join("f0006")).unwrap(),
+        "xxxxxx"
+    );
+    std::fs::rename(dir.join("f0001"), dir.join("moved")).unwrap();
+    std::fs::remove_file(dir.join("f0002")).unwrap();
+    assert_eq!(std::fs::read_to_string(dir.join("moved")).unwrap(), "x");
+    assert!(fuse_counters(&mount)["known_inodes"].as_u64().unwrap() > 1990);
+    // Every lookup the listing gave is forgotten again: no inode is left behind.
+    assert!(forget_all(&mount));
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1999);
+    assert_eq!(std::fs::read_to_string(dir.join("f1999")).unwrap(), "xxxx");
+}
+
 /// The server keeps a name for each inode the kernel holds, and lets it go when the kernel
 /// forgets the inode: after the kernel's caches are dropped the table is back to the root,
 /// and the files are found again by name — also below a directory renamed meanwhile.
 fn the_server_forgets_what_the_kernel_forgets(transport: &'static str) {
-    // Dropping the caches is machine-wide: the other transport's run waits, or its table
-    // would shrink before it is looked at.
-    static DROPS: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one_at_a_time = DROPS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -368,14 +437,9 @@ fn the_server_forgets_what_the_kernel_forgets(transport: &'static str) {
     }
     assert!(known() > 2000, "{}", known());
     // Dropping dentries and inodes makes the kernel send its forgets (root only).
-    if std::fs::write("/proc/sys/vm/drop_caches", "2").is_err() {
+    if !forget_all(&mount) {
         eprintln!("skipped the forgetting half: /proc/sys/vm/drop_caches is not writable");
         return;
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while known() > 10 {
-        assert!(Instant::now() < deadline, "{} inodes still known", known());
-        std::thread::sleep(Duration::from_millis(50));
     }
     std::fs::rename(&dir, mount.path().join("e")).unwrap();
     let moved = mount.path().join("e");

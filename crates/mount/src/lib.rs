@@ -329,6 +329,8 @@ fn handshake(dev: &mut File, transport: Transport) -> io::Result<Hello> {
         | init::PARALLEL_DIROPS
         | init::MAX_PAGES
         | init::HANDLE_KILLPRIV_V2
+        | init::DO_READDIRPLUS
+        | init::READDIRPLUS_AUTO
         | init::INIT_EXT
         | init::DIRECT_IO_ALLOW_MMAP;
     if io_uring {

@@ -43,6 +43,7 @@ pub mod op {
     pub const BATCH_FORGET: u32 = 42;
     pub const FALLOCATE: u32 = 43;
     pub const RENAME2: u32 = 45;
+    pub const READDIRPLUS: u32 = 44;
     pub const LSEEK: u32 = 46;
 }
 
@@ -52,6 +53,11 @@ pub mod init {
     pub const BIG_WRITES: u64 = 1 << 5;
     pub const PARALLEL_DIROPS: u64 = 1 << 18;
     pub const MAX_PAGES: u64 = 1 << 22;
+    /// Directory listings may carry each entry's attributes (`READDIRPLUS`)...
+    pub const DO_READDIRPLUS: u64 = 1 << 13;
+    /// ...when the kernel sees they would be looked up anyway (the first chunk of a
+    /// listing, or a listing followed by lookups of its names: `ls -l`, `find`, `du`).
+    pub const READDIRPLUS_AUTO: u64 = 1 << 14;
     /// The kernel tells the server when a write, truncation or `O_TRUNC` open comes from a
     /// process without `CAP_FSETID` (whose change must clear set-user-ID and set-group-ID),
     /// instead of the server not knowing.
@@ -108,7 +114,7 @@ pub fn arg_bytes(opcode: u32) -> usize {
         op::GETATTR | op::FSYNC | op::FSYNCDIR | op::MKNOD | op::CREATE | op::RENAME2 => 16,
         op::SETATTR => 88,
         op::MKDIR | op::RENAME | op::LINK | op::OPEN | op::OPENDIR | op::FORGET => 8,
-        op::READ | op::WRITE | op::READDIR => 40,
+        op::READ | op::WRITE | op::READDIR | op::READDIRPLUS => 40,
         op::RELEASE | op::RELEASEDIR | op::FLUSH | op::LSEEK => 24,
         op::FALLOCATE => 32,
         op::INTERRUPT => 8,
@@ -388,6 +394,25 @@ pub fn dirent(w: &mut Writer<'_>, ino: u64, off: u64, kind: u32, name: &str) -> 
         w.align8()
     })();
     written.is_ok()
+}
+
+/// One `fuse_direntplus` (a `fuse_entry_out`, then the `fuse_dirent`): with `attr`, the
+/// kernel takes a lookup of the entry as from `LOOKUP`; without, a zeroed entry it leaves
+/// alone. `false` (nothing written) when it does not fit.
+pub fn direntplus(
+    w: &mut Writer<'_>,
+    attr: Option<&Attr>,
+    (ino, off, kind, name): (u64, u64, u32, &str),
+    ttl: std::time::Duration,
+) -> bool {
+    if ENTRY_OUT + (24 + name.len()).next_multiple_of(8) > w.room() {
+        return false;
+    }
+    let entry = match attr {
+        Some(attr) => entry(w, attr, ttl),
+        None => no_entry(w, std::time::Duration::ZERO),
+    };
+    entry.is_ok() && dirent(w, ino, off, kind, name)
 }
 
 #[cfg(test)]

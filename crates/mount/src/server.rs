@@ -738,6 +738,40 @@ impl Server {
                 let n = dw.len();
                 w.bytes(&out[..n])
             }
+            op::READDIRPLUS => {
+                let (fh, offset, size) = (r.u64(), r.u64(), r.u32());
+                let (fh, offset, size) =
+                    (fh.map_err(bad)?, offset.map_err(bad)?, size.map_err(bad)?);
+                let handle = self.handle(fh)?;
+                let Handle::Dir(listing) = &*handle else {
+                    return Err(libc::EBADF);
+                };
+                let room = (size as usize).min(w.room());
+                let mut out = vec![0u8; room];
+                let mut dw = Writer::new(&mut out);
+                let skip = usize::try_from(offset).unwrap_or(usize::MAX);
+                for (i, (entry_ino, kind, name)) in listing.entries.iter().enumerate().skip(skip) {
+                    // `.` and `..` go without attributes (the kernel takes no lookup of
+                    // them), and so does a name that no longer leads to the inode listed.
+                    let st = (i >= 2)
+                        .then(|| self.child(ino, name).ok())
+                        .flatten()
+                        .and_then(|path| self.fs.lstat(&path).ok())
+                        .filter(|st| st.ino == *entry_ino);
+                    let attr = st.map(|st| self.attr(&st));
+                    let dirent = (*entry_ino, (i + 1) as u64, dtype(*kind), name.as_str());
+                    if !proto::direntplus(&mut dw, attr.as_ref(), dirent, TTL) {
+                        break;
+                    }
+                    // Counted only once sent: the kernel holds a lookup of each entry it got
+                    // with attributes, and forgets it as it forgets a `LOOKUP`'s.
+                    if attr.is_some() {
+                        self.names_mut().looked_up(*entry_ino, ino, name);
+                    }
+                }
+                let n = dw.len();
+                w.bytes(&out[..n])
+            }
             op::RELEASEDIR => {
                 let fh = r.u64().map_err(bad)?;
                 match self.take(fh).as_deref() {
