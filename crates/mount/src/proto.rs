@@ -379,8 +379,11 @@ pub fn open_out(w: &mut Writer<'_>, fh: u64, open_flags: u32) -> Result<(), i32>
     w.u32(0)
 }
 
+/// A directory entry: its inode, the offset of the entry after it, its `DT_*` type, its name.
+pub type Dirent<'a> = (u64, u64, u32, &'a str);
+
 /// One `fuse_dirent` (8-byte aligned); `false` (nothing written) when it does not fit.
-pub fn dirent(w: &mut Writer<'_>, ino: u64, off: u64, kind: u32, name: &str) -> bool {
+pub fn dirent(w: &mut Writer<'_>, (ino, off, kind, name): Dirent<'_>) -> bool {
     let size = (24 + name.len()).next_multiple_of(8);
     if size > w.room() {
         return false;
@@ -402,17 +405,17 @@ pub fn dirent(w: &mut Writer<'_>, ino: u64, off: u64, kind: u32, name: &str) -> 
 pub fn direntplus(
     w: &mut Writer<'_>,
     attr: Option<&Attr>,
-    (ino, off, kind, name): (u64, u64, u32, &str),
+    listed: Dirent<'_>,
     ttl: std::time::Duration,
 ) -> bool {
-    if ENTRY_OUT + (24 + name.len()).next_multiple_of(8) > w.room() {
+    if ENTRY_OUT + (24 + listed.3.len()).next_multiple_of(8) > w.room() {
         return false;
     }
     let entry = match attr {
         Some(attr) => entry(w, attr, ttl),
         None => no_entry(w, std::time::Duration::ZERO),
     };
-    entry.is_ok() && dirent(w, ino, off, kind, name)
+    entry.is_ok() && dirent(w, listed)
 }
 
 #[cfg(test)]
@@ -442,10 +445,10 @@ mod tests {
     fn dirents_are_padded_to_8_and_refused_when_they_do_not_fit() {
         let mut buf = [0xAAu8; 40];
         let mut w = Writer::new(&mut buf);
-        assert!(dirent(&mut w, 7, 1, 8, "abc"));
+        assert!(dirent(&mut w, (7, 1, 8, "abc")));
         assert_eq!(w.len(), 32, "24 + 3 rounded up to 8");
         assert!(
-            !dirent(&mut w, 8, 2, 8, "x"),
+            !dirent(&mut w, (8, 2, 8, "x")),
             "32 more bytes do not fit in 8"
         );
         assert_eq!(w.len(), 32);

@@ -82,12 +82,7 @@ impl Names {
         if name.is_empty() || name.contains('/') {
             return Err(libc::EINVAL);
         }
-        let parent = self.path(parent)?;
-        Ok(if parent == "/" {
-            format!("/{name}")
-        } else {
-            format!("{parent}/{name}")
-        })
+        Ok(join(&self.path(parent)?, name))
     }
 
     /// An entry reply for `ino`, named `name` in `parent`, is going to the kernel.
@@ -211,6 +206,15 @@ fn errno(e: &FsError) -> i32 {
 fn bad(e: Malformed) -> i32 {
     tracing::warn!(problem = %e, "malformed FUSE request");
     libc::EINVAL
+}
+
+/// The path of `name` in the directory at `dir`.
+fn join(dir: &str, name: &str) -> String {
+    if dir == "/" {
+        format!("/{name}")
+    } else {
+        format!("{dir}/{name}")
+    }
 }
 
 /// `d_type` of a kind (directory entries).
@@ -718,7 +722,7 @@ impl Server {
                 let listing = self.listing(ino)?;
                 proto::open_out(w, self.add(Handle::Dir(listing)), 0)
             }
-            op::READDIR => {
+            op::READDIR | op::READDIRPLUS => {
                 let (fh, offset, size) = (r.u64(), r.u64(), r.u32());
                 let (fh, offset, size) =
                     (fh.map_err(bad)?, offset.map_err(bad)?, size.map_err(bad)?);
@@ -726,40 +730,32 @@ impl Server {
                 let Handle::Dir(listing) = &*handle else {
                     return Err(libc::EBADF);
                 };
-                let room = (size as usize).min(w.room());
-                let mut out = vec![0u8; room];
-                let mut dw = Writer::new(&mut out);
-                let skip = usize::try_from(offset).unwrap_or(usize::MAX);
-                for (i, (ino, kind, name)) in listing.entries.iter().enumerate().skip(skip) {
-                    if !proto::dirent(&mut dw, *ino, (i + 1) as u64, dtype(*kind), name) {
-                        break;
-                    }
-                }
-                let n = dw.len();
-                w.bytes(&out[..n])
-            }
-            op::READDIRPLUS => {
-                let (fh, offset, size) = (r.u64(), r.u64(), r.u32());
-                let (fh, offset, size) =
-                    (fh.map_err(bad)?, offset.map_err(bad)?, size.map_err(bad)?);
-                let handle = self.handle(fh)?;
-                let Handle::Dir(listing) = &*handle else {
-                    return Err(libc::EBADF);
+                // With attributes, each entry's path is the directory's (built once) and
+                // its name.
+                let dir = if opcode == op::READDIRPLUS {
+                    Some(self.path(ino)?)
+                } else {
+                    None
                 };
                 let room = (size as usize).min(w.room());
                 let mut out = vec![0u8; room];
                 let mut dw = Writer::new(&mut out);
                 let skip = usize::try_from(offset).unwrap_or(usize::MAX);
                 for (i, (entry_ino, kind, name)) in listing.entries.iter().enumerate().skip(skip) {
+                    let dirent = (*entry_ino, (i + 1) as u64, dtype(*kind), name.as_str());
+                    let Some(dir) = &dir else {
+                        if !proto::dirent(&mut dw, dirent) {
+                            break;
+                        }
+                        continue;
+                    };
                     // `.` and `..` go without attributes (the kernel takes no lookup of
                     // them), and so does a name that no longer leads to the inode listed.
-                    let st = (i >= 2)
-                        .then(|| self.child(ino, name).ok())
+                    let attr = (i >= 2)
+                        .then(|| self.fs.lstat(&join(dir, name)).ok())
                         .flatten()
-                        .and_then(|path| self.fs.lstat(&path).ok())
-                        .filter(|st| st.ino == *entry_ino);
-                    let attr = st.map(|st| self.attr(&st));
-                    let dirent = (*entry_ino, (i + 1) as u64, dtype(*kind), name.as_str());
+                        .filter(|st| st.ino == *entry_ino)
+                        .map(|st| self.attr(&st));
                     if !proto::direntplus(&mut dw, attr.as_ref(), dirent, TTL) {
                         break;
                     }

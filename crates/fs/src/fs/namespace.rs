@@ -11,7 +11,7 @@ use super::{MAX_FILE_SIZE, ROOT_INO, WHOLE_FILE, ZEROS, now_ns};
 use crate::apply::{self, Move, NewInode, RenameDirs, applied};
 use crate::error::{FsError, Result};
 use crate::extent_map::{BLOCK, Run};
-use crate::inode::{Inode, Stat};
+use crate::inode::{Attr, Inode, Stat};
 use crate::journal::{Kind, MetaOp};
 use crate::path;
 use crate::range_lock::LockMode;
@@ -514,18 +514,26 @@ impl Inner {
         self.metadata(|fs, slot| {
             let inode = fs.resolve_follow(path)?;
             let mut attr = inode.attr();
-            let time = now_ns();
-            let op = MetaOp::SetMode {
-                ino: inode.ino,
-                mode,
-                time,
-            };
-            if !fs.journal(slot, &op)? {
-                return Ok(None);
-            }
-            apply::set_mode(&inode, &mut attr, mode, time);
-            Ok(Some(()))
+            Ok(fs
+                .journal_mode(slot, &inode, &mut attr, mode)?
+                .then_some(()))
         })
+    }
+
+    /// Journals and applies `mode` for `inode`, whose attributes the caller holds;
+    /// `false` when the journal is full (nothing changed: wait for the snapshot, retry).
+    fn journal_mode(&self, slot: &Slot, inode: &Inode, attr: &mut Attr, mode: u32) -> Result<bool> {
+        let time = now_ns();
+        let op = MetaOp::SetMode {
+            ino: inode.ino,
+            mode,
+            time,
+        };
+        if !self.journal(slot, &op)? {
+            return Ok(false);
+        }
+        apply::set_mode(inode, attr, mode, time);
+        Ok(true)
     }
 
     /// Clears `inode`'s set-user-ID bit, and its set-group-ID bit when group execution is
@@ -549,17 +557,9 @@ impl Inner {
             if mode == attr.mode {
                 return Ok(Some(false)); // another writer got there first
             }
-            let time = now_ns();
-            let op = MetaOp::SetMode {
-                ino: inode.ino,
-                mode,
-                time,
-            };
-            if !fs.journal(slot, &op)? {
-                return Ok(None);
-            }
-            apply::set_mode(inode, &mut attr, mode, time);
-            Ok(Some(true))
+            Ok(fs
+                .journal_mode(slot, inode, &mut attr, mode)?
+                .then_some(true))
         })
     }
 

@@ -66,12 +66,7 @@ fn read_at(file: &fs::File, buf: &mut [u8], offset: u64) -> Result<usize, c_int>
 /// cut to that, which `write(2)` allows).
 fn write_at(file: &fs::File, data: &[u8], offset: u64) -> Result<usize, c_int> {
     let data = &data[..data.len().min(MAX_IO as usize)];
-    if offset
-        .checked_add(data.len() as u64)
-        .is_none_or(|end| end > MAX_FILE_SIZE)
-    {
-        return Err(libc::EFBIG);
-    }
+    // Past the largest file, the file system answers EFBIG itself.
     file.write_at(data, offset).map_err(|e| fs_errno(&e))?;
     if shared::is_mapped(file) {
         shared::after_growth(file.ino(), file.len())?;
