@@ -178,7 +178,7 @@ fn nbd_error(e: &fs::FsError) -> ExportError {
         // keeps them inside the export.
         K::Invalid | K::TooLarge => errno::EINVAL,
         K::NotSupported => errno::ENOTSUP,
-        K::BadHandle => errno::EPERM,
+        K::BadHandle | K::NotPermitted => errno::EPERM,
         K::Shutdown => errno::ESHUTDOWN,
         // The export's own file: gone, replaced or unreadable is the media failing under
         // the client.

@@ -96,6 +96,7 @@ pub(crate) fn create(
     let attr = Attr {
         mode,
         parent: if kind == Kind::Dir { parent.ino } else { 0 },
+        links: 1,
         unlinked: false,
     };
     Ok(Arc::new(
@@ -133,6 +134,52 @@ pub(crate) fn remove(
         parent.changed(time);
     }
     Ok(())
+}
+
+/// `Link`: names the existing file or symbolic link `inode` `name` in `parent` too (whose
+/// `entries` are locked).
+pub(crate) fn link(
+    parent: &Inode,
+    entries: &mut Entries,
+    inode: &Inode,
+    name: &str,
+    time: u64,
+) -> Result<(), Problem> {
+    dir(parent)?;
+    if inode.kind == Kind::Dir {
+        return Err(format!("link of directory {} as `{name}`", inode.ino));
+    }
+    if entries.contains_key(name) {
+        return Err(format!(
+            "link of `{name}` in {}, where it exists",
+            parent.ino
+        ));
+    }
+    let mut attr = inode.attr();
+    if attr.unlinked || attr.links == 0 {
+        return Err(format!("link of inode {}, which has no name", inode.ino));
+    }
+    attr.links += 1;
+    drop(attr);
+    entries.insert(name.to_owned(), inode.ino);
+    parent.mtime.store(time, Ordering::Release);
+    parent.changed(time);
+    inode.changed(time);
+    Ok(())
+}
+
+/// `inode` lost one of its names at `time` (a `Remove`, or a `Rename` onto it; 0: a record
+/// of an old kind): true when that was its last. One that keeps a name has its change time
+/// moved.
+pub(crate) fn unname(inode: &Inode, time: u64) -> bool {
+    let mut attr = inode.attr();
+    attr.links = attr.links.saturating_sub(1);
+    let last = attr.links == 0;
+    drop(attr);
+    if !last && time != 0 {
+        inode.changed(time);
+    }
+    last
 }
 
 /// One directory fewer in `dir` (under its `entries` lock). Saturating: a count recovery
@@ -371,6 +418,7 @@ mod tests {
         let attr = Attr {
             mode: 0o755,
             parent: 1,
+            links: 1,
             unlinked: false,
         };
         Arc::new(Inode::new(ino, kind, attr, 1, 4096))

@@ -117,6 +117,10 @@ pub enum FsError {
     #[error("not supported: {0}")]
     NotSupported(String),
 
+    /// The operation is never allowed on this object (a second name for a directory).
+    #[error("operation not permitted: {0}")]
+    NotPermitted(String),
+
     /// Writing through a read-only handle, or reading through a write-only one.
     #[error("bad file handle: {0}")]
     BadHandle(String),
@@ -155,6 +159,8 @@ pub enum ErrorKind {
     Invalid,
     /// An operation this file system or volume does not offer (`EOPNOTSUPP`).
     NotSupported,
+    /// Never allowed on this object (`EPERM`).
+    NotPermitted,
     /// The handle does not allow the operation (`EBADF`).
     BadHandle,
     /// A resource that frees itself soon: thread slots, log records (`EAGAIN`).
@@ -185,6 +191,7 @@ impl ErrorKind {
             Self::Symlink => libc::ELOOP,
             Self::Invalid => libc::EINVAL,
             Self::NotSupported => libc::EOPNOTSUPP,
+            Self::NotPermitted => libc::EPERM,
             Self::BadHandle => libc::EBADF,
             Self::TryAgain => libc::EAGAIN,
             Self::NoSpace => libc::ENOSPC,
@@ -211,6 +218,7 @@ impl FsError {
             Self::Symlink { .. } => ErrorKind::Symlink,
             Self::Invalid(_) | Self::BadRange(_) => ErrorKind::Invalid,
             Self::NotSupported(_) => ErrorKind::NotSupported,
+            Self::NotPermitted(_) => ErrorKind::NotPermitted,
             Self::BadHandle(_) => ErrorKind::BadHandle,
             Self::TooManyThreads(_) | Self::LogFull { .. } => ErrorKind::TryAgain,
             Self::Volume(VolumeError::NoSpace { .. }) => ErrorKind::NoSpace,

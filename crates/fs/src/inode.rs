@@ -18,6 +18,10 @@ pub(crate) struct Attr {
     pub(crate) mode: u32,
     /// Parent directory (directories only).
     pub(crate) parent: u64,
+    /// How many directory entries name it: files and symbolic links can have several
+    /// (hard links); a directory has one. Kept by the namespace operations ([`crate::apply`])
+    /// and counted from the tree when a snapshot is loaded.
+    pub(crate) links: u64,
     /// No longer named by any directory.
     pub(crate) unlinked: bool,
 }

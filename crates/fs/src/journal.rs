@@ -106,6 +106,19 @@ pub enum MetaOp {
         /// times were recorded: the time is then left as it was).
         time: u64,
     },
+    /// A further name `name` in `parent` for the existing file or symbolic link `ino` (a
+    /// hard link).
+    Link {
+        /// Directory the name goes into.
+        parent: u64,
+        /// The inode named.
+        ino: u64,
+        /// The name.
+        name: String,
+        /// Time of the change: the directory's new modification time and the inode's new
+        /// change time.
+        time: u64,
+    },
     /// `ino` moved from `src_parent/src_name` to `dst_parent/dst_name`, replacing `replaced`
     /// (0: nothing) there.
     Rename {
@@ -188,6 +201,7 @@ impl MetaOp {
         match self {
             Self::Create { .. } => 1,
             Self::Remove { .. } => 8,
+            Self::Link { .. } => 14,
             Self::Rename { .. } => 9,
             Self::Truncate { .. } => 4,
             Self::SetMode { .. } => 12,
@@ -220,6 +234,14 @@ impl MetaOp {
                 }
             }
             Self::Remove {
+                parent,
+                ino,
+                name,
+                time,
+            } => {
+                e.u64(*parent).u64(*ino).u64(*time).name(name);
+            }
+            Self::Link {
                 parent,
                 ino,
                 name,
@@ -324,6 +346,12 @@ impl MetaOp {
                     time,
                 }
             }
+            14 => Self::Link {
+                parent: d.u64("parent")?,
+                ino: d.u64("ino")?,
+                time: d.u64("time")?,
+                name: d.name("name")?,
+            },
             3 | 9 => {
                 let src_parent = d.u64("src_parent")?;
                 let dst_parent = d.u64("dst_parent")?;
@@ -773,6 +801,12 @@ mod tests {
                 ino: 4,
                 name: "gone".into(),
                 time: 12,
+            },
+            MetaOp::Link {
+                parent: 2,
+                ino: 3,
+                name: "another name".into(),
+                time: 13,
             },
             MetaOp::Batch {
                 maps: vec![MapEntry {

@@ -1111,6 +1111,8 @@ fn load_snapshot(snapshot: &Snapshot, granule: u64) -> Result<Table> {
         let attr = Attr {
             mode: image.mode,
             parent: image.parent,
+            // Counted from the entries below, once every inode is in.
+            links: 0,
             unlinked: false,
         };
         let inode = Inode::new(image.ino, image.kind, attr, image.mtime, granule)
@@ -1124,8 +1126,19 @@ fn load_snapshot(snapshot: &Snapshot, granule: u64) -> Result<Table> {
             ));
         }
     }
+    // Each inode's names (an entry naming no inode is left to `check_tree`).
+    for dir in inodes.values() {
+        for ino in dir.entries.lock().expect("directory").values() {
+            if let Some(named) = inodes.get(ino) {
+                named.attr().links += 1;
+            }
+        }
+    }
     match inodes.get(&ROOT_INO) {
-        Some(root) if root.kind == Kind::Dir => Ok(inodes),
+        Some(root) if root.kind == Kind::Dir => {
+            root.attr().links = 1;
+            Ok(inodes)
+        }
         _ => Err(FsError::corrupt(
             "file-system snapshot",
             "the root directory (inode 1) is missing",
@@ -1133,8 +1146,9 @@ fn load_snapshot(snapshot: &Snapshot, granule: u64) -> Result<Table> {
     }
 }
 
-/// Every entry names an existing inode, every inode but the root is named exactly once, and
-/// a directory's parent names it.
+/// Every entry names an existing inode; every directory but the root is named exactly once
+/// and its parent names it; the root is not named; every file and symbolic link is named as
+/// many times as its link count says.
 fn check_tree(inodes: &Table) -> Result<()> {
     let mut named: HashMap<u64, u64> = HashMap::with_capacity(inodes.len());
     for (&dir, inode) in inodes {
@@ -1146,10 +1160,12 @@ fn check_tree(inodes: &Table) -> Result<()> {
                     format!("directory {dir} entry `{name}` names missing inode {ino}"),
                 ));
             };
-            if named.insert(ino, dir).is_some() || ino == ROOT_INO {
+            let names = named.entry(ino).or_insert(0);
+            *names += 1;
+            if ino == ROOT_INO || (child.kind == Kind::Dir && *names > 1) {
                 return Err(FsError::corrupt(
                     "file-system namespace",
-                    format!("inode {ino} has more than one name"),
+                    format!("directory {ino} has more than one name"),
                 ));
             }
             let parent = child.attr().parent;
@@ -1172,6 +1188,15 @@ fn check_tree(inodes: &Table) -> Result<()> {
             "file-system namespace",
             format!("inode {orphan} has no name"),
         ));
+    }
+    for (&ino, &names) in &named {
+        let links = inodes[&ino].attr().links;
+        if links != names {
+            return Err(FsError::corrupt(
+                "file-system namespace",
+                format!("inode {ino} has {names} names but a link count of {links}"),
+            ));
+        }
     }
     Ok(())
 }
@@ -1260,7 +1285,28 @@ fn replay(
                 removed_entries.as_deref(),
             )?;
             drop(removed_entries);
-            inodes.remove(ino);
+            if removed.is_none_or(|r| apply::unname(&r, *time)) {
+                inodes.remove(ino);
+            }
+        }
+        MetaOp::Link {
+            parent,
+            ino,
+            name,
+            time,
+        } => {
+            if ino == parent {
+                return Err(format!("directory {ino} links itself"));
+            }
+            let dir = existing(inodes, *parent)?;
+            let inode = existing(inodes, *ino)?;
+            apply::link(
+                &dir,
+                &mut dir.entries.lock().expect("directory"),
+                &inode,
+                name,
+                *time,
+            )?;
         }
         MetaOp::Rename {
             src_parent,
@@ -1318,7 +1364,7 @@ fn replay(
             }
             drop(src_entries);
             drop(replaced_entries);
-            if *replaced != 0 {
+            if replaced_inode.is_some_and(|r| apply::unname(&r, *time)) {
                 inodes.remove(replaced);
             }
         }

@@ -307,3 +307,104 @@ fn dropped_privileges_clear_set_id_bits_and_replay_after_a_crash() {
     assert_eq!(modes, [0o775, 0o2745, 0o755, 0o700]);
     fs.unmount().unwrap();
 }
+
+/// Hard links: one file under several names (`nlink` counts them, writes through one are
+/// read through another), kept by the journal (a crash) and by the snapshot (an unmount);
+/// the file's blocks go with its last name, not before; a rename between two names of one
+/// file changes nothing; a directory gets no second name.
+#[test]
+fn hard_links_share_one_file_until_its_last_name_goes() {
+    let shm = shm_volume("hard-links", 256 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    fs.mkdir("/d", 0o755).unwrap();
+    let data = pattern(7, 0, 300_000);
+    fs.create("/a").unwrap().write_at(&data, 0).unwrap();
+    fs.link("/a", "/d/b").unwrap();
+    let (a, b) = (fs.stat("/a").unwrap(), fs.stat("/d/b").unwrap());
+    assert_eq!((a.ino, a.nlink, b.nlink), (b.ino, 2, 2));
+    let write = fs::OpenOptions {
+        write: true,
+        ..fs::OpenOptions::default()
+    };
+    fs.open_file("/d/b", write)
+        .unwrap()
+        .write_at(b"through b", 0)
+        .unwrap();
+    assert_eq!(read_all(&fs, "/a")[..9], *b"through b");
+
+    // What a link cannot do.
+    assert!(matches!(
+        fs.link("/d", "/d2"),
+        Err(FsError::NotPermitted(_))
+    ));
+    assert_eq!(FsError::NotPermitted(String::new()).errno(), libc::EPERM);
+    assert!(matches!(fs.link("/a", "/d/b"), Err(FsError::Exists(_))));
+    assert!(matches!(
+        fs.link("/nothing", "/c"),
+        Err(FsError::NotFound(_))
+    ));
+    assert!(matches!(
+        fs.link("/a", "/nodir/c"),
+        Err(FsError::NotFound(_))
+    ));
+    // A symbolic link gets a second name itself (it is not followed).
+    fs.symlink("a", "/sym").unwrap();
+    fs.link("/sym", "/sym2").unwrap();
+    assert_eq!(fs.readlink("/sym2").unwrap(), "a");
+    assert_eq!(fs.lstat("/sym").unwrap().nlink, 2);
+
+    // A rename from one name of the file onto another changes nothing.
+    fs.rename("/a", "/d/b").unwrap();
+    assert_eq!(fs.stat("/a").unwrap().nlink, 2);
+    assert_eq!(fs.stat("/d/b").unwrap().nlink, 2);
+
+    // Across a crash: the journal's Link, Remove and Rename records replay the counts.
+    fs.link("/a", "/c").unwrap();
+    fs.unlink("/a").unwrap();
+    fs.create("/other").unwrap().write_at(b"other", 0).unwrap();
+    fs.rename("/other", "/c").unwrap(); // replaces one name of the file
+    assert_eq!(fs.stat("/d/b").unwrap().nlink, 1);
+    fs.abandon();
+    let check = Fs::check(&open_volume(&shm.dir)).unwrap();
+    assert_eq!(check.files, 2, "{check:?}"); // the linked file and /c
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    assert!(matches!(fs.stat("/a"), Err(FsError::NotFound(_))));
+    assert_eq!(read_all(&fs, "/c"), b"other");
+    let b = fs.stat("/d/b").unwrap();
+    assert_eq!((b.ino, b.nlink, b.size), (a.ino, 1, data.len() as u64));
+    let mut expected = data.clone();
+    expected[..9].copy_from_slice(b"through b");
+    assert!(read_all(&fs, "/d/b") == expected);
+    assert_eq!(fs.lstat("/sym2").unwrap().nlink, 2);
+
+    // Across an unmount: the snapshot names the file twice, and the count is taken from it.
+    fs.link("/d/b", "/e").unwrap();
+    fs.unmount().unwrap();
+    let before = Fs::check(&open_volume(&shm.dir)).unwrap();
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    assert_eq!(fs.stat("/e").unwrap().nlink, 2);
+    assert!(read_all(&fs, "/e") == expected);
+
+    // The blocks stay with a name left, and go with the last.
+    fs.unlink("/d/b").unwrap();
+    assert!(read_all(&fs, "/e") == expected);
+    fs.unmount().unwrap();
+    let one_name = Fs::check(&open_volume(&shm.dir)).unwrap();
+    assert_eq!(one_name.mapped_bytes, before.mapped_bytes);
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    fs.unlink("/e").unwrap();
+    fs.unmount().unwrap();
+    let none = Fs::check(&open_volume(&shm.dir)).unwrap();
+    assert!(
+        none.mapped_bytes + 300_000 <= one_name.mapped_bytes,
+        "{none:?} after {one_name:?}"
+    );
+    assert_eq!(none.files, 1, "{none:?}");
+}
+
+fn read_all(fs: &Fs, path: &str) -> Vec<u8> {
+    let f = fs.open_read(path).unwrap();
+    let mut buf = vec![0u8; f.stat().size as usize];
+    f.read_at(&mut buf, 0).unwrap();
+    buf
+}

@@ -64,7 +64,8 @@ transports!(
     the_preload_library_uses_a_running_mount,
     status_and_fsck_beside_a_mount,
     fio_jobs_as_processes_verify_their_data,
-    special_files_and_hard_links_are_refused,
+    special_files_are_refused,
+    hard_links_behave_as_on_tmpfs_and_stay,
     a_read_only_mount_refuses_every_change,
     a_tree_deeper_than_path_max_behaves_as_on_tmpfs,
     the_server_forgets_what_the_kernel_forgets,
@@ -1166,10 +1167,10 @@ fn fio_jobs_as_processes_verify_their_data(transport: &'static str) {
     assert_eq!(files, 3, "one file per job");
 }
 
-/// What the file system does not hold is refused with EPERM: FIFOs, device nodes, hard
-/// links; `mknod` of a regular file makes one. Bytes past its largest file (1 PiB; the
-/// kernel allows FUSE files up to 8 EiB) are EFBIG, as past the kernel's own limit.
-fn special_files_and_hard_links_are_refused(transport: &'static str) {
+/// What the file system does not hold is refused with EPERM: FIFOs, device nodes; `mknod`
+/// of a regular file makes one. Bytes past its largest file (1 PiB; the kernel allows FUSE
+/// files up to 8 EiB) are EFBIG, as past the kernel's own limit.
+fn special_files_are_refused(transport: &'static str) {
     let mount = Mount::new(transport);
     let script = r#"
 import errno, os, stat, sys
@@ -1177,16 +1178,14 @@ R = sys.argv[1]
 for what, call in [
     ("mkfifo", lambda: os.mkfifo(R + "/fifo")),
     ("mknod char", lambda: os.mknod(R + "/dev", 0o644 | stat.S_IFCHR, os.makedev(1, 3))),
-    ("link", lambda: os.link(R + "/plain", R + "/hard")),
 ]:
-    if what == "link":
-        os.mknod(R + "/plain", 0o640 | stat.S_IFREG)
-        print("mknod regular", oct(os.stat(R + "/plain").st_mode))
     try:
         call()
         print(what, "made")
     except OSError as e:
         print(what, errno.errorcode[e.errno])
+os.mknod(R + "/plain", 0o640 | stat.S_IFREG)
+print("mknod regular", oct(os.stat(R + "/plain").st_mode))
 fd = os.open(R + "/plain", os.O_RDWR)
 for what, call in [
     ("pwrite past", lambda: os.pwrite(fd, b"x", 1 << 62)),
@@ -1208,8 +1207,65 @@ print(sorted(os.listdir(R)))
         .unwrap();
     assert_eq!(
         ok(&out, "python3"),
-        "mkfifo EPERM\nmknod char EPERM\nmknod regular 0o100640\nlink EPERM\n\
+        "mkfifo EPERM\nmknod char EPERM\nmknod regular 0o100640\n\
          pwrite past EFBIG\nftruncate past EFBIG\nfallocate past EFBIG\nsize 0\n['plain']\n"
+    );
+}
+
+/// Hard links through the kernel, as on tmpfs: `ln` (one inode, `st_nlink` counting the
+/// names, a write through one name read through another), the errors (`EEXIST`, `EPERM` for a
+/// directory), `rm` of one name, a rename between two names of one file (nothing changes), tar
+/// archiving and extracting a tree with hard links, `cp -al` and `rsync -aH`. Then the server
+/// is stopped and started again: the names and counts are still there.
+fn hard_links_behave_as_on_tmpfs_and_stay(transport: &'static str) {
+    let mut mount = Mount::new(transport);
+    let script = r#"
+        set -u
+        names() { stat -c '%n %h %s' "$@"; }
+        same() { [ "$(stat -c %i "$1")" = "$(stat -c %i "$2")" ] && echo "$1 and $2: one inode"; }
+        mkdir -p src/sub && printf 'first
+' > src/a && ln src/a src/sub/b && ln src/a src/c
+        names src/a src/sub/b src/c && same src/a src/sub/b
+        printf 'through b
+' >> src/sub/b && cat src/a
+        ln src/a src/c 2>&1 | sed 's/^ln: //'
+        python3 -c 'import os; os.link("src/sub", "src/sub2")' 2>&1 | tail -1
+        ln -s a src/sym && ln src/sym src/sym2 && readlink src/sym2 && names src/sym
+        python3 -c 'import os; os.rename("src/a", "src/c")' && names src/a src/c
+        rm src/c && names src/a src/sub/b
+        tar -C src -cf archive.tar . && tar -tvf archive.tar | grep -c 'link to'
+        mkdir x && tar -C x -xf archive.tar && names x/a x/sub/b && same x/a x/sub/b
+        cp -al src copy && names copy/a src/a && same copy/a src/a
+        rsync -aH src/ synced/ && names synced/a synced/sub/b && same synced/a synced/sub/b
+        find . -samefile src/a | sort
+    "#;
+    let (tmpfs, locus) = both(&mount, script);
+    assert!(
+        tmpfs.contains("src/a 3 6") && tmpfs.contains("x/a and x/sub/b: one inode"),
+        "{tmpfs}"
+    );
+    assert_eq!(locus, tmpfs);
+    let (status, stderr) = mount.stop();
+    assert!(status.success(), "{stderr}");
+    mount.start();
+    let out = Command::new("bash")
+        .args([
+            "-c",
+            "stat -c '%n %h' src/a src/sub/b x/a copy/a synced/sub/b && cat src/sub/b",
+        ])
+        .current_dir(mount.path())
+        .output()
+        .unwrap();
+    assert_eq!(
+        ok(&out, "stat"),
+        "src/a 4
+src/sub/b 4
+x/a 2
+copy/a 4
+synced/sub/b 2
+first
+through b
+"
     );
 }
 

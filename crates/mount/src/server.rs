@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fs::{FsError, Kind, OpenOptions, Stat};
+use smallvec::{SmallVec, smallvec};
 
 use crate::proto::{self, Attr, InHeader, Malformed, Reader, Writer, fattr, op};
 use crate::{CHECK_INO, CHECK_NAME, Checker, STATUS_INO, STATUS_NAME, TTL};
@@ -30,8 +31,9 @@ pub(crate) struct Names {
 
 #[derive(Debug)]
 struct Known {
-    parent: u64,
-    name: Box<str>,
+    /// `(parent, name)` of each name the kernel was given for the inode and still has: one,
+    /// but a file with hard links can be known by several. Paths are built from the first.
+    names: SmallVec<[(u64, Box<str>); 1]>,
     /// Entry replies the kernel has not forgotten (the root's is never counted down).
     lookups: u64,
 }
@@ -39,8 +41,7 @@ struct Known {
 impl Default for Names {
     fn default() -> Self {
         let root = Known {
-            parent: fs::ROOT_INO,
-            name: "".into(),
+            names: smallvec![(fs::ROOT_INO, "".into())],
             lookups: 1,
         };
         Names {
@@ -56,13 +57,17 @@ impl Names {
         let mut names = Vec::new();
         let mut at = ino;
         while at != fs::ROOT_INO {
-            let known = self.known.get(&at).ok_or(libc::ESTALE)?;
-            names.push(&*known.name);
+            let (parent, name) = self
+                .known
+                .get(&at)
+                .and_then(|k| k.names.first())
+                .ok_or(libc::ESTALE)?;
+            names.push(&**name);
             // A cycle cannot be made by the operations below; refuse rather than spin.
             if names.len() > self.known.len() {
                 return Err(libc::ESTALE);
             }
-            at = known.parent;
+            at = *parent;
         }
         if names.is_empty() {
             return Ok("/".into());
@@ -91,27 +96,40 @@ impl Names {
             return;
         }
         let known = self.known.entry(ino).or_insert_with(|| Known {
-            parent,
-            name: name.into(),
+            names: SmallVec::new(),
             lookups: 0,
         });
-        if (known.parent, &*known.name) != (parent, name) {
-            (known.parent, known.name) = (parent, name.into());
+        if !known
+            .names
+            .iter()
+            .any(|(p, n)| (*p, &**n) == (parent, name))
+        {
+            known.names.push((parent, name.into()));
         }
         known.lookups += 1;
     }
 
-    /// `ino` is now `name` in `parent` (a rename).
-    fn moved(&mut self, ino: u64, parent: u64, name: &str) {
+    /// `ino`'s name `from` (`(parent, name)`) is now `name` in `parent` (a rename).
+    fn moved(&mut self, ino: u64, from: (u64, &str), parent: u64, name: &str) {
         if let Some(known) = self.known.get_mut(&ino) {
-            (known.parent, known.name) = (parent, name.into());
+            match known.names.iter_mut().find(|(p, n)| (*p, &**n) == from) {
+                Some(old) => *old = (parent, name.into()),
+                None => known.names.push((parent, name.into())),
+            }
         }
     }
 
-    /// `ino`'s name is gone.
-    fn removed(&mut self, ino: u64) {
-        if ino != fs::ROOT_INO {
-            self.known.remove(&ino);
+    /// `ino`'s name `name` in `parent` is gone; with its last known name, the inode leaves
+    /// the table (the kernel has no entry left that leads to it).
+    fn removed(&mut self, ino: u64, parent: u64, name: &str) {
+        if ino == fs::ROOT_INO {
+            return;
+        }
+        if let Some(known) = self.known.get_mut(&ino) {
+            known.names.retain(|(p, n)| (*p, &**n) != (parent, name));
+            if known.names.is_empty() {
+                self.known.remove(&ino);
+            }
         }
     }
 
@@ -636,7 +654,7 @@ impl Server {
                 }
                 .map_err(|e| errno(&e))?;
                 if let Some(gone) = gone {
-                    self.names_mut().removed(gone);
+                    self.names_mut().removed(gone, ino, name);
                 }
                 Ok(())
             }
@@ -650,8 +668,19 @@ impl Server {
                 let [name, newname] = proto::names(rest).map_err(bad)?;
                 self.rename(ino, name, newdir, newname, flags)
             }
-            // One name per inode (as through the preload library).
-            op::LINK => Err(libc::EPERM),
+            op::LINK => {
+                let old = r.u64().map_err(bad)?;
+                let [name] = proto::names(rest).map_err(bad)?;
+                self.writable()?;
+                if old == STATUS_INO || old == CHECK_INO {
+                    return Err(libc::EPERM);
+                }
+                let _ns = lock(&self.namespace);
+                let existing = self.path(old)?;
+                let path = self.child(ino, name)?;
+                self.fs.link(&existing, &path).map_err(|e| errno(&e))?;
+                proto::entry(w, &self.entry(ino, name, &path)?, TTL)
+            }
             op::OPEN => {
                 let (flags, open_flags) = (r.u32().map_err(bad)?, r.u32().map_err(bad)?);
                 let (fh, reply_flags) = self.open(ino, flags)?;
@@ -998,12 +1027,16 @@ impl Server {
             return Err(libc::EEXIST);
         }
         self.fs.rename(&from, &to).map_err(|e| errno(&e))?;
+        if moving.is_some() && moving == replaced {
+            // Two names of one file: the rename changed nothing (POSIX), both stay.
+            return Ok(());
+        }
         let mut names = self.names_mut();
-        if let Some(replaced) = replaced.filter(|&r| Some(r) != moving) {
-            names.removed(replaced);
+        if let Some(replaced) = replaced {
+            names.removed(replaced, newparent, newname);
         }
         if let Some(moving) = moving {
-            names.moved(moving, newparent, newname);
+            names.moved(moving, (parent, name), newparent, newname);
         }
         Ok(())
     }
@@ -1105,7 +1138,7 @@ mod tests {
         assert_eq!(n.path(4), Ok("/a/b/c".to_owned()));
         // A directory's rename moves everything below it with it.
         n.looked_up(6, 1, "z");
-        n.moved(2, 6, "y");
+        n.moved(2, (1, "a"), 6, "y");
         assert_eq!(n.path(2), Ok("/z/y".to_owned()));
         assert_eq!(n.path(4), Ok("/z/y/b/c".to_owned()));
         assert_eq!(
@@ -1113,7 +1146,7 @@ mod tests {
             Ok("/ab".to_owned()),
             "a sibling sharing the prefix stays"
         );
-        n.removed(5);
+        n.removed(5, 1, "ab");
         assert_eq!(n.path(5), Err(libc::ESTALE));
         assert_eq!(n.child(1, "x"), Ok("/x".to_owned()));
         assert_eq!(n.child(3, "x"), Ok("/z/y/b/x".to_owned()));

@@ -207,9 +207,17 @@ impl Fs {
         self.inner.remove(path, true)
     }
 
-    /// Removes a file's name; its blocks are freed when the last handle closes.
+    /// Removes a file's name; its blocks are freed once it has no name left and its last
+    /// handle closes.
     pub fn unlink(&self, path: &str) -> Result<()> {
         self.inner.remove(path, false)
+    }
+
+    /// Gives the file or symbolic link at `existing` (a link there is not followed) the
+    /// further name `new`: a hard link, one journal record. `NotPermitted` for a directory,
+    /// `Exists` when `new` names something.
+    pub fn link(&self, existing: &str, new: &str) -> Result<()> {
+        self.inner.link(existing, new)
     }
 
     /// Moves `from` to `to` atomically, replacing a file there (or an empty directory, when

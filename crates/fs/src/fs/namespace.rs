@@ -192,7 +192,48 @@ impl Inner {
                 child_entries.as_deref(),
             ));
             drop(child_entries);
-            fs.unlinked(&target)?;
+            if apply::unname(&target, time) {
+                fs.unlinked(&target)?;
+            }
+            Ok(Some(()))
+        })
+    }
+
+    /// Names the file or symbolic link `existing` (not followed) `new` too: a hard link.
+    pub(crate) fn link(self: &Arc<Self>, existing: &str, new: &str) -> Result<()> {
+        self.metadata(|fs, slot| {
+            let inode = fs.resolve(existing)?;
+            if inode.kind == Kind::Dir {
+                return Err(FsError::NotPermitted(format!(
+                    "{existing} is a directory, which cannot have a second name"
+                )));
+            }
+            let (parent, name) = fs.resolve_parent(new)?;
+            let mut entries = parent.entries();
+            if parent.attr().unlinked {
+                return Err(FsError::NotFound(new.to_owned()));
+            }
+            if entries.contains_key(name) {
+                return Err(FsError::Exists(new.to_owned()));
+            }
+            // Removed since it was looked up (no lock was held in between).
+            if inode.attr().unlinked {
+                return Err(FsError::NotFound(existing.to_owned()));
+            }
+            let op = MetaOp::Link {
+                parent: parent.ino,
+                ino: inode.ino,
+                name: name.to_owned(),
+                time: now_ns(),
+            };
+            if !fs.journal(slot, &op)? {
+                return Ok(None);
+            }
+            let MetaOp::Link { time, .. } = op else {
+                unreachable!("built above")
+            };
+            applied(apply::link(&parent, &mut entries, &inode, name, time));
+            fs.grow_snapshot(entry_bytes(name));
             Ok(Some(()))
         })
     }
@@ -340,7 +381,9 @@ impl Inner {
             ));
             drop(target_entries);
             fs.grow_snapshot(entry_bytes(dst_name));
-            if let Some(t) = target {
+            if let Some(t) = target
+                && apply::unname(&t, time)
+            {
                 fs.unlinked(&t)?;
             }
             Ok(Some(()))
@@ -608,7 +651,7 @@ impl Inner {
         // directory) has no name left: `fstat` reports no links, as on kernel file systems.
         let links = |n: u64| if attr.unlinked { 0 } else { n };
         let (size, nlink) = match inode.kind {
-            Kind::File | Kind::Symlink => (inode.size.load(Ordering::Acquire), links(1)),
+            Kind::File | Kind::Symlink => (inode.size.load(Ordering::Acquire), links(attr.links)),
             Kind::Dir => {
                 let entries = inode.entries();
                 let subdirs = inode.subdirs.load(Ordering::Relaxed);

@@ -539,11 +539,13 @@ enum Side {
     KernelPath(std::ffi::CString),
 }
 
+/// Where `path` leads, a symbolic link at its end followed or not.
+///
 /// # Safety
 /// `path` is null or NUL-terminated.
-unsafe fn side(dirfd: c_int, path: *const c_char) -> Result<Side, c_int> {
+unsafe fn side_as(dirfd: c_int, path: *const c_char, follow: bool) -> Result<Side, c_int> {
     // SAFETY: forwarded contract.
-    Ok(match unsafe { super::resolve_as(dirfd, path, false) }? {
+    Ok(match unsafe { super::resolve_as(dirfd, path, follow) }? {
         super::Resolved::Locus {
             path,
             trailing_slash,
@@ -551,6 +553,26 @@ unsafe fn side(dirfd: c_int, path: *const c_char) -> Result<Side, c_int> {
         super::Resolved::Kernel => Side::Kernel(dirfd, path),
         super::Resolved::KernelPath(p) => Side::KernelPath(p),
     })
+}
+
+/// Where `path` leads, a symbolic link at its end not followed.
+///
+/// # Safety
+/// `path` is null or NUL-terminated.
+unsafe fn side(dirfd: c_int, path: *const c_char) -> Result<Side, c_int> {
+    // SAFETY: forwarded contract.
+    unsafe { side_as(dirfd, path, false) }
+}
+
+impl Side {
+    /// The kernel's `(dirfd, path)` for a side that is not locus's.
+    fn kernel(&self) -> Option<(c_int, *const c_char)> {
+        match self {
+            Side::Kernel(fd, p) => Some((*fd, *p)),
+            Side::KernelPath(p) => Some((libc::AT_FDCWD, p.as_ptr())),
+            Side::Locus(..) => None,
+        }
+    }
 }
 
 /// `renameat2(2)`: within locus, atomic; between locus and another file system, `EXDEV`
@@ -575,11 +597,6 @@ pub unsafe extern "C" fn renameat2(
             errno::set(e);
             return -1;
         }
-    };
-    let kernel = |side: &Side| match side {
-        Side::Kernel(fd, p) => Some((*fd, *p)),
-        Side::KernelPath(p) => Some((libc::AT_FDCWD, p.as_ptr())),
-        Side::Locus(..) => None,
     };
     match (&a, &b) {
         (Side::Locus(from, _), Side::Locus(to, to_slash)) => unit(state::run(|| {
@@ -608,7 +625,7 @@ pub unsafe extern "C" fn renameat2(
             -1
         }
         _ => {
-            let ((fa, pa), (fb, pb)) = (kernel(&a).expect("kernel"), kernel(&b).expect("kernel"));
+            let ((fa, pa), (fb, pb)) = (a.kernel().expect("kernel"), b.kernel().expect("kernel"));
             // SAFETY: passed through.
             unsafe { real::renameat2(fa, pa, fb, pb, flags) }
         }
@@ -1170,7 +1187,11 @@ pub unsafe extern "C" fn symlink(target: *const c_char, path: *const c_char) -> 
     unsafe { symlinkat(target, libc::AT_FDCWD, path) }
 }
 
-/// `linkat(2)`: locus files have one name each (`EPERM`; `EXDEV` across file systems).
+/// `linkat(2)`: within locus, a further name for a file or symbolic link (`EPERM` for a
+/// directory); between locus and another file system, `EXDEV`. `AT_SYMLINK_FOLLOW` links
+/// what a symbolic link at `from` leads to; `AT_EMPTY_PATH` (linking an open file by its
+/// descriptor) is not offered for locus descriptors (`ENOENT`, what the kernel answers a
+/// process without `CAP_DAC_READ_SEARCH`).
 ///
 /// # Safety
 /// C's.
@@ -1182,14 +1203,44 @@ pub unsafe extern "C" fn linkat(
     to: *const c_char,
     flags: c_int,
 ) -> c_int {
+    if flags & !(libc::AT_SYMLINK_FOLLOW | libc::AT_EMPTY_PATH) != 0 {
+        return int(Err(libc::EINVAL));
+    }
+    // SAFETY: C's contract for `from`.
+    if unsafe { names_the_fd(fromfd, from, flags) } {
+        return int(Err(libc::ENOENT));
+    }
+    let follow = flags & libc::AT_SYMLINK_FOLLOW != 0;
     // SAFETY: C's contract for both paths.
-    let sides = unsafe { side(fromfd, from).and_then(|a| Ok((a, side(tofd, to)?))) };
-    match sides {
-        Err(e) => int(Err(e)),
-        Ok((Side::Locus(..), Side::Locus(..))) => int(Err(libc::EPERM)),
-        Ok((Side::Locus(..), _) | (_, Side::Locus(..))) => int(Err(libc::EXDEV)),
-        // SAFETY: passed through.
-        Ok(_) => unsafe { real::linkat(fromfd, from, tofd, to, flags) },
+    let sides = unsafe { side_as(fromfd, from, follow).and_then(|a| Ok((a, side(tofd, to)?))) };
+    let (a, b) = match sides {
+        Ok(sides) => sides,
+        Err(e) => return int(Err(e)),
+    };
+    match (&a, &b) {
+        (Side::Locus(from, from_slash), Side::Locus(to, to_slash)) => unit(state::run(|| {
+            state::with_fs(|fs| {
+                let st = stat_path(fs, from, *from_slash)?;
+                if st.kind == Kind::Dir {
+                    return Err(libc::EPERM);
+                }
+                if *to_slash {
+                    // A new name with a trailing slash: the kernel's answers.
+                    return Err(if fs.lstat(to).is_ok() {
+                        libc::EEXIST
+                    } else {
+                        libc::ENOENT
+                    });
+                }
+                fs.link(from, to).map_err(|e| fs_errno(&e))
+            })
+        })),
+        (Side::Locus(..), _) | (_, Side::Locus(..)) => int(Err(libc::EXDEV)),
+        _ => {
+            let ((fa, pa), (fb, pb)) = (a.kernel().expect("kernel"), b.kernel().expect("kernel"));
+            // SAFETY: passed through.
+            unsafe { real::linkat(fa, pa, fb, pb, flags) }
+        }
     }
 }
 
