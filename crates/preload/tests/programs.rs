@@ -309,6 +309,81 @@ print(os.stat(sys.argv[1] + "/py/a/f").st_mtime_ns)
     assert_eq!(st.mtime_ns, 981_173_106_789_123_456);
 }
 
+/// Hard links through the library, as on tmpfs: `ln` and `stat`'s counts, a write through
+/// one name read through another, the errors, `rm` of one name, `linkat` following a
+/// symbolic link or not, `EXDEV` to another file system, an archive with hard links
+/// extracted by tar, and `cp -al`.
+#[test]
+fn hard_links_behave_as_on_tmpfs() {
+    let vol = volume();
+    let tmp = tempfile::tempdir_in("/dev/shm").unwrap();
+    // An archive with hard links, made on the host.
+    let make = format!(
+        "set -e; mkdir -p {s}/d && echo linked > {s}/f && ln {s}/f {s}/d/g && ln {s}/f {s}/h \
+         && tar -C {s} -cf {t} .",
+        s = tmp.path().join("src").display(),
+        t = tmp.path().join("t.tar").display()
+    );
+    ok(
+        &Command::new("sh").args(["-c", &make]).output().unwrap(),
+        "making the archive",
+    );
+    let script = r#"
+        set -u
+        R=$1; T=$2
+        # Every command here is one process at a time: with the working directory in /locus,
+        # each holds the volume while it runs (no pipelines).
+        cd $R
+        names() { for f; do echo "$f $(stat -c '%h %s' $f)"; done; }
+        same() { [ "$(stat -c %i "$1")" = "$(stat -c %i "$2")" ] && echo "$1 and $2: one inode"; }
+        mkdir d && printf 'one\n' > a && ln a d/b && names a d/b && same a d/b
+        printf 'two\n' >> d/b && cat a
+        ln a d/b || echo "ln refused"
+        python3 -c '
+import errno, os
+for what, call in [
+    ("directory", lambda: os.link("d", "d2")),
+    ("missing", lambda: os.link("nothing", "c")),
+    ("other file system", lambda: os.link("a", "/tmp/locus-hard-link-test")),
+]:
+    try:
+        call()
+        print(what, "linked")
+    except OSError as e:
+        print(what, errno.errorcode[e.errno])
+'
+        ln -s a s && ln -P s s-itself && ln -L s s-followed && names s-followed a
+        [ -L s-itself ] && [ ! -L s-followed ] && echo "-P links the link, -L what it leads to"
+        rm a && names d/b s-followed
+        mkdir x && tar -C x -xf $T && echo "tar -x $?" && names x/f x/d/g x/h && same x/f x/h
+        cp -al x y && names y/f x/f && same y/f x/f
+        rm x/f x/h && names x/d/g && cat y/h
+    "#;
+    let tar = tmp.path().join("t.tar");
+    let run = |root: &str, preload: bool| {
+        let args = [root.as_ref(), tar.as_os_str()];
+        shell(preload.then(|| vol.path()), "bash", script, &args)
+    };
+    let tmpfs_root = tmp.path().join("root");
+    std::fs::create_dir(&tmpfs_root).unwrap();
+    let (expected, expected_err) = run(tmpfs_root.to_str().unwrap(), false);
+    let (got, got_err) = run(MOUNT, true);
+    assert!(
+        expected.contains("d/b 2 4")
+            && expected.contains("x/f and x/h: one inode")
+            && expected.contains("other file system EXDEV")
+            && expected.contains("-P links the link"),
+        "tmpfs run broken:\n{expected}\n{expected_err}"
+    );
+    assert_eq!(got, expected, "stderr on locus:\n{got_err}");
+    assert_eq!(got_err, expected_err);
+    // What the file system itself holds, after the program's exit.
+    let fs = open_fs(vol.path());
+    let (g, h) = (fs.stat("/x/d/g").unwrap(), fs.stat("/y/h").unwrap());
+    assert_eq!((g.ino, g.nlink), (h.ino, 4));
+    assert_eq!(read_all(&fs, "/y/d/g"), b"linked\n");
+}
+
 /// Runs `script` (Python, given the root as `sys.argv[1]`) on tmpfs without the library and
 /// on /locus with it; returns (tmpfs output, locus output, the locus run's status).
 fn python_both(vol: &Path, script: &str) -> (String, String, std::process::ExitStatus) {
