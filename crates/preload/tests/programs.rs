@@ -1109,7 +1109,8 @@ for call, want in [
     (lambda: os.open(M + "/pdir", os.O_RDONLY), errno.ENOTDIR),
     (lambda: os.open(M + "/pdir", os.O_RDONLY | os.O_NOFOLLOW), errno.ELOOP),
     (lambda: os.open(M + "/loop", os.O_CREAT | os.O_EXCL | os.O_WRONLY), errno.EEXIST),
-    (lambda: os.link(M + "/p", M + "/hard"), errno.EPERM),
+    (lambda: os.link(M, M + "/hard"), errno.EPERM),
+    (lambda: os.link(M + "/p", M + "/pdir"), errno.EEXIST),
 ]:
     try:
         call()
