@@ -50,10 +50,13 @@ typedef struct locus_dir locus_dir;
 /* A symbolic link: listed by locus_readdir; a path call that meets one fails with ELOOP
    (the C API does not follow links). */
 #define LOCUS_KIND_SYMLINK 3
+/* A FIFO, a socket's name or a device node (made through locus mount): a name and
+   attributes; locus_open refuses it with EOPNOTSUPP. */
+#define LOCUS_KIND_SPECIAL 4
 
 struct locus_stat {
     uint64_t ino;
-    uint32_t kind;      /* LOCUS_KIND_FILE or LOCUS_KIND_DIR */
+    uint32_t kind;      /* LOCUS_KIND_* */
     uint32_t mode;      /* permission bits, as given at creation or by locus_chmod */
     uint64_t size;      /* bytes */
     uint64_t allocated; /* bytes of volume memory the file's blocks hold */
@@ -63,7 +66,7 @@ struct locus_stat {
 
 struct locus_dirent {
     uint64_t ino;
-    uint32_t kind;      /* LOCUS_KIND_FILE, LOCUS_KIND_DIR or LOCUS_KIND_SYMLINK */
+    uint32_t kind;      /* LOCUS_KIND_* */
     char name[256];     /* NUL-terminated */
 };
 

@@ -28,6 +28,8 @@ pub const KIND_DIR: u32 = 2;
 /// `LOCUS_KIND_SYMLINK` (seen in directory listings; path calls report a link they meet
 /// as `ELOOP`: the C API does not follow links).
 pub const KIND_SYMLINK: u32 = 3;
+/// `LOCUS_KIND_SPECIAL`: a FIFO, a socket's name or a device node.
+pub const KIND_SPECIAL: u32 = 4;
 
 /// An open file system (`locus_fs`).
 #[derive(Debug)]
@@ -270,6 +272,7 @@ fn kind_code(kind: Kind) -> u32 {
         Kind::File => KIND_FILE,
         Kind::Dir => KIND_DIR,
         Kind::Symlink => KIND_SYMLINK,
+        Kind::Fifo | Kind::Socket | Kind::CharDevice | Kind::BlockDevice => KIND_SPECIAL,
     }
 }
 

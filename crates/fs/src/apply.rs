@@ -37,14 +37,14 @@ pub(crate) fn applied<T>(result: Result<T, Problem>) -> T {
 fn dir(inode: &Inode) -> Result<(), Problem> {
     match inode.kind {
         Kind::Dir => Ok(()),
-        Kind::File | Kind::Symlink => Err(format!("inode {} is not a directory", inode.ino)),
+        _ => Err(format!("inode {} is not a directory", inode.ino)),
     }
 }
 
 fn file(inode: &Inode, what: &str) -> Result<(), Problem> {
     match inode.kind {
         Kind::File => Ok(()),
-        Kind::Dir | Kind::Symlink => Err(format!("{what} of {}, which is not a file", inode.ino)),
+        _ => Err(format!("{what} of {}, which is not a file", inode.ino)),
     }
 }
 
@@ -57,6 +57,8 @@ pub(crate) struct NewInode<'a> {
     pub(crate) name: &'a str,
     /// A symbolic link's target (empty otherwise).
     pub(crate) target: &'a str,
+    /// A device node's device number (0 otherwise).
+    pub(crate) rdev: u64,
 }
 
 /// `Create`: names a new inode in `parent` (whose `entries` are locked) and returns it.
@@ -73,12 +75,18 @@ pub(crate) fn create(
         time,
         name,
         target,
+        rdev,
     } = *new;
     dir(parent)?;
     if (kind == Kind::Symlink) == target.is_empty() {
         return Err(format!(
             "create of `{name}` ({kind:?}) with a link target of {} bytes",
             target.len()
+        ));
+    }
+    if !kind.is_device() && rdev != 0 {
+        return Err(format!(
+            "create of `{name}` ({kind:?}) with device number {rdev}"
         ));
     }
     if entries.contains_key(name) {
@@ -100,7 +108,9 @@ pub(crate) fn create(
         unlinked: false,
     };
     Ok(Arc::new(
-        Inode::new(ino, kind, attr, time, granule).with_target(target),
+        Inode::new(ino, kind, attr, time, granule)
+            .with_target(target)
+            .with_rdev(rdev),
     ))
 }
 
@@ -504,6 +514,7 @@ mod tests {
             time: 5,
             name,
             target: "",
+            rdev: 0,
         };
         let problem = create(&d, &mut entries, &new("a"), 4096).unwrap_err();
         assert!(problem.contains("where it exists"), "{problem}");

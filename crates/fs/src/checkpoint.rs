@@ -298,7 +298,7 @@ fn apply_record(inner: &Inner, inode: &Inode, record: &Pending, work: &mut Work)
     if inode.kind != Kind::File {
         return Err(FsError::corrupt(
             format!("log record {} of slot {}", record.seq, record.slot),
-            format!("inode {} is a directory", record.ino),
+            format!("inode {} is not a file ({:?})", record.ino, inode.kind),
         ));
     }
     let _range = inode.lock_range(record.offset, record.len, LockMode::Exclusive)?;
@@ -557,6 +557,7 @@ pub(crate) fn snapshot(inner: &Inner) -> Result<()> {
             atime: inode.atime.load(Ordering::Acquire),
             ctime: inode.ctime.load(Ordering::Acquire),
             target: inode.target.to_string(),
+            rdev: inode.rdev,
             size: inode.size.load(Ordering::Acquire),
             parent: attr.parent,
             entries: inode

@@ -44,6 +44,8 @@ pub(crate) struct Inode {
     pub(crate) ctime: AtomicU64,
     /// A symbolic link's target (empty for files and directories); never changes.
     pub(crate) target: Box<str>,
+    /// A device node's device number (0 for every other kind); never changes.
+    pub(crate) rdev: u64,
     /// Entries, for directories.
     pub(crate) entries: Mutex<BTreeMap<String, u64>>,
     /// How many of `entries` are directories (their `..` links to this one): what `stat`'s
@@ -73,6 +75,7 @@ impl Inode {
             atime: AtomicU64::new(mtime),
             ctime: AtomicU64::new(mtime),
             target: Box::default(),
+            rdev: 0,
             entries: Mutex::default(),
             subdirs: AtomicU64::new(0),
             size: AtomicU64::new(0),
@@ -96,6 +99,12 @@ impl Inode {
         *self.size.get_mut() = size;
         *self.entries.get_mut().expect("directory") = entries;
         *self.extents.get_mut().expect("extent map") = extents;
+        self
+    }
+
+    /// The inode as a device node of number `rdev`.
+    pub(crate) fn with_rdev(mut self, rdev: u64) -> Self {
+        self.rdev = rdev;
         self
     }
 
@@ -170,8 +179,11 @@ pub struct Stat {
     pub atime_ns: u64,
     /// Last change of the inode, ns since the Unix epoch.
     pub ctime_ns: u64,
-    /// Links: 1 for files, 2 + subdirectories for directories.
+    /// Links: the names of a file, FIFO, socket, device node or symbolic link; 2 +
+    /// subdirectories for directories.
     pub nlink: u64,
+    /// A device node's device number (0 for every other kind).
+    pub rdev: u64,
 }
 
 /// One directory entry.

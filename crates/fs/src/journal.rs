@@ -24,6 +24,15 @@ pub enum Kind {
     Dir,
     /// A symbolic link: a path, stored with the inode, that path walks follow.
     Symlink,
+    /// A named pipe (FIFO): a name and attributes; the kernel makes the pipe when a process
+    /// opens it through `locus mount`.
+    Fifo,
+    /// A Unix-domain socket's name (what `bind` leaves in a directory).
+    Socket,
+    /// A character device node, with its device number.
+    CharDevice,
+    /// A block device node, with its device number.
+    BlockDevice,
 }
 
 impl Kind {
@@ -33,7 +42,24 @@ impl Kind {
             Self::File => 1,
             Self::Dir => 2,
             Self::Symlink => 3,
+            Self::Fifo => 4,
+            Self::Socket => 5,
+            Self::CharDevice => 6,
+            Self::BlockDevice => 7,
         }
+    }
+
+    /// A FIFO, socket or device node: a name and attributes, no data of its own.
+    pub fn is_special(self) -> bool {
+        matches!(
+            self,
+            Self::Fifo | Self::Socket | Self::CharDevice | Self::BlockDevice
+        )
+    }
+
+    /// A character or block device node (it carries a device number).
+    pub fn is_device(self) -> bool {
+        matches!(self, Self::CharDevice | Self::BlockDevice)
     }
 
     /// The kind a stored byte names, if any.
@@ -42,6 +68,10 @@ impl Kind {
             1 => Some(Self::File),
             2 => Some(Self::Dir),
             3 => Some(Self::Symlink),
+            4 => Some(Self::Fifo),
+            5 => Some(Self::Socket),
+            6 => Some(Self::CharDevice),
+            7 => Some(Self::BlockDevice),
             _ => None,
         }
     }
@@ -91,8 +121,10 @@ pub enum MetaOp {
         time: u64,
         /// The name.
         name: String,
-        /// What a symbolic link points to (empty for files and directories).
+        /// What a symbolic link points to (empty for every other kind).
         target: String,
+        /// A device node's device number (0 for every other kind).
+        rdev: u64,
     },
     /// `name` removed from `parent` (unlink or rmdir); `ino` is the inode it named.
     Remove {
@@ -226,11 +258,15 @@ impl MetaOp {
                 time,
                 name,
                 target,
+                rdev,
             } => {
                 e.u64(*parent).u64(*ino).u8(kind.code());
                 e.u32(*mode).u64(*time).name(name);
                 if *kind == Kind::Symlink {
                     e.text(target);
+                }
+                if kind.is_device() {
+                    e.u64(*rdev);
                 }
             }
             Self::Remove {
@@ -322,7 +358,12 @@ impl MetaOp {
                 let name = d.name("name")?;
                 let target = match kind {
                     Kind::Symlink => d.text("symlink target")?,
-                    Kind::File | Kind::Dir => String::new(),
+                    _ => String::new(),
+                };
+                let rdev = if kind.is_device() {
+                    d.u64("device number")?
+                } else {
+                    0
                 };
                 Self::Create {
                     parent,
@@ -332,6 +373,7 @@ impl MetaOp {
                     time,
                     name,
                     target,
+                    rdev,
                 }
             }
             // 2 and 3: Remove and Rename as written before they carried the time.
@@ -766,6 +808,27 @@ mod tests {
                 time: 7,
                 name: "d".into(),
                 target: String::new(),
+                rdev: 0,
+            },
+            MetaOp::Create {
+                parent: 2,
+                ino: 6,
+                kind: Kind::BlockDevice,
+                mode: 0o660,
+                time: 7,
+                name: "disk".into(),
+                target: String::new(),
+                rdev: 0x1234_5678_9abc,
+            },
+            MetaOp::Create {
+                parent: 2,
+                ino: 7,
+                kind: Kind::Fifo,
+                mode: 0o600,
+                time: 7,
+                name: "pipe".into(),
+                target: String::new(),
+                rdev: 0,
             },
             MetaOp::Create {
                 parent: 2,
@@ -775,6 +838,7 @@ mod tests {
                 time: 8,
                 name: "l".into(),
                 target: "../d/x".into(),
+                rdev: 0,
             },
             MetaOp::SetMode {
                 ino: 5,

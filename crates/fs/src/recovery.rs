@@ -132,6 +132,7 @@ impl Fs {
                 atime: now,
                 ctime: now,
                 target: String::new(),
+                rdev: 0,
                 size: 0,
                 parent: ROOT_INO,
                 entries: Vec::new(),
@@ -471,8 +472,14 @@ impl OfflineFs<'_> {
     /// end of the file, 0 past it). Holes read as zeros.
     pub fn read_at(&self, path: &str, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let inode = self.inode(path)?;
-        if inode.kind != Kind::File {
-            return Err(FsError::IsDir(path.to_owned()));
+        match inode.kind {
+            Kind::File => {}
+            Kind::Dir => return Err(FsError::IsDir(path.to_owned())),
+            kind => {
+                return Err(FsError::NotSupported(format!(
+                    "{path} is a {kind:?}, which holds no data"
+                )));
+            }
         }
         let size = inode.size.load(Ordering::Acquire);
         let end = size.min(offset.saturating_add(buf.len() as u64));
@@ -1118,7 +1125,8 @@ fn load_snapshot(snapshot: &Snapshot, granule: u64) -> Result<Table> {
         let inode = Inode::new(image.ino, image.kind, attr, image.mtime, granule)
             .with_contents(image.size, image.entries.iter().cloned().collect(), extents)
             .with_times(image.atime, image.ctime)
-            .with_target(&image.target);
+            .with_target(&image.target)
+            .with_rdev(image.rdev);
         if inodes.insert(image.ino, Arc::new(inode)).is_some() {
             return Err(FsError::corrupt(
                 "file-system snapshot",
@@ -1240,6 +1248,7 @@ fn replay(
             time,
             name,
             target,
+            rdev,
         } => {
             if inodes.contains_key(ino) {
                 return Err(format!("create of inode {ino}, which exists"));
@@ -1252,6 +1261,7 @@ fn replay(
                 time: *time,
                 name,
                 target,
+                rdev: *rdev,
             };
             let inode = apply::create(
                 &dir,

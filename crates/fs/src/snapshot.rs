@@ -154,6 +154,8 @@ pub struct InodeImage {
     pub ctime: u64,
     /// A symbolic link's target (empty otherwise).
     pub target: String,
+    /// A device node's device number (0 otherwise).
+    pub rdev: u64,
     /// Size in bytes (files).
     pub size: u64,
     /// Parent directory (directories; 0 for files).
@@ -223,6 +225,9 @@ impl Snapshot {
             if inode.kind == Kind::Symlink {
                 e.text(&inode.target);
             }
+            if inode.kind.is_device() {
+                e.u64(inode.rdev);
+            }
             for (name, ino) in &inode.entries {
                 e.name(name).u64(*ino);
             }
@@ -273,7 +278,7 @@ impl Snapshot {
             let ino = d.u64("ino")?;
             let code = d.u8("kind")?;
             let kind = Kind::from_code(code)
-                .filter(|k| times || *k != Kind::Symlink)
+                .filter(|k| times || matches!(k, Kind::File | Kind::Dir))
                 .ok_or_else(|| d.error(format!("inode {ino} has unknown kind {code}")))?;
             let mode = d.u32("mode")?;
             let mtime = d.u64("mtime")?;
@@ -291,7 +296,12 @@ impl Snapshot {
             }
             let target = match kind {
                 Kind::Symlink => d.text("symlink target")?,
-                Kind::File | Kind::Dir => String::new(),
+                _ => String::new(),
+            };
+            let rdev = if kind.is_device() {
+                d.u64("device number")?
+            } else {
+                0
             };
             let mut entries = Vec::with_capacity(entry_count as usize);
             for _ in 0..entry_count {
@@ -317,6 +327,7 @@ impl Snapshot {
                 atime,
                 ctime,
                 target,
+                rdev,
                 size,
                 parent,
                 entries,
@@ -355,9 +366,24 @@ mod tests {
                     atime: 3,
                     ctime: 4,
                     target: String::new(),
+                    rdev: 0,
                     size: 0,
                     parent: 1,
-                    entries: vec![("f".into(), 2), ("l".into(), 3)],
+                    entries: vec![("f".into(), 2), ("l".into(), 3), ("c".into(), 4)],
+                    runs: vec![],
+                },
+                InodeImage {
+                    ino: 4,
+                    kind: Kind::CharDevice,
+                    mode: 0o600,
+                    mtime: 5,
+                    atime: 5,
+                    ctime: 5,
+                    target: String::new(),
+                    rdev: 0x0001_0003,
+                    size: 0,
+                    parent: 0,
+                    entries: vec![],
                     runs: vec![],
                 },
                 InodeImage {
@@ -368,6 +394,7 @@ mod tests {
                     atime: 5,
                     ctime: 5,
                     target: "../elsewhere/f".into(),
+                    rdev: 0,
                     size: 14,
                     parent: 0,
                     entries: vec![],
@@ -381,6 +408,7 @@ mod tests {
                     atime: 6,
                     ctime: 7,
                     target: String::new(),
+                    rdev: 0,
                     size: 10_000,
                     parent: 0,
                     entries: vec![],

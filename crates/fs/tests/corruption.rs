@@ -50,6 +50,9 @@ fn try_read_tree(fs: &Fs) -> Result<Tree, fs::FsError> {
                     let target = fs.readlink(&path)?;
                     tree.insert(path, Some(target.into_bytes()));
                 }
+                Kind::Fifo | Kind::Socket | Kind::CharDevice | Kind::BlockDevice => {
+                    tree.insert(path, None);
+                }
             }
         }
     }

@@ -50,6 +50,9 @@ fn state(fs: &Fs) -> State {
                     let target = fs.readlink(&path).unwrap().into_bytes();
                     out.insert(path.clone(), entry(&path, Some(target)));
                 }
+                Kind::Fifo | Kind::Socket | Kind::CharDevice | Kind::BlockDevice => {
+                    out.insert(path.clone(), entry(&path, None));
+                }
             }
         }
     }

@@ -408,3 +408,86 @@ fn read_all(fs: &Fs, path: &str) -> Vec<u8> {
     f.read_at(&mut buf, 0).unwrap();
     buf
 }
+
+/// FIFOs, sockets' names and device nodes: names with a kind, permission bits and (devices)
+/// a device number, kept across a crash (the journal's `Create`) and an unmount (the
+/// snapshot); they can be renamed, linked and removed, and the file system refuses to open
+/// them (the kernel serves them through a mount).
+#[test]
+fn special_files_are_names_with_a_kind_and_a_device_number() {
+    let shm = shm_volume("special-files", 256 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    let dev = libc::makedev(259, 70_000);
+    fs.mknod("/fifo", Kind::Fifo, 0o640, 0).unwrap();
+    fs.mknod("/sock", Kind::Socket, 0o755, 0).unwrap();
+    fs.mknod("/chr", Kind::CharDevice, 0o600, libc::makedev(1, 3))
+        .unwrap();
+    fs.mknod("/blk", Kind::BlockDevice, 0o660, dev).unwrap();
+    let expect = |fs: &Fs, when: &str| {
+        let got: Vec<_> = ["/fifo", "/sock", "/chr", "/blk"]
+            .iter()
+            .map(|p| {
+                let st = fs.lstat(p).unwrap();
+                (st.kind, st.mode, st.rdev, st.size, st.nlink)
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (Kind::Fifo, 0o640, 0, 0, 1),
+                (Kind::Socket, 0o755, 0, 0, 1),
+                (Kind::CharDevice, 0o600, libc::makedev(1, 3), 0, 1),
+                (Kind::BlockDevice, 0o660, dev, 0, 1),
+            ],
+            "{when}"
+        );
+    };
+    expect(&fs, "made");
+
+    // What cannot be made or done.
+    assert!(matches!(
+        fs.mknod("/f", Kind::File, 0o644, 0),
+        Err(FsError::Invalid(_))
+    ));
+    assert!(matches!(
+        fs.mknod("/f", Kind::Fifo, 0o644, 7),
+        Err(FsError::Invalid(_))
+    ));
+    assert!(matches!(
+        fs.mknod("/fifo", Kind::Socket, 0o644, 0),
+        Err(FsError::Exists(_))
+    ));
+    let refused = fs.open_read("/fifo").unwrap_err();
+    assert!(matches!(refused, FsError::NotSupported(_)), "{refused}");
+    assert_eq!(refused.errno(), libc::EOPNOTSUPP);
+    assert!(fs.truncate("/blk", 0).is_err());
+    assert!(matches!(fs.rmdir("/fifo"), Err(FsError::NotDir(_))));
+
+    // Named like files: listed with their kind, renamed, linked, removed.
+    let kinds: Vec<_> = fs
+        .readdir("/")
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.name, e.kind))
+        .collect();
+    assert!(kinds.contains(&("sock".into(), Kind::Socket)), "{kinds:?}");
+    fs.mknod("/gone", Kind::Fifo, 0o600, 0).unwrap();
+    fs.link("/fifo", "/fifo2").unwrap();
+    assert_eq!(fs.lstat("/fifo").unwrap().nlink, 2);
+    fs.unlink("/fifo2").unwrap();
+    fs.rename("/gone", "/moved").unwrap();
+    fs.unlink("/moved").unwrap();
+    fs.chmod("/sock", 0o755).unwrap();
+
+    // Across a crash (journal), then an unmount (snapshot).
+    fs.abandon();
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    expect(&fs, "after a crash");
+    assert!(matches!(fs.lstat("/moved"), Err(FsError::NotFound(_))));
+    fs.unmount().unwrap();
+    let check = Fs::check(&open_volume(&shm.dir)).unwrap();
+    assert_eq!(check.files, 0, "{check:?}");
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    expect(&fs, "after an unmount");
+    fs.unmount().unwrap();
+}

@@ -64,7 +64,8 @@ transports!(
     the_preload_library_uses_a_running_mount,
     status_and_fsck_beside_a_mount,
     fio_jobs_as_processes_verify_their_data,
-    special_files_are_refused,
+    special_files_and_sizes_past_the_largest_file,
+    special_files_behave_as_on_tmpfs_and_stay,
     hard_links_behave_as_on_tmpfs_and_stay,
     a_read_only_mount_refuses_every_change,
     a_tree_deeper_than_path_max_behaves_as_on_tmpfs,
@@ -1167,10 +1168,10 @@ fn fio_jobs_as_processes_verify_their_data(transport: &'static str) {
     assert_eq!(files, 3, "one file per job");
 }
 
-/// What the file system does not hold is refused with EPERM: FIFOs, device nodes; `mknod`
-/// of a regular file makes one. Bytes past its largest file (1 PiB; the kernel allows FUSE
-/// files up to 8 EiB) are EFBIG, as past the kernel's own limit.
-fn special_files_are_refused(transport: &'static str) {
+/// `mknod` of a FIFO and a device node makes them; of a regular file, a file. Bytes past the
+/// largest file (1 PiB; the kernel allows FUSE files up to 8 EiB) are EFBIG, as past the
+/// kernel's own limit. The mount is `nodev`: the kernel refuses to open the device.
+fn special_files_and_sizes_past_the_largest_file(transport: &'static str) {
     let mount = Mount::new(transport);
     let script = r#"
 import errno, os, stat, sys
@@ -1199,6 +1200,10 @@ for what, call in [
         print(what, errno.errorcode[e.errno])
 print("size", os.fstat(fd).st_size)
 print(sorted(os.listdir(R)))
+try:
+    open(R + "/dev")
+except OSError as e:
+    print("open char", errno.errorcode[e.errno])
 "#;
     let out = Command::new("python3")
         .args(["-c", script])
@@ -1207,8 +1212,68 @@ print(sorted(os.listdir(R)))
         .unwrap();
     assert_eq!(
         ok(&out, "python3"),
-        "mkfifo EPERM\nmknod char EPERM\nmknod regular 0o100640\n\
-         pwrite past EFBIG\nftruncate past EFBIG\nfallocate past EFBIG\nsize 0\n['plain']\n"
+        "mkfifo made\nmknod char made\nmknod regular 0o100640\n\
+         pwrite past EFBIG\nftruncate past EFBIG\nfallocate past EFBIG\nsize 0\n['dev', 'fifo', 'plain']\nopen char EACCES\n"
+    );
+}
+
+/// FIFOs, Unix sockets and device nodes as on tmpfs: two processes talk through a FIFO
+/// (the kernel makes the pipe), a server and a client through a socket bound in the mount;
+/// `ls -l`, `stat` and `find -type` see each kind, mode and device number; they are renamed,
+/// linked and copied by `cp -a` and tar. After a restart of the server they are all there.
+fn special_files_behave_as_on_tmpfs_and_stay(transport: &'static str) {
+    let mut mount = Mount::new(transport);
+    let script = r#"
+        set -u
+        mkdir s && cd s
+        mkfifo -m 640 pipe && (echo "through the pipe" > pipe &) && cat pipe
+        python3 -c '
+import os, socket, stat
+s = socket.socket(socket.AF_UNIX)
+s.bind("sock")
+s.listen(1)
+c = socket.socket(socket.AF_UNIX)
+c.connect("sock")
+a, _ = s.accept()
+c.sendall(b"through the socket")
+print(a.recv(100).decode())
+os.mknod("null", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+os.mknod("disk", 0o660 | stat.S_IFBLK, os.makedev(259, 70000))
+'
+        stat -c '%n %F %a %h %t:%T' pipe sock null disk
+        ln pipe pipe2 && mv disk disk2 && stat -c '%n %h' pipe pipe2 disk2
+        cd .. && cp -a s copy && tar -cf t.tar s && mkdir x && tar -C x -xf t.tar
+        find s copy x -type p -o -type s -o -type c -o -type b | sort
+        stat -c '%n %F %a %t:%T' copy/null x/s/disk2
+        rm s/pipe2 && ls s
+    "#;
+    let (tmpfs, locus) = both(&mount, script);
+    assert!(
+        tmpfs.contains("through the pipe")
+            && tmpfs.contains("through the socket")
+            && tmpfs.contains("disk block special file 640 1 103:11170"),
+        "{tmpfs}"
+    );
+    assert_eq!(locus, tmpfs);
+    let (status, stderr) = mount.stop();
+    assert!(status.success(), "{stderr}");
+    mount.start();
+    let out = Command::new("stat")
+        .args([
+            "-c",
+            "%n %F %a %h %t:%T",
+            "s/pipe",
+            "s/sock",
+            "s/null",
+            "x/s/disk2",
+        ])
+        .current_dir(mount.path())
+        .output()
+        .unwrap();
+    assert_eq!(
+        ok(&out, "stat"),
+        "s/pipe fifo 640 1 0:0\ns/sock socket 755 1 0:0\ns/null character special file 600 1 1:3\n\
+         x/s/disk2 block special file 640 1 103:11170\n"
     );
 }
 

@@ -302,6 +302,22 @@ pub struct Attr {
     pub uid: u32,
     pub gid: u32,
     pub blksize: u32,
+    /// A device node's number, as `makedev` makes it (0 for other kinds).
+    pub rdev: u64,
+}
+
+/// A device number in the kernel's 32-bit encoding (`new_encode_dev`): what `fuse_attr`
+/// carries and what `MKNOD` sends.
+pub fn encode_dev(rdev: u64) -> u32 {
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    (minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12)
+}
+
+/// The device number a `MKNOD` request's 32-bit `rdev` names.
+pub fn decode_dev(dev: u32) -> u64 {
+    let major = (dev & 0xfff00) >> 8;
+    let minor = (dev & 0xff) | ((dev >> 12) & 0xfff00);
+    libc::makedev(major, minor)
 }
 
 const NS: u64 = 1_000_000_000;
@@ -321,7 +337,7 @@ impl Attr {
         w.u32(self.nlink)?;
         w.u32(self.uid)?;
         w.u32(self.gid)?;
-        w.u32(0)?; // rdev
+        w.u32(encode_dev(self.rdev))?;
         w.u32(self.blksize)?;
         w.u32(0) // flags
     }
@@ -421,6 +437,18 @@ pub fn direntplus(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_numbers_cross_the_kernel_encoding_both_ways() {
+        for (major, minor) in [(0, 0), (1, 3), (8, 17), (259, 70_000), (4095, 0xf_ffff)] {
+            let dev = libc::makedev(major, minor);
+            let encoded = encode_dev(dev);
+            assert_eq!(decode_dev(encoded), dev, "{major}:{minor}");
+        }
+        // The kernel's own layout: minor's low byte, major, then the minor's high bits.
+        assert_eq!(encode_dev(libc::makedev(8, 17)), 0x811);
+        assert_eq!(encode_dev(libc::makedev(1, 0x1_2345)), 0x1230_0145);
+    }
 
     #[test]
     fn a_short_header_is_an_error_naming_the_struct_and_byte() {

@@ -240,7 +240,11 @@ fn dtype(kind: Kind) -> u32 {
     match kind {
         Kind::Dir => u32::from(libc::DT_DIR),
         Kind::Symlink => u32::from(libc::DT_LNK),
-        _ => u32::from(libc::DT_REG),
+        Kind::File => u32::from(libc::DT_REG),
+        Kind::Fifo => u32::from(libc::DT_FIFO),
+        Kind::Socket => u32::from(libc::DT_SOCK),
+        Kind::CharDevice => u32::from(libc::DT_CHR),
+        Kind::BlockDevice => u32::from(libc::DT_BLK),
     }
 }
 
@@ -248,7 +252,22 @@ fn ifmt(kind: Kind) -> u32 {
     match kind {
         Kind::Dir => libc::S_IFDIR,
         Kind::Symlink => libc::S_IFLNK,
-        _ => libc::S_IFREG,
+        Kind::File => libc::S_IFREG,
+        Kind::Fifo => libc::S_IFIFO,
+        Kind::Socket => libc::S_IFSOCK,
+        Kind::CharDevice => libc::S_IFCHR,
+        Kind::BlockDevice => libc::S_IFBLK,
+    }
+}
+
+/// The kind of a special file `mknod` asks for by its mode's type bits.
+fn special_kind(mode: u32) -> Option<Kind> {
+    match mode & libc::S_IFMT {
+        libc::S_IFIFO => Some(Kind::Fifo),
+        libc::S_IFSOCK => Some(Kind::Socket),
+        libc::S_IFCHR => Some(Kind::CharDevice),
+        libc::S_IFBLK => Some(Kind::BlockDevice),
+        _ => None,
     }
 }
 
@@ -355,6 +374,7 @@ impl Server {
             ctime_ns: st.ctime_ns,
             mode: ifmt(st.kind) | (st.mode & 0o7777),
             nlink: u32::try_from(st.nlink).unwrap_or(u32::MAX),
+            rdev: st.rdev,
             uid: self.uid,
             gid: self.gid,
             blksize: BLOCK,
@@ -611,16 +631,29 @@ impl Server {
                 proto::entry(w, &self.entry(ino, name, &path)?, TTL)
             }
             op::MKNOD => {
-                let (mode, _rdev, umask) = (r.u32(), r.u32(), r.u32());
-                let (mode, umask) = (mode.map_err(bad)?, umask.map_err(bad)?);
+                let (mode, rdev, umask) = (r.u32(), r.u32(), r.u32());
+                let (mode, rdev, umask) =
+                    (mode.map_err(bad)?, rdev.map_err(bad)?, umask.map_err(bad)?);
                 let [name] = proto::names(rest).map_err(bad)?;
-                // Regular files only: no FIFOs, sockets or device nodes.
-                if mode & libc::S_IFMT != libc::S_IFREG {
-                    return Err(libc::EPERM);
-                }
                 self.writable()?;
                 let _ns = lock(&self.namespace);
                 let path = self.child(ino, name)?;
+                if let Some(kind) = special_kind(mode) {
+                    // A name and attributes: the kernel serves the FIFO, socket or device
+                    // itself and never asks this server to open one.
+                    let rdev = if kind.is_device() {
+                        proto::decode_dev(rdev)
+                    } else {
+                        0
+                    };
+                    self.fs
+                        .mknod(&path, kind, mode & !umask & 0o7777, rdev)
+                        .map_err(|e| errno(&e))?;
+                    return proto::entry(w, &self.entry(ino, name, &path)?, TTL);
+                }
+                if mode & libc::S_IFMT != libc::S_IFREG {
+                    return Err(libc::EINVAL);
+                }
                 let options = OpenOptions {
                     create: true,
                     exclusive: true,

@@ -116,6 +116,7 @@ real! {
     fn renameat2(fromfd: c_int, from: *const c_char, tofd: c_int, to: *const c_char, flags: c_uint) -> c_int;
     fn mkdir(path: *const c_char, mode: mode_t) -> c_int;
     fn mkdirat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int;
+    fn mknodat(dirfd: c_int, path: *const c_char, mode: mode_t, dev: libc::dev_t) -> c_int;
     fn rmdir(path: *const c_char) -> c_int;
     fn chdir(path: *const c_char) -> c_int;
     fn fchdir(fd: c_int) -> c_int;

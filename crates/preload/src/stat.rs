@@ -23,6 +23,10 @@ fn type_bits(kind: Kind) -> u32 {
         Kind::File => libc::S_IFREG,
         Kind::Dir => libc::S_IFDIR,
         Kind::Symlink => libc::S_IFLNK,
+        Kind::Fifo => libc::S_IFIFO,
+        Kind::Socket => libc::S_IFSOCK,
+        Kind::CharDevice => libc::S_IFCHR,
+        Kind::BlockDevice => libc::S_IFBLK,
     }
 }
 
@@ -48,6 +52,7 @@ pub fn fill_stat(st: &Stat, dev: (u32, u32), out: &mut libc::stat) {
     out.st_ino = st.ino;
     out.st_mode = type_bits(st.kind) | (st.mode & 0o7777);
     out.st_nlink = st.nlink;
+    out.st_rdev = st.rdev;
     // SAFETY: geteuid/getegid cannot fail.
     (out.st_uid, out.st_gid) = unsafe { (libc::geteuid(), libc::getegid()) };
     out.st_size = st.size as i64;
@@ -69,6 +74,7 @@ pub fn fill_statx(st: &Stat, dev: (u32, u32), out: &mut libc::statx) {
     (out.stx_uid, out.stx_gid) = unsafe { (libc::geteuid(), libc::getegid()) };
     out.stx_mode = (type_bits(st.kind) | (st.mode & 0o7777)) as u16;
     out.stx_ino = st.ino;
+    (out.stx_rdev_major, out.stx_rdev_minor) = (libc::major(st.rdev), libc::minor(st.rdev));
     out.stx_size = st.size;
     out.stx_blocks = st.allocated.div_ceil(512);
     out.stx_atime = statx_time(st.atime_ns);
@@ -125,6 +131,10 @@ pub fn dirent_type(kind: Kind) -> u8 {
         Kind::File => libc::DT_REG,
         Kind::Dir => libc::DT_DIR,
         Kind::Symlink => libc::DT_LNK,
+        Kind::Fifo => libc::DT_FIFO,
+        Kind::Socket => libc::DT_SOCK,
+        Kind::CharDevice => libc::DT_CHR,
+        Kind::BlockDevice => libc::DT_BLK,
     }
 }
 

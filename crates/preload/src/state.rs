@@ -1007,7 +1007,11 @@ fn reopen(h: &Handoff) -> Result<Desc, c_int> {
         let node = match st.kind {
             fs::Kind::Dir => Node::Dir(Mutex::new(None)),
             // The path named a file when the fd was handed over: replaced since.
-            fs::Kind::Symlink => return Err(libc::ESTALE),
+            fs::Kind::Symlink
+            | fs::Kind::Fifo
+            | fs::Kind::Socket
+            | fs::Kind::CharDevice
+            | fs::Kind::BlockDevice => return Err(libc::ESTALE),
             fs::Kind::File => {
                 let access = h.status & libc::O_ACCMODE;
                 let file = fs

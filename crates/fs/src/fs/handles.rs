@@ -101,7 +101,7 @@ impl Fs {
             Ok(_) if exclusive => return Err(FsError::Exists(path.to_owned())),
             Ok(inode) => inode,
             Err(FsError::NotFound(_)) if options.create => {
-                match self.inner.create(path, Kind::File, options.mode, "") {
+                match self.inner.create(path, Kind::File, options.mode, "", 0) {
                     Ok(inode) => inode,
                     // Lost a race with another creator: open theirs.
                     Err(FsError::Exists(_)) if !options.exclusive => {
@@ -114,6 +114,12 @@ impl Fs {
         };
         if inode.kind == Kind::Dir && options.write {
             return Err(FsError::IsDir(path.to_owned()));
+        }
+        if inode.kind.is_special() {
+            return Err(FsError::NotSupported(format!(
+                "{path} is a {:?}, which only the kernel can open (through `locus mount`)",
+                inode.kind
+            )));
         }
         inode.opens.fetch_add(1, Ordering::AcqRel);
         let file = File {
@@ -145,7 +151,7 @@ impl Fs {
 
     /// Makes a directory.
     pub fn mkdir(&self, path: &str, mode: u32) -> Result<()> {
-        self.inner.create(path, Kind::Dir, mode, "").map(drop)
+        self.inner.create(path, Kind::Dir, mode, "", 0).map(drop)
     }
 
     /// Makes every missing directory above `path` (mode 0o755), as `mkdir -p` of its parent
@@ -170,8 +176,25 @@ impl Fs {
     /// stores it and never follows it itself).
     pub fn symlink(&self, target: &str, path: &str) -> Result<()> {
         self.inner
-            .create(path, Kind::Symlink, 0o777, target)
+            .create(path, Kind::Symlink, 0o777, target, 0)
             .map(drop)
+    }
+
+    /// Makes a FIFO, a socket's name or a device node (`kind`) at `path`, with permission
+    /// bits `mode` and, for a device, device number `rdev` (else 0): a name and attributes
+    /// only — the kernel serves them through `locus mount`; [`Fs::open_file`] refuses them.
+    pub fn mknod(&self, path: &str, kind: Kind, mode: u32, rdev: u64) -> Result<()> {
+        if !kind.is_special() {
+            return Err(FsError::Invalid(format!(
+                "{path}: mknod makes FIFOs, sockets and device nodes, not a {kind:?}"
+            )));
+        }
+        if !kind.is_device() && rdev != 0 {
+            return Err(FsError::Invalid(format!(
+                "{path}: a {kind:?} has no device number ({rdev} given)"
+            )));
+        }
+        self.inner.create(path, kind, mode, "", rdev).map(drop)
     }
 
     /// The first symbolic link a walk of `path` meets — before its last name, or at it too
@@ -231,6 +254,12 @@ impl Fs {
         let inode = self.inner.resolve_follow(path)?;
         if inode.kind == Kind::Dir {
             return Err(FsError::IsDir(path.to_owned()));
+        }
+        if inode.kind != Kind::File {
+            return Err(FsError::Invalid(format!(
+                "{path} is a {:?}, which has no size to set",
+                inode.kind
+            )));
         }
         self.inner.set_len(&inode, size)
     }

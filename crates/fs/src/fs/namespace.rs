@@ -89,14 +89,15 @@ impl Inner {
         }
     }
 
-    /// Creates `path`: a file, a directory, or a symbolic link to `target` (empty for the
-    /// others).
+    /// Creates `path`: a file, a directory, a symbolic link to `target` (empty for the
+    /// others), a FIFO, a socket or a device node of number `rdev` (0 for the others).
     pub(crate) fn create(
         self: &Arc<Self>,
         path: &str,
         kind: Kind,
         mode: u32,
         target: &str,
+        rdev: u64,
     ) -> Result<Arc<Inode>> {
         if kind == Kind::Symlink {
             path::check_target(target)?;
@@ -121,6 +122,7 @@ impl Inner {
                 time,
                 name: name.to_owned(),
                 target: target.to_owned(),
+                rdev,
             };
             if !fs.journal(slot, &op)? {
                 return Ok(None);
@@ -133,6 +135,7 @@ impl Inner {
                 time,
                 name,
                 target,
+                rdev,
             };
             let inode = applied(apply::create(&parent, &mut entries, &new, granule));
             fs.inodes
@@ -143,7 +146,7 @@ impl Inner {
                 0
             } else {
                 2 + target.len() as u64
-            };
+            } + if kind.is_device() { 8 } else { 0 };
             fs.grow_snapshot(INODE_BYTES + entry_bytes(name) + target_bytes);
             Ok(Some(inode))
         })
@@ -163,7 +166,7 @@ impl Inner {
                 .inode(ino)
                 .ok_or_else(|| FsError::NotFound(path.to_owned()))?;
             match (dir, target.kind) {
-                (true, Kind::File | Kind::Symlink) => {
+                (true, kind) if kind != Kind::Dir => {
                     return Err(FsError::NotDir(path.to_owned()));
                 }
                 (false, Kind::Dir) => return Err(FsError::IsDir(path.to_owned())),
@@ -332,7 +335,7 @@ impl Inner {
                 (Some(t), Kind::Dir) if t.kind != Kind::Dir => {
                     return Err(FsError::NotDir(to.to_owned()));
                 }
-                (Some(t), Kind::File | Kind::Symlink) if t.kind == Kind::Dir => {
+                (Some(t), kind) if kind != Kind::Dir && t.kind == Kind::Dir => {
                     return Err(FsError::IsDir(to.to_owned()));
                 }
                 (Some(t), Kind::Dir) => {
@@ -651,7 +654,12 @@ impl Inner {
         // directory) has no name left: `fstat` reports no links, as on kernel file systems.
         let links = |n: u64| if attr.unlinked { 0 } else { n };
         let (size, nlink) = match inode.kind {
-            Kind::File | Kind::Symlink => (inode.size.load(Ordering::Acquire), links(attr.links)),
+            Kind::File
+            | Kind::Symlink
+            | Kind::Fifo
+            | Kind::Socket
+            | Kind::CharDevice
+            | Kind::BlockDevice => (inode.size.load(Ordering::Acquire), links(attr.links)),
             Kind::Dir => {
                 let entries = inode.entries();
                 let subdirs = inode.subdirs.load(Ordering::Relaxed);
@@ -668,6 +676,7 @@ impl Inner {
             atime_ns: inode.atime.load(Ordering::Acquire),
             ctime_ns: inode.ctime.load(Ordering::Acquire),
             nlink,
+            rdev: inode.rdev,
         }
     }
 }

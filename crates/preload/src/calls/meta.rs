@@ -444,7 +444,7 @@ fn remove(path: &str, slash: bool, dir: bool) -> Result<(), c_int> {
         let st = stat_path(fs, path, slash)?;
         match (st.kind, dir) {
             (Kind::Dir, false) => return Err(libc::EISDIR),
-            (Kind::File | Kind::Symlink, true) => return Err(libc::ENOTDIR),
+            (kind, true) if kind != Kind::Dir => return Err(libc::ENOTDIR),
             _ => {}
         }
         let removed = if dir { fs.rmdir(path) } else { fs.unlink(path) };
@@ -530,6 +530,133 @@ pub unsafe extern "C" fn mkdir(path: *const c_char, mode: mode_t) -> c_int {
         kernel(_dirfd, path) => unsafe { real::mkdir(path, mode) },
         locus(inner, _slash) => unit(state::run(|| make_dir(&inner, mode))),
     )
+}
+
+/// What `mknod` makes inside locus: a regular file (type bits 0 or `S_IFREG`), a FIFO, a
+/// socket's name, or (for root, standing in for `CAP_MKNOD`) a device node. FIFOs, sockets
+/// and devices are names and attributes only: opening one through this library is
+/// `EOPNOTSUPP` (the kernel serves them through `locus mount`).
+fn make_node(path: &str, mode: mode_t, dev: libc::dev_t) -> Result<(), c_int> {
+    if path == "/" {
+        return Err(libc::EEXIST);
+    }
+    let perms = (mode & 0o7777) & !umask();
+    let kind = match mode & libc::S_IFMT {
+        0 | libc::S_IFREG => None,
+        libc::S_IFIFO => Some(Kind::Fifo),
+        libc::S_IFSOCK => Some(Kind::Socket),
+        libc::S_IFCHR => Some(Kind::CharDevice),
+        libc::S_IFBLK => Some(Kind::BlockDevice),
+        libc::S_IFDIR => return Err(libc::EPERM),
+        _ => return Err(libc::EINVAL),
+    };
+    // SAFETY: geteuid cannot fail.
+    if kind.is_some_and(Kind::is_device) && unsafe { libc::geteuid() } != 0 {
+        return Err(libc::EPERM);
+    }
+    state::with_fs(|fs| {
+        match kind {
+            Some(kind) => {
+                let rdev = if kind.is_device() { dev } else { 0 };
+                fs.mknod(path, kind, perms, rdev)
+            }
+            None => {
+                let options = fs::OpenOptions {
+                    create: true,
+                    exclusive: true,
+                    mode: perms,
+                    ..fs::OpenOptions::default()
+                };
+                fs.open_file(path, options).map(drop)
+            }
+        }
+        .map_err(|e| fs_errno(&e))
+    })
+}
+
+/// `mknodat(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mknodat(
+    dirfd: c_int,
+    path: *const c_char,
+    mode: mode_t,
+    dev: libc::dev_t,
+) -> c_int {
+    route!(dirfd, path, follow(false),
+        // SAFETY: passed through.
+        kernel(dirfd, path) => unsafe { real::mknodat(dirfd, path, mode, dev) },
+        locus(inner, _slash) => unit(state::run(|| make_node(&inner, mode, dev))),
+    )
+}
+
+/// `mknod(2)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mknod(path: *const c_char, mode: mode_t, dev: libc::dev_t) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { mknodat(libc::AT_FDCWD, path, mode, dev) }
+}
+
+/// `mkfifoat(3)`: `mknodat` of a FIFO (glibc's own calls `mknodat` inside the library,
+/// where no interposer sees it).
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mkfifoat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { mknodat(dirfd, path, libc::S_IFIFO | (mode & 0o7777), 0) }
+}
+
+/// `mkfifo(3)`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mkfifo(path: *const c_char, mode: mode_t) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { mkfifoat(libc::AT_FDCWD, path, mode) }
+}
+
+/// `__xmknodat`: what glibc before 2.33 compiled `mknodat` into (the device number by
+/// pointer).
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __xmknodat(
+    _ver: c_int,
+    dirfd: c_int,
+    path: *const c_char,
+    mode: mode_t,
+    dev: *const libc::dev_t,
+) -> c_int {
+    if dev.is_null() {
+        errno::set(libc::EFAULT);
+        return -1;
+    }
+    // SAFETY: the caller's `dev_t *`, checked non-null; the rest forwarded.
+    unsafe { mknodat(dirfd, path, mode, *dev) }
+}
+
+/// `__xmknod`.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __xmknod(
+    ver: c_int,
+    path: *const c_char,
+    mode: mode_t,
+    dev: *const libc::dev_t,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { __xmknodat(ver, libc::AT_FDCWD, path, mode, dev) }
 }
 
 /// Where one side of a rename leads.
