@@ -384,6 +384,102 @@ for what, call in [
     assert_eq!(read_all(&fs, "/y/d/g"), b"linked\n");
 }
 
+/// FIFOs, sockets' names and device nodes through the library, as on tmpfs where they are
+/// names: made by `mkfifo` and `mknod`, seen by `stat` and listings with their kind and
+/// device number, renamed, linked, copied by tar and removed. Opening one is `EOPNOTSUPP`
+/// here (the kernel serves them through `locus mount`), so the opens are not compared.
+#[test]
+fn special_files_are_names_as_on_tmpfs() {
+    let vol = volume();
+    let script = r#"
+import os, stat, subprocess, sys
+R = sys.argv[1]
+os.mkfifo(R + "/pipe", 0o640)
+os.mknod(R + "/sock", 0o600 | stat.S_IFSOCK)
+os.mknod(R + "/null", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+os.mknod(R + "/disk", 0o660 | stat.S_IFBLK, os.makedev(259, 70000))
+os.mknod(R + "/plain", 0o640)
+for name in ["pipe", "sock", "null", "disk", "plain"]:
+    st = os.lstat(R + "/" + name)
+    print(name, stat.filemode(st.st_mode), os.major(st.st_rdev), os.minor(st.st_rdev), st.st_size)
+print(sorted((e.name, e.is_file(), e.is_dir(), e.is_symlink()) for e in os.scandir(R)))
+try:
+    os.mkfifo(R + "/pipe")
+except OSError as e:
+    print("again", e.errno)
+os.link(R + "/pipe", R + "/pipe2")
+os.rename(R + "/disk", R + "/disk2")
+print(os.lstat(R + "/pipe").st_nlink, stat.S_ISBLK(os.lstat(R + "/disk2").st_mode))
+os.unlink(R + "/pipe2")
+os.chmod(R + "/null", 0o644)
+print(oct(os.lstat(R + "/null").st_mode))
+"#;
+    let (tmpfs, locus, status) = python_both(vol.path(), script);
+    assert!(status.success(), "{locus}");
+    assert!(
+        tmpfs.contains("pipe prw-r-----") && tmpfs.contains("disk brw-r----- 259 70000"),
+        "{tmpfs}"
+    );
+    assert_eq!(locus, tmpfs);
+    // Opening one, and tar copying the tree (in one process each: the library serves one
+    // process at a time).
+    let out = preloaded(vol.path(), "python3")
+        .args([
+            "-c",
+            r#"
+import errno, os
+try:
+    os.open("/locus/pipe", os.O_RDONLY | os.O_NONBLOCK)
+except OSError as e:
+    print("open", errno.errorcode[e.errno])
+"#,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(ok(&out, "python3"), "open ENOTSUP\n"); // EOPNOTSUPP by its other name
+    let tmp = tempfile::tempdir_in("/dev/shm").unwrap();
+    let tar = tmp.path().join("special.tar");
+    for args in [
+        vec![
+            "-C",
+            "/locus",
+            "-cf",
+            tar.to_str().unwrap(),
+            "pipe",
+            "null",
+            "disk2",
+        ],
+        vec!["--one-top-level=/locus/copy", "-xf", tar.to_str().unwrap()],
+    ] {
+        let out = preloaded(vol.path(), "tar").args(&args).output().unwrap();
+        ok(&out, "tar");
+    }
+    let fs = open_fs(vol.path());
+    let kinds: Vec<_> = ["/copy/pipe", "/copy/null", "/copy/disk2"]
+        .iter()
+        .map(|p| {
+            fs.lstat(p)
+                .map(|st| (st.kind, st.rdev))
+                .map_err(|e| e.to_string())
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            Ok((fs::Kind::Fifo, 0)),
+            Ok((fs::Kind::CharDevice, libc::makedev(1, 3))),
+            Ok((fs::Kind::BlockDevice, libc::makedev(259, 70_000)))
+        ]
+    );
+    let st = fs.lstat("/disk2").unwrap();
+    assert_eq!(
+        (st.kind, st.rdev),
+        (fs::Kind::BlockDevice, libc::makedev(259, 70_000))
+    );
+    assert_eq!(fs.lstat("/null").unwrap().mode, 0o644);
+    assert!(matches!(fs.lstat("/pipe2"), Err(fs::FsError::NotFound(_))));
+}
+
 /// Runs `script` (Python, given the root as `sys.argv[1]`) on tmpfs without the library and
 /// on /locus with it; returns (tmpfs output, locus output, the locus run's status).
 fn python_both(vol: &Path, script: &str) -> (String, String, std::process::ExitStatus) {
