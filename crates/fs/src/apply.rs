@@ -146,12 +146,13 @@ pub(crate) fn remove(
     Ok(())
 }
 
-/// `Link`: names the existing file or symbolic link `inode` `name` in `parent` too (whose
-/// `entries` are locked).
+/// `Link`: names the existing file or symbolic link `inode` (its attributes `attr` locked)
+/// `name` in `parent` too (whose `entries` are locked).
 pub(crate) fn link(
     parent: &Inode,
     entries: &mut Entries,
     inode: &Inode,
+    attr: &mut Attr,
     name: &str,
     time: u64,
 ) -> Result<(), Problem> {
@@ -165,12 +166,10 @@ pub(crate) fn link(
             parent.ino
         ));
     }
-    let mut attr = inode.attr();
     if attr.unlinked || attr.links == 0 {
         return Err(format!("link of inode {}, which has no name", inode.ino));
     }
     attr.links += 1;
-    drop(attr);
     entries.insert(name.to_owned(), inode.ino);
     parent.mtime.store(time, Ordering::Release);
     parent.changed(time);
@@ -178,14 +177,12 @@ pub(crate) fn link(
     Ok(())
 }
 
-/// `inode` lost one of its names at `time` (a `Remove`, or a `Rename` onto it; 0: a record
-/// of an old kind): true when that was its last. One that keeps a name has its change time
-/// moved.
-pub(crate) fn unname(inode: &Inode, time: u64) -> bool {
-    let mut attr = inode.attr();
+/// `inode` (its attributes `attr` locked) lost one of its names at `time` (a `Remove`, or a
+/// `Rename` onto it; 0: a record of an old kind): true when that was its last. One that
+/// keeps a name has its change time moved.
+pub(crate) fn unname(inode: &Inode, attr: &mut Attr, time: u64) -> bool {
     attr.links = attr.links.saturating_sub(1);
     let last = attr.links == 0;
-    drop(attr);
     if !last && time != 0 {
         inode.changed(time);
     }

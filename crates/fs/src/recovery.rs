@@ -1295,7 +1295,7 @@ fn replay(
                 removed_entries.as_deref(),
             )?;
             drop(removed_entries);
-            if removed.is_none_or(|r| apply::unname(&r, *time)) {
+            if removed.is_none_or(|r| apply::unname(&r, &mut r.attr(), *time)) {
                 inodes.remove(ino);
             }
         }
@@ -1314,6 +1314,7 @@ fn replay(
                 &dir,
                 &mut dir.entries.lock().expect("directory"),
                 &inode,
+                &mut inode.attr(),
                 name,
                 *time,
             )?;
@@ -1374,7 +1375,7 @@ fn replay(
             }
             drop(src_entries);
             drop(replaced_entries);
-            if replaced_inode.is_some_and(|r| apply::unname(&r, *time)) {
+            if replaced_inode.is_some_and(|r| apply::unname(&r, &mut r.attr(), *time)) {
                 inodes.remove(replaced);
             }
         }

@@ -491,3 +491,79 @@ fn special_files_are_names_with_a_kind_and_a_device_number() {
     expect(&fs, "after an unmount");
     fs.unmount().unwrap();
 }
+
+/// A link of a file racing the removal of its last name, over and over: each pair is
+/// journaled in the order it changed the count (the link fails when the removal came
+/// first), so after a crash every surviving name replays and the counts check.
+#[test]
+fn links_racing_removals_replay_as_they_ran() {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    use std::sync::{Barrier, Mutex};
+    let shm = shm_volume("link-race", 256 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    fs.mkdir("/a", 0o755).unwrap();
+    fs.mkdir("/b", 0o755).unwrap();
+    let rounds = 3000;
+    let (start, done) = (Barrier::new(3), Barrier::new(3));
+    // A failure (a panic inside the file system included) is recorded, and the threads
+    // keep meeting at the barriers without calling it again, so none is left waiting.
+    let failed: Mutex<Option<String>> = Mutex::new(None);
+    let attempt = |what: &str, op: &mut dyn FnMut() -> Result<(), String>| {
+        if failed.lock().unwrap().is_some() {
+            return;
+        }
+        let outcome = catch_unwind(AssertUnwindSafe(&mut *op))
+            .unwrap_or_else(|_| Err("the file system panicked".to_owned()));
+        if let Err(e) = outcome {
+            failed.lock().unwrap().get_or_insert(format!("{what}: {e}"));
+        }
+    };
+    let linked = Mutex::new(0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for round in 0..rounds {
+                start.wait();
+                attempt(&format!("unlink {round}"), &mut || {
+                    fs.unlink("/a/f").map_err(|e| e.to_string())
+                });
+                done.wait();
+            }
+        });
+        s.spawn(|| {
+            for round in 0..rounds {
+                start.wait();
+                attempt(&format!("link {round}"), &mut || {
+                    match fs.link("/a/f", &format!("/b/{round}")) {
+                        Ok(()) => *linked.lock().unwrap() += 1,
+                        Err(FsError::NotFound(_)) => {}
+                        Err(e) => return Err(e.to_string()),
+                    }
+                    Ok(())
+                });
+                done.wait();
+            }
+        });
+        for round in 0..rounds {
+            attempt(&format!("create {round}"), &mut || {
+                let f = fs.create("/a/f").map_err(|e| e.to_string())?;
+                f.write_at(b"x", 0).map_err(|e| e.to_string())
+            });
+            start.wait();
+            done.wait();
+        }
+    });
+    if let Some(failure) = failed.into_inner().unwrap() {
+        panic!("{failure}");
+    }
+    let linked = linked.into_inner().unwrap();
+    fs.abandon();
+    Fs::check(&open_volume(&shm.dir)).expect("the counts replay");
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    let names = fs.readdir("/b").unwrap();
+    assert_eq!(names.len(), linked);
+    for entry in names {
+        let st = fs.stat(&format!("/b/{}", entry.name)).unwrap();
+        assert_eq!((st.nlink, st.size), (1, 1));
+    }
+    fs.unmount().unwrap();
+}

@@ -176,6 +176,9 @@ impl Inner {
             if child_entries.as_ref().is_some_and(|e| !e.is_empty()) {
                 return Err(FsError::NotEmpty(path.to_owned()));
             }
+            // Held from the record to the count: a link of the same inode journals and
+            // counts wholly before or wholly after, as recovery will replay them.
+            let mut target_attr = target.attr();
             let time = now_ns();
             let op = MetaOp::Remove {
                 parent: parent.ino,
@@ -195,7 +198,9 @@ impl Inner {
                 child_entries.as_deref(),
             ));
             drop(child_entries);
-            if apply::unname(&target, time) {
+            let last = apply::unname(&target, &mut target_attr, time);
+            drop(target_attr);
+            if last {
                 fs.unlinked(&target)?;
             }
             Ok(Some(()))
@@ -219,8 +224,11 @@ impl Inner {
             if entries.contains_key(name) {
                 return Err(FsError::Exists(new.to_owned()));
             }
-            // Removed since it was looked up (no lock was held in between).
-            if inode.attr().unlinked {
+            // Held from the check to the count, as a removal holds it from its record to
+            // the count: the two are journaled in the order they change it.
+            let mut attr = inode.attr();
+            // Its last name removed since it was looked up (no lock was held in between).
+            if attr.unlinked || attr.links == 0 {
                 return Err(FsError::NotFound(existing.to_owned()));
             }
             let op = MetaOp::Link {
@@ -235,7 +243,14 @@ impl Inner {
             let MetaOp::Link { time, .. } = op else {
                 unreachable!("built above")
             };
-            applied(apply::link(&parent, &mut entries, &inode, name, time));
+            applied(apply::link(
+                &parent,
+                &mut entries,
+                &inode,
+                &mut attr,
+                name,
+                time,
+            ));
             fs.grow_snapshot(entry_bytes(name));
             Ok(Some(()))
         })
@@ -347,6 +362,8 @@ impl Inner {
                 }
                 _ => None,
             };
+            // Held from the record to the count, as `remove` holds it.
+            let mut target_attr = target.as_ref().map(|t| t.attr());
             let op = MetaOp::Rename {
                 src_parent: src.ino,
                 src_name: src_name.to_owned(),
@@ -384,9 +401,12 @@ impl Inner {
             ));
             drop(target_entries);
             fs.grow_snapshot(entry_bytes(dst_name));
-            if let Some(t) = target
-                && apply::unname(&t, time)
-            {
+            let last = match (&target, target_attr.as_mut()) {
+                (Some(t), Some(attr)) => apply::unname(t, attr, time),
+                _ => false,
+            };
+            drop(target_attr);
+            if let Some(t) = target.filter(|_| last) {
                 fs.unlinked(&t)?;
             }
             Ok(Some(()))
