@@ -269,15 +269,14 @@ impl MetaOp {
                     e.u64(*rdev);
                 }
             }
+            // One layout, two kinds.
             Self::Remove {
                 parent,
                 ino,
                 name,
                 time,
-            } => {
-                e.u64(*parent).u64(*ino).u64(*time).name(name);
             }
-            Self::Link {
+            | Self::Link {
                 parent,
                 ino,
                 name,

@@ -213,6 +213,25 @@ fn coreutils_behave_as_on_tmpfs() {
 /// `touch -d`/`-h`, `ln -s`, `readlink -f`, `realpath`, Python's `shutil.copytree`, and git
 /// with fixed dates (so the commit hashes must agree byte for byte). Listings print type,
 /// mode, size (not for directories, whose sizes differ by design), times and link targets.
+/// Runs bash `script` with `$1` the root and `$2` the archive `t.tar` in `tmp`: on a fresh
+/// directory in `tmp` without the library, then on /locus with it. Returns (stdout, stderr)
+/// of each run, and the tmpfs root.
+fn archive_script_both(
+    vol: &Path,
+    tmp: &Path,
+    script: &str,
+) -> ((String, String), (String, String), PathBuf) {
+    let tar = tmp.join("t.tar");
+    let run = |root: &str, preload: bool| {
+        let args = [root.as_ref(), tar.as_os_str()];
+        shell(preload.then_some(vol), "bash", script, &args)
+    };
+    let tmpfs_root = tmp.join("root");
+    std::fs::create_dir(&tmpfs_root).unwrap();
+    let on_tmpfs = run(tmpfs_root.to_str().unwrap(), false);
+    (on_tmpfs, run(MOUNT, true), tmpfs_root)
+}
+
 #[test]
 fn archives_links_and_times_behave_as_on_tmpfs() {
     for program in ["tar", "git", "gzip", "find"] {
@@ -284,15 +303,8 @@ print(os.stat(sys.argv[1] + "/py/a/f").st_mtime_ns)
             && git -c user.name=u -c user.email=u@e commit -qam second && git log -1 --format='%H %s'
         git ls-files -s
     "#;
-    let tar = tmp.path().join("t.tar");
-    let run = |root: &str, preload: bool| {
-        let args = [root.as_ref(), tar.as_os_str()];
-        shell(preload.then(|| vol.path()), "bash", script, &args)
-    };
-    let tmpfs_root = tmp.path().join("root");
-    std::fs::create_dir(&tmpfs_root).unwrap();
-    let (expected, expected_err) = run(tmpfs_root.to_str().unwrap(), false);
-    let (got, got_err) = run(MOUNT, true);
+    let ((expected, expected_err), (got, got_err), tmpfs_root) =
+        archive_script_both(vol.path(), tmp.path(), script);
     assert!(
         expected.contains("gzip ok") && expected.contains(" second"),
         "tmpfs run broken:\n{expected}\n{expected_err}"
@@ -359,15 +371,8 @@ for what, call in [
         cp -al x y && names y/f x/f && same y/f x/f
         rm x/f x/h && names x/d/g && cat y/h
     "#;
-    let tar = tmp.path().join("t.tar");
-    let run = |root: &str, preload: bool| {
-        let args = [root.as_ref(), tar.as_os_str()];
-        shell(preload.then(|| vol.path()), "bash", script, &args)
-    };
-    let tmpfs_root = tmp.path().join("root");
-    std::fs::create_dir(&tmpfs_root).unwrap();
-    let (expected, expected_err) = run(tmpfs_root.to_str().unwrap(), false);
-    let (got, got_err) = run(MOUNT, true);
+    let ((expected, expected_err), (got, got_err), _) =
+        archive_script_both(vol.path(), tmp.path(), script);
     assert!(
         expected.contains("d/b 2 4")
             && expected.contains("x/f and x/h: one inode")

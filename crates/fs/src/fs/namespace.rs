@@ -8,7 +8,7 @@ use volume::{Extent, GlobalAddress};
 
 use super::state::{Inner, Slot};
 use super::{MAX_FILE_SIZE, ROOT_INO, WHOLE_FILE, ZEROS, now_ns};
-use crate::apply::{self, Move, NewInode, RenameDirs, applied};
+use crate::apply::{self, Entries, Move, NewInode, RenameDirs, applied};
 use crate::error::{FsError, Result};
 use crate::extent_map::{BLOCK, Run};
 use crate::inode::{Attr, Inode, Stat};
@@ -106,12 +106,7 @@ impl Inner {
         self.metadata(|fs, slot| {
             let (parent, name) = fs.resolve_parent(path)?;
             let mut entries = parent.entries();
-            if parent.attr().unlinked {
-                return Err(FsError::NotFound(path.to_owned()));
-            }
-            if entries.contains_key(name) {
-                return Err(FsError::Exists(path.to_owned()));
-            }
+            name_is_free(&parent, &entries, name, path)?;
             let ino = fs.next_ino.fetch_add(1, Ordering::Relaxed);
             let time = now_ns();
             let op = MetaOp::Create {
@@ -218,12 +213,7 @@ impl Inner {
             }
             let (parent, name) = fs.resolve_parent(new)?;
             let mut entries = parent.entries();
-            if parent.attr().unlinked {
-                return Err(FsError::NotFound(new.to_owned()));
-            }
-            if entries.contains_key(name) {
-                return Err(FsError::Exists(new.to_owned()));
-            }
+            name_is_free(&parent, &entries, name, new)?;
             // Held from the check to the count, as a removal holds it from its record to
             // the count: the two are journaled in the order they change it.
             let mut attr = inode.attr();
@@ -674,17 +664,12 @@ impl Inner {
         // directory) has no name left: `fstat` reports no links, as on kernel file systems.
         let links = |n: u64| if attr.unlinked { 0 } else { n };
         let (size, nlink) = match inode.kind {
-            Kind::File
-            | Kind::Symlink
-            | Kind::Fifo
-            | Kind::Socket
-            | Kind::CharDevice
-            | Kind::BlockDevice => (inode.size.load(Ordering::Acquire), links(attr.links)),
             Kind::Dir => {
                 let entries = inode.entries();
                 let subdirs = inode.subdirs.load(Ordering::Relaxed);
                 (entries.len() as u64, links(2 + subdirs))
             }
+            _ => (inode.size.load(Ordering::Acquire), links(attr.links)),
         };
         Stat {
             ino: inode.ino,
@@ -699,4 +684,16 @@ impl Inner {
             rdev: inode.rdev,
         }
     }
+}
+
+/// `name` (of `path`) can be made in `parent`, whose entries the caller holds: the directory
+/// still has a name itself, and holds nothing by that name.
+fn name_is_free(parent: &Inode, entries: &Entries, name: &str, path: &str) -> Result<()> {
+    if parent.attr().unlinked {
+        return Err(FsError::NotFound(path.to_owned()));
+    }
+    if entries.contains_key(name) {
+        return Err(FsError::Exists(path.to_owned()));
+    }
+    Ok(())
 }

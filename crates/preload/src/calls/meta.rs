@@ -1347,9 +1347,10 @@ pub unsafe extern "C" fn linkat(
     match (&a, &b) {
         (Side::Locus(from, from_slash), Side::Locus(to, to_slash)) => unit(state::run(|| {
             state::with_fs(|fs| {
-                let st = stat_path(fs, from, *from_slash)?;
-                if st.kind == Kind::Dir {
-                    return Err(libc::EPERM);
+                if *from_slash {
+                    // A source with a trailing slash must be a directory (which the file
+                    // system then refuses a second name: EPERM).
+                    stat_path(fs, from, true)?;
                 }
                 if *to_slash {
                     // A new name with a trailing slash: the kernel's answers.
