@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::extent_map::{BLOCK, ExtentMap, Run};
-use crate::inode::{Attr, Inode};
+use crate::inode::{Attr, Inode, Owner};
 use crate::journal::{Kind, MapEntry, SizeEntry};
 
 /// A directory's entries.
@@ -59,6 +59,8 @@ pub(crate) struct NewInode<'a> {
     pub(crate) target: &'a str,
     /// A device node's device number (0 otherwise).
     pub(crate) rdev: u64,
+    /// Its owner.
+    pub(crate) owner: Owner,
 }
 
 /// `Create`: names a new inode in `parent` (whose `entries` are locked) and returns it.
@@ -76,6 +78,7 @@ pub(crate) fn create(
         name,
         target,
         rdev,
+        owner,
     } = *new;
     dir(parent)?;
     if (kind == Kind::Symlink) == target.is_empty() {
@@ -103,6 +106,8 @@ pub(crate) fn create(
     parent.changed(time);
     let attr = Attr {
         mode,
+        uid: owner.uid,
+        gid: owner.gid,
         parent: if kind == Kind::Dir { parent.ino } else { 0 },
         links: 1,
         unlinked: false,
@@ -352,6 +357,14 @@ pub(crate) fn set_mode(inode: &Inode, attr: &mut Attr, mode: u32, time: u64) {
     }
 }
 
+/// `SetOwner` (the inode's `attr` locked): owner and the permission bits the change left.
+pub(crate) fn set_owner(inode: &Inode, attr: &mut Attr, owner: Owner, mode: u32, time: u64) {
+    attr.uid = owner.uid;
+    attr.gid = owner.gid;
+    attr.mode = mode;
+    inode.changed(time);
+}
+
 /// `SetTimes`: access and modification time as given (0: unchanged), change time `ctime`.
 /// Stored, not raised: a time set into the past is what `touch -d` and `tar` ask for.
 pub(crate) fn set_times(inode: &Inode, atime: u64, mtime: u64, ctime: u64) {
@@ -424,6 +437,8 @@ mod tests {
     fn inode(ino: u64, kind: Kind) -> Arc<Inode> {
         let attr = Attr {
             mode: 0o755,
+            uid: 0,
+            gid: 0,
             parent: 1,
             links: 1,
             unlinked: false,
@@ -512,6 +527,7 @@ mod tests {
             name,
             target: "",
             rdev: 0,
+            owner: Owner { uid: 0, gid: 0 },
         };
         let problem = create(&d, &mut entries, &new("a"), 4096).unwrap_err();
         assert!(problem.contains("where it exists"), "{problem}");

@@ -553,6 +553,8 @@ pub(crate) fn snapshot(inner: &Inner) -> Result<()> {
             ino: inode.ino,
             kind: inode.kind,
             mode: attr.mode,
+            uid: attr.uid,
+            gid: attr.gid,
             mtime: inode.mtime.load(Ordering::Acquire),
             atime: inode.atime.load(Ordering::Acquire),
             ctime: inode.ctime.load(Ordering::Acquire),

@@ -12,10 +12,51 @@ use crate::lock_order::{FS_DIRECTORY, FS_RANGE, Ordered};
 use crate::overlay::Overlay;
 use crate::range_lock::{LockMode, RangeGuard, RangeLocks};
 
+/// Who owns an inode: a user and a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Owner {
+    /// User id.
+    pub uid: u32,
+    /// Group id.
+    pub gid: u32,
+}
+
+impl Owner {
+    /// The id an inode keeps for "no owner recorded": inodes made before the file system
+    /// kept owners (snapshot versions 1 and 2, `Create` records of kind 1). `stat` reports
+    /// it as `None`, and whoever shows the file shows its viewer as the owner, as before.
+    /// No process can have it: to `chown(2)`, -1 means "leave unchanged".
+    pub const UNOWNED: u32 = u32::MAX;
+
+    /// The calling process's effective user and group (unowned if `/proc` is missing).
+    pub fn of_process() -> Self {
+        use std::os::unix::fs::MetadataExt;
+        // /proc/self belongs to the process's effective ids.
+        std::fs::metadata("/proc/self").map_or(
+            Self {
+                uid: Self::UNOWNED,
+                gid: Self::UNOWNED,
+            },
+            |m| Self {
+                uid: m.uid(),
+                gid: m.gid(),
+            },
+        )
+    }
+}
+
+/// `id`, or `None` for [`Owner::UNOWNED`].
+fn recorded(id: u32) -> Option<u32> {
+    (id != Owner::UNOWNED).then_some(id)
+}
+
 /// Attributes of an inode that change under its lock.
 #[derive(Debug, Clone)]
 pub(crate) struct Attr {
     pub(crate) mode: u32,
+    /// Owner ([`Owner::UNOWNED`]: none recorded).
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
     /// Parent directory (directories only).
     pub(crate) parent: u64,
     /// How many directory entries name it: files and symbolic links can have several
@@ -184,6 +225,18 @@ pub struct Stat {
     pub nlink: u64,
     /// A device node's device number (0 for every other kind).
     pub rdev: u64,
+    /// Owning user; `None` for an inode made before the file system kept owners (see
+    /// [`Owner::UNOWNED`]): show the viewer.
+    pub uid: Option<u32>,
+    /// Owning group; `None` as for `uid`.
+    pub gid: Option<u32>,
+}
+
+impl Attr {
+    /// The owner as `stat` reports it.
+    pub(crate) fn owner(&self) -> (Option<u32>, Option<u32>) {
+        (recorded(self.uid), recorded(self.gid))
+    }
 }
 
 /// One directory entry.

@@ -125,6 +125,11 @@ pub enum MetaOp {
         target: String,
         /// A device node's device number (0 for every other kind).
         rdev: u64,
+        /// Owning user ([`crate::Owner::UNOWNED`] in records of kind 1, written before
+        /// owners were kept).
+        uid: u32,
+        /// Owning group (likewise).
+        gid: u32,
     },
     /// `name` removed from `parent` (unlink or rmdir); `ino` is the inode it named.
     Remove {
@@ -192,6 +197,21 @@ pub enum MetaOp {
         /// before times were recorded: the change time is then left as it was).
         time: u64,
     },
+    /// Owner changed (`chown`), with the permission bits the change leaves: a file's
+    /// set-user-ID bit, and its set-group-ID bit when group execution is on, are cleared
+    /// with it, in the same record.
+    SetOwner {
+        /// The inode.
+        ino: u64,
+        /// New owning user.
+        uid: u32,
+        /// New owning group.
+        gid: u32,
+        /// Permission bits after the change.
+        mode: u32,
+        /// Time of the change: the inode's new change time.
+        time: u64,
+    },
     /// Time stamps set (`utimensat`): access and modification time as given (0: left as
     /// they were), change time the time of the call.
     SetTimes {
@@ -231,12 +251,13 @@ pub enum MetaOp {
 impl MetaOp {
     fn kind_code(&self) -> u8 {
         match self {
-            Self::Create { .. } => 1,
+            Self::Create { .. } => 15,
             Self::Remove { .. } => 8,
             Self::Link { .. } => 14,
             Self::Rename { .. } => 9,
             Self::Truncate { .. } => 4,
             Self::SetMode { .. } => 12,
+            Self::SetOwner { .. } => 16,
             Self::SetTimes { .. } => 11,
             Self::Batch { .. } => 13,
             Self::Punch { .. } => 7,
@@ -259,9 +280,11 @@ impl MetaOp {
                 name,
                 target,
                 rdev,
+                uid,
+                gid,
             } => {
                 e.u64(*parent).u64(*ino).u8(kind.code());
-                e.u32(*mode).u64(*time).name(name);
+                e.u32(*mode).u32(*uid).u32(*gid).u64(*time).name(name);
                 if *kind == Kind::Symlink {
                     e.text(target);
                 }
@@ -307,6 +330,15 @@ impl MetaOp {
             Self::SetMode { ino, mode, time } => {
                 e.u64(*ino).u32(*mode).u64(*time);
             }
+            Self::SetOwner {
+                ino,
+                uid,
+                gid,
+                mode,
+                time,
+            } => {
+                e.u64(*ino).u32(*uid).u32(*gid).u32(*mode).u64(*time);
+            }
             Self::SetTimes {
                 ino,
                 atime,
@@ -346,13 +378,20 @@ impl MetaOp {
 
     fn decode_payload(kind: u8, d: &mut Decoder<'_>) -> Result<Self> {
         let op = match kind {
-            1 => {
+            // 1: a create as written before it carried the owner.
+            1 | 15 => {
+                let owned = kind == 15;
                 let parent = d.u64("parent")?;
                 let ino = d.u64("ino")?;
                 let code = d.u8("kind")?;
                 let kind = Kind::from_code(code)
                     .ok_or_else(|| d.error(format!("inode kind {code} is unknown")))?;
                 let mode = d.u32("mode")?;
+                let (uid, gid) = if owned {
+                    (d.u32("uid")?, d.u32("gid")?)
+                } else {
+                    (crate::Owner::UNOWNED, crate::Owner::UNOWNED)
+                };
                 let time = d.u64("time")?;
                 let name = d.name("name")?;
                 let target = match kind {
@@ -373,6 +412,8 @@ impl MetaOp {
                     name,
                     target,
                     rdev,
+                    uid,
+                    gid,
                 }
             }
             // 2 and 3: Remove and Rename as written before they carried the time.
@@ -420,6 +461,13 @@ impl MetaOp {
                 ino: d.u64("ino")?,
                 mode: d.u32("mode")?,
                 time: if kind == 12 { d.u64("time")? } else { 0 },
+            },
+            16 => Self::SetOwner {
+                ino: d.u64("ino")?,
+                uid: d.u32("uid")?,
+                gid: d.u32("gid")?,
+                mode: d.u32("mode")?,
+                time: d.u64("time")?,
             },
             11 => Self::SetTimes {
                 ino: d.u64("ino")?,
@@ -808,6 +856,8 @@ mod tests {
                 name: "d".into(),
                 target: String::new(),
                 rdev: 0,
+                uid: 1000,
+                gid: 100,
             },
             MetaOp::Create {
                 parent: 2,
@@ -818,6 +868,8 @@ mod tests {
                 name: "disk".into(),
                 target: String::new(),
                 rdev: 0x1234_5678_9abc,
+                uid: 0,
+                gid: 6,
             },
             MetaOp::Create {
                 parent: 2,
@@ -828,6 +880,8 @@ mod tests {
                 name: "pipe".into(),
                 target: String::new(),
                 rdev: 0,
+                uid: 1000,
+                gid: 100,
             },
             MetaOp::Create {
                 parent: 2,
@@ -838,10 +892,19 @@ mod tests {
                 name: "l".into(),
                 target: "../d/x".into(),
                 rdev: 0,
+                uid: 1000,
+                gid: 100,
             },
             MetaOp::SetMode {
                 ino: 5,
                 mode: 0o700,
+                time: 9,
+            },
+            MetaOp::SetOwner {
+                ino: 6,
+                uid: 65534,
+                gid: 65533,
+                mode: 0o660,
                 time: 9,
             },
             MetaOp::SetTimes {
@@ -928,6 +991,29 @@ mod tests {
                 && error.contains(&format!("follows at byte {}", lens[0] + lens[1])),
             "{error}"
         );
+    }
+
+    /// A create as written before owners were kept (kind 1) still reads, unowned.
+    #[test]
+    fn a_create_of_kind_1_reads_as_unowned() {
+        let mut create = Encoder::default();
+        create.u64(1).u64(9).u8(1).u32(0o640).u64(77).name("old");
+        let mut d = Decoder::new(&create.0, "test");
+        let op = MetaOp::decode_payload(1, &mut d).unwrap();
+        assert_eq!(d.remaining(), 0);
+        let MetaOp::Create {
+            ino,
+            mode,
+            time,
+            uid,
+            gid,
+            ..
+        } = op
+        else {
+            panic!("{op:?}")
+        };
+        assert_eq!((ino, mode, time), (9, 0o640, 77));
+        assert_eq!((uid, gid), (crate::Owner::UNOWNED, crate::Owner::UNOWNED));
     }
 
     /// Records of kinds written before times could be set still read: SetMode (kind 5)

@@ -68,7 +68,7 @@ pub use fs::{
     Buffer, Buffers, CheckpointMode, File, FormatOptions, Fs, FsOptions, FsStats, MAX_FILE_SIZE,
     MAX_IO, MappedRun, OpenOptions, ROOT_INO, ReplaySummary, Space,
 };
-pub use inode::{DirEntry, Stat};
+pub use inode::{DirEntry, Owner, Stat};
 pub use journal::Kind;
 pub use log::{LogArea, LogRecord, Piece as LogPiece};
 pub use path::MAX_NAME;

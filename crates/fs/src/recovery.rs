@@ -30,7 +30,7 @@ use crate::extent_map::{BLOCK, ExtentMap};
 use crate::fs::{
     FormatOptions, Fs, FsOptions, ROOT_INO, Recovered, check_format, check_options, now_ns,
 };
-use crate::inode::{Attr, Inode};
+use crate::inode::{Attr, Inode, Owner};
 use crate::journal::{Journal, JournalRecord, Kind, MetaOp};
 use crate::log::{LogArea, LogRecord};
 use crate::progress::Pending;
@@ -119,6 +119,8 @@ impl Fs {
         let owner = volume.owner_area(0)?;
         Root::clear(&owner)?;
         let now = now_ns();
+        // Whoever formats owns the root directory.
+        let formatter = Owner::of_process();
         let snapshot = Snapshot {
             epoch: 1,
             next_ino: ROOT_INO + 1,
@@ -128,6 +130,8 @@ impl Fs {
                 ino: ROOT_INO,
                 kind: Kind::Dir,
                 mode: 0o755,
+                uid: formatter.uid,
+                gid: formatter.gid,
                 mtime: now,
                 atime: now,
                 ctime: now,
@@ -1117,6 +1121,8 @@ fn load_snapshot(snapshot: &Snapshot, granule: u64) -> Result<Table> {
         }
         let attr = Attr {
             mode: image.mode,
+            uid: image.uid,
+            gid: image.gid,
             parent: image.parent,
             // Counted from the entries below, once every inode is in.
             links: 0,
@@ -1249,6 +1255,8 @@ fn replay(
             name,
             target,
             rdev,
+            uid,
+            gid,
         } => {
             if inodes.contains_key(ino) {
                 return Err(format!("create of inode {ino}, which exists"));
@@ -1262,6 +1270,10 @@ fn replay(
                 name,
                 target,
                 rdev: *rdev,
+                owner: Owner {
+                    uid: *uid,
+                    gid: *gid,
+                },
             };
             let inode = apply::create(
                 &dir,
@@ -1418,6 +1430,22 @@ fn replay(
                 return Ok(());
             };
             apply::set_mode(&inode, &mut inode.attr(), *mode, *time);
+        }
+        MetaOp::SetOwner {
+            ino,
+            uid,
+            gid,
+            mode,
+            time,
+        } => {
+            let Some(inode) = changed(*ino)? else {
+                return Ok(());
+            };
+            let owner = Owner {
+                uid: *uid,
+                gid: *gid,
+            };
+            apply::set_owner(&inode, &mut inode.attr(), owner, *mode, *time);
         }
         MetaOp::SetTimes {
             ino,

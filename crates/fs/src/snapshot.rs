@@ -9,8 +9,10 @@ use crate::journal::Kind;
 
 /// `LOCUSSNP`.
 pub const SNAPSHOT_MAGIC: u64 = u64::from_le_bytes(*b"LOCUSSNP");
-/// Format version: 2 adds access and change times and symbolic links.
-pub const SNAPSHOT_VERSION: u32 = 2;
+/// Format version: 3 adds each inode's owner.
+pub const SNAPSHOT_VERSION: u32 = 3;
+/// Access and change times and symbolic links, no owners (still read: unowned).
+const SNAPSHOT_VERSION_TIMES: u32 = 2;
 /// The first version (still read): modification time only, files and directories.
 const SNAPSHOT_VERSION_MTIME: u32 = 1;
 
@@ -146,6 +148,10 @@ pub struct InodeImage {
     pub kind: Kind,
     /// Permission bits.
     pub mode: u32,
+    /// Owning user ([`crate::Owner::UNOWNED`] from snapshots of versions 1 and 2).
+    pub uid: u32,
+    /// Owning group (likewise).
+    pub gid: u32,
     /// Modification time (ns).
     pub mtime: u64,
     /// Access time (ns).
@@ -167,7 +173,7 @@ pub struct InodeImage {
 }
 
 /// Bytes an inode's fixed fields take in a snapshot.
-pub(crate) const INODE_BYTES: u64 = 8 + 1 + 4 + 8 + 8 + 8 + 8 + 8 + 8 + 8;
+pub(crate) const INODE_BYTES: u64 = 8 + 1 + 4 + 4 + 4 + 8 + 8 + 8 + 8 + 8 + 8 + 8;
 /// Bytes one extent run takes.
 pub(crate) const RUN_BYTES: u64 = 24;
 /// The most a logged write of `len` bytes at `offset` can add to the next snapshot once the
@@ -215,6 +221,8 @@ impl Snapshot {
             e.u64(inode.ino)
                 .u8(inode.kind.code())
                 .u32(inode.mode)
+                .u32(inode.uid)
+                .u32(inode.gid)
                 .u64(inode.mtime)
                 .u64(inode.atime)
                 .u64(inode.ctime)
@@ -257,12 +265,13 @@ impl Snapshot {
         let mut d = Decoder::new(body, structure);
         d.u64("magic")?;
         let version = d.u32("version")?;
-        if version != SNAPSHOT_VERSION && version != SNAPSHOT_VERSION_MTIME {
+        if !(SNAPSHOT_VERSION_MTIME..=SNAPSHOT_VERSION).contains(&version) {
             return Err(d.error(format!(
-                "version {version}, expected {SNAPSHOT_VERSION_MTIME} or {SNAPSHOT_VERSION}"
+                "version {version}, expected {SNAPSHOT_VERSION_MTIME}..={SNAPSHOT_VERSION}"
             )));
         }
-        let times = version == SNAPSHOT_VERSION;
+        let times = version >= SNAPSHOT_VERSION_TIMES;
+        let owners = version >= SNAPSHOT_VERSION;
         d.u32("reserved")?;
         let epoch = d.u64("epoch")?;
         let next_ino = d.u64("next_ino")?;
@@ -281,6 +290,11 @@ impl Snapshot {
                 .filter(|k| times || matches!(k, Kind::File | Kind::Dir))
                 .ok_or_else(|| d.error(format!("inode {ino} has unknown kind {code}")))?;
             let mode = d.u32("mode")?;
+            let (uid, gid) = if owners {
+                (d.u32("uid")?, d.u32("gid")?)
+            } else {
+                (crate::Owner::UNOWNED, crate::Owner::UNOWNED)
+            };
             let mtime = d.u64("mtime")?;
             let (atime, ctime) = if times {
                 (d.u64("atime")?, d.u64("ctime")?)
@@ -323,6 +337,8 @@ impl Snapshot {
                 ino,
                 kind,
                 mode,
+                uid,
+                gid,
                 mtime,
                 atime,
                 ctime,
@@ -362,6 +378,8 @@ mod tests {
                     ino: 1,
                     kind: Kind::Dir,
                     mode: 0o755,
+                    uid: 0,
+                    gid: 0,
                     mtime: 1,
                     atime: 3,
                     ctime: 4,
@@ -376,6 +394,8 @@ mod tests {
                     ino: 4,
                     kind: Kind::CharDevice,
                     mode: 0o600,
+                    uid: 0,
+                    gid: 6,
                     mtime: 5,
                     atime: 5,
                     ctime: 5,
@@ -390,6 +410,8 @@ mod tests {
                     ino: 3,
                     kind: Kind::Symlink,
                     mode: 0o777,
+                    uid: 1000,
+                    gid: 100,
                     mtime: 5,
                     atime: 5,
                     ctime: 5,
@@ -404,6 +426,8 @@ mod tests {
                     ino: 2,
                     kind: Kind::File,
                     mode: 0o644,
+                    uid: 1000,
+                    gid: 100,
                     mtime: 2,
                     atime: 6,
                     ctime: 7,
@@ -459,8 +483,40 @@ mod tests {
         let root = &snapshot.inodes[0];
         assert_eq!((root.mtime, root.atime, root.ctime), (42, 42, 42));
         assert_eq!(root.kind, Kind::Dir);
+        assert_eq!(
+            (root.uid, root.gid),
+            (crate::Owner::UNOWNED, crate::Owner::UNOWNED)
+        );
         let err = Snapshot::decode(&v1(3)).unwrap_err().to_string();
         assert!(err.contains("inode 1 has unknown kind 3"), "{err}");
+    }
+
+    /// A version-2 snapshot (times, no owners) still reads, every inode unowned; a
+    /// version this reader does not know is refused by number.
+    #[test]
+    fn a_version_2_snapshot_reads_unowned() {
+        let image = |version: u32| {
+            let mut e = Encoder::default();
+            e.u64(SNAPSHOT_MAGIC).u32(version).u32(0);
+            e.u64(2).u64(3).u64(10).u32(0).u64(1);
+            e.u64(1).u8(2).u32(0o1777);
+            e.u64(42).u64(43).u64(44).u64(0).u64(1).u64(0).u64(0);
+            let crc = crc32c::crc32c(&e.0);
+            e.u32(crc);
+            e.0
+        };
+        let snapshot = Snapshot::decode(&image(2)).unwrap();
+        let root = &snapshot.inodes[0];
+        assert_eq!(
+            (root.mode, root.mtime, root.atime, root.ctime),
+            (0o1777, 42, 43, 44)
+        );
+        assert_eq!(
+            (root.uid, root.gid),
+            (crate::Owner::UNOWNED, crate::Owner::UNOWNED)
+        );
+        let err = Snapshot::decode(&image(4)).unwrap_err().to_string();
+        assert!(err.contains("version 4, expected 1..=3"), "{err}");
     }
 
     #[test]

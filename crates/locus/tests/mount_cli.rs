@@ -67,6 +67,7 @@ transports!(
     special_files_and_sizes_past_the_largest_file,
     special_files_behave_as_on_tmpfs_and_stay,
     hard_links_behave_as_on_tmpfs_and_stay,
+    owners_and_permissions_behave_as_on_tmpfs_and_stay,
     a_read_only_mount_refuses_every_change,
     a_tree_deeper_than_path_max_behaves_as_on_tmpfs,
     the_server_forgets_what_the_kernel_forgets,
@@ -1332,6 +1333,81 @@ first
 through b
 "
     );
+}
+
+/// Files belong to whoever made them, `chown` changes that (and clears set-ID bits), the
+/// kernel checks every other user against owners and modes (the mount has
+/// `default_permissions` and, here, `--allow-other`), and a set-group-ID directory hands on
+/// its group — as on tmpfs, with tar and rsync keeping owners; all of it kept across a
+/// restart of the server.
+fn owners_and_permissions_behave_as_on_tmpfs_and_stay(transport: &'static str) {
+    let uid = Command::new("id").arg("-u").output().unwrap();
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        eprintln!("skipped: acting as other users (setpriv) needs root");
+        return;
+    }
+    let mut mount = Mount::new(transport);
+    let (status, stderr) = mount.stop();
+    assert!(status.success(), "{stderr}");
+    mount.start_with(&["--allow-other"]);
+    let script = r#"
+        set -u
+        as() { u=$1; shift; setpriv --reuid $u --regid $u --clear-groups "$@"; }
+        show() { stat -c '%n %a %u %g' "$@"; }
+        chmod 1777 .
+        as 65534 sh -c 'echo mine > n1 && mkdir n1d && ln -s n1 n1l && mkfifo n1p'
+        show n1 n1d n1p && stat -c '%n %u %g' n1l
+        as 65534 chown 0 n1; as 65534 chgrp 0 n1; as 65534 chgrp 65534 n1 && echo own group ok
+        chown 1000:100 n1 && show n1
+        chmod 6755 n1 && chown 1001 n1 && show n1
+        chmod 2745 n1 && chown :101 n1 && show n1
+        chown -h 1002:102 n1l && stat -c '%n %u %g' n1l n1
+        chmod 6777 n1d && chown 1003 n1d && show n1d
+        touch rootfile && as 65534 rm -f rootfile; as 65534 mv rootfile elsewhere; show rootfile
+        as 65534 touch -d @5 rootfile; as 65534 chmod 777 rootfile; show rootfile
+        echo secret > private && chmod 600 private && as 65534 cat private
+        chmod 644 private && as 65534 sh -c 'echo x >> private'; as 65534 cat private
+        mkdir shared && chown 0:100 shared && chmod 2770 shared
+        setpriv --reuid 1000 --regid 1000 --groups 100 sh -c 'echo g > shared/f && mkdir shared/d'
+        as 65534 ls shared; show shared shared/f shared/d
+        tar -cf own.tar n1 shared && mkdir x && tar -C x --same-owner -xpf own.tar
+        show x/n1 x/shared x/shared/f x/shared/d
+        rsync -a shared/ synced/ && show synced synced/f synced/d
+    "#;
+    let (tmpfs, locus) = both(&mount, script);
+    assert!(
+        tmpfs.contains("n1 644 65534 65534")
+            && tmpfs.contains("n1 755 1001 100")
+            && tmpfs.contains("shared/d 2755 1000 100")
+            && tmpfs.contains("Permission denied")
+            && tmpfs.contains("Operation not permitted"),
+        "{tmpfs}"
+    );
+    assert_eq!(locus, tmpfs);
+    let kept =
+        "show n1 n1d n1p shared shared/f shared/d x/shared/f synced/d && stat -c '%n %u %g' n1l";
+    let before = Command::new("bash")
+        .args([
+            "-c",
+            &format!("show() {{ stat -c '%n %a %u %g' \"$@\"; }}; {kept}"),
+        ])
+        .current_dir(mount.path())
+        .output()
+        .unwrap();
+    let before = ok(&before, "stat");
+    let (status, stderr) = mount.stop();
+    assert!(status.success(), "{stderr}");
+    mount.start();
+    let after = Command::new("bash")
+        .args([
+            "-c",
+            &format!("show() {{ stat -c '%n %a %u %g' \"$@\"; }}; {kept}"),
+        ])
+        .current_dir(mount.path())
+        .output()
+        .unwrap();
+    assert_eq!(ok(&after, "stat"), before);
+    assert!(before.contains("shared/f 644 1000 100"), "{before}");
 }
 
 /// `--read-only`: reads work, every change is EROFS, and the volume is unchanged after.

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use fs::{FsError, Kind, OpenOptions, Stat};
+use fs::{FsError, Kind, OpenOptions, Owner, Stat};
 use smallvec::{SmallVec, smallvec};
 
 use crate::proto::{self, Attr, InHeader, Malformed, Reader, Writer, fattr, op};
@@ -188,6 +188,8 @@ pub(crate) struct Server {
     next_handle: AtomicU64,
     /// Held while a request changes names, so the table follows the file system in order.
     namespace: Mutex<()>,
+    /// The daemon's ids: the owner shown for files that have none recorded, and for the
+    /// status and check files.
     uid: u32,
     gid: u32,
     /// Requests served, for the status file: through `/dev/fuse` reads, and per io_uring
@@ -277,13 +279,6 @@ fn now_ns() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
-/// The daemon's user and group (the owner of every file).
-fn ids() -> (u32, u32) {
-    use std::os::unix::fs::MetadataExt;
-    // /proc/self is owned by the process's effective ids.
-    std::fs::metadata("/proc/self").map_or((0, 0), |m| (m.uid(), m.gid()))
-}
-
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -291,8 +286,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Server {
     pub(crate) fn new(fs: fs::Fs, read_only: bool, checker: Option<Checker>) -> Self {
         let names = Names::default();
-        // The daemon's ids own every file (the file system keeps no owners).
-        let (uid, gid) = ids();
+        // Shown as the owner of the status and check files, and of files made before
+        // the file system kept owners.
+        let Owner { uid, gid } = fs.owner();
         Server {
             fs,
             read_only,
@@ -364,6 +360,15 @@ impl Server {
         self.names().child(parent, name)
     }
 
+    /// The file system as the request's caller, who owns what it creates. (The kernel
+    /// checked the caller's permissions already: the mount has `default_permissions`.)
+    fn caller(&self, h: &InHeader) -> fs::Fs {
+        self.fs.as_owner(Owner {
+            uid: h.uid,
+            gid: h.gid,
+        })
+    }
+
     fn attr(&self, st: &Stat) -> Attr {
         Attr {
             ino: st.ino,
@@ -375,8 +380,8 @@ impl Server {
             mode: ifmt(st.kind) | (st.mode & 0o7777),
             nlink: u32::try_from(st.nlink).unwrap_or(u32::MAX),
             rdev: st.rdev,
-            uid: self.uid,
-            gid: self.gid,
+            uid: st.uid.unwrap_or(self.uid),
+            gid: st.gid.unwrap_or(self.gid),
             blksize: BLOCK,
         }
     }
@@ -627,7 +632,9 @@ impl Server {
                 self.writable()?;
                 let _ns = lock(&self.namespace);
                 let path = self.child(ino, name)?;
-                self.fs.symlink(target, &path).map_err(|e| errno(&e))?;
+                self.caller(h)
+                    .symlink(target, &path)
+                    .map_err(|e| errno(&e))?;
                 proto::entry(w, &self.entry(ino, name, &path)?, TTL)
             }
             op::MKNOD => {
@@ -646,7 +653,7 @@ impl Server {
                     } else {
                         0
                     };
-                    self.fs
+                    self.caller(h)
                         .mknod(&path, kind, mode & !umask & 0o7777, rdev)
                         .map_err(|e| errno(&e))?;
                     return proto::entry(w, &self.entry(ino, name, &path)?, TTL);
@@ -660,7 +667,11 @@ impl Server {
                     mode: mode & !umask & 0o7777,
                     ..OpenOptions::default()
                 };
-                drop(self.fs.open_file(&path, options).map_err(|e| errno(&e))?);
+                drop(
+                    self.caller(h)
+                        .open_file(&path, options)
+                        .map_err(|e| errno(&e))?,
+                );
                 proto::entry(w, &self.entry(ino, name, &path)?, TTL)
             }
             op::MKDIR => {
@@ -669,7 +680,7 @@ impl Server {
                 self.writable()?;
                 let _ns = lock(&self.namespace);
                 let path = self.child(ino, name)?;
-                self.fs
+                self.caller(h)
                     .mkdir(&path, mode & !umask & 0o7777)
                     .map_err(|e| errno(&e))?;
                 proto::entry(w, &self.entry(ino, name, &path)?, TTL)
@@ -740,7 +751,10 @@ impl Server {
                     mode: mode & !umask & 0o7777,
                     ..Self::open_options(flags)
                 };
-                let file = self.fs.open_file(&path, options).map_err(|e| errno(&e))?;
+                let file = self
+                    .caller(h)
+                    .open_file(&path, options)
+                    .map_err(|e| errno(&e))?;
                 // An existing file truncated by `O_TRUNC`.
                 if open_flags & proto::OPEN_KILL_SUIDGID != 0 {
                     file.drop_privileges().map_err(|e| errno(&e))?;
@@ -975,10 +989,6 @@ impl Server {
                 return Err(libc::EPERM);
             }
             self.writable()?;
-            // Owners are the mounting user's; only a no-op change is allowed.
-            if (has(fattr::UID) && uid != self.uid) || (has(fattr::GID) && gid != self.gid) {
-                return Err(libc::EPERM);
-            }
             let handle = if has(fattr::FH) {
                 Some(self.handle(fh)?)
             } else {
@@ -996,13 +1006,27 @@ impl Server {
                 }
                 .map_err(|e| errno(&e))?;
             }
+            // `chown`: the kernel checked that the caller may (`default_permissions`).
+            // The change clears set-ID bits itself, in the same record.
+            if has(fattr::UID) || has(fattr::GID) {
+                let uid = has(fattr::UID).then_some(uid);
+                let gid = has(fattr::GID).then_some(gid);
+                match file {
+                    Some(file) => file.set_owner(uid, gid),
+                    None => {
+                        let path = path.as_deref().map_err(|&e| e)?;
+                        self.fs.set_owner(path, uid, gid, false)
+                    }
+                }
+                .map_err(|e| errno(&e))?;
+            }
             if has(fattr::MODE) {
                 self.fs
                     .chmod(path.as_deref().map_err(|&e| e)?, mode & 0o7777)
                     .map_err(|e| errno(&e))?;
             }
-            // A truncation by a process without CAP_FSETID, or a change of owner (which
-            // the kernel flags for every non-directory, and which comes here as a no-op).
+            // A truncation by a process without CAP_FSETID (a change of owner was flagged
+            // too, and cleared the bits above).
             if has(fattr::KILL_SUIDGID) {
                 match file {
                     Some(file) => file.drop_privileges(),

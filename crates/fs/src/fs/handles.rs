@@ -16,7 +16,7 @@ use super::{MAX_FILE_SIZE, MAX_IO};
 use crate::defrag::Defragmenter;
 use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
-use crate::inode::{DirEntry, Inode, Stat};
+use crate::inode::{DirEntry, Inode, Owner, Stat};
 use crate::journal::Kind;
 use crate::pieces::{Piece, alloc_halving};
 use crate::range_lock::LockMode;
@@ -61,10 +61,14 @@ impl Drop for Unmounter {
 
 /// An open file system. Cheap to clone; the last clone (with every [`File`]) unmounts it:
 /// everything is checkpointed and a final snapshot is written.
+///
+/// A handle creates files, directories and links as its [`Owner`]: the opening process's
+/// effective ids, or another's through [`Fs::as_owner`] (a server acting for its callers).
 #[derive(Debug, Clone)]
 pub struct Fs {
     pub(crate) inner: Arc<Inner>,
     pub(crate) mount: Arc<Unmounter>,
+    owner: Owner,
 }
 
 impl Fs {
@@ -84,7 +88,25 @@ impl Fs {
         // Started after the unmounter exists, so that a failure here still stops the
         // checkpoint.
         *mount.defrag.lock().expect("defrag thread") = Defragmenter::start(&inner)?;
-        Ok(Fs { mount, inner })
+        Ok(Fs {
+            mount,
+            inner,
+            owner: Owner::of_process(),
+        })
+    }
+
+    /// A handle on the same file system that creates as `owner` (the user and group whose
+    /// request a server is serving). A set-group-ID directory still gives its own group.
+    pub fn as_owner(&self, owner: Owner) -> Fs {
+        Fs {
+            owner,
+            ..self.clone()
+        }
+    }
+
+    /// The owner this handle creates as.
+    pub fn owner(&self) -> Owner {
+        self.owner
     }
 
     /// Opens `path`. See [`OpenOptions`]. A symbolic link at `path` is reported
@@ -101,7 +123,10 @@ impl Fs {
             Ok(_) if exclusive => return Err(FsError::Exists(path.to_owned())),
             Ok(inode) => inode,
             Err(FsError::NotFound(_)) if options.create => {
-                match self.inner.create(path, Kind::File, options.mode, "", 0) {
+                match self
+                    .inner
+                    .create(path, Kind::File, options.mode, "", 0, self.owner)
+                {
                     Ok(inode) => inode,
                     // Lost a race with another creator: open theirs.
                     Err(FsError::Exists(_)) if !options.exclusive => {
@@ -151,7 +176,9 @@ impl Fs {
 
     /// Makes a directory.
     pub fn mkdir(&self, path: &str, mode: u32) -> Result<()> {
-        self.inner.create(path, Kind::Dir, mode, "", 0).map(drop)
+        self.inner
+            .create(path, Kind::Dir, mode, "", 0, self.owner)
+            .map(drop)
     }
 
     /// Makes every missing directory above `path` (mode 0o755), as `mkdir -p` of its parent
@@ -176,7 +203,7 @@ impl Fs {
     /// stores it and never follows it itself).
     pub fn symlink(&self, target: &str, path: &str) -> Result<()> {
         self.inner
-            .create(path, Kind::Symlink, 0o777, target, 0)
+            .create(path, Kind::Symlink, 0o777, target, 0, self.owner)
             .map(drop)
     }
 
@@ -194,7 +221,9 @@ impl Fs {
                 "{path}: a {kind:?} has no device number ({rdev} given)"
             )));
         }
-        self.inner.create(path, kind, mode, "", rdev).map(drop)
+        self.inner
+            .create(path, kind, mode, "", rdev, self.owner)
+            .map(drop)
     }
 
     /// The first symbolic link a walk of `path` meets — before its last name, or at it too
@@ -304,6 +333,26 @@ impl Fs {
             self.inner.resolve(path)?
         };
         self.inner.set_times(&inode, atime, mtime)
+    }
+
+    /// Sets the owning user and group (`None`: unchanged) of what `path` leads to, or with
+    /// `follow` false of `path` itself (`lchown`). Anything but a directory loses its
+    /// set-user-ID bit, and its set-group-ID bit when group execution is on, as `chown(2)`
+    /// does on Linux. The file system keeps owners and does not check who asks: that is the
+    /// caller's part (the kernel's permission check through `locus mount`).
+    pub fn set_owner(
+        &self,
+        path: &str,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        follow: bool,
+    ) -> Result<()> {
+        let inode = if follow {
+            self.inner.resolve_follow(path)?
+        } else {
+            self.inner.resolve(path)?
+        };
+        self.inner.set_owner(&inode, uid, gid)
     }
 
     /// The entries of a directory, sorted by name.
@@ -637,18 +686,25 @@ impl File {
 
     /// Clears the set-user-ID bit, and the set-group-ID bit when group execution is on, as
     /// the kernel's file systems do when a process without `CAP_FSETID` writes or truncates
-    /// a file (the file system keeps no owners or capabilities: its caller, who knows the
-    /// writer, asks). Durable on return; `true` when the mode changed. Any handle may.
+    /// a file (the file system does not know the writer's capabilities: its caller, who
+    /// does, asks). Durable on return; `true` when the mode changed. Any handle may.
     pub fn drop_privileges(&self) -> Result<bool> {
         self.fs.inner.drop_privileges(&self.inode)
     }
 
     /// Sets the access and modification times (ns since the epoch; `None` leaves one as it
-    /// is); the change time becomes now. Any handle may (as `futimens` with explicit times
-    /// needs ownership, not write access, and locus files all belong to their user).
+    /// is); the change time becomes now. Any handle may: `futimens` with explicit times
+    /// needs ownership, not write access, which the caller checks.
     pub fn set_times(&self, atime: Option<u64>, mtime: Option<u64>) -> Result<()> {
         self.fs.inner.check_running()?;
         self.fs.inner.set_times(&self.inode, atime, mtime)
+    }
+
+    /// Sets the owning user and group (`None`: unchanged), as [`Fs::set_owner`] does, of
+    /// this file (`fchown`; even after its last name is gone).
+    pub fn set_owner(&self, uid: Option<u32>, gid: Option<u32>) -> Result<()> {
+        self.fs.inner.check_running()?;
+        self.fs.inner.set_owner(&self.inode, uid, gid)
     }
 
     /// A barrier: every write returned before is durable (they were at return already).

@@ -11,7 +11,7 @@ use super::{MAX_FILE_SIZE, ROOT_INO, WHOLE_FILE, ZEROS, now_ns};
 use crate::apply::{self, Entries, Move, NewInode, RenameDirs, applied};
 use crate::error::{FsError, Result};
 use crate::extent_map::{BLOCK, Run};
-use crate::inode::{Attr, Inode, Stat};
+use crate::inode::{Attr, Inode, Owner, Stat};
 use crate::journal::{Kind, MetaOp};
 use crate::path;
 use crate::range_lock::LockMode;
@@ -90,7 +90,9 @@ impl Inner {
     }
 
     /// Creates `path`: a file, a directory, a symbolic link to `target` (empty for the
-    /// others), a FIFO, a socket or a device node of number `rdev` (0 for the others).
+    /// others), a FIFO, a socket or a device node of number `rdev` (0 for the others), owned
+    /// by `owner` — but in a set-group-ID directory it takes the directory's group, and a
+    /// directory made there is set-group-ID too (as on the kernel's file systems).
     pub(crate) fn create(
         self: &Arc<Self>,
         path: &str,
@@ -98,6 +100,7 @@ impl Inner {
         mode: u32,
         target: &str,
         rdev: u64,
+        owner: Owner,
     ) -> Result<Arc<Inode>> {
         if kind == Kind::Symlink {
             path::check_target(target)?;
@@ -107,6 +110,7 @@ impl Inner {
             let (parent, name) = fs.resolve_parent(path)?;
             let mut entries = parent.entries();
             name_is_free(&parent, &entries, name, path)?;
+            let (owner, mode) = inherited(&parent.attr(), kind, owner, mode);
             let ino = fs.next_ino.fetch_add(1, Ordering::Relaxed);
             let time = now_ns();
             let op = MetaOp::Create {
@@ -118,6 +122,8 @@ impl Inner {
                 name: name.to_owned(),
                 target: target.to_owned(),
                 rdev,
+                uid: owner.uid,
+                gid: owner.gid,
             };
             if !fs.journal(slot, &op)? {
                 return Ok(None);
@@ -131,6 +137,7 @@ impl Inner {
                 name,
                 target,
                 rdev,
+                owner,
             };
             let inode = applied(apply::create(&parent, &mut entries, &new, granule));
             fs.inodes
@@ -592,15 +599,48 @@ impl Inner {
         Ok(true)
     }
 
+    /// Sets `inode`'s owning user and group (`None`: unchanged). A change of owner of
+    /// anything but a directory clears the set-user-ID bit, and the set-group-ID bit when
+    /// group execution is on, in the same record — even when neither id changes, as
+    /// `chown(2)` does on Linux. Who may change what is the caller's check (the kernel's,
+    /// through `locus mount`).
+    pub(crate) fn set_owner(
+        self: &Arc<Self>,
+        inode: &Arc<Inode>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    ) -> Result<()> {
+        self.metadata(|fs, slot| {
+            let mut attr = inode.attr();
+            let owner = Owner {
+                uid: uid.unwrap_or(attr.uid),
+                gid: gid.unwrap_or(attr.gid),
+            };
+            let mode = match inode.kind {
+                Kind::Dir => attr.mode,
+                _ => dropped(attr.mode),
+            };
+            let time = now_ns();
+            let op = MetaOp::SetOwner {
+                ino: inode.ino,
+                uid: owner.uid,
+                gid: owner.gid,
+                mode,
+                time,
+            };
+            if !fs.journal(slot, &op)? {
+                return Ok(None);
+            }
+            apply::set_owner(inode, &mut attr, owner, mode, time);
+            Ok(Some(()))
+        })
+    }
+
     /// Clears `inode`'s set-user-ID bit, and its set-group-ID bit when group execution is
     /// on (without it, the bit is mandatory locking's mark and stays), as the kernel's file
     /// systems do when a process without `CAP_FSETID` writes or truncates a file. One
     /// journal record when a bit was set, none otherwise; `true` when the mode changed.
     pub(crate) fn drop_privileges(self: &Arc<Self>, inode: &Arc<Inode>) -> Result<bool> {
-        let dropped = |mode: u32| {
-            let group_exec = mode & libc::S_IXGRP != 0;
-            mode & !(libc::S_ISUID | if group_exec { libc::S_ISGID } else { 0 })
-        };
         {
             let attr = inode.attr();
             if dropped(attr.mode) == attr.mode {
@@ -660,6 +700,7 @@ impl Inner {
 
     pub(crate) fn stat_of(&self, inode: &Inode) -> Stat {
         let attr = inode.attr().clone();
+        let (uid, gid) = attr.owner();
         // A removed inode still open (or a removed directory still someone's working
         // directory) has no name left: `fstat` reports no links, as on kernel file systems.
         let links = |n: u64| if attr.unlinked { 0 } else { n };
@@ -682,8 +723,36 @@ impl Inner {
             ctime_ns: inode.ctime.load(Ordering::Acquire),
             nlink,
             rdev: inode.rdev,
+            uid,
+            gid,
         }
     }
+}
+
+/// `mode` without the set-user-ID bit, and without the set-group-ID bit when group
+/// execution is on (without it, the bit is mandatory locking's mark and stays).
+fn dropped(mode: u32) -> u32 {
+    let group_exec = mode & libc::S_IXGRP != 0;
+    mode & !(libc::S_ISUID | if group_exec { libc::S_ISGID } else { 0 })
+}
+
+/// The owner and mode of a `kind` made by `owner` with `mode` in the directory whose
+/// attributes are `parent`: a set-group-ID directory gives its group, and its bit to a
+/// new directory.
+fn inherited(parent: &Attr, kind: Kind, owner: Owner, mode: u32) -> (Owner, u32) {
+    if parent.mode & libc::S_ISGID == 0 {
+        return (owner, mode);
+    }
+    let mode = if kind == Kind::Dir {
+        mode | libc::S_ISGID
+    } else {
+        mode
+    };
+    let owner = Owner {
+        gid: parent.gid,
+        ..owner
+    };
+    (owner, mode)
 }
 
 /// `name` (of `path`) can be made in `parent`, whose entries the caller holds: the directory
