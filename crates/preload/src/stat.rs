@@ -1,6 +1,6 @@
-//! What `stat`, `statx` and `statfs` report for locus files. The file system keeps no
-//! owners: files belong to the calling user. Access, modification and change times are the
-//! file system's own, to the nanosecond.
+//! What `stat`, `statx` and `statfs` report for locus files. Owners are the file system's
+//! (files made before it kept owners show the calling user). Access, modification and
+//! change times are the file system's own, to the nanosecond.
 
 use std::ffi::c_int;
 
@@ -44,6 +44,48 @@ fn statx_time(ns: u64) -> libc::statx_timestamp {
     time
 }
 
+/// The calling process's effective user and group.
+pub fn effective_ids() -> (u32, u32) {
+    // SAFETY: geteuid/getegid take no arguments and cannot fail.
+    unsafe { (libc::geteuid(), libc::getegid()) }
+}
+
+/// `fs` creating as the calling process's effective user and group now (which a process
+/// can change after it opened the volume, as `su` and servers do).
+pub fn as_caller(fs: &Fs) -> Fs {
+    let (uid, gid) = effective_ids();
+    fs.as_owner(fs::Owner { uid, gid })
+}
+
+/// The owner `stat` shows: the file's, or the calling user where none is recorded.
+pub fn shown_owner(st: &Stat) -> (u32, u32) {
+    let (euid, egid) = effective_ids();
+    (st.uid.unwrap_or(euid), st.gid.unwrap_or(egid))
+}
+
+/// Whether the calling process has group `gid` (effective or supplementary), as the
+/// kernel's `in_group_p`; `real`: its real group instead of the effective one.
+pub fn in_group(gid: u32, real: bool) -> bool {
+    // SAFETY: getgid/getegid cannot fail.
+    let primary = unsafe {
+        if real {
+            libc::getgid()
+        } else {
+            libc::getegid()
+        }
+    };
+    if gid == primary {
+        return true;
+    }
+    // SAFETY: with size 0, getgroups only counts; the buffer then has room for that many.
+    let count = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+    let mut groups = vec![0; count.max(0) as usize];
+    // SAFETY: `groups` holds `count` entries.
+    let got = unsafe { libc::getgroups(count, groups.as_mut_ptr()) };
+    groups.truncate(got.max(0) as usize);
+    groups.contains(&gid)
+}
+
 /// Fills a `struct stat`.
 pub fn fill_stat(st: &Stat, dev: (u32, u32), out: &mut libc::stat) {
     // SAFETY: `libc::stat` is plain data; all-zero is a valid value.
@@ -53,8 +95,7 @@ pub fn fill_stat(st: &Stat, dev: (u32, u32), out: &mut libc::stat) {
     out.st_mode = type_bits(st.kind) | (st.mode & 0o7777);
     out.st_nlink = st.nlink;
     out.st_rdev = st.rdev;
-    // SAFETY: geteuid/getegid cannot fail.
-    (out.st_uid, out.st_gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    (out.st_uid, out.st_gid) = shown_owner(st);
     out.st_size = st.size as i64;
     out.st_blksize = BLOCK;
     out.st_blocks = st.allocated.div_ceil(512) as i64;
@@ -70,8 +111,7 @@ pub fn fill_statx(st: &Stat, dev: (u32, u32), out: &mut libc::statx) {
     out.stx_mask = libc::STATX_BASIC_STATS;
     out.stx_blksize = BLOCK as u32;
     out.stx_nlink = st.nlink as u32;
-    // SAFETY: geteuid/getegid cannot fail.
-    (out.stx_uid, out.stx_gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    (out.stx_uid, out.stx_gid) = shown_owner(st);
     out.stx_mode = (type_bits(st.kind) | (st.mode & 0o7777)) as u16;
     out.stx_ino = st.ino;
     (out.stx_rdev_major, out.stx_rdev_minor) = (libc::major(st.rdev), libc::minor(st.rdev));
@@ -138,9 +178,11 @@ pub fn dirent_type(kind: Kind) -> u8 {
     }
 }
 
-/// Whether the calling user may access a file of `st` as `mode` (`R_OK`, `W_OK`, `X_OK`).
-/// The user owns every locus file; root passes read and write always and execute when any
-/// execute bit is set (or for directories), as in the kernel.
+/// Whether the calling user may access a file of `st` as `mode` (`R_OK`, `W_OK`, `X_OK`),
+/// by the kernel's rules: the owner's bits for its owner (a file with no owner recorded is
+/// the caller's), the group's for a member of its group, the others' for anyone else; root
+/// passes read and write always and execute when any execute bit is set (or for
+/// directories). `effective` false: as the real user and group (`access(2)`).
 pub fn may_access(st: &Stat, mode: c_int, effective: bool) -> bool {
     // SAFETY: these id calls cannot fail.
     let uid = unsafe {
@@ -154,7 +196,15 @@ pub fn may_access(st: &Stat, mode: c_int, effective: bool) -> bool {
     if uid == 0 {
         return !want(libc::X_OK) || st.kind == Kind::Dir || st.mode & 0o111 != 0;
     }
-    (!want(libc::R_OK) || st.mode & 0o400 != 0)
-        && (!want(libc::W_OK) || st.mode & 0o200 != 0)
-        && (!want(libc::X_OK) || st.mode & 0o100 != 0)
+    let class = if st.uid.is_none_or(|owner| owner == uid) {
+        6
+    } else if st.gid.is_none_or(|gid| in_group(gid, !effective)) {
+        3
+    } else {
+        0
+    };
+    let bits = (st.mode >> class) & 0o7;
+    (!want(libc::R_OK) || bits & 0o4 != 0)
+        && (!want(libc::W_OK) || bits & 0o2 != 0)
+        && (!want(libc::X_OK) || bits & 0o1 != 0)
 }

@@ -485,6 +485,82 @@ except OSError as e:
     assert!(matches!(fs.lstat("/pipe2"), Err(fs::FsError::NotFound(_))));
 }
 
+/// Owners: files belong to the effective user and group that made them (a set-group-ID
+/// directory gives its group), `chown`, `lchown` and `fchown` change them with the kernel's
+/// rules for who may (root anything; a file's owner its group, to a group of its own) and
+/// clear set-ID bits, and `access` answers by owner, group and others — as on tmpfs. The
+/// script changes its effective ids, so it needs root.
+#[test]
+fn owners_behave_as_on_tmpfs() {
+    if Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout != b"0\n")
+    {
+        eprintln!("skipped: changing effective ids needs root");
+        return;
+    }
+    let vol = volume();
+    let script = r#"
+import errno, os, stat, sys
+R = sys.argv[1]
+def show(name):
+    st = os.lstat(R + "/" + name)
+    print(name, oct(stat.S_IMODE(st.st_mode)), st.st_uid, st.st_gid)
+def attempt(what, call):
+    try:
+        call()
+        print(what, "ok")
+    except OSError as e:
+        print(what, errno.errorcode[e.errno])
+os.chmod(R, 0o1777)
+os.close(os.open(R + "/f", os.O_CREAT | os.O_WRONLY, 0o644))
+os.mkdir(R + "/d", 0o755)
+os.symlink("f", R + "/l")
+show("f"); show("d"); show("l")
+os.chown(R + "/f", 1000, 100); show("f")
+os.chmod(R + "/f", 0o6755); os.chown(R + "/f", 1001, -1); show("f")
+os.chmod(R + "/f", 0o2745); os.chown(R + "/f", -1, -1); show("f")
+os.chmod(R + "/d", 0o6755); os.chown(R + "/d", 5, -1); show("d")
+os.lchown(R + "/l", 7, 8); show("l"); show("f")
+fd = os.open(R + "/f", os.O_RDONLY)
+os.fchown(fd, 1002, 102)
+os.close(fd)
+show("f")
+os.chmod(R + "/d", 0o2777); os.chown(R + "/d", 0, 100)
+os.mkdir(R + "/d/sub", 0o755)
+os.close(os.open(R + "/d/g", os.O_CREAT | os.O_WRONLY, 0o640))
+show("d/sub"); show("d/g")
+os.chown(R + "/d/g", 1000, 100)
+os.setgroups([100, 200])
+os.setegid(300)
+os.seteuid(1000)
+os.mkdir(R + "/d/mine", 0o700)
+os.close(os.open(R + "/new", os.O_CREAT | os.O_WRONLY, 0o600))
+os.symlink("new", R + "/newlink")
+show("d/mine"); show("new"); show("newlink")
+attempt("chgrp to a group of mine", lambda: os.chown(R + "/d/g", -1, 200)); show("d/g")
+attempt("chgrp to another group", lambda: os.chown(R + "/d/g", -1, 400))
+attempt("chown to root", lambda: os.chown(R + "/d/g", 0, -1))
+attempt("chown to myself", lambda: os.chown(R + "/d/g", 1000, -1))
+attempt("chgrp of a file not mine", lambda: os.chown(R + "/f", -1, 100))
+print("access", [os.access(R + "/" + n, m, effective_ids=True)
+                 for n in ["f", "d/g", "new", "d"] for m in (os.R_OK, os.W_OK, os.X_OK)])
+os.seteuid(0)
+attempt("chown back as root", lambda: os.chown(R + "/new", 0, 0)); show("new")
+"#;
+    let (expected, got, status) = python_both(vol.path(), script);
+    assert!(status.success());
+    assert!(
+        expected.contains("f 0o755 1001 100")
+            && expected.contains("d/sub 0o2755 0 100")
+            && expected.contains("new 0o600 1000 300")
+            && expected.contains("chown to root EPERM"),
+        "{expected}"
+    );
+    assert_eq!(got, expected);
+}
+
 /// Runs `script` (Python, given the root as `sys.argv[1]`) on tmpfs without the library and
 /// on /locus with it; returns (tmpfs output, locus output, the locus run's status).
 fn python_both(vol: &Path, script: &str) -> (String, String, std::process::ExitStatus) {

@@ -82,6 +82,13 @@ pub(crate) fn open_locus(
             // Mappings of the file stop mapping its blocks before they are freed.
             super::shared::before_shrink(st.ino, 0)?;
         }
+        let creator;
+        let fs = if create {
+            creator = crate::stat::as_caller(fs);
+            &creator
+        } else {
+            fs
+        };
         let file = fs.open_file(path, options).map_err(|e| fs_errno(&e))?;
         let ino = file.ino();
         Ok(Desc::new(

@@ -8,7 +8,7 @@ use fs::{Kind, Stat};
 use libc::{mode_t, size_t, ssize_t};
 
 use super::{fs_errno, int, route, size, umask, unit};
-use crate::stat::{device, fill_stat, fill_statfs, fill_statvfs, fill_statx, may_access};
+use crate::stat::{self, device, fill_stat, fill_statfs, fill_statvfs, fill_statx, may_access};
 use crate::state::{self, Node};
 use crate::{errno, real};
 
@@ -501,7 +501,8 @@ fn make_dir(path: &str, mode: mode_t) -> Result<(), c_int> {
         return Err(libc::EEXIST);
     }
     state::with_fs(|fs| {
-        fs.mkdir(path, (mode & 0o7777) & !umask())
+        stat::as_caller(fs)
+            .mkdir(path, (mode & 0o7777) & !umask())
             .map_err(|e| fs_errno(&e))
     })
 }
@@ -555,6 +556,7 @@ fn make_node(path: &str, mode: mode_t, dev: libc::dev_t) -> Result<(), c_int> {
         return Err(libc::EPERM);
     }
     state::with_fs(|fs| {
+        let fs = stat::as_caller(fs);
         match kind {
             Some(kind) => {
                 let rdev = if kind.is_device() { dev } else { 0 };
@@ -844,13 +846,27 @@ pub unsafe extern "C" fn fchmod(fd: c_int, mode: mode_t) -> c_int {
     }))
 }
 
-/// Locus files belong to the calling user: "changing" to that owner (or -1) succeeds, any
-/// other owner is `EPERM`.
-fn change_owner(uid: libc::uid_t, gid: libc::gid_t) -> Result<(), c_int> {
-    // SAFETY: these id calls cannot fail.
-    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    if (uid == u32::MAX || uid == euid) && (gid == u32::MAX || gid == egid) {
-        Ok(())
+/// The ids a `chown` of a file of `st` to `uid`/`gid` (-1: unchanged) sets, if the
+/// calling process may, by the kernel's rules: root sets any owner; the file's owner may
+/// "change" its user to itself and its group to its current one or any group the process
+/// has; anything else is `EPERM`. (Clearing set-ID bits is the file system's part.)
+fn new_owner(
+    st: &Stat,
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+) -> Result<(Option<u32>, Option<u32>), c_int> {
+    let uid = (uid != u32::MAX).then_some(uid);
+    let gid = (gid != u32::MAX).then_some(gid);
+    let (euid, _) = stat::effective_ids();
+    if euid == 0 {
+        return Ok((uid, gid));
+    }
+    let (owner, group) = stat::shown_owner(st);
+    let is_owner = owner == euid;
+    let uid_ok = uid.is_none_or(|u| is_owner && u == owner);
+    let gid_ok = gid.is_none_or(|g| is_owner && (g == group || stat::in_group(g, false)));
+    if uid_ok && gid_ok {
+        Ok((uid, gid))
     } else {
         Err(libc::EPERM)
     }
@@ -858,6 +874,21 @@ fn change_owner(uid: libc::uid_t, gid: libc::gid_t) -> Result<(), c_int> {
 
 fn exists(path: &str, slash: bool) -> Result<(), c_int> {
     state::with_fs(|fs| stat_path(fs, path, slash).map(drop))
+}
+
+/// `chown` of `path` (`follow`: what a link there leads to, else the link itself).
+fn change_owner(
+    path: &str,
+    slash: bool,
+    follow: bool,
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+) -> Result<(), c_int> {
+    state::with_fs(|fs| {
+        let (uid, gid) = new_owner(&stat_path(fs, path, slash)?, uid, gid)?;
+        fs.set_owner(path, uid, gid, follow)
+            .map_err(|e| fs_errno(&e))
+    })
 }
 
 /// `fchownat(2)`.
@@ -881,8 +912,7 @@ pub unsafe extern "C" fn fchownat(
         // SAFETY: passed through.
         kernel(dirfd, path) => unsafe { real::fchownat(dirfd, path, uid, gid, flags) },
         locus(inner, slash) => unit(state::run(|| {
-            exists(&inner, slash)?;
-            change_owner(uid, gid)
+            change_owner(&inner, slash, flags & libc::AT_SYMLINK_NOFOLLOW == 0, uid, gid)
         })),
     )
 }
@@ -896,10 +926,7 @@ pub unsafe extern "C" fn chown(path: *const c_char, uid: libc::uid_t, gid: libc:
     route!(libc::AT_FDCWD, path,
         // SAFETY: passed through.
         kernel(_dirfd, path) => unsafe { real::chown(path, uid, gid) },
-        locus(inner, slash) => unit(state::run(|| {
-            exists(&inner, slash)?;
-            change_owner(uid, gid)
-        })),
+        locus(inner, slash) => unit(state::run(|| change_owner(&inner, slash, true, uid, gid))),
     )
 }
 
@@ -912,10 +939,7 @@ pub unsafe extern "C" fn lchown(path: *const c_char, uid: libc::uid_t, gid: libc
     route!(libc::AT_FDCWD, path, follow(false),
         // SAFETY: passed through.
         kernel(_dirfd, path) => unsafe { real::lchown(path, uid, gid) },
-        locus(inner, slash) => unit(state::run(|| {
-            exists(&inner, slash)?;
-            change_owner(uid, gid)
-        })),
+        locus(inner, slash) => unit(state::run(|| change_owner(&inner, slash, false, uid, gid))),
     )
 }
 
@@ -930,8 +954,15 @@ pub unsafe extern "C" fn fchown(fd: c_int, uid: libc::uid_t, gid: libc::gid_t) -
         return unsafe { real::fchown(fd, uid, gid) };
     }
     unit(state::run(|| {
-        state::desc(fd)?.usable()?;
-        change_owner(uid, gid)
+        let desc = state::desc(fd)?;
+        desc.usable()?;
+        match &desc.node {
+            Node::File(file) => {
+                let (uid, gid) = new_owner(&file.stat(), uid, gid)?;
+                file.set_owner(uid, gid).map_err(|e| fs_errno(&e))
+            }
+            Node::Dir(_) => change_owner(&desc.path, false, false, uid, gid),
+        }
     }))
 }
 
@@ -1299,7 +1330,11 @@ pub unsafe extern "C" fn symlinkat(
                     libc::ENOENT
                 });
             }
-            state::with_fs(|fs| fs.symlink(target, &inner).map_err(|e| fs_errno(&e)))
+            state::with_fs(|fs| {
+                stat::as_caller(fs)
+                    .symlink(target, &inner)
+                    .map_err(|e| fs_errno(&e))
+            })
         })),
     )
 }
