@@ -181,8 +181,10 @@ fn nbd_error(e: &fs::FsError) -> ExportError {
         K::BadHandle | K::NotPermitted => errno::EPERM,
         K::Shutdown => errno::ESHUTDOWN,
         // The export's own file: gone, replaced or unreadable is the media failing under
-        // the client.
+        // the client (exports never touch extended attributes: NoData, TooBig).
         K::NotFound
+        | K::NoData
+        | K::TooBig
         | K::Exists
         | K::NotDir
         | K::IsDir

@@ -22,6 +22,7 @@ use std::sync::atomic::Ordering;
 use crate::extent_map::{BLOCK, ExtentMap, Run};
 use crate::inode::{Attr, Inode, Owner};
 use crate::journal::{Kind, MapEntry, SizeEntry};
+use crate::xattr::Xattrs;
 
 /// A directory's entries.
 pub(crate) type Entries = BTreeMap<String, u64>;
@@ -363,6 +364,29 @@ pub(crate) fn set_owner(inode: &Inode, attr: &mut Attr, owner: Owner, mode: u32,
     attr.gid = owner.gid;
     attr.mode = mode;
     inode.changed(time);
+}
+
+/// `SetXattr` (the inode's attributes locked): `name` set to `value`.
+pub(crate) fn set_xattr(inode: &Inode, xattrs: &mut Xattrs, name: &str, value: &[u8], time: u64) {
+    xattrs.insert(name.to_owned(), value.into());
+    inode.changed(time);
+}
+
+/// `RemoveXattr` (the inode's attributes locked): `name` must be there.
+pub(crate) fn remove_xattr(
+    inode: &Inode,
+    xattrs: &mut Xattrs,
+    name: &str,
+    time: u64,
+) -> Result<(), Problem> {
+    if xattrs.remove(name).is_none() {
+        return Err(format!(
+            "removal of extended attribute {name} of {}, which has none of that name",
+            inode.ino
+        ));
+    }
+    inode.changed(time);
+    Ok(())
 }
 
 /// `SetTimes`: access and modification time as given (0: unchanged), change time `ctime`.

@@ -568,6 +568,13 @@ pub(crate) fn snapshot(inner: &Inner) -> Result<()> {
                 .map(|(n, i)| (n.clone(), *i))
                 .collect(),
             runs: inode.extents.read().expect("extent map").runs().collect(),
+            xattrs: inode
+                .xattrs
+                .lock()
+                .expect("extended attributes")
+                .iter()
+                .map(|(n, v)| (n.clone(), v.clone()))
+                .collect(),
         });
     }
     inodes.sort_unstable_by_key(|i| i.ino);

@@ -121,6 +121,18 @@ pub enum FsError {
     #[error("operation not permitted: {0}")]
     NotPermitted(String),
 
+    /// No extended attribute of the name (`ENODATA`).
+    #[error("{0}: no such attribute")]
+    NoData(String),
+
+    /// An extended attribute's value over the largest one (`E2BIG`).
+    #[error("too big: {0}")]
+    TooBig(String),
+
+    /// An inode's extended attributes would take more than they may (`ENOSPC`).
+    #[error("no room: {0}")]
+    XattrFull(String),
+
     /// Writing through a read-only handle, or reading through a write-only one.
     #[error("bad file handle: {0}")]
     BadHandle(String),
@@ -163,6 +175,10 @@ pub enum ErrorKind {
     NotPermitted,
     /// The handle does not allow the operation (`EBADF`).
     BadHandle,
+    /// No extended attribute of that name (`ENODATA`).
+    NoData,
+    /// An extended attribute's value is too large (`E2BIG`).
+    TooBig,
     /// A resource that frees itself soon: thread slots, log records (`EAGAIN`).
     TryAgain,
     /// No space on the volume (`ENOSPC`).
@@ -193,6 +209,8 @@ impl ErrorKind {
             Self::NotSupported => libc::EOPNOTSUPP,
             Self::NotPermitted => libc::EPERM,
             Self::BadHandle => libc::EBADF,
+            Self::NoData => libc::ENODATA,
+            Self::TooBig => libc::E2BIG,
             Self::TryAgain => libc::EAGAIN,
             Self::NoSpace => libc::ENOSPC,
             Self::InUse => libc::EBUSY,
@@ -220,6 +238,9 @@ impl FsError {
             Self::NotSupported(_) => ErrorKind::NotSupported,
             Self::NotPermitted(_) => ErrorKind::NotPermitted,
             Self::BadHandle(_) => ErrorKind::BadHandle,
+            Self::NoData(_) => ErrorKind::NoData,
+            Self::TooBig(_) => ErrorKind::TooBig,
+            Self::XattrFull(_) => ErrorKind::NoSpace,
             Self::TooManyThreads(_) | Self::LogFull { .. } => ErrorKind::TryAgain,
             Self::Volume(VolumeError::NoSpace { .. }) => ErrorKind::NoSpace,
             Self::Volume(VolumeError::InUse { .. } | VolumeError::DeviceInUse { .. }) => {

@@ -11,6 +11,7 @@ use crate::journal::Kind;
 use crate::lock_order::{FS_DIRECTORY, FS_RANGE, Ordered};
 use crate::overlay::Overlay;
 use crate::range_lock::{LockMode, RangeGuard, RangeLocks};
+use crate::xattr::Xattrs;
 
 /// Who owns an inode: a user and a group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +90,8 @@ pub(crate) struct Inode {
     pub(crate) rdev: u64,
     /// Entries, for directories.
     pub(crate) entries: Mutex<BTreeMap<String, u64>>,
+    /// Extended attributes; set and removed under this lock, journal record inside.
+    pub(crate) xattrs: Mutex<Xattrs>,
     /// How many of `entries` are directories (their `..` links to this one): what `stat`'s
     /// link count adds to 2, kept so that a `stat` of a directory does not look up every
     /// entry. Changed under the `entries` lock by the namespace operations ([`crate::apply`]);
@@ -118,6 +121,7 @@ impl Inode {
             target: Box::default(),
             rdev: 0,
             entries: Mutex::default(),
+            xattrs: Mutex::default(),
             subdirs: AtomicU64::new(0),
             size: AtomicU64::new(0),
             extents: RwLock::default(),
@@ -140,6 +144,12 @@ impl Inode {
         *self.size.get_mut() = size;
         *self.entries.get_mut().expect("directory") = entries;
         *self.extents.get_mut().expect("extent map") = extents;
+        self
+    }
+
+    /// The inode with extended attributes (recovery, from a snapshot).
+    pub(crate) fn with_xattrs(mut self, xattrs: Xattrs) -> Self {
+        *self.xattrs.get_mut().expect("extended attributes") = xattrs;
         self
     }
 

@@ -212,6 +212,26 @@ pub enum MetaOp {
         /// Time of the change: the inode's new change time.
         time: u64,
     },
+    /// Extended attribute `name` of `ino` set to `value` (made or replaced).
+    SetXattr {
+        /// The inode.
+        ino: u64,
+        /// The attribute's name.
+        name: String,
+        /// Its value (up to [`crate::MAX_XATTR_VALUE`] bytes).
+        value: Box<[u8]>,
+        /// Time of the change: the inode's new change time.
+        time: u64,
+    },
+    /// Extended attribute `name` of `ino` removed.
+    RemoveXattr {
+        /// The inode.
+        ino: u64,
+        /// The attribute's name.
+        name: String,
+        /// Time of the change: the inode's new change time.
+        time: u64,
+    },
     /// Time stamps set (`utimensat`): access and modification time as given (0: left as
     /// they were), change time the time of the call.
     SetTimes {
@@ -258,6 +278,8 @@ impl MetaOp {
             Self::Truncate { .. } => 4,
             Self::SetMode { .. } => 12,
             Self::SetOwner { .. } => 16,
+            Self::SetXattr { .. } => 17,
+            Self::RemoveXattr { .. } => 18,
             Self::SetTimes { .. } => 11,
             Self::Batch { .. } => 13,
             Self::Punch { .. } => 7,
@@ -338,6 +360,19 @@ impl MetaOp {
                 time,
             } => {
                 e.u64(*ino).u32(*uid).u32(*gid).u32(*mode).u64(*time);
+            }
+            Self::SetXattr {
+                ino,
+                name,
+                value,
+                time,
+            } => {
+                e.u64(*ino).u64(*time);
+                crate::xattr::encode(e, name, value);
+            }
+            Self::RemoveXattr { ino, name, time } => {
+                e.u64(*ino).u64(*time);
+                crate::xattr::encode(e, name, &[]);
             }
             Self::SetTimes {
                 ino,
@@ -469,6 +504,26 @@ impl MetaOp {
                 mode: d.u32("mode")?,
                 time: d.u64("time")?,
             },
+            17 | 18 => {
+                let ino = d.u64("ino")?;
+                let time = d.u64("time")?;
+                let (name, value) = crate::xattr::decode(d)?;
+                if kind == 17 {
+                    Self::SetXattr {
+                        ino,
+                        name,
+                        value,
+                        time,
+                    }
+                } else if value.is_empty() {
+                    Self::RemoveXattr { ino, name, time }
+                } else {
+                    return Err(d.error(format!(
+                        "removal of extended attribute {name} carries a value of {} bytes",
+                        value.len()
+                    )));
+                }
+            }
             11 => Self::SetTimes {
                 ino: d.u64("ino")?,
                 atime: d.u64("atime")?,
@@ -793,6 +848,16 @@ impl Journal {
     pub fn append(&mut self, order: u64, op: &MetaOp) -> Result<Option<u64>> {
         let bytes = encode(self.epoch, order, op);
         if !self.fits(bytes.len()) {
+            // Behind an epoch marker, an empty journal still has to hold it (else waiting
+            // for a snapshot to empty the journal would wait forever).
+            let room = self.region.len().saturating_sub(2 * HEADER as u64 + 8);
+            if bytes.len() as u64 > room {
+                return Err(FsError::TooBig(format!(
+                    "a journal record of {} bytes, in a journal of {} bytes",
+                    bytes.len(),
+                    self.region.len()
+                )));
+            }
             return Ok(None);
         }
         // Zero the header after the record first, so a stale record of this epoch can never
@@ -906,6 +971,17 @@ mod tests {
                 gid: 65533,
                 mode: 0o660,
                 time: 9,
+            },
+            MetaOp::SetXattr {
+                ino: 6,
+                name: "user.mime_type".into(),
+                value: b"text/plain\0\xff".to_vec().into(),
+                time: 9,
+            },
+            MetaOp::RemoveXattr {
+                ino: 6,
+                name: "trusted.x".into(),
+                time: 10,
             },
             MetaOp::SetTimes {
                 ino: 5,

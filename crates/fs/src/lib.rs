@@ -62,6 +62,7 @@ mod root;
 mod scrub;
 mod setup;
 mod snapshot;
+mod xattr;
 
 pub use error::{ErrorKind, FsError, Result};
 pub use fs::{
@@ -76,3 +77,4 @@ pub use range_lock::{LockMode, RangeGuard, RangeLocks};
 pub use recovery::{FsCheck, OfflineFs};
 pub use scrub::{DamagedBlock, SalvageReport, ScrubReport};
 pub use setup::{create_default_volume, format_volume, format_volume_with};
+pub use xattr::{MAX_XATTR_BYTES, MAX_XATTR_NAME, MAX_XATTR_VALUE, XattrSet};

@@ -141,6 +141,7 @@ impl Fs {
                 parent: ROOT_INO,
                 entries: Vec::new(),
                 runs: Vec::new(),
+                xattrs: Vec::new(),
             }],
         };
         let (checksums, checksum_areas) = if format.data_checksums {
@@ -1132,7 +1133,8 @@ fn load_snapshot(snapshot: &Snapshot, granule: u64) -> Result<Table> {
             .with_contents(image.size, image.entries.iter().cloned().collect(), extents)
             .with_times(image.atime, image.ctime)
             .with_target(&image.target)
-            .with_rdev(image.rdev);
+            .with_rdev(image.rdev)
+            .with_xattrs(image.xattrs.iter().cloned().collect());
         if inodes.insert(image.ino, Arc::new(inode)).is_some() {
             return Err(FsError::corrupt(
                 "file-system snapshot",
@@ -1446,6 +1448,25 @@ fn replay(
                 gid: *gid,
             };
             apply::set_owner(&inode, &mut inode.attr(), owner, *mode, *time);
+        }
+        MetaOp::SetXattr {
+            ino,
+            name,
+            value,
+            time,
+        } => {
+            let Some(inode) = changed(*ino)? else {
+                return Ok(());
+            };
+            let mut xattrs = inode.xattrs.lock().expect("extended attributes");
+            apply::set_xattr(&inode, &mut xattrs, name, value, *time);
+        }
+        MetaOp::RemoveXattr { ino, name, time } => {
+            let Some(inode) = changed(*ino)? else {
+                return Ok(());
+            };
+            let mut xattrs = inode.xattrs.lock().expect("extended attributes");
+            apply::remove_xattr(&inode, &mut xattrs, name, *time)?;
         }
         MetaOp::SetTimes {
             ino,

@@ -9,7 +9,7 @@ use crate::journal::Kind;
 
 /// `LOCUSSNP`.
 pub const SNAPSHOT_MAGIC: u64 = u64::from_le_bytes(*b"LOCUSSNP");
-/// Format version: 3 adds each inode's owner.
+/// Format version: 3 adds each inode's owner and extended attributes.
 pub const SNAPSHOT_VERSION: u32 = 3;
 /// Access and change times and symbolic links, no owners (still read: unowned).
 const SNAPSHOT_VERSION_TIMES: u32 = 2;
@@ -170,10 +170,12 @@ pub struct InodeImage {
     pub entries: Vec<(String, u64)>,
     /// Extent map (files).
     pub runs: Vec<Run>,
+    /// Extended attributes, by name.
+    pub xattrs: Vec<(String, Box<[u8]>)>,
 }
 
 /// Bytes an inode's fixed fields take in a snapshot.
-pub(crate) const INODE_BYTES: u64 = 8 + 1 + 4 + 4 + 4 + 8 + 8 + 8 + 8 + 8 + 8 + 8;
+pub(crate) const INODE_BYTES: u64 = 8 + 1 + 4 + 4 + 4 + 8 + 8 + 8 + 8 + 8 + 8 + 8 + 4;
 /// Bytes one extent run takes.
 pub(crate) const RUN_BYTES: u64 = 24;
 /// The most a logged write of `len` bytes at `offset` can add to the next snapshot once the
@@ -229,7 +231,8 @@ impl Snapshot {
                 .u64(inode.size)
                 .u64(inode.parent)
                 .u64(inode.entries.len() as u64)
-                .u64(inode.runs.len() as u64);
+                .u64(inode.runs.len() as u64)
+                .u32(inode.xattrs.len() as u32);
             if inode.kind == Kind::Symlink {
                 e.text(&inode.target);
             }
@@ -241,6 +244,9 @@ impl Snapshot {
             }
             for run in &inode.runs {
                 e.u64(run.file_block).u64(run.blocks).u64(run.addr);
+            }
+            for (name, value) in &inode.xattrs {
+                crate::xattr::encode(&mut e, name, value);
             }
         }
         let crc = crc32c::crc32c(&e.0);
@@ -305,7 +311,16 @@ impl Snapshot {
             let parent = d.u64("parent")?;
             let entry_count = d.u64("entry count")?;
             let run_count = d.u64("run count")?;
-            if entry_count.saturating_add(run_count) > d.remaining() as u64 {
+            let xattr_count = if owners {
+                d.u32("extended attribute count")?
+            } else {
+                0
+            };
+            if entry_count
+                .saturating_add(run_count)
+                .saturating_add(u64::from(xattr_count))
+                > d.remaining() as u64
+            {
                 return Err(d.error(format!("inode {ino} claims more entries than bytes left")));
             }
             let target = match kind {
@@ -333,6 +348,16 @@ impl Snapshot {
                 }
                 runs.push(run);
             }
+            let mut xattrs: Vec<(String, Box<[u8]>)> = Vec::new();
+            for _ in 0..xattr_count {
+                let (name, value) = crate::xattr::decode(&mut d)?;
+                if xattrs.last().is_some_and(|(last, _)| *last >= name) {
+                    return Err(d.error(format!(
+                        "inode {ino} lists extended attribute {name} out of order or twice"
+                    )));
+                }
+                xattrs.push((name, value));
+            }
             inodes.push(InodeImage {
                 ino,
                 kind,
@@ -348,6 +373,7 @@ impl Snapshot {
                 parent,
                 entries,
                 runs,
+                xattrs,
             });
         }
         if d.remaining() != 0 {
@@ -389,6 +415,7 @@ mod tests {
                     parent: 1,
                     entries: vec![("f".into(), 2), ("l".into(), 3), ("c".into(), 4)],
                     runs: vec![],
+                    xattrs: vec![],
                 },
                 InodeImage {
                     ino: 4,
@@ -405,6 +432,7 @@ mod tests {
                     parent: 0,
                     entries: vec![],
                     runs: vec![],
+                    xattrs: vec![],
                 },
                 InodeImage {
                     ino: 3,
@@ -421,6 +449,7 @@ mod tests {
                     parent: 0,
                     entries: vec![],
                     runs: vec![],
+                    xattrs: vec![],
                 },
                 InodeImage {
                     ino: 2,
@@ -441,6 +470,10 @@ mod tests {
                         blocks: 3,
                         addr: 1 << 21,
                     }],
+                    xattrs: vec![
+                        ("security.selinux".into(), b"label\0".to_vec().into()),
+                        ("user.empty".into(), Box::default()),
+                    ],
                 },
             ],
         }

@@ -20,6 +20,23 @@ use crate::inode::{DirEntry, Inode, Owner, Stat};
 use crate::journal::Kind;
 use crate::pieces::{Piece, alloc_halving};
 use crate::range_lock::LockMode;
+use crate::xattr::XattrSet;
+
+fn get_xattr(inode: &Inode, name: &str) -> Result<Vec<u8>> {
+    crate::xattr::check_name(name)?;
+    inode
+        .xattrs
+        .lock()
+        .expect("extended attributes")
+        .get(name)
+        .map(|v| v.to_vec())
+        .ok_or_else(|| FsError::NoData(format!("extended attribute {name}")))
+}
+
+fn list_xattrs(inode: &Inode) -> Vec<String> {
+    let xattrs = inode.xattrs.lock().expect("extended attributes");
+    xattrs.keys().cloned().collect()
+}
 
 /// Stops the checkpoint and writes the final snapshot when the last handle goes.
 #[derive(Debug)]
@@ -327,11 +344,7 @@ impl Fs {
         mtime: Option<u64>,
         follow: bool,
     ) -> Result<()> {
-        let inode = if follow {
-            self.inner.resolve_follow(path)?
-        } else {
-            self.inner.resolve(path)?
-        };
+        let inode = self.node(path, follow)?;
         self.inner.set_times(&inode, atime, mtime)
     }
 
@@ -347,12 +360,51 @@ impl Fs {
         gid: Option<u32>,
         follow: bool,
     ) -> Result<()> {
-        let inode = if follow {
-            self.inner.resolve_follow(path)?
-        } else {
-            self.inner.resolve(path)?
-        };
+        let inode = self.node(path, follow)?;
         self.inner.set_owner(&inode, uid, gid)
+    }
+
+    /// The inode `path` leads to (`follow`) or names itself.
+    fn node(&self, path: &str, follow: bool) -> Result<Arc<Inode>> {
+        if follow {
+            self.inner.resolve_follow(path)
+        } else {
+            self.inner.resolve(path)
+        }
+    }
+
+    /// Sets extended attribute `name` (a `user.`, `trusted.` or `security.` name; see
+    /// [`crate::MAX_XATTR_VALUE`] and [`crate::MAX_XATTR_BYTES`] for the limits) of what
+    /// `path` leads to, or with `follow` false of `path` itself, to `value`, as `how`
+    /// allows. Journaled; the change time becomes now. Who may is the caller's check.
+    pub fn set_xattr(
+        &self,
+        path: &str,
+        name: &str,
+        value: &[u8],
+        how: XattrSet,
+        follow: bool,
+    ) -> Result<()> {
+        let inode = self.node(path, follow)?;
+        self.inner.set_xattr(&inode, name, value, how)
+    }
+
+    /// The value of extended attribute `name` (`NoData` when there is none).
+    pub fn get_xattr(&self, path: &str, name: &str, follow: bool) -> Result<Vec<u8>> {
+        let inode = self.node(path, follow)?;
+        get_xattr(&inode, name)
+    }
+
+    /// The names of the extended attributes, sorted.
+    pub fn list_xattrs(&self, path: &str, follow: bool) -> Result<Vec<String>> {
+        let inode = self.node(path, follow)?;
+        Ok(list_xattrs(&inode))
+    }
+
+    /// Removes extended attribute `name` (`NoData` when there is none).
+    pub fn remove_xattr(&self, path: &str, name: &str, follow: bool) -> Result<()> {
+        let inode = self.node(path, follow)?;
+        self.inner.remove_xattr(&inode, name)
     }
 
     /// The entries of a directory, sorted by name.
@@ -705,6 +757,28 @@ impl File {
     pub fn set_owner(&self, uid: Option<u32>, gid: Option<u32>) -> Result<()> {
         self.fs.inner.check_running()?;
         self.fs.inner.set_owner(&self.inode, uid, gid)
+    }
+
+    /// [`Fs::set_xattr`] of this file (even after its last name is gone).
+    pub fn set_xattr(&self, name: &str, value: &[u8], how: XattrSet) -> Result<()> {
+        self.fs.inner.check_running()?;
+        self.fs.inner.set_xattr(&self.inode, name, value, how)
+    }
+
+    /// [`Fs::get_xattr`] of this file.
+    pub fn get_xattr(&self, name: &str) -> Result<Vec<u8>> {
+        get_xattr(&self.inode, name)
+    }
+
+    /// [`Fs::list_xattrs`] of this file.
+    pub fn list_xattrs(&self) -> Vec<String> {
+        list_xattrs(&self.inode)
+    }
+
+    /// [`Fs::remove_xattr`] of this file.
+    pub fn remove_xattr(&self, name: &str) -> Result<()> {
+        self.fs.inner.check_running()?;
+        self.fs.inner.remove_xattr(&self.inode, name)
     }
 
     /// A barrier: every write returned before is durable (they were at return already).

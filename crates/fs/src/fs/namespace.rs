@@ -16,6 +16,7 @@ use crate::journal::{Kind, MetaOp};
 use crate::path;
 use crate::range_lock::LockMode;
 use crate::snapshot::{INODE_BYTES, RUN_BYTES, entry_bytes};
+use crate::xattr::{self, XattrSet};
 
 impl Inner {
     pub(crate) fn lookup_in(&self, dir: &Inode, name: &str, shown: &str) -> Result<Arc<Inode>> {
@@ -632,6 +633,59 @@ impl Inner {
                 return Ok(None);
             }
             apply::set_owner(inode, &mut attr, owner, mode, time);
+            Ok(Some(()))
+        })
+    }
+
+    /// Sets extended attribute `name` of `inode` to `value`, as `how` allows.
+    pub(crate) fn set_xattr(
+        self: &Arc<Self>,
+        inode: &Arc<Inode>,
+        name: &str,
+        value: &[u8],
+        how: XattrSet,
+    ) -> Result<()> {
+        xattr::check_name(name)?;
+        xattr::check_value(name, value)?;
+        self.metadata(|fs, slot| {
+            // Under the inode's attributes lock, so two setters journal and apply in one order.
+            let mut xattrs = inode.xattrs.lock().expect("extended attributes");
+            xattr::check_set(&xattrs, name, value, how)?;
+            let time = now_ns();
+            let op = MetaOp::SetXattr {
+                ino: inode.ino,
+                name: name.to_owned(),
+                value: value.into(),
+                time,
+            };
+            if !fs.journal(slot, &op)? {
+                return Ok(None);
+            }
+            let before = xattrs.get(name).map_or(0, |v| xattr::entry_bytes(name, v));
+            apply::set_xattr(inode, &mut xattrs, name, value, time);
+            fs.grow_snapshot(xattr::entry_bytes(name, value).saturating_sub(before) as u64);
+            Ok(Some(()))
+        })
+    }
+
+    /// Removes extended attribute `name` of `inode` (`NoData` when it has none).
+    pub(crate) fn remove_xattr(self: &Arc<Self>, inode: &Arc<Inode>, name: &str) -> Result<()> {
+        xattr::check_name(name)?;
+        self.metadata(|fs, slot| {
+            let mut xattrs = inode.xattrs.lock().expect("extended attributes");
+            if !xattrs.contains_key(name) {
+                return Err(FsError::NoData(format!("extended attribute {name}")));
+            }
+            let time = now_ns();
+            let op = MetaOp::RemoveXattr {
+                ino: inode.ino,
+                name: name.to_owned(),
+                time,
+            };
+            if !fs.journal(slot, &op)? {
+                return Ok(None);
+            }
+            applied(apply::remove_xattr(inode, &mut xattrs, name, time));
             Ok(Some(()))
         })
     }
