@@ -68,6 +68,7 @@ transports!(
     special_files_behave_as_on_tmpfs_and_stay,
     hard_links_behave_as_on_tmpfs_and_stay,
     owners_and_permissions_behave_as_on_tmpfs_and_stay,
+    extended_attributes_behave_as_on_tmpfs_and_stay,
     a_read_only_mount_refuses_every_change,
     a_tree_deeper_than_path_max_behaves_as_on_tmpfs,
     the_server_forgets_what_the_kernel_forgets,
@@ -1408,6 +1409,96 @@ fn owners_and_permissions_behave_as_on_tmpfs_and_stay(transport: &'static str) {
         .unwrap();
     assert_eq!(ok(&after, "stat"), before);
     assert!(before.contains("shared/f 644 1000 100"), "{before}");
+}
+
+/// Extended attributes: `setfattr`/`getfattr` of user., trusted. and security. names on
+/// files, directories and a link's own (user. names on links and FIFOs are the kernel's
+/// `EPERM`), create and replace flags, 64 KiB values and 255-byte names and past them,
+/// attributes of an open file whose name is gone, and `cp -a`, tar `--xattrs` and
+/// `rsync -X` carrying them — as on tmpfs; then kept across a restart of the server.
+fn extended_attributes_behave_as_on_tmpfs_and_stay(transport: &'static str) {
+    let uid = Command::new("id").arg("-u").output().unwrap();
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        eprintln!("skipped: trusted. attributes need root");
+        return;
+    }
+    assert!(
+        have("setfattr"),
+        "setfattr is not installed (.ci/run installs attr)"
+    );
+    let mut mount = Mount::new(transport);
+    let script = r#"
+set -u
+touch f && mkdir d && ln -s f l && mkfifo p
+setfattr -n user.a -v hello f && setfattr -n user.b -v 0xff00ff f && setfattr -n user.empty f
+getfattr -d f
+getfattr -n user.zz f
+setfattr -x user.nothing f
+setfattr -x user.b f && getfattr -d f
+setfattr -n trusted.t -v 1 d && setfattr -n security.s -v label d && getfattr -d -m - d
+setfattr -h -n user.x -v 1 l
+setfattr -h -n trusted.x -v 1 l && getfattr -h -d -m trusted l
+setfattr -n user.p -v 1 p
+python3 -c '
+import errno, os
+def attempt(what, call):
+    try:
+        r = call()
+        print(what, "ok", r if r is not None else "")
+    except OSError as e:
+        print(what, errno.errorcode[e.errno])
+attempt("create", lambda: os.setxattr("f", "user.c", b"v", os.XATTR_CREATE))
+attempt("create again", lambda: os.setxattr("f", "user.c", b"w", os.XATTR_CREATE))
+attempt("replace missing", lambda: os.setxattr("f", "user.none", b"w", os.XATTR_REPLACE))
+attempt("replace", lambda: os.setxattr("f", "user.c", b"w", os.XATTR_REPLACE))
+attempt("64 KiB", lambda: os.setxattr("f", "user.big", bytes(range(256)) * 256))
+attempt("64 KiB back", lambda: len(os.getxattr("f", "user.big")) == 65536 and os.getxattr("f", "user.big")[:3])
+attempt("over 64 KiB", lambda: os.setxattr("f", "user.bigger", b"x" * 65537))
+attempt("list", lambda: sorted(os.listxattr("f")))
+attempt("remove", lambda: os.removexattr("f", "user.big"))
+attempt("a long name", lambda: os.setxattr("f", "user." + "n" * 250, b""))
+attempt("too long a name", lambda: os.setxattr("f", "user." + "n" * 251, b""))
+fd = os.open("f", os.O_RDONLY)
+os.unlink("f")
+attempt("fd after unlink", lambda: os.getxattr(fd, "user.a"))
+attempt("fset after unlink", lambda: os.setxattr(fd, "user.late", b"1"))
+attempt("flist after unlink", lambda: sorted(os.listxattr(fd))[:3])
+os.close(fd)
+'
+touch g && setfattr -n user.k -v v g && setfattr -n trusted.k -v t g
+cp -a g h && getfattr -d -m - h
+tar --xattrs -cf a.tar g d && mkdir u && tar --xattrs --xattrs-include='*' -C u -xf a.tar && getfattr -d -m - u/g u/d
+mkdir r && rsync -aX g d r/ && getfattr -d -m - r/g r/d
+"#;
+    let (tmpfs, locus) = both(&mount, script);
+    assert!(
+        tmpfs.contains("user.b=0s/wD/")
+            && tmpfs.contains("over 64 KiB E2BIG")
+            && tmpfs.contains("fd after unlink ok b'hello'")
+            && tmpfs.contains("# file: r/d\nsecurity.s=\"label\"\ntrusted.t=\"1\""),
+        "{tmpfs}"
+    );
+    assert_eq!(locus, tmpfs);
+    let kept = "getfattr -d -m - d h u/g r/d && getfattr -h -d -m - l";
+    let before = Command::new("bash")
+        .args(["-c", kept])
+        .current_dir(mount.path())
+        .output()
+        .unwrap();
+    let before = ok(&before, "getfattr");
+    let (status, stderr) = mount.stop();
+    assert!(status.success(), "{stderr}");
+    mount.start();
+    let after = Command::new("bash")
+        .args(["-c", kept])
+        .current_dir(mount.path())
+        .output()
+        .unwrap();
+    assert_eq!(ok(&after, "getfattr"), before);
+    assert!(
+        before.contains("# file: u/g\ntrusted.k=\"t\"\nuser.k=\"v\""),
+        "{before}"
+    );
 }
 
 /// `--read-only`: reads work, every change is EROFS, and the volume is unchanged after.

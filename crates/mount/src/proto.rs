@@ -31,6 +31,10 @@ pub mod op {
     pub const STATFS: u32 = 17;
     pub const RELEASE: u32 = 18;
     pub const FSYNC: u32 = 20;
+    pub const SETXATTR: u32 = 21;
+    pub const GETXATTR: u32 = 22;
+    pub const LISTXATTR: u32 = 23;
+    pub const REMOVEXATTR: u32 = 24;
     pub const FLUSH: u32 = 25;
     pub const INIT: u32 = 26;
     pub const OPENDIR: u32 = 27;
@@ -118,6 +122,8 @@ pub fn arg_bytes(opcode: u32) -> usize {
         op::RELEASE | op::RELEASEDIR | op::FLUSH | op::LSEEK => 24,
         op::FALLOCATE => 32,
         op::INTERRUPT => 8,
+        // `fuse_setxattr_in` without `FUSE_SETXATTR_EXT` (not asked for), `fuse_getxattr_in`.
+        op::SETXATTR | op::GETXATTR | op::LISTXATTR => 8,
         op::BATCH_FORGET => 8,
         op::INIT => 16,
         _ => 0,

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use fs::{FsError, Kind, OpenOptions, Owner, Stat};
+use fs::{FsError, Kind, OpenOptions, Owner, Stat, XattrSet};
 use smallvec::{SmallVec, smallvec};
 
 use crate::proto::{self, Attr, InHeader, Malformed, Reader, Writer, fattr, op};
@@ -870,7 +870,98 @@ impl Server {
                 let at = self.lseek(fh, offset, whence as i32)?;
                 w.u64(at)
             }
+            op::SETXATTR => {
+                let (size, flags) = (r.u32().map_err(bad)?, r.u32().map_err(bad)?);
+                let end = rest.iter().position(|&b| b == 0).ok_or_else(|| {
+                    bad(Malformed("the attribute name is not NUL-terminated".into()))
+                })?;
+                let name = std::str::from_utf8(&rest[..end])
+                    .map_err(|_| bad(Malformed("the attribute name is not UTF-8".into())))?;
+                let value = rest[end + 1..].get(..size as usize).ok_or_else(|| {
+                    bad(Malformed(format!(
+                        "a {size}-byte attribute value in {} bytes",
+                        rest.len() - end - 1
+                    )))
+                })?;
+                let how = match flags as i32 {
+                    0 => XattrSet::Any,
+                    libc::XATTR_CREATE => XattrSet::Create,
+                    libc::XATTR_REPLACE => XattrSet::Replace,
+                    _ => return Err(libc::EINVAL),
+                };
+                self.writable()?;
+                self.on_inode(
+                    ino,
+                    |path| self.fs.set_xattr(path, name, value, how, false),
+                    |file| file.set_xattr(name, value, how),
+                )
+            }
+            op::GETXATTR | op::LISTXATTR => {
+                let size = r.u32().map_err(bad)? as usize;
+                let value = if opcode == op::GETXATTR {
+                    let [name] = proto::names(rest).map_err(bad)?;
+                    self.on_inode(
+                        ino,
+                        |path| self.fs.get_xattr(path, name, false),
+                        |file| file.get_xattr(name),
+                    )?
+                } else {
+                    // Each name NUL-terminated, one after another.
+                    let names = self.on_inode(
+                        ino,
+                        |path| self.fs.list_xattrs(path, false),
+                        |file| Ok(file.list_xattrs()),
+                    )?;
+                    names.iter().flat_map(|n| n.bytes().chain([0])).collect()
+                };
+                // Size 0 asks how large; a buffer too small is ERANGE, as from the kernel.
+                if size == 0 {
+                    w.u32(value.len() as u32)?;
+                    w.u32(0)
+                } else if value.len() > size {
+                    Err(libc::ERANGE)
+                } else {
+                    w.bytes(&value)
+                }
+            }
+            op::REMOVEXATTR => {
+                let [name] = proto::names(rest).map_err(bad)?;
+                self.writable()?;
+                self.on_inode(
+                    ino,
+                    |path| self.fs.remove_xattr(path, name, false),
+                    |file| file.remove_xattr(name),
+                )
+            }
             _ => Err(libc::ENOSYS),
+        }
+    }
+
+    /// Runs `by_path` on the path of `ino` (the inode itself, a symbolic link's own), or
+    /// `by_file` on an open handle of it when it has no name left.
+    fn on_inode<T>(
+        &self,
+        ino: u64,
+        by_path: impl FnOnce(&str) -> fs::Result<T>,
+        by_file: impl FnOnce(&fs::File) -> fs::Result<T>,
+    ) -> Result<T, i32> {
+        if ino == STATUS_INO || ino == CHECK_INO {
+            return Err(libc::EOPNOTSUPP);
+        }
+        if let Ok(path) = self.path(ino) {
+            return by_path(&path).map_err(|e| errno(&e));
+        }
+        // The table is locked for the look-up only, never across a file system call.
+        let handle = self
+            .handles
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .find(|h| matches!(&***h, Handle::File(f) if f.ino() == ino))
+            .cloned();
+        match handle.as_deref() {
+            Some(Handle::File(file)) => by_file(file).map_err(|e| errno(&e)),
+            _ => Err(libc::ENOENT),
         }
     }
 
