@@ -561,6 +561,94 @@ attempt("chown back as root", lambda: os.chown(R + "/new", 0, 0)); show("new")
     assert_eq!(got, expected);
 }
 
+/// Extended attributes through every call form (path, link's own, fd, and an fd whose name
+/// is gone): create and replace flags, `user.` names refused on a link and a FIFO, 64 KiB
+/// values and 255-byte names and past them, `trusted.` names hidden from a process that is
+/// not root, and the size probe and `ERANGE` of the C calls — as on tmpfs.
+#[test]
+fn extended_attributes_behave_as_on_tmpfs() {
+    if Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout != b"0\n")
+    {
+        eprintln!("skipped: trusted. attributes need root");
+        return;
+    }
+    let vol = volume();
+    let script = r#"
+import ctypes, errno, os, sys
+R = sys.argv[1]
+os.chmod(R, 0o755)
+os.chdir(R)
+def attempt(what, call):
+    try:
+        r = call()
+        print(what, "ok", r if r is not None else "")
+    except OSError as e:
+        print(what, errno.errorcode[e.errno])
+open("f", "w").close()
+os.mkdir("d")
+os.symlink("f", "l")
+os.mkfifo("p")
+attempt("set", lambda: os.setxattr("f", "user.a", b"hello"))
+attempt("create", lambda: os.setxattr("f", "user.c", b"v", os.XATTR_CREATE))
+attempt("create again", lambda: os.setxattr("f", "user.c", b"w", os.XATTR_CREATE))
+attempt("replace missing", lambda: os.setxattr("f", "user.none", b"w", os.XATTR_REPLACE))
+attempt("replace", lambda: os.setxattr("f", "user.c", b"w", os.XATTR_REPLACE))
+attempt("get", lambda: os.getxattr("f", "user.c"))
+attempt("get missing", lambda: os.getxattr("f", "user.none"))
+attempt("through the link", lambda: os.getxattr("l", "user.a"))
+attempt("user. on the link itself", lambda: os.setxattr("l", "user.x", b"1", follow_symlinks=False))
+attempt("trusted. on the link itself", lambda: os.setxattr("l", "trusted.x", b"1", follow_symlinks=False))
+attempt("the link's own", lambda: os.listxattr("l", follow_symlinks=False))
+attempt("user. on a fifo", lambda: os.setxattr("p", "user.x", b"1"))
+attempt("trusted. on a dir", lambda: os.setxattr("d", "trusted.t", b"1"))
+attempt("security. on a dir", lambda: os.setxattr("d", "security.s", b"label"))
+attempt("dir list", lambda: sorted(os.listxattr("d")))
+attempt("64 KiB", lambda: os.setxattr("f", "user.big", bytes(range(256)) * 256))
+attempt("64 KiB back", lambda: os.getxattr("f", "user.big")[-3:])
+attempt("over 64 KiB", lambda: os.setxattr("f", "user.bigger", b"x" * 65537))
+attempt("a long name", lambda: os.setxattr("f", "user." + "n" * 250, b""))
+attempt("too long a name", lambda: os.setxattr("f", "user." + "n" * 251, b""))
+attempt("list", lambda: sorted(n[:8] for n in os.listxattr("f")))
+attempt("remove", lambda: os.removexattr("f", "user.big"))
+attempt("remove missing", lambda: os.removexattr("f", "user.big"))
+attempt("a name no namespace has", lambda: os.setxattr("f", "nospace", b"1"))
+libc = ctypes.CDLL(None, use_errno=True)
+buf = ctypes.create_string_buffer(3)
+for call, args in [("getxattr", (b"f", b"user.a", None, 0)), ("getxattr", (b"f", b"user.a", buf, 3)),
+                   ("listxattr", (b"d", None, 0)), ("listxattr", (b"d", buf, 3))]:
+    n = getattr(libc, call)(*args)
+    print(call, args[-1], n, errno.errorcode.get(ctypes.get_errno(), "") if n < 0 else "")
+fd = os.open("f", os.O_RDONLY)
+attempt("fset", lambda: os.setxattr(fd, "user.fd", b"1"))
+os.unlink("f")
+attempt("fget after unlink", lambda: os.getxattr(fd, "user.a"))
+attempt("flist after unlink", lambda: sorted(n[:8] for n in os.listxattr(fd)))
+attempt("fremove after unlink", lambda: os.removexattr(fd, "user.fd"))
+os.close(fd)
+dfd = os.open("d", os.O_RDONLY | os.O_DIRECTORY)
+attempt("dir fd", lambda: os.getxattr(dfd, "security.s"))
+os.close(dfd)
+os.setegid(100)
+os.seteuid(1000)
+attempt("trusted. hidden", lambda: sorted(os.listxattr("d")))
+attempt("trusted. unreadable", lambda: os.getxattr("d", "trusted.t"))
+attempt("trusted. unsettable", lambda: os.setxattr("d", "trusted.u", b"1"))
+"#;
+    let (expected, got, status) = python_both(vol.path(), script);
+    assert!(status.success());
+    assert!(
+        expected.contains("over 64 KiB E2BIG")
+            && expected.contains("user. on the link itself EPERM")
+            && expected.contains("trusted. hidden ok ['security.s']")
+            && expected.contains("getxattr 3 -1 ERANGE"),
+        "{expected}"
+    );
+    assert_eq!(got, expected);
+}
+
 /// Runs `script` (Python, given the root as `sys.argv[1]`) on tmpfs without the library and
 /// on /locus with it; returns (tmpfs output, locus output, the locus run's status).
 fn python_both(vol: &Path, script: &str) -> (String, String, std::process::ExitStatus) {

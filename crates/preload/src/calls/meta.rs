@@ -1152,68 +1152,261 @@ pub unsafe extern "C" fn futimes(fd: c_int, times: *const libc::timeval) -> c_in
     }))
 }
 
-// Extended attributes: locus keeps none. Reads and lists find nothing to report
-// (`EOPNOTSUPP`, which `ls` and `cp` take as "no ACL, no label"), writes are refused.
+// Extended attributes: the file system's (`user.`, `trusted.` and `security.` names),
+// with the kernel's rules on top: `user.` names only on files and directories (`EPERM` to
+// set one elsewhere, `ENODATA` to read one), `trusted.` names for root only (standing in for
+// `CAP_SYS_ADMIN`: `EPERM` to set, `ENODATA` to read, left out of lists), names of 1..=255
+// bytes (`ERANGE`), values of up to 64 KiB (`E2BIG`).
 
-macro_rules! xattr_path {
-    ($($name:ident[$follow:expr]($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {$(
-        #[doc = concat!("`", stringify!($name), "(2)`: `EOPNOTSUPP` on locus files.")]
+/// The inode an extended-attribute call works on.
+#[derive(Clone, Copy)]
+enum XattrOf<'a> {
+    /// A path's: what a link there leads to (`true`), or the link itself.
+    Path(&'a str, bool),
+    /// An open locus fd's.
+    Fd(c_int),
+}
+
+/// Runs `by_path` (file system, path, follow) or `by_file` on the inode of `of`.
+fn on_xattr_inode<T>(
+    of: XattrOf<'_>,
+    by_path: impl FnOnce(&fs::Fs, &str, bool) -> fs::Result<T>,
+    by_file: impl FnOnce(&fs::File) -> fs::Result<T>,
+) -> Result<T, c_int> {
+    match of {
+        XattrOf::Path(path, follow) => {
+            state::with_fs(|fs| by_path(fs, path, follow).map_err(|e| fs_errno(&e)))
+        }
+        XattrOf::Fd(fd) => {
+            let desc = state::desc(fd)?;
+            desc.usable()?;
+            match &desc.node {
+                Node::File(file) => by_file(file).map_err(|e| fs_errno(&e)),
+                Node::Dir(_) => {
+                    state::with_fs(|fs| by_path(fs, &desc.path, false).map_err(|e| fs_errno(&e)))
+                }
+            }
+        }
+    }
+}
+
+/// Whether the kernel lets the caller read (`write` false) or change `name` on `of`:
+/// `Err` with its answer when not.
+fn xattr_allowed(of: XattrOf<'_>, name: &str, write: bool) -> Result<(), c_int> {
+    let refused = if write { libc::EPERM } else { libc::ENODATA };
+    if name.starts_with("trusted.") && stat::effective_ids().0 != 0 {
+        return Err(refused);
+    }
+    if name.starts_with("user.") {
+        let kind = on_xattr_inode(
+            of,
+            |fs, path, follow| {
+                if follow {
+                    fs.stat(path)
+                } else {
+                    fs.lstat(path)
+                }
+            },
+            |file| Ok(file.stat()),
+        )?
+        .kind;
+        if !matches!(kind, Kind::File | Kind::Dir) {
+            return Err(refused);
+        }
+    }
+    Ok(())
+}
+
+/// The name an extended-attribute call was given: `ERANGE` for none or one over 255 bytes
+/// (as the kernel), `EOPNOTSUPP` for one that is not UTF-8 (locus stores no such name).
+///
+/// # Safety
+/// `name` is null or NUL-terminated.
+unsafe fn xattr_name<'a>(name: *const c_char) -> Result<&'a str, c_int> {
+    if name.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: non-null and NUL-terminated per the contract.
+    let bytes = unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes();
+    if bytes.is_empty() || bytes.len() > fs::MAX_XATTR_NAME {
+        return Err(libc::ERANGE);
+    }
+    std::str::from_utf8(bytes).map_err(|_| libc::EOPNOTSUPP)
+}
+
+/// `getxattr` of `of`: the value's length, copied into `value` unless `size` is 0 (a probe).
+///
+/// # Safety
+/// `name` as for [`xattr_name`]; `value` holds `size` bytes.
+unsafe fn get_xattr_of(
+    of: XattrOf<'_>,
+    name: *const c_char,
+    value: *mut c_void,
+    size: size_t,
+) -> Result<usize, c_int> {
+    // SAFETY: forwarded.
+    let name = unsafe { xattr_name(name) }?;
+    xattr_allowed(of, name, false)?;
+    let got = on_xattr_inode(
+        of,
+        |fs, path, follow| fs.get_xattr(path, name, follow),
+        |file| file.get_xattr(name),
+    )?;
+    // SAFETY: the caller's buffer of `size` bytes.
+    unsafe { copy_out(&got, value.cast(), size) }
+}
+
+/// `len` when `size` is 0 (a probe), else `bytes` copied to `out`, or `ERANGE`.
+///
+/// # Safety
+/// `out` holds `size` bytes.
+unsafe fn copy_out(bytes: &[u8], out: *mut u8, size: size_t) -> Result<usize, c_int> {
+    if size == 0 {
+        return Ok(bytes.len());
+    }
+    if bytes.len() > size {
+        return Err(libc::ERANGE);
+    }
+    if out.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: `out` holds `size` >= `bytes.len()` bytes; the two do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), out, bytes.len()) };
+    Ok(bytes.len())
+}
+
+/// `setxattr` of `of`.
+///
+/// # Safety
+/// `name` as for [`xattr_name`]; `value` holds `size` bytes.
+unsafe fn set_xattr_of(
+    of: XattrOf<'_>,
+    name: *const c_char,
+    value: *const c_void,
+    size: size_t,
+    flags: c_int,
+) -> Result<(), c_int> {
+    // SAFETY: forwarded.
+    let name = unsafe { xattr_name(name) }?;
+    if size > fs::MAX_XATTR_VALUE {
+        return Err(libc::E2BIG);
+    }
+    let how = match flags {
+        0 => fs::XattrSet::Any,
+        libc::XATTR_CREATE => fs::XattrSet::Create,
+        libc::XATTR_REPLACE => fs::XattrSet::Replace,
+        _ => return Err(libc::EINVAL),
+    };
+    let value: &[u8] = if size == 0 {
+        &[]
+    } else if value.is_null() {
+        return Err(libc::EFAULT);
+    } else {
+        // SAFETY: the caller's `size` bytes.
+        unsafe { std::slice::from_raw_parts(value.cast(), size) }
+    };
+    xattr_allowed(of, name, true)?;
+    on_xattr_inode(
+        of,
+        |fs, path, follow| fs.set_xattr(path, name, value, how, follow),
+        |file| file.set_xattr(name, value, how),
+    )
+}
+
+/// `listxattr` of `of`: each name NUL-terminated (`trusted.` ones for root only).
+///
+/// # Safety
+/// `list` holds `size` bytes.
+unsafe fn list_xattrs_of(of: XattrOf<'_>, list: *mut c_char, size: size_t) -> Result<usize, c_int> {
+    let names = on_xattr_inode(of, fs::Fs::list_xattrs, |file| Ok(file.list_xattrs()))?;
+    let root = stat::effective_ids().0 == 0;
+    let bytes: Vec<u8> = names
+        .iter()
+        .filter(|n| root || !n.starts_with("trusted."))
+        .flat_map(|n| n.bytes().chain([0]))
+        .collect();
+    // SAFETY: the caller's buffer of `size` bytes.
+    unsafe { copy_out(&bytes, list.cast(), size) }
+}
+
+/// `removexattr` of `of`.
+///
+/// # Safety
+/// `name` as for [`xattr_name`].
+unsafe fn remove_xattr_of(of: XattrOf<'_>, name: *const c_char) -> Result<(), c_int> {
+    // SAFETY: forwarded.
+    let name = unsafe { xattr_name(name) }?;
+    xattr_allowed(of, name, true)?;
+    on_xattr_inode(
+        of,
+        |fs, path, follow| fs.remove_xattr(path, name, follow),
+        |file| file.remove_xattr(name),
+    )
+}
+
+macro_rules! xattr_calls {
+    ($($name:ident, $lname:ident, $fname:ident: ($($arg:ident: $ty:ty),*) -> $ret:ty
+        => $imp:ident, $wrap:path;)*) => {$(
+        #[doc = concat!("`", stringify!($name), "(2)`.")]
         ///
         /// # Safety
         /// C's.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(path: *const c_char $(, $arg: $ty)*) -> $ret {
-            route!(libc::AT_FDCWD, path, follow($follow),
+            route!(libc::AT_FDCWD, path, follow(true),
                 // SAFETY: passed through.
                 kernel(_dirfd, path) => unsafe { real::$name(path $(, $arg)*) },
-                locus(inner, slash) => {
-                    let result = state::run(|| {
-                        exists(&inner, slash)?;
-                        Err::<(), c_int>(libc::EOPNOTSUPP)
-                    });
-                    errno::set(result.err().unwrap_or(libc::EOPNOTSUPP));
-                    -1
-                },
+                locus(inner, slash) => $wrap(state::run(|| {
+                    exists(&inner, slash)?;
+                    // SAFETY: the caller's arguments, per C's contract.
+                    unsafe { $imp(XattrOf::Path(&inner, true) $(, $arg)*) }
+                })),
             )
         }
-    )*};
-}
 
-xattr_path! {
-    getxattr[true](name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t;
-    lgetxattr[false](name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t;
-    setxattr[true](name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int;
-    lsetxattr[false](name: *const c_char, value: *const c_void, size: size_t, flags: c_int)
-        -> c_int;
-    listxattr[true](list: *mut c_char, size: size_t) -> ssize_t;
-    llistxattr[false](list: *mut c_char, size: size_t) -> ssize_t;
-    removexattr[true](name: *const c_char) -> c_int;
-    lremovexattr[false](name: *const c_char) -> c_int;
-}
-
-macro_rules! xattr_fd {
-    ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {$(
-        #[doc = concat!("`", stringify!($name), "(2)`: `EOPNOTSUPP` on locus files.")]
+        #[doc = concat!("`", stringify!($lname), "(2)`: a symbolic link's own.")]
         ///
         /// # Safety
         /// C's.
         #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(fd: c_int $(, $arg: $ty)*) -> $ret {
+        pub unsafe extern "C" fn $lname(path: *const c_char $(, $arg: $ty)*) -> $ret {
+            route!(libc::AT_FDCWD, path, follow(false),
+                // SAFETY: passed through.
+                kernel(_dirfd, path) => unsafe { real::$lname(path $(, $arg)*) },
+                locus(inner, slash) => $wrap(state::run(|| {
+                    exists(&inner, slash)?;
+                    // SAFETY: the caller's arguments, per C's contract.
+                    unsafe { $imp(XattrOf::Path(&inner, false) $(, $arg)*) }
+                })),
+            )
+        }
+
+        #[doc = concat!("`", stringify!($fname), "(2)`.")]
+        ///
+        /// # Safety
+        /// C's.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $fname(fd: c_int $(, $arg: $ty)*) -> $ret {
             if !state::is_locus(fd) {
                 // SAFETY: passed through.
-                return unsafe { real::$name(fd $(, $arg)*) };
+                return unsafe { real::$fname(fd $(, $arg)*) };
             }
-            errno::set(libc::EOPNOTSUPP);
-            -1
+            // SAFETY: the caller's arguments, per C's contract.
+            $wrap(state::run(|| unsafe { $imp(XattrOf::Fd(fd) $(, $arg)*) }))
         }
     )*};
 }
 
-xattr_fd! {
-    fgetxattr(name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t;
-    fsetxattr(name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int;
-    flistxattr(list: *mut c_char, size: size_t) -> ssize_t;
-    fremovexattr(name: *const c_char) -> c_int;
+xattr_calls! {
+    getxattr, lgetxattr, fgetxattr: (name: *const c_char, value: *mut c_void, size: size_t)
+        -> ssize_t => get_xattr_of, crate::calls::size;
+    setxattr, lsetxattr, fsetxattr:
+        (name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int
+        => set_xattr_of, unit;
+    listxattr, llistxattr, flistxattr: (list: *mut c_char, size: size_t) -> ssize_t
+        => list_xattrs_of, crate::calls::size;
+    removexattr, lremovexattr, fremovexattr: (name: *const c_char) -> c_int
+        => remove_xattr_of, unit;
 }
 
 /// `readlinkat(2)`: a link's target, truncated to `len` bytes without a NUL (as the kernel
