@@ -374,7 +374,8 @@ fn forget_all(mount: &Mount) -> bool {
 }
 
 /// A listing hands the kernel each entry's attributes (`READDIRPLUS`): `ls -l` of 2,000
-/// files the kernel has forgotten costs far fewer requests than one lookup per file, what
+/// files the kernel has forgotten costs far fewer requests than one lookup per file (not
+/// counting its ACL check, a list of each file's extended attributes), what
 /// it lists is right, the files are usable by name after, and the lookups the listing gave
 /// the kernel are forgotten with the rest.
 fn a_listing_carries_attributes_and_its_lookups_are_forgotten(transport: &'static str) {
@@ -391,13 +392,15 @@ fn a_listing_carries_attributes_and_its_lookups_are_forgotten(transport: &'stati
         eprintln!("skipped: /proc/sys/vm/drop_caches is not writable");
         return;
     }
-    let before = requests_served(&mount);
+    let xattr_requests = || fuse_counters(&mount)["xattr_requests"].as_u64().unwrap();
+    let (before, xattrs_before) = (requests_served(&mount), xattr_requests());
     let out = Command::new("ls")
         .args(["-l", "--time-style=+"])
         .arg(&dir)
         .output()
         .unwrap();
-    let spent = requests_served(&mount) - before;
+    let xattrs = xattr_requests() - xattrs_before;
+    let spent = requests_served(&mount) - before - xattrs;
     let listing = ok(&out, "ls -l");
     let sizes: Vec<&str> = listing
         .lines()
@@ -408,7 +411,11 @@ fn a_listing_carries_attributes_and_its_lookups_are_forgotten(transport: &'stati
     assert_eq!(sizes, expected, "ls -l lists each file with its size");
     assert!(
         spent < 1000,
-        "ls -l of 2,000 forgotten files cost {spent} requests"
+        "ls -l of 2,000 forgotten files cost {spent} requests (and {xattrs} for attributes)"
+    );
+    assert!(
+        xattrs <= 2010,
+        "{xattrs} attribute requests for 2,000 files: one each"
     );
     // Usable by name while the kernel holds what the listing gave it.
     assert_eq!(
@@ -1499,6 +1506,33 @@ mkdir r && rsync -aX g d r/ && getfattr -d -m - r/g r/d
         before.contains("# file: u/g\ntrusted.k=\"t\"\nuser.k=\"v\""),
         "{before}"
     );
+    // `--no-xattrs`: refused without a request after the first, and kept for later.
+    let (status, stderr) = mount.stop();
+    assert!(status.success(), "{stderr}");
+    mount.start_with(&["--no-xattrs"]);
+    let refused = Command::new("bash")
+        .args([
+            "-c",
+            "getfattr -d d; setfattr -n user.n -v 1 h; getfattr -d d",
+        ])
+        .current_dir(mount.path())
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&refused.stderr),
+        "getfattr: d: Operation not supported\nsetfattr: h: Operation not supported\n\
+         getfattr: d: Operation not supported\n"
+    );
+    assert!(fuse_counters(&mount)["xattr_requests"].as_u64().unwrap() <= 2);
+    let (status, stderr) = mount.stop();
+    assert!(status.success(), "{stderr}");
+    mount.start();
+    let kept = Command::new("bash")
+        .args(["-c", kept])
+        .current_dir(mount.path())
+        .output()
+        .unwrap();
+    assert_eq!(ok(&kept, "getfattr"), before);
 }
 
 /// `--read-only`: reads work, every change is EROFS, and the volume is unchanged after.

@@ -107,6 +107,9 @@ pub struct MountConfig {
     /// Let other users than the one who mounted use the files (`allow_other`; the kernel
     /// then checks permissions, as it always does here).
     pub allow_other: bool,
+    /// Keep extended attributes; without, their requests are `ENOSYS`, after which the
+    /// kernel stops sending them (each costs a round trip it cannot cache).
+    pub xattrs: bool,
     /// How requests travel.
     pub transport: Transport,
     /// What opening [`CHECK_NAME`] runs (no check file without one).
@@ -208,6 +211,7 @@ pub fn mount(fs: fs::Fs, mountpoint: &Path, config: &MountConfig) -> io::Result<
     let session = fuser::Session::new(Unused, mountpoint, &options)?;
     let mut dev = File::from(session.as_fd().try_clone_to_owned()?);
     let mut server = Server::new(fs, config.read_only, config.checker.clone());
+    server.set_xattrs(config.xattrs);
     let hello = handshake(&mut dev, config.transport)?;
     server.set_direct_io(hello.direct_io);
     if hello.io_uring {

@@ -201,6 +201,11 @@ pub(crate) struct Server {
     served_elsewhere: AtomicU64,
     /// LOOKUPs answered with a negative entry.
     missing_names: AtomicU64,
+    /// Extended-attribute requests (get, list, set, remove): `ls -l` asks each file's
+    /// (its ACL check lists them), a round trip the kernel cannot cache.
+    xattr_requests: AtomicU64,
+    /// Extended attributes are served (else their requests are `ENOSYS`).
+    xattrs: bool,
     io_uring: bool,
     /// What opening the check file runs.
     checker: Option<Checker>,
@@ -303,6 +308,8 @@ impl Server {
             queue_requests: Vec::new(),
             served_elsewhere: AtomicU64::new(0),
             missing_names: AtomicU64::new(0),
+            xattr_requests: AtomicU64::new(0),
+            xattrs: true,
             io_uring: false,
             checker,
             still: RwLock::new(()),
@@ -329,6 +336,12 @@ impl Server {
         if topology::current_cpu().is_ok_and(|cpu| cpu as usize != qid) {
             self.served_elsewhere.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Serves extended attributes, or answers their requests `ENOSYS` (`locus mount
+    /// --no-xattrs`).
+    pub(crate) fn set_xattrs(&mut self, on: bool) {
+        self.xattrs = on;
     }
 
     /// Opens regular files for direct I/O from now on (the connection allows mmap of them).
@@ -516,6 +529,7 @@ impl Server {
                 "served_elsewhere": self.served_elsewhere.load(Ordering::Relaxed),
                 // Lookups answered "no such name" (which the kernel then caches).
                 "missing_names": self.missing_names.load(Ordering::Relaxed),
+                "xattr_requests": self.xattr_requests.load(Ordering::Relaxed),
             },
         });
         let mut bytes = serde_json::to_vec_pretty(&status).unwrap_or_default();
@@ -563,6 +577,15 @@ impl Server {
             op::READ => self.read(arg, buf).map(Reply::Out),
             op::WRITE => self.write(arg, buf, in_len).map(Reply::Out),
             opcode => {
+                if matches!(
+                    opcode,
+                    op::GETXATTR | op::LISTXATTR | op::SETXATTR | op::REMOVEXATTR
+                ) {
+                    self.xattr_requests.fetch_add(1, Ordering::Relaxed);
+                    if !self.xattrs {
+                        return Err(libc::ENOSYS);
+                    }
+                }
                 // Every other request is small: take its names out of the buffer, then reply
                 // into it.
                 let rest = buf[..in_len].to_vec();
