@@ -49,6 +49,7 @@ pub mod op {
     pub const RENAME2: u32 = 45;
     pub const READDIRPLUS: u32 = 44;
     pub const LSEEK: u32 = 46;
+    pub const COPY_FILE_RANGE: u32 = 47;
 }
 
 /// `INIT` flags (`flags` is the low 32 bits, `flags2` the high).
@@ -121,6 +122,7 @@ pub fn arg_bytes(opcode: u32) -> usize {
         op::READ | op::WRITE | op::READDIR | op::READDIRPLUS => 40,
         op::RELEASE | op::RELEASEDIR | op::FLUSH | op::LSEEK => 24,
         op::FALLOCATE => 32,
+        op::COPY_FILE_RANGE => 56,
         op::INTERRUPT => 8,
         // `fuse_setxattr_in` without `FUSE_SETXATTR_EXT` (not asked for), `fuse_getxattr_in`.
         op::SETXATTR | op::GETXATTR | op::LISTXATTR => 8,
