@@ -307,6 +307,63 @@ pub(crate) fn rename(
     Ok(())
 }
 
+/// `Exchange`: `a_name` in `a_dir` (naming `a`) and `b_name` in `b_dir` (naming `b`) trade
+/// inodes. A directory that changes parent takes its `..` along (parent, subdirectory
+/// counts); both directories' mtime and ctime and both inodes' ctime become `time`.
+pub(crate) fn exchange(
+    (a_dir, b_dir): (&Inode, &Inode),
+    dirs: RenameDirs<'_>,
+    (a, b): (&Inode, &Inode),
+    (a_name, b_name): (&str, &str),
+    time: u64,
+) -> Result<(), Problem> {
+    dir(a_dir)?;
+    dir(b_dir)?;
+    let (a_entries, mut b_entries) = match dirs {
+        RenameDirs::Same(entries) if a_dir.ino == b_dir.ino => (entries, None),
+        RenameDirs::Two(a_entries, b_entries) if a_dir.ino != b_dir.ino => {
+            (a_entries, Some(b_entries))
+        }
+        _ => {
+            return Err(format!(
+                "exchange between {} and {} given the wrong directories' entries",
+                a_dir.ino, b_dir.ino
+            ));
+        }
+    };
+    let b_held = match &b_entries {
+        Some(entries) => entries.get(b_name),
+        None => a_entries.get(b_name),
+    };
+    if a_entries.get(a_name) != Some(&a.ino) || b_held != Some(&b.ino) || a.ino == b.ino {
+        return Err(format!(
+            "exchange of `{a_name}` in {} and `{b_name}` in {}, which do not hold {} and {}",
+            a_dir.ino, b_dir.ino, a.ino, b.ino
+        ));
+    }
+    a_entries.insert(a_name.to_owned(), b.ino);
+    match &mut b_entries {
+        Some(entries) => entries.insert(b_name.to_owned(), a.ino),
+        None => a_entries.insert(b_name.to_owned(), a.ino),
+    };
+    if a_dir.ino != b_dir.ino {
+        for (moved, from, to) in [(a, a_dir, b_dir), (b, b_dir, a_dir)] {
+            if moved.kind == Kind::Dir {
+                less_subdirs(from);
+                to.subdirs.fetch_add(1, Ordering::Relaxed);
+                moved.attr().parent = to.ino;
+            }
+        }
+    }
+    for d in [a_dir, b_dir] {
+        d.mtime.store(time, Ordering::Release);
+        d.changed(time);
+    }
+    a.changed(time);
+    b.changed(time);
+    Ok(())
+}
+
 /// `Truncate`: sets a file's size (its `extents` locked); `tail`, when shrinking into a
 /// block, is a fresh page holding the block's kept bytes. Returns the blocks it unmapped.
 pub(crate) fn truncate(

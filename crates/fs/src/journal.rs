@@ -175,6 +175,24 @@ pub enum MetaOp {
         /// times were recorded: the times are then left as they were).
         time: u64,
     },
+    /// `a_name` in `a_parent` and `b_name` in `b_parent` trade the inodes they name
+    /// (`renameat2(RENAME_EXCHANGE)`); both exist, and neither inode is removed.
+    Exchange {
+        /// The first name's directory.
+        a_parent: u64,
+        /// The first name.
+        a_name: String,
+        /// The second name's directory.
+        b_parent: u64,
+        /// The second name.
+        b_name: String,
+        /// The inode the first name held (the second holds it after).
+        a_ino: u64,
+        /// The inode the second name held.
+        b_ino: u64,
+        /// Both directories' new modification time and both inodes' change time.
+        time: u64,
+    },
     /// A file's size set (grow or shrink); blocks beyond it are freed.
     Truncate {
         /// The file.
@@ -275,6 +293,7 @@ impl MetaOp {
             Self::Remove { .. } => 8,
             Self::Link { .. } => 14,
             Self::Rename { .. } => 9,
+            Self::Exchange { .. } => 19,
             Self::Truncate { .. } => 4,
             Self::SetMode { .. } => 12,
             Self::SetOwner { .. } => 16,
@@ -340,6 +359,18 @@ impl MetaOp {
             } => {
                 e.u64(*src_parent).u64(*dst_parent).u64(*ino).u64(*replaced);
                 e.u64(*time).name(src_name).name(dst_name);
+            }
+            Self::Exchange {
+                a_parent,
+                a_name,
+                b_parent,
+                b_name,
+                a_ino,
+                b_ino,
+                time,
+            } => {
+                e.u64(*a_parent).u64(*b_parent).u64(*a_ino).u64(*b_ino);
+                e.u64(*time).name(a_name).name(b_name);
             }
             Self::Truncate {
                 ino,
@@ -482,6 +513,22 @@ impl MetaOp {
                     dst_name: d.name("dst_name")?,
                     ino,
                     replaced,
+                    time,
+                }
+            }
+            19 => {
+                let a_parent = d.u64("a_parent")?;
+                let b_parent = d.u64("b_parent")?;
+                let a_ino = d.u64("a_ino")?;
+                let b_ino = d.u64("b_ino")?;
+                let time = d.u64("time")?;
+                Self::Exchange {
+                    a_parent,
+                    a_name: d.name("a_name")?,
+                    b_parent,
+                    b_name: d.name("b_name")?,
+                    a_ino,
+                    b_ino,
                     time,
                 }
             }
@@ -1002,6 +1049,15 @@ mod tests {
                 parent: 2,
                 ino: 4,
                 name: "gone".into(),
+                time: 12,
+            },
+            MetaOp::Exchange {
+                a_parent: 1,
+                a_name: "x".into(),
+                b_parent: 2,
+                b_name: "y".into(),
+                a_ino: 5,
+                b_ino: 6,
                 time: 12,
             },
             MetaOp::Link {

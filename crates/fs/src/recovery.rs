@@ -1393,6 +1393,36 @@ fn replay(
                 inodes.remove(replaced);
             }
         }
+        MetaOp::Exchange {
+            a_parent,
+            a_name,
+            b_parent,
+            b_name,
+            a_ino,
+            b_ino,
+            time,
+        } => {
+            // Four distinct inodes but for the two directories, so no lock is taken twice.
+            if a_ino == b_ino
+                || [a_ino, b_ino]
+                    .iter()
+                    .any(|i| *i == a_parent || *i == b_parent)
+            {
+                return Err(format!(
+                    "exchange of {a_ino} and {b_ino} between directories {a_parent} and {b_parent}"
+                ));
+            }
+            let (a_dir, b_dir) = (existing(inodes, *a_parent)?, existing(inodes, *b_parent)?);
+            let (a, b) = (existing(inodes, *a_ino)?, existing(inodes, *b_ino)?);
+            let mut a_entries = a_dir.entries.lock().expect("directory");
+            let mut b_entries =
+                (a_parent != b_parent).then(|| b_dir.entries.lock().expect("directory"));
+            let dirs = match b_entries.as_mut() {
+                None => RenameDirs::Same(&mut a_entries),
+                Some(b_entries) => RenameDirs::Two(&mut a_entries, b_entries),
+            };
+            apply::exchange((&a_dir, &b_dir), dirs, (&a, &b), (a_name, b_name), *time)?;
+        }
         MetaOp::Truncate {
             ino,
             size,

@@ -11,7 +11,8 @@ use crate::journal::Kind;
 pub const SNAPSHOT_MAGIC: u64 = u64::from_le_bytes(*b"LOCUSSNP");
 /// Format version: 3 adds each inode's owner and extended attributes.
 pub const SNAPSHOT_VERSION: u32 = 3;
-/// Access and change times and symbolic links, no owners (still read: unowned).
+/// Access and change times and symbolic links, no owners or extended attributes (still read:
+/// unowned, none).
 const SNAPSHOT_VERSION_TIMES: u32 = 2;
 /// The first version (still read): modification time only, files and directories.
 const SNAPSHOT_VERSION_MTIME: u32 = 1;
@@ -277,7 +278,7 @@ impl Snapshot {
             )));
         }
         let times = version >= SNAPSHOT_VERSION_TIMES;
-        let owners = version >= SNAPSHOT_VERSION;
+        let owners_and_xattrs = version >= SNAPSHOT_VERSION;
         d.u32("reserved")?;
         let epoch = d.u64("epoch")?;
         let next_ino = d.u64("next_ino")?;
@@ -296,7 +297,7 @@ impl Snapshot {
                 .filter(|k| times || matches!(k, Kind::File | Kind::Dir))
                 .ok_or_else(|| d.error(format!("inode {ino} has unknown kind {code}")))?;
             let mode = d.u32("mode")?;
-            let (uid, gid) = if owners {
+            let (uid, gid) = if owners_and_xattrs {
                 (d.u32("uid")?, d.u32("gid")?)
             } else {
                 (crate::Owner::UNOWNED, crate::Owner::UNOWNED)
@@ -311,7 +312,7 @@ impl Snapshot {
             let parent = d.u64("parent")?;
             let entry_count = d.u64("entry count")?;
             let run_count = d.u64("run count")?;
-            let xattr_count = if owners {
+            let xattr_count = if owners_and_xattrs {
                 d.u32("extended attribute count")?
             } else {
                 0

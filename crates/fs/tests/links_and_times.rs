@@ -567,3 +567,95 @@ fn links_racing_removals_replay_as_they_ran() {
     }
     fs.unmount().unwrap();
 }
+
+/// `exchange` swaps two names atomically: files, a file and a directory across directories
+/// (the directories' link counts and the moved directory's `..` follow), the refusals (a
+/// name missing, a directory into itself), two names of one file (nothing changes) — and
+/// the same tree after a crash and after an unmount.
+#[test]
+fn names_are_exchanged_atomically_and_replay() {
+    let shm = shm_volume("exchange", 256 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    fs.mkdir("/d1", 0o755).unwrap();
+    fs.mkdir("/d1/sub", 0o755).unwrap();
+    fs.mkdir("/d1/sub/deep", 0o755).unwrap();
+    fs.mkdir("/d2", 0o755).unwrap();
+    fs.create("/d1/f").unwrap().write_at(b"one", 0).unwrap();
+    fs.create("/d2/g").unwrap().write_at(b"two", 0).unwrap();
+    let read = |fs: &Fs, path: &str| {
+        let file = fs.open_read(path).unwrap();
+        let mut buf = vec![0; file.len() as usize];
+        file.read_at(&mut buf, 0).unwrap();
+        String::from_utf8(buf).unwrap()
+    };
+
+    fs.exchange("/d1/f", "/d2/g").unwrap();
+    assert_eq!(
+        (read(&fs, "/d1/f"), read(&fs, "/d2/g")),
+        ("two".into(), "one".into())
+    );
+    // A directory and a file trade directories.
+    let before = fs.stat("/d1").unwrap().ctime_ns;
+    fs.exchange("/d1/sub", "/d2/g").unwrap();
+    assert_eq!(fs.stat("/d2/g").unwrap().kind, Kind::Dir);
+    assert_eq!(read(&fs, "/d1/sub"), "one");
+    assert!(
+        fs.stat("/d2/g/deep").is_ok(),
+        "the directory moved with its entries"
+    );
+    assert_eq!(
+        (fs.stat("/d1").unwrap().nlink, fs.stat("/d2").unwrap().nlink),
+        (2, 3)
+    );
+    assert!(fs.stat("/d1").unwrap().ctime_ns > before);
+    // Refusals leave everything as it was.
+    assert!(matches!(
+        fs.exchange("/d1/f", "/d1/missing"),
+        Err(FsError::NotFound(_))
+    ));
+    assert!(matches!(
+        fs.exchange("/d2", "/d2/g/deep"),
+        Err(FsError::Invalid(_))
+    ));
+    assert!(matches!(
+        fs.exchange("/d2/g/deep", "/d2"),
+        Err(FsError::Invalid(_))
+    ));
+    fs.link("/d1/f", "/d1/f2").unwrap();
+    fs.exchange("/d1/f", "/d1/f2").unwrap();
+    assert_eq!(fs.stat("/d1/f").unwrap().nlink, 2);
+    // A directory trades places with its parent's sibling: `..` moves.
+    fs.exchange("/d2/g", "/d1").unwrap();
+    assert_eq!(fs.stat("/d1/deep").unwrap().kind, Kind::Dir);
+    assert_eq!(read(&fs, "/d2/g/f"), "two");
+
+    let expect = |fs: &Fs, when: &str| {
+        let tree: Vec<_> = ["/d1", "/d1/deep", "/d2", "/d2/g", "/d2/g/sub", "/d2/g/f"]
+            .iter()
+            .map(|p| (p.to_string(), fs.stat(p).map(|s| (s.kind, s.nlink)).ok()))
+            .collect();
+        let dir = |n| Some((Kind::Dir, n));
+        let file = |n| Some((Kind::File, n));
+        assert_eq!(
+            tree,
+            [
+                ("/d1".to_string(), dir(3)),
+                ("/d1/deep".to_string(), dir(2)),
+                ("/d2".to_string(), dir(3)),
+                ("/d2/g".to_string(), dir(2)),
+                ("/d2/g/sub".to_string(), file(1)),
+                ("/d2/g/f".to_string(), file(2)),
+            ],
+            "{when}"
+        );
+        assert_eq!(read(fs, "/d2/g/sub"), "one", "{when}");
+    };
+    expect(&fs, "live");
+    fs.abandon();
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    expect(&fs, "after a crash");
+    fs.unmount().unwrap();
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    expect(&fs, "after an unmount");
+    fs.unmount().unwrap();
+}

@@ -70,6 +70,7 @@ transports!(
     owners_and_permissions_behave_as_on_tmpfs_and_stay,
     extended_attributes_behave_as_on_tmpfs_and_stay,
     copy_file_range_copies_inside_the_server_as_on_tmpfs,
+    exchanging_two_names_behaves_as_on_tmpfs_and_stays,
     a_read_only_mount_refuses_every_change,
     a_tree_deeper_than_path_max_behaves_as_on_tmpfs,
     the_server_forgets_what_the_kernel_forgets,
@@ -1611,6 +1612,71 @@ print("cp sparse", st.st_size, "sparse" if st.st_blocks * 512 < st.st_size else 
         std::fs::read(mount.path().join("src")).unwrap(),
         std::fs::read(mount.path().join("src.copy")).unwrap()
     );
+}
+
+/// `renameat2(RENAME_EXCHANGE)`: files, a file and a directory across directories, a
+/// directory and its parent's sibling, two names of one file, and the refusals give
+/// tmpfs's tree; the tree is the same after a restart of the server.
+fn exchanging_two_names_behaves_as_on_tmpfs_and_stays(transport: &'static str) {
+    let mut mount = Mount::new(transport);
+    let script = r#"
+python3 - "$R" <<'EOF'
+import ctypes, errno, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def exchange(a, b):
+    if libc.renameat2(-100, a.encode(), -100, b.encode(), 2) != 0:
+        return errno.errorcode[ctypes.get_errno()]
+    return "ok"
+def tree():
+    out = []
+    for top, dirs, files in sorted(os.walk(".")):
+        for name in sorted(dirs + files):
+            path = os.path.join(top, name)
+            st = os.lstat(path)
+            out.append(f"{path}:{'d' if os.path.isdir(path) else 'f'}{st.st_nlink}")
+    return " ".join(sorted(out))
+os.chdir(sys.argv[1])
+os.makedirs("d1/sub/deep")
+os.mkdir("d2")
+with open("d1/f", "w") as f:
+    f.write("one")
+with open("d2/g", "w") as f:
+    f.write("two")
+print("files", exchange("d1/f", "d2/g"), open("d1/f").read(), open("d2/g").read())
+print("dir and file", exchange("d1/sub", "d2/g"), tree())
+print("missing", exchange("d1/f", "d1/missing"))
+print("into itself", exchange("d2", "d2/g/deep"), exchange("d2/g/deep", "d2"))
+os.link("d1/f", "d1/f2")
+print("two names of one file", exchange("d1/f", "d1/f2"), os.stat("d1/f").st_nlink)
+print("a directory and its parent's sibling", exchange("d2/g", "d1"), tree())
+print("flags together", libc.renameat2(-100, b"d1", -100, b"d2", 3), errno.errorcode[ctypes.get_errno()])
+EOF
+"#;
+    let (tmpfs, locus) = both(&mount, script);
+    assert!(
+        tmpfs.contains("files ok two one")
+            && tmpfs.contains("into itself EINVAL EINVAL")
+            && tmpfs.contains("./d2/g/sub:f1 ./d2/g:d2 ./d2:d3"),
+        "{tmpfs}"
+    );
+    assert_eq!(locus, tmpfs);
+    let listing = "find . | sort && cat d2/g/sub d2/g/f";
+    let before = Command::new("bash")
+        .args(["-c", listing])
+        .current_dir(mount.path())
+        .output()
+        .unwrap();
+    let before = ok(&before, "find");
+    let (status, stderr) = mount.stop();
+    assert!(status.success(), "{stderr}");
+    mount.start();
+    let after = Command::new("bash")
+        .args(["-c", listing])
+        .current_dir(mount.path())
+        .output()
+        .unwrap();
+    assert_eq!(ok(&after, "find"), before);
+    assert!(before.ends_with("onetwo"), "{before}");
 }
 
 /// `--read-only`: reads work, every change is EROFS, and the volume is unchanged after.

@@ -1205,12 +1205,25 @@ impl Server {
         flags: u32,
     ) -> Result<(), i32> {
         self.writable()?;
-        if flags & !libc::RENAME_NOREPLACE != 0 {
-            return Err(libc::EINVAL); // RENAME_EXCHANGE, RENAME_WHITEOUT
+        let exchange = flags == libc::RENAME_EXCHANGE;
+        if flags & !libc::RENAME_NOREPLACE != 0 && !exchange {
+            return Err(libc::EINVAL); // RENAME_WHITEOUT, or flags together
         }
         let _ns = lock(&self.namespace);
         let from = self.child(parent, name)?;
         let to = self.child(newparent, newname)?;
+        if exchange {
+            let (a, b) = (self.ino_of(&from), self.ino_of(&to));
+            self.fs.exchange(&from, &to).map_err(|e| errno(&e))?;
+            let mut names = self.names_mut();
+            if let (Some(a), Some(b)) = (a, b)
+                && a != b
+            {
+                names.moved(a, (parent, name), newparent, newname);
+                names.moved(b, (newparent, newname), parent, name);
+            }
+            return Ok(());
+        }
         // Names change only under the namespace lock: nothing can create `to` between the
         // look and the rename.
         let (moving, replaced) = (self.ino_of(&from), self.ino_of(&to));

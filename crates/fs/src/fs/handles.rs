@@ -295,6 +295,13 @@ impl Fs {
         self.inner.rename(from, to)
     }
 
+    /// Swaps what `a` and `b` name, atomically (`renameat2(RENAME_EXCHANGE)`): both must
+    /// exist (`NotFound`), of any kinds — a file and a directory may trade places — but a
+    /// directory may not end up inside itself (`Invalid`). One journal record.
+    pub fn exchange(&self, a: &str, b: &str) -> Result<()> {
+        self.inner.exchange(a, b)
+    }
+
     /// Sets the size of the file at `path`.
     pub fn truncate(&self, path: &str, size: u64) -> Result<()> {
         let inode = self.inner.resolve_follow(path)?;

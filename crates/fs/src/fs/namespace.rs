@@ -1,8 +1,8 @@
 //! Namespace operations: path resolution, create, remove, rename, truncate, punch, chmod,
 //! stat. Each takes its directory locks, journals one record, then changes DRAM.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard};
 
 use volume::{Extent, GlobalAddress};
 
@@ -13,6 +13,7 @@ use crate::error::{FsError, Result};
 use crate::extent_map::{BLOCK, Run};
 use crate::inode::{Attr, Inode, Owner, Stat};
 use crate::journal::{Kind, MetaOp};
+use crate::lock_order::Ordered;
 use crate::path;
 use crate::range_lock::LockMode;
 use crate::snapshot::{INODE_BYTES, RUN_BYTES, entry_bytes};
@@ -298,24 +299,9 @@ impl Inner {
             let _rename = fs.lock_rename();
             let (src, src_name) = fs.resolve_parent(from)?;
             let (dst, dst_name) = fs.resolve_parent(to)?;
-            // Lock both directories in inode order.
-            let (first, second) = if src.ino <= dst.ino {
-                (&src, &dst)
-            } else {
-                (&dst, &src)
-            };
-            let mut first_entries = first.entries();
-            let mut second_entries = (first.ino != second.ino).then(|| second.entries());
-            macro_rules! entries_of {
-                ($dir:expr) => {
-                    if $dir.ino == first.ino {
-                        &mut *first_entries
-                    } else {
-                        &mut **second_entries.as_mut().expect("two directories")
-                    }
-                };
-            }
-            let ino = *entries_of!(src)
+            let mut locked = TwoDirs::lock(&src, &dst);
+            let ino = *locked
+                .of(src.ino)
                 .get(src_name)
                 .ok_or_else(|| FsError::NotFound(from.to_owned()))?;
             let moving = fs
@@ -324,22 +310,13 @@ impl Inner {
             if dst.attr().unlinked {
                 return Err(FsError::NotFound(to.to_owned()));
             }
-            if moving.kind == Kind::Dir {
-                // The target directory must not be the moving one or inside it.
-                let mut at = dst.ino;
-                loop {
-                    if at == ino {
-                        return Err(FsError::Invalid(format!(
-                            "cannot move {from} into itself ({to})"
-                        )));
-                    }
-                    if at == ROOT_INO {
-                        break;
-                    }
-                    at = fs.inode(at).map_or(ROOT_INO, |i| i.attr().parent);
-                }
+            // The target directory must not be the moving one or inside it.
+            if moving.kind == Kind::Dir && fs.is_within(dst.ino, ino) {
+                return Err(FsError::Invalid(format!(
+                    "cannot move {from} into itself ({to})"
+                )));
             }
-            let replaced = entries_of!(dst).get(dst_name).copied();
+            let replaced = locked.of(dst.ino).get(dst_name).copied();
             if replaced == Some(ino) {
                 return Ok(Some(()));
             }
@@ -377,11 +354,7 @@ impl Inner {
             let MetaOp::Rename { time, .. } = op else {
                 unreachable!("built above")
             };
-            let dirs = match second_entries.as_mut() {
-                None => RenameDirs::Same(&mut first_entries),
-                Some(second) if src.ino == first.ino => RenameDirs::Two(&mut first_entries, second),
-                Some(second) => RenameDirs::Two(second, &mut first_entries),
-            };
+            let dirs = locked.dirs(src.ino);
             let moved = Move {
                 ino,
                 src_name,
@@ -409,6 +382,71 @@ impl Inner {
             }
             Ok(Some(()))
         })
+    }
+
+    /// `a` and `b` trade the inodes they name, atomically (`RENAME_EXCHANGE`): both must
+    /// exist, of any kinds; a directory must not end up inside itself. Two names of one
+    /// inode change nothing.
+    pub(crate) fn exchange(self: &Arc<Self>, a: &str, b: &str) -> Result<()> {
+        self.metadata(|fs, slot| {
+            let _rename = fs.lock_rename();
+            let (a_dir, a_name) = fs.resolve_parent(a)?;
+            let (b_dir, b_name) = fs.resolve_parent(b)?;
+            let mut locked = TwoDirs::lock(&a_dir, &b_dir);
+            let named = |ino: Option<&u64>, path: &str| {
+                ino.and_then(|&i| fs.inode(i))
+                    .ok_or_else(|| FsError::NotFound(path.to_owned()))
+            };
+            let a_node = named(locked.of(a_dir.ino).get(a_name), a)?;
+            let b_node = named(locked.of(b_dir.ino).get(b_name), b)?;
+            if a_node.ino == b_node.ino {
+                return Ok(Some(()));
+            }
+            // Each directory's new parent must not be it or inside it.
+            if (a_node.kind == Kind::Dir && fs.is_within(b_dir.ino, a_node.ino))
+                || (b_node.kind == Kind::Dir && fs.is_within(a_dir.ino, b_node.ino))
+            {
+                return Err(FsError::Invalid(format!(
+                    "cannot exchange {a} and {b}: a directory would move into itself"
+                )));
+            }
+            let time = now_ns();
+            let op = MetaOp::Exchange {
+                a_parent: a_dir.ino,
+                a_name: a_name.to_owned(),
+                b_parent: b_dir.ino,
+                b_name: b_name.to_owned(),
+                a_ino: a_node.ino,
+                b_ino: b_node.ino,
+                time,
+            };
+            if !fs.journal(slot, &op)? {
+                return Ok(None);
+            }
+            applied(apply::exchange(
+                (&a_dir, &b_dir),
+                locked.dirs(a_dir.ino),
+                (&a_node, &b_node),
+                (a_name, b_name),
+                time,
+            ));
+            Ok(Some(()))
+        })
+    }
+
+    /// Whether directory `dir` is `ancestor` or inside it (the rename lock held, so no
+    /// directory moves meanwhile).
+    fn is_within(&self, dir: u64, ancestor: u64) -> bool {
+        let mut at = dir;
+        loop {
+            if at == ancestor {
+                return true;
+            }
+            if at == ROOT_INO {
+                return false;
+            }
+            at = self.inode(at).map_or(ROOT_INO, |i| i.attr().parent);
+        }
     }
 
     pub(crate) fn set_len(self: &Arc<Self>, inode: &Arc<Inode>, size: u64) -> Result<()> {
@@ -779,6 +817,51 @@ impl Inner {
             rdev: inode.rdev,
             uid,
             gid,
+        }
+    }
+}
+
+/// Two directories' entries, locked in inode order (once when they are one directory).
+struct TwoDirs<'a> {
+    first: u64,
+    first_entries: Ordered<MutexGuard<'a, Entries>>,
+    second_entries: Option<Ordered<MutexGuard<'a, Entries>>>,
+}
+
+impl<'a> TwoDirs<'a> {
+    fn lock(a: &'a Inode, b: &'a Inode) -> Self {
+        let (first, second) = if a.ino <= b.ino { (a, b) } else { (b, a) };
+        let first_entries = first.entries();
+        let second_entries = (first.ino != second.ino).then(|| second.entries());
+        Self {
+            first: first.ino,
+            first_entries,
+            second_entries,
+        }
+    }
+
+    /// The entries of directory `ino` (one of the two).
+    fn of(&mut self, ino: u64) -> &mut Entries {
+        match &mut self.second_entries {
+            Some(second) if ino != self.first => second,
+            _ => &mut self.first_entries,
+        }
+    }
+
+    /// Both, `from`'s first, as a rename or an exchange from `from` takes them.
+    fn dirs(&mut self, from: u64) -> RenameDirs<'_> {
+        let Self {
+            first,
+            first_entries,
+            second_entries,
+        } = self;
+        let Some(second) = second_entries else {
+            return RenameDirs::Same(first_entries);
+        };
+        if from == *first {
+            RenameDirs::Two(first_entries, second)
+        } else {
+            RenameDirs::Two(second, first_entries)
         }
     }
 }

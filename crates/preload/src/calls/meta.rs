@@ -705,8 +705,8 @@ impl Side {
 }
 
 /// `renameat2(2)`: within locus, atomic; between locus and another file system, `EXDEV`
-/// (so `mv` copies); `RENAME_NOREPLACE` is honoured, `RENAME_EXCHANGE` and
-/// `RENAME_WHITEOUT` are `EINVAL`.
+/// (so `mv` copies); `RENAME_NOREPLACE` is honoured, `RENAME_EXCHANGE` swaps the two
+/// names atomically, `RENAME_WHITEOUT` is `EINVAL`.
 ///
 /// # Safety
 /// C's.
@@ -729,11 +729,15 @@ pub unsafe extern "C" fn renameat2(
     };
     match (&a, &b) {
         (Side::Locus(from, _), Side::Locus(to, to_slash)) => unit(state::run(|| {
-            if flags & !libc::RENAME_NOREPLACE != 0 {
+            let exchange = flags == libc::RENAME_EXCHANGE;
+            if flags & !libc::RENAME_NOREPLACE != 0 && !exchange {
                 return Err(libc::EINVAL);
             }
             if from == "/" || to == "/" {
                 return Err(libc::EBUSY);
+            }
+            if exchange {
+                return state::with_fs(|fs| fs.exchange(from, to).map_err(|e| fs_errno(&e)));
             }
             state::with_fs(|fs| {
                 let st = stat_path(fs, from, false)?;
