@@ -348,28 +348,26 @@ impl MetaOp {
             } => {
                 e.u64(*parent).u64(*ino).u64(*time).name(name);
             }
+            // One layout, two kinds: two directories, two inodes, the time, two names.
             Self::Rename {
-                src_parent,
-                src_name,
-                dst_parent,
-                dst_name,
-                ino,
-                replaced,
+                src_parent: a_dir,
+                dst_parent: b_dir,
+                ino: a,
+                replaced: b,
                 time,
-            } => {
-                e.u64(*src_parent).u64(*dst_parent).u64(*ino).u64(*replaced);
-                e.u64(*time).name(src_name).name(dst_name);
+                src_name: a_name,
+                dst_name: b_name,
             }
-            Self::Exchange {
-                a_parent,
-                a_name,
-                b_parent,
-                b_name,
-                a_ino,
-                b_ino,
+            | Self::Exchange {
+                a_parent: a_dir,
+                b_parent: b_dir,
+                a_ino: a,
+                b_ino: b,
                 time,
+                a_name,
+                b_name,
             } => {
-                e.u64(*a_parent).u64(*b_parent).u64(*a_ino).u64(*b_ino);
+                e.u64(*a_dir).u64(*b_dir).u64(*a).u64(*b);
                 e.u64(*time).name(a_name).name(b_name);
             }
             Self::Truncate {
@@ -500,36 +498,35 @@ impl MetaOp {
                 time: d.u64("time")?,
                 name: d.name("name")?,
             },
-            3 | 9 => {
-                let src_parent = d.u64("src_parent")?;
-                let dst_parent = d.u64("dst_parent")?;
-                let ino = d.u64("ino")?;
-                let replaced = d.u64("replaced")?;
-                let time = if kind == 9 { d.u64("time")? } else { 0 };
-                Self::Rename {
-                    src_parent,
-                    src_name: d.name("src_name")?,
-                    dst_parent,
-                    dst_name: d.name("dst_name")?,
-                    ino,
-                    replaced,
-                    time,
-                }
-            }
-            19 => {
-                let a_parent = d.u64("a_parent")?;
-                let b_parent = d.u64("b_parent")?;
-                let a_ino = d.u64("a_ino")?;
-                let b_ino = d.u64("b_ino")?;
-                let time = d.u64("time")?;
-                Self::Exchange {
-                    a_parent,
-                    a_name: d.name("a_name")?,
-                    b_parent,
-                    b_name: d.name("b_name")?,
-                    a_ino,
-                    b_ino,
-                    time,
+            // Rename (3: without the time) and Exchange share a layout.
+            3 | 9 | 19 => {
+                let a_dir = d.u64("first directory")?;
+                let b_dir = d.u64("second directory")?;
+                let a = d.u64("first inode")?;
+                let b = d.u64("second inode")?;
+                let time = if kind == 3 { 0 } else { d.u64("time")? };
+                let a_name = d.name("first name")?;
+                let b_name = d.name("second name")?;
+                if kind == 19 {
+                    Self::Exchange {
+                        a_parent: a_dir,
+                        a_name,
+                        b_parent: b_dir,
+                        b_name,
+                        a_ino: a,
+                        b_ino: b,
+                        time,
+                    }
+                } else {
+                    Self::Rename {
+                        src_parent: a_dir,
+                        src_name: a_name,
+                        dst_parent: b_dir,
+                        dst_name: b_name,
+                        ino: a,
+                        replaced: b,
+                        time,
+                    }
                 }
             }
             4 => Self::Truncate {

@@ -650,12 +650,5 @@ fn names_are_exchanged_atomically_and_replay() {
         );
         assert_eq!(read(fs, "/d2/g/sub"), "one", "{when}");
     };
-    expect(&fs, "live");
-    fs.abandon();
-    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
-    expect(&fs, "after a crash");
-    fs.unmount().unwrap();
-    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
-    expect(&fs, "after an unmount");
-    fs.unmount().unwrap();
+    check_across_crash_and_unmount(fs, &shm.dir, expect);
 }

@@ -122,14 +122,6 @@ fn owners_are_made_changed_inherited_and_kept() {
             "{when}"
         );
     };
-    expect(&fs, "live");
     drop((alice, bob));
-    // Across a crash (journal), then an unmount (snapshot).
-    fs.abandon();
-    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
-    expect(&fs, "after a crash");
-    fs.unmount().unwrap();
-    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
-    expect(&fs, "after an unmount");
-    fs.unmount().unwrap();
+    check_across_crash_and_unmount(fs, &shm.dir, expect);
 }

@@ -172,13 +172,5 @@ fn attributes_are_set_listed_removed_and_kept() {
         assert_eq!(all("/d/p", true), [v("user.on-a-fifo", b"1")], "{when}");
         assert_eq!(all("/full", true).len(), stored, "{when}");
     };
-    expect(&fs, "live");
-    // Across a crash (journal), then an unmount (snapshot).
-    fs.abandon();
-    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
-    expect(&fs, "after a crash");
-    fs.unmount().unwrap();
-    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
-    expect(&fs, "after an unmount");
-    fs.unmount().unwrap();
+    check_across_crash_and_unmount(fs, &shm.dir, expect);
 }

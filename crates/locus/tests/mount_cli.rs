@@ -158,6 +158,31 @@ impl Mount {
         }
     }
 
+    /// Runs `bash -c script` in the mount; its stdout (the test fails if it fails).
+    fn run(&self, script: &str) -> String {
+        let out = Command::new("bash")
+            .args(["-c", script])
+            .current_dir(self.path())
+            .output()
+            .unwrap();
+        ok(&out, script)
+    }
+
+    /// Stops the server cleanly (SIGTERM) and starts it again with `options`.
+    fn restart_with(&mut self, options: &[&str]) {
+        let (status, stderr) = self.stop();
+        assert!(status.success(), "{stderr}");
+        self.start_with(options);
+    }
+
+    /// `script`'s output, checked to be the same after a restart of the server.
+    fn same_after_restart(&mut self, script: &str) -> String {
+        let before = self.run(script);
+        self.restart_with(&[]);
+        assert_eq!(self.run(script), before, "after a restart");
+        before
+    }
+
     /// SIGTERM, then the server's exit and its stderr.
     fn stop(&mut self) -> (std::process::ExitStatus, String) {
         let server = self.server.take().expect("running");
@@ -198,6 +223,12 @@ fn ok(output: &Output, what: &str) -> String {
         String::from_utf8_lossy(&output.stderr)
     );
     stdout
+}
+
+/// Whether the tests run as root (acting as other users, `trusted.` attributes).
+fn is_root() -> bool {
+    let uid = Command::new("id").arg("-u").output().unwrap();
+    String::from_utf8_lossy(&uid.stdout).trim() == "0"
 }
 
 fn have(program: &str) -> bool {
@@ -244,8 +275,7 @@ fn fuse_counters(mount: &Mount) -> serde_json::Value {
 /// capability they stay — as on tmpfs, and seen by `stat` at once (the kernel keeps no
 /// attributes of such files).
 fn a_change_without_cap_fsetid_drops_set_id_bits_as_on_tmpfs(transport: &'static str) {
-    let uid = Command::new("id").arg("-u").output().unwrap();
-    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+    if !is_root() {
         eprintln!("skipped: dropping CAP_FSETID from a child (setpriv) needs root");
         return;
     }
@@ -1351,15 +1381,12 @@ through b
 /// its group — as on tmpfs, with tar and rsync keeping owners; all of it kept across a
 /// restart of the server.
 fn owners_and_permissions_behave_as_on_tmpfs_and_stay(transport: &'static str) {
-    let uid = Command::new("id").arg("-u").output().unwrap();
-    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+    if !is_root() {
         eprintln!("skipped: acting as other users (setpriv) needs root");
         return;
     }
     let mut mount = Mount::new(transport);
-    let (status, stderr) = mount.stop();
-    assert!(status.success(), "{stderr}");
-    mount.start_with(&["--allow-other"]);
+    mount.restart_with(&["--allow-other"]);
     let script = r#"
         set -u
         as() { u=$1; shift; setpriv --reuid $u --regid $u --clear-groups "$@"; }
@@ -1394,29 +1421,10 @@ fn owners_and_permissions_behave_as_on_tmpfs_and_stay(transport: &'static str) {
         "{tmpfs}"
     );
     assert_eq!(locus, tmpfs);
-    let kept =
-        "show n1 n1d n1p shared shared/f shared/d x/shared/f synced/d && stat -c '%n %u %g' n1l";
-    let before = Command::new("bash")
-        .args([
-            "-c",
-            &format!("show() {{ stat -c '%n %a %u %g' \"$@\"; }}; {kept}"),
-        ])
-        .current_dir(mount.path())
-        .output()
-        .unwrap();
-    let before = ok(&before, "stat");
-    let (status, stderr) = mount.stop();
-    assert!(status.success(), "{stderr}");
-    mount.start();
-    let after = Command::new("bash")
-        .args([
-            "-c",
-            &format!("show() {{ stat -c '%n %a %u %g' \"$@\"; }}; {kept}"),
-        ])
-        .current_dir(mount.path())
-        .output()
-        .unwrap();
-    assert_eq!(ok(&after, "stat"), before);
+    let before = mount.same_after_restart(
+        "show() { stat -c '%n %a %u %g' \"$@\"; }; \
+         show n1 n1d n1p shared shared/f shared/d x/shared/f synced/d && stat -c '%n %u %g' n1l",
+    );
     assert!(before.contains("shared/f 644 1000 100"), "{before}");
 }
 
@@ -1426,8 +1434,7 @@ fn owners_and_permissions_behave_as_on_tmpfs_and_stay(transport: &'static str) {
 /// attributes of an open file whose name is gone, and `cp -a`, tar `--xattrs` and
 /// `rsync -X` carrying them — as on tmpfs; then kept across a restart of the server.
 fn extended_attributes_behave_as_on_tmpfs_and_stay(transport: &'static str) {
-    let uid = Command::new("id").arg("-u").output().unwrap();
-    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+    if !is_root() {
         eprintln!("skipped: trusted. attributes need root");
         return;
     }
@@ -1489,29 +1496,13 @@ mkdir r && rsync -aX g d r/ && getfattr -d -m - r/g r/d
     );
     assert_eq!(locus, tmpfs);
     let kept = "getfattr -d -m - d h u/g r/d && getfattr -h -d -m - l";
-    let before = Command::new("bash")
-        .args(["-c", kept])
-        .current_dir(mount.path())
-        .output()
-        .unwrap();
-    let before = ok(&before, "getfattr");
-    let (status, stderr) = mount.stop();
-    assert!(status.success(), "{stderr}");
-    mount.start();
-    let after = Command::new("bash")
-        .args(["-c", kept])
-        .current_dir(mount.path())
-        .output()
-        .unwrap();
-    assert_eq!(ok(&after, "getfattr"), before);
+    let before = mount.same_after_restart(kept);
     assert!(
         before.contains("# file: u/g\ntrusted.k=\"t\"\nuser.k=\"v\""),
         "{before}"
     );
     // `--no-xattrs`: refused without a request after the first, and kept for later.
-    let (status, stderr) = mount.stop();
-    assert!(status.success(), "{stderr}");
-    mount.start_with(&["--no-xattrs"]);
+    mount.restart_with(&["--no-xattrs"]);
     let refused = Command::new("bash")
         .args([
             "-c",
@@ -1526,15 +1517,8 @@ mkdir r && rsync -aX g d r/ && getfattr -d -m - r/g r/d
          getfattr: d: Operation not supported\n"
     );
     assert!(fuse_counters(&mount)["xattr_requests"].as_u64().unwrap() <= 2);
-    let (status, stderr) = mount.stop();
-    assert!(status.success(), "{stderr}");
-    mount.start();
-    let kept = Command::new("bash")
-        .args(["-c", kept])
-        .current_dir(mount.path())
-        .output()
-        .unwrap();
-    assert_eq!(ok(&kept, "getfattr"), before);
+    mount.restart_with(&[]);
+    assert_eq!(mount.run(kept), before);
 }
 
 /// `copy_file_range` (what `cp` uses) is served inside the volume: whole files, past the
@@ -1614,45 +1598,16 @@ print("cp sparse", st.st_size, "sparse" if st.st_blocks * 512 < st.st_size else 
     );
 }
 
+/// The exchange cases the preload library's test runs too.
+const EXCHANGE_SCRIPT: &str = include_str!("../../preload/tests/scripts/exchange.py");
+
 /// `renameat2(RENAME_EXCHANGE)`: files, a file and a directory across directories, a
 /// directory and its parent's sibling, two names of one file, and the refusals give
 /// tmpfs's tree; the tree is the same after a restart of the server.
 fn exchanging_two_names_behaves_as_on_tmpfs_and_stays(transport: &'static str) {
     let mut mount = Mount::new(transport);
-    let script = r#"
-python3 - "$R" <<'EOF'
-import ctypes, errno, os, sys
-libc = ctypes.CDLL(None, use_errno=True)
-def exchange(a, b):
-    if libc.renameat2(-100, a.encode(), -100, b.encode(), 2) != 0:
-        return errno.errorcode[ctypes.get_errno()]
-    return "ok"
-def tree():
-    out = []
-    for top, dirs, files in sorted(os.walk(".")):
-        for name in sorted(dirs + files):
-            path = os.path.join(top, name)
-            st = os.lstat(path)
-            out.append(f"{path}:{'d' if os.path.isdir(path) else 'f'}{st.st_nlink}")
-    return " ".join(sorted(out))
-os.chdir(sys.argv[1])
-os.makedirs("d1/sub/deep")
-os.mkdir("d2")
-with open("d1/f", "w") as f:
-    f.write("one")
-with open("d2/g", "w") as f:
-    f.write("two")
-print("files", exchange("d1/f", "d2/g"), open("d1/f").read(), open("d2/g").read())
-print("dir and file", exchange("d1/sub", "d2/g"), tree())
-print("missing", exchange("d1/f", "d1/missing"))
-print("into itself", exchange("d2", "d2/g/deep"), exchange("d2/g/deep", "d2"))
-os.link("d1/f", "d1/f2")
-print("two names of one file", exchange("d1/f", "d1/f2"), os.stat("d1/f").st_nlink)
-print("a directory and its parent's sibling", exchange("d2/g", "d1"), tree())
-print("flags together", libc.renameat2(-100, b"d1", -100, b"d2", 3), errno.errorcode[ctypes.get_errno()])
-EOF
-"#;
-    let (tmpfs, locus) = both(&mount, script);
+    let script = format!("python3 - \"$R\" <<'EOF'\n{EXCHANGE_SCRIPT}EOF\n");
+    let (tmpfs, locus) = both(&mount, &script);
     assert!(
         tmpfs.contains("files ok two one")
             && tmpfs.contains("into itself EINVAL EINVAL")
@@ -1660,22 +1615,7 @@ EOF
         "{tmpfs}"
     );
     assert_eq!(locus, tmpfs);
-    let listing = "find . | sort && cat d2/g/sub d2/g/f";
-    let before = Command::new("bash")
-        .args(["-c", listing])
-        .current_dir(mount.path())
-        .output()
-        .unwrap();
-    let before = ok(&before, "find");
-    let (status, stderr) = mount.stop();
-    assert!(status.success(), "{stderr}");
-    mount.start();
-    let after = Command::new("bash")
-        .args(["-c", listing])
-        .current_dir(mount.path())
-        .output()
-        .unwrap();
-    assert_eq!(ok(&after, "find"), before);
+    let before = mount.same_after_restart("find . | sort && cat d2/g/sub d2/g/f");
     assert!(before.ends_with("onetwo"), "{before}");
 }
 

@@ -131,6 +131,14 @@ fn shell(
     )
 }
 
+/// Whether the tests run as root (changing effective ids, `trusted.` attributes).
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout == b"0\n")
+}
+
 fn have(program: &str) -> bool {
     Command::new("sh")
         .args(["-c", &format!("command -v {program}")])
@@ -492,11 +500,7 @@ except OSError as e:
 /// script changes its effective ids, so it needs root.
 #[test]
 fn owners_behave_as_on_tmpfs() {
-    if Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout != b"0\n")
-    {
+    if !is_root() {
         eprintln!("skipped: changing effective ids needs root");
         return;
     }
@@ -567,11 +571,7 @@ attempt("chown back as root", lambda: os.chown(R + "/new", 0, 0)); show("new")
 /// not root, and the size probe and `ERANGE` of the C calls — as on tmpfs.
 #[test]
 fn extended_attributes_behave_as_on_tmpfs() {
-    if Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout != b"0\n")
-    {
+    if !is_root() {
         eprintln!("skipped: trusted. attributes need root");
         return;
     }
@@ -655,37 +655,7 @@ attempt("trusted. unsettable", lambda: os.setxattr("d", "trusted.u", b"1"))
 #[test]
 fn exchanging_two_names_behaves_as_on_tmpfs() {
     let vol = volume();
-    let script = r#"
-import ctypes, errno, os, sys
-libc = ctypes.CDLL(None, use_errno=True)
-def exchange(a, b):
-    if libc.renameat2(-100, a.encode(), -100, b.encode(), 2) != 0:
-        return errno.errorcode[ctypes.get_errno()]
-    return "ok"
-def tree():
-    out = []
-    for top, dirs, files in sorted(os.walk(".")):
-        for name in sorted(dirs + files):
-            path = os.path.join(top, name)
-            st = os.lstat(path)
-            out.append(f"{path}:{'d' if os.path.isdir(path) else 'f'}{st.st_nlink}")
-    return " ".join(sorted(out))
-os.chdir(sys.argv[1])
-os.makedirs("d1/sub/deep")
-os.mkdir("d2")
-with open("d1/f", "w") as f:
-    f.write("one")
-with open("d2/g", "w") as f:
-    f.write("two")
-print("files", exchange("d1/f", "d2/g"), open("d1/f").read(), open("d2/g").read())
-print("dir and file", exchange("d1/sub", "d2/g"), tree())
-print("missing", exchange("d1/f", "d1/missing"))
-print("into itself", exchange("d2", "d2/g/deep"), exchange("d2/g/deep", "d2"))
-os.link("d1/f", "d1/f2")
-print("two names of one file", exchange("d1/f", "d1/f2"), os.stat("d1/f").st_nlink)
-print("a directory and its parent's sibling", exchange("d2/g", "d1"), tree())
-print("flags together", libc.renameat2(-100, b"d1", -100, b"d2", 3), errno.errorcode[ctypes.get_errno()])
-"#;
+    let script = include_str!("scripts/exchange.py");
     let (expected, got, status) = python_both(vol.path(), script);
     assert!(status.success());
     assert!(

@@ -109,6 +109,23 @@ pub fn shm_volume(name: &str, size: u64) -> ShmVolume {
     ShmVolume { dir }
 }
 
+/// Runs `expect` on `fs` live, after a crash (`abandon`: the journal replays) and after an
+/// unmount (the snapshot loads), reopening the file system in the volume at `dir` with
+/// [`small_options`]; `expect` gets when it runs ("live", "after a crash", ...).
+///
+/// # Panics
+/// When `expect` does, or the file system does not reopen or unmount.
+pub fn check_across_crash_and_unmount(fs: Fs, dir: &Path, expect: impl Fn(&Fs, &str)) {
+    expect(&fs, "live");
+    fs.abandon();
+    let fs = Fs::open(open_volume(dir), small_options()).unwrap();
+    expect(&fs, "after a crash");
+    fs.unmount().unwrap();
+    let fs = Fs::open(open_volume(dir), small_options()).unwrap();
+    expect(&fs, "after an unmount");
+    fs.unmount().unwrap();
+}
+
 /// Opens the volume in `dir` on the machine's topology.
 ///
 /// # Panics

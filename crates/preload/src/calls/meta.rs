@@ -1348,42 +1348,40 @@ unsafe fn remove_xattr_of(of: XattrOf<'_>, name: *const c_char) -> Result<(), c_
     )
 }
 
-macro_rules! xattr_calls {
-    ($($name:ident, $lname:ident, $fname:ident: ($($arg:ident: $ty:ty),*) -> $ret:ty
-        => $imp:ident, $wrap:path;)*) => {$(
-        #[doc = concat!("`", stringify!($name), "(2)`.")]
+/// One path form of an extended-attribute call: `follow` says whether a link at the last
+/// name is followed (`getxattr`) or is itself the target (`lgetxattr`).
+macro_rules! xattr_path_call {
+    ($name:ident, $follow:expr, $doc:expr,
+        ($($arg:ident: $ty:ty),*) -> $ret:ty => $imp:ident, $wrap:path) => {
+        #[doc = $doc]
         ///
         /// # Safety
         /// C's.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(path: *const c_char $(, $arg: $ty)*) -> $ret {
-            route!(libc::AT_FDCWD, path, follow(true),
+            route!(libc::AT_FDCWD, path, follow($follow),
                 // SAFETY: passed through.
                 kernel(_dirfd, path) => unsafe { real::$name(path $(, $arg)*) },
                 locus(inner, slash) => $wrap(state::run(|| {
                     exists(&inner, slash)?;
                     // SAFETY: the caller's arguments, per C's contract.
-                    unsafe { $imp(XattrOf::Path(&inner, true) $(, $arg)*) }
+                    unsafe { $imp(XattrOf::Path(&inner, $follow) $(, $arg)*) }
                 })),
             )
         }
+    };
+}
 
-        #[doc = concat!("`", stringify!($lname), "(2)`: a symbolic link's own.")]
-        ///
-        /// # Safety
-        /// C's.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $lname(path: *const c_char $(, $arg: $ty)*) -> $ret {
-            route!(libc::AT_FDCWD, path, follow(false),
-                // SAFETY: passed through.
-                kernel(_dirfd, path) => unsafe { real::$lname(path $(, $arg)*) },
-                locus(inner, slash) => $wrap(state::run(|| {
-                    exists(&inner, slash)?;
-                    // SAFETY: the caller's arguments, per C's contract.
-                    unsafe { $imp(XattrOf::Path(&inner, false) $(, $arg)*) }
-                })),
-            )
-        }
+/// Each extended-attribute call in its three forms: by path, by path naming a link itself,
+/// by fd.
+macro_rules! xattr_calls {
+    ($($name:ident, $lname:ident, $fname:ident: ($($arg:ident: $ty:ty),*) -> $ret:ty
+        => $imp:ident, $wrap:path;)*) => {$(
+        xattr_path_call!($name, true, concat!("`", stringify!($name), "(2)`."),
+            ($($arg: $ty),*) -> $ret => $imp, $wrap);
+        xattr_path_call!($lname, false,
+            concat!("`", stringify!($lname), "(2)`: a symbolic link's own."),
+            ($($arg: $ty),*) -> $ret => $imp, $wrap);
 
         #[doc = concat!("`", stringify!($fname), "(2)`.")]
         ///
