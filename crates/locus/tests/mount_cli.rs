@@ -61,6 +61,7 @@ transports!(
     two_processes_write_disjoint_ranges_of_one_file,
     kill_9_of_the_server_loses_no_acknowledged_write,
     sigterm_unmounts_cleanly_and_the_files_stay,
+    the_volume_opens_right_after_umount,
     the_preload_library_uses_a_running_mount,
     status_and_fsck_beside_a_mount,
     fio_jobs_as_processes_verify_their_data,
@@ -952,6 +953,48 @@ fn sigterm_unmounts_cleanly_and_the_files_stay(transport: &'static str) {
         status.success() && !stderr.contains("recovery replayed"),
         "{stderr}"
     );
+}
+
+/// `umount` returns before the server has closed the volume (the kernel drops the mount;
+/// the server then checkpoints and closes). A command run right after it — `fsck`,
+/// `status`, a new `locus mount` — waits for that instead of failing with "in use". Each
+/// round leaves the server 128 MiB of fresh writes to close, so that its close is still
+/// running when the next command starts.
+fn the_volume_opens_right_after_umount(transport: &'static str) {
+    let mut mount = Mount::new(transport);
+    for round in 0..3 {
+        let name = format!("f{round}");
+        mount.run(&format!(
+            "dd if=/dev/urandom of={name} bs=1M count=64 status=none && cp {name} {name}.copy"
+        ));
+        let server = mount.server.take().expect("running");
+        let umount = Command::new("umount").arg(mount.path()).output().unwrap();
+        ok(&umount, "umount");
+        let command = ["fsck", "status", "mount"][round];
+        if command == "mount" {
+            // `start_with` fails the test if the new server exits.
+            mount.start_with(&[]);
+        } else {
+            let out = locus()
+                .arg(command)
+                .arg("--volume")
+                .arg(mount.volume.path())
+                .output()
+                .unwrap();
+            let text = ok(&out, command);
+            if command == "fsck" {
+                assert!(text.trim_end().ends_with("clean"), "{text}");
+            }
+            mount.start_with(&[]);
+        }
+        let out = server.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && stderr.contains("unmounted"),
+            "{stderr}"
+        );
+        mount.run(&format!("cmp {name} {name}.copy && rm {name} {name}.copy"));
+    }
 }
 
 /// The preload library, finding the volume held by `locus mount`, passes /locus paths to

@@ -33,7 +33,8 @@ pub use error::{Result, VolumeError};
 pub use lock::VolumeLock;
 pub use monitor::Thresholds;
 pub use served::{
-    SERVED_FILE, Served, UNRECORDED, clear_served, find_served, is_locus_mount, record_served,
+    SERVED_FILE, Served, UNRECORDED, clear_served, find_served, find_stopping, is_locus_mount,
+    record_served,
 };
 pub use volume::{
     DeviceSource, DeviceStats, MAX_ALLOC_BYTES, OpenOptions, Volume, default_config, hex,

@@ -41,14 +41,28 @@ pub fn clear_served(dir: &Path) {
 /// The live server of the volume in `dir`: its record names a running process and a mount
 /// point where a locus FUSE file system is mounted now.
 pub fn find_served(dir: &Path) -> Option<Served> {
+    read_running(dir).filter(|s| is_locus_mount(&s.mountpoint))
+}
+
+/// A server of the volume in `dir` that no longer serves its mount but still runs: its
+/// record names a running process, and no locus file system is mounted at its mount point.
+/// That is a server closing the volume after `umount` (which returns before the server has
+/// checkpointed and closed it), or one lazily unmounted (`umount -l`) that goes on serving
+/// the files still open there until they are closed. The server removes its record only
+/// after it has closed the volume.
+pub fn find_stopping(dir: &Path) -> Option<Served> {
+    read_running(dir).filter(|s| !is_locus_mount(&s.mountpoint))
+}
+
+/// The record in `dir`, when the process it names is running.
+fn read_running(dir: &Path) -> Option<Served> {
     let text = std::fs::read_to_string(dir.join(SERVED_FILE)).ok()?;
     let mut lines = text.lines();
     let pid: u32 = lines.next()?.parse().ok()?;
     let mountpoint = PathBuf::from(lines.next()?);
-    if !Path::new(&format!("/proc/{pid}")).exists() || !is_locus_mount(&mountpoint) {
-        return None;
-    }
-    Some(Served { pid, mountpoint })
+    Path::new(&format!("/proc/{pid}"))
+        .exists()
+        .then_some(Served { pid, mountpoint })
 }
 
 /// Whether a locus FUSE file system is mounted at `mountpoint` (by /proc/self/mountinfo: the
@@ -89,9 +103,18 @@ mod tests {
                 point.path().canonicalize().unwrap().display()
             )
         );
-        // This process is alive, but nothing is mounted there.
+        // This process is alive, but nothing is mounted there: a server that stopped
+        // serving and has not closed the volume yet.
         assert_eq!(find_served(dir.path()), None);
+        assert_eq!(
+            find_stopping(dir.path()),
+            Some(Served {
+                pid: std::process::id(),
+                mountpoint: point.path().canonicalize().unwrap(),
+            })
+        );
         clear_served(dir.path());
         assert!(!dir.path().join(SERVED_FILE).exists());
+        assert_eq!(find_stopping(dir.path()), None);
     }
 }

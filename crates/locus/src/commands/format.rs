@@ -103,9 +103,9 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FormatArgs) -> Result<()> {
         },
         true,
     );
-    let uuid = Volume::format(dir, &config, args.force)
-        .map_err(|e| super::volume::named_holder(dir, e))
-        .with_context(|| format!("formatting a volume in {}", dir.display()))?;
+    let uuid =
+        super::volume::after_stopping_server(dir, || Volume::format(dir, &config, args.force))
+            .with_context(|| format!("formatting a volume in {}", dir.display()))?;
     if !args.no_fs {
         spinner.set_message("creating the file system");
         super::volume::format_fs(

@@ -166,7 +166,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
     } else {
         Report {
             served_by: None,
-            volume: volume::check(dir)?,
+            volume: super::volume::after_stopping_server(dir, || volume::check(dir))?,
             fs: None,
             repaired: None,
             salvaged: None,
@@ -175,16 +175,16 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
     };
     if report.served_by.is_none() && report.volume.is_clean() {
         let topology = super::volume::read_topology(sysfs)?;
-        let volume = super::volume::open(dir, topology, false)?;
+        let volume = super::volume::open(dir, &topology, false)?;
         let mut state = FsState::of(&volume);
         if args.repair && matches!(state, FsState::Damaged { .. }) {
             drop(volume);
-            let volume = super::volume::open(dir, super::volume::read_topology(sysfs)?, false)?;
+            let volume = super::volume::open(dir, &super::volume::read_topology(sysfs)?, false)?;
             match fs::Fs::salvage(&volume) {
                 Ok(salvage) => {
                     drop(volume);
                     let volume =
-                        super::volume::open(dir, super::volume::read_topology(sysfs)?, false)?;
+                        super::volume::open(dir, &super::volume::read_topology(sysfs)?, false)?;
                     let fs = fs::Fs::open(Arc::new(volume), checking_options())
                         .context("opening the file system cut back to before the damage")?;
                     fs.unmount().context("writing the repaired file system")?;
@@ -198,7 +198,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
                     ));
                     report.salvaged = Some(salvage);
                     let volume =
-                        super::volume::open(dir, super::volume::read_topology(sysfs)?, false)?;
+                        super::volume::open(dir, &super::volume::read_topology(sysfs)?, false)?;
                     state = FsState::of(&volume);
                 }
                 Err(e) => report.not_repaired = Some(e.to_string()),
@@ -209,7 +209,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
             // The check marked the file system's memory owned; recovery wants a volume
             // that owns nothing yet.
             drop(volume);
-            let volume = super::volume::open(dir, super::volume::read_topology(sysfs)?, false)?;
+            let volume = super::volume::open(dir, &super::volume::read_topology(sysfs)?, false)?;
             let fs = fs::Fs::open(Arc::new(volume), checking_options())
                 .context("opening the file system to repair it")?;
             fs.unmount().context("writing the repaired file system")?;

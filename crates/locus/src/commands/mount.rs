@@ -299,11 +299,14 @@ fn serve(dir: &Path, sysfs: &Path, args: &MountArgs) -> Result<()> {
     while !stop.load(Ordering::Relaxed) && !mounted.finished() {
         std::thread::sleep(Duration::from_millis(50));
     }
-    volume::clear_served(dir);
-    mounted
+    // The record stays until the volume is closed: a command that finds the volume held
+    // meanwhile knows by it that the holder is closing (`volume::find_stopping`) and waits.
+    let closed = mounted
         .unmount()
-        .with_context(|| format!("unmounting {}", args.mountpoint.display()))?;
-    fs.unmount().context("closing the file system")?;
+        .with_context(|| format!("unmounting {}", args.mountpoint.display()))
+        .and_then(|()| fs.unmount().context("closing the file system"));
+    volume::clear_served(dir);
+    closed?;
     eprintln!("locus: unmounted {}", args.mountpoint.display());
     Ok(())
 }

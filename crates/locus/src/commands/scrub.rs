@@ -29,7 +29,7 @@ pub struct ScrubArgs {
 
 pub fn run(dir: &Path, sysfs: &Path, args: &ScrubArgs) -> Result<()> {
     let topology = super::volume::read_topology(sysfs)?;
-    let volume = super::volume::open(dir, topology, false)?;
+    let volume = super::volume::open(dir, &topology, false)?;
     let spinner = crate::progress::spinner("scrubbing file data".to_owned(), !args.json);
     let report = fs::Fs::scrub(&volume)
         .with_context(|| format!("scrubbing the file system at {}", dir.display()))?;
