@@ -957,12 +957,14 @@ fn sigterm_unmounts_cleanly_and_the_files_stay(transport: &'static str) {
 
 /// `umount` returns before the server has closed the volume (the kernel drops the mount;
 /// the server then checkpoints and closes). A command run right after it — `fsck`,
-/// `status`, a new `locus mount` — waits for that instead of failing with "in use". Each
+/// `status`, a new `locus mount`, a program through the preload library — waits for that
+/// instead of failing with "in use" (the library: `EBUSY`). Each
 /// round leaves the server 128 MiB of fresh writes to close, so that its close is still
 /// running when the next command starts.
 fn the_volume_opens_right_after_umount(transport: &'static str) {
+    let library = common::preload_library();
     let mut mount = Mount::new(transport);
-    for round in 0..3 {
+    for round in 0..4 {
         let name = format!("f{round}");
         mount.run(&format!(
             "dd if=/dev/urandom of={name} bs=1M count=64 status=none && cp {name} {name}.copy"
@@ -970,9 +972,19 @@ fn the_volume_opens_right_after_umount(transport: &'static str) {
         let server = mount.server.take().expect("running");
         let umount = Command::new("umount").arg(mount.path()).output().unwrap();
         ok(&umount, "umount");
-        let command = ["fsck", "status", "mount"][round];
+        let command = ["fsck", "status", "mount", "preload"][round];
         if command == "mount" {
             // `start_with` fails the test if the new server exits.
+            mount.start_with(&[]);
+        } else if command == "preload" {
+            let out = Command::new("cmp")
+                .args([format!("/locus/{name}"), format!("/locus/{name}.copy")])
+                .env("LD_PRELOAD", &library)
+                .env("LOCUS_VOLUME", mount.volume.path())
+                .env("LOCUS_MOUNT", "/locus")
+                .output()
+                .unwrap();
+            ok(&out, "cmp through the preload library");
             mount.start_with(&[]);
         } else {
             let out = locus()

@@ -212,7 +212,13 @@ fn mount() -> Result<Fs, c_int> {
             prefault: false,
             ..Default::default()
         };
-        let volume = volume::Volume::open(&config.volume, topology, &options)?;
+        // Right after `umount` of a `locus mount` of the volume, its server may still be
+        // closing it: wait for that rather than fail with EBUSY.
+        let volume = volume::after_stopping_server(
+            &config.volume,
+            || volume::Volume::open(&config.volume, topology.clone(), &options),
+            |_| {},
+        )?;
         Fs::open(Arc::new(volume), FsOptions::default())
     })();
     opened.map_err(|e| {

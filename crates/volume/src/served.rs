@@ -7,6 +7,9 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::error::{Result, VolumeError};
 
 /// The record's file name in the volume directory.
 pub const SERVED_FILE: &str = "locus.mounted";
@@ -52,6 +55,49 @@ pub fn find_served(dir: &Path) -> Option<Served> {
 /// after it has closed the volume.
 pub fn find_stopping(dir: &Path) -> Option<Served> {
     read_running(dir).filter(|s| !is_locus_mount(&s.mountpoint))
+}
+
+/// The server of [`find_stopping`] when it is `pid`, the holder the volume lock names.
+pub fn stopping_holder(dir: &Path, pid: &str) -> Option<Served> {
+    find_stopping(dir).filter(|s| s.pid.to_string() == pid)
+}
+
+/// How long [`after_stopping_server`] waits. Closing is a checkpoint and a snapshot:
+/// milliseconds to a second or two; a server still running after this is serving the files
+/// a lazy unmount left open.
+pub const STOPPING_WAIT: Duration = Duration::from_secs(30);
+
+/// Runs `attempt` (something that takes the lock of the volume in `dir`) and, while it
+/// fails with `InUse` held by a server that was unmounted and is closing the volume
+/// ([`stopping_holder`]), runs it again, for up to [`STOPPING_WAIT`]; `waiting` is told once,
+/// when the wait begins. `umount` returns as soon as the kernel has dropped the mount,
+/// before the server has closed the volume: without this, `umount /mnt/x && locus fsck`
+/// failed on a volume about to be free. Other errors, other holders and a wait that runs
+/// out are returned as `attempt` gave them.
+pub fn after_stopping_server<T>(
+    dir: &Path,
+    mut attempt: impl FnMut() -> Result<T>,
+    waiting: impl FnOnce(&Served),
+) -> Result<T> {
+    let mut waiting = Some(waiting);
+    let started = Instant::now();
+    loop {
+        let result = attempt();
+        let holder = match &result {
+            Err(VolumeError::InUse { pid, .. }) => stopping_holder(dir, pid),
+            _ => None,
+        };
+        let Some(stopping) = holder else {
+            return result;
+        };
+        if started.elapsed() >= STOPPING_WAIT {
+            return result;
+        }
+        if let Some(waiting) = waiting.take() {
+            waiting(&stopping);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// The record in `dir`, when the process it names is running.
@@ -116,5 +162,62 @@ mod tests {
         clear_served(dir.path());
         assert!(!dir.path().join(SERVED_FILE).exists());
         assert_eq!(find_stopping(dir.path()), None);
+    }
+
+    #[test]
+    fn an_open_waits_for_a_stopping_server_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let point = tempfile::tempdir().unwrap();
+        let in_use = |pid: u32| VolumeError::InUse {
+            dir: dir.path().to_owned(),
+            pid: pid.to_string(),
+        };
+        // Held by a process that is no server: returned at once.
+        let mut attempts = 0;
+        let result: Result<()> = after_stopping_server(
+            dir.path(),
+            || {
+                attempts += 1;
+                Err(in_use(std::process::id()))
+            },
+            |_| panic!("no server to wait for"),
+        );
+        assert!(matches!(result, Err(VolumeError::InUse { .. })));
+        assert_eq!(attempts, 1);
+
+        // Held by the recorded server, unmounted (this process, nothing mounted at its
+        // point): tried again until the lock is free, the wait announced once.
+        record_served(dir.path(), point.path()).unwrap();
+        let (mut attempts, mut announced) = (0, 0);
+        let result = after_stopping_server(
+            dir.path(),
+            || {
+                attempts += 1;
+                if attempts < 4 {
+                    Err(in_use(std::process::id()))
+                } else {
+                    Ok(attempts)
+                }
+            },
+            |s| {
+                announced += 1;
+                assert_eq!(s.pid, std::process::id());
+            },
+        );
+        assert_eq!(result.unwrap(), 4);
+        assert_eq!(announced, 1);
+
+        // Held by another process than the record names: not waited for.
+        let mut attempts = 0;
+        let result: Result<()> = after_stopping_server(
+            dir.path(),
+            || {
+                attempts += 1;
+                Err(in_use(std::process::id() + 1))
+            },
+            |_| panic!("the holder is not the recorded server"),
+        );
+        assert!(result.is_err());
+        assert_eq!(attempts, 1);
     }
 }

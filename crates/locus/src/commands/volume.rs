@@ -2,9 +2,8 @@
 //! embedded default when there is none yet.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use topology::Topology;
 
 use crate::size::format_bytes;
@@ -70,66 +69,42 @@ pub fn open(dir: &Path, topology: &Topology, prefault: bool) -> Result<Volume> {
         .with_context(|| format!("opening the volume at {}", dir.display()))
 }
 
-/// How long a command waits for a `locus mount` server that has stopped serving to close
-/// the volume. Closing is a checkpoint and a snapshot: milliseconds to a second or two; a
-/// server still running after this is serving the open files of a lazy unmount.
-const STOPPING_WAIT: Duration = Duration::from_secs(30);
-
-/// Runs `attempt` (something that takes the volume's lock) and, while the lock is held by
-/// a `locus mount` server that no longer serves its mount ([`volume::find_stopping`]),
-/// runs it again until that server has closed the volume. `umount` returns as soon as the
-/// kernel has dropped the mount, before the server has checkpointed and closed the volume,
-/// so `umount /mnt/x && locus fsck` would otherwise fail on a volume about to be free.
-/// Other errors, and a holder that is not stopping, are returned at once (the holder
-/// named, [`named_holder`]).
+/// Runs `attempt` (something that takes the volume's lock), waiting while a `locus mount`
+/// server that was unmounted closes the volume ([`volume::after_stopping_server`]; the wait
+/// is announced on stderr). Errors name the holder ([`named_holder`]).
 pub fn after_stopping_server<T>(
     dir: &Path,
-    mut attempt: impl FnMut() -> volume::Result<T>,
+    attempt: impl FnMut() -> volume::Result<T>,
 ) -> Result<T> {
-    let mut since: Option<Instant> = None;
-    loop {
-        let error = match attempt() {
-            Ok(opened) => return Ok(opened),
-            Err(error) => error,
-        };
-        let volume::VolumeError::InUse { pid, .. } = &error else {
-            return Err(named_holder(dir, error));
-        };
-        let Some(stopping) = volume::find_stopping(dir).filter(|s| s.pid.to_string() == *pid)
-        else {
-            return Err(named_holder(dir, error));
-        };
-        let since = *since.get_or_insert_with(|| {
-            eprintln!(
-                "locus: waiting for the `locus mount` server (pid {}), unmounted from {}, to \
-                 close the volume",
-                stopping.pid,
-                stopping.mountpoint.display()
-            );
-            Instant::now()
-        });
-        if since.elapsed() >= STOPPING_WAIT {
-            bail!(
-                "volume {} is still held by the `locus mount` server (pid {}) {} s after it was \
-                 unmounted from {}: a lazy unmount (`umount -l`) keeps it serving the files \
-                 still open there until they are closed; SIGTERM stops it (it finishes the \
-                 requests in progress and closes the volume)",
-                dir.display(),
-                stopping.pid,
-                STOPPING_WAIT.as_secs(),
-                stopping.mountpoint.display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    volume::after_stopping_server(dir, attempt, |stopping| {
+        eprintln!(
+            "locus: waiting for the `locus mount` server (pid {}), unmounted from {}, to close \
+             the volume",
+            stopping.pid,
+            stopping.mountpoint.display()
+        );
+    })
+    .map_err(|e| named_holder(dir, e))
 }
 
 /// A volume error, with the server that holds the volume named when it is locus's own —
 /// `locus mount` (from its record in the directory) or `locus serve` (answering on its
 /// control socket) — and what frees it, instead of only the pid the lock file gives.
 pub fn named_holder(dir: &Path, error: volume::VolumeError) -> anyhow::Error {
-    if !matches!(error, volume::VolumeError::InUse { .. }) {
+    let volume::VolumeError::InUse { pid, .. } = &error else {
         return error.into();
+    };
+    if let Some(stopping) = volume::stopping_holder(dir, pid) {
+        return anyhow::anyhow!(
+            "volume {} is still held by the `locus mount` server (pid {}) {} s after it was \
+             unmounted from {}: a lazy unmount (`umount -l`) keeps it serving the files still \
+             open there until they are closed; SIGTERM stops it (it finishes the requests in \
+             progress and closes the volume)",
+            dir.display(),
+            stopping.pid,
+            volume::STOPPING_WAIT.as_secs(),
+            stopping.mountpoint.display()
+        );
     }
     if let Some(served) = volume::find_served(dir) {
         return anyhow::anyhow!(
