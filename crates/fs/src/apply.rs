@@ -406,6 +406,41 @@ pub(crate) fn punch(
     Ok(freed)
 }
 
+/// `Allocate`: maps zeroed blocks into holes of a file (its `extents` locked) and grows its
+/// size to `size` when that is larger. Every run must be a hole: the live path took them
+/// from the holes it saw under the batch lock, so replay, which reaches the same state,
+/// finds the same holes.
+pub(crate) fn allocate(
+    inode: &Inode,
+    extents: &mut ExtentMap,
+    runs: &[Run],
+    size: u64,
+    time: u64,
+) -> Result<(), Problem> {
+    file(inode, "blocks allocated in")?;
+    if let Some(run) = runs.iter().find(|r| {
+        !extents
+            .lookup(r.file_block, r.file_block + r.blocks)
+            .is_empty()
+    }) {
+        return Err(format!(
+            "blocks {}..{} allocated in file {} are not a hole",
+            run.file_block,
+            run.file_block + run.blocks,
+            inode.ino
+        ));
+    }
+    let mut replaced = Vec::new();
+    for run in runs {
+        extents.map(run.file_block, run.blocks, run.addr, &mut replaced);
+    }
+    debug_assert!(replaced.is_empty());
+    inode.size.fetch_max(size, Ordering::AcqRel);
+    inode.mtime.store(time, Ordering::Release);
+    inode.changed(time);
+    Ok(())
+}
+
 /// `SetMode` (the inode's `attr` locked). `time` 0: a record of an old kind, the change
 /// time stays.
 pub(crate) fn set_mode(inode: &Inode, attr: &mut Attr, mode: u32, time: u64) {

@@ -14,6 +14,9 @@ use crate::error::{FsError, Result};
 const HEADER: usize = 32;
 /// Largest record (a checkpoint batch is cut to fit).
 pub const MAX_RECORD: usize = 256 << 10;
+/// Most runs one `Allocate` record maps (24 KiB of runs: a record that fits the smallest
+/// journal); a larger allocation takes several records.
+pub const MAX_ALLOCATE_RUNS: usize = 1024;
 
 /// Kind of inode a create makes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -274,6 +277,20 @@ pub enum MetaOp {
         /// Time of the change.
         time: u64,
     },
+    /// Zeroed blocks mapped into holes of a file (`fallocate` without `PUNCH_HOLE`), so that
+    /// writes into them cannot run out of space and the file's blocks count them; the size
+    /// grows to `size` when it is below (0: kept, `FALLOC_FL_KEEP_SIZE`). The runs were holes
+    /// when the record was taken, which replay checks.
+    Allocate {
+        /// The file.
+        ino: u64,
+        /// The size the file has at least afterwards (0: unchanged).
+        size: u64,
+        /// Time of the change: the file's new modification and change time.
+        time: u64,
+        /// Blocks mapped, in file order, none overlapping (at most [`MAX_ALLOCATE_RUNS`]).
+        runs: Vec<crate::extent_map::Run>,
+    },
     /// A checkpoint batch: blocks moved into files, sizes reached, and the data-log records
     /// that are now part of their files (retired through a sequence, per slot).
     Batch {
@@ -302,6 +319,7 @@ impl MetaOp {
             Self::SetTimes { .. } => 11,
             Self::Batch { .. } => 13,
             Self::Punch { .. } => 7,
+            Self::Allocate { .. } => 20,
         }
     }
 
@@ -418,6 +436,17 @@ impl MetaOp {
                 time,
             } => {
                 e.u64(*ino).u64(*first_block).u64(*blocks).u64(*time);
+            }
+            Self::Allocate {
+                ino,
+                size,
+                time,
+                runs,
+            } => {
+                e.u64(*ino).u64(*size).u64(*time).u32(runs.len() as u32);
+                for run in runs {
+                    e.u64(run.file_block).u64(run.blocks).u64(run.addr);
+                }
             }
             Self::Batch {
                 maps,
@@ -589,6 +618,43 @@ impl MetaOp {
                     first_block,
                     blocks,
                     time,
+                }
+            }
+            20 => {
+                let ino = d.u64("ino")?;
+                let size = d.u64("size")?;
+                let time = d.u64("time")?;
+                let count = d.u32("runs")? as usize;
+                if count > MAX_ALLOCATE_RUNS {
+                    return Err(d.error(format!(
+                        "allocation of {count} runs (at most {MAX_ALLOCATE_RUNS})"
+                    )));
+                }
+                let mut runs: Vec<crate::extent_map::Run> = Vec::with_capacity(count);
+                for _ in 0..count {
+                    let run = crate::extent_map::Run {
+                        file_block: d.u64("run file_block")?,
+                        blocks: d.u64("run blocks")?,
+                        addr: d.u64("run addr")?,
+                    };
+                    if !run.is_sound() {
+                        return Err(d.error(format!("file {ino} allocates an invalid run {run:?}")));
+                    }
+                    if runs
+                        .last()
+                        .is_some_and(|last| last.file_block + last.blocks > run.file_block)
+                    {
+                        return Err(d.error(format!(
+                            "file {ino} allocates run {run:?} out of order or over the one before"
+                        )));
+                    }
+                    runs.push(run);
+                }
+                Self::Allocate {
+                    ino,
+                    size,
+                    time,
+                    runs,
                 }
             }
             // 6: a batch as written before its sizes carried their order.
@@ -1078,7 +1144,48 @@ mod tests {
                 }],
                 retired: vec![(1, 17)],
             },
+            MetaOp::Allocate {
+                ino: 3,
+                size: 1 << 20,
+                time: 14,
+                runs: vec![
+                    crate::extent_map::Run {
+                        file_block: 0,
+                        blocks: 4,
+                        addr: 1 << 22,
+                    },
+                    crate::extent_map::Run {
+                        file_block: 10,
+                        blocks: 1,
+                        addr: 3 << 21,
+                    },
+                ],
+            },
         ]
+    }
+
+    /// An `Allocate` whose runs could not all be holes of one file, or could not be
+    /// mapped, is refused by name.
+    #[test]
+    fn allocations_that_cannot_be_mapped_are_refused() {
+        let decode = |runs: &[(u64, u64, u64)], count: u32| {
+            let mut e = Encoder::default();
+            e.u64(3).u64(0).u64(1).u32(count);
+            for &(file_block, blocks, addr) in runs {
+                e.u64(file_block).u64(blocks).u64(addr);
+            }
+            let mut d = Decoder::new(&e.0, "test");
+            MetaOp::decode_payload(20, &mut d).map_err(|e| e.to_string())
+        };
+        assert!(decode(&[(0, 2, 1 << 21), (2, 1, 1 << 22)], 2).is_ok());
+        let overlapping = decode(&[(0, 2, 1 << 21), (1, 1, 1 << 22)], 2).unwrap_err();
+        assert!(overlapping.contains("over the one before"), "{overlapping}");
+        let unaligned = decode(&[(0, 1, (1 << 21) + 512)], 1).unwrap_err();
+        assert!(unaligned.contains("invalid run"), "{unaligned}");
+        let empty = decode(&[(0, 0, 1 << 21)], 1).unwrap_err();
+        assert!(empty.contains("invalid run"), "{empty}");
+        let many = decode(&[], MAX_ALLOCATE_RUNS as u32 + 1).unwrap_err();
+        assert!(many.contains("at most"), "{many}");
     }
 
     #[test]

@@ -1457,6 +1457,23 @@ fn replay(
                 *time,
             )?;
         }
+        MetaOp::Allocate {
+            ino,
+            size,
+            time,
+            runs,
+        } => {
+            let Some(file) = changed(*ino)? else {
+                return Ok(());
+            };
+            apply::allocate(
+                &file,
+                &mut file.extents.write().expect("extent map"),
+                runs,
+                *size,
+                *time,
+            )?;
+        }
         MetaOp::SetMode { ino, mode, time } => {
             let Some(inode) = changed(*ino)? else {
                 return Ok(());

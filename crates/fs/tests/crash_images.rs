@@ -285,6 +285,26 @@ fn punch_a_block_aligned_hole() {
 }
 
 #[test]
+fn allocate_blocks_and_grow() {
+    // Zeroed blocks into the holes around checkpointed and logged data, and the size grown
+    // in the same record: all of it or nothing, the logged data kept either way.
+    check_op(
+        "allocate",
+        |fs| {
+            write(fs, "/f", 0, 6000, 1);
+            fs.checkpoint().unwrap();
+            write(fs, "/f", 12_000, 5000, 2);
+        },
+        |fs| {
+            fs.open_file("/f", fs::OpenOptions::read_write())
+                .unwrap()
+                .allocate(2000, 40_000, false)
+                .unwrap();
+        },
+    );
+}
+
+#[test]
 fn checkpoint_moves_everything_and_changes_nothing_visible() {
     // The checkpoint does not change the visible state, so here every image must equal it,
     // and the logs must have been used: check both by hand.
@@ -409,6 +429,7 @@ fn with_data_checksums_no_crash_leaves_a_block_failing_its_checksum() {
     zero_copy_buffer_commit();
     truncate_shrink_and_grow();
     punch_a_block_aligned_hole();
+    allocate_blocks_and_grow();
     checkpoint_moves_everything_and_changes_nothing_visible();
     unmount_snapshot_and_root_switch();
     defragmenting_a_window_with_a_hole();

@@ -32,6 +32,12 @@ enum Op {
         offset: u64,
         len: u64,
     },
+    Allocate {
+        file: usize,
+        offset: u64,
+        len: u64,
+        keep_size: bool,
+    },
     Unlink {
         file: usize,
     },
@@ -65,6 +71,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0usize..8, 0u64..250_000).prop_map(|(file, size)| Op::Truncate { file, size }),
         2 => (0usize..8, 0u64..200_000, 1u64..60_000)
             .prop_map(|(file, offset, len)| Op::Punch { file, offset, len }),
+        2 => (0usize..8, 0u64..200_000, 1u64..60_000, any::<bool>())
+            .prop_map(|(file, offset, len, keep_size)| Op::Allocate { file, offset, len, keep_size }),
         1 => (0usize..8).prop_map(|file| Op::Unlink { file }),
         2 => (0usize..8, 0usize..8).prop_map(|(from, to)| Op::Rename { from, to }),
         2 => (0usize..3).prop_map(|dir| Op::Mkdir { dir }),
@@ -225,6 +233,27 @@ fn run(ops: Vec<Op>, name: &str, mode: fs::CheckpointMode) -> Result<(), TestCas
                         let end = ((offset + len) as usize).min(content.len());
                         if (*offset as usize) < end {
                             content[*offset as usize..end].fill(0);
+                        }
+                    }
+                    None => prop_assert!(result.is_err()),
+                }
+            }
+            Op::Allocate {
+                file,
+                offset,
+                len,
+                keep_size,
+            } => {
+                let path = file_path(*file);
+                let result = fs
+                    .open_file(&path, fs::OpenOptions::read_write())
+                    .and_then(|f| f.allocate(*offset, *len, *keep_size));
+                match model.files.get_mut(&path) {
+                    Some(content) => {
+                        result.unwrap();
+                        let end = (offset + len) as usize;
+                        if !keep_size && content.len() < end {
+                            content.resize(end, 0);
                         }
                     }
                     None => prop_assert!(result.is_err()),

@@ -71,6 +71,7 @@ transports!(
     owners_and_permissions_behave_as_on_tmpfs_and_stay,
     extended_attributes_behave_as_on_tmpfs_and_stay,
     copy_file_range_copies_inside_the_server_as_on_tmpfs,
+    fallocate_allocates_as_on_tmpfs_and_stays,
     exchanging_two_names_behaves_as_on_tmpfs_and_stays,
     a_read_only_mount_refuses_every_change,
     a_tree_deeper_than_path_max_behaves_as_on_tmpfs,
@@ -1651,6 +1652,42 @@ print("cp sparse", st.st_size, "sparse" if st.st_blocks * 512 < st.st_size else 
         std::fs::read(mount.path().join("src")).unwrap(),
         std::fs::read(mount.path().join("src.copy")).unwrap()
     );
+}
+
+/// `fallocate` allocates: mode 0 and `--keep-size` give holes blocks (`stat` and `du`
+/// count them, the volume's free space drops by them at once), data written into them
+/// stays, a punched hole and a truncation free them again, and a request beyond the free
+/// space is `ENOSPC` with nothing allocated — as on tmpfs, and the same after a restart.
+fn fallocate_allocates_as_on_tmpfs_and_stays(transport: &'static str) {
+    let mut mount = Mount::new(transport);
+    let script = include_str!("../../preload/tests/scripts/fallocate.sh");
+    let (tmpfs, locus) = both(&mount, script);
+    assert!(
+        tmpfs.contains("mode 0: 1048576 bytes, 2048 blocks")
+            && tmpfs.contains("No space left on device")
+            && tmpfs.contains("big: 0 bytes, 0 blocks"),
+        "{tmpfs}"
+    );
+    assert_eq!(locus, tmpfs);
+    mount.same_after_restart("stat -c '%s %b' f; md5sum f");
+
+    // The volume's free space pays for an allocation at once, and gets it back on unlink.
+    let avail = || -> u64 {
+        mount
+            .run("stat -f -c '%a %S' .")
+            .split_whitespace()
+            .map(|n| n.parse::<u64>().unwrap())
+            .product()
+    };
+    let before = avail();
+    mount.run("fallocate -l 64M reserved");
+    let after = avail();
+    assert!(
+        before - after >= 64 << 20,
+        "{before} bytes free before, {after} after"
+    );
+    mount.run("rm reserved");
+    assert!(avail() >= before - (1 << 20), "given back on unlink");
 }
 
 /// The exchange cases the preload library's test runs too.

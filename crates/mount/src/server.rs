@@ -1288,10 +1288,11 @@ impl Server {
         if length == 0 || i64::try_from(offset).is_err() || i64::try_from(length).is_err() {
             return Err(libc::EINVAL);
         }
-        let end = offset.checked_add(length).ok_or(libc::EFBIG)?;
+        offset.checked_add(length).ok_or(libc::EFBIG)?;
         match mode {
-            0 if end > file.len() => file.set_len(end).map_err(|e| errno(&e)),
-            0 | libc::FALLOC_FL_KEEP_SIZE => Ok(()),
+            0 | libc::FALLOC_FL_KEEP_SIZE => file
+                .allocate(offset, length, mode != 0)
+                .map_err(|e| errno(&e)),
             m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => {
                 file.punch_hole(offset, length).map_err(|e| errno(&e))
             }

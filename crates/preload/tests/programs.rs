@@ -665,6 +665,26 @@ fn exchanging_two_names_behaves_as_on_tmpfs() {
     assert_eq!(got, expected);
 }
 
+/// `fallocate` through the library allocates: mode 0 and `--keep-size` give holes blocks
+/// that `stat` counts, data written into them stays, a punched hole and a truncation free
+/// them, and a request beyond the volume's free space is `ENOSPC` — as on tmpfs (the script
+/// `locus mount`'s test runs too).
+#[test]
+fn fallocate_allocates_as_on_tmpfs() {
+    let vol = volume();
+    let tmp = tempfile::tempdir_in("/dev/shm").unwrap();
+    let script = include_str!("scripts/fallocate.sh");
+    let expected = shell(None, "bash", script, &[tmp.path().as_os_str()]);
+    assert!(
+        expected.0.contains("mode 0: 1048576 bytes, 2048 blocks")
+            && expected.0.contains("No space left on device")
+            && expected.0.contains("big: 0 bytes, 0 blocks"),
+        "{expected:?}"
+    );
+    let got = shell(Some(vol.path()), "bash", script, &[MOUNT.as_ref()]);
+    assert_eq!(got, expected);
+}
+
 /// Runs `script` (Python, given the root as `sys.argv[1]`) on tmpfs without the library and
 /// on /locus with it; returns (tmpfs output, locus output, the locus run's status).
 fn python_both(vol: &Path, script: &str) -> (String, String, std::process::ExitStatus) {

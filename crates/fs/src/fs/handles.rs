@@ -722,6 +722,32 @@ impl File {
         self.fs.inner.punch_hole(&self.inode, offset, len)
     }
 
+    /// Allocates the blocks of `[offset, offset + len)` (`fallocate` without `PUNCH_HOLE`):
+    /// every hole among the blocks the range touches gets a zeroed block, so that writes
+    /// there cannot fail for want of space and the file's allocated bytes count them. With
+    /// `keep_size` false the size grows to `offset + len` if it is below
+    /// (`FALLOC_FL_KEEP_SIZE`: unchanged, the blocks past the end stay allocated until a
+    /// truncation). `NoSpace`, with nothing changed, when the volume has less free memory
+    /// than the holes need; `TooLarge` past the largest file; `Invalid` for an empty range.
+    /// Durable on return; modification and change times become now.
+    pub fn allocate(&self, offset: u64, len: u64, keep_size: bool) -> Result<()> {
+        self.writable()?;
+        if len == 0 {
+            return Err(FsError::Invalid(format!(
+                "an allocation of 0 bytes at offset {offset}"
+            )));
+        }
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > MAX_FILE_SIZE)
+        {
+            return Err(FsError::TooLarge(format!(
+                "{len} bytes at offset {offset} end beyond the largest file ({MAX_FILE_SIZE})"
+            )));
+        }
+        self.fs.inner.allocate(&self.inode, offset, len, keep_size)
+    }
+
     /// Sets the size (grow with zeros or shrink).
     pub fn set_len(&self, size: u64) -> Result<()> {
         self.writable()?;

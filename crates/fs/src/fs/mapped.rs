@@ -23,9 +23,9 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use super::WHOLE_FILE;
 use super::handles::File;
 use super::state::Inner;
-use super::{WHOLE_FILE, ZEROS};
 use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
 use crate::inode::Inode;
@@ -161,62 +161,20 @@ impl Inner {
             let size = inode.size.load(Ordering::Acquire);
             let last = offset.saturating_add(len).min(size).div_ceil(BLOCK);
             let mut extents = inode.extents.write().expect("extent map");
-            let holes: Vec<(u64, u64)> = {
-                let mut holes: Vec<(u64, u64)> = Vec::new();
-                for block in offset / BLOCK..last {
-                    if extents.get(block).is_some() {
-                        continue;
-                    }
-                    match holes.last_mut() {
-                        Some((first, n)) if *first + *n == block => *n += 1,
-                        _ => holes.push((block, 1)),
-                    }
-                }
-                holes
-            };
+            let holes = super::namespace::holes(&extents, offset / BLOCK, last);
             if holes.is_empty() {
                 return Ok(());
             }
-            let mut maps = Vec::new();
-            let mut allocated = Vec::new();
-            let fail = |allocated: &[crate::extent_map::Run], e: FsError| {
-                self.free_runs(allocated).and(Err(e))
-            };
-            for &(first, blocks) in &holes {
-                let mut done = 0;
-                while done < blocks {
-                    // Whole runs where free memory allows, halving down to single blocks.
-                    let mut want = blocks - done;
-                    let extent = loop {
-                        match self.alloc_buffer(want * BLOCK) {
-                            Ok(extent) => break extent,
-                            Err(_) if want > 1 => want = want.div_ceil(2),
-                            Err(e) => return fail(&allocated, e),
-                        }
-                    };
-                    let addr = extent.start.raw();
-                    allocated.push(crate::extent_map::Run {
-                        file_block: 0,
-                        blocks: want,
-                        addr,
-                    });
-                    let (region, at) = self.region_at(addr)?;
-                    let mut zeroed = 0;
-                    while zeroed < want * BLOCK {
-                        let n = (want * BLOCK - zeroed).min(ZEROS.len() as u64);
-                        region.write_nt(at + zeroed, &ZEROS[..n as usize])?;
-                        zeroed += n;
-                    }
-                    maps.push(MapEntry {
-                        ino: inode.ino,
-                        file_block: first + done,
-                        blocks: want,
-                        addr,
-                    });
-                    done += want;
-                }
-            }
-            self.volume.fence();
+            let allocated = self.zeroed_runs(&holes)?;
+            let maps: Vec<MapEntry> = allocated
+                .iter()
+                .map(|run| MapEntry {
+                    ino: inode.ino,
+                    file_block: run.file_block,
+                    blocks: run.blocks,
+                    addr: run.addr,
+                })
+                .collect();
             let op = MetaOp::Batch {
                 maps: maps.clone(),
                 sizes: Vec::new(),

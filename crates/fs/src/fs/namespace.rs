@@ -12,7 +12,7 @@ use crate::apply::{self, Entries, Move, NewInode, RenameDirs, applied};
 use crate::error::{FsError, Result};
 use crate::extent_map::{BLOCK, Run};
 use crate::inode::{Attr, Inode, Owner, Stat};
-use crate::journal::{Kind, MetaOp};
+use crate::journal::{Kind, MAX_ALLOCATE_RUNS, MetaOp};
 use crate::lock_order::Ordered;
 use crate::path;
 use crate::range_lock::LockMode;
@@ -546,6 +546,146 @@ impl Inner {
         }
     }
 
+    /// `fallocate` without `PUNCH_HOLE`: every hole of the blocks `[offset, offset + len)`
+    /// touches gets a zeroed block, so that writing there cannot run out of space and the
+    /// file's allocated size counts them; with `keep_size` false the size grows to cover
+    /// the range. Runs out of space (`NoSpace`) before changing anything when the volume
+    /// has not that much free; a race with other allocations can still stop it part way,
+    /// with the blocks allocated so far kept (as on kernel file systems). Times change as a
+    /// write's do. The work goes in pieces of [`ALLOCATE_PIECE`] bytes of the file, each
+    /// under the batch lock only as long as its blocks take to zero.
+    pub(crate) fn allocate(
+        self: &Arc<Self>,
+        inode: &Arc<Inode>,
+        offset: u64,
+        len: u64,
+        keep_size: bool,
+    ) -> Result<()> {
+        let end = offset + len;
+        self.check_running()?;
+        let (first, last) = (offset / BLOCK, end.div_ceil(BLOCK));
+        let wanted = {
+            let extents = inode.extents.read().expect("extent map");
+            holes(&extents, first, last)
+                .iter()
+                .map(|h| h.1)
+                .sum::<u64>()
+                * BLOCK
+        };
+        if wanted > self.spare_bytes() && wanted > self.volume.free_bytes() {
+            return Err(FsError::Volume(volume::VolumeError::NoSpace {
+                len_bytes: wanted,
+            }));
+        }
+        let slot = self.slot()?;
+        let piece_blocks = ALLOCATE_PIECE / BLOCK;
+        let mut from = first;
+        while from < last {
+            let to = last.min((from / piece_blocks + 1) * piece_blocks);
+            // The size goes with the last piece's records.
+            let size = if keep_size || to < last { 0 } else { end };
+            while !self.allocate_piece(&slot, inode, from, to, size)? {
+                self.wait_for_snapshot()?;
+            }
+            from = to;
+        }
+        Ok(())
+    }
+
+    /// One piece of [`Inner::allocate`]: blocks `[from, to)`. `false` when a journal filled
+    /// up (what was journaled stays; wait for the snapshot and call again).
+    fn allocate_piece(
+        self: &Arc<Self>,
+        slot: &Slot,
+        inode: &Arc<Inode>,
+        from: u64,
+        to: u64,
+        size: u64,
+    ) -> Result<bool> {
+        // As a hole punched: no batch half done, writers and readers off the range; a
+        // logged write still waiting for the checkpoint lands on the zeroed block later,
+        // as it would on any block the file has.
+        let _batch = self.lock_batch();
+        let _range = inode.lock_range(from * BLOCK, (to - from) * BLOCK, LockMode::Exclusive)?;
+        let _gate = self.gate_shared();
+        // Under these locks no one else maps or unmaps blocks of the range.
+        let holes = holes(&inode.extents.read().expect("extent map"), from, to);
+        let mut runs = self.zeroed_runs(&holes)?;
+        let mut extents = inode.extents.write().expect("extent map");
+        let chunks: Vec<&[Run]> = if runs.is_empty() {
+            vec![&[]]
+        } else {
+            runs.chunks(MAX_ALLOCATE_RUNS).collect()
+        };
+        let time = now_ns();
+        let mut journaled = 0;
+        for (i, chunk) in chunks.iter().enumerate() {
+            // The size goes with the last record.
+            let size = if i + 1 == chunks.len() { size } else { 0 };
+            let op = MetaOp::Allocate {
+                ino: inode.ino,
+                size,
+                time,
+                runs: chunk.to_vec(),
+            };
+            if !self.journal(slot, &op)? {
+                drop(chunks);
+                return self.free_runs(&runs.split_off(journaled)).map(|()| false);
+            }
+            applied(apply::allocate(inode, &mut extents, chunk, size, time));
+            self.grow_snapshot(RUN_BYTES * chunk.len() as u64);
+            journaled += chunk.len();
+        }
+        Ok(true)
+    }
+
+    /// Zeroed, durable blocks for `holes` (file block, blocks), as runs naming their file
+    /// blocks: whole runs where free memory allows, halving down to single blocks; their
+    /// data checksums noted. On failure what was allocated is given back.
+    pub(crate) fn zeroed_runs(&self, holes: &[(u64, u64)]) -> Result<Vec<Run>> {
+        let mut runs: Vec<Run> = Vec::new();
+        let fill = |runs: &mut Vec<Run>| -> Result<()> {
+            for &(first, blocks) in holes {
+                let mut done = 0;
+                while done < blocks {
+                    let mut want = blocks - done;
+                    let extent = loop {
+                        match self.alloc_buffer(want * BLOCK) {
+                            Ok(extent) => break extent,
+                            Err(e) if want > 1 && e.kind() == crate::ErrorKind::NoSpace => {
+                                want = want.div_ceil(2);
+                            }
+                            Err(e) => return Err(e),
+                        }
+                    };
+                    let addr = extent.start.raw();
+                    runs.push(Run {
+                        file_block: first + done,
+                        blocks: want,
+                        addr,
+                    });
+                    let (region, at) = self.region_at(addr)?;
+                    let mut zeroed = 0;
+                    while zeroed < want * BLOCK {
+                        let n = (want * BLOCK - zeroed).min(ZEROS.len() as u64);
+                        region.write_nt(at + zeroed, &ZEROS[..n as usize])?;
+                        self.note_filled(addr + zeroed, &ZEROS[..n as usize])?;
+                        zeroed += n;
+                    }
+                    done += want;
+                }
+            }
+            Ok(())
+        };
+        match fill(&mut runs) {
+            Ok(()) => {
+                self.volume.fence();
+                Ok(runs)
+            }
+            Err(e) => self.free_runs(&runs).and(Err(e)),
+        }
+    }
+
     pub(crate) fn truncate_locked(&self, slot: &Slot, inode: &Inode, size: u64) -> Result<bool> {
         let fs = self;
         {
@@ -902,4 +1042,23 @@ fn name_is_free(parent: &Inode, entries: &Entries, name: &str, path: &str) -> Re
         return Err(FsError::Exists(path.to_owned()));
     }
     Ok(())
+}
+
+/// Bytes of a file one step of [`Inner::allocate`] covers.
+const ALLOCATE_PIECE: u64 = 256 << 20;
+
+/// The holes of `extents` among blocks `[from, to)`, as (first block, blocks).
+pub(crate) fn holes(extents: &crate::extent_map::ExtentMap, from: u64, to: u64) -> Vec<(u64, u64)> {
+    let mut holes = Vec::new();
+    let mut at = from;
+    for run in extents.lookup(from, to) {
+        if run.file_block > at {
+            holes.push((at, run.file_block - at));
+        }
+        at = run.file_block + run.blocks;
+    }
+    if at < to {
+        holes.push((at, to - at));
+    }
+    holes
 }

@@ -732,9 +732,10 @@ pub unsafe extern "C" fn truncate(path: *const c_char, len: off_t) -> c_int {
     unsafe { truncate64(path, len) }
 }
 
-/// `fallocate` for a locus file: mode 0 grows the file to cover the range (blocks are
-/// allocated when written, so nothing is reserved); `FALLOC_FL_KEEP_SIZE` alone has nothing
-/// to do; `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE` punches a hole (`File::punch_hole`:
+/// `fallocate` for a locus file: mode 0 allocates the range's blocks (`File::allocate`:
+/// zeroed blocks in its holes, `ENOSPC` with nothing changed when the volume lacks the
+/// room) and grows the file to cover it; `FALLOC_FL_KEEP_SIZE` allocates and keeps the
+/// size; `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE` punches a hole (`File::punch_hole`:
 /// the range reads as zeros, its whole blocks are freed); zeroing, collapsing and inserting
 /// ranges are `EOPNOTSUPP`, as is a punch without `KEEP_SIZE` (as in Linux).
 fn allocate(fd: c_int, mode: c_int, off: off_t, len: off_t) -> Result<(), c_int> {
@@ -751,13 +752,15 @@ fn allocate(fd: c_int, mode: c_int, off: off_t, len: off_t) -> Result<(), c_int>
         return Err(libc::EFBIG);
     }
     match mode {
-        0 => {
-            if end > file.len() {
-                resize(file, end)?;
+        0 | libc::FALLOC_FL_KEEP_SIZE => {
+            let grows = mode == 0 && end > file.len();
+            file.allocate(off as u64, len as u64, mode != 0)
+                .map_err(|e| fs_errno(&e))?;
+            if grows && shared::is_mapped(file) {
+                shared::after_growth(file.ino(), end)?;
             }
             Ok(())
         }
-        libc::FALLOC_FL_KEEP_SIZE => Ok(()),
         m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => file
             .punch_hole(off as u64, len as u64)
             .map_err(|e| fs_errno(&e)),

@@ -1,0 +1,169 @@
+//! `File::allocate` (`fallocate` without `PUNCH_HOLE`): the holes of the range get zeroed
+//! blocks that the volume's free space pays for at once, writes land on them, the size
+//! grows unless kept, and all of it replays after a crash and loads after an unmount. An
+//! allocation the volume has no room for is refused and changes nothing; one it had room
+//! for keeps its promise: writes into the range succeed on an otherwise full volume.
+
+use std::sync::Arc;
+use testkit::*;
+
+use fs::{Fs, FsError, OpenOptions};
+
+const B: u64 = 4096;
+
+fn contents(f: &fs::File) -> Vec<u8> {
+    let mut back = vec![0u8; f.len() as usize];
+    assert_eq!(f.read_at(&mut back, 0).unwrap(), back.len());
+    back
+}
+
+/// Holes get zeroed blocks (the file's allocated bytes and the volume's free bytes show
+/// them at once); blocks with data — checkpointed, or logged and still waiting for the
+/// checkpoint, whole or partial — keep it; the size grows to the range's end, or stays with
+/// `keep_size` (the blocks past the end allocated all the same). With and without data
+/// checksums, live, after a crash and after an unmount.
+#[test]
+fn allocated_holes_get_zeroed_blocks_and_data_stays() {
+    for checksums in [false, true] {
+        let shm = shm_volume(&format!("allocate-{checksums}"), 64 << 20);
+        let volume = open_volume(&shm.dir);
+        let lazy = fs::FsOptions {
+            checkpoint: fs::CheckpointMode::OnDemand,
+            ..small_options()
+        };
+        let format = fs::FormatOptions {
+            data_checksums: checksums,
+            ..small_format()
+        };
+        let fs = Fs::format(Arc::clone(&volume), &format, lazy).unwrap();
+        let f = fs.create("/f").unwrap();
+        let mut model = vec![0u8; 16 * B as usize];
+        // Block 2 in the file's blocks; blocks 5 (partly) and 6 only logged.
+        f.write_at(&[0x22; B as usize], 2 * B).unwrap();
+        fs.checkpoint().unwrap();
+        f.write_at(&[0x55; 100], 5 * B + 10).unwrap();
+        f.write_at(&[0x66; B as usize], 6 * B).unwrap();
+        model[2 * B as usize..3 * B as usize].fill(0x22);
+        model[(5 * B + 10) as usize..(5 * B + 110) as usize].fill(0x55);
+        model[6 * B as usize..7 * B as usize].fill(0x66);
+        let before = f.stat();
+        assert_eq!(before.allocated, B, "only block 2 is the file's yet");
+        let free_before = volume.free_bytes();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+
+        // 100 bytes into block 0 to 10 bytes into block 15: all 16 blocks.
+        f.allocate(100, 15 * B - 90, false).unwrap();
+        assert_eq!(f.len(), 15 * B + 10, "the size covers the range");
+        model.truncate(f.len() as usize);
+        let stat = f.stat();
+        assert_eq!(stat.allocated, 16 * B, "every block of the range");
+        assert!(stat.mtime_ns > before.mtime_ns && stat.ctime_ns > before.ctime_ns);
+        assert!(
+            free_before - volume.free_bytes() >= 15 * B,
+            "15 blocks taken from the volume: {free_before} free before, {} after",
+            volume.free_bytes()
+        );
+        assert!(contents(&f) == model, "data kept, the rest zeros");
+
+        // Past the end, the size kept.
+        f.allocate(20 * B, 4 * B, true).unwrap();
+        assert_eq!(f.len(), 15 * B + 10);
+        assert_eq!(f.stat().allocated, 20 * B);
+        // Again over what is allocated: nothing more taken.
+        let free = volume.free_bytes();
+        f.allocate(0, 24 * B, true).unwrap();
+        assert_eq!(f.stat().allocated, 24 * B);
+        assert_eq!(free - volume.free_bytes(), 4 * B, "blocks 16..20 only");
+        drop(f);
+        drop(volume);
+
+        check_across_crash_and_unmount(fs, &shm.dir, |fs, when| {
+            let f = fs.open_file("/f", OpenOptions::read_write()).unwrap();
+            assert_eq!(f.len(), 15 * B + 10, "{when}");
+            assert!(contents(&f) == model, "{when}: contents differ");
+            assert_eq!(f.stat().allocated, 24 * B, "{when}");
+            fs.checkpoint().unwrap();
+            assert!(
+                contents(&f) == model,
+                "{when}, checkpointed: contents differ"
+            );
+        });
+        let check = Fs::check(&open_volume(&shm.dir)).unwrap();
+        assert_eq!(check.file_bytes, 15 * B + 10);
+        // Growing into the blocks allocated past the end shows their zeros.
+        let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+        let f = fs.open_file("/f", OpenOptions::read_write()).unwrap();
+        f.write_at(&[0x77; 10], 23 * B).unwrap();
+        model.resize(23 * B as usize + 10, 0);
+        model[23 * B as usize..23 * B as usize + 10].fill(0x77);
+        assert!(contents(&f) == model, "grown contents differ");
+        assert_eq!(f.stat().allocated, 24 * B);
+        drop(f);
+        fs.unmount().unwrap();
+    }
+}
+
+/// An allocation beyond the volume's free memory is `ENOSPC` and changes nothing; one
+/// within it holds: with the rest of the volume filled by another file until `ENOSPC`,
+/// every block of the allocated file can still be written, again and again, and reads
+/// back. Beyond the largest file it is `EFBIG`; an empty range `EINVAL`.
+#[test]
+fn an_allocation_is_refused_beyond_free_space_and_kept_within_it() {
+    let shm = shm_volume("allocate-full", 64 << 20);
+    let volume = open_volume(&shm.dir);
+    let fs = Fs::format(Arc::clone(&volume), &small_format(), small_options()).unwrap();
+    let f = fs.create("/reserved").unwrap();
+    f.write_at(b"start", 0).unwrap();
+    fs.checkpoint().unwrap();
+    let (size, allocated, free) = (f.len(), f.stat().allocated, volume.free_bytes());
+    let err = f.allocate(0, 1 << 30, false).unwrap_err();
+    assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+    assert_eq!((f.len(), f.stat().allocated), (size, allocated));
+    assert!(volume.free_bytes() >= free, "nothing taken");
+    let err = f.allocate(fs::MAX_FILE_SIZE - B, 2 * B, true).unwrap_err();
+    assert_eq!(err.errno(), libc::EFBIG, "{err}");
+    assert!(matches!(f.allocate(0, 0, false), Err(FsError::Invalid(_))));
+
+    let reserved = 8 << 20;
+    f.allocate(0, reserved, false).unwrap();
+    assert_eq!(f.stat().allocated, reserved);
+    // Fill what is left.
+    let filler = fs.create("/filler").unwrap();
+    let chunk = vec![0xf0u8; 256 << 10];
+    let mut at = 0;
+    loop {
+        match filler.write_at(&chunk, at) {
+            Ok(()) => at += chunk.len() as u64,
+            Err(e) if e.errno() == libc::ENOSPC => break,
+            Err(e) => panic!("filling: {e}"),
+        }
+    }
+    assert!(at > 16 << 20, "the filler got {at} bytes");
+    // The reservation holds: three passes over it, whole blocks and partial ones.
+    for pass in 0..3u8 {
+        for block in 0..reserved / B {
+            let byte = pass.wrapping_mul(31).wrapping_add(block as u8);
+            let data = if block % 3 == 0 {
+                vec![byte; 100]
+            } else {
+                vec![byte; B as usize]
+            };
+            f.write_at(&data, block * B)
+                .unwrap_or_else(|e| panic!("pass {pass}, block {block} of the reservation: {e}"));
+        }
+    }
+    fs.checkpoint().unwrap();
+    let back = contents(&f);
+    for block in 0..reserved / B {
+        let byte = 2u8.wrapping_mul(31).wrapping_add(block as u8);
+        let at = (block * B) as usize;
+        let len = if block % 3 == 0 { 100 } else { B as usize };
+        assert!(
+            back[at..at + len].iter().all(|&b| b == byte),
+            "block {block} holds the last pass"
+        );
+    }
+    drop(f);
+    drop(filler);
+    fs.unmount().unwrap();
+}
