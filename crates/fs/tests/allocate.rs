@@ -167,3 +167,55 @@ fn an_allocation_is_refused_beyond_free_space_and_kept_within_it() {
     drop(filler);
     fs.unmount().unwrap();
 }
+
+/// `zero_range` (`FALLOC_FL_ZERO_RANGE`): the range reads as zeros — checkpointed data and
+/// logged writes inside it included, partial blocks at its edges too — with every block it
+/// touches allocated; the size grows unless kept; a range the volume has no room for is
+/// `ENOSPC` with the data untouched. Live, after a crash and after an unmount.
+#[test]
+fn a_zeroed_range_reads_as_zeros_with_its_blocks_allocated() {
+    let shm = shm_volume("zero-range", 64 << 20);
+    let lazy = fs::FsOptions {
+        checkpoint: fs::CheckpointMode::OnDemand,
+        ..small_options()
+    };
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), lazy).unwrap();
+    let f = fs.create("/f").unwrap();
+    let mut model: Vec<u8> = (0..40_000u32).map(|i| (i % 251 + 1) as u8).collect();
+    f.write_at(&model, 0).unwrap();
+    fs.checkpoint().unwrap();
+    f.write_at(&[0xee; 3000], 12_000).unwrap();
+    model[12_000..15_000].fill(0xee);
+    assert_eq!(f.stat().allocated, 10 * B);
+
+    let err = f.zero_range(0, 1 << 30, false).unwrap_err();
+    assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+    assert!(contents(&f) == model, "a refused range changes nothing");
+
+    f.zero_range(5000, 20_000, true).unwrap();
+    model[5000..25_000].fill(0);
+    assert_eq!(f.len(), 40_000);
+    assert!(contents(&f) == model);
+    assert_eq!(
+        f.stat().allocated,
+        10 * B,
+        "the blocks punched are allocated again"
+    );
+    f.zero_range(38_000, 10_000, false).unwrap();
+    model[38_000..].fill(0);
+    model.resize(48_000, 0);
+    assert!(contents(&f) == model);
+    assert_eq!(f.stat().allocated, 12 * B);
+    assert_eq!(
+        f.zero_range(fs::MAX_FILE_SIZE - B, 2 * B, true)
+            .unwrap_err()
+            .errno(),
+        libc::EFBIG
+    );
+    drop(f);
+    check_across_crash_and_unmount(fs, &shm.dir, |fs, when| {
+        let f = fs.open_read("/f").unwrap();
+        assert!(contents(&f) == model, "{when}: contents differ");
+        assert_eq!(f.stat().allocated, 12 * B, "{when}");
+    });
+}

@@ -1688,6 +1688,27 @@ fn fallocate_allocates_as_on_tmpfs_and_stays(transport: &'static str) {
     );
     mount.run("rm reserved");
     assert!(avail() >= before - (1 << 20), "given back on unlink");
+
+    // Zeroing a range (`fallocate -z`; tmpfs has no such mode, so the bytes and blocks are
+    // checked against what they must be): zeros inside, data around, every block allocated
+    // (10 blocks of 4 KiB, then 12 with the size grown to 48,000 bytes: 96 sectors).
+    let zeroed = mount.run(
+        r#"
+set -e
+fallocate -l 40960 z
+python3 -c 'open("z", "r+b").write(bytes(range(256)) * 160)'
+fallocate -z -o 5000 -l 20000 z
+fallocate -z -o 38000 -l 10000 z
+python3 -c '
+import os
+want = bytearray(bytes(range(256)) * 160)
+want[5000:25000] = bytes(20000)
+want[38000:] = bytes(len(want) - 38000)
+want += bytes(48000 - len(want))
+print(os.stat("z").st_size, open("z", "rb").read() == bytes(want), os.stat("z").st_blocks)'
+"#,
+    );
+    assert_eq!(zeroed, "48000 True 96\n");
 }
 
 /// The exchange cases the preload library's test runs too.

@@ -1293,6 +1293,9 @@ impl Server {
             0 | libc::FALLOC_FL_KEEP_SIZE => file
                 .allocate(offset, length, mode != 0)
                 .map_err(|e| errno(&e)),
+            m if m & !libc::FALLOC_FL_KEEP_SIZE == libc::FALLOC_FL_ZERO_RANGE => file
+                .zero_range(offset, length, m & libc::FALLOC_FL_KEEP_SIZE != 0)
+                .map_err(|e| errno(&e)),
             m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => {
                 file.punch_hole(offset, length).map_err(|e| errno(&e))
             }

@@ -748,6 +748,33 @@ impl File {
         self.fs.inner.allocate(&self.inode, offset, len, keep_size)
     }
 
+    /// Makes `[offset, offset + len)` zeros with its blocks allocated
+    /// (`FALLOC_FL_ZERO_RANGE`): a hole punched over it ([`File::punch_hole`]), then its
+    /// blocks allocated ([`File::allocate`], zeroed); the size grows to cover the range
+    /// unless `keep_size`. Each step is durable and atomic on its own: a crash between them
+    /// leaves the hole, which reads as the same zeros. Errors as `allocate`'s; a volume
+    /// without room for the range's holes is `NoSpace` before anything changes.
+    pub fn zero_range(&self, offset: u64, len: u64, keep_size: bool) -> Result<()> {
+        self.writable()?;
+        if len == 0 {
+            return Err(FsError::Invalid(format!(
+                "a zeroed range of 0 bytes at offset {offset}"
+            )));
+        }
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > MAX_FILE_SIZE)
+        {
+            return Err(FsError::TooLarge(format!(
+                "{len} bytes at offset {offset} end beyond the largest file ({MAX_FILE_SIZE})"
+            )));
+        }
+        // The punch gives back the blocks the range has; the room needed is its holes'.
+        self.fs.inner.room_to_allocate(&self.inode, offset, len)?;
+        self.punch_hole(offset, len)?;
+        self.allocate(offset, len, keep_size)
+    }
+
     /// Sets the size (grow with zeros or shrink).
     pub fn set_len(&self, size: u64) -> Result<()> {
         self.writable()?;

@@ -563,7 +563,28 @@ impl Inner {
     ) -> Result<()> {
         let end = offset + len;
         self.check_running()?;
+        self.room_to_allocate(inode, offset, len)?;
         let (first, last) = (offset / BLOCK, end.div_ceil(BLOCK));
+        let slot = self.slot()?;
+        let piece_blocks = ALLOCATE_PIECE / BLOCK;
+        let mut from = first;
+        while from < last {
+            let to = last.min((from / piece_blocks + 1) * piece_blocks);
+            // The size goes with the last piece's records.
+            let size = if keep_size || to < last { 0 } else { end };
+            while !self.allocate_piece(&slot, inode, from, to, size)? {
+                self.wait_for_snapshot()?;
+            }
+            from = to;
+        }
+        Ok(())
+    }
+
+    /// `NoSpace` unless the volume has free memory for the holes among the blocks of
+    /// `[offset, offset + len)` (its spare memory, or failing that — the checkpoint's
+    /// reserve counted in — all of it).
+    pub(crate) fn room_to_allocate(&self, inode: &Inode, offset: u64, len: u64) -> Result<()> {
+        let (first, last) = (offset / BLOCK, (offset + len).div_ceil(BLOCK));
         let wanted = {
             let extents = inode.extents.read().expect("extent map");
             holes(&extents, first, last)
@@ -576,18 +597,6 @@ impl Inner {
             return Err(FsError::Volume(volume::VolumeError::NoSpace {
                 len_bytes: wanted,
             }));
-        }
-        let slot = self.slot()?;
-        let piece_blocks = ALLOCATE_PIECE / BLOCK;
-        let mut from = first;
-        while from < last {
-            let to = last.min((from / piece_blocks + 1) * piece_blocks);
-            // The size goes with the last piece's records.
-            let size = if keep_size || to < last { 0 } else { end };
-            while !self.allocate_piece(&slot, inode, from, to, size)? {
-                self.wait_for_snapshot()?;
-            }
-            from = to;
         }
         Ok(())
     }

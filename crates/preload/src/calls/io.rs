@@ -736,8 +736,10 @@ pub unsafe extern "C" fn truncate(path: *const c_char, len: off_t) -> c_int {
 /// zeroed blocks in its holes, `ENOSPC` with nothing changed when the volume lacks the
 /// room) and grows the file to cover it; `FALLOC_FL_KEEP_SIZE` allocates and keeps the
 /// size; `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE` punches a hole (`File::punch_hole`:
-/// the range reads as zeros, its whole blocks are freed); zeroing, collapsing and inserting
-/// ranges are `EOPNOTSUPP`, as is a punch without `KEEP_SIZE` (as in Linux).
+/// the range reads as zeros, its whole blocks are freed); `FALLOC_FL_ZERO_RANGE` (with or
+/// without `KEEP_SIZE`) zeroes the range with its blocks allocated (`File::zero_range`);
+/// collapsing, inserting and unsharing ranges are `EOPNOTSUPP`, as is a punch without
+/// `KEEP_SIZE` (as in Linux).
 fn allocate(fd: c_int, mode: c_int, off: off_t, len: off_t) -> Result<(), c_int> {
     let desc = state::desc(fd)?;
     let file = match writable(&desc) {
@@ -755,6 +757,15 @@ fn allocate(fd: c_int, mode: c_int, off: off_t, len: off_t) -> Result<(), c_int>
         0 | libc::FALLOC_FL_KEEP_SIZE => {
             let grows = mode == 0 && end > file.len();
             file.allocate(off as u64, len as u64, mode != 0)
+                .map_err(|e| fs_errno(&e))?;
+            if grows && shared::is_mapped(file) {
+                shared::after_growth(file.ino(), end)?;
+            }
+            Ok(())
+        }
+        m if m & !libc::FALLOC_FL_KEEP_SIZE == libc::FALLOC_FL_ZERO_RANGE => {
+            let grows = m & libc::FALLOC_FL_KEEP_SIZE == 0 && end > file.len();
+            file.zero_range(off as u64, len as u64, !grows)
                 .map_err(|e| fs_errno(&e))?;
             if grows && shared::is_mapped(file) {
                 shared::after_growth(file.ino(), end)?;
