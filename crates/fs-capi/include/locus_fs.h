@@ -32,8 +32,14 @@
 extern "C" {
 #endif
 
-/* The version of this interface; locus_fs_api_version() returns the library's. */
-#define LOCUS_FS_API_VERSION 1
+/* The version of this interface; locus_fs_api_version() returns the library's. Version 2
+ * added the owners and the access and change times to struct locus_stat (so the struct is
+ * larger: a program built for version 1 must be built again), and locus_fallocate,
+ * locus_chown and the extended-attribute calls. */
+#define LOCUS_FS_API_VERSION 2
+
+/* The owner of a file made before the volume kept owners; in locus_chown, "unchanged". */
+#define LOCUS_NO_OWNER UINT32_MAX
 
 /* An open file system; from locus_fs_open or locus_fs_format, ended by locus_fs_unmount. */
 typedef struct locus_fs locus_fs;
@@ -60,8 +66,12 @@ struct locus_stat {
     uint32_t mode;      /* permission bits, as given at creation or by locus_chmod */
     uint64_t size;      /* bytes */
     uint64_t allocated; /* bytes of volume memory the file's blocks hold */
-    uint64_t mtime_ns;  /* last change, nanoseconds since the Unix epoch */
+    uint64_t mtime_ns;  /* last change of the contents, nanoseconds since the Unix epoch */
     uint64_t nlink;
+    uint64_t atime_ns;  /* last read (relatime: moved when older than mtime or ctime) */
+    uint64_t ctime_ns;  /* last change of the contents or the attributes */
+    uint32_t uid;       /* owner: the effective ids of the process that made it, or */
+    uint32_t gid;       /* as locus_chown set them; LOCUS_NO_OWNER on older volumes */
 };
 
 struct locus_dirent {
@@ -142,6 +152,18 @@ int locus_ftruncate(locus_file *file, uint64_t size);
 /* A barrier: every write that returned is durable already (at its return). */
 int locus_fsync(locus_file *file);
 
+/* fallocate(2)'s modes (FALLOC_FL_* from <fcntl.h> with _GNU_SOURCE, or <linux/falloc.h>):
+ *   0                                    allocate the range's blocks (zeroed, paid from the
+ *                                        volume's free space at once, so writes into the
+ *                                        range cannot run out of space) and grow the size
+ *                                        to cover it; -ENOSPC, with nothing allocated, when
+ *                                        the volume lacks the room
+ *   FALLOC_FL_KEEP_SIZE                  the same, the size kept
+ *   FALLOC_FL_PUNCH_HOLE | KEEP_SIZE     a hole: zeros, whole blocks given back
+ *   FALLOC_FL_ZERO_RANGE [| KEEP_SIZE]   zeros with every block allocated
+ * Others: -EOPNOTSUPP. len 0: -EINVAL. */
+int locus_fallocate(locus_file *file, int mode, uint64_t offset, uint64_t len);
+
 int locus_fstat(locus_file *file, struct locus_stat *stat);
 
 int locus_stat(locus_fs *fs, const char *path, struct locus_stat *stat);
@@ -153,6 +175,25 @@ int locus_unlink(locus_fs *fs, const char *path);
 int locus_rename(locus_fs *fs, const char *from, const char *to);
 int locus_truncate(locus_fs *fs, const char *path, uint64_t size);
 int locus_chmod(locus_fs *fs, const char *path, uint32_t mode);
+/* Sets the owner (LOCUS_NO_OWNER leaves that id as it is) of what path names, a symbolic
+ * link itself included; the set-user-ID bit, and the set-group-ID bit when group execution
+ * is on, are cleared on anything but a directory. No permission check: the process holding
+ * the volume holds its memory. Files are made as the process's effective ids. */
+int locus_chown(locus_fs *fs, const char *path, uint32_t uid, uint32_t gid);
+
+/* Extended attributes of what path names (a symbolic link itself included), as the
+ * system calls of <sys/xattr.h>: names "user.*", "trusted.*" or "security.*" ("system.*"
+ * and "security.capability": -EOPNOTSUPP), values up to 64 KiB, 256 KiB of names and values
+ * per inode (-ENOSPC beyond). flags: 0, XATTR_CREATE (-EEXIST if it exists) or
+ * XATTR_REPLACE (-ENODATA if not). getxattr and listxattr with size 0 return the length
+ * needed; a buffer too small is -ERANGE. listxattr gives the names, each NUL-terminated. A
+ * missing attribute is -ENODATA. Each change is atomic and durable on return. */
+int locus_setxattr(locus_fs *fs, const char *path, const char *name, const void *value,
+                   size_t size, int flags);
+ssize_t locus_getxattr(locus_fs *fs, const char *path, const char *name, void *value,
+                       size_t size);
+ssize_t locus_listxattr(locus_fs *fs, const char *path, char *list, size_t size);
+int locus_removexattr(locus_fs *fs, const char *path, const char *name);
 
 /* Lists a directory (a snapshot taken now, without "." and ".."). */
 locus_dir *locus_opendir(locus_fs *fs, const char *path);

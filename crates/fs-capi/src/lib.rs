@@ -16,10 +16,20 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use fs::{Buffer, CheckpointMode, DirEntry, File, Fs, FsError, FsOptions, Kind, OpenOptions, Stat};
+use fs::{
+    Buffer, CheckpointMode, DirEntry, File, Fs, FsError, FsOptions, Kind, OpenOptions, Stat,
+    XattrSet,
+};
 
-/// The interface version this library implements (`LOCUS_FS_API_VERSION`).
-pub const API_VERSION: u32 = 1;
+/// The interface version this library implements (`LOCUS_FS_API_VERSION`). Version 2 added
+/// owners and the access and change times to `struct locus_stat` (a larger struct: a
+/// program built for version 1 must be built again), and `locus_fallocate`, `locus_chown`
+/// and the extended-attribute calls.
+pub const API_VERSION: u32 = 2;
+
+/// `LOCUS_NO_OWNER`: the owner of a file made before the volume kept owners, and in
+/// `locus_chown` "leave it as it is".
+pub const NO_OWNER: u32 = u32::MAX;
 
 /// `LOCUS_KIND_FILE`.
 pub const KIND_FILE: u32 = 1;
@@ -60,6 +70,10 @@ pub struct LocusStat {
     pub allocated: u64,
     pub mtime_ns: u64,
     pub nlink: u64,
+    pub atime_ns: u64,
+    pub ctime_ns: u64,
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// `struct locus_dirent`.
@@ -264,6 +278,10 @@ fn stat_out(stat: &Stat) -> LocusStat {
         allocated: stat.allocated,
         mtime_ns: stat.mtime_ns,
         nlink: stat.nlink,
+        atime_ns: stat.atime_ns,
+        ctime_ns: stat.ctime_ns,
+        uid: stat.uid.unwrap_or(NO_OWNER),
+        gid: stat.gid.unwrap_or(NO_OWNER),
     }
 }
 
@@ -557,6 +575,45 @@ pub unsafe extern "C" fn locus_ftruncate(file: *mut LocusFile, size: u64) -> c_i
     }))
 }
 
+/// `fallocate(2)`'s modes on an open file: 0 and `FALLOC_FL_KEEP_SIZE` allocate,
+/// `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE` punches a hole, `FALLOC_FL_ZERO_RANGE`
+/// (with or without `KEEP_SIZE`) zeroes with the blocks allocated; others `-EOPNOTSUPP`.
+///
+/// # Safety
+/// `file` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn locus_fallocate(
+    file: *mut LocusFile,
+    mode: c_int,
+    offset: u64,
+    len: u64,
+) -> c_int {
+    status(call(|| {
+        // SAFETY: the header's contract for handles.
+        let file = &unsafe { handle(file, "file") }?.0;
+        if len == 0 {
+            return Err(invalid("len is 0"));
+        }
+        let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        match mode & !libc::FALLOC_FL_KEEP_SIZE {
+            0 => file.allocate(offset, len, keep_size)?,
+            libc::FALLOC_FL_PUNCH_HOLE if keep_size => file.punch_hole(offset, len)?,
+            libc::FALLOC_FL_ZERO_RANGE => file.zero_range(offset, len, keep_size)?,
+            _ => {
+                return Err(Failure {
+                    errno: libc::EOPNOTSUPP,
+                    message: format!(
+                        "fallocate mode {mode:#x} is not supported (0, FALLOC_FL_KEEP_SIZE, \
+                         FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE and FALLOC_FL_ZERO_RANGE \
+                         are)"
+                    ),
+                });
+            }
+        }
+        Ok(0)
+    }))
+}
+
 /// A durability barrier.
 ///
 /// # Safety
@@ -686,6 +743,142 @@ pub unsafe extern "C" fn locus_truncate(fs: *mut LocusFs, path: *const c_char, s
 pub unsafe extern "C" fn locus_chmod(fs: *mut LocusFs, path: *const c_char, mode: u32) -> c_int {
     // SAFETY: passed on from our caller.
     unsafe { path_op(fs, path, |fs, path| Ok(fs.chmod(path, mode & 0o7777)?)) }
+}
+
+/// Sets the owner (`LOCUS_NO_OWNER`: that id unchanged) of what `path` names, a symbolic
+/// link itself included.
+///
+/// # Safety
+/// `fs` is NULL or a live handle; `path` NULL or a string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn locus_chown(
+    fs: *mut LocusFs,
+    path: *const c_char,
+    uid: u32,
+    gid: u32,
+) -> c_int {
+    let id = |id: u32| (id != NO_OWNER).then_some(id);
+    // SAFETY: passed on from our caller.
+    unsafe {
+        path_op(fs, path, |fs, path| {
+            Ok(fs.set_owner(path, id(uid), id(gid), false)?)
+        })
+    }
+}
+
+/// Sets extended attribute `name` of what `path` names to `size` bytes at `value`; `flags`
+/// 0, `XATTR_CREATE` or `XATTR_REPLACE`.
+///
+/// # Safety
+/// `fs` is NULL or a live handle; `path` and `name` NULL or strings; `value` valid for
+/// `size` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn locus_setxattr(
+    fs: *mut LocusFs,
+    path: *const c_char,
+    name: *const c_char,
+    value: *const c_void,
+    size: usize,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: passed on from our caller; `name` and `value` by the same contract.
+    unsafe {
+        path_op(fs, path, |fs, path| {
+            let (name, value) = (str_arg(name, "name")?, bytes(value, size)?);
+            let how = match flags {
+                0 => XattrSet::Any,
+                libc::XATTR_CREATE => XattrSet::Create,
+                libc::XATTR_REPLACE => XattrSet::Replace,
+                _ => return Err(invalid(format!("xattr flags {flags:#x}"))),
+            };
+            Ok(fs.set_xattr(path, name, value, how, false)?)
+        })
+    }
+}
+
+/// Copies a value or a list into a caller's buffer as `getxattr(2)` does: with `size` 0
+/// only its length; `ERANGE` when it does not fit.
+fn give_out(bytes: &[u8], out: *mut c_void, size: usize) -> Result<i64, Failure> {
+    if size == 0 {
+        return Ok(bytes.len() as i64);
+    }
+    if bytes.len() > size {
+        return Err(Failure {
+            errno: libc::ERANGE,
+            message: format!("{} bytes do not fit the buffer of {size}", bytes.len()),
+        });
+    }
+    // SAFETY: the caller gave `size` writable bytes at `out` (header's contract).
+    unsafe { bytes_mut(out, size) }?[..bytes.len()].copy_from_slice(bytes);
+    Ok(bytes.len() as i64)
+}
+
+/// Reads extended attribute `name` into `value` (`size` 0: only its length).
+///
+/// # Safety
+/// `fs` is NULL or a live handle; `path` and `name` NULL or strings; `value` writable for
+/// `size` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn locus_getxattr(
+    fs: *mut LocusFs,
+    path: *const c_char,
+    name: *const c_char,
+    value: *mut c_void,
+    size: usize,
+) -> isize {
+    call(|| {
+        // SAFETY: the header's contract for handles and strings.
+        let (fs, path, name) = unsafe {
+            (
+                handle(fs, "fs")?,
+                str_arg(path, "path")?,
+                str_arg(name, "name")?,
+            )
+        };
+        give_out(&fs.0.get_xattr(path, name, false)?, value, size)
+    }) as isize
+}
+
+/// Lists the extended attributes' names, each NUL-terminated (`size` 0: only the length).
+///
+/// # Safety
+/// `fs` is NULL or a live handle; `path` NULL or a string; `list` writable for `size`
+/// bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn locus_listxattr(
+    fs: *mut LocusFs,
+    path: *const c_char,
+    list: *mut c_char,
+    size: usize,
+) -> isize {
+    call(|| {
+        // SAFETY: the header's contract for handles and strings.
+        let (fs, path) = unsafe { (handle(fs, "fs")?, str_arg(path, "path")?) };
+        let mut names = Vec::new();
+        for name in fs.0.list_xattrs(path, false)? {
+            names.extend_from_slice(name.as_bytes());
+            names.push(0);
+        }
+        give_out(&names, list.cast(), size)
+    }) as isize
+}
+
+/// Removes extended attribute `name` (`-ENODATA` when there is none).
+///
+/// # Safety
+/// `fs` is NULL or a live handle; `path` and `name` NULL or strings.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn locus_removexattr(
+    fs: *mut LocusFs,
+    path: *const c_char,
+    name: *const c_char,
+) -> c_int {
+    // SAFETY: passed on from our caller; `name` by the same contract.
+    unsafe {
+        path_op(fs, path, |fs, path| {
+            Ok(fs.remove_xattr(path, str_arg(name, "name")?, false)?)
+        })
+    }
 }
 
 /// Lists a directory.

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "locus_fs.h"
@@ -128,6 +129,73 @@ static void write_phase(const char *dir) {
           "stat after truncate: %llu %o", (unsigned long long)st.size, st.mode);
     CHECK(locus_ftruncate(f, MIB + 4096) == 0, "ftruncate on the renamed open file");
 
+    /* Owners and times: made as this process's effective ids; chown with LOCUS_NO_OWNER
+     * keeping one id; a set-user-ID bit cleared by it. */
+    CHECK(locus_stat(fs, "/d/g", &st) == 0 && st.uid == geteuid() && st.gid == getegid(),
+          "owner %u:%u", st.uid, st.gid);
+    CHECK(st.ctime_ns >= st.mtime_ns && st.atime_ns > 0, "times %llu %llu %llu",
+          (unsigned long long)st.atime_ns, (unsigned long long)st.mtime_ns,
+          (unsigned long long)st.ctime_ns);
+    CHECK(locus_chmod(fs, "/d/g", 04750) == 0, "chmod u+s");
+    CHECK(locus_chown(fs, "/d/g", 1234, LOCUS_NO_OWNER) == 0, "chown");
+    CHECK(locus_stat(fs, "/d/g", &st) == 0 && st.uid == 1234 && st.gid == getegid() &&
+              st.mode == 0750,
+          "after chown: %u:%u %o", st.uid, st.gid, st.mode);
+    CHECK(locus_chown(fs, "/d/missing", 1, 1) == -ENOENT, "chown of a missing name");
+
+    /* Extended attributes: flags, the size probe, ERANGE, listing, removal. */
+    CHECK(locus_setxattr(fs, "/d/g", "user.colour", "blue", 4, XATTR_CREATE) == 0, "setxattr");
+    CHECK(locus_setxattr(fs, "/d/g", "user.colour", "red", 3, XATTR_CREATE) == -EEXIST,
+          "XATTR_CREATE of an existing name");
+    CHECK(locus_setxattr(fs, "/d/g", "user.none", "x", 1, XATTR_REPLACE) == -ENODATA,
+          "XATTR_REPLACE of a missing name");
+    CHECK(locus_setxattr(fs, "/d/g", "system.posix_acl_access", "x", 1, 0) == -EOPNOTSUPP,
+          "system namespace");
+    CHECK(locus_setxattr(fs, "/d", "user.dir", "", 0, 0) == 0, "empty value on a directory");
+    char value[16];
+    CHECK(locus_getxattr(fs, "/d/g", "user.colour", NULL, 0) == 4, "size probe");
+    CHECK(locus_getxattr(fs, "/d/g", "user.colour", value, 2) == -ERANGE, "small buffer");
+    CHECK(locus_getxattr(fs, "/d/g", "user.colour", value, sizeof value) == 4 &&
+              memcmp(value, "blue", 4) == 0,
+          "getxattr");
+    CHECK(locus_setxattr(fs, "/d/g", "user.a", "1", 1, 0) == 0, "second attribute");
+    char names[64];
+    ssize_t listed = locus_listxattr(fs, "/d/g", names, sizeof names);
+    CHECK(listed == 19 && memcmp(names, "user.a\0user.colour\0", 19) == 0, "listxattr %zd",
+          listed);
+    CHECK(locus_listxattr(fs, "/d/g", NULL, 0) == 19, "list size probe");
+    CHECK(locus_removexattr(fs, "/d/g", "user.a") == 0, "removexattr");
+    CHECK(locus_removexattr(fs, "/d/g", "user.a") == -ENODATA, "second removexattr");
+
+    /* fallocate: blocks allocated and counted, the size grown or kept; a hole; zeros;
+     * more than the volume has refused with nothing allocated; unknown modes refused. */
+    locus_file *a = locus_open(fs, "/alloc", O_CREAT | O_RDWR, 0644);
+    CHECK(a != NULL, "create /alloc");
+    CHECK(locus_fallocate(a, 0, 0, 256 * 1024) == 0, "fallocate");
+    CHECK(locus_fstat(a, &st) == 0 && st.size == 256 * 1024 && st.allocated == 256 * 1024,
+          "allocated %llu of %llu", (unsigned long long)st.allocated,
+          (unsigned long long)st.size);
+    CHECK(locus_fallocate(a, FALLOC_FL_KEEP_SIZE, 256 * 1024, 64 * 1024) == 0, "keep size");
+    CHECK(locus_fstat(a, &st) == 0 && st.size == 256 * 1024 && st.allocated == 320 * 1024,
+          "keep size: %llu of %llu", (unsigned long long)st.allocated,
+          (unsigned long long)st.size);
+    fill(buf, 65536, 0, 5);
+    CHECK(locus_pwrite(a, buf, 65536, 0) == 65536, "write into the allocation");
+    CHECK(locus_fallocate(a, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 8192, 8192) == 0,
+          "punch");
+    CHECK(locus_fallocate(a, FALLOC_FL_ZERO_RANGE, 32768, 4096) == 0, "zero range");
+    unsigned char got[65536];
+    CHECK(locus_pread(a, got, sizeof got, 0) == 65536, "read back");
+    for (size_t i = 0; i < sizeof got; i++) {
+        int zero = (i >= 8192 && i < 16384) || (i >= 32768 && i < 36864);
+        CHECK(got[i] == (zero ? 0 : pattern(i, 5)), "byte %zu is %u", i, got[i]);
+    }
+    CHECK(locus_fallocate(a, 0, 0, 1ULL << 40) == -ENOSPC, "1 TiB");
+    CHECK(locus_fstat(a, &st) == 0 && st.size == 256 * 1024, "nothing changed");
+    CHECK(locus_fallocate(a, FALLOC_FL_PUNCH_HOLE, 0, 4096) == -EOPNOTSUPP, "punch without keep");
+    CHECK(locus_fallocate(a, 0, 0, 0) == -EINVAL, "zero length");
+    CHECK(locus_close(a) == 0, "close /alloc");
+
     struct locus_fs_stats stats;
     CHECK(locus_fs_stats(fs, &stats) == 0, "stats");
     CHECK(stats.caller_bytes >= MIB + 1000 + 8192 && stats.writes >= 18 &&
@@ -177,6 +245,13 @@ static void verify_phase(const char *dir) {
     expect_bytes(c, 0, 64 * 4096, 0, 4);
     CHECK(locus_close(c) == 0, "close /crash");
     CHECK(locus_stat(fs, "/d/h", &st) == -ENOENT, "unlinked file stays gone");
+    CHECK(locus_stat(fs, "/d/g", &st) == 0 && st.uid == 1234 && st.mode == 0750, "owner kept");
+    char value[16];
+    CHECK(locus_getxattr(fs, "/d/g", "user.colour", value, sizeof value) == 4 &&
+              memcmp(value, "blue", 4) == 0,
+          "attribute kept");
+    CHECK(locus_stat(fs, "/alloc", &st) == 0 && st.allocated == 320 * 1024 - 8192,
+          "allocation kept: %llu", (unsigned long long)st.allocated);
     CHECK(locus_fs_unmount(fs) == 0, "unmount");
 }
 
