@@ -72,6 +72,7 @@ transports!(
     extended_attributes_behave_as_on_tmpfs_and_stay,
     copy_file_range_copies_inside_the_server_as_on_tmpfs,
     fallocate_allocates_as_on_tmpfs_and_stays,
+    programs_stored_in_the_mount_run_as_on_tmpfs,
     exchanging_two_names_behaves_as_on_tmpfs_and_stays,
     a_read_only_mount_refuses_every_change,
     a_tree_deeper_than_path_max_behaves_as_on_tmpfs,
@@ -1709,6 +1710,21 @@ print(os.stat("z").st_size, open("z", "rb").read() == bytes(want), os.stat("z").
 "#,
     );
     assert_eq!(zeroed, "48000 True 96\n");
+}
+
+/// Programs stored in the mount run as on tmpfs — scripts (a host interpreter, `env`, a
+/// script as interpreter, a `#!` argument), a program copied in, `PATH`, a link out, a
+/// file without execute permission — by the kernel itself (the script the preload
+/// library's test runs through the library).
+fn programs_stored_in_the_mount_run_as_on_tmpfs(transport: &'static str) {
+    let mount = Mount::new(transport);
+    let script = include_str!("../../preload/tests/scripts/programs.sh");
+    let (tmpfs, locus) = both(&mount, script);
+    assert!(
+        tmpfs.contains("sh script: R/s.sh R/nested") && tmpfs.contains("not executable: 126"),
+        "{tmpfs}"
+    );
+    assert_eq!(locus, tmpfs);
 }
 
 /// The exchange cases the preload library's test runs too.

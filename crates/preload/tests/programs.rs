@@ -685,6 +685,36 @@ fn fallocate_allocates_as_on_tmpfs() {
     assert_eq!(got, expected);
 }
 
+/// Programs stored on the volume run: scripts by absolute and relative name (their
+/// interpreter a host program, `env`, a script on the volume itself, with the `#!` line's
+/// argument), a program copied in, one found on `PATH` by `env`, a link out of the volume,
+/// one started by Python's `subprocess`; a file without execute permission and a missing
+/// one fail as on tmpfs, and a file without a `#!` line runs as a shell script (bash's
+/// fallback). Before, the kernel was handed the /locus name and every one of them failed.
+#[test]
+fn programs_on_the_volume_run_as_on_tmpfs() {
+    let vol = volume();
+    let tmp = tempfile::tempdir_in("/dev/shm").unwrap();
+    let script = include_str!("scripts/programs.sh");
+    let shown =
+        |(out, err): (String, String), root: &str| (out.replace(root, "D"), err.replace(root, "D"));
+    let root = tmp.path().to_str().unwrap();
+    let expected = shown(shell(None, "bash", script, &[tmp.path().as_os_str()]), root);
+    assert!(
+        expected.0.contains("sh script: D/s.sh one")
+            && expected.0.contains("python script: ['a', 'b']")
+            && expected.0.contains("sh script: D/s.sh D/nested")
+            && expected.0.contains("found on PATH by env")
+            && expected.0.contains("not executable: 126"),
+        "{expected:?}"
+    );
+    let got = shown(
+        shell(Some(vol.path()), "bash", script, &[MOUNT.as_ref()]),
+        MOUNT,
+    );
+    assert_eq!(got, expected);
+}
+
 /// Runs `script` (Python, given the root as `sys.argv[1]`) on tmpfs without the library and
 /// on /locus with it; returns (tmpfs output, locus output, the locus run's status).
 fn python_both(vol: &Path, script: &str) -> (String, String, std::process::ExitStatus) {

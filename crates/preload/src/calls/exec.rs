@@ -2,11 +2,181 @@
 //! handed over to the new program (see `state`'s handoff). `execl`, `execlp` and `execle`
 //! are variadic and call libc's internal `execve`, so they hand nothing over; shells and
 //! `posix_spawn`-free programs use the vector forms intercepted here.
+//!
+//! Programs stored on the volume run too, although the kernel cannot see them: a name that
+//! leads out of the volume (a Python virtual environment's `bin/python3` link) is executed
+//! at its host path; a script (`#!`) is run as the kernel runs one — its interpreter (a
+//! host path, or itself on the volume), the line's one optional argument, then the script's
+//! name as given, which the interpreter (under this library too) reads from the volume;
+//! anything else is copied into a sealed memory file and executed from there (`fexecve`),
+//! so an ELF program's image comes from the volume. The caller needs execute permission
+//! (`EACCES` otherwise, as for a directory or a special file). `execvp` and `execvpe` search
+//! a `PATH` holding volume directories themselves, with glibc's rules.
 
-use std::ffi::{CString, c_char, c_int};
+use std::ffi::{CStr, CString, c_char, c_int};
 
+use super::Resolved;
 use crate::state::{self, HANDOFF_ENV};
 use crate::{errno, real};
+
+/// Most interpreters one exec goes through (a script whose interpreter is a script on the
+/// volume...), as the kernel's limit; `ELOOP` beyond.
+const MAX_INTERPRETERS: usize = 4;
+
+/// Bytes of a program's start the kernel reads for a `#!` line (`BINPRM_BUF_SIZE`).
+const HEAD: usize = 256;
+
+/// What runs for a program on the volume.
+enum Program {
+    /// A script: its interpreter and the `#!` line's optional argument.
+    Script {
+        interpreter: CString,
+        argument: Option<CString>,
+    },
+    /// Anything else, copied into a memory file (the kernel decides whether it runs).
+    Image(std::os::fd::OwnedFd),
+}
+
+/// `execve` with programs on the volume: see the module documentation. Returns only on
+/// failure (-1, `errno` set).
+///
+/// # Safety
+/// C's contract for `execve`'s arguments.
+unsafe fn exec_any(
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+    depth: usize,
+) -> c_int {
+    if state::inside() || path.is_null() {
+        // SAFETY: C's contract.
+        return unsafe { with_handoff(envp, |envp| real::execve(path, argv, envp)) };
+    }
+    // SAFETY: a NUL-terminated path by C's contract.
+    let inside = match unsafe { super::resolve(libc::AT_FDCWD, path) } {
+        Ok(Resolved::Kernel) => {
+            // SAFETY: C's contract.
+            return unsafe { with_handoff(envp, |envp| real::execve(path, argv, envp)) };
+        }
+        Ok(Resolved::KernelPath(host)) => {
+            // SAFETY: C's contract; `host` is NUL-terminated.
+            return unsafe { with_handoff(envp, |envp| real::execve(host.as_ptr(), argv, envp)) };
+        }
+        Ok(Resolved::Locus {
+            trailing_slash: true,
+            ..
+        }) => return fail(libc::ENOTDIR),
+        Ok(Resolved::Locus { path, .. }) => path,
+        Err(e) => return fail(e),
+    };
+    // Execute permission, by the library's `access` (owner, group, others).
+    // SAFETY: a NUL-terminated path; the intercepted `access` answers for the volume.
+    if unsafe { libc::access(path, libc::X_OK) } != 0 {
+        return -1;
+    }
+    let program = match state::run(|| state::with_fs(|fs| program(fs, &inside))) {
+        Ok(program) => program,
+        Err(e) => return fail(e),
+    };
+    match program {
+        Program::Image(fd) => {
+            use std::os::fd::AsRawFd;
+            // SAFETY: C's contract; `fd` is a memory file holding the program.
+            unsafe { with_handoff(envp, |envp| real::fexecve(fd.as_raw_fd(), argv, envp)) }
+        }
+        Program::Script {
+            interpreter,
+            argument,
+        } => {
+            if depth >= MAX_INTERPRETERS {
+                return fail(libc::ELOOP);
+            }
+            let mut args: Vec<*const c_char> = vec![interpreter.as_ptr()];
+            args.extend(argument.as_ref().map(|a| a.as_ptr()));
+            args.push(path);
+            // The caller's arguments after its argv[0].
+            // SAFETY: C's contract: a null-terminated vector of strings.
+            unsafe {
+                if !argv.is_null() && !(*argv).is_null() {
+                    let mut i = 1;
+                    while !(*argv.add(i)).is_null() {
+                        args.push(*argv.add(i));
+                        i += 1;
+                    }
+                }
+            }
+            args.push(std::ptr::null());
+            // SAFETY: `args` is a null-terminated vector of live strings.
+            unsafe { exec_any(interpreter.as_ptr(), args.as_ptr(), envp, depth + 1) }
+        }
+    }
+}
+
+fn fail(e: c_int) -> c_int {
+    errno::set(e);
+    -1
+}
+
+/// Reads how to run the volume's file at `path` (which the caller may execute).
+fn program(fs: &fs::Fs, path: &str) -> Result<Program, c_int> {
+    let fs_errno = |e: fs::FsError| e.errno();
+    if fs.stat(path).map_err(fs_errno)?.kind != fs::Kind::File {
+        return Err(libc::EACCES);
+    }
+    let file = fs.open_read(path).map_err(fs_errno)?;
+    let mut head = [0u8; HEAD];
+    let n = file.read_at(&mut head, 0).map_err(fs_errno)?;
+    if let Some(line) = head[..n].strip_prefix(b"#!") {
+        let line = &line[..line.iter().position(|&b| b == b'\n').unwrap_or(line.len())];
+        let blank = |b: &u8| *b == b' ' || *b == b'\t';
+        let line = &line[line.iter().position(|b| !blank(b)).unwrap_or(line.len())..];
+        let end = line.iter().position(blank).unwrap_or(line.len());
+        let (interpreter, rest) = line.split_at(end);
+        let rest = rest.trim_ascii();
+        if interpreter.is_empty() {
+            return Err(libc::ENOEXEC);
+        }
+        let text = |bytes: &[u8]| CString::new(bytes).map_err(|_| libc::ENOEXEC);
+        return Ok(Program::Script {
+            interpreter: text(interpreter)?,
+            argument: (!rest.is_empty()).then(|| text(rest)).transpose()?,
+        });
+    }
+    // SAFETY: a NUL-terminated name; the flags ask for a file closed at exec.
+    let fd = unsafe {
+        libc::memfd_create(
+            c"locus-program".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    if fd < 0 {
+        return Err(errno::get());
+    }
+    // SAFETY: a descriptor just made, owned from here.
+    let image = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let mut memory = std::fs::File::from(image);
+    let mut at = 0u64;
+    let mut chunk = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read_at(&mut chunk, at).map_err(fs_errno)?;
+        if n == 0 {
+            break;
+        }
+        std::io::Write::write_all(&mut memory, &chunk[..n])
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        at += n as u64;
+    }
+    let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+    // SAFETY: our memory file; sealing only restricts later changes.
+    unsafe {
+        libc::fcntl(
+            std::os::fd::AsRawFd::as_raw_fd(&memory),
+            libc::F_ADD_SEALS,
+            seals,
+        )
+    };
+    Ok(Program::Image(memory.into()))
+}
 
 unsafe extern "C" {
     static environ: *const *const c_char;
@@ -37,7 +207,7 @@ unsafe fn with_handoff(
         unsafe {
             while !(*envp.add(i)).is_null() {
                 let item = *envp.add(i);
-                if !std::ffi::CStr::from_ptr(item)
+                if !CStr::from_ptr(item)
                     .to_bytes()
                     .starts_with(prefix.as_bytes())
                 {
@@ -74,8 +244,8 @@ pub unsafe extern "C" fn execve(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    // SAFETY: C's contract; the closure passes the (possibly extended) environment on.
-    unsafe { with_handoff(envp, |envp| real::execve(path, argv, envp)) }
+    // SAFETY: C's contract.
+    unsafe { exec_any(path, argv, envp, 0) }
 }
 
 /// `execv(3)`.
@@ -98,8 +268,77 @@ pub unsafe extern "C" fn execvpe(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    // SAFETY: C's contract.
-    unsafe { with_handoff(envp, |envp| real::execvpe(file, argv, envp)) }
+    if state::inside() || file.is_null() {
+        // SAFETY: C's contract.
+        return unsafe { with_handoff(envp, |envp| real::execvpe(file, argv, envp)) };
+    }
+    // SAFETY: NUL-terminated by C's contract.
+    let name = unsafe { CStr::from_ptr(file) }.to_bytes();
+    if name.is_empty() {
+        return fail(libc::ENOENT);
+    }
+    if name.contains(&b'/') {
+        // SAFETY: C's contract.
+        return unsafe { exec_any(file, argv, envp, 0) };
+    }
+    // SAFETY: a NUL-terminated literal; getenv's answer is read before anything changes
+    // the environment.
+    let search = unsafe { libc::getenv(c"PATH".as_ptr()) };
+    let search: Vec<u8> = if search.is_null() {
+        b"/bin:/usr/bin".to_vec()
+    } else {
+        // SAFETY: the environment's NUL-terminated string.
+        unsafe { CStr::from_ptr(search) }.to_bytes().to_vec()
+    };
+    let config = state::config();
+    let on_volume = |dir: &[u8]| {
+        (dir.is_empty() || dir[0] != b'/') && state::cwd().is_some()
+            || config
+                .is_some_and(|c| matches!(c.mount.classify(dir), crate::path::Target::Locus { .. }))
+    };
+    if !search.split(|&b| b == b':').any(on_volume) {
+        // SAFETY: C's contract.
+        return unsafe { with_handoff(envp, |envp| real::execvpe(file, argv, envp)) };
+    }
+    // glibc's search: each directory in turn; a missing file goes on, a refused one is
+    // remembered, a file the kernel cannot run is a shell script; anything else fails.
+    let mut refused = false;
+    for dir in search.split(|&b| b == b':') {
+        let mut candidate = if dir.is_empty() {
+            b".".to_vec()
+        } else {
+            dir.to_vec()
+        };
+        candidate.push(b'/');
+        candidate.extend_from_slice(name);
+        let Ok(candidate) = CString::new(candidate) else {
+            continue;
+        };
+        // SAFETY: C's contract; `candidate` is NUL-terminated.
+        unsafe { exec_any(candidate.as_ptr(), argv, envp, 0) };
+        match errno::get() {
+            libc::EACCES => refused = true,
+            libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {}
+            libc::ENOEXEC => {
+                let mut args: Vec<*const c_char> = vec![c"/bin/sh".as_ptr(), candidate.as_ptr()];
+                // SAFETY: C's contract: a null-terminated vector of strings.
+                unsafe {
+                    if !argv.is_null() && !(*argv).is_null() {
+                        let mut i = 1;
+                        while !(*argv.add(i)).is_null() {
+                            args.push(*argv.add(i));
+                            i += 1;
+                        }
+                    }
+                }
+                args.push(std::ptr::null());
+                // SAFETY: a null-terminated vector of live strings.
+                return unsafe { exec_any(c"/bin/sh".as_ptr(), args.as_ptr(), envp, 0) };
+            }
+            _ => return -1,
+        }
+    }
+    fail(if refused { libc::EACCES } else { libc::ENOENT })
 }
 
 /// `execvp(3)`.
