@@ -782,6 +782,18 @@ extern "C" fn after_fork_parent() {
     unlock_all();
 }
 
+/// Before `posix_spawn`, which runs no fork handlers: what a fork does in the parent —
+/// every locus fd suspended, the volume released — so the program spawned can mount it
+/// (with the fds and working directory handed over) while this process waits; this one
+/// mounts again on its next locus call.
+pub(crate) fn release_for_child() {
+    if ordered(rank::MOUNT, || MOUNT.read()).is_none() && OPEN.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    before_fork();
+    after_fork_parent();
+}
+
 /// In the child: descriptions and a mount inherited from the parent are the parent's. They
 /// are never used (every call on them fails with `EIO`) and never dropped (that would run the
 /// parent's file system code on shared persistent memory); the child mounts on its own once

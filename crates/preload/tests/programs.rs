@@ -688,7 +688,9 @@ fn fallocate_allocates_as_on_tmpfs() {
 /// Programs stored on the volume run: scripts by absolute and relative name (their
 /// interpreter a host program, `env`, a script on the volume itself, with the `#!` line's
 /// argument), a program copied in, one found on `PATH` by `env`, a link out of the volume,
-/// one started by Python's `subprocess`; a file without execute permission and a missing
+/// one started by Python's `subprocess` and by `os.posix_spawn`, `make` building a C program
+/// with `cc` and running it (make spawns with `posix_spawn`); a file without execute
+/// permission and a missing
 /// one fail as on tmpfs, and a file without a `#!` line runs as a shell script (bash's
 /// fallback). Before, the kernel was handed the /locus name and every one of them failed.
 #[test]

@@ -290,12 +290,6 @@ pub unsafe extern "C" fn execvpe(
         // SAFETY: the environment's NUL-terminated string.
         unsafe { CStr::from_ptr(search) }.to_bytes().to_vec()
     };
-    let config = state::config();
-    let on_volume = |dir: &[u8]| {
-        (dir.is_empty() || dir[0] != b'/') && state::cwd().is_some()
-            || config
-                .is_some_and(|c| matches!(c.mount.classify(dir), crate::path::Target::Locus { .. }))
-    };
     if !search.split(|&b| b == b':').any(on_volume) {
         // SAFETY: C's contract.
         return unsafe { with_handoff(envp, |envp| real::execvpe(file, argv, envp)) };
@@ -363,6 +357,239 @@ pub unsafe extern "C" fn fexecve(
 ) -> c_int {
     // SAFETY: C's contract.
     unsafe { with_handoff(envp, |envp| real::fexecve(fd, argv, envp)) }
+}
+
+/// Where `posix_spawn` finds a program: `path` and the arguments to give it (`None`: the
+/// caller's), and a memory file holding the program, held open until it is spawned.
+struct Spawnable {
+    path: CString,
+    argv: Option<(Vec<CString>, Vec<*const c_char>)>,
+    _image: Option<std::os::fd::OwnedFd>,
+}
+
+/// The program `name` names for `posix_spawn` (with `search`, `posix_spawnp`'s `PATH`
+/// search when the name has no `/` and `PATH` names volume directories): a host program
+/// as given (`None`), one on the volume made spawnable — a link out at its host path, a
+/// script through its interpreter, anything else from a memory file (`/proc/self/fd/N`,
+/// the file open in the child too) — or an errno.
+///
+/// # Safety
+/// `argv` is a null-terminated vector of strings.
+unsafe fn spawnable(
+    name: &CStr,
+    argv: *const *const c_char,
+    search: bool,
+    depth: usize,
+) -> Result<Option<Spawnable>, c_int> {
+    let bytes = name.to_bytes();
+    if search && !bytes.contains(&b'/') {
+        // SAFETY: a NUL-terminated literal.
+        let path = unsafe { libc::getenv(c"PATH".as_ptr()) };
+        let path: Vec<u8> = if path.is_null() {
+            b"/bin:/usr/bin".to_vec()
+        } else {
+            // SAFETY: the environment's NUL-terminated string.
+            unsafe { CStr::from_ptr(path) }.to_bytes().to_vec()
+        };
+        if !path.split(|&b| b == b':').any(on_volume) {
+            return Ok(None);
+        }
+        let mut refused = false;
+        for dir in path.split(|&b| b == b':') {
+            let mut candidate = if dir.is_empty() {
+                b".".to_vec()
+            } else {
+                dir.to_vec()
+            };
+            candidate.push(b'/');
+            candidate.extend_from_slice(bytes);
+            let Ok(candidate) = CString::new(candidate) else {
+                continue;
+            };
+            // SAFETY: a NUL-terminated path; the intercepted `access` answers for both.
+            if unsafe { libc::access(candidate.as_ptr(), libc::X_OK) } == 0 {
+                // SAFETY: as our contract.
+                return match unsafe { spawnable(&candidate, argv, false, depth) }? {
+                    None => Ok(Some(Spawnable {
+                        path: candidate,
+                        argv: None,
+                        _image: None,
+                    })),
+                    found => Ok(found),
+                };
+            }
+            refused |= errno::get() == libc::EACCES;
+        }
+        return Err(if refused { libc::EACCES } else { libc::ENOENT });
+    }
+    // SAFETY: NUL-terminated.
+    let inside = match unsafe { super::resolve(libc::AT_FDCWD, name.as_ptr()) }? {
+        Resolved::Kernel => return Ok(None),
+        Resolved::KernelPath(host) => {
+            return Ok(Some(Spawnable {
+                path: host,
+                argv: None,
+                _image: None,
+            }));
+        }
+        Resolved::Locus {
+            trailing_slash: true,
+            ..
+        } => return Err(libc::ENOTDIR),
+        Resolved::Locus { path, .. } => path,
+    };
+    // SAFETY: NUL-terminated; the intercepted `access`.
+    if unsafe { libc::access(name.as_ptr(), libc::X_OK) } != 0 {
+        return Err(errno::get());
+    }
+    match state::run(|| state::with_fs(|fs| program(fs, &inside)))? {
+        Program::Image(fd) => {
+            use std::os::fd::AsRawFd;
+            // The child must inherit it to execute it by name.
+            // SAFETY: our memory file.
+            unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) };
+            let path = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+                .expect("no NUL in a number");
+            Ok(Some(Spawnable {
+                path,
+                argv: None,
+                _image: Some(fd),
+            }))
+        }
+        Program::Script {
+            interpreter,
+            argument,
+        } => {
+            if depth >= MAX_INTERPRETERS {
+                return Err(libc::ELOOP);
+            }
+            let mut owned: Vec<CString> = vec![interpreter.clone()];
+            owned.extend(argument);
+            owned.push(name.to_owned());
+            // SAFETY: C's contract: a null-terminated vector of strings.
+            unsafe {
+                if !argv.is_null() && !(*argv).is_null() {
+                    let mut i = 1;
+                    while !(*argv.add(i)).is_null() {
+                        owned.push(CStr::from_ptr(*argv.add(i)).to_owned());
+                        i += 1;
+                    }
+                }
+            }
+            let mut pointers: Vec<*const c_char> = owned.iter().map(|a| a.as_ptr()).collect();
+            pointers.push(std::ptr::null());
+            // The interpreter itself may be on the volume.
+            // SAFETY: `pointers` is a null-terminated vector of the strings in `owned`.
+            let inner = unsafe { spawnable(&interpreter, pointers.as_ptr(), false, depth + 1) }?;
+            Ok(Some(match inner {
+                None => Spawnable {
+                    path: interpreter,
+                    argv: Some((owned, pointers)),
+                    _image: None,
+                },
+                Some(mut inner) => {
+                    if inner.argv.is_none() {
+                        inner.argv = Some((owned, pointers));
+                    }
+                    inner
+                }
+            }))
+        }
+    }
+}
+
+/// Whether a `PATH` entry is a directory of the volume (by name; a relative one when the
+/// working directory is on the volume).
+fn on_volume(dir: &[u8]) -> bool {
+    (dir.is_empty() || dir[0] != b'/') && state::cwd().is_some()
+        || state::config()
+            .is_some_and(|c| matches!(c.mount.classify(dir), crate::path::Target::Locus { .. }))
+}
+
+/// `posix_spawn` and `posix_spawnp`: glibc's run no fork handlers and call the kernel's
+/// `execve` directly, so the volume is released here first (as a fork does), the locus fds
+/// and working directory are handed over in the environment, and a program on the volume
+/// is made spawnable ([`spawnable`]). The file actions and attributes are the caller's,
+/// applied by glibc; an action naming a locus path reaches the kernel (which fails it).
+///
+/// # Safety
+/// C's contract for `posix_spawn`.
+unsafe fn spawn(
+    pid: *mut libc::pid_t,
+    name: *const c_char,
+    search: bool,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    let plain = |name: *const c_char, argv: *const *const c_char, envp: *const *const c_char| {
+        // SAFETY: C's contract.
+        unsafe {
+            if search {
+                real::posix_spawnp(pid, name, actions, attr, argv, envp)
+            } else {
+                real::posix_spawn(pid, name, actions, attr, argv, envp)
+            }
+        }
+    };
+    if state::inside() || name.is_null() {
+        return plain(name, argv, envp);
+    }
+    // SAFETY: NUL-terminated by C's contract.
+    let found = match unsafe { spawnable(CStr::from_ptr(name), argv, search, 0) } {
+        Ok(found) => found,
+        Err(e) => return e,
+    };
+    state::release_for_child();
+    // glibc reports failure as the returned error number, not in errno.
+    match &found {
+        // SAFETY: C's contract for `envp`.
+        None => unsafe { with_handoff(envp, |envp| plain(name, argv, envp)) },
+        Some(program) => {
+            let argv = program.argv.as_ref().map_or(argv, |(_, p)| p.as_ptr());
+            // SAFETY: C's contract; the path and arguments live in `program`.
+            unsafe {
+                with_handoff(envp, |envp| {
+                    real::posix_spawn(pid, program.path.as_ptr(), actions, attr, argv, envp)
+                })
+            }
+        }
+    }
+}
+
+/// `posix_spawn(3)`: see [`spawn`].
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut libc::pid_t,
+    path: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    // SAFETY: C's contract.
+    unsafe { spawn(pid, path, false, actions, attr, argv, envp) }
+}
+
+/// `posix_spawnp(3)`: see [`spawn`].
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut libc::pid_t,
+    file: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    // SAFETY: C's contract.
+    unsafe { spawn(pid, file, true, actions, attr, argv, envp) }
 }
 
 /// `vfork(2)` runs as `fork`: a `vfork` child shares the parent's memory, mount included,

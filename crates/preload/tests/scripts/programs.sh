@@ -12,6 +12,10 @@ mkdir "$D/bin" && cp /bin/echo "$D/bin/myecho" && "$D/bin/myecho" a program copi
 PATH="$D/bin:$PATH" env myecho found on PATH by env
 ln -s /bin/echo "$D/bin/hostecho" && "$D/bin/hostecho" a link out of the directory
 python3 -c 'import subprocess, sys; subprocess.run([sys.argv[1], "from", "python"])' "$D/s.sh"
+python3 -c 'import os, sys; os.waitpid(os.posix_spawn(sys.argv[1], [sys.argv[1], "spawned"], os.environ), 0)' "$D/s.sh"
+printf 'int main(void) { return 3; }\n' > "$D/three.c"
+printf 'all: three\n\t./s.sh made\n\t./three || echo "three exited $$?"\nthree: three.c\n\tcc -o three three.c\n' > "$D/Makefile"
+(cd "$D" && make -s)
 chmod 644 "$D/p.py"; "$D/p.py"; echo "not executable: $?"
 "$D/nothing"; echo "missing: $?"
 printf 'echo no interpreter line: $0\n' > "$D/plain" && chmod +x "$D/plain" && "$D/plain"
