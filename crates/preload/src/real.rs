@@ -126,6 +126,8 @@ real! {
     fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    fn system(command: *const c_char) -> c_int;
+    fn popen(command: *const c_char, mode: *const c_char) -> *mut FILE;
     fn posix_spawn(
         pid: *mut libc::pid_t,
         path: *const c_char,

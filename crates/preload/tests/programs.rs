@@ -689,7 +689,8 @@ fn fallocate_allocates_as_on_tmpfs() {
 /// interpreter a host program, `env`, a script on the volume itself, with the `#!` line's
 /// argument), a program copied in, one found on `PATH` by `env`, a link out of the volume,
 /// one started by Python's `subprocess` and by `os.posix_spawn`, `make` building a C program
-/// with `cc` and running it (make spawns with `posix_spawn`); a file without execute
+/// with `cc` and running it (make spawns with `posix_spawn`), a C program using `popen` and
+/// `system` with relative names; a file without execute
 /// permission and a missing
 /// one fail as on tmpfs, and a file without a `#!` line runs as a shell script (bash's
 /// fallback). Before, the kernel was handed the /locus name and every one of them failed.

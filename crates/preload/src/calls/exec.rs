@@ -592,6 +592,61 @@ pub unsafe extern "C" fn posix_spawnp(
     unsafe { spawn(pid, file, true, actions, attr, argv, envp) }
 }
 
+/// Runs `start` — `system` or `popen`, which start `/bin/sh -c` through glibc's internal
+/// spawn (no fork handlers, the process's own environment) — with the volume released
+/// first as a fork does and the handoff in the process's environment for the duration, so
+/// the shell and what it runs see the locus working directory and fds. The variable is
+/// removed again afterwards (the library took it out of the environment at load).
+fn with_handoff_in_environ<T>(start: impl FnOnce() -> T) -> T {
+    if state::inside() {
+        return start();
+    }
+    state::release_for_child();
+    let Some((description, fds)) = state::handoff_for_exec() else {
+        return start();
+    };
+    let (Ok(name), Ok(value)) = (CString::new(HANDOFF_ENV), CString::new(description)) else {
+        return start();
+    };
+    // SAFETY: NUL-terminated strings; like `system` itself, not for programs that change
+    // their environment from another thread meanwhile.
+    unsafe { libc::setenv(name.as_ptr(), value.as_ptr(), 1) };
+    for &fd in &fds {
+        // SAFETY: our reservation fds, kept across the shell's exec.
+        unsafe { real::fcntl(fd, libc::F_SETFD, 0) };
+    }
+    let result = start();
+    let e = errno::get();
+    for &fd in &fds {
+        // SAFETY: as above.
+        unsafe { real::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_ulong) };
+    }
+    // SAFETY: as above.
+    unsafe { libc::unsetenv(name.as_ptr()) };
+    errno::set(e);
+    result
+}
+
+/// `system(3)`: see [`with_handoff_in_environ`].
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn system(command: *const c_char) -> c_int {
+    // SAFETY: C's contract.
+    with_handoff_in_environ(|| unsafe { real::system(command) })
+}
+
+/// `popen(3)`: see [`with_handoff_in_environ`].
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE {
+    // SAFETY: C's contract.
+    with_handoff_in_environ(|| unsafe { real::popen(command, mode) })
+}
+
 /// `vfork(2)` runs as `fork`: a `vfork` child shares the parent's memory, mount included,
 /// so the fork handlers that suspend the parent's locus fds and release the volume (letting
 /// the program the child executes mount it) could not run. POSIX allows `vfork` to be

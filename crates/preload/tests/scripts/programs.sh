@@ -16,6 +16,8 @@ python3 -c 'import os, sys; os.waitpid(os.posix_spawn(sys.argv[1], [sys.argv[1],
 printf 'int main(void) { return 3; }\n' > "$D/three.c"
 printf 'all: three\n\t./s.sh made\n\t./three || echo "three exited $$?"\nthree: three.c\n\tcc -o three three.c\n' > "$D/Makefile"
 (cd "$D" && make -s)
+printf '#include <stdio.h>\n#include <stdlib.h>\nint main(void) {\n  char line[64] = "";\n  FILE *p = popen("wc -c < three.c", "r");\n  if (p && fgets(line, sizeof line, p)) printf("popen: %%s", line);\n  if (p) pclose(p);\n  return system("./s.sh by system") ? 1 : 0;\n}\n' > "$D/sys.c"
+(cd "$D" && cc -o sys sys.c && ./sys)
 chmod 644 "$D/p.py"; "$D/p.py"; echo "not executable: $?"
 "$D/nothing"; echo "missing: $?"
 printf 'echo no interpreter line: $0\n' > "$D/plain" && chmod +x "$D/plain" && "$D/plain"
