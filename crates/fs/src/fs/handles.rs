@@ -711,14 +711,7 @@ impl File {
     /// Not bounded by [`MAX_IO`]: no data moves.
     pub fn punch_hole(&self, offset: u64, len: u64) -> Result<()> {
         self.writable()?;
-        if offset
-            .checked_add(len)
-            .is_none_or(|end| end > MAX_FILE_SIZE)
-        {
-            return Err(FsError::TooLarge(format!(
-                "{len} bytes at offset {offset} end beyond the largest file ({MAX_FILE_SIZE})"
-            )));
-        }
+        within_largest_file(offset, len)?;
         self.fs.inner.punch_hole(&self.inode, offset, len)
     }
 
@@ -732,19 +725,7 @@ impl File {
     /// Durable on return; modification and change times become now.
     pub fn allocate(&self, offset: u64, len: u64, keep_size: bool) -> Result<()> {
         self.writable()?;
-        if len == 0 {
-            return Err(FsError::Invalid(format!(
-                "an allocation of 0 bytes at offset {offset}"
-            )));
-        }
-        if offset
-            .checked_add(len)
-            .is_none_or(|end| end > MAX_FILE_SIZE)
-        {
-            return Err(FsError::TooLarge(format!(
-                "{len} bytes at offset {offset} end beyond the largest file ({MAX_FILE_SIZE})"
-            )));
-        }
+        nonempty_within_largest_file(offset, len)?;
         self.fs.inner.allocate(&self.inode, offset, len, keep_size)
     }
 
@@ -756,19 +737,7 @@ impl File {
     /// without room for the range's holes is `NoSpace` before anything changes.
     pub fn zero_range(&self, offset: u64, len: u64, keep_size: bool) -> Result<()> {
         self.writable()?;
-        if len == 0 {
-            return Err(FsError::Invalid(format!(
-                "a zeroed range of 0 bytes at offset {offset}"
-            )));
-        }
-        if offset
-            .checked_add(len)
-            .is_none_or(|end| end > MAX_FILE_SIZE)
-        {
-            return Err(FsError::TooLarge(format!(
-                "{len} bytes at offset {offset} end beyond the largest file ({MAX_FILE_SIZE})"
-            )));
-        }
+        nonempty_within_largest_file(offset, len)?;
         // The punch gives back the blocks the range has; the room needed is its holes'.
         self.fs.inner.room_to_allocate(&self.inode, offset, len)?;
         self.punch_hole(offset, len)?;
@@ -949,4 +918,27 @@ pub struct Space {
     pub free_bytes: u64,
     /// Files and directories.
     pub files: u64,
+}
+
+/// `TooLarge` unless `[offset, offset + len)` ends within the largest file.
+fn within_largest_file(offset: u64, len: u64) -> Result<()> {
+    if offset
+        .checked_add(len)
+        .is_none_or(|end| end > MAX_FILE_SIZE)
+    {
+        return Err(FsError::TooLarge(format!(
+            "{len} bytes at offset {offset} end beyond the largest file ({MAX_FILE_SIZE})"
+        )));
+    }
+    Ok(())
+}
+
+/// [`within_largest_file`], and `Invalid` for an empty range (`fallocate`'s rule).
+fn nonempty_within_largest_file(offset: u64, len: u64) -> Result<()> {
+    if len == 0 {
+        return Err(FsError::Invalid(format!(
+            "an empty range (0 bytes at offset {offset})"
+        )));
+    }
+    within_largest_file(offset, len)
 }

@@ -94,17 +94,8 @@ unsafe fn exec_any(
             let mut args: Vec<*const c_char> = vec![interpreter.as_ptr()];
             args.extend(argument.as_ref().map(|a| a.as_ptr()));
             args.push(path);
-            // The caller's arguments after its argv[0].
-            // SAFETY: C's contract: a null-terminated vector of strings.
-            unsafe {
-                if !argv.is_null() && !(*argv).is_null() {
-                    let mut i = 1;
-                    while !(*argv.add(i)).is_null() {
-                        args.push(*argv.add(i));
-                        i += 1;
-                    }
-                }
-            }
+            // SAFETY: C's contract for `argv`.
+            args.extend(unsafe { after_the_first(argv) });
             args.push(std::ptr::null());
             // SAFETY: `args` is a null-terminated vector of live strings.
             unsafe { exec_any(interpreter.as_ptr(), args.as_ptr(), envp, depth + 1) }
@@ -281,33 +272,14 @@ pub unsafe extern "C" fn execvpe(
         // SAFETY: C's contract.
         return unsafe { exec_any(file, argv, envp, 0) };
     }
-    // SAFETY: a NUL-terminated literal; getenv's answer is read before anything changes
-    // the environment.
-    let search = unsafe { libc::getenv(c"PATH".as_ptr()) };
-    let search: Vec<u8> = if search.is_null() {
-        b"/bin:/usr/bin".to_vec()
-    } else {
-        // SAFETY: the environment's NUL-terminated string.
-        unsafe { CStr::from_ptr(search) }.to_bytes().to_vec()
-    };
-    if !search.split(|&b| b == b':').any(on_volume) {
+    let Some(search) = volume_search_path() else {
         // SAFETY: C's contract.
         return unsafe { with_handoff(envp, |envp| real::execvpe(file, argv, envp)) };
-    }
+    };
     // glibc's search: each directory in turn; a missing file goes on, a refused one is
     // remembered, a file the kernel cannot run is a shell script; anything else fails.
     let mut refused = false;
-    for dir in search.split(|&b| b == b':') {
-        let mut candidate = if dir.is_empty() {
-            b".".to_vec()
-        } else {
-            dir.to_vec()
-        };
-        candidate.push(b'/');
-        candidate.extend_from_slice(name);
-        let Ok(candidate) = CString::new(candidate) else {
-            continue;
-        };
+    for candidate in candidates(&search, name) {
         // SAFETY: C's contract; `candidate` is NUL-terminated.
         unsafe { exec_any(candidate.as_ptr(), argv, envp, 0) };
         match errno::get() {
@@ -315,16 +287,8 @@ pub unsafe extern "C" fn execvpe(
             libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {}
             libc::ENOEXEC => {
                 let mut args: Vec<*const c_char> = vec![c"/bin/sh".as_ptr(), candidate.as_ptr()];
-                // SAFETY: C's contract: a null-terminated vector of strings.
-                unsafe {
-                    if !argv.is_null() && !(*argv).is_null() {
-                        let mut i = 1;
-                        while !(*argv.add(i)).is_null() {
-                            args.push(*argv.add(i));
-                            i += 1;
-                        }
-                    }
-                }
+                // SAFETY: C's contract for `argv`.
+                args.extend(unsafe { after_the_first(argv) });
                 args.push(std::ptr::null());
                 // SAFETY: a null-terminated vector of live strings.
                 return unsafe { exec_any(c"/bin/sh".as_ptr(), args.as_ptr(), envp, 0) };
@@ -383,29 +347,11 @@ unsafe fn spawnable(
 ) -> Result<Option<Spawnable>, c_int> {
     let bytes = name.to_bytes();
     if search && !bytes.contains(&b'/') {
-        // SAFETY: a NUL-terminated literal.
-        let path = unsafe { libc::getenv(c"PATH".as_ptr()) };
-        let path: Vec<u8> = if path.is_null() {
-            b"/bin:/usr/bin".to_vec()
-        } else {
-            // SAFETY: the environment's NUL-terminated string.
-            unsafe { CStr::from_ptr(path) }.to_bytes().to_vec()
-        };
-        if !path.split(|&b| b == b':').any(on_volume) {
+        let Some(search) = volume_search_path() else {
             return Ok(None);
-        }
+        };
         let mut refused = false;
-        for dir in path.split(|&b| b == b':') {
-            let mut candidate = if dir.is_empty() {
-                b".".to_vec()
-            } else {
-                dir.to_vec()
-            };
-            candidate.push(b'/');
-            candidate.extend_from_slice(bytes);
-            let Ok(candidate) = CString::new(candidate) else {
-                continue;
-            };
+        for candidate in candidates(&search, bytes) {
             // SAFETY: a NUL-terminated path; the intercepted `access` answers for both.
             if unsafe { libc::access(candidate.as_ptr(), libc::X_OK) } == 0 {
                 // SAFETY: as our contract.
@@ -466,16 +412,12 @@ unsafe fn spawnable(
             let mut owned: Vec<CString> = vec![interpreter.clone()];
             owned.extend(argument);
             owned.push(name.to_owned());
-            // SAFETY: C's contract: a null-terminated vector of strings.
-            unsafe {
-                if !argv.is_null() && !(*argv).is_null() {
-                    let mut i = 1;
-                    while !(*argv.add(i)).is_null() {
-                        owned.push(CStr::from_ptr(*argv.add(i)).to_owned());
-                        i += 1;
-                    }
-                }
-            }
+            // SAFETY: C's contract for `argv`; the strings are copied at once.
+            owned.extend(
+                unsafe { after_the_first(argv) }
+                    .into_iter()
+                    .map(|a| unsafe { CStr::from_ptr(a) }.to_owned()),
+            );
             let mut pointers: Vec<*const c_char> = owned.iter().map(|a| a.as_ptr()).collect();
             pointers.push(std::ptr::null());
             // The interpreter itself may be on the volume.
@@ -496,6 +438,55 @@ unsafe fn spawnable(
             }))
         }
     }
+}
+
+/// The caller's arguments after its argv[0] (the program's own name), for an interpreter
+/// and a script's name put in front of them.
+///
+/// # Safety
+/// `argv` is null or a null-terminated vector of strings.
+unsafe fn after_the_first(argv: *const *const c_char) -> Vec<*const c_char> {
+    let mut rest = Vec::new();
+    // SAFETY: the caller's null-terminated vector.
+    unsafe {
+        if !argv.is_null() && !(*argv).is_null() {
+            let mut i = 1;
+            while !(*argv.add(i)).is_null() {
+                rest.push(*argv.add(i));
+                i += 1;
+            }
+        }
+    }
+    rest
+}
+
+/// This process's `PATH` (glibc's default when unset) when one of its directories is on
+/// the volume; `None` when libc's own search will do.
+fn volume_search_path() -> Option<Vec<u8>> {
+    // SAFETY: a NUL-terminated literal; the answer is copied before anything can change the
+    // environment.
+    let path = unsafe { libc::getenv(c"PATH".as_ptr()) };
+    let path = if path.is_null() {
+        b"/bin:/usr/bin".to_vec()
+    } else {
+        // SAFETY: the environment's NUL-terminated string.
+        unsafe { CStr::from_ptr(path) }.to_bytes().to_vec()
+    };
+    path.split(|&b| b == b':').any(on_volume).then_some(path)
+}
+
+/// `dir/name` for each directory of a `PATH` (an empty one is the working directory).
+fn candidates<'a>(path: &'a [u8], name: &'a [u8]) -> impl Iterator<Item = CString> + 'a {
+    path.split(|&b| b == b':').filter_map(move |dir| {
+        let mut candidate = if dir.is_empty() {
+            b".".to_vec()
+        } else {
+            dir.to_vec()
+        };
+        candidate.push(b'/');
+        candidate.extend_from_slice(name);
+        CString::new(candidate).ok()
+    })
 }
 
 /// Whether a `PATH` entry is a directory of the volume (by name; a relative one when the
