@@ -590,26 +590,9 @@ pub unsafe extern "C" fn locus_fallocate(
 ) -> c_int {
     status(call(|| {
         // SAFETY: the header's contract for handles.
-        let file = &unsafe { handle(file, "file") }?.0;
-        if len == 0 {
-            return Err(invalid("len is 0"));
-        }
-        let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
-        match mode & !libc::FALLOC_FL_KEEP_SIZE {
-            0 => file.allocate(offset, len, keep_size)?,
-            libc::FALLOC_FL_PUNCH_HOLE if keep_size => file.punch_hole(offset, len)?,
-            libc::FALLOC_FL_ZERO_RANGE => file.zero_range(offset, len, keep_size)?,
-            _ => {
-                return Err(Failure {
-                    errno: libc::EOPNOTSUPP,
-                    message: format!(
-                        "fallocate mode {mode:#x} is not supported (0, FALLOC_FL_KEEP_SIZE, \
-                         FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE and FALLOC_FL_ZERO_RANGE \
-                         are)"
-                    ),
-                });
-            }
-        }
+        unsafe { handle(file, "file") }?
+            .0
+            .fallocate(mode, offset, len)?;
         Ok(0)
     }))
 }

@@ -1288,19 +1288,7 @@ impl Server {
         if length == 0 || i64::try_from(offset).is_err() || i64::try_from(length).is_err() {
             return Err(libc::EINVAL);
         }
-        offset.checked_add(length).ok_or(libc::EFBIG)?;
-        match mode {
-            0 | libc::FALLOC_FL_KEEP_SIZE => file
-                .allocate(offset, length, mode != 0)
-                .map_err(|e| errno(&e)),
-            m if m & !libc::FALLOC_FL_KEEP_SIZE == libc::FALLOC_FL_ZERO_RANGE => file
-                .zero_range(offset, length, m & libc::FALLOC_FL_KEEP_SIZE != 0)
-                .map_err(|e| errno(&e)),
-            m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => {
-                file.punch_hole(offset, length).map_err(|e| errno(&e))
-            }
-            _ => Err(libc::EOPNOTSUPP),
-        }
+        file.fallocate(mode, offset, length).map_err(|e| errno(&e))
     }
 
     /// `copy_file_range` inside the volume: `len` bytes (fewer at the source's end) from

@@ -744,6 +744,26 @@ impl File {
         self.allocate(offset, len, keep_size)
     }
 
+    /// `fallocate(2)` by its Linux `mode`: 0 and `FALLOC_FL_KEEP_SIZE` are
+    /// [`File::allocate`], `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE` is
+    /// [`File::punch_hole`], `FALLOC_FL_ZERO_RANGE` (with or without `KEEP_SIZE`) is
+    /// [`File::zero_range`]; other modes (collapse, insert, unshare, a punch that would not
+    /// keep the size) are `NotSupported`, an empty range `Invalid`. The one reading of the
+    /// modes that `locus mount`, the preload library and the C API share.
+    pub fn fallocate(&self, mode: i32, offset: u64, len: u64) -> Result<()> {
+        nonempty_within_largest_file(offset, len)?;
+        let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        match mode & !libc::FALLOC_FL_KEEP_SIZE {
+            0 => self.allocate(offset, len, keep_size),
+            libc::FALLOC_FL_PUNCH_HOLE if keep_size => self.punch_hole(offset, len),
+            libc::FALLOC_FL_ZERO_RANGE => self.zero_range(offset, len, keep_size),
+            _ => Err(FsError::NotSupported(format!(
+                "fallocate mode {mode:#x} (0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE | \
+                 FALLOC_FL_KEEP_SIZE and FALLOC_FL_ZERO_RANGE are supported)"
+            ))),
+        }
+    }
+
     /// Sets the size (grow with zeros or shrink).
     pub fn set_len(&self, size: u64) -> Result<()> {
         self.writable()?;

@@ -15,6 +15,7 @@ use crate::inode::{Attr, Inode, Owner, Stat};
 use crate::journal::{Kind, MAX_ALLOCATE_RUNS, MetaOp};
 use crate::lock_order::Ordered;
 use crate::path;
+use crate::pieces::{Piece, alloc_halving};
 use crate::range_lock::LockMode;
 use crate::snapshot::{INODE_BYTES, RUN_BYTES, entry_bytes};
 use crate::xattr::{self, XattrSet};
@@ -649,39 +650,32 @@ impl Inner {
     }
 
     /// Zeroed, durable blocks for `holes` (file block, blocks), as runs naming their file
-    /// blocks: whole runs where free memory allows, halving down to single blocks; their
-    /// data checksums noted. On failure what was allocated is given back.
+    /// blocks: whole runs where free memory allows, smaller pieces where it does not
+    /// ([`alloc_halving`]); their data checksums noted. On failure what was allocated is
+    /// given back.
     pub(crate) fn zeroed_runs(&self, holes: &[(u64, u64)]) -> Result<Vec<Run>> {
         let mut runs: Vec<Run> = Vec::new();
         let fill = |runs: &mut Vec<Run>| -> Result<()> {
             for &(first, blocks) in holes {
-                let mut done = 0;
-                while done < blocks {
-                    let mut want = blocks - done;
-                    let extent = loop {
-                        match self.alloc_buffer(want * BLOCK) {
-                            Ok(extent) => break extent,
-                            Err(e) if want > 1 && e.kind() == crate::ErrorKind::NoSpace => {
-                                want = want.div_ceil(2);
-                            }
-                            Err(e) => return Err(e),
-                        }
-                    };
-                    let addr = extent.start.raw();
-                    runs.push(Run {
-                        file_block: first + done,
-                        blocks: want,
-                        addr,
-                    });
-                    let (region, at) = self.region_at(addr)?;
-                    let mut zeroed = 0;
-                    while zeroed < want * BLOCK {
-                        let n = (want * BLOCK - zeroed).min(ZEROS.len() as u64);
-                        region.write_nt(at + zeroed, &ZEROS[..n as usize])?;
-                        self.note_filled(addr + zeroed, &ZEROS[..n as usize])?;
-                        zeroed += n;
-                    }
-                    done += want;
+                let mut pieces: Vec<Piece<Extent>> = Vec::new();
+                let got = alloc_halving(blocks * BLOCK, BLOCK, usize::MAX, &mut pieces, |_, n| {
+                    self.alloc_buffer(n)
+                });
+                runs.extend(pieces.iter().map(|p| Run {
+                    file_block: first + p.at / BLOCK,
+                    blocks: p.len / BLOCK,
+                    addr: p.item.start.raw(),
+                }));
+                got?;
+            }
+            for run in runs.iter() {
+                let (region, at) = self.region_at(run.addr)?;
+                let mut zeroed = 0;
+                while zeroed < run.blocks * BLOCK {
+                    let n = (run.blocks * BLOCK - zeroed).min(ZEROS.len() as u64);
+                    region.write_nt(at + zeroed, &ZEROS[..n as usize])?;
+                    self.note_filled(run.addr + zeroed, &ZEROS[..n as usize])?;
+                    zeroed += n;
                 }
             }
             Ok(())

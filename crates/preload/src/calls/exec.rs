@@ -14,6 +14,7 @@
 //! a `PATH` holding volume directories themselves, with glibc's rules.
 
 use std::ffi::{CStr, CString, c_char, c_int};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use super::Resolved;
 use crate::state::{self, HANDOFF_ENV};
@@ -34,7 +35,7 @@ enum Program {
         argument: Option<CString>,
     },
     /// Anything else, copied into a memory file (the kernel decides whether it runs).
-    Image(std::os::fd::OwnedFd),
+    Image(OwnedFd),
 }
 
 /// `execve` with programs on the volume: see the module documentation. Returns only on
@@ -46,60 +47,28 @@ unsafe fn exec_any(
     path: *const c_char,
     argv: *const *const c_char,
     envp: *const *const c_char,
-    depth: usize,
 ) -> c_int {
     if state::inside() || path.is_null() {
         // SAFETY: C's contract.
         return unsafe { with_handoff(envp, |envp| real::execve(path, argv, envp)) };
     }
-    // SAFETY: a NUL-terminated path by C's contract.
-    let inside = match unsafe { super::resolve(libc::AT_FDCWD, path) } {
-        Ok(Resolved::Kernel) => {
-            // SAFETY: C's contract.
-            return unsafe { with_handoff(envp, |envp| real::execve(path, argv, envp)) };
-        }
-        Ok(Resolved::KernelPath(host)) => {
-            // SAFETY: C's contract; `host` is NUL-terminated.
-            return unsafe { with_handoff(envp, |envp| real::execve(host.as_ptr(), argv, envp)) };
-        }
-        Ok(Resolved::Locus {
-            trailing_slash: true,
-            ..
-        }) => return fail(libc::ENOTDIR),
-        Ok(Resolved::Locus { path, .. }) => path,
+    // SAFETY: C's contract: a NUL-terminated path, a null-terminated `argv`.
+    let program = match unsafe { runnable(CStr::from_ptr(path), argv, false, 0) } {
+        Ok(Some(program)) => program,
+        // SAFETY: C's contract.
+        Ok(None) => return unsafe { with_handoff(envp, |envp| real::execve(path, argv, envp)) },
         Err(e) => return fail(e),
     };
-    // Execute permission, by the library's `access` (owner, group, others).
-    // SAFETY: a NUL-terminated path; the intercepted `access` answers for the volume.
-    if unsafe { libc::access(path, libc::X_OK) } != 0 {
-        return -1;
-    }
-    let program = match state::run(|| state::with_fs(|fs| program(fs, &inside))) {
-        Ok(program) => program,
-        Err(e) => return fail(e),
-    };
-    match program {
-        Program::Image(fd) => {
-            use std::os::fd::AsRawFd;
-            // SAFETY: C's contract; `fd` is a memory file holding the program.
-            unsafe { with_handoff(envp, |envp| real::fexecve(fd.as_raw_fd(), argv, envp)) }
-        }
-        Program::Script {
-            interpreter,
-            argument,
-        } => {
-            if depth >= MAX_INTERPRETERS {
-                return fail(libc::ELOOP);
-            }
-            let mut args: Vec<*const c_char> = vec![interpreter.as_ptr()];
-            args.extend(argument.as_ref().map(|a| a.as_ptr()));
-            args.push(path);
-            // SAFETY: C's contract for `argv`.
-            args.extend(unsafe { after_the_first(argv) });
-            args.push(std::ptr::null());
-            // SAFETY: `args` is a null-terminated vector of live strings.
-            unsafe { exec_any(interpreter.as_ptr(), args.as_ptr(), envp, depth + 1) }
-        }
+    let argv = program.argv(argv);
+    match &program.target {
+        // SAFETY: C's contract for `envp`; the path and arguments live in `program`.
+        Target::Path(host) => unsafe {
+            with_handoff(envp, |envp| real::execve(host.as_ptr(), argv, envp))
+        },
+        // SAFETY: as above; `fd` is a memory file holding the program.
+        Target::Image(fd) => unsafe {
+            with_handoff(envp, |envp| real::fexecve(fd.as_raw_fd(), argv, envp))
+        },
     }
 }
 
@@ -144,8 +113,7 @@ fn program(fs: &fs::Fs, path: &str) -> Result<Program, c_int> {
         return Err(errno::get());
     }
     // SAFETY: a descriptor just made, owned from here.
-    let image = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    let mut memory = std::fs::File::from(image);
+    let mut memory = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
     let mut at = 0u64;
     let mut chunk = vec![0u8; 1 << 20];
     loop {
@@ -159,13 +127,7 @@ fn program(fs: &fs::Fs, path: &str) -> Result<Program, c_int> {
     }
     let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
     // SAFETY: our memory file; sealing only restricts later changes.
-    unsafe {
-        libc::fcntl(
-            std::os::fd::AsRawFd::as_raw_fd(&memory),
-            libc::F_ADD_SEALS,
-            seals,
-        )
-    };
+    unsafe { libc::fcntl(memory.as_raw_fd(), libc::F_ADD_SEALS, seals) };
     Ok(Program::Image(memory.into()))
 }
 
@@ -210,19 +172,25 @@ unsafe fn with_handoff(
     }
     vector.push(entry.as_ptr());
     vector.push(std::ptr::null());
-    // The reservations must survive the exec now (their kernel FD_CLOEXEC is set).
-    for &fd in &fds {
+    inherited(&fds, || exec(vector.as_ptr()))
+}
+
+/// Runs `start` (an exec, or a spawn of a child) with the reservations of the handed-over
+/// `fds` kept across exec (their kernel `FD_CLOEXEC` cleared), and closed at exec again
+/// afterwards — the exec failed, or the child has its copies; `errno` as `start` left it.
+fn inherited<T>(fds: &[c_int], start: impl FnOnce() -> T) -> T {
+    for &fd in fds {
         // SAFETY: our reservation fds.
         unsafe { real::fcntl(fd, libc::F_SETFD, 0) };
     }
-    let rc = exec(vector.as_ptr());
+    let result = start();
     let e = errno::get();
-    for &fd in &fds {
-        // SAFETY: as above; the exec failed, so they are ours again.
+    for &fd in fds {
+        // SAFETY: as above.
         unsafe { real::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_ulong) };
     }
     errno::set(e);
-    rc
+    result
 }
 
 /// `execve(2)`.
@@ -236,7 +204,7 @@ pub unsafe extern "C" fn execve(
     envp: *const *const c_char,
 ) -> c_int {
     // SAFETY: C's contract.
-    unsafe { exec_any(path, argv, envp, 0) }
+    unsafe { exec_any(path, argv, envp) }
 }
 
 /// `execv(3)`.
@@ -270,7 +238,7 @@ pub unsafe extern "C" fn execvpe(
     }
     if name.contains(&b'/') {
         // SAFETY: C's contract.
-        return unsafe { exec_any(file, argv, envp, 0) };
+        return unsafe { exec_any(file, argv, envp) };
     }
     let Some(search) = volume_search_path() else {
         // SAFETY: C's contract.
@@ -281,7 +249,7 @@ pub unsafe extern "C" fn execvpe(
     let mut refused = false;
     for candidate in candidates(&search, name) {
         // SAFETY: C's contract; `candidate` is NUL-terminated.
-        unsafe { exec_any(candidate.as_ptr(), argv, envp, 0) };
+        unsafe { exec_any(candidate.as_ptr(), argv, envp) };
         match errno::get() {
             libc::EACCES => refused = true,
             libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {}
@@ -291,7 +259,7 @@ pub unsafe extern "C" fn execvpe(
                 args.extend(unsafe { after_the_first(argv) });
                 args.push(std::ptr::null());
                 // SAFETY: a null-terminated vector of live strings.
-                return unsafe { exec_any(c"/bin/sh".as_ptr(), args.as_ptr(), envp, 0) };
+                return unsafe { exec_any(c"/bin/sh".as_ptr(), args.as_ptr(), envp) };
             }
             _ => return -1,
         }
@@ -323,28 +291,45 @@ pub unsafe extern "C" fn fexecve(
     unsafe { with_handoff(envp, |envp| real::fexecve(fd, argv, envp)) }
 }
 
-/// Where `posix_spawn` finds a program: `path` and the arguments to give it (`None`: the
-/// caller's), and a memory file holding the program, held open until it is spawned.
-struct Spawnable {
-    path: CString,
+/// How a program on the volume runs, for `exec` and `posix_spawn`.
+struct Runnable {
+    target: Target,
+    /// The arguments to give it when they are not the caller's (an interpreter, the
+    /// script's name, then the caller's after its argv[0]): the strings and the vector.
     argv: Option<(Vec<CString>, Vec<*const c_char>)>,
-    _image: Option<std::os::fd::OwnedFd>,
 }
 
-/// The program `name` names for `posix_spawn` (with `search`, `posix_spawnp`'s `PATH`
-/// search when the name has no `/` and `PATH` names volume directories): a host program
-/// as given (`None`), one on the volume made spawnable — a link out at its host path, a
-/// script through its interpreter, anything else from a memory file (`/proc/self/fd/N`,
-/// the file open in the child too) — or an errno.
+/// What is executed.
+enum Target {
+    /// A host path.
+    Path(CString),
+    /// A memory file holding the program (closed at exec).
+    Image(OwnedFd),
+}
+
+impl Runnable {
+    /// The argument vector to pass: ours, or the caller's `argv`.
+    fn argv(&self, caller: *const *const c_char) -> *const *const c_char {
+        self.argv
+            .as_ref()
+            .map_or(caller, |(_, pointers)| pointers.as_ptr())
+    }
+}
+
+/// The program `name` names (with `search`, `posix_spawnp`'s `PATH` search when the name has
+/// no `/` and `PATH` names volume directories): `None` for a host program the kernel finds
+/// by itself; for one on the volume, a link out at its host path, a script through its
+/// interpreter (itself resolved the same way, up to [`MAX_INTERPRETERS`] deep), anything
+/// else from a memory file; or an errno (`EACCES` without execute permission).
 ///
 /// # Safety
 /// `argv` is a null-terminated vector of strings.
-unsafe fn spawnable(
+unsafe fn runnable(
     name: &CStr,
     argv: *const *const c_char,
     search: bool,
     depth: usize,
-) -> Result<Option<Spawnable>, c_int> {
+) -> Result<Option<Runnable>, c_int> {
     let bytes = name.to_bytes();
     if search && !bytes.contains(&b'/') {
         let Some(search) = volume_search_path() else {
@@ -355,11 +340,10 @@ unsafe fn spawnable(
             // SAFETY: a NUL-terminated path; the intercepted `access` answers for both.
             if unsafe { libc::access(candidate.as_ptr(), libc::X_OK) } == 0 {
                 // SAFETY: as our contract.
-                return match unsafe { spawnable(&candidate, argv, false, depth) }? {
-                    None => Ok(Some(Spawnable {
-                        path: candidate,
+                return match unsafe { runnable(&candidate, argv, false, depth) }? {
+                    None => Ok(Some(Runnable {
+                        target: Target::Path(candidate),
                         argv: None,
-                        _image: None,
                     })),
                     found => Ok(found),
                 };
@@ -372,10 +356,9 @@ unsafe fn spawnable(
     let inside = match unsafe { super::resolve(libc::AT_FDCWD, name.as_ptr()) }? {
         Resolved::Kernel => return Ok(None),
         Resolved::KernelPath(host) => {
-            return Ok(Some(Spawnable {
-                path: host,
+            return Ok(Some(Runnable {
+                target: Target::Path(host),
                 argv: None,
-                _image: None,
             }));
         }
         Resolved::Locus {
@@ -384,24 +367,16 @@ unsafe fn spawnable(
         } => return Err(libc::ENOTDIR),
         Resolved::Locus { path, .. } => path,
     };
+    // Execute permission, by the library's `access` (owner, group, others).
     // SAFETY: NUL-terminated; the intercepted `access`.
     if unsafe { libc::access(name.as_ptr(), libc::X_OK) } != 0 {
         return Err(errno::get());
     }
     match state::run(|| state::with_fs(|fs| program(fs, &inside)))? {
-        Program::Image(fd) => {
-            use std::os::fd::AsRawFd;
-            // The child must inherit it to execute it by name.
-            // SAFETY: our memory file.
-            unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) };
-            let path = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-                .expect("no NUL in a number");
-            Ok(Some(Spawnable {
-                path,
-                argv: None,
-                _image: Some(fd),
-            }))
-        }
+        Program::Image(fd) => Ok(Some(Runnable {
+            target: Target::Image(fd),
+            argv: None,
+        })),
         Program::Script {
             interpreter,
             argument,
@@ -412,30 +387,26 @@ unsafe fn spawnable(
             let mut owned: Vec<CString> = vec![interpreter.clone()];
             owned.extend(argument);
             owned.push(name.to_owned());
-            // SAFETY: C's contract for `argv`; the strings are copied at once.
-            owned.extend(
-                unsafe { after_the_first(argv) }
+            // SAFETY: C's contract for `argv`: each pointer is a live string, copied here.
+            owned.extend(unsafe {
+                after_the_first(argv)
                     .into_iter()
-                    .map(|a| unsafe { CStr::from_ptr(a) }.to_owned()),
-            );
+                    .map(|a| CStr::from_ptr(a).to_owned())
+                    .collect::<Vec<_>>()
+            });
             let mut pointers: Vec<*const c_char> = owned.iter().map(|a| a.as_ptr()).collect();
             pointers.push(std::ptr::null());
             // The interpreter itself may be on the volume.
             // SAFETY: `pointers` is a null-terminated vector of the strings in `owned`.
-            let inner = unsafe { spawnable(&interpreter, pointers.as_ptr(), false, depth + 1) }?;
-            Ok(Some(match inner {
-                None => Spawnable {
-                    path: interpreter,
-                    argv: Some((owned, pointers)),
-                    _image: None,
-                },
-                Some(mut inner) => {
-                    if inner.argv.is_none() {
-                        inner.argv = Some((owned, pointers));
-                    }
-                    inner
-                }
-            }))
+            let inner = unsafe { runnable(&interpreter, pointers.as_ptr(), false, depth + 1) }?;
+            let mut program = inner.unwrap_or(Runnable {
+                target: Target::Path(interpreter),
+                argv: None,
+            });
+            if program.argv.is_none() {
+                program.argv = Some((owned, pointers));
+            }
+            Ok(Some(program))
         }
     }
 }
@@ -500,7 +471,7 @@ fn on_volume(dir: &[u8]) -> bool {
 /// `posix_spawn` and `posix_spawnp`: glibc's run no fork handlers and call the kernel's
 /// `execve` directly, so the volume is released here first (as a fork does), the locus fds
 /// and working directory are handed over in the environment, and a program on the volume
-/// is made spawnable ([`spawnable`]). The file actions and attributes are the caller's,
+/// is made spawnable ([`runnable`]). The file actions and attributes are the caller's,
 /// applied by glibc; an action naming a locus path reaches the kernel (which fails it).
 ///
 /// # Safety
@@ -528,24 +499,31 @@ unsafe fn spawn(
         return plain(name, argv, envp);
     }
     // SAFETY: NUL-terminated by C's contract.
-    let found = match unsafe { spawnable(CStr::from_ptr(name), argv, search, 0) } {
+    let found = match unsafe { runnable(CStr::from_ptr(name), argv, search, 0) } {
         Ok(found) => found,
         Err(e) => return e,
     };
     state::release_for_child();
     // glibc reports failure as the returned error number, not in errno.
-    match &found {
+    let Some(program) = found else {
         // SAFETY: C's contract for `envp`.
-        None => unsafe { with_handoff(envp, |envp| plain(name, argv, envp)) },
-        Some(program) => {
-            let argv = program.argv.as_ref().map_or(argv, |(_, p)| p.as_ptr());
-            // SAFETY: C's contract; the path and arguments live in `program`.
-            unsafe {
-                with_handoff(envp, |envp| {
-                    real::posix_spawn(pid, program.path.as_ptr(), actions, attr, argv, envp)
-                })
-            }
+        return unsafe { with_handoff(envp, |envp| plain(name, argv, envp)) };
+    };
+    let path = match &program.target {
+        Target::Path(host) => host.clone(),
+        Target::Image(fd) => {
+            // The child must inherit the memory file to execute it by name.
+            // SAFETY: our memory file.
+            unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) };
+            CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL in a number")
         }
+    };
+    let argv = program.argv(argv);
+    // SAFETY: C's contract; the path and arguments live here and in `program`.
+    unsafe {
+        with_handoff(envp, |envp| {
+            real::posix_spawn(pid, path.as_ptr(), actions, attr, argv, envp)
+        })
     }
 }
 
@@ -602,16 +580,8 @@ fn with_handoff_in_environ<T>(start: impl FnOnce() -> T) -> T {
     // SAFETY: NUL-terminated strings; like `system` itself, not for programs that change
     // their environment from another thread meanwhile.
     unsafe { libc::setenv(name.as_ptr(), value.as_ptr(), 1) };
-    for &fd in &fds {
-        // SAFETY: our reservation fds, kept across the shell's exec.
-        unsafe { real::fcntl(fd, libc::F_SETFD, 0) };
-    }
-    let result = start();
+    let result = inherited(&fds, start);
     let e = errno::get();
-    for &fd in &fds {
-        // SAFETY: as above.
-        unsafe { real::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_ulong) };
-    }
     // SAFETY: as above.
     unsafe { libc::unsetenv(name.as_ptr()) };
     errno::set(e);

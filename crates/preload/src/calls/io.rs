@@ -732,14 +732,9 @@ pub unsafe extern "C" fn truncate(path: *const c_char, len: off_t) -> c_int {
     unsafe { truncate64(path, len) }
 }
 
-/// `fallocate` for a locus file: mode 0 allocates the range's blocks (`File::allocate`:
-/// zeroed blocks in its holes, `ENOSPC` with nothing changed when the volume lacks the
-/// room) and grows the file to cover it; `FALLOC_FL_KEEP_SIZE` allocates and keeps the
-/// size; `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE` punches a hole (`File::punch_hole`:
-/// the range reads as zeros, its whole blocks are freed); `FALLOC_FL_ZERO_RANGE` (with or
-/// without `KEEP_SIZE`) zeroes the range with its blocks allocated (`File::zero_range`);
-/// collapsing, inserting and unsharing ranges are `EOPNOTSUPP`, as is a punch without
-/// `KEEP_SIZE` (as in Linux).
+/// `fallocate` for a locus file: the modes as `File::fallocate` reads them (allocation,
+/// with or without keeping the size; a punched hole; a zeroed range; others
+/// `EOPNOTSUPP`); a mapped file that grows has its mappings told.
 fn allocate(fd: c_int, mode: c_int, off: off_t, len: off_t) -> Result<(), c_int> {
     let desc = state::desc(fd)?;
     let file = match writable(&desc) {
@@ -750,33 +745,13 @@ fn allocate(fd: c_int, mode: c_int, off: off_t, len: off_t) -> Result<(), c_int>
         return Err(libc::EINVAL);
     }
     let end = (off as u64).checked_add(len as u64).ok_or(libc::EFBIG)?;
-    if end > MAX_FILE_SIZE {
-        return Err(libc::EFBIG);
+    let grows = mode & libc::FALLOC_FL_KEEP_SIZE == 0 && end > file.len();
+    file.fallocate(mode, off as u64, len as u64)
+        .map_err(|e| fs_errno(&e))?;
+    if grows && shared::is_mapped(file) {
+        shared::after_growth(file.ino(), end)?;
     }
-    match mode {
-        0 | libc::FALLOC_FL_KEEP_SIZE => {
-            let grows = mode == 0 && end > file.len();
-            file.allocate(off as u64, len as u64, mode != 0)
-                .map_err(|e| fs_errno(&e))?;
-            if grows && shared::is_mapped(file) {
-                shared::after_growth(file.ino(), end)?;
-            }
-            Ok(())
-        }
-        m if m & !libc::FALLOC_FL_KEEP_SIZE == libc::FALLOC_FL_ZERO_RANGE => {
-            let grows = m & libc::FALLOC_FL_KEEP_SIZE == 0 && end > file.len();
-            file.zero_range(off as u64, len as u64, !grows)
-                .map_err(|e| fs_errno(&e))?;
-            if grows && shared::is_mapped(file) {
-                shared::after_growth(file.ino(), end)?;
-            }
-            Ok(())
-        }
-        m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => file
-            .punch_hole(off as u64, len as u64)
-            .map_err(|e| fs_errno(&e)),
-        _ => Err(libc::EOPNOTSUPP),
-    }
+    Ok(())
 }
 
 /// `fallocate64(2)`.
