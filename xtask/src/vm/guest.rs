@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use super::initramfs::MARKER;
+use super::initramfs::{MARKER, STALL_REPORT};
 
 /// How qemu runs the guest's CPUs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -26,6 +26,8 @@ pub struct StepResult {
     pub status: Option<i32>,
     pub stdout: String,
     pub stderr: String,
+    /// The guest's stall report, if the step ran past its limit and was killed.
+    pub stall: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -59,6 +61,7 @@ enum Section {
     Console,
     Stdout(String),
     Stderr(String),
+    Stall(String),
 }
 
 pub fn run(boot: &Boot<'_>) -> Result<GuestRun> {
@@ -163,6 +166,10 @@ fn handle_line(line: &str, run: &mut GuestRun, section: &mut Section, started: I
             Section::Stderr(step) => {
                 push_line(&mut run.steps.entry(step.clone()).or_default().stderr, line);
             }
+            Section::Stall(step) => {
+                let report = run.steps.entry(step.clone()).or_default().stall.as_mut();
+                push_line(report.expect("a stall report is open"), line);
+            }
         }
         return;
     };
@@ -177,6 +184,11 @@ fn handle_line(line: &str, run: &mut GuestRun, section: &mut Section, started: I
         }
         ["step", name, "stdout"] => *section = Section::Stdout((*name).to_owned()),
         ["step", name, "stderr"] => *section = Section::Stderr((*name).to_owned()),
+        ["step", name, word, ..] if *word == STALL_REPORT.0 => {
+            run.steps.entry((*name).to_owned()).or_default().stall = Some(String::new());
+            *section = Section::Stall((*name).to_owned());
+        }
+        ["step", _, word] if *word == STALL_REPORT.1 => *section = Section::Console,
         ["step", name, "end", status] => {
             run.steps.entry((*name).to_owned()).or_default().status = status.parse().ok();
             *section = Section::Console;
@@ -188,4 +200,41 @@ fn handle_line(line: &str, run: &mut GuestRun, section: &mut Section, started: I
 fn push_line(buffer: &mut String, line: &str) {
     buffer.push_str(line);
     buffer.push('\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stall_report_is_kept_apart_from_the_steps_output() {
+        let lines = [
+            "@@locus-vm ready",
+            "@@locus-vm step numa_buffers begin",
+            "@@locus-vm step numa_buffers stalled 90",
+            "task 93/task/95 numa_buffers State:\tS (sleeping) wchan io_cqring_wait",
+            "[<0>] io_cqring_wait+0x1/0x2",
+            "@@locus-vm step numa_buffers stall-report-end",
+            "Killed",
+            "@@locus-vm step numa_buffers stdout",
+            "node 0: data intact",
+            "@@locus-vm step numa_buffers stderr",
+            "@@locus-vm step numa_buffers end 137",
+        ];
+        let mut run = GuestRun::default();
+        let mut section = Section::Console;
+        for line in lines {
+            handle_line(line, &mut run, &mut section, Instant::now());
+        }
+        let step = &run.steps["numa_buffers"];
+        assert_eq!(step.status, Some(137));
+        assert_eq!(step.stdout, "node 0: data intact\n");
+        let report = step.stall.as_deref().expect("the report");
+        assert!(
+            report.starts_with("task 93/task/95 numa_buffers"),
+            "{report}"
+        );
+        assert!(report.ends_with("io_cqring_wait+0x1/0x2\n"), "{report}");
+        assert!(!report.contains("Killed"), "{report}");
+    }
 }

@@ -5,7 +5,9 @@
 //! Guest → host protocol: lines starting with [`MARKER`] on the serial console.
 //! `ready` after set-up; per step `step NAME begin`, `step NAME stdout`, `step NAME stderr`,
 //! `step NAME end STATUS` (captured steps) or `step NAME begin` / `step NAME end STATUS`
-//! (streamed steps); `setup-failed WHY`; and `done` last.
+//! (streamed steps); `setup-failed WHY`; and `done` last. A step with a stall limit that
+//! runs past it prints a stall report (see [`STALL_REPORT`]) and is killed, so its end
+//! follows with status 137.
 
 use std::fmt::Write as _;
 use std::fs;
@@ -30,7 +32,17 @@ pub struct Step {
     /// Capture stdout and stderr separately and print them between markers (for steps the
     /// host parses); otherwise the command writes straight to the console.
     pub captured: bool,
+    /// Seconds after which the step counts as stalled: the guest prints what its processes
+    /// wait for (see [`STALL_REPORT`]) and kills it. `None` lets it run until the guest's
+    /// own deadline (a command the user gave may run as long as it likes).
+    pub stall_after: Option<u32>,
 }
+
+/// Marker words around a stall report: `step NAME stalled SECONDS` opens it, `step NAME
+/// stall-report-end` closes it. In between: for every task of every user process its state,
+/// wait channel and kernel stack, the virtio lines of `/proc/interrupts`, and the kernel's
+/// blocked-task report (sysrq `w`).
+pub const STALL_REPORT: (&str, &str) = ("stalled", "stall-report-end");
 
 /// Builds the shared part of the root: busybox, binaries and libraries, modules.
 pub fn stage(
@@ -129,6 +141,8 @@ mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/shm && mount -t tmpfs tmpfs /dev/shm
 mount -t tmpfs tmpfs /tmp
+# fd 3 stays the console while a step's output goes to files.
+exec 3>&1
 marker() {{ echo "{MARKER} $*"; }}
 fail() {{ marker "setup-failed $*"; marker done; poweroff -f; }}
 for module in {modules}; do
@@ -186,10 +200,48 @@ for region in $ND/region*; do
     esac
 done
 marker ready
+# A step still running after its limit has stalled: say what every user process waits for,
+# then kill the step so that the rest of the suite runs and the host sees why.
+stall_report() {
+    name=$1 pid=$2 limit=$3
+    marker "step $name stalled $limit"
+    for task in /proc/[0-9]*/task/[0-9]*; do
+        grep -q '^VmRSS' $task/status 2>/dev/null || continue
+        echo "task ${task#/proc/} $(cat $task/comm) $(grep '^State' $task/status) wchan $(cat $task/wchan)"
+        cat $task/stack 2>/dev/null
+    done
+    echo "interrupts:"
+    grep -i virtio /proc/interrupts
+    echo w > /proc/sysrq-trigger 2>/dev/null
+    dmesg | sed -n '/sysrq: Show Blocked State/,$p' | tail -n 80
+    marker "step $name stall-report-end"
+    kill -9 $pid
+}
+watch_step() {
+    sleep $3
+    kill -0 $2 2>/dev/null && stall_report "$@"
+}
+# Runs a command (its redirections already set by the caller) under a stall limit; 0 means
+# none. Returns its status.
+run_step() {
+    name=$1 limit=$2; shift 2
+    if [ "$limit" = 0 ]; then
+        "$@"
+        return
+    fi
+    "$@" &
+    pid=$!
+    watch_step $name $pid $limit >&3 2>&3 &
+    watchdog=$!
+    wait $pid
+    status=$?
+    kill $watchdog 2>/dev/null
+    return $status
+}
 step_captured() {
-    name=$1; shift
+    name=$1 limit=$2; shift 2
     marker "step $name begin"
-    "$@" > /tmp/step.out 2> /tmp/step.err
+    run_step $name $limit "$@" > /tmp/step.out 2> /tmp/step.err
     status=$?
     marker "step $name stdout"
     cat /tmp/step.out
@@ -198,9 +250,9 @@ step_captured() {
     marker "step $name end $status"
 }
 step_streamed() {
-    name=$1; shift
+    name=$1 limit=$2; shift 2
     marker "step $name begin"
-    "$@"
+    run_step $name $limit "$@"
     marker "step $name end $?"
 }
 "#,
@@ -214,8 +266,9 @@ step_streamed() {
         let argv: Vec<String> = step.argv.iter().map(|a| shell_quote(a)).collect();
         let _ = writeln!(
             script,
-            "{function} {} {}",
+            "{function} {} {} {}",
             shell_quote(&step.name),
+            step.stall_after.unwrap_or(0),
             argv.join(" ")
         );
     }

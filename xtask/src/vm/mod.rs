@@ -47,10 +47,17 @@ pub struct VmTestArgs {
     #[arg(long, default_value_t = 60)]
     boot_timeout: u64,
 
-    /// How many times to boot a guest whose boot stalled, or whose qemu died before the guest
-    /// was ready, before giving up.
+    /// How many times to boot a guest that stalled (in early boot, in a step of the suite
+    /// that ran past its limit, or as a whole after it was ready) or whose qemu died before
+    /// the guest was ready, before giving up. A stalled step's kernel stacks are printed
+    /// before the guest is booted again.
     #[arg(long, default_value_t = 3)]
     boot_attempts: u32,
+
+    /// Seconds after which a step counts as stalled: the guest prints the kernel stacks of its
+    /// processes and kills it [default: 90 for the suite's steps; none for a COMMAND].
+    #[arg(long, value_name = "SECS")]
+    stall_after: Option<u32>,
 
     /// Show all kernel messages on the console (default: emergencies only).
     #[arg(long)]
@@ -71,6 +78,8 @@ struct Outcome {
     problems: Vec<String>,
     /// Exit status of the user's command, when one was given and it ran to the end.
     command_status: Option<i32>,
+    /// Why earlier boots of this topology were given up and the guest booted again.
+    retried: Vec<String>,
 }
 
 /// Runs the guests. The exit code is 0 when everything passed; with a command, the first
@@ -121,12 +130,13 @@ pub fn run(root: &Path, args: &VmTestArgs) -> Result<ExitCode> {
     );
 
     let steps = if args.command.is_empty() {
-        suite_steps()
+        suite_steps(args.stall_after.unwrap_or(STEP_STALL_SECS))
     } else {
         vec![Step {
             name: "command".into(),
             argv: args.command.clone(),
             captured: false,
+            stall_after: args.stall_after,
         }]
     };
 
@@ -137,30 +147,18 @@ pub fn run(root: &Path, args: &VmTestArgs) -> Result<ExitCode> {
         let archive = dir.join("initramfs.cpio");
         initramfs::pack(&staging, &archive, topology, &module_names, &steps)?;
         let mut attempt = 1;
+        let mut retried = Vec::new();
         let run = loop {
             let run = boot_once(topology, &dir, &archive, &assets.kernel.vmlinuz, args)?;
-            // Before the guest is ready nothing of the suite has run, so a boot that stalled
-            // or a qemu that died on its own (TCG has asserted in `iotlb_to_section` here)
-            // can be tried again without hiding a test failure.
-            let crashed_before_ready =
-                run.boot_to_ready.is_none() && !run.done && !run.timed_out && !run.boot_stalled;
-            let retry = run.boot_stalled || crashed_before_ready;
-            if !retry || attempt >= args.boot_attempts.max(1) {
+            let Some(why) = stall(&run) else { break run };
+            if attempt >= args.boot_attempts.max(1) {
                 break run;
             }
-            if run.boot_stalled {
-                eprintln!(
-                    "vm-test {}: the guest did not reach its suite within {} s (attempt {attempt} of {}); booting it again",
-                    topology.name, args.boot_timeout, args.boot_attempts
-                );
-            } else {
-                eprintln!(
-                    "vm-test {}: qemu stopped before the guest was ready (attempt {attempt} of {}): {}; booting it again",
-                    topology.name,
-                    args.boot_attempts,
-                    run.qemu_stderr.trim()
-                );
-            }
+            eprintln!(
+                "vm-test {}: {why} (attempt {attempt} of {}); booting it again",
+                topology.name, args.boot_attempts
+            );
+            retried.push(format!("boot {attempt}: {why}"));
             attempt += 1;
         };
         let problems = evaluate(topology, &run, &steps);
@@ -170,6 +168,7 @@ pub fn run(root: &Path, args: &VmTestArgs) -> Result<ExitCode> {
             boot_to_ready: run.boot_to_ready,
             problems,
             command_status,
+            retried,
         });
     }
 
@@ -182,11 +181,17 @@ pub fn run(root: &Path, args: &VmTestArgs) -> Result<ExitCode> {
         );
         if outcome.problems.is_empty() {
             println!("vm-test {:<11} PASS  ({boot})", outcome.topology);
+            for why in &outcome.retried {
+                println!("    - passed on a later boot; {why}");
+            }
         } else {
             failed += 1;
             println!("vm-test {:<11} FAIL  ({boot})", outcome.topology);
             for problem in &outcome.problems {
                 println!("    - {problem}");
+            }
+            for why in &outcome.retried {
+                println!("    - {why}");
             }
         }
     }
@@ -301,8 +306,51 @@ fn build_test(root: &Path, package: &str, test: &str) -> Result<PathBuf> {
     anyhow::bail!("cargo reported no executable for test {test} of {package}")
 }
 
+/// Seconds after which a step of the in-guest suite counts as stalled by default. The longest step,
+/// `serve_numa`, takes about 15 s in a TCG guest here; the guest's own deadline (180 s by
+/// default) leaves room for the report and the steps after it.
+const STEP_STALL_SECS: u32 = 90;
+
+/// Why a boot is worth repeating, if it is: nothing the suite checks went wrong, the guest
+/// or qemu stalled. A boot that never reached `ready`, a qemu that died on its own before
+/// it (TCG has asserted in `iotlb_to_section` here), a step the guest's watchdog found
+/// stalled (its kernel stacks are in the console output), or a guest that stopped answering
+/// after it was ready with no step over its limit (so its watchdog did not run either).
+/// A step that fails is never retried.
+fn stall(run: &guest::GuestRun) -> Option<String> {
+    if run.boot_stalled {
+        return Some("the guest did not reach its suite within the boot deadline".to_owned());
+    }
+    if run.boot_to_ready.is_none() && !run.done && !run.timed_out {
+        return Some(format!(
+            "qemu stopped before the guest was ready: {}",
+            run.qemu_stderr.trim()
+        ));
+    }
+    let failed =
+        |step: &guest::StepResult| step.stall.is_none() && step.status.is_some_and(|s| s != 0);
+    if run.steps.values().any(failed) {
+        return None;
+    }
+    if let Some((name, _)) = run.steps.iter().find(|(_, step)| step.stall.is_some()) {
+        return Some(format!(
+            "step {name} stalled and was killed (its kernel stacks are above)"
+        ));
+    }
+    if run.timed_out {
+        let running = run.steps.iter().find(|(_, step)| step.status.is_none());
+        return Some(match running {
+            Some((name, _)) => {
+                format!("the guest stopped answering during step {name}, with no stall report")
+            }
+            None => "the guest stopped answering between steps".to_owned(),
+        });
+    }
+    None
+}
+
 /// The in-guest suite: what exists today. Later parts add their steps and checks here.
-fn suite_steps() -> Vec<Step> {
+fn suite_steps(stall_after: u32) -> Vec<Step> {
     let locus = |args: &[&str]| {
         let mut argv = vec!["/bin/locus".to_owned()];
         argv.extend(args.iter().map(|a| (*a).to_owned()));
@@ -313,6 +361,7 @@ fn suite_steps() -> Vec<Step> {
             name: "topology".into(),
             argv: locus(&["topology", "--json"]),
             captured: true,
+            stall_after: Some(stall_after),
         },
         Step {
             name: "probe".into(),
@@ -326,6 +375,7 @@ fn suite_steps() -> Vec<Step> {
                 &checks::PROBE_LOADS.to_string(),
             ]),
             captured: true,
+            stall_after: Some(stall_after),
         },
     ]
     .into_iter()
@@ -340,6 +390,7 @@ fn suite_steps() -> Vec<Step> {
             "--nocapture".into(),
         ],
         captured: true,
+        stall_after: Some(stall_after),
     }))
     .collect()
 }
@@ -370,6 +421,14 @@ fn evaluate(topology: &VmTopology, run: &guest::GuestRun, steps: &[Step]) -> Vec
             }
             continue;
         };
+        if let Some(report) = &result.stall {
+            problems.push(format!(
+                "step {} stalled: still running at its limit, killed; what the guest's tasks waited for:\n      {}",
+                step.name,
+                last_lines(&waiting_tasks(report), 16)
+            ));
+            continue;
+        }
         match result.status {
             Some(0) => {}
             Some(status) => problems.push(format!(
@@ -392,6 +451,15 @@ fn evaluate(topology: &VmTopology, run: &guest::GuestRun, steps: &[Step]) -> Vec
     problems
 }
 
+/// The task lines of a stall report (name, state, wait channel), without the stacks.
+fn waiting_tasks(report: &str) -> String {
+    report
+        .lines()
+        .filter(|line| line.starts_with("task "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// The last `count` lines of `text`, for failure reports.
 fn last_lines(text: &str, count: usize) -> String {
     let lines: Vec<&str> = text.trim().lines().collect();
@@ -411,4 +479,75 @@ fn fresh_nvdimm_files(dir: &Path, topology: &VmTopology) -> Result<Vec<PathBuf>>
         files.push(path);
     }
     Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use guest::{GuestRun, StepResult};
+
+    fn ready_run(steps: &[(&str, Option<i32>, bool)]) -> GuestRun {
+        let mut run = GuestRun {
+            boot_to_ready: Some(Duration::from_secs(9)),
+            ..GuestRun::default()
+        };
+        for &(name, status, stalled) in steps {
+            let step = StepResult {
+                status,
+                stall: stalled.then(|| "task 90/task/90 t State: S wchan io_cqring_wait\n".into()),
+                ..StepResult::default()
+            };
+            run.steps.insert(name.to_owned(), step);
+        }
+        run
+    }
+
+    #[test]
+    fn only_stalls_are_worth_another_boot() {
+        let mut passed = ready_run(&[("a", Some(0), false), ("b", Some(0), false)]);
+        passed.done = true;
+        assert_eq!(stall(&passed), None);
+
+        let mut failed = ready_run(&[("a", Some(101), false), ("b", Some(0), false)]);
+        failed.done = true;
+        assert_eq!(stall(&failed), None, "a failing step is never retried");
+
+        let mut stalled = ready_run(&[("a", Some(0), false), ("b", Some(137), true)]);
+        stalled.done = true;
+        let why = stall(&stalled).expect("a stalled step is retried");
+        assert!(why.contains("step b stalled"), "{why}");
+
+        let mut failed_then_stalled = ready_run(&[("a", Some(1), false), ("b", Some(137), true)]);
+        failed_then_stalled.done = true;
+        assert_eq!(
+            stall(&failed_then_stalled),
+            None,
+            "a stall does not give a failed step another chance"
+        );
+
+        let mut frozen = ready_run(&[("a", Some(0), false), ("b", None, false)]);
+        frozen.timed_out = true;
+        let why = stall(&frozen).expect("a guest that froze is retried");
+        assert!(why.contains("during step b"), "{why}");
+
+        let never_ready = GuestRun {
+            boot_stalled: true,
+            ..GuestRun::default()
+        };
+        assert!(stall(&never_ready).is_some());
+        let qemu_died = GuestRun {
+            qemu_stderr: "assertion failed".into(),
+            ..GuestRun::default()
+        };
+        assert!(stall(&qemu_died).unwrap().contains("assertion failed"));
+    }
+
+    #[test]
+    fn a_stall_report_names_what_each_task_waits_for() {
+        let report = "task 1/task/1 init State: S wchan sigsuspend\n[<0>] sigsuspend+0x77/0xb0\ninterrupts:\n 28: 0 virtio0-req.0\n";
+        assert_eq!(
+            waiting_tasks(report),
+            "task 1/task/1 init State: S wchan sigsuspend"
+        );
+    }
 }
