@@ -490,6 +490,39 @@ impl Pool {
         Ok(Some(Placement { set, addr }))
     }
 
+    /// Bytes of the buffer being filled that no write has taken yet, in whole blocks: free
+    /// memory in all but name, which [`Pool::trim`] gives back when another thread needs it.
+    pub(crate) fn unused_bytes(&self) -> u64 {
+        match &self.buffers[self.current] {
+            Some((set, _, capacity)) if !set.is_sealed() => {
+                let used = self.cursor.next_multiple_of(BLOCK);
+                capacity.saturating_sub(used)
+            }
+            _ => 0,
+        }
+    }
+
+    /// Seals the buffer being filled if it has a block or more no write has taken, as a
+    /// full one is sealed: the memory its records do not hold goes back to the volume when
+    /// the last of them is retired — at once if none is pending. For a writer of another
+    /// thread that found the volume full: without this, a write failed with `NoSpace` while
+    /// this thread's buffer had room, and the same write sent to this thread succeeded.
+    /// Returns whether it sealed one.
+    pub(crate) fn trim(&mut self, volume: &Volume) -> Result<bool> {
+        if self.unused_bytes() == 0 {
+            return Ok(false);
+        }
+        let (set, _, _) = self.buffers[self.current]
+            .as_ref()
+            .expect("a buffer with unused bytes");
+        if set.seal() {
+            set.reclaim(volume)?;
+        }
+        self.current = (self.current + 1) % self.buffers.len();
+        self.cursor = 0;
+        Ok(true)
+    }
+
     /// Seals every buffer (at unmount): the checkpoint reclaims each when its records retire.
     pub(crate) fn seal_all(&mut self, volume: &Volume) -> Result<()> {
         if let Some((set, _)) = self.recycled.take()

@@ -501,6 +501,79 @@ fn overwrites_from_lent_buffers_reuse_replaced_pages() {
     assert_eq!(check.file_bytes, size);
 }
 
+/// Each writing thread fills a preliminary buffer of its own; the room left in one is not
+/// `NoSpace` for another. A thread that wrote 64 KiB holds a buffer with room to spare; a
+/// second thread then fills the volume. Its `NoSpace` comes only after that room too is
+/// given back, so afterwards the first thread finds nothing either, and `statfs`'s
+/// available figure said so. (Before, the first thread went on writing into its buffer for
+/// another 1.9 MiB after the second was told the volume was full, and `statfs` counted
+/// neither that room nor the reserve right.)
+#[test]
+fn room_one_thread_holds_is_not_no_space_for_another() {
+    use std::sync::mpsc;
+    let shm = shm_volume("full-threads", 64 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    let chunk = vec![0x5a; 64 << 10];
+    let first = fs.create("/first").unwrap();
+    let second = fs.create("/second").unwrap();
+    // The first thread lives through the test (a thread keeps its slot, and the slot's
+    // buffers, while it runs): it writes at each offset it is sent, answering with the
+    // result.
+    let (ask, asked) = mpsc::channel::<u64>();
+    let (answer, answered) = mpsc::channel::<fs::Result<()>>();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for offset in asked {
+                answer.send(first.write_at(&chunk, offset)).unwrap();
+            }
+        });
+        ask.send(0).unwrap();
+        answered.recv().unwrap().unwrap();
+        fs.checkpoint().unwrap();
+        let space = fs.space();
+        assert!(
+            space.available_bytes < space.free_bytes,
+            "the checkpoint's reserve is not available: {space:?}"
+        );
+
+        let mut written = 0u64;
+        let err = loop {
+            match second.write_at(&chunk, written) {
+                Ok(()) => written += chunk.len() as u64,
+                Err(e) => break e,
+            }
+            assert!(written < 64 << 20, "wrote more than the volume holds");
+        };
+        assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+        fs.checkpoint().unwrap();
+        let space = fs.space();
+        assert!(
+            space.available_bytes < chunk.len() as u64,
+            "{} bytes available after NoSpace: {space:?}",
+            space.available_bytes
+        );
+        ask.send(chunk.len() as u64).unwrap();
+        let e = answered
+            .recv()
+            .unwrap()
+            .expect_err("the volume is full for every thread");
+        assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+
+        // What the second thread wrote is available again once its file is gone.
+        drop(second);
+        fs.unlink("/second").unwrap();
+        fs.checkpoint().unwrap();
+        assert!(
+            fs.space().available_bytes >= written,
+            "{written} bytes written and freed, {:?} now",
+            fs.space()
+        );
+        drop(ask);
+    });
+    drop(first);
+    fs.unmount().unwrap();
+}
+
 /// Overwrites on a nearly full volume wait for the checkpoint to free what they replace
 /// instead of failing; a write that cannot fit gets `NoSpace` (ENOSPC), and the file system
 /// goes on working and opens clean afterwards.

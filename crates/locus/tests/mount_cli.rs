@@ -80,6 +80,7 @@ transports!(
     a_missing_name_is_cached_until_something_makes_it,
     a_change_without_cap_fsetid_drops_set_id_bits_as_on_tmpfs,
     a_listing_carries_attributes_and_its_lookups_are_forgotten,
+    everyday_programs_on_a_full_mount_fail_cleanly_and_recover,
 );
 
 fn is_mounted(point: &Path) -> bool {
@@ -264,6 +265,45 @@ fn both(mount: &Mount, script: &str) -> (String, String) {
         text.replace(root.to_str().unwrap(), "R")
     };
     (run(tmp.path()), run(mount.path()))
+}
+
+/// Runs `scripts/full.sh` (the preload library's test runs it too) in `dir`: its stdout and
+/// stderr.
+fn full_script(dir: &Path) -> String {
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(include_str!("../../preload/tests/scripts/full.sh"))
+        .arg("full.sh")
+        .arg(dir)
+        .output()
+        .unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// A size-limited tmpfs, mounted for the life of the value (root only).
+struct SmallTmpfs(tempfile::TempDir);
+
+impl SmallTmpfs {
+    fn new(size: &str) -> SmallTmpfs {
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        ok(&out, "mount -t tmpfs");
+        SmallTmpfs(dir)
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
 }
 
 /// The server's request counters, from its status file.
@@ -1653,6 +1693,39 @@ print("cp sparse", st.st_size, "sparse" if st.st_blocks * 512 < st.st_size else 
         std::fs::read(mount.path().join("src")).unwrap(),
         std::fs::read(mount.path().join("src.copy")).unwrap()
     );
+}
+
+/// Everyday programs on a mount filled to `ENOSPC` (`dd` in 1 MiB, 4 KiB and 1-byte writes):
+/// `df` shows nothing available (it showed the checkpoint's reserve, about 1 MiB, on a volume
+/// that refused every write), and `sqlite3` in WAL mode, `head`, `git add` and `commit`,
+/// `sed -i` and `tar -x` each fail without harming the database, repository or file they
+/// worked on; once the filler is removed the space is back and each of them works. The
+/// transcript is the one a size-limited tmpfs gives (checked when the test runs as root),
+/// and the files are the same after a restart of the server and check clean.
+fn everyday_programs_on_a_full_mount_fail_cleanly_and_recover(transport: &'static str) {
+    for program in ["sqlite3", "git", "tar", "sed", "dd"] {
+        assert!(
+            have(program),
+            "{program} is not installed (.ci/run installs it)"
+        );
+    }
+    let expected = include_str!("../../preload/tests/scripts/full.expected");
+    if is_root() {
+        let tmpfs = SmallTmpfs::new("48m");
+        assert_eq!(full_script(tmpfs.0.path()), expected, "on tmpfs");
+    }
+    let mut mount = Mount::new(transport);
+    assert_eq!(full_script(mount.path()), expected);
+    mount.same_after_restart(
+        "sqlite3 db 'select count(*), sum(length(v)) from t; pragma integrity_check'; \
+         git -C repo log --format=%s; md5sum text; ls -A | sort",
+    );
+    let fsck = locus()
+        .args(["fsck", "--volume"])
+        .arg(mount.volume.path())
+        .output()
+        .unwrap();
+    ok(&fsck, "locus fsck beside the mount");
 }
 
 /// `fallocate` allocates: mode 0 and `--keep-size` give holes blocks (`stat` and `du`

@@ -1251,7 +1251,7 @@ impl Server {
         let block = u64::from(BLOCK);
         w.u64(total / block)?; // blocks
         w.u64(free / block)?; // bfree
-        w.u64(free / block)?; // bavail
+        w.u64(space.available_bytes / block)?; // bavail
         w.u64(files + free / block)?; // files
         w.u64(free / block)?; // ffree
         w.u32(BLOCK)?; // bsize

@@ -123,45 +123,55 @@ pub fn fill_statx(st: &Stat, dev: (u32, u32), out: &mut libc::statx) {
     (out.stx_dev_major, out.stx_dev_minor) = dev;
 }
 
-/// Capacity and free space of the volume, in blocks of [`BLOCK`].
-pub fn space(fs: &Fs) -> (u64, u64, u64) {
+/// What `statfs` reports of the volume, in blocks of [`BLOCK`].
+struct Blocks {
+    total: u64,
+    free: u64,
+    /// Free blocks new data can still take ([`fs::Space::available_bytes`]).
+    available: u64,
+    files: u64,
+}
+
+fn space(fs: &Fs) -> Blocks {
     let space = fs.space();
-    (
-        space.total_bytes / BLOCK as u64,
-        space.free_bytes / BLOCK as u64,
-        space.files,
-    )
+    let block = BLOCK as u64;
+    Blocks {
+        total: space.total_bytes / block,
+        free: space.free_bytes / block,
+        available: space.available_bytes / block,
+        files: space.files,
+    }
 }
 
 /// Fills a `struct statfs`.
 pub fn fill_statfs(fs: &Fs, out: &mut libc::statfs) {
-    let (blocks, free, files) = space(fs);
+    let space = space(fs);
     // SAFETY: plain data; all-zero is valid.
     *out = unsafe { std::mem::zeroed() };
     out.f_type = LOCUS_MAGIC;
     out.f_bsize = BLOCK;
     out.f_frsize = BLOCK;
-    out.f_blocks = blocks;
-    out.f_bfree = free;
-    out.f_bavail = free;
-    out.f_files = files + free;
-    out.f_ffree = free;
+    out.f_blocks = space.total;
+    out.f_bfree = space.free;
+    out.f_bavail = space.available;
+    out.f_files = space.files + space.free;
+    out.f_ffree = space.free;
     out.f_namelen = fs::MAX_NAME as i64;
 }
 
 /// Fills a `struct statvfs`.
 pub fn fill_statvfs(fs: &Fs, out: &mut libc::statvfs) {
-    let (blocks, free, files) = space(fs);
+    let space = space(fs);
     // SAFETY: plain data; all-zero is valid.
     *out = unsafe { std::mem::zeroed() };
     out.f_bsize = BLOCK as u64;
     out.f_frsize = BLOCK as u64;
-    out.f_blocks = blocks;
-    out.f_bfree = free;
-    out.f_bavail = free;
-    out.f_files = files + free;
-    out.f_ffree = free;
-    out.f_favail = free;
+    out.f_blocks = space.total;
+    out.f_bfree = space.free;
+    out.f_bavail = space.available;
+    out.f_files = space.files + space.free;
+    out.f_ffree = space.free;
+    out.f_favail = space.free;
     out.f_namemax = fs::MAX_NAME as u64;
 }
 

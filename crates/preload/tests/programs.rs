@@ -665,6 +665,35 @@ fn exchanging_two_names_behaves_as_on_tmpfs() {
     assert_eq!(got, expected);
 }
 
+/// Everyday programs through the library on a volume filled to `ENOSPC` (`dd` in 1 MiB,
+/// 4 KiB and 1-byte writes): `df` shows nothing available (it showed the checkpoint's
+/// reserve, about 1 MiB, on a volume that refused every write), and `sqlite3` in WAL mode,
+/// `head`, `git add` and `commit`, `sed -i` and `tar -x` each fail without harming the
+/// database, repository or file they worked on; once the filler is removed the space is back
+/// and each of them works. The same transcript as a size-limited tmpfs (the script `locus
+/// mount`'s test runs, which checks that against tmpfs); afterwards the volume checks clean.
+#[test]
+fn everyday_programs_on_a_full_volume_fail_cleanly_and_recover() {
+    for program in ["sqlite3", "git", "tar", "sed", "dd"] {
+        assert!(
+            have(program),
+            "{program} is not installed (.ci/run installs it)"
+        );
+    }
+    let vol = volume();
+    let script = include_str!("scripts/full.sh");
+    let (out, err) = shell(Some(vol.path()), "bash", script, &[MOUNT.as_ref()]);
+    assert_eq!(format!("{out}{err}"), include_str!("scripts/full.expected"));
+    let topology = topology::Topology::read_live().expect("topology");
+    let volume = volume::Volume::open(vol.path(), topology, &Default::default()).unwrap();
+    let check = fs::Fs::check(&volume).expect("the volume checks clean");
+    assert_eq!(check.damaged_root_copy, None);
+    drop(volume);
+    let fs = open_fs(vol.path());
+    assert_eq!(read_all(&fs, "/text").len(), 23_895, "sed -i's result");
+    fs.unmount().unwrap();
+}
+
 /// `fallocate` through the library allocates: mode 0 and `--keep-size` give holes blocks
 /// that `stat` counts, data written into them stays, a punched hole and a truncation free
 /// them, and a request beyond the volume's free space is `ENOSPC` — as on tmpfs (the script

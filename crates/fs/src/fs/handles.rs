@@ -494,13 +494,19 @@ impl Fs {
     /// directories there are: what `statfs` reports. Free counts the volume's free memory
     /// and the pages the file system keeps for small writes (`Recycled`), which any
     /// allocation that finds the volume short takes back — so overwriting files in place
-    /// does not make the volume look fuller.
+    /// does not make the volume look fuller — and the room left in the buffers the
+    /// writers' threads are filling, which a writer that finds the volume short takes back
+    /// the same way. Available is free less the reserve the checkpoint keeps (see
+    /// [`Space::available_bytes`]).
     pub fn space(&self) -> Space {
         let devices = self.inner.volume.stats();
+        let free_bytes = devices.iter().map(|d| d.free_bytes).sum::<u64>()
+            + self.inner.recycled.held() * BLOCK
+            + self.inner.unused_buffer_bytes();
         Space {
             total_bytes: devices.iter().map(|d| d.capacity_bytes).sum(),
-            free_bytes: devices.iter().map(|d| d.free_bytes).sum::<u64>()
-                + self.inner.recycled.held() * BLOCK,
+            free_bytes,
+            available_bytes: free_bytes.saturating_sub(self.inner.reserve_bytes()),
             files: self.inner.stats().inodes,
         }
     }
@@ -934,8 +940,14 @@ impl Drop for Buffer {
 pub struct Space {
     /// The volume's data capacity.
     pub total_bytes: u64,
-    /// Memory free for files (see [`Fs::space`]).
+    /// Memory free for files (see [`Fs::space`]): `statfs`'s `f_bfree`.
     pub free_bytes: u64,
+    /// What of it new data can still take: free memory less the reserve the checkpoint
+    /// keeps for the next snapshot and for pages under pending partial writes (at least
+    /// 1 MiB; it grows with pending metadata). A write that needs more than this is
+    /// `ENOSPC`, so this is `statfs`'s `f_bavail` — what `df` shows as available; before,
+    /// `df` showed the reserve as available on a volume that refused every write.
+    pub available_bytes: u64,
     /// Files and directories.
     pub files: u64,
 }

@@ -498,6 +498,9 @@ impl Inner {
     /// Never called with a range lock held (the checkpoint takes range locks).
     /// A batch that finished between the failed attempt and the look at `pending` freed its
     /// memory after the attempt: the writer tries again rather than report a full volume.
+    /// With nothing pending, the unused room of every thread's buffer being filled is given
+    /// back ([`Inner::trim_buffers`]) before the write fails: memory one thread holds is
+    /// never `NoSpace` for another.
     pub(crate) fn with_space<T>(&self, mut f: impl FnMut() -> Result<T>) -> Result<T> {
         loop {
             let finished = self.progress.batches_finished();
@@ -509,9 +512,32 @@ impl Inner {
                 }
                 Err(FsError::Volume(volume::VolumeError::NoSpace { .. }))
                     if self.progress.batches_finished() != finished => {}
+                Err(FsError::Volume(volume::VolumeError::NoSpace { .. }))
+                    if self.trim_buffers()? => {}
                 other => return other,
             }
         }
+    }
+
+    /// Seals the buffer each thread slot is filling where it has unused room
+    /// ([`crate::buffers::Pool::trim`]); whether any was. Takes each slot's pool lock in
+    /// turn, so the caller holds none.
+    fn trim_buffers(&self) -> Result<bool> {
+        let mut trimmed = false;
+        for slot in self.slots.iter().map_while(OnceLock::get) {
+            trimmed |= slot.pool.lock().expect("buffer pool").trim(&self.volume)?;
+        }
+        Ok(trimmed)
+    }
+
+    /// Bytes of the buffers being filled that no write has taken yet, over every slot
+    /// ([`crate::buffers::Pool::unused_bytes`]).
+    pub(crate) fn unused_buffer_bytes(&self) -> u64 {
+        self.slots
+            .iter()
+            .map_while(OnceLock::get)
+            .map(|slot| slot.pool.lock().expect("buffer pool").unused_bytes())
+            .sum()
     }
 
     /// Copies `len` bytes of persistent memory from `src` to `dst` with non-temporal stores
