@@ -219,3 +219,49 @@ fn a_zeroed_range_reads_as_zeros_with_its_blocks_allocated() {
         assert_eq!(f.stat().allocated, 12 * B, "{when}");
     });
 }
+
+/// What `Fs::space` shows available can be allocated (but for what the allocation's own
+/// metadata adds to the checkpoint's reserve), even when part of it is room left in the
+/// buffer another, still running, thread is filling: the allocation gives that room back
+/// first, as a write does (without it, allocating what `df` showed was `NoSpace`).
+#[test]
+fn what_space_shows_available_can_be_allocated() {
+    use std::sync::mpsc;
+    let shm = shm_volume("allocate-available", 64 << 20);
+    // Buffers of 2 MiB, so that the other thread's holds more than the allocation's slack.
+    let options = fs::FsOptions {
+        prelim_buffer_bytes: 2 << 20,
+        ..small_options()
+    };
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), options).unwrap();
+    let first = fs.create("/first").unwrap();
+    let reserved = fs.create("/reserved").unwrap();
+    let (done, finished) = mpsc::channel::<()>();
+    let (wrote, written) = mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        // A thread that writes 64 KiB and then keeps its slot (and its buffer) until told.
+        let first = &first;
+        s.spawn(move || {
+            first.write_at(&vec![7u8; 64 << 10], 0).unwrap();
+            wrote.send(()).unwrap();
+            // Until told, or until the test fails (`done` dropped as it unwinds).
+            let _ = finished.recv();
+        });
+        let done = done;
+        written.recv().unwrap();
+        fs.checkpoint().unwrap();
+        // Less 256 KiB: the allocation's own metadata (the runs it maps, its journal
+        // record) makes the checkpoint's reserve grow as it goes. The room in the other
+        // thread's buffer is about 1.9 MiB of what is available.
+        let available = fs.space().available_bytes / B * B;
+        let wanted = available - (256 << 10);
+        reserved
+            .allocate(0, wanted, false)
+            .expect("an allocation of what Fs::space shows available");
+        assert_eq!(reserved.stat().size, wanted);
+        done.send(()).unwrap();
+    });
+    assert_eq!(contents(&first), vec![7u8; 64 << 10]);
+    drop((first, reserved));
+    fs.unmount().unwrap();
+}

@@ -583,7 +583,10 @@ impl Inner {
 
     /// `NoSpace` unless the volume has free memory for the holes among the blocks of
     /// `[offset, offset + len)` (its spare memory, or failing that — the checkpoint's
-    /// reserve counted in — all of it).
+    /// reserve counted in — all of it). Short of it, the room left in the buffers the
+    /// writers' threads are filling is given back first (as [`Inner::with_space`] does for
+    /// a write), and the checkpoint drained so that it is free: `Fs::space` counts that
+    /// room available, so an allocation of what `df` shows fits. Called with no lock held.
     pub(crate) fn room_to_allocate(&self, inode: &Inode, offset: u64, len: u64) -> Result<()> {
         let (first, last) = (offset / BLOCK, (offset + len).div_ceil(BLOCK));
         let wanted = {
@@ -594,7 +597,11 @@ impl Inner {
                 .sum::<u64>()
                 * BLOCK
         };
-        if wanted > self.spare_bytes() && wanted > self.volume.free_bytes() {
+        let short = || wanted > self.spare_bytes() && wanted > self.volume.free_bytes();
+        if short() && self.trim_buffers()? {
+            self.drain()?;
+        }
+        if short() {
             return Err(FsError::Volume(volume::VolumeError::NoSpace {
                 len_bytes: wanted,
             }));

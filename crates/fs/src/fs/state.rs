@@ -522,7 +522,7 @@ impl Inner {
     /// Seals the buffer each thread slot is filling where it has unused room
     /// ([`crate::buffers::Pool::trim`]); whether any was. Takes each slot's pool lock in
     /// turn, so the caller holds none.
-    fn trim_buffers(&self) -> Result<bool> {
+    pub(crate) fn trim_buffers(&self) -> Result<bool> {
         let mut trimmed = false;
         for slot in self.slots.iter().map_while(OnceLock::get) {
             trimmed |= slot.pool.lock().expect("buffer pool").trim(&self.volume)?;
