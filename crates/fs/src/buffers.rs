@@ -404,11 +404,7 @@ impl Pool {
                         }));
                     }
                     // Full: seal it and move on to the next buffer.
-                    if set.seal() {
-                        set.reclaim(volume)?;
-                    }
-                    self.current = (self.current + 1) % self.buffers.len();
-                    self.cursor = 0;
+                    self.seal_current(volume)?;
                 }
                 // Sealed, with records the checkpoint has not retired yet: wait — unless
                 // smaller buffers left room in the budget, which a new one takes (in the
@@ -512,15 +508,21 @@ impl Pool {
         if self.unused_bytes() == 0 {
             return Ok(false);
         }
-        let (set, _, _) = self.buffers[self.current]
-            .as_ref()
-            .expect("a buffer with unused bytes");
-        if set.seal() {
+        self.seal_current(volume)?;
+        Ok(true)
+    }
+
+    /// Seals the buffer being filled — reclaimed at once if none of its records is pending,
+    /// else when the checkpoint retires the last — and moves on to the next one.
+    fn seal_current(&mut self, volume: &Volume) -> Result<()> {
+        if let Some((set, _, _)) = &self.buffers[self.current]
+            && set.seal()
+        {
             set.reclaim(volume)?;
         }
         self.current = (self.current + 1) % self.buffers.len();
         self.cursor = 0;
-        Ok(true)
+        Ok(())
     }
 
     /// Seals every buffer (at unmount): the checkpoint reclaims each when its records retire.
