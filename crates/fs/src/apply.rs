@@ -69,7 +69,6 @@ pub(crate) fn create(
     parent: &Inode,
     entries: &mut Entries,
     new: &NewInode<'_>,
-    granule: u64,
 ) -> Result<Arc<Inode>, Problem> {
     let NewInode {
         ino,
@@ -114,7 +113,7 @@ pub(crate) fn create(
         unlinked: false,
     };
     Ok(Arc::new(
-        Inode::new(ino, kind, attr, time, granule)
+        Inode::new(ino, kind, attr, time)
             .with_target(target)
             .with_rdev(rdev),
     ))
@@ -559,7 +558,7 @@ mod tests {
             links: 1,
             unlinked: false,
         };
-        Arc::new(Inode::new(ino, kind, attr, 1, 4096))
+        Arc::new(Inode::new(ino, kind, attr, 1))
     }
 
     fn names(entries: &Entries) -> Vec<(&str, u64)> {
@@ -645,7 +644,7 @@ mod tests {
             rdev: 0,
             owner: Owner { uid: 0, gid: 0 },
         };
-        let problem = create(&d, &mut entries, &new("a"), 4096).unwrap_err();
+        let problem = create(&d, &mut entries, &new("a")).unwrap_err();
         assert!(problem.contains("where it exists"), "{problem}");
 
         let full = Entries::from([("x".into(), 8)]);
@@ -654,13 +653,13 @@ mod tests {
         assert_eq!(names(&entries), [("a", 2), ("b", 3)]);
 
         let f = inode(2, Kind::File);
-        let problem = create(&f, &mut Entries::new(), &new("z"), 4096).unwrap_err();
+        let problem = create(&f, &mut Entries::new(), &new("z")).unwrap_err();
         assert!(problem.contains("not a directory"), "{problem}");
         let linkless = NewInode {
             kind: Kind::Symlink,
             ..new("s")
         };
-        let problem = create(&d, &mut entries, &linkless, 4096).unwrap_err();
+        let problem = create(&d, &mut entries, &linkless).unwrap_err();
         assert!(problem.contains("link target of 0 bytes"), "{problem}");
         let problem = write(&d, 0, 1, 0, 1, 1).unwrap_err();
         assert!(problem.contains("not a file"), "{problem}");

@@ -84,9 +84,16 @@ fn push_run(out: &mut Vec<Run>, run: Run) {
 
 /// One chunk's blocks: `page | 1` for a mapped block (pages are block aligned, so the low
 /// bit is free to mark "mapped"), 0 for a hole.
+///
+/// The entries end at the last mapped one (every entry past the end is a hole): a small
+/// file's table holds its few blocks, not the chunk's 512. A whole page of entries per file
+/// made every file under 2 MiB cost 4 KiB of DRAM (measured through `locus mount`: 20,000
+/// files of 4 KiB took 8.3 KiB each, 3.6 KiB of it the inode). A table grows as blocks are
+/// mapped further in (the vector's doubling: at most twice what it holds, and at most one
+/// page), so remapping a block stays a store into an array.
 #[derive(Clone, PartialEq, Eq)]
 struct Table {
-    entries: [u64; CHUNK_BLOCKS as usize],
+    entries: Vec<u64>,
     /// Mapped entries.
     mapped: u32,
     /// Entries that start a run within the chunk (mapped, and not the page after the
@@ -108,7 +115,7 @@ const MAPPED: u64 = 1;
 impl Table {
     fn empty() -> Box<Self> {
         Box::new(Self {
-            entries: [0; CHUNK_BLOCKS as usize],
+            entries: Vec::new(),
             mapped: 0,
             starts: 0,
         })
@@ -116,22 +123,27 @@ impl Table {
 
     /// A table of a whole consecutive run from `addr`.
     fn contiguous(addr: u64) -> Box<Self> {
-        let mut table = Self::empty();
-        for (i, entry) in table.entries.iter_mut().enumerate() {
-            *entry = (addr + i as u64 * BLOCK) | MAPPED;
-        }
-        table.mapped = CHUNK_BLOCKS as u32;
-        table.starts = 1;
-        table
+        Box::new(Self {
+            entries: (0..CHUNK_BLOCKS)
+                .map(|i| (addr + i * BLOCK) | MAPPED)
+                .collect(),
+            mapped: CHUNK_BLOCKS as u32,
+            starts: 1,
+        })
+    }
+
+    /// Entry `i` (0, a hole, past the end).
+    fn entry(&self, i: usize) -> u64 {
+        self.entries.get(i).copied().unwrap_or(0)
     }
 
     fn page(&self, i: usize) -> Option<u64> {
-        let e = self.entries[i];
+        let e = self.entry(i);
         (e != 0).then_some(e & !MAPPED)
     }
 
     fn starts_run(&self, i: usize) -> bool {
-        let e = self.entries[i];
+        let e = self.entry(i);
         e != 0
             && (i == 0
                 || self.entries[i - 1] == 0
@@ -145,7 +157,7 @@ impl Table {
             debug_assert!(p.is_multiple_of(BLOCK), "page {p:#x} is not block aligned");
             p | MAPPED
         });
-        let old = self.entries[i];
+        let old = self.entry(i);
         if old == new {
             return None;
         }
@@ -154,7 +166,14 @@ impl Table {
                 + u32::from(i + 1 < CHUNK_BLOCKS as usize && t.starts_run(i + 1))
         };
         let before = around(self);
+        if i >= self.entries.len() {
+            self.entries.resize(i + 1, 0);
+        }
         self.entries[i] = new;
+        // The entries end at the last mapped one.
+        while self.entries.last() == Some(&0) {
+            self.entries.pop();
+        }
         self.starts = self.starts - before + around(self);
         self.mapped = self.mapped + u32::from(new != 0) - u32::from(old != 0);
         (old != 0).then_some(old & !MAPPED)
@@ -162,13 +181,13 @@ impl Table {
 
     /// The single run the table is, if it is one: every block mapped, pages consecutive.
     fn as_run(&self) -> Option<u64> {
-        (self.mapped == CHUNK_BLOCKS as u32 && self.starts == 1).then(|| self.entries[0] & !MAPPED)
+        (self.mapped == CHUNK_BLOCKS as u32 && self.starts == 1).then(|| self.entry(0) & !MAPPED)
     }
 
     /// Appends the mapped blocks of entries `[from, to)` as runs (first file block of the
     /// chunk: `base`).
     fn pieces(&self, base: u64, from: usize, to: usize, out: &mut Vec<Run>) {
-        for i in from..to {
+        for i in from..to.min(self.entries.len()) {
             if let Some(page) = self.page(i) {
                 push_run(out, Run::block(base + i as u64, page));
             }
@@ -510,6 +529,41 @@ mod tests {
         assert_eq!(map.mapped_blocks(), 10);
         assert_eq!(map.runs().count(), 3);
         assert_eq!(map.run_count(), 3);
+    }
+
+    /// Entries held by chunk 0's table (`None`: it is not a table).
+    fn table_len(map: &ExtentMap) -> Option<usize> {
+        match map.chunks.get(&0) {
+            Some(Chunk::Table(t)) => Some(t.entries.len()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_small_files_table_holds_its_blocks_not_the_chunks() {
+        let mut map = ExtentMap::new();
+        // A file of three scattered pages.
+        for (b, page) in [(0, 7), (1, 3), (2, 9)] {
+            mapped(&mut map, b, 1, page << 20);
+        }
+        assert_eq!(table_len(&map), Some(3));
+        // A block further in grows it; punching that block out shrinks it back.
+        mapped(&mut map, 100, 1, 5 << 20);
+        assert_eq!(table_len(&map), Some(101));
+        assert_eq!(map.get(50), None);
+        assert_eq!(map.punch(100, 101).len(), 1);
+        assert_eq!(table_len(&map), Some(3));
+        assert_eq!(map.get(100), None);
+        assert_eq!(map.lookup(0, CHUNK_BLOCKS).len(), 3);
+        // A run cut by a punch becomes a table of what is left: a hole at the end holds
+        // no entries.
+        let mut map = ExtentMap::new();
+        mapped(&mut map, 0, CHUNK_BLOCKS, 1 << 30);
+        assert_eq!(table_len(&map), None);
+        let punched: u64 = map.punch(10, CHUNK_BLOCKS).iter().map(|r| r.blocks).sum();
+        assert_eq!(punched, CHUNK_BLOCKS - 10);
+        assert_eq!(table_len(&map), Some(10));
+        assert_eq!(map.run_count(), 1);
     }
 
     #[test]

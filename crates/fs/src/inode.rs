@@ -103,14 +103,13 @@ pub(crate) struct Inode {
     /// Set when the file's blocks went back to the volume: nothing may map into it again.
     pub(crate) dead: AtomicBool,
     pub(crate) overlay: Overlay,
-    pub(crate) locks: RangeLocks,
     pub(crate) opens: AtomicU64,
     /// Shared mappings of the file (`fs::mapped`): while any exist its blocks never move.
     pub(crate) mapped: AtomicU64,
 }
 
 impl Inode {
-    pub(crate) fn new(ino: u64, kind: Kind, attr: Attr, mtime: u64, granule: u64) -> Self {
+    pub(crate) fn new(ino: u64, kind: Kind, attr: Attr, mtime: u64) -> Self {
         Self {
             ino,
             kind,
@@ -127,7 +126,6 @@ impl Inode {
             extents: RwLock::default(),
             dead: AtomicBool::new(false),
             overlay: Overlay::default(),
-            locks: RangeLocks::new(granule).expect("granule checked at open"),
             opens: AtomicU64::new(0),
             mapped: AtomicU64::new(0),
         }
@@ -196,14 +194,16 @@ impl Inode {
         Ordered::take(FS_DIRECTORY, || self.entries.lock().expect("directory"))
     }
 
-    /// `[offset, offset + len)` of the file, locked (rank [`FS_RANGE`]).
-    pub(crate) fn lock_range(
+    /// `[offset, offset + len)` of the file, locked in the file system's `locks` (rank
+    /// [`FS_RANGE`]).
+    pub(crate) fn lock_range<'a>(
         &self,
+        locks: &'a RangeLocks,
         offset: u64,
         len: u64,
         mode: LockMode,
-    ) -> Result<Ordered<RangeGuard<'_>>> {
-        Ordered::try_take(FS_RANGE, || self.locks.lock(offset, len, mode))
+    ) -> Result<Ordered<RangeGuard<'a>>> {
+        Ordered::try_take(FS_RANGE, || locks.lock(self.ino, offset, len, mode))
     }
 
     pub(crate) fn attr(&self) -> MutexGuard<'_, Attr> {

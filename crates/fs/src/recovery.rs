@@ -748,7 +748,7 @@ fn load_salvaging(volume: &Volume, mut salvage: Option<&mut Salvage>) -> Result<
             format!("epoch {} but the root is at {}", snapshot.epoch, root.epoch),
         ));
     }
-    let mut inodes = load_snapshot(&snapshot, root.granule)?;
+    let mut inodes = load_snapshot(&snapshot)?;
     let mut next_ino = snapshot.next_ino;
     let mut next_order = snapshot.next_order;
 
@@ -913,14 +913,7 @@ fn load_salvaging(volume: &Volume, mut salvage: Option<&mut Salvage>) -> Result<
     let mut times_set = TimesSet::new();
     for step in steps {
         let order = step.order();
-        let replayed = replay_step(
-            &mut inodes,
-            &mut times_set,
-            &mut next_ino,
-            &mut live,
-            step,
-            root.granule,
-        );
+        let replayed = replay_step(&mut inodes, &mut times_set, &mut next_ino, &mut live, step);
         if let Err(error) = replayed {
             return Err(match salvage.as_deref_mut() {
                 Some(s) => {
@@ -1034,11 +1027,10 @@ fn replay_step(
     next_ino: &mut u64,
     live: &mut Vec<(u32, LogRecord)>,
     step: Step,
-    granule: u64,
 ) -> Result<()> {
     match step {
         Step::Meta(slot, record) => {
-            replay(inodes, times_set, *next_ino, &record, granule).map_err(|problem| {
+            replay(inodes, times_set, *next_ino, &record).map_err(|problem| {
                 FsError::corrupt(
                     format!("journal of slot {slot} (record of order {})", record.order),
                     problem,
@@ -1106,7 +1098,7 @@ fn merge_pages(spans: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
     merged.into_iter().map(|(s, e)| (s, e - s)).collect()
 }
 
-fn load_snapshot(snapshot: &Snapshot, granule: u64) -> Result<Table> {
+fn load_snapshot(snapshot: &Snapshot) -> Result<Table> {
     let mut inodes = Table::with_capacity(snapshot.inodes.len());
     for image in &snapshot.inodes {
         let mut extents = ExtentMap::new();
@@ -1129,7 +1121,7 @@ fn load_snapshot(snapshot: &Snapshot, granule: u64) -> Result<Table> {
             links: 0,
             unlinked: false,
         };
-        let inode = Inode::new(image.ino, image.kind, attr, image.mtime, granule)
+        let inode = Inode::new(image.ino, image.kind, attr, image.mtime)
             .with_contents(image.size, image.entries.iter().cloned().collect(), extents)
             .with_times(image.atime, image.ctime)
             .with_target(&image.target)
@@ -1235,7 +1227,6 @@ fn replay(
     times_set: &mut TimesSet,
     next_ino: u64,
     record: &JournalRecord,
-    granule: u64,
 ) -> Result<(), Problem> {
     // An inode's own changes (size, hole, mode, times) may follow its removal: a file
     // unlinked while open is still truncated and stamped through its handles. Skipped, as
@@ -1277,12 +1268,7 @@ fn replay(
                     gid: *gid,
                 },
             };
-            let inode = apply::create(
-                &dir,
-                &mut dir.entries.lock().expect("directory"),
-                &new,
-                granule,
-            )?;
+            let inode = apply::create(&dir, &mut dir.entries.lock().expect("directory"), &new)?;
             inodes.insert(*ino, inode);
         }
         MetaOp::Remove {

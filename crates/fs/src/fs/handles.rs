@@ -627,7 +627,9 @@ impl File {
             return Ok(0);
         }
         let n = (buf.len() as u64).min(size - offset).min(MAX_IO);
-        let _range = self.inode.lock_range(offset, n, LockMode::Shared)?;
+        let _range =
+            self.inode
+                .lock_range(&self.fs.inner.range_locks, offset, n, LockMode::Shared)?;
         // The size may have shrunk while waiting.
         let size = self.inode.size.load(Ordering::Acquire);
         let n = n.min(size.saturating_sub(offset));
@@ -659,7 +661,9 @@ impl File {
         if n == 0 {
             return Ok((0, f(&[])));
         }
-        let range = self.inode.lock_range(offset, n, LockMode::Shared)?;
+        let range =
+            self.inode
+                .lock_range(&self.fs.inner.range_locks, offset, n, LockMode::Shared)?;
         let size = self.inode.size.load(Ordering::Acquire);
         let n = n.min(size.saturating_sub(offset));
         let result = lend::lend(&self.fs.inner, &self.inode, range.guard(), offset, n, f)?;
@@ -676,10 +680,12 @@ impl File {
             return Ok(Vec::new());
         }
         // The checkpoint moves a write from the overlay to the extents under its range lock.
-        let _range = self
-            .inode
-            .locks
-            .lock(offset, end - offset, LockMode::Shared)?;
+        let _range = self.fs.inner.range_locks.lock(
+            self.inode.ino,
+            offset,
+            end - offset,
+            LockMode::Shared,
+        )?;
         let mut ranges: Vec<std::ops::Range<u64>> = self
             .inode
             .extents

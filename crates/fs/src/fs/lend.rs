@@ -34,7 +34,7 @@ pub(crate) fn lend<R>(
     f: impl FnOnce(&[&[u8]]) -> R,
 ) -> Result<R> {
     assert!(
-        range.covers(&inode.locks, offset, len),
+        range.covers(&inner.range_locks, inode.ino, offset, len),
         "lending bytes {offset}..{} of a file without holding them",
         offset + len
     );

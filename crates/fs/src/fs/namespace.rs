@@ -131,7 +131,6 @@ impl Inner {
             if !fs.journal(slot, &op)? {
                 return Ok(None);
             }
-            let granule = fs.root.lock().expect("root").granule;
             let new = NewInode {
                 ino,
                 kind,
@@ -142,7 +141,7 @@ impl Inner {
                 rdev,
                 owner,
             };
-            let inode = applied(apply::create(&parent, &mut entries, &new, granule));
+            let inode = applied(apply::create(&parent, &mut entries, &new));
             fs.inodes
                 .write()
                 .expect("inode table")
@@ -463,7 +462,7 @@ impl Inner {
             // gate) before waiting for a snapshot, which the checkpoint could not take
             // otherwise.
             let batch = self.lock_batch();
-            let range = inode.lock_range(0, WHOLE_FILE, LockMode::Exclusive)?;
+            let range = inode.lock_range(&self.range_locks, 0, WHOLE_FILE, LockMode::Exclusive)?;
             let gate = self.gate_shared();
             let done = self.truncate_locked(&slot, inode, size)?;
             drop(gate);
@@ -515,8 +514,12 @@ impl Inner {
         loop {
             // As truncation: no batch half done, writers and readers off the range.
             let batch = self.lock_batch();
-            let range =
-                inode.lock_range(first * BLOCK, (last - first) * BLOCK, LockMode::Exclusive)?;
+            let range = inode.lock_range(
+                &self.range_locks,
+                first * BLOCK,
+                (last - first) * BLOCK,
+                LockMode::Exclusive,
+            )?;
             let gate = self.gate_shared();
             let time = now_ns();
             let op = MetaOp::Punch {
@@ -623,7 +626,12 @@ impl Inner {
         // logged write still waiting for the checkpoint lands on the zeroed block later,
         // as it would on any block the file has.
         let _batch = self.lock_batch();
-        let _range = inode.lock_range(from * BLOCK, (to - from) * BLOCK, LockMode::Exclusive)?;
+        let _range = inode.lock_range(
+            &self.range_locks,
+            from * BLOCK,
+            (to - from) * BLOCK,
+            LockMode::Exclusive,
+        )?;
         let _gate = self.gate_shared();
         // Under these locks no one else maps or unmaps blocks of the range.
         let holes = holes(&inode.extents.read().expect("extent map"), from, to);

@@ -21,6 +21,7 @@ use crate::journal::{Journal, Kind, MetaOp};
 use crate::lock_order::{FS_BATCH, FS_GATE, FS_JOURNAL, FS_LOG, FS_RENAME, Ordered};
 use crate::log::LogArea;
 use crate::progress::{Pending, Progress, Queue};
+use crate::range_lock::RangeLocks;
 use crate::root::{Root, SlotAreas};
 use crate::snapshot::{INODE_BYTES, RUN_BYTES, entry_bytes, write_growth_bound};
 
@@ -95,6 +96,8 @@ pub(crate) struct Inner {
     pub(crate) pending_pages: AtomicU64,
     /// Blocks overwrites replaced, kept for single-block writes.
     pub(crate) recycled: Recycled,
+    /// The range locks of every file.
+    pub(crate) range_locks: RangeLocks,
     /// Held by the checkpoint through each pass (everything it writes to the media), and
     /// by [`crate::Fs::quiesced`] to keep it between passes.
     pub(crate) checkpoint_hold: Mutex<()>,
@@ -346,6 +349,8 @@ impl Inner {
         // at least a batch's worth of blocks ([`RECYCLE_MIN`]), at most 256 MiB per device.
         let recycle_cap =
             ((volume.data_bytes() / 32 / BLOCK) as usize).clamp(RECYCLE_MIN, 64 << 10);
+        let range_locks =
+            RangeLocks::new(root.granule).expect("the granule was checked when the root was read");
         let inner = Arc::new(Inner {
             id: NEXT_FS_ID.fetch_add(1, Ordering::Relaxed),
             volume,
@@ -372,6 +377,7 @@ impl Inner {
             pending_pages: AtomicU64::new(pending_pages),
             replayed,
             recycled: Recycled::new(device_nodes, recycle_cap),
+            range_locks,
             checkpoint_hold: Mutex::new(()),
             defrag: crate::defrag::Defrag::default(),
         });
