@@ -263,6 +263,12 @@ fn campaign(crash: bool, cases: usize, seed: u64) -> Outcomes {
             damaged[at] ^= 1 << bit;
             format!("bit {bit} of byte {at} flipped ({})", region.name)
         };
+        // Where the damage begins: its first byte that changed (zeroing a byte that was
+        // zero changes nothing, so a zeroed span that begins on the last byte of one record,
+        // a zero there, and covers the next tore that next record alone).
+        let changed = (at..image.len())
+            .find(|&i| damaged[i] != image[i])
+            .unwrap_or(at);
         let replay = Tracer::new();
         let check = Fs::check(&volume_over(vec![replay.region_with(damaged.clone())]).unwrap());
         if check.is_err() {
@@ -296,7 +302,7 @@ fn campaign(crash: bool, cases: usize, seed: u64) -> Outcomes {
         } else if regions
             .iter()
             .filter_map(|r| r.last)
-            .any(|(start, len)| at >= start && at < start + len)
+            .any(|(start, len)| changed >= start && changed < start + len)
         {
             out.torn_last += 1;
         } else {
