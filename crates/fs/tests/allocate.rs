@@ -58,9 +58,13 @@ fn allocated_holes_get_zeroed_blocks_and_data_stays() {
         let stat = f.stat();
         assert_eq!(stat.allocated, 16 * B, "every block of the range");
         assert!(stat.mtime_ns > before.mtime_ns && stat.ctime_ns > before.ctime_ns);
+        // Blocks 5 and 6 hold only logged writes, so they are holes too: 15 zeroed blocks.
+        // When a checkpoint pass runs meanwhile, block 6's logged whole block goes into the
+        // file as its page and the zeroed block it replaces goes back (one run in about 25).
         assert!(
-            free_before - volume.free_bytes() >= 15 * B,
-            "15 blocks taken from the volume: {free_before} free before, {} after",
+            free_before - volume.free_bytes() >= 14 * B,
+            "15 blocks taken from the volume (one back when block 6's logged page replaced \
+             its zeroed block): {free_before} free before, {} after",
             volume.free_bytes()
         );
         assert!(contents(&f) == model, "data kept, the rest zeros");
