@@ -8,7 +8,7 @@
 //! lock.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use smallvec::SmallVec;
 
@@ -78,18 +78,16 @@ impl PieceMap {
     }
 }
 
-/// The overlay of one file.
-#[derive(Debug)]
-pub struct Overlay {
-    shards: Vec<Mutex<PieceMap>>,
+fn lock(shard: &Mutex<PieceMap>) -> MutexGuard<'_, PieceMap> {
+    shard.lock().expect("overlay shard")
 }
 
-impl Default for Overlay {
-    fn default() -> Self {
-        Self {
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-        }
-    }
+/// The overlay of one file. Its shards are made by the file's first logged write: a
+/// directory, or a file never written since the file system was opened, holds none (they
+/// were half a KiB of every inode's DRAM).
+#[derive(Debug, Default)]
+pub struct Overlay {
+    shards: OnceLock<Box<[Mutex<PieceMap>; SHARDS]>>,
 }
 
 /// `[from, to)` cut at stretch edges, with the shard of each part.
@@ -107,14 +105,13 @@ fn stretches(from: u64, to: u64) -> impl Iterator<Item = (usize, u64, u64)> {
 }
 
 impl Overlay {
-    fn shard(&self, index: usize) -> std::sync::MutexGuard<'_, PieceMap> {
-        self.shards[index].lock().expect("overlay shard")
-    }
-
     /// Records that `[offset, offset + len)` now reads from `src` (written by `order`).
     pub fn insert(&self, offset: u64, len: u64, src: u64, order: u64) {
+        let shards = self
+            .shards
+            .get_or_init(|| Box::new(std::array::from_fn(|_| Mutex::default())));
         for (shard, start, end) in stretches(offset, offset + len) {
-            self.shard(shard).insert(Piece {
+            lock(&shards[shard]).insert(Piece {
                 start,
                 end,
                 src: src + (start - offset),
@@ -126,9 +123,12 @@ impl Overlay {
     /// The pieces inside `[from, to)`, clipped, in file order.
     pub fn lookup(&self, from: u64, to: u64) -> Vec<Piece> {
         let mut out = Vec::new();
+        let Some(shards) = self.shards.get() else {
+            return out;
+        };
         for (shard, start, end) in stretches(from, to) {
             out.extend(
-                self.shard(shard)
+                lock(&shards[shard])
                     .overlapping(start, end)
                     .into_iter()
                     .filter_map(|p| p.clip(start, end)),
@@ -142,8 +142,11 @@ impl Overlay {
     pub fn take_record(&self, offset: u64, len: u64, order: u64) -> SmallVec<[Piece; 1]> {
         // Mostly one piece: inline, no allocation per record.
         let mut out = SmallVec::new();
+        let Some(shards) = self.shards.get() else {
+            return out;
+        };
         for (shard, start, end) in stretches(offset, offset + len) {
-            let mut map = self.shard(shard);
+            let mut map = lock(&shards[shard]);
             // Mostly the record's piece is still whole: one search takes it.
             if let std::collections::btree_map::Entry::Occupied(whole) = map.0.entry(start)
                 && whole.get().end == end
@@ -168,30 +171,35 @@ impl Overlay {
 
     /// Drops every piece at or beyond `size` (truncation).
     pub fn truncate(&self, size: u64) {
-        for shard in 0..SHARDS {
-            self.shard(shard).cut(size, u64::MAX);
+        for shard in self.shards.get().into_iter().flat_map(|s| s.iter()) {
+            lock(shard).cut(size, u64::MAX);
         }
     }
 
     /// Drops every piece inside `[from, to)` (a hole punched), keeping the parts outside.
     pub fn punch(&self, from: u64, to: u64) {
+        let Some(shards) = self.shards.get() else {
+            return;
+        };
         if to - from >= STRETCH * SHARDS as u64 {
             // Every shard is touched: cut each once over the whole range (pieces never
             // cross a stretch edge, so each shard holds only its own stretches).
-            for shard in 0..SHARDS {
-                self.shard(shard).cut(from, to);
+            for shard in shards.iter() {
+                lock(shard).cut(from, to);
             }
             return;
         }
         for (shard, start, end) in stretches(from, to) {
-            self.shard(shard).cut(start, end);
+            lock(&shards[shard]).cut(start, end);
         }
     }
 
     /// True when no piece is pending.
     #[cfg(test)]
     pub fn is_empty(&self) -> bool {
-        (0..SHARDS).all(|s| self.shard(s).0.is_empty())
+        self.shards
+            .get()
+            .is_none_or(|shards| shards.iter().all(|s| lock(s).0.is_empty()))
     }
 }
 
@@ -213,6 +221,19 @@ mod tests {
         assert_eq!(overlay.lookup(0, 8192).len(), 1);
         assert_eq!(overlay.take_record(1000, 100, 2).len(), 1);
         assert!(overlay.is_empty());
+    }
+
+    #[test]
+    fn an_overlay_holds_no_shards_until_a_write() {
+        let overlay = Overlay::default();
+        assert!(overlay.lookup(0, 1 << 30).is_empty());
+        assert!(overlay.take_record(0, 4096, 1).is_empty());
+        overlay.truncate(0);
+        overlay.punch(0, 1 << 40);
+        assert!(overlay.shards.get().is_none(), "reads and cuts made shards");
+        overlay.insert(4096, 10, 1 << 20, 1);
+        assert!(overlay.shards.get().is_some());
+        assert_eq!(overlay.lookup(0, 1 << 30).len(), 1);
     }
 
     #[test]
