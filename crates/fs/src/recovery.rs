@@ -1516,6 +1516,21 @@ fn replay(
             }
         }
         MetaOp::Batch { maps, sizes, .. } => {
+            // Entries of files removed since are skipped; an inode never handed out is
+            // damage — the journal record that created it lost, though the checkpoint moved
+            // writes into it, so it was durable (a torn append is never named again).
+            for ino in maps
+                .iter()
+                .map(|m| m.ino)
+                .chain(sizes.iter().map(|z| z.ino))
+            {
+                changed(ino).map_err(|_| {
+                    format!(
+                        "a checkpoint batch names inode {ino}, which was never created (the \
+                         next is {next_ino}): the record that created it is lost"
+                    )
+                })?;
+            }
             apply::batch(
                 maps,
                 sizes,
