@@ -153,17 +153,22 @@ impl Overlay {
                 && whole.get().order == order
             {
                 out.push(whole.remove());
-                continue;
-            }
-            for piece in map.overlapping(start, end) {
-                if piece.order != order {
-                    continue;
+            } else {
+                for piece in map.overlapping(start, end) {
+                    if piece.order != order {
+                        continue;
+                    }
+                    let Some(taken) = piece.clip(start, end) else {
+                        continue;
+                    };
+                    map.cut(taken.start, taken.end);
+                    out.push(taken);
                 }
-                let Some(taken) = piece.clip(start, end) else {
-                    continue;
-                };
-                map.cut(taken.start, taken.end);
-                out.push(taken);
+            }
+            if map.0.is_empty() {
+                // An emptied B-tree keeps its root node (about 450 bytes): a file written
+                // once and checkpointed would hold it for good.
+                map.0 = BTreeMap::new();
             }
         }
         out
