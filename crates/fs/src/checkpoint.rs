@@ -301,12 +301,7 @@ fn apply_record(inner: &Inner, inode: &Inode, record: &Pending, work: &mut Work)
             format!("inode {} is not a file ({:?})", record.ino, inode.kind),
         ));
     }
-    let _range = inode.lock_range(
-        &inner.range_locks,
-        record.offset,
-        record.len,
-        LockMode::Exclusive,
-    )?;
+    let _range = inner.lock_range(inode, record.offset, record.len, LockMode::Exclusive)?;
     let pieces = inode
         .overlay
         .take_record(record.offset, record.len, record.order);

@@ -503,8 +503,7 @@ impl Inner {
         fragmented: &impl Fn(&Inode) -> bool,
     ) -> Result<Option<u64>> {
         let (offset, first) = (window * WINDOW_BYTES, window * WINDOW_BLOCKS);
-        let _range =
-            inode.lock_range(&self.range_locks, offset, WINDOW_BYTES, LockMode::Exclusive)?;
+        let _range = self.lock_range(inode, offset, WINDOW_BYTES, LockMode::Exclusive)?;
         if !fragmented(inode) {
             return Ok(None);
         }

@@ -1,16 +1,14 @@
-//! Inodes in DRAM: attributes, directory entries, extent map, overlay, range locks; and
+//! Inodes in DRAM: attributes, directory entries, extent map, overlay; and
 //! what `stat` and `readdir` report of them.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, RwLock};
 
-use crate::error::Result;
 use crate::extent_map::ExtentMap;
 use crate::journal::Kind;
-use crate::lock_order::{FS_DIRECTORY, FS_RANGE, Ordered};
+use crate::lock_order::{FS_DIRECTORY, Ordered};
 use crate::overlay::Overlay;
-use crate::range_lock::{LockMode, RangeGuard, RangeLocks};
 use crate::xattr::Xattrs;
 
 /// Who owns an inode: a user and a group.
@@ -192,18 +190,6 @@ impl Inode {
     /// The directory's entries, locked (rank [`FS_DIRECTORY`]).
     pub(crate) fn entries(&self) -> Ordered<MutexGuard<'_, BTreeMap<String, u64>>> {
         Ordered::take(FS_DIRECTORY, || self.entries.lock().expect("directory"))
-    }
-
-    /// `[offset, offset + len)` of the file, locked in the file system's `locks` (rank
-    /// [`FS_RANGE`]).
-    pub(crate) fn lock_range<'a>(
-        &self,
-        locks: &'a RangeLocks,
-        offset: u64,
-        len: u64,
-        mode: LockMode,
-    ) -> Result<Ordered<RangeGuard<'a>>> {
-        Ordered::try_take(FS_RANGE, || locks.lock(self.ino, offset, len, mode))
     }
 
     pub(crate) fn attr(&self) -> MutexGuard<'_, Attr> {

@@ -1748,22 +1748,22 @@ fn fallocate_allocates_as_on_tmpfs_and_stays(transport: &'static str) {
     // The volume's free space pays for an allocation at once, and gets it back on unlink.
     // Free blocks (`f_bfree`), not available ones: available leaves out the checkpoint's
     // reserve, which grows with the metadata the allocation adds until the next snapshot.
-    let avail = || -> u64 {
+    let free = || -> u64 {
         mount
             .run("stat -f -c '%f %S' .")
             .split_whitespace()
             .map(|n| n.parse::<u64>().unwrap())
             .product()
     };
-    let before = avail();
+    let before = free();
     mount.run("fallocate -l 64M reserved");
-    let after = avail();
+    let after = free();
     assert!(
         before - after >= 64 << 20,
         "{before} bytes free before, {after} after"
     );
     mount.run("rm reserved");
-    assert!(avail() >= before - (1 << 20), "given back on unlink");
+    assert!(free() >= before - (1 << 20), "given back on unlink");
 
     // Zeroing a range (`fallocate -z`; tmpfs has no such mode, so the bytes and blocks are
     // checked against what they must be): zeros inside, data around, every block allocated

@@ -627,9 +627,10 @@ impl File {
             return Ok(0);
         }
         let n = (buf.len() as u64).min(size - offset).min(MAX_IO);
-        let _range =
-            self.inode
-                .lock_range(&self.fs.inner.range_locks, offset, n, LockMode::Shared)?;
+        let _range = self
+            .fs
+            .inner
+            .lock_range(&self.inode, offset, n, LockMode::Shared)?;
         // The size may have shrunk while waiting.
         let size = self.inode.size.load(Ordering::Acquire);
         let n = n.min(size.saturating_sub(offset));
@@ -661,9 +662,10 @@ impl File {
         if n == 0 {
             return Ok((0, f(&[])));
         }
-        let range =
-            self.inode
-                .lock_range(&self.fs.inner.range_locks, offset, n, LockMode::Shared)?;
+        let range = self
+            .fs
+            .inner
+            .lock_range(&self.inode, offset, n, LockMode::Shared)?;
         let size = self.inode.size.load(Ordering::Acquire);
         let n = n.min(size.saturating_sub(offset));
         let result = lend::lend(&self.fs.inner, &self.inode, range.guard(), offset, n, f)?;

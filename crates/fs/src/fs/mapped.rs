@@ -80,9 +80,7 @@ impl File {
         inner.drain()?;
         inner.fill_holes(&self.inode, offset, len)?;
         let end = offset.saturating_add(len);
-        let _range =
-            self.inode
-                .lock_range(&inner.range_locks, offset, end - offset, LockMode::Shared)?;
+        let _range = inner.lock_range(&self.inode, offset, end - offset, LockMode::Shared)?;
         let size = self.inode.size.load(Ordering::Acquire);
         let last = end.min(size).div_ceil(BLOCK);
         let extents = self.inode.extents.read().expect("extent map");
@@ -156,7 +154,7 @@ impl Inner {
         loop {
             // As truncation: no batch half done, writers and readers off the file.
             let batch = self.lock_batch();
-            let range = inode.lock_range(&self.range_locks, 0, WHOLE_FILE, LockMode::Exclusive)?;
+            let range = self.lock_range(inode, 0, WHOLE_FILE, LockMode::Exclusive)?;
             let gate = self.gate_shared();
             let size = inode.size.load(Ordering::Acquire);
             let last = offset.saturating_add(len).min(size).div_ceil(BLOCK);

@@ -462,7 +462,7 @@ impl Inner {
             // gate) before waiting for a snapshot, which the checkpoint could not take
             // otherwise.
             let batch = self.lock_batch();
-            let range = inode.lock_range(&self.range_locks, 0, WHOLE_FILE, LockMode::Exclusive)?;
+            let range = self.lock_range(inode, 0, WHOLE_FILE, LockMode::Exclusive)?;
             let gate = self.gate_shared();
             let done = self.truncate_locked(&slot, inode, size)?;
             drop(gate);
@@ -514,8 +514,8 @@ impl Inner {
         loop {
             // As truncation: no batch half done, writers and readers off the range.
             let batch = self.lock_batch();
-            let range = inode.lock_range(
-                &self.range_locks,
+            let range = self.lock_range(
+                inode,
                 first * BLOCK,
                 (last - first) * BLOCK,
                 LockMode::Exclusive,
@@ -626,8 +626,8 @@ impl Inner {
         // logged write still waiting for the checkpoint lands on the zeroed block later,
         // as it would on any block the file has.
         let _batch = self.lock_batch();
-        let _range = inode.lock_range(
-            &self.range_locks,
+        let _range = self.lock_range(
+            inode,
             from * BLOCK,
             (to - from) * BLOCK,
             LockMode::Exclusive,

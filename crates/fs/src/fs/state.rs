@@ -18,10 +18,10 @@ use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
 use crate::inode::Inode;
 use crate::journal::{Journal, Kind, MetaOp};
-use crate::lock_order::{FS_BATCH, FS_GATE, FS_JOURNAL, FS_LOG, FS_RENAME, Ordered};
+use crate::lock_order::{FS_BATCH, FS_GATE, FS_JOURNAL, FS_LOG, FS_RANGE, FS_RENAME, Ordered};
 use crate::log::LogArea;
 use crate::progress::{Pending, Progress, Queue};
-use crate::range_lock::RangeLocks;
+use crate::range_lock::{LockMode, RangeGuard, RangeLocks};
 use crate::root::{Root, SlotAreas};
 use crate::snapshot::{INODE_BYTES, RUN_BYTES, entry_bytes, write_growth_bound};
 
@@ -297,6 +297,20 @@ impl Inner {
     /// The batch lock (rank [`FS_BATCH`]).
     pub(crate) fn lock_batch(&self) -> Ordered<MutexGuard<'_, ()>> {
         Ordered::take(FS_BATCH, || self.batch.lock().expect("batch lock"))
+    }
+
+    /// `[offset, offset + len)` of `inode`, locked in the file system's range locks (rank
+    /// [`FS_RANGE`]).
+    pub(crate) fn lock_range(
+        &self,
+        inode: &Inode,
+        offset: u64,
+        len: u64,
+        mode: LockMode,
+    ) -> Result<Ordered<RangeGuard<'_>>> {
+        Ordered::try_take(FS_RANGE, || {
+            self.range_locks.lock(inode.ino, offset, len, mode)
+        })
     }
 
     /// The metadata gate, shared (rank [`FS_GATE`]).

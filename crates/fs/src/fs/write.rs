@@ -85,7 +85,7 @@ impl Inner {
     ) -> Result<()> {
         debug_assert_eq!(pieces.iter().map(|p| p.len).sum::<u64>(), len);
         self.reserve_log(slot, pieces.len() as u64)?;
-        let _range = inode.lock_range(&self.range_locks, offset, len, LockMode::Exclusive)?;
+        let _range = self.lock_range(inode, offset, len, LockMode::Exclusive)?;
         self.append_and_queue(slot, inode, offset, len, pieces, now_ns(), true)
     }
 
