@@ -81,6 +81,7 @@ transports!(
     a_change_without_cap_fsetid_drops_set_id_bits_as_on_tmpfs,
     a_listing_carries_attributes_and_its_lookups_are_forgotten,
     everyday_programs_on_a_full_mount_fail_cleanly_and_recover,
+    a_write_comes_in_requests_of_the_negotiated_size,
 );
 
 fn is_mounted(point: &Path) -> bool {
@@ -1623,6 +1624,54 @@ mkdir r && rsync -aX g d r/ && getfattr -d -m - r/g r/d
 /// ranges of one file and the kernel's refusal of overlapping ones give tmpfs's bytes, `cp`
 /// keeps a sparse file sparse, and copying 64 MiB with `cp` costs a handful of requests
 /// instead of two per MiB (a read and a write through the kernel).
+/// The server asks for requests of 2 MiB; the kernel grants up to its limit
+/// (`fs.fuse.max_pages_limit`, 256 pages unless root raised it — `.ci/run` raises it to 512).
+/// A `write(2)` then reaches the server in requests of the granted size, each one atomic
+/// write of the file system: an aligned 2 MiB write is one where the limit allows it.
+fn a_write_comes_in_requests_of_the_negotiated_size(transport: &'static str) {
+    use std::os::unix::fs::FileExt;
+    let limit = std::fs::read_to_string(mount::PAGES_LIMIT)
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(256);
+    let granted = limit.clamp(1, 512) * 4096;
+    let mount = Mount::new(transport);
+    let fuse = fuse_counters(&mount);
+    assert_eq!(fuse["max_write"].as_u64(), Some(granted), "{fuse}");
+
+    const BIG: usize = 2 << 20;
+    // Page-aligned, as fio's buffers are: the kernel pins the caller's pages for direct
+    // I/O, and a misaligned buffer spans one page more than a request may.
+    let mut buf = vec![0u8; BIG + 4096];
+    let skip = buf.as_ptr().align_offset(4096);
+    let data = &mut buf[skip..skip + BIG];
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3];
+    }
+    let file = std::fs::OpenOptions::new()
+        .create_new(true)
+        .read(true)
+        .write(true)
+        .open(mount.path().join("big"))
+        .unwrap();
+    let writes = |m: &Mount| fuse_counters(m)["write_requests"].as_u64().unwrap();
+    let before = writes(&mount);
+    for at in [0, BIG as u64] {
+        assert_eq!(file.write_at(data, at).unwrap(), BIG);
+    }
+    let per_write = (BIG as u64).div_ceil(granted);
+    assert_eq!(
+        writes(&mount) - before,
+        2 * per_write,
+        "two 2 MiB writes with requests of at most {granted} bytes"
+    );
+    let mut back = vec![0u8; BIG];
+    for at in [0, BIG as u64] {
+        file.read_exact_at(&mut back, at).unwrap();
+        assert!(back == data, "the 2 MiB at {at} read back differ");
+    }
+}
+
 fn copy_file_range_copies_inside_the_server_as_on_tmpfs(transport: &'static str) {
     let mount = Mount::new(transport);
     let script = r#"

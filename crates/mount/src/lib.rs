@@ -78,9 +78,15 @@ impl std::fmt::Debug for Checker {
     }
 }
 
-/// The largest write (and read) one request carries: 1 MiB (256 pages, the kernel's default
-/// limit), so a 2 MiB `write(2)` is two requests.
-const MAX_WRITE: usize = 1 << 20;
+/// The largest write (and read) locus asks one request to carry: 2 MiB, the file system's
+/// chunk, so an aligned 2 MiB `write(2)` is one atomic write that maps as one run. The kernel
+/// grants at most its limit (see [`request_bytes`]).
+const MAX_REQUEST: usize = 2 << 20;
+/// The kernel's limit on a request's pages (`fs.fuse.max_pages_limit`, Linux 6.13+; root may
+/// raise it). Kernels without it fix the limit at 256 pages.
+pub const PAGES_LIMIT: &str = "/proc/sys/fs/fuse/max_pages_limit";
+/// The smallest buffer the kernel accepts for a request (`FUSE_MIN_READ_BUFFER`).
+const MIN_BUFFER: usize = 8192;
 /// io_uring entries per CPU queue: one being served, one already holding the next request.
 const QUEUE_DEPTH: usize = 2;
 
@@ -127,6 +133,9 @@ pub struct Negotiated {
     pub direct_io: bool,
     /// Threads serving requests.
     pub threads: usize,
+    /// The most data one request carries: a `write(2)` larger than this reaches the file
+    /// system as several writes, each atomic, in order.
+    pub max_write: usize,
 }
 
 /// A running mount. [`Mounted::finished`] says when the kernel has ended it (`umount`,
@@ -214,6 +223,7 @@ pub fn mount(fs: fs::Fs, mountpoint: &Path, config: &MountConfig) -> io::Result<
     server.set_xattrs(config.xattrs);
     let hello = handshake(&mut dev, config.transport)?;
     server.set_direct_io(hello.direct_io);
+    server.set_max_write(hello.max_write);
     if hello.io_uring {
         server.set_queues(possible_cpus());
     }
@@ -240,7 +250,7 @@ pub fn mount(fs: fs::Fs, mountpoint: &Path, config: &MountConfig) -> io::Result<
         let server = Arc::clone(&server);
         threads.push(spawn(
             format!("locus-fuse-{i}"),
-            Box::new(move || serve_dev(dev, &server)),
+            Box::new(move || serve_dev(dev, &server, hello.max_write)),
         )?);
     }
     if hello.io_uring {
@@ -250,7 +260,7 @@ pub fn mount(fs: fs::Fs, mountpoint: &Path, config: &MountConfig) -> io::Result<
             let pin = cpus.contains(&qid).then_some(qid);
             threads.push(spawn(
                 format!("locus-fuse-q{qid}"),
-                Box::new(move || serve_queue(fd, qid, pin, &server)),
+                Box::new(move || serve_queue(fd, qid, pin, &server, hello.max_write)),
             )?);
         }
     }
@@ -259,6 +269,7 @@ pub fn mount(fs: fs::Fs, mountpoint: &Path, config: &MountConfig) -> io::Result<
         io_uring: hello.io_uring,
         direct_io: hello.direct_io,
         threads: threads.len(),
+        max_write: hello.max_write,
     };
     tracing::info!(?negotiated, "FUSE connection set up");
     Ok(Mounted {
@@ -270,17 +281,31 @@ pub fn mount(fs: fs::Fs, mountpoint: &Path, config: &MountConfig) -> io::Result<
     })
 }
 
+/// The bytes of data one request may carry: [`MAX_REQUEST`], or the kernel's limit when that
+/// is lower. Asking for more than the limit would not get larger requests (the kernel cuts
+/// them to its limit), but the io_uring buffers must hold what is asked.
+fn request_bytes() -> usize {
+    let pages = std::fs::read_to_string(PAGES_LIMIT)
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .unwrap_or(256);
+    pages.clamp(1, MAX_REQUEST / 4096) * 4096
+}
+
 /// What `INIT` settled.
 #[derive(Debug)]
 struct Hello {
     minor: u32,
     io_uring: bool,
     direct_io: bool,
+    /// The most data one request carries.
+    max_write: usize,
 }
 
 /// Answers the kernel's `INIT`, the first request on a new connection.
 fn handshake(dev: &mut File, transport: Transport) -> io::Result<Hello> {
-    let mut buf = vec![0u8; MAX_WRITE + 4096];
+    let max_write = request_bytes();
+    let mut buf = vec![0u8; max_write.max(MIN_BUFFER) + 4096];
     let n = loop {
         match dev.read(&mut buf) {
             Ok(n) => break n,
@@ -350,9 +375,9 @@ fn handshake(dev: &mut File, transport: Transport) -> io::Result<Hello> {
         w.u32(granted as u32)?;
         w.u16(64)?; // max_background
         w.u16(48)?; // congestion_threshold
-        w.u32(MAX_WRITE as u32)?;
+        w.u32(max_write as u32)?;
         w.u32(1)?; // time_gran: nanoseconds
-        w.u16((MAX_WRITE / 4096) as u16)?; // max_pages
+        w.u16((max_write / 4096) as u16)?; // max_pages
         w.u16(0)?; // map_alignment
         w.u32((granted >> 32) as u32)?; // flags2
         w.zeros(28)
@@ -363,6 +388,7 @@ fn handshake(dev: &mut File, transport: Transport) -> io::Result<Hello> {
         minor,
         io_uring,
         direct_io,
+        max_write,
     })
 }
 
@@ -386,8 +412,8 @@ fn reply(dev: &mut File, unique: u64, error: i32, args: &[u8]) -> io::Result<()>
 }
 
 /// Serves requests read from `/dev/fuse` until the connection ends.
-fn serve_dev(mut dev: File, server: &Server) -> io::Result<()> {
-    let mut buf = vec![0u8; MAX_WRITE + 4096];
+fn serve_dev(mut dev: File, server: &Server, max_write: usize) -> io::Result<()> {
+    let mut buf = vec![0u8; max_write.max(MIN_BUFFER) + 4096];
     loop {
         let n = match dev.read(&mut buf) {
             Ok(n) => n,
@@ -430,6 +456,7 @@ fn serve_queue(
     qid: usize,
     pin: Option<usize>,
     server: &Server,
+    max_write: usize,
 ) -> io::Result<()> {
     let mut node = None;
     if let Some(cpu) = pin {
@@ -439,7 +466,8 @@ fn serve_queue(
         node = cpu_node(cpu);
     }
     let qid = u16::try_from(qid).map_err(|_| io::Error::other("more than 65536 CPUs"))?;
-    let mut ring = uring::fuse::FuseRing::new(fd, qid, QUEUE_DEPTH, MAX_WRITE, node)?;
+    let mut ring =
+        uring::fuse::FuseRing::new(fd, qid, QUEUE_DEPTH, max_write.max(MIN_BUFFER), node)?;
     while let Some(entry) = ring.next_request()? {
         server.count_queue(usize::from(qid));
         let request = ring.request(entry);

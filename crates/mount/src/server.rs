@@ -201,6 +201,10 @@ pub(crate) struct Server {
     served_elsewhere: AtomicU64,
     /// LOOKUPs answered with a negative entry.
     missing_names: AtomicU64,
+    /// WRITE requests served; with `max_write`, the most data one carries, they show how
+    /// the kernel cut callers' writes.
+    write_requests: AtomicU64,
+    max_write: usize,
     /// Extended-attribute requests (get, list, set, remove): `ls -l` asks each file's
     /// (its ACL check lists them), a round trip the kernel cannot cache.
     xattr_requests: AtomicU64,
@@ -308,6 +312,8 @@ impl Server {
             queue_requests: Vec::new(),
             served_elsewhere: AtomicU64::new(0),
             missing_names: AtomicU64::new(0),
+            write_requests: AtomicU64::new(0),
+            max_write: 0,
             xattr_requests: AtomicU64::new(0),
             xattrs: true,
             io_uring: false,
@@ -342,6 +348,11 @@ impl Server {
     /// --no-xattrs`).
     pub(crate) fn set_xattrs(&mut self, on: bool) {
         self.xattrs = on;
+    }
+
+    /// The most data one request carries, as negotiated (for the status file).
+    pub(crate) fn set_max_write(&mut self, bytes: usize) {
+        self.max_write = bytes;
     }
 
     /// Opens regular files for direct I/O from now on (the connection allows mmap of them).
@@ -529,6 +540,8 @@ impl Server {
                 "served_elsewhere": self.served_elsewhere.load(Ordering::Relaxed),
                 // Lookups answered "no such name" (which the kernel then caches).
                 "missing_names": self.missing_names.load(Ordering::Relaxed),
+                "max_write": self.max_write,
+                "write_requests": self.write_requests.load(Ordering::Relaxed),
                 "xattr_requests": self.xattr_requests.load(Ordering::Relaxed),
             },
         });
@@ -575,7 +588,10 @@ impl Server {
                 Ok(Reply::Out(0))
             }
             op::READ => self.read(arg, buf).map(Reply::Out),
-            op::WRITE => self.write(arg, buf, in_len).map(Reply::Out),
+            op::WRITE => {
+                self.write_requests.fetch_add(1, Ordering::Relaxed);
+                self.write(arg, buf, in_len).map(Reply::Out)
+            }
             opcode => {
                 if matches!(
                     opcode,
@@ -1305,7 +1321,8 @@ impl Server {
         off_out: u64,
         len: u64,
     ) -> Result<u32, i32> {
-        const CHUNK: u64 = 1 << 20;
+        // The file system's chunk: aligned whole pieces map as one run each.
+        const CHUNK: u64 = 2 << 20;
         self.writable()?;
         let (src, dst) = (self.handle(fh_in)?, self.handle(fh_out)?);
         let (Handle::File(src), Handle::File(dst)) = (&*src, &*dst) else {

@@ -281,6 +281,13 @@ fn served_status(dir: &Path, served: &volume::Served, args: &StatusArgs) -> Resu
                 .collect()
         })
         .unwrap_or_default();
+    if let Some(bytes) = fuse["max_write"].as_u64() {
+        outln!(
+            "writes: {} requests of at most {} (a larger write(2) comes in several, each atomic)",
+            fuse["write_requests"],
+            format_bytes(bytes)
+        );
+    }
     if fuse["io_uring"].as_bool() == Some(true) {
         outln!(
             "requests: FUSE over io_uring, by the CPU that made them: {}; served on another \
