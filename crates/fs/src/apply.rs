@@ -463,6 +463,25 @@ pub(crate) fn set_xattr(inode: &Inode, xattrs: &mut Xattrs, name: &str, value: &
     inode.changed(time);
 }
 
+/// `SetAcl` (the inode's `attr` and attributes locked): the mode, and the access ACL set
+/// to `value` or, empty, dropped.
+pub(crate) fn set_acl(
+    inode: &Inode,
+    attr: &mut Attr,
+    xattrs: &mut Xattrs,
+    mode: u32,
+    value: &[u8],
+    time: u64,
+) {
+    attr.mode = mode;
+    if value.is_empty() {
+        xattrs.remove(crate::acl::ACCESS);
+    } else {
+        xattrs.insert(crate::acl::ACCESS.to_owned(), value.into());
+    }
+    inode.changed(time);
+}
+
 /// `RemoveXattr` (the inode's attributes locked): `name` must be there.
 pub(crate) fn remove_xattr(
     inode: &Inode,

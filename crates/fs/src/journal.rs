@@ -253,6 +253,18 @@ pub enum MetaOp {
         /// Time of the change: the inode's new change time.
         time: u64,
     },
+    /// A POSIX access ACL set, replaced or dropped together with the permission bits it
+    /// leaves (`setfacl`; `chmod` of a file that has one), so the two never disagree.
+    SetAcl {
+        /// The inode.
+        ino: u64,
+        /// Permission bits after the change.
+        mode: u32,
+        /// The ACL attribute's value (empty: the inode keeps none, its mode says it all).
+        value: Box<[u8]>,
+        /// Time of the change: the inode's new change time.
+        time: u64,
+    },
     /// Time stamps set (`utimensat`): access and modification time as given (0: left as
     /// they were), change time the time of the call.
     SetTimes {
@@ -316,6 +328,7 @@ impl MetaOp {
             Self::SetOwner { .. } => 16,
             Self::SetXattr { .. } => 17,
             Self::RemoveXattr { .. } => 18,
+            Self::SetAcl { .. } => 21,
             Self::SetTimes { .. } => 11,
             Self::Batch { .. } => 13,
             Self::Punch { .. } => 7,
@@ -420,6 +433,15 @@ impl MetaOp {
             Self::RemoveXattr { ino, name, time } => {
                 e.u64(*ino).u64(*time);
                 crate::xattr::encode(e, name, &[]);
+            }
+            Self::SetAcl {
+                ino,
+                mode,
+                value,
+                time,
+            } => {
+                e.u64(*ino).u32(*mode).u64(*time);
+                crate::xattr::encode(e, crate::acl::ACCESS, value);
             }
             Self::SetTimes {
                 ino,
@@ -595,6 +617,28 @@ impl MetaOp {
                         "removal of extended attribute {name} carries a value of {} bytes",
                         value.len()
                     )));
+                }
+            }
+            21 => {
+                let ino = d.u64("ino")?;
+                let mode = d.u32("mode")?;
+                let time = d.u64("time")?;
+                let (name, value) = crate::xattr::decode(d)?;
+                if name != crate::acl::ACCESS {
+                    return Err(d.error(format!(
+                        "an ACL record names attribute {name}, not {}",
+                        crate::acl::ACCESS
+                    )));
+                }
+                if !value.is_empty() {
+                    crate::acl::Acl::decode(&name, &value)
+                        .map_err(|e| d.error(format!("an ACL record's value: {e}")))?;
+                }
+                Self::SetAcl {
+                    ino,
+                    mode,
+                    value,
+                    time,
                 }
             }
             11 => Self::SetTimes {
@@ -1092,6 +1136,23 @@ mod tests {
                 ino: 6,
                 name: "trusted.x".into(),
                 time: 10,
+            },
+            MetaOp::SetAcl {
+                ino: 6,
+                mode: 0o100_640,
+                value: [
+                    2, 0, 0, 0, 1, 0, 6, 0, 255, 255, 255, 255, 4, 0, 4, 0, 255, 255, 255, 255,
+                ]
+                .into_iter()
+                .chain([32, 0, 0, 0, 255, 255, 255, 255])
+                .collect(),
+                time: 10,
+            },
+            MetaOp::SetAcl {
+                ino: 6,
+                mode: 0o100_600,
+                value: Box::new([]),
+                time: 11,
             },
             MetaOp::SetTimes {
                 ino: 5,

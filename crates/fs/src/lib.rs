@@ -38,6 +38,7 @@
 //! # Ok(()) }
 //! ```
 
+mod acl;
 mod apply;
 mod buffers;
 mod checkpoint;
@@ -64,6 +65,7 @@ mod setup;
 mod snapshot;
 mod xattr;
 
+pub use acl::{ACCESS as ACL_ACCESS, DEFAULT as ACL_DEFAULT};
 pub use error::{ErrorKind, FsError, Result};
 pub use fs::{
     Buffer, Buffers, CheckpointMode, File, FormatOptions, Fs, FsOptions, FsStats, MAX_FILE_SIZE,

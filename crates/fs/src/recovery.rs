@@ -1494,6 +1494,19 @@ fn replay(
             let mut xattrs = inode.xattrs.lock().expect("extended attributes");
             apply::set_xattr(&inode, &mut xattrs, name, value, *time);
         }
+        MetaOp::SetAcl {
+            ino,
+            mode,
+            value,
+            time,
+        } => {
+            let Some(inode) = changed(*ino)? else {
+                return Ok(());
+            };
+            let mut attr = inode.attr();
+            let mut xattrs = inode.xattrs.lock().expect("extended attributes");
+            apply::set_acl(&inode, &mut attr, &mut xattrs, *mode, value, *time);
+        }
         MetaOp::RemoveXattr { ino, name, time } => {
             let Some(inode) = changed(*ino)? else {
                 return Ok(());

@@ -32,9 +32,11 @@ pub enum XattrSet {
 }
 
 /// Checks a name: 1..=255 bytes, no NUL, in a namespace locus stores — `user.`, `trusted.`
-/// and `security.`. `system.` names (POSIX ACLs) and `security.capability` are
-/// `NotSupported`: the kernel would have to act on them (enforce the ACL, drop the
-/// capability on a write), and storing them unenforced would mislead.
+/// and `security.` — or one of the two POSIX ACLs (`system.posix_acl_access`,
+/// `system.posix_acl_default`, whose values [`crate::acl`] checks and keeps in step with
+/// the mode). Other `system.` names and `security.capability` are `NotSupported`: the
+/// kernel would have to act on them (drop the capability on a write), and storing them
+/// unenforced would mislead.
 pub fn check_name(name: &str) -> Result<()> {
     if name.is_empty() || name.len() > MAX_XATTR_NAME || name.contains('\0') {
         return Err(FsError::Invalid(format!(
@@ -45,10 +47,10 @@ pub fn check_name(name: &str) -> Result<()> {
     let stored = ["user.", "trusted.", "security."]
         .iter()
         .any(|prefix| name.len() > prefix.len() && name.starts_with(prefix));
-    if !stored || name == "security.capability" {
+    if (!stored || name == "security.capability") && !crate::acl::is_acl(name) {
         return Err(FsError::NotSupported(format!(
             "extended attribute {name}: locus stores user., trusted. and security. names \
-             (not security.capability)"
+             (not security.capability) and POSIX ACLs"
         )));
     }
     Ok(())
@@ -134,8 +136,14 @@ mod tests {
         check_name("trusted.overlay.opaque").unwrap();
         check_name("security.selinux").unwrap();
         assert!(matches!(check_name("user."), Err(FsError::NotSupported(_))));
+        check_name("system.posix_acl_access").unwrap();
+        check_name("system.posix_acl_default").unwrap();
         assert!(matches!(
-            check_name("system.posix_acl_access"),
+            check_name("system.posix_acl_other"),
+            Err(FsError::NotSupported(_))
+        ));
+        assert!(matches!(
+            check_name("system.nfs4_acl"),
             Err(FsError::NotSupported(_))
         ));
         assert!(matches!(

@@ -1,7 +1,8 @@
 //! Extended attributes through the public API: set (with `XATTR_CREATE`/`XATTR_REPLACE`),
 //! get, list, remove, the limits and namespaces, a link's own attributes, and that all of it
 //! is kept across a crash (the journal, including many sets that fill it) and an unmount
-//! (the snapshot).
+//! (the snapshot). POSIX ACLs: the mode following them and they a `chmod`, inheritance,
+//! garbage refused, all kept across a crash and an unmount.
 
 use testkit::*;
 
@@ -70,7 +71,7 @@ fn attributes_are_set_listed_removed_and_kept() {
         err(fs.remove_xattr("/d/f", "user.nothing", true)),
         libc::ENODATA
     );
-    for name in ["system.posix_acl_access", "security.capability", "other.x"] {
+    for name in ["system.posix_acl_other", "security.capability", "other.x"] {
         assert_eq!(
             err(fs.set_xattr("/d/f", name, b"x", XattrSet::Any, true)),
             libc::EOPNOTSUPP,
@@ -171,6 +172,131 @@ fn attributes_are_set_listed_removed_and_kept() {
         assert_eq!(all("/d/l", false), [v("security.label", b"link")], "{when}");
         assert_eq!(all("/d/p", true), [v("user.on-a-fifo", b"1")], "{when}");
         assert_eq!(all("/full", true).len(), stored, "{when}");
+    };
+    check_across_crash_and_unmount(fs, &shm.dir, expect);
+}
+
+/// An ACL in the kernel's layout: (tag, permissions, id) entries after the version.
+fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut out = 2u32.to_le_bytes().to_vec();
+    for &(tag, perm, id) in entries {
+        out.extend_from_slice(&tag.to_le_bytes());
+        out.extend_from_slice(&perm.to_le_bytes());
+        out.extend_from_slice(&id.to_le_bytes());
+    }
+    out
+}
+
+const ANY: u32 = u32::MAX;
+
+#[test]
+fn posix_acls_follow_the_mode_are_inherited_and_kept() {
+    let shm = shm_volume("acls", 256 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    let mode = |fs: &Fs, path: &str| fs.stat(path).unwrap().mode & 0o7777;
+    let access = |fs: &Fs, path: &str| fs.get_xattr(path, fs::ACL_ACCESS, true).ok();
+    // user::rw- user:1000:rwx group::r-- mask::rwx other::---
+    let named = acl(&[
+        (1, 6, ANY),
+        (2, 7, 1000),
+        (4, 4, ANY),
+        (0x10, 7, ANY),
+        (0x20, 0, ANY),
+    ]);
+    fs.create("/f").unwrap();
+    fs.chmod("/f", 0o4644).unwrap();
+    fs.set_xattr("/f", fs::ACL_ACCESS, &named, XattrSet::Any, true)
+        .unwrap();
+    assert_eq!(mode(&fs, "/f"), 0o4670, "the mode takes the ACL's digits");
+    fs.chmod("/f", 0o640).unwrap();
+    let chmodded = acl(&[
+        (1, 6, ANY),
+        (2, 7, 1000),
+        (4, 4, ANY),
+        (0x10, 4, ANY),
+        (0x20, 0, ANY),
+    ]);
+    assert_eq!(
+        access(&fs, "/f"),
+        Some(chmodded.clone()),
+        "chmod sets the mask"
+    );
+    // An ACL that says no more than a mode is the mode alone.
+    fs.create("/plain").unwrap();
+    let plain = acl(&[(1, 7, ANY), (4, 5, ANY), (0x20, 1, ANY)]);
+    fs.set_xattr("/plain", fs::ACL_ACCESS, &plain, XattrSet::Any, true)
+        .unwrap();
+    assert_eq!((mode(&fs, "/plain"), access(&fs, "/plain")), (0o751, None));
+    assert_eq!(
+        fs.list_xattrs("/plain", true).unwrap(),
+        Vec::<String>::new()
+    );
+    // Removing an ACL a file does not have is no error; garbage is, naming the problem.
+    fs.remove_xattr("/plain", fs::ACL_ACCESS, true).unwrap();
+    let refused = |path: &str, name: &str, value: &[u8]| {
+        fs.set_xattr(path, name, value, XattrSet::Any, true)
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(refused("/f", fs::ACL_ACCESS, &named[..9]).contains("8-byte entries"));
+    let unmasked = acl(&[(1, 6, ANY), (2, 7, 1000), (4, 4, ANY), (0x20, 0, ANY)]);
+    assert!(refused("/f", fs::ACL_ACCESS, &unmasked).contains("no mask"));
+    assert!(refused("/f", fs::ACL_DEFAULT, &named).contains("only a directory"));
+    assert_eq!(
+        access(&fs, "/f"),
+        Some(chmodded.clone()),
+        "refusals change nothing"
+    );
+
+    // A directory's default ACL: what is made in it inherits it, limited by the mode it
+    // is made with, and a umask plays no part; outside, the umask does.
+    fs.mkdir("/d", 0o755).unwrap();
+    fs.set_xattr("/d", fs::ACL_DEFAULT, &named, XattrSet::Any, true)
+        .unwrap();
+    let masking = fs.with_umask(0o077);
+    let rw_all = fs::OpenOptions {
+        mode: 0o666,
+        ..fs::OpenOptions::create()
+    };
+    masking.open_file("/d/a", rw_all).unwrap();
+    masking.mkdir("/d/sub", 0o777).unwrap();
+    masking.open_file("/outside", rw_all).unwrap();
+    assert_eq!(mode(&fs, "/d/a"), 0o660);
+    let inherited = acl(&[
+        (1, 6, ANY),
+        (2, 7, 1000),
+        (4, 4, ANY),
+        (0x10, 6, ANY),
+        (0x20, 0, ANY),
+    ]);
+    assert_eq!(access(&fs, "/d/a"), Some(inherited.clone()));
+    assert_eq!(mode(&fs, "/d/sub"), 0o670);
+    assert_eq!(
+        fs.get_xattr("/d/sub", fs::ACL_DEFAULT, true).unwrap(),
+        named,
+        "a directory takes the default ACL on"
+    );
+    assert_eq!(
+        (mode(&fs, "/outside"), access(&fs, "/outside")),
+        (0o600, None)
+    );
+    drop(masking);
+
+    let expect = |fs: &Fs, when: &str| {
+        assert_eq!(mode(fs, "/f"), 0o640, "{when}");
+        assert_eq!(access(fs, "/f"), Some(chmodded.clone()), "{when}");
+        assert_eq!(
+            (mode(fs, "/plain"), access(fs, "/plain")),
+            (0o751, None),
+            "{when}"
+        );
+        assert_eq!(access(fs, "/d/a"), Some(inherited.clone()), "{when}");
+        assert_eq!(mode(fs, "/d/a"), 0o660, "{when}");
+        assert_eq!(
+            fs.get_xattr("/d/sub", fs::ACL_DEFAULT, true).unwrap(),
+            named,
+            "{when}"
+        );
     };
     check_across_crash_and_unmount(fs, &shm.dir, expect);
 }

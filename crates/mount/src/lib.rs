@@ -116,6 +116,9 @@ pub struct MountConfig {
     /// Keep extended attributes; without, their requests are `ENOSYS`, after which the
     /// kernel stops sending them (each costs a round trip it cannot cache).
     pub xattrs: bool,
+    /// Keep POSIX ACLs and have the kernel enforce them (`FUSE_POSIX_ACL`); the server then
+    /// applies each create's umask itself, except under a default ACL. Needs `xattrs`.
+    pub acl: bool,
     /// How requests travel.
     pub transport: Transport,
     /// What opening [`CHECK_NAME`] runs (no check file without one).
@@ -136,6 +139,8 @@ pub struct Negotiated {
     /// The most data one request carries: a `write(2)` larger than this reaches the file
     /// system as several writes, each atomic, in order.
     pub max_write: usize,
+    /// POSIX ACLs are kept and the kernel enforces them.
+    pub acl: bool,
 }
 
 /// A running mount. [`Mounted::finished`] says when the kernel has ended it (`umount`,
@@ -221,9 +226,10 @@ pub fn mount(fs: fs::Fs, mountpoint: &Path, config: &MountConfig) -> io::Result<
     let mut dev = File::from(session.as_fd().try_clone_to_owned()?);
     let mut server = Server::new(fs, config.read_only, config.checker.clone());
     server.set_xattrs(config.xattrs);
-    let hello = handshake(&mut dev, config.transport)?;
+    let hello = handshake(&mut dev, config.transport, config.xattrs && config.acl)?;
     server.set_direct_io(hello.direct_io);
     server.set_max_write(hello.max_write);
+    server.set_acl(hello.acl);
     if hello.io_uring {
         server.set_queues(possible_cpus());
     }
@@ -270,6 +276,7 @@ pub fn mount(fs: fs::Fs, mountpoint: &Path, config: &MountConfig) -> io::Result<
         direct_io: hello.direct_io,
         threads: threads.len(),
         max_write: hello.max_write,
+        acl: hello.acl,
     };
     tracing::info!(?negotiated, "FUSE connection set up");
     Ok(Mounted {
@@ -300,10 +307,12 @@ struct Hello {
     direct_io: bool,
     /// The most data one request carries.
     max_write: usize,
+    /// The kernel enforces POSIX ACLs the server keeps.
+    acl: bool,
 }
 
 /// Answers the kernel's `INIT`, the first request on a new connection.
-fn handshake(dev: &mut File, transport: Transport) -> io::Result<Hello> {
+fn handshake(dev: &mut File, transport: Transport, acl: bool) -> io::Result<Hello> {
     let max_write = request_bytes();
     let mut buf = vec![0u8; max_write.max(MIN_BUFFER) + 4096];
     let n = loop {
@@ -365,7 +374,12 @@ fn handshake(dev: &mut File, transport: Transport) -> io::Result<Hello> {
     if io_uring {
         wanted |= init::OVER_IO_URING;
     }
+    if acl {
+        // The kernel applies no umask then (a default ACL replaces it); the server does.
+        wanted |= init::POSIX_ACL | init::DONT_MASK;
+    }
     let granted = wanted & offered;
+    let acl = granted & init::POSIX_ACL != 0;
     let mut out = [0u8; 64];
     let mut w = proto::Writer::new(&mut out);
     let fill = (|| {
@@ -389,6 +403,7 @@ fn handshake(dev: &mut File, transport: Transport) -> io::Result<Hello> {
         io_uring,
         direct_io,
         max_write,
+        acl,
     })
 }
 

@@ -67,6 +67,11 @@ pub mod init {
     /// process without `CAP_FSETID` (whose change must clear set-user-ID and set-group-ID),
     /// instead of the server not knowing.
     pub const HANDLE_KILLPRIV_V2: u64 = 1 << 28;
+    /// The kernel applies no umask to creates; the server does (with `POSIX_ACL`).
+    pub const DONT_MASK: u64 = 1 << 6;
+    /// The kernel caches and enforces POSIX ACLs, which the server stores as extended
+    /// attributes, keeps in step with the mode and passes on from default ACLs.
+    pub const POSIX_ACL: u64 = 1 << 20;
     pub const INIT_EXT: u64 = 1 << 30;
     pub const DIRECT_IO_ALLOW_MMAP: u64 = 1 << 36;
     pub const OVER_IO_URING: u64 = 1 << 41;

@@ -210,6 +210,9 @@ pub(crate) struct Server {
     xattr_requests: AtomicU64,
     /// Extended attributes are served (else their requests are `ENOSYS`).
     xattrs: bool,
+    /// POSIX ACLs are kept (the kernel enforces them); otherwise their names are
+    /// `EOPNOTSUPP`, as the kernel would not enforce what was stored.
+    acl: bool,
     io_uring: bool,
     /// What opening the check file runs.
     checker: Option<Checker>,
@@ -316,6 +319,7 @@ impl Server {
             max_write: 0,
             xattr_requests: AtomicU64::new(0),
             xattrs: true,
+            acl: false,
             io_uring: false,
             checker,
             still: RwLock::new(()),
@@ -348,6 +352,11 @@ impl Server {
     /// --no-xattrs`).
     pub(crate) fn set_xattrs(&mut self, on: bool) {
         self.xattrs = on;
+    }
+
+    /// Keeps POSIX ACLs (the kernel agreed to enforce them).
+    pub(crate) fn set_acl(&mut self, on: bool) {
+        self.acl = on;
     }
 
     /// The most data one request carries, as negotiated (for the status file).
@@ -391,6 +400,13 @@ impl Server {
             uid: h.uid,
             gid: h.gid,
         })
+    }
+
+    /// The caller's handle for a create with the `umask` the kernel passed: the file
+    /// system takes it from the mode, unless a default ACL decides (with ACLs on, the
+    /// kernel leaves both to the server; without, it has masked the mode already).
+    fn creator(&self, h: &InHeader, umask: u32) -> fs::Fs {
+        self.caller(h).with_umask(umask)
     }
 
     fn attr(&self, st: &Stat) -> Attr {
@@ -541,6 +557,7 @@ impl Server {
                 // Lookups answered "no such name" (which the kernel then caches).
                 "missing_names": self.missing_names.load(Ordering::Relaxed),
                 "max_write": self.max_write,
+                "acl": self.acl,
                 "write_requests": self.write_requests.load(Ordering::Relaxed),
                 "xattr_requests": self.xattr_requests.load(Ordering::Relaxed),
             },
@@ -692,8 +709,8 @@ impl Server {
                     } else {
                         0
                     };
-                    self.caller(h)
-                        .mknod(&path, kind, mode & !umask & 0o7777, rdev)
+                    self.creator(h, umask)
+                        .mknod(&path, kind, mode & 0o7777, rdev)
                         .map_err(|e| errno(&e))?;
                     return proto::entry(w, &self.entry(ino, name, &path)?, TTL);
                 }
@@ -703,11 +720,11 @@ impl Server {
                 let options = OpenOptions {
                     create: true,
                     exclusive: true,
-                    mode: mode & !umask & 0o7777,
+                    mode: mode & 0o7777,
                     ..OpenOptions::default()
                 };
                 drop(
-                    self.caller(h)
+                    self.creator(h, umask)
                         .open_file(&path, options)
                         .map_err(|e| errno(&e))?,
                 );
@@ -719,8 +736,8 @@ impl Server {
                 self.writable()?;
                 let _ns = lock(&self.namespace);
                 let path = self.child(ino, name)?;
-                self.caller(h)
-                    .mkdir(&path, mode & !umask & 0o7777)
+                self.creator(h, umask)
+                    .mkdir(&path, mode & 0o7777)
                     .map_err(|e| errno(&e))?;
                 proto::entry(w, &self.entry(ino, name, &path)?, TTL)
             }
@@ -787,11 +804,11 @@ impl Server {
                     create: true,
                     exclusive: flags as i32 & libc::O_EXCL != 0,
                     truncate: flags as i32 & libc::O_TRUNC != 0,
-                    mode: mode & !umask & 0o7777,
+                    mode: mode & 0o7777,
                     ..Self::open_options(flags)
                 };
                 let file = self
-                    .caller(h)
+                    .creator(h, umask)
                     .open_file(&path, options)
                     .map_err(|e| errno(&e))?;
                 // An existing file truncated by `O_TRUNC`.
@@ -949,6 +966,9 @@ impl Server {
                     _ => return Err(libc::EINVAL),
                 };
                 self.writable()?;
+                if self.hides(name) {
+                    return Err(libc::EOPNOTSUPP);
+                }
                 self.on_inode(
                     ino,
                     |path| self.fs.set_xattr(path, name, value, how, false),
@@ -959,6 +979,9 @@ impl Server {
                 let size = r.u32().map_err(bad)? as usize;
                 let value = if opcode == op::GETXATTR {
                     let [name] = proto::names(rest).map_err(bad)?;
+                    if self.hides(name) {
+                        return Err(libc::ENODATA);
+                    }
                     self.on_inode(
                         ino,
                         |path| self.fs.get_xattr(path, name, false),
@@ -971,7 +994,11 @@ impl Server {
                         |path| self.fs.list_xattrs(path, false),
                         |file| Ok(file.list_xattrs()),
                     )?;
-                    names.iter().flat_map(|n| n.bytes().chain([0])).collect()
+                    names
+                        .iter()
+                        .filter(|n| !self.hides(n))
+                        .flat_map(|n| n.bytes().chain([0]))
+                        .collect()
                 };
                 // Size 0 asks how large; a buffer too small is ERANGE, as from the kernel.
                 if size == 0 {
@@ -986,6 +1013,9 @@ impl Server {
             op::REMOVEXATTR => {
                 let [name] = proto::names(rest).map_err(bad)?;
                 self.writable()?;
+                if self.hides(name) {
+                    return Err(libc::EOPNOTSUPP);
+                }
                 self.on_inode(
                     ino,
                     |path| self.fs.remove_xattr(path, name, false),
@@ -994,6 +1024,12 @@ impl Server {
             }
             _ => Err(libc::ENOSYS),
         }
+    }
+
+    /// Whether attribute `name` is a POSIX ACL on a mount without ACLs: what the volume
+    /// holds stays, unseen and unchanged, since the kernel would not enforce it.
+    fn hides(&self, name: &str) -> bool {
+        !self.acl && (name == fs::ACL_ACCESS || name == fs::ACL_DEFAULT)
     }
 
     /// Runs `by_path` on the path of `ino` (the inode itself, a symbolic link's own), or

@@ -51,10 +51,12 @@ pub fn effective_ids() -> (u32, u32) {
 }
 
 /// `fs` creating as the calling process's effective user and group now (which a process
-/// can change after it opened the volume, as `su` and servers do).
+/// can change after it opened the volume, as `su` and servers do), with its umask (which
+/// the file system applies unless a directory's default ACL decides).
 pub fn as_caller(fs: &Fs) -> Fs {
     let (uid, gid) = effective_ids();
     fs.as_owner(fs::Owner { uid, gid })
+        .with_umask(crate::calls::umask())
 }
 
 /// The owner `stat` shows: the file's, or the calling user where none is recorded.

@@ -86,6 +86,7 @@ pub struct Fs {
     pub(crate) inner: Arc<Inner>,
     pub(crate) mount: Arc<Unmounter>,
     owner: Owner,
+    umask: u32,
 }
 
 impl Fs {
@@ -109,6 +110,7 @@ impl Fs {
             mount,
             inner,
             owner: Owner::of_process(),
+            umask: 0,
         })
     }
 
@@ -117,6 +119,16 @@ impl Fs {
     pub fn as_owner(&self, owner: Owner) -> Fs {
         Fs {
             owner,
+            ..self.clone()
+        }
+    }
+
+    /// A handle on the same file system that takes `umask` from the mode of what it makes
+    /// — except in a directory with a default ACL, where the ACL decides (the umask the
+    /// kernel passes with each create; a handle's default is 0, the mode as given).
+    pub fn with_umask(&self, umask: u32) -> Fs {
+        Fs {
+            umask: umask & 0o777,
             ..self.clone()
         }
     }
@@ -140,10 +152,15 @@ impl Fs {
             Ok(_) if exclusive => return Err(FsError::Exists(path.to_owned())),
             Ok(inode) => inode,
             Err(FsError::NotFound(_)) if options.create => {
-                match self
-                    .inner
-                    .create(path, Kind::File, options.mode, "", 0, self.owner)
-                {
+                match self.inner.create(
+                    path,
+                    Kind::File,
+                    options.mode,
+                    self.umask,
+                    "",
+                    0,
+                    self.owner,
+                ) {
                     Ok(inode) => inode,
                     // Lost a race with another creator: open theirs.
                     Err(FsError::Exists(_)) if !options.exclusive => {
@@ -194,7 +211,7 @@ impl Fs {
     /// Makes a directory.
     pub fn mkdir(&self, path: &str, mode: u32) -> Result<()> {
         self.inner
-            .create(path, Kind::Dir, mode, "", 0, self.owner)
+            .create(path, Kind::Dir, mode, self.umask, "", 0, self.owner)
             .map(drop)
     }
 
@@ -220,7 +237,7 @@ impl Fs {
     /// stores it and never follows it itself).
     pub fn symlink(&self, target: &str, path: &str) -> Result<()> {
         self.inner
-            .create(path, Kind::Symlink, 0o777, target, 0, self.owner)
+            .create(path, Kind::Symlink, 0o777, 0, target, 0, self.owner)
             .map(drop)
     }
 
@@ -239,7 +256,7 @@ impl Fs {
             )));
         }
         self.inner
-            .create(path, kind, mode, "", rdev, self.owner)
+            .create(path, kind, mode, self.umask, "", rdev, self.owner)
             .map(drop)
     }
 

@@ -8,6 +8,7 @@ use volume::{Extent, GlobalAddress};
 
 use super::state::{Inner, Slot};
 use super::{MAX_FILE_SIZE, ROOT_INO, WHOLE_FILE, ZEROS, now_ns};
+use crate::acl::{self, Acl};
 use crate::apply::{self, Entries, Move, NewInode, RenameDirs, applied};
 use crate::error::{FsError, Result};
 use crate::extent_map::{BLOCK, Run};
@@ -95,12 +96,20 @@ impl Inner {
     /// Creates `path`: a file, a directory, a symbolic link to `target` (empty for the
     /// others), a FIFO, a socket or a device node of number `rdev` (0 for the others), owned
     /// by `owner` — but in a set-group-ID directory it takes the directory's group, and a
-    /// directory made there is set-group-ID too (as on the kernel's file systems).
+    /// directory made there is set-group-ID too (as on the kernel's file systems). In a
+    /// directory with a default ACL it inherits that ACL, limited by `mode`, and a directory
+    /// also takes the default ACL itself; elsewhere `umask` is taken from `mode`.
+    ///
+    /// The inherited ACLs are records of their own after the create: until the access ACL
+    /// is stored the file's group digit gives the owning group only what the ACL gives it,
+    /// so a crash in between leaves a file that grants less than its ACL, never more.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn create(
         self: &Arc<Self>,
         path: &str,
         kind: Kind,
         mode: u32,
+        umask: u32,
         target: &str,
         rdev: u64,
         owner: Owner,
@@ -109,10 +118,32 @@ impl Inner {
             path::check_target(target)?;
             self.symlinks.store(true, Ordering::Release);
         }
-        self.metadata(|fs, slot| {
+        // (the access ACL and mode it ends with, the default ACL a directory takes)
+        let mut inherit = None;
+        let inode = self.metadata(|fs, slot| {
             let (parent, name) = fs.resolve_parent(path)?;
             let mut entries = parent.entries();
             name_is_free(&parent, &entries, name, path)?;
+            let default = (kind != Kind::Symlink)
+                .then(|| {
+                    let xattrs = parent.xattrs.lock().expect("extended attributes");
+                    xattrs.get(acl::DEFAULT).cloned()
+                })
+                .flatten();
+            let mode = match &default {
+                Some(bytes) => {
+                    let default_acl = Acl::decode(acl::DEFAULT, bytes)?;
+                    let (access, full) = default_acl.inherit(mode);
+                    let first = match access {
+                        Some(_) => default_acl.owning_group_only(full),
+                        None => full,
+                    };
+                    let dir_default = (kind == Kind::Dir).then(|| bytes.clone());
+                    inherit = Some((access, full, dir_default));
+                    first
+                }
+                None => mode & !umask,
+            };
             let (owner, mode) = inherited(&parent.attr(), kind, owner, mode);
             let ino = fs.next_ino.fetch_add(1, Ordering::Relaxed);
             let time = now_ns();
@@ -153,7 +184,25 @@ impl Inner {
             } + if kind.is_device() { 8 } else { 0 };
             fs.grow_snapshot(INODE_BYTES + entry_bytes(name) + target_bytes);
             Ok(Some(inode))
-        })
+        })?;
+        if let Some((access, full, dir_default)) = inherit {
+            if let Some(dir_default) = dir_default {
+                self.set_xattr(&inode, acl::DEFAULT, &dir_default, XattrSet::Any)?;
+            }
+            if let Some(access) = access {
+                let value: Box<[u8]> = access.encode().into();
+                self.metadata(|fs, slot| {
+                    let mut attr = inode.attr();
+                    let mut xattrs = inode.xattrs.lock().expect("extended attributes");
+                    // The set-group-ID bit a set-group-ID directory gave is kept.
+                    let mode = full | (attr.mode & libc::S_ISGID);
+                    Ok(fs
+                        .journal_acl(slot, &inode, &mut attr, &mut xattrs, mode, &value)?
+                        .then_some(()))
+                })?;
+            }
+        }
+        Ok(inode)
     }
 
     pub(crate) fn remove(self: &Arc<Self>, path: &str, dir: bool) -> Result<()> {
@@ -770,14 +819,61 @@ impl Inner {
         }
     }
 
+    /// `chmod`: the permission bits, and the access ACL's owner, group-class and other
+    /// entries with them when the inode has one (one record either way).
     pub(crate) fn set_mode(self: &Arc<Self>, path: &str, mode: u32) -> Result<()> {
         self.metadata(|fs, slot| {
             let inode = fs.resolve_follow(path)?;
             let mut attr = inode.attr();
+            let mut xattrs = inode.xattrs.lock().expect("extended attributes");
+            let Some(bytes) = xattrs.get(acl::ACCESS) else {
+                drop(xattrs);
+                return Ok(fs
+                    .journal_mode(slot, &inode, &mut attr, mode)?
+                    .then_some(()));
+            };
+            let mut acl = Acl::decode(acl::ACCESS, bytes)?;
+            acl.chmod(mode);
+            let value = acl.encode();
             Ok(fs
-                .journal_mode(slot, &inode, &mut attr, mode)?
+                .journal_acl(slot, &inode, &mut attr, &mut xattrs, mode, &value)?
                 .then_some(()))
         })
+    }
+
+    /// Journals and applies `inode`'s mode with its access ACL (`value`; empty: none),
+    /// the caller holding its attributes (`attr`, then `xattrs`); `false` when the journal
+    /// is full (nothing changed: wait for the snapshot, retry).
+    fn journal_acl(
+        &self,
+        slot: &Slot,
+        inode: &Inode,
+        attr: &mut Attr,
+        xattrs: &mut xattr::Xattrs,
+        mode: u32,
+        value: &[u8],
+    ) -> Result<bool> {
+        let time = now_ns();
+        let op = MetaOp::SetAcl {
+            ino: inode.ino,
+            mode,
+            value: value.into(),
+            time,
+        };
+        if !self.journal(slot, &op)? {
+            return Ok(false);
+        }
+        let before = xattrs
+            .get(acl::ACCESS)
+            .map_or(0, |v| xattr::entry_bytes(acl::ACCESS, v));
+        apply::set_acl(inode, attr, xattrs, mode, value, time);
+        let after = if value.is_empty() {
+            0
+        } else {
+            xattr::entry_bytes(acl::ACCESS, value)
+        };
+        self.grow_snapshot(after.saturating_sub(before) as u64);
+        Ok(true)
     }
 
     /// Journals and applies `mode` for `inode`, whose attributes the caller holds;
@@ -843,6 +939,17 @@ impl Inner {
     ) -> Result<()> {
         xattr::check_name(name)?;
         xattr::check_value(name, value)?;
+        if acl::is_acl(name) {
+            let acl = Acl::decode(name, value)?;
+            if name == acl::ACCESS {
+                return self.set_access_acl(inode, &acl, value, how);
+            }
+            if inode.kind != Kind::Dir {
+                return Err(FsError::NotPermitted(format!(
+                    "{name}: only a directory has a default ACL"
+                )));
+            }
+        }
         self.metadata(|fs, slot| {
             // Under the inode's attributes lock, so two setters journal and apply in one order.
             let mut xattrs = inode.xattrs.lock().expect("extended attributes");
@@ -864,12 +971,37 @@ impl Inner {
         })
     }
 
-    /// Removes extended attribute `name` of `inode` (`NoData` when it has none).
+    /// `setfacl` of the access ACL: the mode takes its owner, group-class and other
+    /// entries, and an ACL that says no more than that mode is kept as the mode alone.
+    fn set_access_acl(
+        self: &Arc<Self>,
+        inode: &Arc<Inode>,
+        acl: &Acl,
+        value: &[u8],
+        how: XattrSet,
+    ) -> Result<()> {
+        self.metadata(|fs, slot| {
+            let mut attr = inode.attr();
+            let mut xattrs = inode.xattrs.lock().expect("extended attributes");
+            xattr::check_set(&xattrs, acl::ACCESS, value, how)?;
+            let (mode, plain) = acl.mode(attr.mode);
+            let value = if plain { &[][..] } else { value };
+            Ok(fs
+                .journal_acl(slot, inode, &mut attr, &mut xattrs, mode, value)?
+                .then_some(()))
+        })
+    }
+
+    /// Removes extended attribute `name` of `inode` (`NoData` when it has none — but an ACL
+    /// it does not have is removed already, as the kernel's file systems answer).
     pub(crate) fn remove_xattr(self: &Arc<Self>, inode: &Arc<Inode>, name: &str) -> Result<()> {
         xattr::check_name(name)?;
         self.metadata(|fs, slot| {
             let mut xattrs = inode.xattrs.lock().expect("extended attributes");
             if !xattrs.contains_key(name) {
+                if acl::is_acl(name) {
+                    return Ok(Some(()));
+                }
                 return Err(FsError::NoData(format!("extended attribute {name}")));
             }
             let time = now_ns();

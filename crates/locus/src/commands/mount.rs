@@ -62,6 +62,12 @@ pub struct MountArgs {
     #[arg(long)]
     pub no_xattrs: bool,
 
+    /// Refuse POSIX ACLs (`setfacl`, `cp -a` and `rsync -A` of files that have them):
+    /// `EOPNOTSUPP`, as before locus kept them. By default they are kept with the files and
+    /// the kernel enforces them; `--no-xattrs` refuses them too.
+    #[arg(long)]
+    pub no_acl: bool,
+
     /// How requests travel between the kernel and locus. `io-uring`: FUSE over io_uring, a
     /// queue per CPU served by a thread pinned to that CPU, so each request is served where
     /// it was made (Linux 6.14+, enabled with `echo Y >
@@ -160,6 +166,9 @@ fn background(dir: &Path, args: &MountArgs) -> Result<()> {
     }
     if args.no_xattrs {
         command.arg("--no-xattrs");
+    }
+    if args.no_acl {
+        command.arg("--no-acl");
     }
     command.arg("--transport").arg(args.transport.name());
     // The log lives in the volume directory, so the directory must be one the server will
@@ -263,6 +272,7 @@ fn serve(dir: &Path, sysfs: &Path, args: &MountArgs) -> Result<()> {
         read_only: args.read_only,
         allow_other: args.allow_other,
         xattrs: !args.no_xattrs,
+        acl: !args.no_xattrs && !args.no_acl,
         transport: args.transport.config(),
         checker: Some(mount::Checker(Arc::new(move || {
             super::fsck::live_check(&checked_dir, &topology)

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use fs::{FsError, Kind, OpenOptions};
 use libc::{mode_t, off_t};
 
-use super::{fs_errno, int, route, umask, unit};
+use super::{fs_errno, int, route, unit};
 use crate::locks::{Kind as LockKind, Owner, Space};
 use crate::state::{self, Desc, FdEntry, Node};
 use crate::{errno, real};
@@ -74,7 +74,7 @@ pub(crate) fn open_locus(
             exclusive: create && flags & libc::O_EXCL != 0,
             // O_TRUNC without write access is unspecified; it truncates nothing here.
             truncate: write && flags & libc::O_TRUNC != 0,
-            mode: (mode & 0o7777) & !umask(),
+            mode: mode & 0o7777,
         };
         if options.truncate
             && let Ok(st) = fs.stat(path)

@@ -7,7 +7,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 use fs::{Kind, Stat};
 use libc::{mode_t, size_t, ssize_t};
 
-use super::{fs_errno, int, route, size, umask, unit};
+use super::{fs_errno, int, route, size, unit};
 use crate::stat::{self, device, fill_stat, fill_statfs, fill_statvfs, fill_statx, may_access};
 use crate::state::{self, Node};
 use crate::{errno, real};
@@ -502,7 +502,7 @@ fn make_dir(path: &str, mode: mode_t) -> Result<(), c_int> {
     }
     state::with_fs(|fs| {
         stat::as_caller(fs)
-            .mkdir(path, (mode & 0o7777) & !umask())
+            .mkdir(path, mode & 0o7777)
             .map_err(|e| fs_errno(&e))
     })
 }
@@ -541,7 +541,7 @@ fn make_node(path: &str, mode: mode_t, dev: libc::dev_t) -> Result<(), c_int> {
     if path == "/" {
         return Err(libc::EEXIST);
     }
-    let perms = (mode & 0o7777) & !umask();
+    let perms = mode & 0o7777;
     let kind = match mode & libc::S_IFMT {
         0 | libc::S_IFREG => None,
         libc::S_IFIFO => Some(Kind::Fifo),
