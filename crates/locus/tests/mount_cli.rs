@@ -1524,6 +1524,8 @@ fn posix_acls_behave_as_on_tmpfs_and_stay(transport: &'static str) {
         setfacl -m m::- s && as cat s
         setfacl -x u:65534 s && as cat s
         as sh -c 'echo by-acl > d/sub/w && cat d/sub/w'
+        touch k && chown 65534:0 k && chmod 2775 k && as setfacl -m u:1:r k
+        touch k2 && chmod 2775 k2 && setfacl -m u:1:r k2 && stat -c '%n %A' k k2
         python3 -c '
 import errno, os
 def attempt(what, call):
@@ -1547,6 +1549,7 @@ attempt("remove missing", lambda: os.removexattr("g", "system.posix_acl_access")
             && tmpfs.contains("d/a -rw-rw----\nuser::rw-\nuser:65534:rwx\t#effective:rw-")
             && tmpfs.contains("default:user:65534:rwx")
             && tmpfs.contains("by-acl")
+            && tmpfs.contains("k -rwxrwxr-x\nk2 -rwxrwsr-x")
             && tmpfs.contains("garbage EINVAL")
             && tmpfs.contains("Permission denied"),
         "{tmpfs}"

@@ -229,7 +229,7 @@ pub fn mount(fs: fs::Fs, mountpoint: &Path, config: &MountConfig) -> io::Result<
     let hello = handshake(&mut dev, config.transport, config.xattrs && config.acl)?;
     server.set_direct_io(hello.direct_io);
     server.set_max_write(hello.max_write);
-    server.set_acl(hello.acl);
+    server.set_acl(hello.acl, hello.setxattr_ext);
     if hello.io_uring {
         server.set_queues(possible_cpus());
     }
@@ -309,6 +309,8 @@ struct Hello {
     max_write: usize,
     /// The kernel enforces POSIX ACLs the server keeps.
     acl: bool,
+    /// SETXATTR requests carry `setxattr_flags`.
+    setxattr_ext: bool,
 }
 
 /// Answers the kernel's `INIT`, the first request on a new connection.
@@ -376,10 +378,11 @@ fn handshake(dev: &mut File, transport: Transport, acl: bool) -> io::Result<Hell
     }
     if acl {
         // The kernel applies no umask then (a default ACL replaces it); the server does.
-        wanted |= init::POSIX_ACL | init::DONT_MASK;
+        wanted |= init::POSIX_ACL | init::DONT_MASK | init::SETXATTR_EXT;
     }
     let granted = wanted & offered;
     let acl = granted & init::POSIX_ACL != 0;
+    let setxattr_ext = granted & init::SETXATTR_EXT != 0;
     let mut out = [0u8; 64];
     let mut w = proto::Writer::new(&mut out);
     let fill = (|| {
@@ -404,6 +407,7 @@ fn handshake(dev: &mut File, transport: Transport, acl: bool) -> io::Result<Hell
         direct_io,
         max_write,
         acl,
+        setxattr_ext,
     })
 }
 
@@ -449,7 +453,7 @@ fn serve_dev(mut dev: File, server: &Server, max_write: usize) -> io::Result<()>
             }
         };
         let body = &mut buf[proto::IN_HEADER..n.max(proto::IN_HEADER)];
-        let split = proto::arg_bytes(h.opcode).min(body.len());
+        let split = proto::arg_bytes(h.opcode, server.setxattr_ext()).min(body.len());
         let body_len = body.len();
         // Names and data follow the argument struct; the reply is written over them.
         let whole = &mut buf[proto::IN_HEADER..];

@@ -72,6 +72,9 @@ pub mod init {
     /// The kernel caches and enforces POSIX ACLs, which the server stores as extended
     /// attributes, keeps in step with the mode and passes on from default ACLs.
     pub const POSIX_ACL: u64 = 1 << 20;
+    /// `fuse_setxattr_in` carries `setxattr_flags` (asked for with `POSIX_ACL`, for
+    /// [`super::SETXATTR_ACL_KILL_SGID`]).
+    pub const SETXATTR_EXT: u64 = 1 << 29;
     pub const INIT_EXT: u64 = 1 << 30;
     pub const DIRECT_IO_ALLOW_MMAP: u64 = 1 << 36;
     pub const OVER_IO_URING: u64 = 1 << 41;
@@ -83,6 +86,9 @@ pub const WRITE_KILL_SUIDGID: u32 = 1 << 2;
 /// `fuse_open_in.open_flags` and `fuse_create_in.open_flags`: an `O_TRUNC` open by a process
 /// without `CAP_FSETID`.
 pub const OPEN_KILL_SUIDGID: u32 = 1 << 0;
+/// A SETXATTR of the access ACL whose caller is neither in the file's group nor holds
+/// `CAP_FSETID`: the set-group-ID bit goes with it.
+pub const SETXATTR_ACL_KILL_SGID: u32 = 1 << 0;
 
 /// `open_flags` of an open reply.
 pub const FOPEN_DIRECT_IO: u32 = 1 << 0;
@@ -119,7 +125,7 @@ pub const ENTRY_OUT: usize = 40 + ATTR;
 /// Bytes of each opcode's own argument struct (the part io_uring delivers in `op_in`; the
 /// rest of the request — names, written data — follows it on `/dev/fuse` and is the payload
 /// on io_uring).
-pub fn arg_bytes(opcode: u32) -> usize {
+pub fn arg_bytes(opcode: u32, setxattr_ext: bool) -> usize {
     match opcode {
         op::GETATTR | op::FSYNC | op::FSYNCDIR | op::MKNOD | op::CREATE | op::RENAME2 => 16,
         op::SETATTR => 88,
@@ -129,7 +135,8 @@ pub fn arg_bytes(opcode: u32) -> usize {
         op::FALLOCATE => 32,
         op::COPY_FILE_RANGE => 56,
         op::INTERRUPT => 8,
-        // `fuse_setxattr_in` without `FUSE_SETXATTR_EXT` (not asked for), `fuse_getxattr_in`.
+        // `fuse_setxattr_in`, longer with `FUSE_SETXATTR_EXT`; `fuse_getxattr_in`.
+        op::SETXATTR if setxattr_ext => 16,
         op::SETXATTR | op::GETXATTR | op::LISTXATTR => 8,
         op::BATCH_FORGET => 8,
         op::INIT => 16,

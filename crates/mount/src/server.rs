@@ -213,6 +213,8 @@ pub(crate) struct Server {
     /// POSIX ACLs are kept (the kernel enforces them); otherwise their names are
     /// `EOPNOTSUPP`, as the kernel would not enforce what was stored.
     acl: bool,
+    /// SETXATTR requests carry `setxattr_flags` (`FUSE_SETXATTR_EXT`).
+    setxattr_ext: bool,
     io_uring: bool,
     /// What opening the check file runs.
     checker: Option<Checker>,
@@ -320,6 +322,7 @@ impl Server {
             xattr_requests: AtomicU64::new(0),
             xattrs: true,
             acl: false,
+            setxattr_ext: false,
             io_uring: false,
             checker,
             still: RwLock::new(()),
@@ -354,9 +357,16 @@ impl Server {
         self.xattrs = on;
     }
 
-    /// Keeps POSIX ACLs (the kernel agreed to enforce them).
-    pub(crate) fn set_acl(&mut self, on: bool) {
+    /// Keeps POSIX ACLs (the kernel agreed to enforce them); `setxattr_ext`: SETXATTR
+    /// requests carry `setxattr_flags`.
+    pub(crate) fn set_acl(&mut self, on: bool, setxattr_ext: bool) {
         self.acl = on;
+        self.setxattr_ext = setxattr_ext;
+    }
+
+    /// Whether SETXATTR requests carry `setxattr_flags` (their argument struct's length).
+    pub(crate) fn setxattr_ext(&self) -> bool {
+        self.setxattr_ext
     }
 
     /// The most data one request carries, as negotiated (for the status file).
@@ -948,6 +958,8 @@ impl Server {
             }
             op::SETXATTR => {
                 let (size, flags) = (r.u32().map_err(bad)?, r.u32().map_err(bad)?);
+                let kill_sgid =
+                    self.setxattr_ext && r.u32().map_err(bad)? & proto::SETXATTR_ACL_KILL_SGID != 0;
                 let end = rest.iter().position(|&b| b == 0).ok_or_else(|| {
                     bad(Malformed("the attribute name is not NUL-terminated".into()))
                 })?;
@@ -968,6 +980,16 @@ impl Server {
                 self.writable()?;
                 if self.hides(name) {
                     return Err(libc::EOPNOTSUPP);
+                }
+                if kill_sgid {
+                    return self.on_inode(
+                        ino,
+                        |path| {
+                            self.fs
+                                .set_xattr_clearing_sgid(path, name, value, how, false)
+                        },
+                        |file| file.set_xattr_clearing_sgid(name, value, how),
+                    );
                 }
                 self.on_inode(
                     ino,

@@ -410,7 +410,22 @@ impl Fs {
         follow: bool,
     ) -> Result<()> {
         let inode = self.node(path, follow)?;
-        self.inner.set_xattr(&inode, name, value, how)
+        self.inner.set_xattr(&inode, name, value, how, false)
+    }
+
+    /// [`Fs::set_xattr`], and when it sets the access ACL ([`crate::ACL_ACCESS`]) the
+    /// set-group-ID bit goes in the same record — what the kernel asks when the caller is
+    /// neither in the file's group nor holds `CAP_FSETID` (as `chmod` would clear it).
+    pub fn set_xattr_clearing_sgid(
+        &self,
+        path: &str,
+        name: &str,
+        value: &[u8],
+        how: XattrSet,
+        follow: bool,
+    ) -> Result<()> {
+        let inode = self.node(path, follow)?;
+        self.inner.set_xattr(&inode, name, value, how, true)
     }
 
     /// The value of extended attribute `name` (`NoData` when there is none).
@@ -842,7 +857,15 @@ impl File {
     /// [`Fs::set_xattr`] of this file (even after its last name is gone).
     pub fn set_xattr(&self, name: &str, value: &[u8], how: XattrSet) -> Result<()> {
         self.fs.inner.check_running()?;
-        self.fs.inner.set_xattr(&self.inode, name, value, how)
+        self.fs
+            .inner
+            .set_xattr(&self.inode, name, value, how, false)
+    }
+
+    /// [`Fs::set_xattr_clearing_sgid`] of this file.
+    pub fn set_xattr_clearing_sgid(&self, name: &str, value: &[u8], how: XattrSet) -> Result<()> {
+        self.fs.inner.check_running()?;
+        self.fs.inner.set_xattr(&self.inode, name, value, how, true)
     }
 
     /// [`Fs::get_xattr`] of this file.

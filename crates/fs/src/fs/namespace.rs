@@ -187,7 +187,7 @@ impl Inner {
         })?;
         if let Some((access, full, dir_default)) = inherit {
             if let Some(dir_default) = dir_default {
-                self.set_xattr(&inode, acl::DEFAULT, &dir_default, XattrSet::Any)?;
+                self.set_xattr(&inode, acl::DEFAULT, &dir_default, XattrSet::Any, false)?;
             }
             if let Some(access) = access {
                 let value: Box<[u8]> = access.encode().into();
@@ -929,20 +929,22 @@ impl Inner {
         })
     }
 
-    /// Sets extended attribute `name` of `inode` to `value`, as `how` allows.
+    /// Sets extended attribute `name` of `inode` to `value`, as `how` allows; with
+    /// `clear_sgid`, an access ACL set also clears the set-group-ID bit.
     pub(crate) fn set_xattr(
         self: &Arc<Self>,
         inode: &Arc<Inode>,
         name: &str,
         value: &[u8],
         how: XattrSet,
+        clear_sgid: bool,
     ) -> Result<()> {
         xattr::check_name(name)?;
         xattr::check_value(name, value)?;
         if acl::is_acl(name) {
             let acl = Acl::decode(name, value)?;
             if name == acl::ACCESS {
-                return self.set_access_acl(inode, &acl, value, how);
+                return self.set_access_acl(inode, &acl, value, how, clear_sgid);
             }
             if inode.kind != Kind::Dir {
                 return Err(FsError::NotPermitted(format!(
@@ -979,12 +981,16 @@ impl Inner {
         acl: &Acl,
         value: &[u8],
         how: XattrSet,
+        clear_sgid: bool,
     ) -> Result<()> {
         self.metadata(|fs, slot| {
             let mut attr = inode.attr();
             let mut xattrs = inode.xattrs.lock().expect("extended attributes");
             xattr::check_set(&xattrs, acl::ACCESS, value, how)?;
-            let (mode, plain) = acl.mode(attr.mode);
+            let (mut mode, plain) = acl.mode(attr.mode);
+            if clear_sgid {
+                mode &= !libc::S_ISGID;
+            }
             let value = if plain { &[][..] } else { value };
             Ok(fs
                 .journal_acl(slot, inode, &mut attr, &mut xattrs, mode, value)?
