@@ -630,10 +630,6 @@ impl MetaOp {
                         crate::acl::ACCESS
                     )));
                 }
-                if !value.is_empty() {
-                    crate::acl::Acl::decode(&name, &value)
-                        .map_err(|e| d.error(format!("an ACL record's value: {e}")))?;
-                }
                 Self::SetAcl {
                     ino,
                     mode,
@@ -1399,6 +1395,25 @@ mod tests {
         let err = Journal::recover(region, 2, 1).unwrap_err().to_string();
         assert!(
             err.contains("journal of slot 2") && err.contains("kind 99"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_acl_record_whose_value_is_no_acl_is_named_damage() {
+        let tracer = pmem::Tracer::new();
+        let region = tracer.region(4096);
+        let op = MetaOp::SetAcl {
+            ino: 6,
+            mode: 0o600,
+            // Version 2 and one entry: no owning-group or other entry.
+            value: [2, 0, 0, 0, 1, 0, 6, 0, 255, 255, 255, 255].into(),
+            time: 1,
+        };
+        region.write(0, &encode(1, 5, &op)).unwrap();
+        let err = Journal::recover(region, 2, 1).unwrap_err().to_string();
+        assert!(
+            err.contains("journal of slot 2") && err.contains("no owning group entry"),
             "{err}"
         );
     }

@@ -90,7 +90,8 @@ pub(crate) fn decode_name(d: &mut Decoder<'_>) -> Result<String> {
     Ok(name.to_owned())
 }
 
-/// Reads one attribute written by [`encode`].
+/// Reads one attribute written by [`encode`]; a POSIX ACL's value must be a valid ACL
+/// (or empty, the removals and "no ACL" records write).
 pub(crate) fn decode(d: &mut Decoder<'_>) -> Result<(String, Box<[u8]>)> {
     let name = decode_name(d)?;
     let len = d.u32("extended attribute value length")? as usize;
@@ -100,6 +101,9 @@ pub(crate) fn decode(d: &mut Decoder<'_>) -> Result<(String, Box<[u8]>)> {
         )));
     }
     let value = d.take(len, "extended attribute value")?;
+    if crate::acl::is_acl(&name) && !value.is_empty() {
+        crate::acl::Acl::decode(&name, value).map_err(|e| d.error(e.to_string()))?;
+    }
     Ok((name, value.into()))
 }
 
