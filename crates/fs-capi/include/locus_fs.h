@@ -182,8 +182,11 @@ int locus_chmod(locus_fs *fs, const char *path, uint32_t mode);
 int locus_chown(locus_fs *fs, const char *path, uint32_t uid, uint32_t gid);
 
 /* Extended attributes of what path names (a symbolic link itself included), as the
- * system calls of <sys/xattr.h>: names "user.*", "trusted.*" or "security.*" ("system.*"
- * and "security.capability": -EOPNOTSUPP), values up to 64 KiB, 256 KiB of names and values
+ * system calls of <sys/xattr.h>: names "user.*", "trusted.*" or "security.*", and the POSIX
+ * ACLs "system.posix_acl_access" and "system.posix_acl_default" in the kernel's layout (the
+ * mode follows the access ACL and chmod the ACL; what is made in a directory inherits its
+ * default ACL; an ACL that is not one is -EINVAL); other "system.*" names and
+ * "security.capability" are -EOPNOTSUPP. Values up to 64 KiB, 256 KiB of names and values
  * per inode (-ENOSPC beyond). flags: 0, XATTR_CREATE (-EEXIST if it exists) or
  * XATTR_REPLACE (-ENODATA if not). getxattr and listxattr with size 0 return the length
  * needed; a buffer too small is -ERANGE. listxattr gives the names, each NUL-terminated. A

@@ -1558,12 +1558,14 @@ attempt("remove missing", lambda: os.removexattr("g", "system.posix_acl_access")
     let kept = "getfacl -Rcpn . 2>&1 | sort | md5sum; stat -c '%n %A' f d d/a d/b cpd/x";
     let before = mount.same_after_restart(kept);
     assert!(before.contains("d/a -rw-rw----"), "{before}");
-    // Without ACLs: none shown or changed, the volume keeps them for a later mount.
+    // Without ACLs: none shown or changed, none inherited (the umask applies, as on a
+    // kernel file system mounted `noacl`), and the volume keeps them for a later mount.
     mount.restart_with(&["--no-acl"]);
     let refused = Command::new("bash")
         .args([
             "-c",
-            "getfacl -cpn d/a; setfacl -m u:1:r g; getfattr -d -m - d/a",
+            "getfacl -cpn d/a; setfacl -m u:1:r g; getfattr -d -m - d/a; \
+             umask 027; touch d/plain; mkdir d/plaindir",
         ])
         .current_dir(mount.path())
         .output()
@@ -1578,6 +1580,13 @@ attempt("remove missing", lambda: os.removexattr("g", "system.posix_acl_access")
         "{said}"
     );
     mount.restart_with(&[]);
+    let made = mount.run("stat -c '%n %A' d/plain d/plaindir; getfacl -cpn d/plain d/plaindir");
+    assert_eq!(
+        made,
+        "d/plain -rw-r-----\nd/plaindir drwxr-x---\nuser::rw-\ngroup::r--\nother::---\n\n\
+         user::rwx\ngroup::r-x\nother::---\n\n"
+    );
+    mount.run("rm -r d/plain d/plaindir");
     assert_eq!(mount.run(kept), before, "after a mount without ACLs");
 }
 

@@ -414,9 +414,16 @@ impl Server {
 
     /// The caller's handle for a create with the `umask` the kernel passed: the file
     /// system takes it from the mode, unless a default ACL decides (with ACLs on, the
-    /// kernel leaves both to the server; without, it has masked the mode already).
+    /// kernel leaves both to the server; without, it has masked the mode already, and
+    /// default ACLs the volume holds are not inherited, as on a kernel file system mounted
+    /// `noacl`).
     fn creator(&self, h: &InHeader, umask: u32) -> fs::Fs {
-        self.caller(h).with_umask(umask)
+        let fs = self.caller(h).with_umask(umask);
+        if self.acl {
+            fs
+        } else {
+            fs.without_default_acls()
+        }
     }
 
     fn attr(&self, st: &Stat) -> Attr {

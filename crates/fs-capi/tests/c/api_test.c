@@ -149,8 +149,10 @@ static void write_phase(const char *dir) {
           "XATTR_CREATE of an existing name");
     CHECK(locus_setxattr(fs, "/d/g", "user.none", "x", 1, XATTR_REPLACE) == -ENODATA,
           "XATTR_REPLACE of a missing name");
-    CHECK(locus_setxattr(fs, "/d/g", "system.posix_acl_access", "x", 1, 0) == -EOPNOTSUPP,
+    CHECK(locus_setxattr(fs, "/d/g", "system.nfs4_acl", "x", 1, 0) == -EOPNOTSUPP,
           "system namespace");
+    CHECK(locus_setxattr(fs, "/d/g", "system.posix_acl_access", "x", 1, 0) == -EINVAL,
+          "an ACL that is not one");
     CHECK(locus_setxattr(fs, "/d", "user.dir", "", 0, 0) == 0, "empty value on a directory");
     char value[16];
     CHECK(locus_getxattr(fs, "/d/g", "user.colour", NULL, 0) == 4, "size probe");

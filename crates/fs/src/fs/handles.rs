@@ -86,7 +86,23 @@ pub struct Fs {
     pub(crate) inner: Arc<Inner>,
     pub(crate) mount: Arc<Unmounter>,
     owner: Owner,
-    umask: u32,
+    masking: Masking,
+}
+
+/// How what a handle makes takes its mode: the umask taken from it, and whether a
+/// directory's default ACL replaces the umask there (and is inherited).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Masking {
+    pub(crate) umask: u32,
+    pub(crate) default_acls: bool,
+}
+
+impl Masking {
+    /// The mode as given, no ACL inherited: symbolic links (whose mode is fixed).
+    pub(crate) const NONE: Masking = Masking {
+        umask: 0,
+        default_acls: false,
+    };
 }
 
 impl Fs {
@@ -110,7 +126,10 @@ impl Fs {
             mount,
             inner,
             owner: Owner::of_process(),
-            umask: 0,
+            masking: Masking {
+                umask: 0,
+                default_acls: true,
+            },
         })
     }
 
@@ -128,7 +147,23 @@ impl Fs {
     /// kernel passes with each create; a handle's default is 0, the mode as given).
     pub fn with_umask(&self, umask: u32) -> Fs {
         Fs {
-            umask: umask & 0o777,
+            masking: Masking {
+                umask: umask & 0o777,
+                ..self.masking
+            },
+            ..self.clone()
+        }
+    }
+
+    /// A handle whose creates ignore directories' default ACLs (the umask applies
+    /// everywhere and nothing is inherited): a mount without ACLs, as a kernel file system
+    /// mounted `noacl` does. The ACLs stay on the volume.
+    pub fn without_default_acls(&self) -> Fs {
+        Fs {
+            masking: Masking {
+                default_acls: false,
+                ..self.masking
+            },
             ..self.clone()
         }
     }
@@ -156,7 +191,7 @@ impl Fs {
                     path,
                     Kind::File,
                     options.mode,
-                    self.umask,
+                    self.masking,
                     "",
                     0,
                     self.owner,
@@ -211,7 +246,7 @@ impl Fs {
     /// Makes a directory.
     pub fn mkdir(&self, path: &str, mode: u32) -> Result<()> {
         self.inner
-            .create(path, Kind::Dir, mode, self.umask, "", 0, self.owner)
+            .create(path, Kind::Dir, mode, self.masking, "", 0, self.owner)
             .map(drop)
     }
 
@@ -237,7 +272,15 @@ impl Fs {
     /// stores it and never follows it itself).
     pub fn symlink(&self, target: &str, path: &str) -> Result<()> {
         self.inner
-            .create(path, Kind::Symlink, 0o777, 0, target, 0, self.owner)
+            .create(
+                path,
+                Kind::Symlink,
+                0o777,
+                Masking::NONE,
+                target,
+                0,
+                self.owner,
+            )
             .map(drop)
     }
 
@@ -256,7 +299,7 @@ impl Fs {
             )));
         }
         self.inner
-            .create(path, kind, mode, self.umask, "", rdev, self.owner)
+            .create(path, kind, mode, self.masking, "", rdev, self.owner)
             .map(drop)
     }
 

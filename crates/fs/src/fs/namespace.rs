@@ -6,6 +6,7 @@ use std::sync::{Arc, MutexGuard};
 
 use volume::{Extent, GlobalAddress};
 
+use super::handles::Masking;
 use super::state::{Inner, Slot};
 use super::{MAX_FILE_SIZE, ROOT_INO, WHOLE_FILE, ZEROS, now_ns};
 use crate::acl::{self, Acl};
@@ -97,8 +98,9 @@ impl Inner {
     /// others), a FIFO, a socket or a device node of number `rdev` (0 for the others), owned
     /// by `owner` — but in a set-group-ID directory it takes the directory's group, and a
     /// directory made there is set-group-ID too (as on the kernel's file systems). In a
-    /// directory with a default ACL it inherits that ACL, limited by `mode`, and a directory
-    /// also takes the default ACL itself; elsewhere `umask` is taken from `mode`.
+    /// directory with a default ACL (when `masking` heeds them) it inherits that ACL,
+    /// limited by `mode`, and a directory also takes the default ACL itself; elsewhere
+    /// `masking`'s umask is taken from `mode`.
     ///
     /// The inherited ACLs are records of their own after the create: until the access ACL
     /// is stored the file's group digit gives the owning group only what the ACL gives it,
@@ -109,7 +111,7 @@ impl Inner {
         path: &str,
         kind: Kind,
         mode: u32,
-        umask: u32,
+        masking: Masking,
         target: &str,
         rdev: u64,
         owner: Owner,
@@ -124,7 +126,7 @@ impl Inner {
             let (parent, name) = fs.resolve_parent(path)?;
             let mut entries = parent.entries();
             name_is_free(&parent, &entries, name, path)?;
-            let default = (kind != Kind::Symlink)
+            let default = (masking.default_acls && kind != Kind::Symlink)
                 .then(|| {
                     let xattrs = parent.xattrs.lock().expect("extended attributes");
                     xattrs.get(acl::DEFAULT).cloned()
@@ -142,7 +144,7 @@ impl Inner {
                     inherit = Some((access, full, dir_default));
                     first
                 }
-                None => mode & !umask,
+                None => mode & !masking.umask,
             };
             let (owner, mode) = inherited(&parent.attr(), kind, owner, mode);
             let ino = fs.next_ino.fetch_add(1, Ordering::Relaxed);
