@@ -79,7 +79,7 @@ impl std::fmt::Debug for Checker {
 }
 
 /// The largest write (and read) locus asks one request to carry: 2 MiB, the file system's
-/// chunk, so an aligned 2 MiB `write(2)` is one atomic write that maps as one run. The kernel
+/// chunk, so a 2 MiB `write(2)` (from a page-aligned buffer) is one atomic write. The kernel
 /// grants at most its limit (see [`request_bytes`]).
 const MAX_REQUEST: usize = 2 << 20;
 /// The kernel's limit on a request's pages (`fs.fuse.max_pages_limit`, Linux 6.13+; root may
