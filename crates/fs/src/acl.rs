@@ -154,8 +154,9 @@ impl Acl {
         ((mode & !0o777) | digits, !self.named())
     }
 
-    /// `chmod`: the owner, group-class and other entries take `mode`'s digits.
-    pub(crate) fn chmod(&mut self, mode: u32) {
+    /// Sets each of the owner, group-class (the mask when there is one, else the owning
+    /// group) and other entries to `f(its permissions, mode's digit for it)`.
+    fn with_mode_digits(&mut self, mode: u32, f: impl Fn(u16, u16) -> u16) {
         let group_tag = if self.find(MASK).is_some() {
             MASK
         } else {
@@ -168,8 +169,13 @@ impl Acl {
                 OTHER => 0,
                 _ => continue,
             };
-            e.perm = ((mode >> shift) & 7) as u16;
+            e.perm = f(e.perm, ((mode >> shift) & 7) as u16);
         }
+    }
+
+    /// `chmod`: the owner, group-class and other entries take `mode`'s digits.
+    pub(crate) fn chmod(&mut self, mode: u32) {
+        self.with_mode_digits(mode, |_, digit| digit);
     }
 
     /// What a file or directory made with `mode` in a directory whose default ACL this is
@@ -177,20 +183,7 @@ impl Acl {
     /// `mode` limits the owner, group-class and other entries; the umask plays no part.
     pub(crate) fn inherit(&self, mode: u32) -> (Option<Acl>, u32) {
         let mut acl = self.clone();
-        let group_tag = if acl.find(MASK).is_some() {
-            MASK
-        } else {
-            GROUP_OBJ
-        };
-        for e in &mut acl.0 {
-            let shift = match e.tag {
-                USER_OBJ => 6,
-                t if t == group_tag => 3,
-                OTHER => 0,
-                _ => continue,
-            };
-            e.perm &= ((mode >> shift) & 7) as u16;
-        }
+        acl.with_mode_digits(mode, |perm, digit| perm & digit);
         let (mode, plain) = acl.mode(mode);
         ((!plain).then_some(acl), mode)
     }

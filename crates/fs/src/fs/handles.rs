@@ -440,7 +440,8 @@ impl Fs {
         }
     }
 
-    /// Sets extended attribute `name` (a `user.`, `trusted.` or `security.` name; see
+    /// Sets extended attribute `name` (a `user.`, `trusted.` or `security.` name, or a POSIX
+    /// ACL, [`crate::ACL_ACCESS`] or [`crate::ACL_DEFAULT`], kept in step with the mode; see
     /// [`crate::MAX_XATTR_VALUE`] and [`crate::MAX_XATTR_BYTES`] for the limits) of what
     /// `path` leads to, or with `follow` false of `path` itself, to `value`, as `how`
     /// allows. Journaled; the change time becomes now. Who may is the caller's check.
