@@ -111,12 +111,27 @@ pub(crate) fn create(
         parent: if kind == Kind::Dir { parent.ino } else { 0 },
         links: 1,
         unlinked: false,
+        unnamed: false,
     };
     Ok(Arc::new(
         Inode::new(ino, kind, attr, time)
             .with_target(target)
             .with_rdev(rdev),
     ))
+}
+
+/// `CreateUnnamed`: a file with no name (`O_TMPFILE`), which only its handles reach.
+pub(crate) fn create_unnamed(ino: u64, mode: u32, time: u64, owner: Owner) -> Arc<Inode> {
+    let attr = Attr {
+        mode,
+        uid: owner.uid,
+        gid: owner.gid,
+        parent: 0,
+        links: 0,
+        unlinked: true,
+        unnamed: true,
+    };
+    Arc::new(Inode::new(ino, Kind::File, attr, time))
 }
 
 /// `Remove`: takes `name` (naming `ino`) out of `parent`. `removed_entries`: the removed
@@ -171,7 +186,11 @@ pub(crate) fn link(
             parent.ino
         ));
     }
-    if attr.unlinked || attr.links == 0 {
+    if attr.unnamed {
+        // An unnamed file (`O_TMPFILE`) gets its first name.
+        attr.unnamed = false;
+        attr.unlinked = false;
+    } else if attr.unlinked || attr.links == 0 {
         return Err(format!("link of inode {}, which has no name", inode.ino));
     }
     attr.links += 1;
@@ -576,6 +595,7 @@ mod tests {
             parent: 1,
             links: 1,
             unlinked: false,
+            unnamed: false,
         };
         Arc::new(Inode::new(ino, kind, attr, 1))
     }

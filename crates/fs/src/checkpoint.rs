@@ -546,7 +546,8 @@ pub(crate) fn snapshot(inner: &Inner) -> Result<()> {
     let mut inodes = Vec::with_capacity(table.len());
     for inode in table {
         let attr = inode.attr.lock().expect("inode attributes").clone();
-        if attr.unlinked {
+        // An unnamed file stays: later journal records may name it.
+        if attr.unlinked && !attr.unnamed {
             continue;
         }
         inodes.push(InodeImage {
@@ -561,7 +562,11 @@ pub(crate) fn snapshot(inner: &Inner) -> Result<()> {
             target: inode.target.to_string(),
             rdev: inode.rdev,
             size: inode.size.load(Ordering::Acquire),
-            parent: attr.parent,
+            parent: if attr.unnamed {
+                crate::snapshot::UNNAMED
+            } else {
+                attr.parent
+            },
             entries: inode
                 .entries()
                 .iter()

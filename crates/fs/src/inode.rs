@@ -64,6 +64,10 @@ pub(crate) struct Attr {
     pub(crate) links: u64,
     /// No longer named by any directory.
     pub(crate) unlinked: bool,
+    /// Made without a name (`O_TMPFILE`) and not named since: a [`crate::journal::MetaOp::Link`]
+    /// may still name it (unlike a file whose names were removed), snapshots keep it, and
+    /// its last close or recovery drops it. Implies `unlinked`.
+    pub(crate) unnamed: bool,
 }
 
 /// A file or directory in DRAM.

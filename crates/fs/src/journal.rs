@@ -134,6 +134,26 @@ pub enum MetaOp {
         /// Owning group (likewise).
         gid: u32,
     },
+    /// A new file with no name (`open(O_TMPFILE)`): open in the process that made it, gone
+    /// at its last close ([`MetaOp::DropUnnamed`]) or after a crash, unless a
+    /// [`MetaOp::Link`] names it first.
+    CreateUnnamed {
+        /// The new inode's number.
+        ino: u64,
+        /// Permission bits.
+        mode: u32,
+        /// Creation time (ns since the epoch).
+        time: u64,
+        /// Owning user.
+        uid: u32,
+        /// Owning group.
+        gid: u32,
+    },
+    /// An unnamed file closed for the last time without having been named: it is gone.
+    DropUnnamed {
+        /// The inode.
+        ino: u64,
+    },
     /// `name` removed from `parent` (unlink or rmdir); `ino` is the inode it named.
     Remove {
         /// The directory.
@@ -319,6 +339,8 @@ impl MetaOp {
     fn kind_code(&self) -> u8 {
         match self {
             Self::Create { .. } => 15,
+            Self::CreateUnnamed { .. } => 22,
+            Self::DropUnnamed { .. } => 23,
             Self::Remove { .. } => 8,
             Self::Link { .. } => 14,
             Self::Rename { .. } => 9,
@@ -363,6 +385,18 @@ impl MetaOp {
                 if kind.is_device() {
                     e.u64(*rdev);
                 }
+            }
+            Self::CreateUnnamed {
+                ino,
+                mode,
+                time,
+                uid,
+                gid,
+            } => {
+                e.u64(*ino).u32(*mode).u32(*uid).u32(*gid).u64(*time);
+            }
+            Self::DropUnnamed { ino } => {
+                e.u64(*ino);
             }
             // One layout, two kinds.
             Self::Remove {
@@ -531,6 +565,14 @@ impl MetaOp {
                     gid,
                 }
             }
+            22 => Self::CreateUnnamed {
+                ino: d.u64("ino")?,
+                mode: d.u32("mode")?,
+                uid: d.u32("uid")?,
+                gid: d.u32("gid")?,
+                time: d.u64("time")?,
+            },
+            23 => Self::DropUnnamed { ino: d.u64("ino")? },
             // 2 and 3: Remove and Rename as written before they carried the time.
             2 | 8 => {
                 let parent = d.u64("parent")?;
@@ -1144,6 +1186,14 @@ mod tests {
                 .collect(),
                 time: 10,
             },
+            MetaOp::CreateUnnamed {
+                ino: 7,
+                mode: 0o600,
+                time: 12,
+                uid: 1000,
+                gid: 100,
+            },
+            MetaOp::DropUnnamed { ino: 7 },
             MetaOp::SetAcl {
                 ino: 6,
                 mode: 0o100_600,

@@ -623,6 +623,7 @@ impl Salvage {
                 return retired.clone();
             }
             MetaOp::Remove { ino, .. }
+            | MetaOp::DropUnnamed { ino }
             | MetaOp::Truncate { ino, .. }
             | MetaOp::Punch { ino, .. } => {
                 self.at_risk.insert(*ino);
@@ -926,6 +927,22 @@ fn load_salvaging(volume: &Volume, mut salvage: Option<&mut Salvage>) -> Result<
         last_replayed = order;
         next_order = next_order.max(order + 1);
     }
+    // Unnamed files (`O_TMPFILE`) not named before the crash: the processes that held them
+    // are gone, and so are they.
+    let unnamed: Vec<u64> = inodes
+        .iter()
+        .filter(|(_, inode)| inode.attr().unnamed)
+        .map(|(&ino, _)| ino)
+        .collect();
+    for ino in &unnamed {
+        inodes.remove(ino);
+    }
+    if !unnamed.is_empty() {
+        tracing::info!(
+            count = unnamed.len(),
+            "dropped unnamed files (O_TMPFILE) that were never named before the crash"
+        );
+    }
     check_tree(&inodes)?;
 
     // 5. Ownership.
@@ -1036,7 +1053,7 @@ fn replay_step(
                     problem,
                 )
             })?;
-            if let MetaOp::Create { ino, .. } = record.op {
+            if let MetaOp::Create { ino, .. } | MetaOp::CreateUnnamed { ino, .. } = record.op {
                 *next_ino = (*next_ino).max(ino + 1);
             }
         }
@@ -1116,10 +1133,11 @@ fn load_snapshot(snapshot: &Snapshot) -> Result<Table> {
             mode: image.mode,
             uid: image.uid,
             gid: image.gid,
-            parent: image.parent,
+            parent: if image.is_unnamed() { 0 } else { image.parent },
             // Counted from the entries below, once every inode is in.
             links: 0,
-            unlinked: false,
+            unlinked: image.is_unnamed(),
+            unnamed: image.is_unnamed(),
         };
         let inode = Inode::new(image.ino, image.kind, attr, image.mtime)
             .with_contents(image.size, image.entries.iter().cloned().collect(), extents)
@@ -1270,6 +1288,29 @@ fn replay(
             };
             let inode = apply::create(&dir, &mut dir.entries.lock().expect("directory"), &new)?;
             inodes.insert(*ino, inode);
+        }
+        MetaOp::CreateUnnamed {
+            ino,
+            mode,
+            time,
+            uid,
+            gid,
+        } => {
+            if inodes.contains_key(ino) {
+                return Err(format!("create of unnamed inode {ino}, which exists"));
+            }
+            let owner = Owner {
+                uid: *uid,
+                gid: *gid,
+            };
+            inodes.insert(*ino, apply::create_unnamed(*ino, *mode, *time, owner));
+        }
+        MetaOp::DropUnnamed { ino } => {
+            let inode = existing(inodes, *ino)?;
+            if !inode.attr().unnamed {
+                return Err(format!("drop of inode {ino}, which has a name"));
+            }
+            inodes.remove(ino);
         }
         MetaOp::Remove {
             parent,

@@ -9,8 +9,14 @@ use crate::journal::Kind;
 
 /// `LOCUSSNP`.
 pub const SNAPSHOT_MAGIC: u64 = u64::from_le_bytes(*b"LOCUSSNP");
-/// Format version: 3 adds each inode's owner and extended attributes.
-pub const SNAPSHOT_VERSION: u32 = 3;
+/// Format version: 4 may hold unnamed files ([`UNNAMED`]); written only by a snapshot that
+/// holds one, so that a volume without them stays readable by builds that read 3.
+pub const SNAPSHOT_VERSION: u32 = 4;
+/// Each inode's owner and extended attributes (still written when no file is unnamed).
+const SNAPSHOT_VERSION_OWNERS: u32 = 3;
+/// The `parent` of an unnamed file (`O_TMPFILE`, open when the snapshot was taken): in no
+/// directory, and dropped by recovery unless a later journal record names it.
+pub const UNNAMED: u64 = u64::MAX;
 /// Access and change times and symbolic links, no owners or extended attributes (still read:
 /// unowned, none).
 const SNAPSHOT_VERSION_TIMES: u32 = 2;
@@ -165,7 +171,7 @@ pub struct InodeImage {
     pub rdev: u64,
     /// Size in bytes (files).
     pub size: u64,
-    /// Parent directory (directories; 0 for files).
+    /// Parent directory (directories; 0 for files, [`UNNAMED`] for an unnamed file).
     pub parent: u64,
     /// Entries (directories).
     pub entries: Vec<(String, u64)>,
@@ -173,6 +179,13 @@ pub struct InodeImage {
     pub runs: Vec<Run>,
     /// Extended attributes, by name.
     pub xattrs: Vec<(String, Box<[u8]>)>,
+}
+
+impl InodeImage {
+    /// An unnamed file (`O_TMPFILE`) that was open when the snapshot was taken.
+    pub fn is_unnamed(&self) -> bool {
+        self.parent == UNNAMED
+    }
 }
 
 /// Bytes an inode's fixed fields take in a snapshot.
@@ -211,7 +224,12 @@ impl Snapshot {
     /// Encodes it, checksum last.
     pub fn encode(&self) -> Vec<u8> {
         let mut e = Encoder::default();
-        e.u64(SNAPSHOT_MAGIC).u32(SNAPSHOT_VERSION).u32(0);
+        let version = if self.inodes.iter().any(InodeImage::is_unnamed) {
+            SNAPSHOT_VERSION
+        } else {
+            SNAPSHOT_VERSION_OWNERS
+        };
+        e.u64(SNAPSHOT_MAGIC).u32(version).u32(0);
         e.u64(self.epoch)
             .u64(self.next_ino)
             .u64(self.next_order)
@@ -278,7 +296,7 @@ impl Snapshot {
             )));
         }
         let times = version >= SNAPSHOT_VERSION_TIMES;
-        let owners_and_xattrs = version >= SNAPSHOT_VERSION;
+        let owners_and_xattrs = version >= SNAPSHOT_VERSION_OWNERS;
         d.u32("reserved")?;
         let epoch = d.u64("epoch")?;
         let next_ino = d.u64("next_ino")?;
@@ -358,6 +376,19 @@ impl Snapshot {
                     )));
                 }
                 xattrs.push((name, value));
+            }
+            if parent == UNNAMED {
+                if version < SNAPSHOT_VERSION {
+                    return Err(d.error(format!(
+                        "inode {ino} is unnamed, which version {version} cannot say"
+                    )));
+                }
+                if kind != Kind::File || !entries.is_empty() {
+                    return Err(d.error(format!(
+                        "inode {ino} is unnamed but a {kind:?} with {} entries (only files can be)",
+                        entries.len()
+                    )));
+                }
             }
             inodes.push(InodeImage {
                 ino,
@@ -495,6 +526,37 @@ mod tests {
 
     /// A version-1 snapshot (modification time only) still reads: access and change time
     /// show the modification time; a symbolic link there is damage.
+    /// Re-seals `bytes` (its checksum) after an edit.
+    fn resealed(mut bytes: Vec<u8>) -> Vec<u8> {
+        let body = bytes.len() - 4;
+        let crc = crc32c::crc32c(&bytes[..body]);
+        bytes[body..].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    #[test]
+    fn an_unnamed_file_raises_the_version_and_only_a_file_can_be_one() {
+        // Without one: version 3, which earlier builds read.
+        assert_eq!(sample().encode()[8..12], 3u32.to_le_bytes());
+        let mut with = sample();
+        with.inodes[3].parent = UNNAMED;
+        let bytes = with.encode();
+        assert_eq!(bytes[8..12], 4u32.to_le_bytes());
+        let back = Snapshot::decode(&bytes).unwrap();
+        assert!(back.inodes[3].is_unnamed());
+        assert_eq!(back, with);
+        // Said in version 3: refused, by name.
+        let mut old = bytes.clone();
+        old[8..12].copy_from_slice(&3u32.to_le_bytes());
+        let e = Snapshot::decode(&resealed(old)).unwrap_err().to_string();
+        assert!(e.contains("inode 2 is unnamed"), "{e}");
+        // A symbolic link cannot be unnamed.
+        let mut link = sample();
+        link.inodes[2].parent = UNNAMED;
+        let e = Snapshot::decode(&link.encode()).unwrap_err().to_string();
+        assert!(e.contains("inode 3 is unnamed but a Symlink"), "{e}");
+    }
+
     #[test]
     fn a_version_1_snapshot_still_reads() {
         let v1 = |kind: u8| {
@@ -549,8 +611,8 @@ mod tests {
             (root.uid, root.gid),
             (crate::Owner::UNOWNED, crate::Owner::UNOWNED)
         );
-        let err = Snapshot::decode(&image(4)).unwrap_err().to_string();
-        assert!(err.contains("version 4, expected 1..=3"), "{err}");
+        let err = Snapshot::decode(&image(5)).unwrap_err().to_string();
+        assert!(err.contains("version 5, expected 1..=4"), "{err}");
     }
 
     #[test]

@@ -652,3 +652,114 @@ fn names_are_exchanged_atomically_and_replay() {
     };
     check_across_crash_and_unmount(fs, &shm.dir, expect);
 }
+
+/// Runs metadata changes until the checkpoint has taken a snapshot (the journal filled).
+fn until_snapshot(fs: &Fs) {
+    let before = fs.stats().snapshots;
+    let mut i = 0;
+    while fs.stats().snapshots == before {
+        fs.set_times("/", Some(SEC + i), Some(SEC + i), true)
+            .unwrap();
+        i += 1;
+        assert!(i < 1_000_000, "no snapshot came");
+    }
+}
+
+/// `O_TMPFILE`: a file made without a name is reached only through its handle, takes its
+/// mode and group as a file made in its directory would, gets a name with `File::link` —
+/// then stays like any file, across a crash and an unmount — and is gone at its last close
+/// or with the process that held it (a crash), whether the journal or a snapshot last saw it.
+#[test]
+fn unnamed_files_stay_only_once_named() {
+    let shm = shm_volume("unnamed", 256 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    fs.mkdir("/d", 0o2775).unwrap(); // set-group-ID: files made there take its group
+    fs.set_owner("/d", None, Some(4321), true).unwrap();
+    let fs = {
+        let base = fs;
+        base.with_umask(0o027)
+    };
+
+    // Reached only through its handle.
+    let a = fs.create_unnamed("/d", 0o666, true).unwrap();
+    let st = a.stat();
+    assert_eq!((st.nlink, st.mode & 0o7777, st.gid), (0, 0o640, Some(4321)));
+    assert!(fs.readdir("/d").unwrap().is_empty());
+    let data = pattern(11, 0, 300_000);
+    a.write_at(&data, 0).unwrap();
+    let mut back = vec![0u8; data.len()];
+    assert_eq!(a.read_at(&mut back, 0).unwrap(), data.len());
+    assert!(back == data);
+    assert!(matches!(
+        fs.create_unnamed("/d/nothing", 0o600, true),
+        Err(FsError::NotFound(_))
+    ));
+    fs.create("/d/plain").unwrap();
+    assert!(matches!(
+        fs.create_unnamed("/d/plain", 0o600, true),
+        Err(FsError::NotDir(_))
+    ));
+
+    // Named: a file like any other, which a further link names twice.
+    assert!(matches!(a.link("/d/plain"), Err(FsError::Exists(_))));
+    a.link("/d/a").unwrap();
+    assert_eq!(fs.stat("/d/a").unwrap().ino, st.ino);
+    assert_eq!(fs.stat("/d/a").unwrap().nlink, 1);
+    a.link("/a2").unwrap();
+    assert_eq!(a.stat().nlink, 2);
+    drop(a);
+    assert!(read_all(&fs, "/d/a") == data);
+
+    // Unnamed at the last close: gone, its blocks with it.
+    let b = fs.create_unnamed("/d", 0o600, false).unwrap();
+    b.write_at(&pattern(12, 0, 1 << 20), 0).unwrap();
+    drop(b);
+    // A file whose names were removed cannot be named again through its handle.
+    let c = fs.create("/d/c").unwrap();
+    fs.unlink("/d/c").unwrap();
+    assert!(matches!(c.link("/d/c2"), Err(FsError::NotFound(_))));
+    drop(c);
+
+    // Open across a snapshot: one is named after it, one never; the crash ends both
+    // processes' hold.
+    let kept = fs.create_unnamed("/", 0o600, true).unwrap();
+    let lost = fs.create_unnamed("/", 0o600, true).unwrap();
+    kept.write_at(b"written before the snapshot", 0).unwrap();
+    lost.write_at(&pattern(13, 0, 2 << 20), 0).unwrap();
+    fs.checkpoint().unwrap();
+    until_snapshot(&fs);
+    kept.write_at(b"WRITTEN", 0).unwrap();
+    kept.link("/kept").unwrap();
+    // And one the journal alone saw, never named.
+    let journaled = fs.create_unnamed("/d", 0o600, true).unwrap();
+    journaled.write_at(&pattern(14, 0, 1 << 20), 0).unwrap();
+    fs.abandon();
+    // Closed after the crash point: nothing of these closes reaches the media.
+    drop((lost, journaled, kept));
+
+    let check = Fs::check(&open_volume(&shm.dir)).unwrap();
+    assert_eq!(check.files, 3, "{check:?}"); // /d/a (also /a2), /d/plain, /kept
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    assert_eq!(read_all(&fs, "/kept"), b"WRITTEN before the snapshot");
+    assert!(read_all(&fs, "/d/a") == data);
+    assert_eq!(fs.stat("/a2").unwrap().nlink, 2);
+    let names = |dir: &str| -> Vec<String> {
+        let mut n: Vec<_> = fs
+            .readdir(dir)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        n.sort();
+        n
+    };
+    assert_eq!(names("/"), ["a2", "d", "kept"]);
+    assert_eq!(names("/d"), ["a", "plain"]);
+    fs.unlink("/kept").unwrap();
+    fs.unlink("/a2").unwrap();
+    fs.unlink("/d/a").unwrap();
+    fs.unmount().unwrap();
+    // Every block of the unnamed files came back.
+    let after = Fs::check(&open_volume(&shm.dir)).unwrap();
+    assert_eq!(after.mapped_bytes, 0, "{after:?}");
+}

@@ -50,6 +50,7 @@ pub mod op {
     pub const READDIRPLUS: u32 = 44;
     pub const LSEEK: u32 = 46;
     pub const COPY_FILE_RANGE: u32 = 47;
+    pub const TMPFILE: u32 = 51;
 }
 
 /// `INIT` flags (`flags` is the low 32 bits, `flags2` the high).
@@ -127,7 +128,13 @@ pub const ENTRY_OUT: usize = 40 + ATTR;
 /// on io_uring).
 pub fn arg_bytes(opcode: u32, setxattr_ext: bool) -> usize {
     match opcode {
-        op::GETATTR | op::FSYNC | op::FSYNCDIR | op::MKNOD | op::CREATE | op::RENAME2 => 16,
+        op::GETATTR
+        | op::FSYNC
+        | op::FSYNCDIR
+        | op::MKNOD
+        | op::CREATE
+        | op::TMPFILE
+        | op::RENAME2 => 16,
         op::SETATTR => 88,
         op::MKDIR | op::RENAME | op::LINK | op::OPEN | op::OPENDIR | op::FORGET => 8,
         op::READ | op::WRITE | op::READDIR | op::READDIRPLUS => 40,

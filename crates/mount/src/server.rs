@@ -109,6 +109,17 @@ impl Names {
         known.lookups += 1;
     }
 
+    /// An entry reply for `ino` that gave it no name (an unnamed file, `O_TMPFILE`).
+    fn counted(&mut self, ino: u64) {
+        self.known
+            .entry(ino)
+            .or_insert_with(|| Known {
+                names: SmallVec::new(),
+                lookups: 0,
+            })
+            .lookups += 1;
+    }
+
     /// `ino`'s name `from` (`(parent, name)`) is now `name` in `parent` (a rename).
     fn moved(&mut self, ino: u64, from: (u64, &str), parent: u64, name: &str) {
         if let Some(known) = self.known.get_mut(&ino) {
@@ -468,15 +479,23 @@ impl Server {
         {
             return Ok(st);
         }
+        self.open_file(ino)
+            .map(|h| match &*h {
+                Handle::File(f) => f.stat(),
+                _ => unreachable!("open_file finds files"),
+            })
+            .ok_or(libc::ENOENT)
+    }
+
+    /// An open handle of file `ino`: how an inode without a name (unlinked while open, or
+    /// made by `O_TMPFILE`) is reached.
+    fn open_file(&self, ino: u64) -> Option<Arc<Handle>> {
         self.handles
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .values()
-            .find_map(|h| match &**h {
-                Handle::File(f) if f.ino() == ino => Some(f.stat()),
-                _ => None,
-            })
-            .ok_or(libc::ENOENT)
+            .find(|h| matches!(&***h, Handle::File(f) if f.ino() == ino))
+            .cloned()
     }
 
     /// Looks `path` up and remembers it: the entry the kernel caches.
@@ -793,9 +812,17 @@ impl Server {
                     return Err(libc::EPERM);
                 }
                 let _ns = lock(&self.namespace);
-                let existing = self.path(old)?;
                 let path = self.child(ino, name)?;
-                self.fs.link(&existing, &path).map_err(|e| errno(&e))?;
+                match self.path(old) {
+                    Ok(existing) => self.fs.link(&existing, &path),
+                    // No name: an `O_TMPFILE` file getting its first (`linkat`), through its
+                    // handle.
+                    Err(e) => match self.open_file(old).as_deref() {
+                        Some(Handle::File(file)) => file.link(&path),
+                        _ => return Err(e),
+                    },
+                }
+                .map_err(|e| errno(&e))?;
                 proto::entry(w, &self.entry(ino, name, &path)?, TTL)
             }
             op::OPEN => {
@@ -834,6 +861,24 @@ impl Server {
                 }
                 let attr = self.attr(&file.stat());
                 self.names_mut().looked_up(attr.ino, ino, name);
+                let fh = self.add(Handle::File(file));
+                proto::entry(w, &attr, TTL)?;
+                proto::open_out(w, fh, self.file_open_flags())
+            }
+            op::TMPFILE => {
+                // `open(dir, O_TMPFILE)`: a file with no name (the kernel sends "/" as its
+                // name), reached through the handle until a `LINK` names it.
+                let (flags, mode, umask) = (r.u32(), r.u32(), r.u32());
+                let (flags, mode, umask) =
+                    (flags.map_err(bad)?, mode.map_err(bad)?, umask.map_err(bad)?);
+                self.writable()?;
+                let dir = self.path(ino)?;
+                let file = self
+                    .creator(h, umask)
+                    .create_unnamed(&dir, mode & 0o7777, Self::open_options(flags).read)
+                    .map_err(|e| errno(&e))?;
+                let attr = self.attr(&file.stat());
+                self.names_mut().counted(attr.ino);
                 let fh = self.add(Handle::File(file));
                 proto::entry(w, &attr, TTL)?;
                 proto::open_out(w, fh, self.file_open_flags())
@@ -1204,8 +1249,13 @@ impl Server {
                 return Err(libc::EPERM);
             }
             self.writable()?;
+            let path = self.path(ino);
             let handle = if has(fattr::FH) {
                 Some(self.handle(fh)?)
+            } else if path.is_err() {
+                // No name (`fchmod`, `futimens` of a file unlinked while open or made by
+                // `O_TMPFILE`): through a handle.
+                self.open_file(ino)
             } else {
                 None
             };
@@ -1213,7 +1263,6 @@ impl Server {
                 Some(Handle::File(f)) => Some(f),
                 _ => None,
             };
-            let path = self.path(ino);
             if has(fattr::SIZE) {
                 match file {
                     Some(file) => file.set_len(size),
@@ -1236,9 +1285,13 @@ impl Server {
                 .map_err(|e| errno(&e))?;
             }
             if has(fattr::MODE) {
-                self.fs
-                    .chmod(path.as_deref().map_err(|&e| e)?, mode & 0o7777)
-                    .map_err(|e| errno(&e))?;
+                match file {
+                    Some(file) => file.chmod(mode & 0o7777),
+                    None => self
+                        .fs
+                        .chmod(path.as_deref().map_err(|&e| e)?, mode & 0o7777),
+                }
+                .map_err(|e| errno(&e))?;
             }
             // A truncation by a process without CAP_FSETID (a change of owner was flagged
             // too, and cleared the bits above).

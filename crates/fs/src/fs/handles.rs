@@ -349,6 +349,24 @@ impl Fs {
         self.inner.link(existing, new)
     }
 
+    /// A new file with no name in directory `dir` (`open(dir, O_TMPFILE)`), opened for
+    /// writing (and reading with `read`): it takes its owner, mode (`mode`, with this
+    /// handle's umask or the directory's default ACL) and ACL as a file created in `dir`
+    /// would, and only its handles reach it. [`File::link`] gives it a name; without one it
+    /// is gone at its last close, or after a crash.
+    pub fn create_unnamed(&self, dir: &str, mode: u32, read: bool) -> Result<File> {
+        let inode = self
+            .inner
+            .create_unnamed(dir, mode, self.masking, self.owner)?;
+        // Opened by `create_unnamed` already.
+        Ok(File {
+            fs: self.clone(),
+            inode,
+            read,
+            write: true,
+        })
+    }
+
     /// Moves `from` to `to` atomically, replacing a file there (or an empty directory, when
     /// moving a directory).
     pub fn rename(&self, from: &str, to: &str) -> Result<()> {
@@ -898,6 +916,11 @@ impl File {
         self.fs.inner.set_owner(&self.inode, uid, gid)
     }
 
+    /// [`Fs::chmod`] of this file (`fchmod`; even after its last name is gone).
+    pub fn chmod(&self, mode: u32) -> Result<()> {
+        self.fs.inner.set_mode_of(&self.inode, mode)
+    }
+
     /// [`Fs::set_xattr`] of this file (even after its last name is gone).
     pub fn set_xattr(&self, name: &str, value: &[u8], how: XattrSet) -> Result<()> {
         self.fs.inner.check_running()?;
@@ -939,6 +962,14 @@ impl File {
         self.inode.ino
     }
 
+    /// Gives the file the further name `new` (`linkat(fd, "", AT_EMPTY_PATH)`) — or its
+    /// first, a file from [`Fs::create_unnamed`], which then stays after its last close.
+    /// `NotFound` when its names were all removed, `Exists` when `new` names something.
+    pub fn link(&self, new: &str) -> Result<()> {
+        let shown = format!("inode {}", self.inode.ino);
+        self.fs.inner.link_inode(&self.inode, &shown, new)
+    }
+
     /// The file system this file belongs to.
     pub fn fs(&self) -> &Fs {
         &self.fs
@@ -958,10 +989,21 @@ impl File {
 
 impl Drop for File {
     fn drop(&mut self) {
-        if self.inode.opens.fetch_sub(1, Ordering::AcqRel) == 1
-            && self.inode.attr().unlinked
-            && let Err(e) = self.fs.inner.destroy(&self.inode)
-        {
+        if self.inode.opens.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let (unlinked, unnamed) = {
+            let attr = self.inode.attr();
+            (attr.unlinked, attr.unnamed)
+        };
+        let dropped = if unnamed {
+            self.fs.inner.drop_unnamed(&self.inode)
+        } else if unlinked {
+            self.fs.inner.destroy(&self.inode)
+        } else {
+            Ok(())
+        };
+        if let Err(e) = dropped {
             tracing::error!(error = %e, ino = self.inode.ino, "freeing an unlinked file failed");
         }
     }

@@ -120,32 +120,13 @@ impl Inner {
             path::check_target(target)?;
             self.symlinks.store(true, Ordering::Release);
         }
-        // (the access ACL and mode it ends with, the default ACL a directory takes)
         let mut inherit = None;
         let inode = self.metadata(|fs, slot| {
             let (parent, name) = fs.resolve_parent(path)?;
             let mut entries = parent.entries();
             name_is_free(&parent, &entries, name, path)?;
-            let default = (masking.default_acls && kind != Kind::Symlink)
-                .then(|| {
-                    let xattrs = parent.xattrs.lock().expect("extended attributes");
-                    xattrs.get(acl::DEFAULT).cloned()
-                })
-                .flatten();
-            let mode = match &default {
-                Some(bytes) => {
-                    let default_acl = Acl::decode(acl::DEFAULT, bytes)?;
-                    let (access, full) = default_acl.inherit(mode);
-                    let first = match access {
-                        Some(_) => default_acl.owning_group_only(full),
-                        None => full,
-                    };
-                    let dir_default = (kind == Kind::Dir).then(|| bytes.clone());
-                    inherit = Some((access, full, dir_default));
-                    first
-                }
-                None => mode & !masking.umask,
-            };
+            let (mode, from_acl) = creation_mode(&parent, kind, mode, masking)?;
+            inherit = from_acl;
             let (owner, mode) = inherited(&parent.attr(), kind, owner, mode);
             let ino = fs.next_ino.fetch_add(1, Ordering::Relaxed);
             let time = now_ns();
@@ -187,24 +168,100 @@ impl Inner {
             fs.grow_snapshot(INODE_BYTES + entry_bytes(name) + target_bytes);
             Ok(Some(inode))
         })?;
-        if let Some((access, full, dir_default)) = inherit {
-            if let Some(dir_default) = dir_default {
-                self.set_xattr(&inode, acl::DEFAULT, &dir_default, XattrSet::Any, false)?;
-            }
-            if let Some(access) = access {
-                let value: Box<[u8]> = access.encode().into();
-                self.metadata(|fs, slot| {
-                    let mut attr = inode.attr();
-                    let mut xattrs = inode.xattrs.lock().expect("extended attributes");
-                    // The set-group-ID bit a set-group-ID directory gave is kept.
-                    let mode = full | (attr.mode & libc::S_ISGID);
-                    Ok(fs
-                        .journal_acl(slot, &inode, &mut attr, &mut xattrs, mode, &value)?
-                        .then_some(()))
-                })?;
-            }
+        if let Some(inherit) = inherit {
+            self.inherit_acls(&inode, inherit)?;
         }
         Ok(inode)
+    }
+
+    /// A file with no name in directory `dir` (`open(O_TMPFILE)`), open once: only handles
+    /// reach it until [`Inner::link_inode`] names it; its last close drops it, as recovery
+    /// does when the process holding it ended with a crash. It takes its owner, mode and
+    /// ACL as a file created in `dir` would.
+    pub(crate) fn create_unnamed(
+        self: &Arc<Self>,
+        dir: &str,
+        mode: u32,
+        masking: Masking,
+        owner: Owner,
+    ) -> Result<Arc<Inode>> {
+        let mut inherit = None;
+        let inode = self.metadata(|fs, slot| {
+            let parent = fs.resolve_follow(dir)?;
+            if parent.kind != Kind::Dir {
+                return Err(FsError::NotDir(dir.to_owned()));
+            }
+            if parent.attr().unlinked {
+                return Err(FsError::NotFound(dir.to_owned()));
+            }
+            let (mode, from_acl) = creation_mode(&parent, Kind::File, mode, masking)?;
+            inherit = from_acl;
+            let (owner, mode) = inherited(&parent.attr(), Kind::File, owner, mode);
+            let ino = fs.next_ino.fetch_add(1, Ordering::Relaxed);
+            let time = now_ns();
+            let op = MetaOp::CreateUnnamed {
+                ino,
+                mode,
+                time,
+                uid: owner.uid,
+                gid: owner.gid,
+            };
+            if !fs.journal(slot, &op)? {
+                return Ok(None);
+            }
+            let inode = apply::create_unnamed(ino, mode, time, owner);
+            // Open from the start: a close before the caller has it drops it.
+            inode.opens.fetch_add(1, Ordering::AcqRel);
+            fs.inodes
+                .write()
+                .expect("inode table")
+                .insert(ino, Arc::clone(&inode));
+            fs.grow_snapshot(INODE_BYTES);
+            Ok(Some(inode))
+        })?;
+        if let Some(inherit) = inherit {
+            self.inherit_acls(&inode, inherit)?;
+        }
+        Ok(inode)
+    }
+
+    /// Gives a new inode what a default ACL of its directory passes on (see
+    /// [`creation_mode`]): a directory's default ACL, and the access ACL with the mode it
+    /// leaves.
+    fn inherit_acls(self: &Arc<Self>, inode: &Arc<Inode>, inherit: Inherited) -> Result<()> {
+        if let Some(dir_default) = inherit.dir_default {
+            self.set_xattr(inode, acl::DEFAULT, &dir_default, XattrSet::Any, false)?;
+        }
+        if let Some(access) = inherit.access {
+            let value: Box<[u8]> = access.encode().into();
+            self.metadata(|fs, slot| {
+                let mut attr = inode.attr();
+                let mut xattrs = inode.xattrs.lock().expect("extended attributes");
+                // The set-group-ID bit a set-group-ID directory gave is kept.
+                let mode = inherit.full | (attr.mode & libc::S_ISGID);
+                Ok(fs
+                    .journal_acl(slot, inode, &mut attr, &mut xattrs, mode, &value)?
+                    .then_some(()))
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Drops an unnamed file at its last close: journaled first (until then recovery would
+    /// bring it back, and its blocks must not be used by another file), then freed.
+    pub(crate) fn drop_unnamed(self: &Arc<Self>, inode: &Arc<Inode>) -> Result<()> {
+        let dropped = self.metadata(|fs, slot| {
+            let attr = inode.attr();
+            // Named since (its last close raced with a link): it stays.
+            if !attr.unnamed {
+                return Ok(Some(false));
+            }
+            if !fs.journal(slot, &MetaOp::DropUnnamed { ino: inode.ino })? {
+                return Ok(None);
+            }
+            Ok(Some(true))
+        })?;
+        if dropped { self.destroy(inode) } else { Ok(()) }
     }
 
     pub(crate) fn remove(self: &Arc<Self>, path: &str, dir: bool) -> Result<()> {
@@ -264,11 +321,22 @@ impl Inner {
 
     /// Names the file or symbolic link `existing` (not followed) `new` too: a hard link.
     pub(crate) fn link(self: &Arc<Self>, existing: &str, new: &str) -> Result<()> {
+        let inode = self.resolve(existing)?;
+        self.link_inode(&inode, existing, new)
+    }
+
+    /// Names `inode` (`shown` in errors) `new` too — or first, an unnamed file
+    /// ([`Inner::create_unnamed`]). One whose names were all removed cannot be named again.
+    pub(crate) fn link_inode(
+        self: &Arc<Self>,
+        inode: &Arc<Inode>,
+        shown: &str,
+        new: &str,
+    ) -> Result<()> {
         self.metadata(|fs, slot| {
-            let inode = fs.resolve(existing)?;
             if inode.kind == Kind::Dir {
                 return Err(FsError::NotPermitted(format!(
-                    "{existing} is a directory, which cannot have a second name"
+                    "{shown} is a directory, which cannot have a second name"
                 )));
             }
             let (parent, name) = fs.resolve_parent(new)?;
@@ -278,8 +346,8 @@ impl Inner {
             // the count: the two are journaled in the order they change it.
             let mut attr = inode.attr();
             // Its last name removed since it was looked up (no lock was held in between).
-            if attr.unlinked || attr.links == 0 {
-                return Err(FsError::NotFound(existing.to_owned()));
+            if !attr.unnamed && (attr.unlinked || attr.links == 0) {
+                return Err(FsError::NotFound(shown.to_owned()));
             }
             let op = MetaOp::Link {
                 parent: parent.ino,
@@ -296,7 +364,7 @@ impl Inner {
             applied(apply::link(
                 &parent,
                 &mut entries,
-                &inode,
+                inode,
                 &mut attr,
                 name,
                 time,
@@ -824,8 +892,14 @@ impl Inner {
     /// `chmod`: the permission bits, and the access ACL's owner, group-class and other
     /// entries with them when the inode has one (one record either way).
     pub(crate) fn set_mode(self: &Arc<Self>, path: &str, mode: u32) -> Result<()> {
+        let inode = self.resolve_follow(path)?;
+        self.set_mode_of(&inode, mode)
+    }
+
+    /// [`Inner::set_mode`] of `inode`.
+    pub(crate) fn set_mode_of(self: &Arc<Self>, inode: &Arc<Inode>, mode: u32) -> Result<()> {
         self.metadata(|fs, slot| {
-            let inode = fs.resolve_follow(path)?;
+            let inode = Arc::clone(inode);
             let mut attr = inode.attr();
             let mut xattrs = inode.xattrs.lock().expect("extended attributes");
             let Some(bytes) = xattrs.get(acl::ACCESS) else {
@@ -1169,6 +1243,51 @@ impl<'a> TwoDirs<'a> {
 fn dropped(mode: u32) -> u32 {
     let group_exec = mode & libc::S_IXGRP != 0;
     mode & !(libc::S_ISUID | if group_exec { libc::S_ISGID } else { 0 })
+}
+
+/// What a new inode takes from its directory's default ACL: the access ACL (when the
+/// inherited one says more than a mode), the mode it ends with, and — a directory — the
+/// default ACL itself.
+struct Inherited {
+    access: Option<Acl>,
+    full: u32,
+    dir_default: Option<Box<[u8]>>,
+}
+
+/// The mode a `kind` asked with `mode` is created with in `parent` (whose default ACL, when
+/// `masking` heeds them, decides instead of the umask), and what it inherits, if anything.
+/// With an access ACL to come, the mode first gives the owning group only what the ACL
+/// gives it (see [`Inner::create`]).
+fn creation_mode(
+    parent: &Inode,
+    kind: Kind,
+    mode: u32,
+    masking: Masking,
+) -> Result<(u32, Option<Inherited>)> {
+    let default = (masking.default_acls && kind != Kind::Symlink)
+        .then(|| {
+            let xattrs = parent.xattrs.lock().expect("extended attributes");
+            xattrs.get(acl::DEFAULT).cloned()
+        })
+        .flatten();
+    let Some(bytes) = default else {
+        return Ok((mode & !masking.umask, None));
+    };
+    let default_acl = Acl::decode(acl::DEFAULT, &bytes)?;
+    let (access, full) = default_acl.inherit(mode);
+    let first = match access {
+        Some(_) => default_acl.owning_group_only(full),
+        None => full,
+    };
+    let dir_default = (kind == Kind::Dir).then_some(bytes);
+    Ok((
+        first,
+        Some(Inherited {
+            access,
+            full,
+            dir_default,
+        }),
+    ))
 }
 
 /// The owner and mode of a `kind` made by `owner` with `mode` in the directory whose
