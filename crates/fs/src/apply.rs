@@ -112,6 +112,7 @@ pub(crate) fn create(
         links: 1,
         unlinked: false,
         unnamed: false,
+        never_named: false,
     };
     Ok(Arc::new(
         Inode::new(ino, kind, attr, time)
@@ -130,6 +131,7 @@ pub(crate) fn create_unnamed(ino: u64, mode: u32, time: u64, owner: Owner) -> Ar
         links: 0,
         unlinked: true,
         unnamed: true,
+        never_named: false,
     };
     Arc::new(Inode::new(ino, Kind::File, attr, time))
 }
@@ -596,6 +598,7 @@ mod tests {
             links: 1,
             unlinked: false,
             unnamed: false,
+            never_named: false,
         };
         Arc::new(Inode::new(ino, kind, attr, 1))
     }

@@ -68,6 +68,9 @@ pub(crate) struct Attr {
     /// may still name it (unlike a file whose names were removed), snapshots keep it, and
     /// its last close or recovery drops it. Implies `unlinked`.
     pub(crate) unnamed: bool,
+    /// An unnamed file that may never be named (`O_TMPFILE | O_EXCL`). Kept in DRAM only:
+    /// no record names such a file, and recovery drops it.
+    pub(crate) never_named: bool,
 }
 
 /// A file or directory in DRAM.

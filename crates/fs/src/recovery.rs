@@ -1138,6 +1138,7 @@ fn load_snapshot(snapshot: &Snapshot) -> Result<Table> {
             links: 0,
             unlinked: image.is_unnamed(),
             unnamed: image.is_unnamed(),
+            never_named: false,
         };
         let inode = Inode::new(image.ino, image.kind, attr, image.mtime)
             .with_contents(image.size, image.entries.iter().cloned().collect(), extents)

@@ -681,7 +681,7 @@ fn unnamed_files_stay_only_once_named() {
     };
 
     // Reached only through its handle.
-    let a = fs.create_unnamed("/d", 0o666, true).unwrap();
+    let a = fs.create_unnamed("/d", 0o666, true, false).unwrap();
     let st = a.stat();
     assert_eq!((st.nlink, st.mode & 0o7777, st.gid), (0, 0o640, Some(4321)));
     assert!(fs.readdir("/d").unwrap().is_empty());
@@ -691,12 +691,12 @@ fn unnamed_files_stay_only_once_named() {
     assert_eq!(a.read_at(&mut back, 0).unwrap(), data.len());
     assert!(back == data);
     assert!(matches!(
-        fs.create_unnamed("/d/nothing", 0o600, true),
+        fs.create_unnamed("/d/nothing", 0o600, true, false),
         Err(FsError::NotFound(_))
     ));
     fs.create("/d/plain").unwrap();
     assert!(matches!(
-        fs.create_unnamed("/d/plain", 0o600, true),
+        fs.create_unnamed("/d/plain", 0o600, true, false),
         Err(FsError::NotDir(_))
     ));
 
@@ -711,8 +711,10 @@ fn unnamed_files_stay_only_once_named() {
     assert!(read_all(&fs, "/d/a") == data);
 
     // Unnamed at the last close: gone, its blocks with it.
-    let b = fs.create_unnamed("/d", 0o600, false).unwrap();
+    let b = fs.create_unnamed("/d", 0o600, false, true).unwrap();
     b.write_at(&pattern(12, 0, 1 << 20), 0).unwrap();
+    // Made exclusive (`O_TMPFILE | O_EXCL`): never named.
+    assert!(matches!(b.link("/d/b"), Err(FsError::NotFound(_))));
     drop(b);
     // A file whose names were removed cannot be named again through its handle.
     let c = fs.create("/d/c").unwrap();
@@ -722,8 +724,8 @@ fn unnamed_files_stay_only_once_named() {
 
     // Open across a snapshot: one is named after it, one never; the crash ends both
     // processes' hold.
-    let kept = fs.create_unnamed("/", 0o600, true).unwrap();
-    let lost = fs.create_unnamed("/", 0o600, true).unwrap();
+    let kept = fs.create_unnamed("/", 0o600, true, false).unwrap();
+    let lost = fs.create_unnamed("/", 0o600, true, false).unwrap();
     kept.write_at(b"written before the snapshot", 0).unwrap();
     lost.write_at(&pattern(13, 0, 2 << 20), 0).unwrap();
     fs.checkpoint().unwrap();
@@ -731,7 +733,7 @@ fn unnamed_files_stay_only_once_named() {
     kept.write_at(b"WRITTEN", 0).unwrap();
     kept.link("/kept").unwrap();
     // And one the journal alone saw, never named.
-    let journaled = fs.create_unnamed("/d", 0o600, true).unwrap();
+    let journaled = fs.create_unnamed("/d", 0o600, true, false).unwrap();
     journaled.write_at(&pattern(14, 0, 1 << 20), 0).unwrap();
     fs.abandon();
     // Closed after the crash point: nothing of these closes reaches the media.

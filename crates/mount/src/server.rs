@@ -875,7 +875,12 @@ impl Server {
                 let dir = self.path(ino)?;
                 let file = self
                     .creator(h, umask)
-                    .create_unnamed(&dir, mode & 0o7777, Self::open_options(flags).read)
+                    .create_unnamed(
+                        &dir,
+                        mode & 0o7777,
+                        Self::open_options(flags).read,
+                        flags as i32 & libc::O_EXCL != 0,
+                    )
                     .map_err(|e| errno(&e))?;
                 let attr = self.attr(&file.stat());
                 self.names_mut().counted(attr.ino);

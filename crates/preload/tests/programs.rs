@@ -1741,3 +1741,97 @@ fn fd_names_lead_to_the_open_file_as_on_tmpfs() {
     );
     assert_eq!(got, expected, "stderr on locus:\n{got_err}");
 }
+
+/// `open(dir, O_TMPFILE)` through the library, as on tmpfs: a file with no name
+/// (`st_nlink` 0, in no listing) that takes the umask and `fchmod` through its descriptor,
+/// gets a name with `linkat(fd, "", AT_EMPTY_PATH)` (not when opened `O_EXCL`), and the
+/// errors (read-only, a file or a missing directory). Then, on locus only (this machine's
+/// kernel may refuse to follow `/proc/self/fd` links across mounts), the usual way of naming
+/// one — `linkat` of `/proc/self/fd/N` with `AT_SYMLINK_FOLLOW` — and a file left unnamed:
+/// after the program's exit the named files hold their bytes and the unnamed one is gone.
+#[test]
+fn unnamed_files_behave_as_on_tmpfs() {
+    let vol = volume();
+    let script = r#"
+import ctypes, errno, os, sys
+R = sys.argv[1]
+libc = ctypes.CDLL(None, use_errno=True)
+def link_fd(fd, path):
+    if libc.linkat(fd, b"", -100, path.encode(), 0x1000) != 0:
+        return errno.errorcode[ctypes.get_errno()]
+    return "ok"
+def fails(what, call):
+    try:
+        call()
+        print(what, "opened")
+    except OSError as e:
+        print(what, errno.errorcode[e.errno])
+os.umask(0o027)
+os.mkdir(R + "/d")
+fd = os.open(R + "/d", os.O_TMPFILE | os.O_RDWR, 0o666)
+st = os.fstat(fd)
+print("made", st.st_nlink, oct(st.st_mode), os.listdir(R + "/d"))
+os.write(fd, b"written before it had a name\n")
+os.fchmod(fd, 0o600)
+print("link", link_fd(fd, R + "/d/named"))
+st = os.stat(R + "/d/named")
+print("named", st.st_nlink, oct(st.st_mode), os.listdir(R + "/d"), open(R + "/d/named").read(), end="")
+print("again", link_fd(fd, R + "/d/named"))
+os.close(fd)
+fd = os.open(R + "/d", os.O_TMPFILE | os.O_WRONLY | os.O_EXCL, 0o600)
+os.write(fd, b"z" * 300000)
+print("exclusive", link_fd(fd, R + "/d/x"))
+os.close(fd)
+fails("read-only", lambda: os.open(R + "/d", os.O_TMPFILE | os.O_RDONLY))
+fails("in a file", lambda: os.open(R + "/d/named", os.O_TMPFILE | os.O_RDWR, 0o600))
+fails("missing", lambda: os.open(R + "/none", os.O_TMPFILE | os.O_RDWR, 0o600))
+print(sorted(os.listdir(R + "/d")))
+"#;
+    let (expected, got, status) = python_both(vol.path(), script);
+    assert!(
+        expected.contains("made 0 0o100640 []")
+            && expected.contains("exclusive ENOENT\nread-only EINVAL\nin a file ENOTDIR"),
+        "tmpfs run broken:\n{expected}"
+    );
+    assert!(status.success());
+    assert_eq!(got, expected);
+
+    let by_proc = r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+fd = os.open("/locus", os.O_TMPFILE | os.O_RDWR, 0o600)
+os.write(fd, b"named through /proc/self/fd\n")
+# linkat(AT_FDCWD, "/proc/self/fd/N", AT_FDCWD, new, AT_SYMLINK_FOLLOW), as C programs do.
+source = b"/proc/self/fd/%d" % fd
+assert libc.linkat(-100, source, -100, b"/locus/by-proc", 0x400) == 0, ctypes.get_errno()
+left = os.open("/locus/d", os.O_TMPFILE | os.O_RDWR, 0o600)
+os.write(left, b"never named" * 100000)
+print(sorted(os.listdir("/locus")))
+"#;
+    let out = preloaded(vol.path(), "python3")
+        .args(["-c", by_proc])
+        .output()
+        .unwrap();
+    assert_eq!(ok(&out, "python3"), "['by-proc', 'd']\n");
+    let fs = open_fs(vol.path());
+    assert_eq!(read_all(&fs, "/by-proc"), b"named through /proc/self/fd\n");
+    assert_eq!(read_all(&fs, "/d/named"), b"written before it had a name\n");
+    let mut names: Vec<_> = fs
+        .readdir("/d")
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    names.sort();
+    assert_eq!(names, ["named"]);
+    fs.unmount().unwrap();
+    // The unnamed files' memory is free: only the two named files map blocks.
+    let check = fs::Fs::check(&open_volume_for_check(vol.path())).unwrap();
+    assert_eq!(check.files, 2, "{check:?}");
+    assert!(check.mapped_bytes <= 2 * 4096, "{check:?}");
+}
+
+fn open_volume_for_check(vol: &Path) -> volume::Volume {
+    let topology = topology::Topology::read_live().expect("topology");
+    volume::Volume::open(vol, topology, &Default::default()).expect("open volume")
+}

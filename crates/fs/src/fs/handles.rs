@@ -353,11 +353,18 @@ impl Fs {
     /// writing (and reading with `read`): it takes its owner, mode (`mode`, with this
     /// handle's umask or the directory's default ACL) and ACL as a file created in `dir`
     /// would, and only its handles reach it. [`File::link`] gives it a name; without one it
-    /// is gone at its last close, or after a crash.
-    pub fn create_unnamed(&self, dir: &str, mode: u32, read: bool) -> Result<File> {
+    /// is gone at its last close, or after a crash. With `exclusive` (`O_TMPFILE |
+    /// O_EXCL`) it can never be named: `File::link` answers `NotFound`.
+    pub fn create_unnamed(
+        &self,
+        dir: &str,
+        mode: u32,
+        read: bool,
+        exclusive: bool,
+    ) -> Result<File> {
         let inode = self
             .inner
-            .create_unnamed(dir, mode, self.masking, self.owner)?;
+            .create_unnamed(dir, mode, exclusive, self.masking, self.owner)?;
         // Opened by `create_unnamed` already.
         Ok(File {
             fs: self.clone(),

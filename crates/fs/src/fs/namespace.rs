@@ -177,11 +177,12 @@ impl Inner {
     /// A file with no name in directory `dir` (`open(O_TMPFILE)`), open once: only handles
     /// reach it until [`Inner::link_inode`] names it; its last close drops it, as recovery
     /// does when the process holding it ended with a crash. It takes its owner, mode and
-    /// ACL as a file created in `dir` would.
+    /// ACL as a file created in `dir` would. With `exclusive` it can never be named.
     pub(crate) fn create_unnamed(
         self: &Arc<Self>,
         dir: &str,
         mode: u32,
+        exclusive: bool,
         masking: Masking,
         owner: Owner,
     ) -> Result<Arc<Inode>> {
@@ -210,6 +211,7 @@ impl Inner {
                 return Ok(None);
             }
             let inode = apply::create_unnamed(ino, mode, time, owner);
+            inode.attr().never_named = exclusive;
             // Open from the start: a close before the caller has it drops it.
             inode.opens.fetch_add(1, Ordering::AcqRel);
             fs.inodes
@@ -346,7 +348,7 @@ impl Inner {
             // the count: the two are journaled in the order they change it.
             let mut attr = inode.attr();
             // Its last name removed since it was looked up (no lock was held in between).
-            if !attr.unnamed && (attr.unlinked || attr.links == 0) {
+            if attr.never_named || !attr.unnamed && (attr.unlinked || attr.links == 0) {
                 return Err(FsError::NotFound(shown.to_owned()));
             }
             let op = MetaOp::Link {

@@ -33,12 +33,12 @@ pub(crate) fn open_locus(
     flags: c_int,
     mode: mode_t,
 ) -> Result<c_int, c_int> {
-    if flags & libc::O_TMPFILE == libc::O_TMPFILE {
-        return Err(libc::EOPNOTSUPP);
-    }
     let access = flags & libc::O_ACCMODE;
     if access == libc::O_ACCMODE {
         return Err(libc::EINVAL);
+    }
+    if flags & libc::O_TMPFILE == libc::O_TMPFILE {
+        return open_unnamed(path, flags, mode);
     }
     let write = access != libc::O_RDONLY && flags & libc::O_PATH == 0;
     let create = flags & libc::O_CREAT != 0 && flags & libc::O_PATH == 0;
@@ -96,6 +96,32 @@ pub(crate) fn open_locus(
             path.to_owned(),
             ino,
             flags & STATUS_FLAGS,
+        ))
+    })?;
+    state::new_fd(desc, flags & libc::O_CLOEXEC != 0)
+}
+
+/// `open(dir, O_TMPFILE)`: a file with no name in the locus directory `dir`, opened for
+/// writing (`EINVAL` without); `linkat` may name it, unless it was opened `O_EXCL`.
+fn open_unnamed(dir: &str, flags: c_int, mode: mode_t) -> Result<c_int, c_int> {
+    if flags & libc::O_ACCMODE == libc::O_RDONLY {
+        return Err(libc::EINVAL);
+    }
+    let desc = state::with_fs(|fs| {
+        let file = crate::stat::as_caller(fs)
+            .create_unnamed(
+                dir,
+                mode & 0o7777,
+                flags & libc::O_ACCMODE == libc::O_RDWR,
+                flags & libc::O_EXCL != 0,
+            )
+            .map_err(|e| fs_errno(&e))?;
+        let ino = file.ino();
+        Ok(Desc::new(
+            Node::File(file),
+            dir.to_owned(),
+            ino,
+            flags & STATUS_FLAGS & !libc::O_DIRECTORY,
         ))
     })?;
     state::new_fd(desc, flags & libc::O_CLOEXEC != 0)

@@ -846,7 +846,11 @@ pub unsafe extern "C" fn fchmod(fd: c_int, mode: mode_t) -> c_int {
     unit(state::run(|| {
         let desc = state::desc(fd)?;
         desc.usable()?;
-        change_mode(&desc.path, mode)
+        match &desc.node {
+            // The open file, whatever it is called now (or if it has no name).
+            Node::File(file) => file.chmod(mode & 0o7777).map_err(|e| fs_errno(&e)),
+            Node::Dir(_) => change_mode(&desc.path, mode),
+        }
     }))
 }
 
@@ -1546,9 +1550,9 @@ pub unsafe extern "C" fn symlink(target: *const c_char, path: *const c_char) -> 
 
 /// `linkat(2)`: within locus, a further name for a file or symbolic link (`EPERM` for a
 /// directory); between locus and another file system, `EXDEV`. `AT_SYMLINK_FOLLOW` links
-/// what a symbolic link at `from` leads to; `AT_EMPTY_PATH` (linking an open file by its
-/// descriptor) is not offered for locus descriptors (`ENOENT`, what the kernel answers a
-/// process without `CAP_DAC_READ_SEARCH`).
+/// what a symbolic link at `from` leads to. An open locus file is linked by its descriptor
+/// — `AT_EMPTY_PATH`, or its `/proc/self/fd/N` name with `AT_SYMLINK_FOLLOW` — whatever it
+/// is called now: how a file from `open(dir, O_TMPFILE)` gets its name.
 ///
 /// # Safety
 /// C's.
@@ -1563,11 +1567,24 @@ pub unsafe extern "C" fn linkat(
     if flags & !(libc::AT_SYMLINK_FOLLOW | libc::AT_EMPTY_PATH) != 0 {
         return int(Err(libc::EINVAL));
     }
-    // SAFETY: C's contract for `from`.
-    if unsafe { names_the_fd(fromfd, from, flags) } {
-        return int(Err(libc::ENOENT));
-    }
     let follow = flags & libc::AT_SYMLINK_FOLLOW != 0;
+    // SAFETY: C's contract for `from`.
+    let by_fd = if unsafe { names_the_fd(fromfd, from, flags) } {
+        Some(fromfd)
+    } else if follow {
+        // SAFETY: C's contract for `from`.
+        unsafe { locus_fd_named(from) }
+    } else {
+        None
+    };
+    if let Some(fd) = by_fd {
+        // SAFETY: C's contract for `to`.
+        return match unsafe { side(tofd, to) } {
+            Ok(Side::Locus(to, slash)) => unit(state::run(|| link_open_file(fd, &to, slash))),
+            Ok(_) => int(Err(libc::EXDEV)),
+            Err(e) => int(Err(e)),
+        };
+    }
     // SAFETY: C's contract for both paths.
     let sides = unsafe { side_as(fromfd, from, follow).and_then(|a| Ok((a, side(tofd, to)?))) };
     let (a, b) = match sides {
@@ -1600,6 +1617,40 @@ pub unsafe extern "C" fn linkat(
             unsafe { real::linkat(fa, pa, fb, pb, flags) }
         }
     }
+}
+
+/// The locus fd `path` is the kernel's name of (`/proc/self/fd/N`, `/dev/fd/N`), if any.
+///
+/// # Safety
+/// `path` is null or a NUL-terminated string.
+unsafe fn locus_fd_named(path: *const c_char) -> Option<c_int> {
+    if path.is_null() {
+        return None;
+    }
+    // SAFETY: NUL-terminated per the contract.
+    let bytes = unsafe { std::ffi::CStr::from_ptr(path) }.to_bytes();
+    let (fd, own_link, rest) = super::fd_name(bytes)?;
+    (own_link && rest.is_empty() && state::is_locus(fd)).then_some(fd)
+}
+
+/// Names the file open as locus `fd` `to` too (`ENOENT` when its names were all removed,
+/// or it was made `O_TMPFILE | O_EXCL`; `EPERM` for a directory).
+fn link_open_file(fd: c_int, to: &str, to_slash: bool) -> Result<(), c_int> {
+    let desc = state::desc(fd)?;
+    desc.usable()?;
+    let Node::File(file) = &desc.node else {
+        return Err(libc::EPERM);
+    };
+    if to_slash {
+        return Err(state::with_fs(|fs| {
+            Ok(if fs.lstat(to).is_ok() {
+                libc::EEXIST
+            } else {
+                libc::ENOENT
+            })
+        })?);
+    }
+    file.link(to).map_err(|e| fs_errno(&e))
 }
 
 /// `link(2)`.
