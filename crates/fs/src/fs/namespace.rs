@@ -901,20 +901,17 @@ impl Inner {
     /// [`Inner::set_mode`] of `inode`.
     pub(crate) fn set_mode_of(self: &Arc<Self>, inode: &Arc<Inode>, mode: u32) -> Result<()> {
         self.metadata(|fs, slot| {
-            let inode = Arc::clone(inode);
             let mut attr = inode.attr();
             let mut xattrs = inode.xattrs.lock().expect("extended attributes");
             let Some(bytes) = xattrs.get(acl::ACCESS) else {
                 drop(xattrs);
-                return Ok(fs
-                    .journal_mode(slot, &inode, &mut attr, mode)?
-                    .then_some(()));
+                return Ok(fs.journal_mode(slot, inode, &mut attr, mode)?.then_some(()));
             };
             let mut acl = Acl::decode(acl::ACCESS, bytes)?;
             acl.chmod(mode);
             let value = acl.encode();
             Ok(fs
-                .journal_acl(slot, &inode, &mut attr, &mut xattrs, mode, &value)?
+                .journal_acl(slot, inode, &mut attr, &mut xattrs, mode, &value)?
                 .then_some(()))
         })
     }
