@@ -1,6 +1,7 @@
 //! Model-based property test: random operation sequences run against the file system and an
 //! in-memory model, compared after every step — including clean unmount/open and stops that
-//! leave the logs as a crash would.
+//! leave the logs as a crash would. One unnamed file (`O_TMPFILE`) at a time may be held
+//! open, written, named or closed unnamed; a crash ends the hold.
 
 use std::collections::BTreeMap;
 
@@ -51,6 +52,21 @@ enum Op {
     Rmdir {
         dir: usize,
     },
+    /// An unnamed file in `dir` (0: the root, else `DIRS[dir - 1]`), held open.
+    TmpMake {
+        dir: usize,
+    },
+    TmpWrite {
+        offset: u64,
+        len: usize,
+        tag: u64,
+    },
+    /// Names the held unnamed file `file_path(file)` and closes it.
+    TmpLink {
+        file: usize,
+    },
+    /// Closes the held unnamed file: it is gone.
+    TmpClose,
     Reopen,
     Crash,
 }
@@ -77,6 +93,11 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0usize..8, 0usize..8).prop_map(|(from, to)| Op::Rename { from, to }),
         2 => (0usize..3).prop_map(|dir| Op::Mkdir { dir }),
         1 => (0usize..3).prop_map(|dir| Op::Rmdir { dir }),
+        1 => (0usize..4).prop_map(|dir| Op::TmpMake { dir }),
+        2 => (0u64..200_000, 1usize..40_000, any::<u64>())
+            .prop_map(|(offset, len, tag)| Op::TmpWrite { offset, len, tag }),
+        1 => (0usize..8).prop_map(|file| Op::TmpLink { file }),
+        1 => Just(Op::TmpClose),
         1 => Just(Op::Reopen),
         1 => Just(Op::Crash),
     ]
@@ -161,6 +182,8 @@ fn run(ops: Vec<Op>, name: &str, mode: fs::CheckpointMode) -> Result<(), TestCas
     };
     let mut fs = Fs::format(open_volume(&shm.dir), &small_format(), options.clone()).unwrap();
     let mut model = Model::default();
+    // The held unnamed file and what it holds.
+    let mut tmp: Option<(fs::File, Vec<u8>)> = None;
     for op in ops {
         match &op {
             Op::Write {
@@ -305,7 +328,45 @@ fn run(ops: Vec<Op>, name: &str, mode: fs::CheckpointMode) -> Result<(), TestCas
                     prop_assert!(result.is_err());
                 }
             }
+            Op::TmpMake { dir } => {
+                let path = if *dir == 0 { "/" } else { DIRS[*dir - 1] };
+                let exists = *dir == 0 || model.dirs.iter().any(|d| d == path);
+                let result = fs.create_unnamed(path, 0o600, true, false);
+                if tmp.is_some() {
+                    // One at a time: this one is closed at once.
+                    drop(result);
+                } else if exists {
+                    tmp = Some((result.unwrap(), Vec::new()));
+                } else {
+                    prop_assert!(matches!(result, Err(FsError::NotFound(_))), "{:?}", result);
+                }
+            }
+            Op::TmpWrite { offset, len, tag } => {
+                if let Some((file, content)) = &mut tmp {
+                    let data = pattern(*tag, *offset, *len);
+                    file.write_at(&data, *offset).unwrap();
+                    let end = *offset as usize + len;
+                    if content.len() < end {
+                        content.resize(end, 0);
+                    }
+                    content[*offset as usize..end].copy_from_slice(&data);
+                }
+            }
+            Op::TmpLink { file } => {
+                if let Some((held, content)) = tmp.take() {
+                    let path = file_path(*file);
+                    let result = held.link(&path);
+                    if model.parent_exists(&path) && !model.files.contains_key(&path) {
+                        result.unwrap();
+                        model.files.insert(path, content);
+                    } else {
+                        prop_assert!(result.is_err(), "link of the unnamed file as {}", path);
+                    }
+                }
+            }
+            Op::TmpClose => tmp = None,
             Op::Reopen => {
+                tmp = None;
                 let before = attributes(&fs, &model);
                 fs.unmount().unwrap();
                 fs = Fs::open(open_volume(&shm.dir), options.clone()).unwrap();
@@ -314,6 +375,8 @@ fn run(ops: Vec<Op>, name: &str, mode: fs::CheckpointMode) -> Result<(), TestCas
             Op::Crash => {
                 let before = attributes(&fs, &model);
                 fs.abandon();
+                // Closed after the crash point: recovery drops it.
+                tmp = None;
                 fs = Fs::open(open_volume(&shm.dir), options.clone()).unwrap();
                 prop_assert_eq!(attributes(&fs, &model), before, "attributes after a crash");
             }
@@ -323,6 +386,7 @@ fn run(ops: Vec<Op>, name: &str, mode: fs::CheckpointMode) -> Result<(), TestCas
     }
     // Finally, a crash and a check of everything.
     fs.abandon();
+    drop(tmp);
     let fs = Fs::open(open_volume(&shm.dir), options.clone()).unwrap();
     compare(&fs, &model)
 }
