@@ -35,8 +35,9 @@ extern "C" {
 /* The version of this interface; locus_fs_api_version() returns the library's. Version 2
  * added the owners and the access and change times to struct locus_stat (so the struct is
  * larger: a program built for version 1 must be built again), and locus_fallocate,
- * locus_chown and the extended-attribute calls. */
-#define LOCUS_FS_API_VERSION 2
+ * locus_chown and the extended-attribute calls. Version 3 added O_TMPFILE to locus_open,
+ * and locus_link and locus_flink. */
+#define LOCUS_FS_API_VERSION 3
 
 /* The owner of a file made before the volume kept owners; in locus_chown, "unchanged". */
 #define LOCUS_NO_OWNER UINT32_MAX
@@ -131,7 +132,10 @@ int locus_fs_checkpoint(locus_fs *fs);
 int locus_fs_stats(locus_fs *fs, struct locus_fs_stats *stats);
 
 /* Opens path. flags: O_RDONLY, O_WRONLY or O_RDWR, plus O_CREAT (mode gives the permission
- * bits), O_EXCL, O_TRUNC. O_SYNC, O_DSYNC, O_DIRECT, O_CLOEXEC, O_LARGEFILE, O_NOATIME and
+ * bits), O_EXCL, O_TRUNC. O_TMPFILE | O_WRONLY or O_RDWR (path a directory) makes a file
+ * with no name there, which locus_flink names — the way to make a file appear whole or not
+ * at all, whatever crashes: write it, then name it; unnamed at locus_close (or after a
+ * crash) it is gone; with O_EXCL it can never be named. O_SYNC, O_DSYNC, O_DIRECT, O_CLOEXEC, O_LARGEFILE, O_NOATIME and
  * O_NOFOLLOW are accepted and change nothing (every write is durable on return, nothing
  * is cached, there are no links). Others, O_APPEND among them (writes are positional:
  * append at locus_fstat's size), are refused with -EINVAL. NULL on failure. */
@@ -171,6 +175,12 @@ int locus_mkdir(locus_fs *fs, const char *path, uint32_t mode);
 int locus_rmdir(locus_fs *fs, const char *path);
 /* Removes a name; an open file keeps its data until its last close. */
 int locus_unlink(locus_fs *fs, const char *path);
+/* A further name (a hard link) for the file or symbolic link at from; -EPERM for a
+ * directory, -EEXIST when to exists. */
+int locus_link(locus_fs *fs, const char *from, const char *to);
+/* Names the open file to too, or first (a file opened O_TMPFILE): -ENOENT when its names
+ * were all removed or it was opened O_TMPFILE | O_EXCL. */
+int locus_flink(locus_file *file, const char *to);
 /* Atomic; replaces a file or an empty directory at to. */
 int locus_rename(locus_fs *fs, const char *from, const char *to);
 int locus_truncate(locus_fs *fs, const char *path, uint64_t size);

@@ -24,8 +24,9 @@ use fs::{
 /// The interface version this library implements (`LOCUS_FS_API_VERSION`). Version 2 added
 /// owners and the access and change times to `struct locus_stat` (a larger struct: a
 /// program built for version 1 must be built again), and `locus_fallocate`, `locus_chown`
-/// and the extended-attribute calls.
-pub const API_VERSION: u32 = 2;
+/// and the extended-attribute calls. Version 3 added `O_TMPFILE` to `locus_open`, and
+/// `locus_link` and `locus_flink`.
+pub const API_VERSION: u32 = 3;
 
 /// `LOCUS_NO_OWNER`: the owner of a file made before the volume kept owners, and in
 /// `locus_chown` "leave it as it is".
@@ -345,7 +346,14 @@ const IGNORED_FLAGS: c_int = libc::O_SYNC
     | libc::O_NOFOLLOW;
 
 fn open_options(flags: c_int, mode: u32) -> Result<OpenOptions, Failure> {
-    let known = libc::O_ACCMODE | libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | IGNORED_FLAGS;
+    // (`O_TMPFILE` holds `O_DIRECTORY`, which alone stays refused.)
+    let tmpfile = if flags & libc::O_TMPFILE == libc::O_TMPFILE {
+        libc::O_TMPFILE
+    } else {
+        0
+    };
+    let known =
+        libc::O_ACCMODE | libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | tmpfile | IGNORED_FLAGS;
     if flags & libc::O_APPEND != 0 {
         return Err(invalid(
             "O_APPEND is not supported: writes are positional (append at locus_fstat's size)",
@@ -508,6 +516,16 @@ pub unsafe extern "C" fn locus_open(
         // SAFETY: the header's contract for handles and strings.
         let (fs, path) = unsafe { (handle(fs, "fs")?, str_arg(path, "path")?) };
         let options = open_options(flags, mode)?;
+        if flags & libc::O_TMPFILE == libc::O_TMPFILE {
+            if options.create || options.truncate || !options.write {
+                return Err(invalid(
+                    "O_TMPFILE takes O_WRONLY or O_RDWR, and neither O_CREAT nor O_TRUNC",
+                ));
+            }
+            let file =
+                fs.0.create_unnamed(path, options.mode, options.read, options.exclusive)?;
+            return Ok(Box::new(LocusFile(file)));
+        }
         Ok(Box::new(LocusFile(fs.0.open_file(path, options)?)))
     })
 }
@@ -687,6 +705,39 @@ pub unsafe extern "C" fn locus_rmdir(fs: *mut LocusFs, path: *const c_char) -> c
 pub unsafe extern "C" fn locus_unlink(fs: *mut LocusFs, path: *const c_char) -> c_int {
     // SAFETY: passed on from our caller.
     unsafe { path_op(fs, path, |fs, path| Ok(fs.unlink(path)?)) }
+}
+
+/// Gives the file or symbolic link at `from` the further name `to` (a hard link).
+///
+/// # Safety
+/// `fs` is NULL or a live handle; `from` and `to` NULL or strings.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn locus_link(
+    fs: *mut LocusFs,
+    from: *const c_char,
+    to: *const c_char,
+) -> c_int {
+    // SAFETY: passed on from our caller; `to` by the same contract as `from`.
+    unsafe {
+        path_op(fs, from, |fs, from| {
+            let to = str_arg(to, "to")?;
+            Ok(fs.link(from, to)?)
+        })
+    }
+}
+
+/// Names the open file `to` too — or first, a file opened with `O_TMPFILE`.
+///
+/// # Safety
+/// `file` is NULL or a live handle; `to` NULL or a string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn locus_flink(file: *mut LocusFile, to: *const c_char) -> c_int {
+    status(call(|| {
+        // SAFETY: the header's contract for handles and strings.
+        let (file, to) = unsafe { (handle(file, "file")?, str_arg(to, "to")?) };
+        file.0.link(to)?;
+        Ok(0)
+    }))
 }
 
 /// Renames atomically.

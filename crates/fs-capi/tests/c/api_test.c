@@ -104,6 +104,35 @@ static void write_phase(const char *dir) {
     CHECK(locus_pwrite(ro, buf, 1, 0) == -EBADF, "write to a read-only handle");
     CHECK(locus_close(ro) == 0, "close read-only");
 
+    /* A file made whole before it has a name (O_TMPFILE), then named; one never named;
+     * one that may not be; hard links. */
+    locus_file *t = locus_open(fs, "/d", O_TMPFILE | O_RDWR, 0640);
+    CHECK(t != NULL, "O_TMPFILE: %s", locus_last_error());
+    CHECK(locus_fstat(t, &st) == 0 && st.nlink == 0 && st.mode == 0640, "unnamed: nlink %u",
+          (unsigned)st.nlink);
+    fill(buf, 70000, 0, 4);
+    CHECK(locus_pwrite(t, buf, 70000, 0) == 70000, "write the unnamed file");
+    CHECK(locus_stat(fs, "/d/whole", &st) == -ENOENT, "not there before its name");
+    CHECK(locus_flink(t, "/d/whole") == 0, "flink: %s", locus_last_error());
+    CHECK(locus_flink(t, "/d/whole") == -EEXIST, "flink onto a name");
+    CHECK(locus_close(t) == 0, "close the named file");
+    CHECK(locus_stat(fs, "/d/whole", &st) == 0 && st.size == 70000 && st.nlink == 1,
+          "named: size %llu", (unsigned long long)st.size);
+    CHECK(locus_link(fs, "/d/whole", "/whole2") == 0, "link");
+    CHECK(locus_stat(fs, "/d/whole", &st) == 0 && st.nlink == 2, "two names");
+    CHECK(locus_link(fs, "/d", "/d2") == -EPERM, "link of a directory");
+    CHECK(locus_unlink(fs, "/whole2") == 0, "unlink one name");
+    t = locus_open(fs, "/d", O_TMPFILE | O_WRONLY | O_EXCL, 0600);
+    CHECK(t != NULL && locus_pwrite(t, buf, 100, 0) == 100, "exclusive O_TMPFILE");
+    CHECK(locus_flink(t, "/d/never") == -ENOENT, "an exclusive one is never named");
+    CHECK(locus_close(t) == 0, "close the unnamed file");
+    CHECK(locus_stat(fs, "/d/never", &st) == -ENOENT, "gone");
+    CHECK(locus_open(fs, "/d", O_TMPFILE | O_RDONLY, 0600) == NULL && errno == EINVAL,
+          "read-only O_TMPFILE");
+    CHECK(locus_open(fs, "/d/whole", O_TMPFILE | O_RDWR, 0600) == NULL && errno == ENOTDIR,
+          "O_TMPFILE in a file");
+    CHECK(locus_unlink(fs, "/d/whole") == 0, "unlink the named file");
+
     /* Namespace: rename, readdir, unlink, rmdir, truncate, chmod. */
     CHECK(locus_rename(fs, "/d/f", "/d/g") == 0, "rename");
     CHECK(locus_stat(fs, "/d/f", &st) == -ENOENT, "old name gone");
