@@ -659,6 +659,25 @@ unsafe fn path_op(
     }))
 }
 
+/// [`path_op`] of a call that takes two paths (`from`, then `to`).
+///
+/// # Safety
+/// As [`path_op`], `to` like `from`.
+unsafe fn two_path_op(
+    fs: *mut LocusFs,
+    from: *const c_char,
+    to: *const c_char,
+    op: impl FnOnce(&Fs, &str, &str) -> Result<(), Failure>,
+) -> c_int {
+    // SAFETY: passed on; `to` by the same contract as `from`.
+    unsafe {
+        path_op(fs, from, |fs, from| {
+            let to = str_arg(to, "to")?;
+            op(fs, from, to)
+        })
+    }
+}
+
 /// Fills `*stat` for a path.
 ///
 /// # Safety
@@ -717,13 +736,8 @@ pub unsafe extern "C" fn locus_link(
     from: *const c_char,
     to: *const c_char,
 ) -> c_int {
-    // SAFETY: passed on from our caller; `to` by the same contract as `from`.
-    unsafe {
-        path_op(fs, from, |fs, from| {
-            let to = str_arg(to, "to")?;
-            Ok(fs.link(from, to)?)
-        })
-    }
+    // SAFETY: passed on from our caller.
+    unsafe { two_path_op(fs, from, to, |fs, from, to| Ok(fs.link(from, to)?)) }
 }
 
 /// Names the open file `to` too — or first, a file opened with `O_TMPFILE`.
@@ -750,13 +764,8 @@ pub unsafe extern "C" fn locus_rename(
     from: *const c_char,
     to: *const c_char,
 ) -> c_int {
-    // SAFETY: passed on from our caller; `to` by the same contract as `from`.
-    unsafe {
-        path_op(fs, from, |fs, from| {
-            let to = str_arg(to, "to")?;
-            Ok(fs.rename(from, to)?)
-        })
-    }
+    // SAFETY: passed on from our caller.
+    unsafe { two_path_op(fs, from, to, |fs, from, to| Ok(fs.rename(from, to)?)) }
 }
 
 /// Sets the size of the file at `path`.

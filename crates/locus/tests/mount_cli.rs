@@ -86,6 +86,20 @@ transports!(
     unnamed_files_behave_as_on_tmpfs_and_go_with_a_crash,
 );
 
+/// `umount -l` of a mount point whose server is gone (what a user does after a crash).
+fn detach(point: &Path) {
+    assert!(
+        Command::new("umount")
+            .arg("-l")
+            .arg(point)
+            .status()
+            .unwrap()
+            .success(),
+        "umount -l {}",
+        point.display()
+    );
+}
+
 fn is_mounted(point: &Path) -> bool {
     volume::is_locus_mount(&point.canonicalize().unwrap())
 }
@@ -653,14 +667,7 @@ fn a_background_mount_refuses_what_it_cannot_serve() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("umount -l"), "{}", stderr(&out));
 
-    assert!(
-        Command::new("umount")
-            .arg("-l")
-            .arg(point.path())
-            .status()
-            .unwrap()
-            .success()
-    );
+    detach(point.path());
     let out = mount(volume.path());
     ok(&out, "locus mount after the kill");
     assert!(
@@ -942,14 +949,7 @@ fn kill_9_of_the_server_loses_no_acknowledged_write(transport: &'static str) {
         &[libc::ENOTCONN]
     };
     assert!(expected.contains(&err.raw_os_error().unwrap_or(0)), "{err}");
-    assert!(
-        Command::new("umount")
-            .arg("-l")
-            .arg(mount.path())
-            .status()
-            .unwrap()
-            .success()
-    );
+    detach(mount.path());
     // The dead server's record is stale: status opens the volume itself (and recovers in
     // DRAM only, changing nothing).
     assert!(mount.volume.path().join("locus.mounted").exists());
@@ -2124,14 +2124,7 @@ sys.stdin.read()
     drop(child.stdin.take());
     let _ = child.kill();
     let _ = child.wait();
-    assert!(
-        Command::new("umount")
-            .arg("-l")
-            .arg(mount.path())
-            .status()
-            .unwrap()
-            .success()
-    );
+    detach(mount.path());
     mount.start();
     assert_eq!(
         std::fs::read_to_string(mount.path().join("kept")).unwrap(),
