@@ -747,7 +747,19 @@ fn suspend_all(
     let mut dropped = Vec::with_capacity(table.len());
     for (fd, slot) in table.drain() {
         OPEN.fetch_sub(1, Ordering::Relaxed);
-        if slot.desc.usable().is_ok() {
+        let nameless = matches!(&slot.desc.node, Node::File(f) if f.stat().nlink == 0);
+        if nameless && slot.desc.usable().is_ok() {
+            // Reopened by its path, it would be another file or none: closed now, and gone
+            // with its last close.
+            eprintln!(
+                "locus preload: fd {fd} is a file with no name (removed while open, or made \
+                 with O_TMPFILE), which cannot outlive a fork or exec: closed"
+            );
+            mark(fd, false);
+            // SAFETY: the reservation fd of this locus fd, which is closed.
+            unsafe { real::close(fd) };
+            dropped.push(slot);
+        } else if slot.desc.usable().is_ok() {
             pending.push(Handoff {
                 fd,
                 ino: slot.desc.ino,

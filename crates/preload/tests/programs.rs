@@ -1748,7 +1748,8 @@ fn fd_names_lead_to_the_open_file_as_on_tmpfs() {
 /// errors (read-only, a file or a missing directory). Then, on locus only (this machine's
 /// kernel may refuse to follow `/proc/self/fd` links across mounts), the usual way of naming
 /// one — `linkat` of `/proc/self/fd/N` with `AT_SYMLINK_FOLLOW` — and a file left unnamed:
-/// after the program's exit the named files hold their bytes and the unnamed one is gone.
+/// after the program's exit the named files hold their bytes and the unnamed one is gone. A
+/// fork closes the descriptor of a file with no name, saying so (it cannot be reopened).
 #[test]
 fn unnamed_files_behave_as_on_tmpfs() {
     let vol = volume();
@@ -1807,12 +1808,29 @@ assert libc.linkat(-100, source, -100, b"/locus/by-proc", 0x400) == 0, ctypes.ge
 left = os.open("/locus/d", os.O_TMPFILE | os.O_RDWR, 0o600)
 os.write(left, b"never named" * 100000)
 print(sorted(os.listdir("/locus")))
+# A fork suspends every locus fd, to be reopened by its path: one with no name cannot be.
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+try:
+    os.fstat(left)
+except OSError as e:
+    print("after a fork:", e.strerror)
 "#;
     let out = preloaded(vol.path(), "python3")
         .args(["-c", by_proc])
         .output()
         .unwrap();
-    assert_eq!(ok(&out, "python3"), "['by-proc', 'd']\n");
+    assert_eq!(
+        ok(&out, "python3"),
+        "['by-proc', 'd']\nafter a fork: Bad file descriptor\n"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("is a file with no name"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let fs = open_fs(vol.path());
     assert_eq!(read_all(&fs, "/by-proc"), b"named through /proc/self/fd\n");
     assert_eq!(read_all(&fs, "/d/named"), b"written before it had a name\n");
