@@ -2077,13 +2077,13 @@ except OSError as e:
 print(sorted(os.listdir("d")))
 "#
     );
-    let (tmpfs, locus) = both(&mount, &format!("python3 -c '{script}'"));
+    let (tmpfs, on_locus) = both(&mount, &format!("python3 -c '{script}'"));
     assert!(
         tmpfs.contains("made 0 0o100640 []")
             && tmpfs.contains("exclusive: No such file or directory\nin a file: Not a directory"),
         "{tmpfs}"
     );
-    assert_eq!(locus, tmpfs);
+    assert_eq!(on_locus, tmpfs);
 
     let free = free_bytes;
     let before = free(mount.path());
@@ -2117,6 +2117,30 @@ sys.stdin.read()
     assert!(
         held + (6 << 20) <= before,
         "{held} free while 8 MiB are held, {before} before"
+    );
+    // `locus status` names what holds the space.
+    let out = locus()
+        .args(["status", "--json", "--volume"])
+        .arg(mount.volume.path())
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_str(&ok(&out, "status")).unwrap();
+    assert_eq!(report["nameless"]["files"], 1, "{report}");
+    assert!(
+        report["nameless"]["bytes"].as_u64().unwrap() >= 8 << 20,
+        "{report}"
+    );
+    let out = locus()
+        .args(["status", "--volume"])
+        .arg(mount.volume.path())
+        .output()
+        .unwrap();
+    let text = ok(&out, "status");
+    assert!(
+        text.contains(
+            "held open without a name (removed while open, or O_TMPFILE): 1 file(s), 8.00 MiB"
+        ),
+        "{text}"
     );
     let mut server = mount.server.take().unwrap();
     server.kill().unwrap(); // SIGKILL

@@ -577,6 +577,7 @@ impl Server {
             "uuid": volume::hex(&volume.uuid()),
             "devices": volume.stats(),
             "fs": self.fs.stats(),
+            "nameless": self.fs.nameless(),
             "fuse": {
                 "io_uring": self.io_uring,
                 "direct_io": self.direct_io,

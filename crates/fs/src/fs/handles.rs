@@ -612,6 +612,22 @@ impl Fs {
         }
     }
 
+    /// The files open with no name — removed while open, or made by
+    /// [`Fs::create_unnamed`] and not named — and the memory their blocks hold, which comes
+    /// back at their last close (what `df` counts and no listing shows). One pass over the
+    /// inode table: for a report, not a hot path.
+    pub fn nameless(&self) -> Nameless {
+        let inodes = self.inner.inodes.read().expect("inode table");
+        let mut nameless = Nameless::default();
+        for inode in inodes.values() {
+            if inode.attr().unlinked {
+                nameless.files += 1;
+                nameless.bytes += inode.extents.read().expect("extent map").mapped_blocks() * BLOCK;
+            }
+        }
+        nameless
+    }
+
     /// Counters.
     pub fn stats(&self) -> FsStats {
         self.inner.stats()
@@ -1074,6 +1090,15 @@ impl Drop for Buffer {
             tracing::error!(error = %e, "freeing an uncommitted buffer failed");
         }
     }
+}
+
+/// What [`Fs::nameless`] reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Nameless {
+    /// Files open with no name.
+    pub files: u64,
+    /// The bytes their mapped blocks hold.
+    pub bytes: u64,
 }
 
 /// What [`Fs::space`] reports.

@@ -25,7 +25,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use pmem::Region;
 
-pub use handles::{Buffer, Buffers, File, Fs, Space};
+pub use handles::{Buffer, Buffers, File, Fs, Nameless, Space};
 pub use mapped::MappedRun;
 pub use options::{CheckpointMode, FormatOptions, FsOptions, OpenOptions};
 pub(crate) use options::{check_format, check_options};

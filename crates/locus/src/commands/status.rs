@@ -260,7 +260,7 @@ fn served_status(dir: &Path, served: &volume::Served, args: &StatusArgs) -> Resu
         .with_context(|| format!("the mount server's status in {}", file.display()))?;
     if args.json {
         let served_by = serde_json::json!({ "pid": served.pid, "mountpoint": served.mountpoint });
-        return print_live_json(dir, &live, &served_by, &["fuse"]);
+        return print_live_json(dir, &live, &served_by, &["fuse", "nameless"]);
     }
     print_live_volume(
         dir,
@@ -271,6 +271,16 @@ fn served_status(dir: &Path, served: &volume::Served, args: &StatusArgs) -> Resu
             served.mountpoint.display()
         ),
     )?;
+    let nameless = &live["nameless"];
+    if let (Some(files @ 1..), Some(bytes)) =
+        (nameless["files"].as_u64(), nameless["bytes"].as_u64())
+    {
+        outln!(
+            "held open without a name (removed while open, or O_TMPFILE): {files} file(s), {} \
+             — free again at their last close",
+            format_bytes(bytes)
+        );
+    }
     let fuse = &live["fuse"];
     let queues: Vec<String> = fuse["queue_requests"]
         .as_array()
