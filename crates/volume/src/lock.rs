@@ -60,7 +60,7 @@ impl VolumeLock {
             .truncate(false)
             .open(&path)
             .map_err(|e| io("open", e))?;
-        match file.try_lock() {
+        match lock_tolerating_forks(&file) {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
                 let mut pid = String::new();
@@ -119,6 +119,33 @@ impl VolumeLock {
         }
         Ok(())
     }
+}
+
+/// `try_lock` of the volume's lock file, tried again for up to a second while the pid in it
+/// is this process's: a `flock` belongs to the open file description, which a child of
+/// another thread holds from its `fork` until its `exec` closes it — so a volume this
+/// process just closed can look held by itself for that long. A volume another handle of
+/// this process really holds is still refused, a second later.
+fn lock_tolerating_forks(file: &File) -> std::result::Result<(), std::fs::TryLockError> {
+    const TRIES: u32 = 100;
+    let mut tries = 0;
+    loop {
+        match file.try_lock() {
+            Err(std::fs::TryLockError::WouldBlock) if tries < TRIES && held_by_self(file) => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The lock file names this process as its holder.
+fn held_by_self(mut file: &File) -> bool {
+    let mut pid = String::new();
+    let read = file.rewind().and_then(|()| file.read_to_string(&mut pid));
+    let _ = file.rewind();
+    read.is_ok() && pid.trim() == std::process::id().to_string()
 }
 
 /// The pid holding an exclusive `flock` on `file`, from `/proc/locks` (lines such as
