@@ -1926,9 +1926,11 @@ fn fallocate_allocates_as_on_tmpfs_and_stays(transport: &'static str) {
     );
     mount.run("rm reserved");
     // The blocks go with the file's last close, and the kernel sends that RELEASE after
-    // `close` has returned (asynchronously): a slow server may see it after the `rm`.
+    // `close` has returned (asynchronously): a slow server may see it after the `rm`. (Within
+    // 4 MiB: free memory was seen to stay up to 1.5 MiB below `before` for longer than the
+    // wait, in CI; 64 MiB kept would not fit.)
     let deadline = Instant::now() + Duration::from_secs(10);
-    while free() < before - (1 << 20) {
+    while free() < before - (4 << 20) {
         assert!(
             Instant::now() < deadline,
             "given back on unlink: {} bytes free, {before} before",
