@@ -86,6 +86,16 @@ transports!(
     unnamed_files_behave_as_on_tmpfs_and_go_with_a_crash,
 );
 
+/// `locus status --json` of the volume in `volume`, parsed.
+fn status_json(volume: &Path) -> serde_json::Value {
+    let out = locus()
+        .args(["status", "--json", "--volume"])
+        .arg(volume)
+        .output()
+        .unwrap();
+    serde_json::from_str(&ok(&out, "status --json")).unwrap()
+}
+
 /// `umount -l` of a mount point whose server is gone (what a user does after a crash).
 fn detach(point: &Path) {
     assert!(
@@ -953,12 +963,7 @@ fn kill_9_of_the_server_loses_no_acknowledged_write(transport: &'static str) {
     // The dead server's record is stale: status opens the volume itself (and recovers in
     // DRAM only, changing nothing).
     assert!(mount.volume.path().join("locus.mounted").exists());
-    let out = locus()
-        .args(["status", "--json", "--volume"])
-        .arg(mount.volume.path())
-        .output()
-        .unwrap();
-    let report: serde_json::Value = serde_json::from_str(&ok(&out, "status")).unwrap();
+    let report = status_json(mount.volume.path());
     assert!(report.get("served_by").is_none(), "{report}");
     assert_eq!(report["fs"]["state"], "present", "{report}");
     mount.start();
@@ -1105,12 +1110,7 @@ fn status_and_fsck_beside_a_mount(transport: &'static str) {
     let mount = Mount::new(transport);
     std::fs::create_dir(mount.path().join("d")).unwrap();
     std::fs::write(mount.path().join("d/f"), b"x").unwrap();
-    let out = locus()
-        .args(["status", "--json", "--volume"])
-        .arg(mount.volume.path())
-        .output()
-        .unwrap();
-    let report: serde_json::Value = serde_json::from_str(&ok(&out, "status --json")).unwrap();
+    let report = status_json(mount.volume.path());
     let pid = u64::from(mount.server.as_ref().unwrap().id());
     assert_eq!(report["served_by"]["pid"].as_u64(), Some(pid), "{report}");
     assert_eq!(
@@ -2121,12 +2121,7 @@ sys.stdin.read()
         "{held} free while 8 MiB are held, {before} before"
     );
     // `locus status` names what holds the space.
-    let out = locus()
-        .args(["status", "--json", "--volume"])
-        .arg(mount.volume.path())
-        .output()
-        .unwrap();
-    let report: serde_json::Value = serde_json::from_str(&ok(&out, "status")).unwrap();
+    let report = status_json(mount.volume.path());
     assert_eq!(report["nameless"]["files"], 1, "{report}");
     assert!(
         report["nameless"]["bytes"].as_u64().unwrap() >= 8 << 20,

@@ -479,12 +479,10 @@ impl Server {
         {
             return Ok(st);
         }
-        self.open_file(ino)
-            .map(|h| match &*h {
-                Handle::File(f) => f.stat(),
-                _ => unreachable!("open_file finds files"),
-            })
-            .ok_or(libc::ENOENT)
+        match self.open_file(ino).as_deref() {
+            Some(Handle::File(f)) => Ok(f.stat()),
+            _ => Err(libc::ENOENT),
+        }
     }
 
     /// An open handle of file `ino`: how an inode without a name (unlinked while open, or
