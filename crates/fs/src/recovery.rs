@@ -34,7 +34,7 @@ use crate::inode::{Attr, Inode, Owner};
 use crate::journal::{Journal, JournalRecord, Kind, MetaOp};
 use crate::log::{LogArea, LogRecord};
 use crate::progress::Pending;
-use crate::root::Root;
+use crate::root::{Root, SlotAreas};
 use crate::snapshot::{INDEX_MAGIC, InodeImage, MAX_PIECES, Snapshot, SnapshotIndex};
 
 /// The inodes while the logs are replayed: the running file system's own, built from the
@@ -50,6 +50,8 @@ pub struct FsCheck {
     pub epoch: u64,
     /// Thread slots with log areas and journals.
     pub slots: u64,
+    /// The volume memory those areas hold.
+    pub slot_bytes: u64,
     /// Regular files.
     pub files: u64,
     /// Directories, the root included.
@@ -416,6 +418,7 @@ impl OfflineFs<'_> {
             generation: loaded.root.generation,
             epoch: loaded.root.epoch,
             slots: loaded.root.slots.len() as u64,
+            slot_bytes: loaded.root.slots.iter().map(SlotAreas::bytes).sum(),
             files: files.clone().count() as u64,
             directories: loaded
                 .inodes

@@ -7,6 +7,7 @@ use pmem::Region;
 
 use crate::codec::{Decoder, Encoder};
 use crate::error::{FsError, Result};
+use crate::extent_map::BLOCK;
 
 /// `LOCUSFS1`.
 pub const ROOT_MAGIC: u64 = u64::from_le_bytes(*b"LOCUSFS1");
@@ -37,6 +38,13 @@ pub struct SlotAreas {
     pub journal_addr: u64,
     /// Its length.
     pub journal_len: u64,
+}
+
+impl SlotAreas {
+    /// Volume memory the two areas hold (each a whole number of blocks).
+    pub fn bytes(&self) -> u64 {
+        self.log_len.next_multiple_of(BLOCK) + self.journal_len.next_multiple_of(BLOCK)
+    }
 }
 
 /// What the root says.

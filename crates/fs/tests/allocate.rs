@@ -269,3 +269,87 @@ fn what_space_shows_available_can_be_allocated() {
     drop((first, reserved));
     fs.unmount().unwrap();
 }
+
+/// Waits (at most 10 s) until the checkpoint and idle-time defragmentation are done.
+fn settle(fs: &Fs) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    fs.checkpoint().unwrap();
+    while !fs.stats().idle && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(fs.stats().idle, "{:?}", fs.stats());
+}
+
+/// Removing what was written gives every block back: free memory (as `statfs` counts it)
+/// returns to its level before, less exactly the log areas and journals of the thread slots
+/// the writing threads made — which stay the file system's for the next threads, and which
+/// the counters, and after an unmount the offline check, report.
+#[test]
+fn removed_files_give_back_all_but_new_thread_slots() {
+    let shm = shm_volume("give-back", 64 << 20);
+    let volume = open_volume(&shm.dir);
+    let fs = Fs::format(Arc::clone(&volume), &small_format(), small_options()).unwrap();
+    settle(&fs);
+    let free = |fs: &Fs| fs.space().free_bytes;
+    let (free_before, slots_before) = (free(&fs), fs.stats());
+    // Three threads at once, each a file of 1 MiB: 4 KiB at scattered offsets, then
+    // 64 KiB pieces over it, then a partial block.
+    std::thread::scope(|s| {
+        for t in 0..3u64 {
+            let fs = &fs;
+            s.spawn(move || {
+                let f = fs.create(&format!("/f{t}")).unwrap();
+                for i in 0..256u64 {
+                    let block = (i * 97) % 256;
+                    f.write_at(&pattern(t, block * B, B as usize), block * B)
+                        .unwrap();
+                }
+                for i in 0..16u64 {
+                    f.write_at(&pattern(t + 10, i << 16, 64 << 10), i << 16)
+                        .unwrap();
+                }
+                f.write_at(b"tail", 5 * B + 7).unwrap();
+            });
+        }
+    });
+    settle(&fs);
+    let stats = fs.stats();
+    assert!(
+        stats.slots > slots_before.slots,
+        "the writers' threads made slots: {stats:?}"
+    );
+    assert!(free(&fs) + (3 << 20) <= free_before, "the files hold 3 MiB");
+    for t in 0..3 {
+        fs.unlink(&format!("/f{t}")).unwrap();
+    }
+    settle(&fs);
+    let made = stats.slot_bytes - slots_before.slot_bytes;
+    let slack = 16 * B;
+    assert!(
+        free(&fs) + made + slack >= free_before,
+        "{} bytes free, {free_before} before; new slots hold {made}",
+        free(&fs)
+    );
+    let (slots, slot_bytes) = (stats.slots, stats.slot_bytes);
+    fs.unmount().unwrap();
+    drop(volume);
+
+    let volume = open_volume(&shm.dir);
+    let offline = Fs::offline(&volume).unwrap();
+    let check = offline.check().unwrap();
+    assert_eq!((check.slots, check.slot_bytes), (slots, slot_bytes));
+    drop(offline);
+    drop(volume);
+    let volume = open_volume(&shm.dir);
+    let fs = Fs::open(volume, small_options()).unwrap();
+    settle(&fs);
+    assert_eq!(
+        (fs.stats().slots, fs.stats().slot_bytes),
+        (slots, slot_bytes)
+    );
+    assert!(
+        free(&fs) + made + slack >= free_before,
+        "after the unmount: {} bytes free, {free_before} before; new slots hold {made}",
+        free(&fs)
+    );
+}

@@ -119,6 +119,9 @@ pub(crate) struct FsCounters {
     pub(crate) waits: [AtomicU64; Wait::COUNT],
     /// The checkpoint thread's CPU time, as of its last pass.
     pub(crate) checkpoint_cpu_ns: AtomicU64,
+    /// Thread slots made, and the volume memory their log areas and journals hold.
+    pub(crate) slots: AtomicU64,
+    pub(crate) slot_bytes: AtomicU64,
 }
 
 /// Why a writer waits for the checkpoint.
@@ -197,6 +200,13 @@ pub struct FsStats {
     pub checkpoint_cpu_ns: u64,
     /// Files and directories.
     pub inodes: u64,
+    /// Thread slots made: one for the checkpoint and one for each thread that has used the
+    /// file system while as many others held theirs. A slot's log area and journal stay
+    /// the file system's once made (the next thread to come reuses them), so they are
+    /// memory that `statfs` does not count free.
+    pub slots: u64,
+    /// The volume memory those log areas and journals hold.
+    pub slot_bytes: u64,
     /// Volume memory writers leave free for the checkpoint (its snapshots and the pages
     /// under partial writes into holes): a write needs free memory beyond this.
     pub reserved_bytes: u64,
@@ -345,6 +355,8 @@ impl Inner {
             replayed,
         } = recovered;
         let slot_limit = root.slot_limit as usize;
+        let slots_made = root.slots.len() as u64;
+        let slot_bytes = root.slots.iter().map(SlotAreas::bytes).sum();
         let pending = slots.iter().map(|s| s.2.len() as u64).sum();
         let next_snapshot = snapshot_size(&inodes, root.slots.len());
         let pending_pages = if checksums.is_some() {
@@ -386,7 +398,11 @@ impl Inner {
             slots: (0..slot_limit).map(|_| OnceLock::new()).collect(),
             slot_in_use: Mutex::new(vec![false; slot_limit]),
             exiting: Mutex::default(),
-            counters: FsCounters::default(),
+            counters: FsCounters {
+                slots: AtomicU64::new(slots_made),
+                slot_bytes: AtomicU64::new(slot_bytes),
+                ..FsCounters::default()
+            },
             checksums,
             pending_pages: AtomicU64::new(pending_pages),
             replayed,
@@ -697,13 +713,18 @@ impl Inner {
         journal.reset(root.epoch)?;
         let mut next = root.clone();
         next.generation += 1;
-        next.slots.push(SlotAreas {
+        let areas = SlotAreas {
             log_addr: log_extent.start.raw(),
             log_len,
             journal_addr: journal_extent.start.raw(),
             journal_len,
-        });
+        };
+        next.slots.push(areas);
         next.write(&self.owner)?;
+        self.counters.slots.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .slot_bytes
+            .fetch_add(areas.bytes(), Ordering::Relaxed);
         *root = next;
         let slot = self.make_slot(index, log, journal, VecDeque::new());
         self.slots[index as usize]
@@ -876,6 +897,8 @@ impl Inner {
             waits_for_journal: waits[Wait::Journal as usize],
             checkpoint_cpu_ns: c.checkpoint_cpu_ns.load(Ordering::Relaxed),
             inodes: self.inodes.read().expect("inode table").len() as u64,
+            slots: c.slots.load(Ordering::Relaxed),
+            slot_bytes: c.slot_bytes.load(Ordering::Relaxed),
             reserved_bytes: self.reserve_bytes(),
         };
         stats.idle = stats.records_pending == 0 && stats.defrag_windows_noted == 0;

@@ -198,6 +198,9 @@ pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
     }
     outln!();
     outln!("{}", report.fs.describe());
+    if let super::volume::FsState::Present(check) = &report.fs {
+        outln!("{}", slots_line(check.slots, check.slot_bytes));
+    }
     for cache in &report.caches {
         match &cache.state {
             CacheNvramState::Read(s) if s.dirty_blocks > 0 => outln!(
@@ -421,5 +424,15 @@ fn print_live_volume(dir: &Path, live: &serde_json::Value, server: &str) -> Resu
         count("defrag_windows_noted"),
         count("defrag_windows_deferred")
     );
+    outln!("{}", slots_line(count("slots"), count("slot_bytes")));
     Ok(())
+}
+
+/// Where the memory of thread slots goes, which `df` counts as used on an empty volume.
+fn slots_line(slots: u64, bytes: u64) -> String {
+    format!(
+        "thread slots: {slots}, holding {} of logs and journals (the checkpoint's, and one per \
+         thread for the most threads that have used the file system at once; kept for reuse)",
+        format_bytes(bytes)
+    )
 }
