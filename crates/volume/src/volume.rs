@@ -115,6 +115,9 @@ pub struct Volume {
     devices: Vec<VolumeDevice>,
     monitor: Arc<Monitor>,
     topology: Topology,
+    /// The node of each CPU, by CPU number (0 for a CPU the topology does not name): every
+    /// write asks for its caller's node, so this is an index, not a search of the nodes.
+    cpu_nodes: Vec<u32>,
     // Dropped first: stop the checker before the monitor goes.
     _check: Option<PeriodicCheck>,
     _lock: Option<VolumeLock>,
@@ -268,6 +271,7 @@ impl Volume {
             uuid,
             devices: opened,
             monitor,
+            cpu_nodes: cpu_nodes(&topology),
             topology,
             _check: check,
             _lock: None,
@@ -487,9 +491,7 @@ impl Volume {
 
     /// Allocates for the calling thread, on the node of the CPU it runs on.
     pub fn alloc_local(&self, len_bytes: u64) -> Result<Extent> {
-        let cpu = topology::current_cpu().unwrap_or(0);
-        let node = self.topology.node_of_cpu(cpu).unwrap_or(0);
-        self.alloc(len_bytes, node)
+        self.alloc(len_bytes, self.current_node())
     }
 
     /// Allocates `len_bytes` from device `device` only.
@@ -570,7 +572,7 @@ impl Volume {
     /// The node of the CPU the calling thread runs on.
     pub fn current_node(&self) -> u32 {
         let cpu = topology::current_cpu().unwrap_or(0);
-        self.topology.node_of_cpu(cpu).unwrap_or(0)
+        self.cpu_nodes.get(cpu as usize).copied().unwrap_or(0)
     }
 
     /// The owner area of a device: bytes 4 KiB..2 MiB, outside the allocator, where the
@@ -818,6 +820,17 @@ fn check_emulated(dir: &Path, config: &VolumeConfig) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The node of each CPU of `topology`, indexed by CPU number.
+fn cpu_nodes(topology: &Topology) -> Vec<u32> {
+    let map = topology.cpu_to_node();
+    let len = map.keys().next_back().map_or(0, |&cpu| cpu as usize + 1);
+    let mut nodes = vec![0; len];
+    for (cpu, node) in map {
+        nodes[cpu as usize] = node;
+    }
+    nodes
 }
 
 /// `MemFree` of the whole machine (/proc/meminfo), in bytes; `None` where it cannot be read.
