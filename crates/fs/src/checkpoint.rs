@@ -202,7 +202,7 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot) -> Result<usize> {
         }
     }
     let op_maps = work.maps.len() as u64;
-    if inner.options.defrag {
+    if inner.options.defragments() {
         inner
             .defrag
             .note(work.maps.iter().map(|m| (m.ino, m.file_block, m.blocks)));

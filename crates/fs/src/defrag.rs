@@ -54,7 +54,7 @@ use smallvec::{SmallVec, smallvec};
 use crate::buffers::BufferSet;
 use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
-use crate::fs::{CheckpointMode, Inner, Slot};
+use crate::fs::{Inner, Slot};
 use crate::inode::Inode;
 use crate::journal::Kind;
 use crate::range_lock::LockMode;
@@ -297,7 +297,7 @@ impl Defragmenter {
     /// Starts the thread: none when `FsOptions::defrag` is off or the checkpoint runs on
     /// demand (whose logs hold only what callers wrote, for measurements and tests).
     pub(crate) fn start(inner: &Arc<Inner>) -> Result<Option<Self>> {
-        if !inner.options.defrag || inner.options.checkpoint != CheckpointMode::Background {
+        if !inner.options.defragments() {
             return Ok(None);
         }
         let for_thread = Arc::clone(inner);

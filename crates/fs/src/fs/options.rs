@@ -81,6 +81,16 @@ pub enum CheckpointMode {
     OnDemand,
 }
 
+impl FsOptions {
+    /// Whether the idle-time defragmenter runs: asked for, with the checkpoint in the
+    /// background (an on-demand checkpoint's logs hold only what callers wrote, for
+    /// measurements and tests). Windows are noted only then — noted with no thread to take
+    /// them, they would pile up and the file system would never be idle.
+    pub(crate) fn defragments(&self) -> bool {
+        self.defrag && self.checkpoint == CheckpointMode::Background
+    }
+}
+
 impl Default for FsOptions {
     fn default() -> Self {
         Self {

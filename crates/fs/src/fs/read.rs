@@ -86,7 +86,7 @@ impl Inner {
             at = piece.end;
         }
         base(at, end, &mut segments);
-        if self.options.defrag && segments.len() >= crate::defrag::SCATTERED_PIECES {
+        if self.options.defragments() && segments.len() >= crate::defrag::SCATTERED_PIECES {
             self.defrag.read_scattered(inode.ino, &segments);
         }
         segments
