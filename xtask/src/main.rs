@@ -78,6 +78,7 @@ fn report_architecture(root: &Path) -> Result<()> {
 fn cargo(root: &Path, args: &[&str]) -> Result<()> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     eprintln!("xtask: cargo {}", args.join(" "));
+    let started = std::time::Instant::now();
     let status = Command::new(cargo)
         .args(args)
         .current_dir(root)
@@ -86,6 +87,11 @@ fn cargo(root: &Path, args: &[&str]) -> Result<()> {
     if !status.success() {
         bail!("cargo {} failed ({status})", args.join(" "));
     }
+    eprintln!(
+        "xtask: cargo {} took {:.0} s",
+        args.first().copied().unwrap_or_default(),
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
