@@ -745,19 +745,24 @@ fn suspend_all(
         return Vec::new();
     };
     let mut dropped = Vec::with_capacity(table.len());
+    // Descriptions of nameless files already moved into memory, by id: the fd that holds each.
+    let mut moved = HashMap::new();
     for (fd, slot) in table.drain() {
         OPEN.fetch_sub(1, Ordering::Relaxed);
         let nameless = matches!(&slot.desc.node, Node::File(f) if f.stat().nlink == 0);
         if nameless && slot.desc.usable().is_ok() {
-            // Reopened by its path, it would be another file or none: closed now, and gone
-            // with its last close.
-            eprintln!(
-                "locus preload: fd {fd} is a file with no name (removed while open, or made \
-                 with O_TMPFILE), which cannot outlive a fork or exec: closed"
-            );
+            // Reopened by its path, it would be another file or none: its bytes go to a
+            // memory file on the same fd instead, and the locus file with its last close.
+            if let Err(problem) = into_memory_file(fd, &slot, &mut moved) {
+                eprintln!(
+                    "locus preload: fd {fd} is a file with no name (removed while open, or made \
+                     with O_TMPFILE), which cannot outlive a fork or exec here ({problem}): \
+                     closed"
+                );
+                // SAFETY: the reservation fd of this locus fd, which is closed.
+                unsafe { real::close(fd) };
+            }
             mark(fd, false);
-            // SAFETY: the reservation fd of this locus fd, which is closed.
-            unsafe { real::close(fd) };
             dropped.push(slot);
         } else if slot.desc.usable().is_ok() {
             pending.push(Handoff {
@@ -776,6 +781,136 @@ fn suspend_all(
     }
     PENDING_COUNT.store(pending.len(), Ordering::Relaxed);
     dropped
+}
+
+/// Moves the bytes of the nameless file open as `fd` into a memory file (`memfd`) that takes
+/// the fd's number over, with the description's offset, access mode, status flags and the
+/// fd's close-on-exec flag; fds of a description already moved (`moved`) are made
+/// duplicates of it, sharing its offset as before. No path leads back to a file without a
+/// name once the volume is let go, and its bytes were never to outlive the process (nothing
+/// names them, recovery drops them): DRAM loses nothing a crash would not. From then on the
+/// fd is the kernel's — after a fork, parent and child share it as they would a tmpfs file's.
+/// Refused (the caller closes the fd) when the file is larger than half the free memory.
+fn into_memory_file(
+    fd: c_int,
+    entry: &FdEntry,
+    moved: &mut HashMap<u64, c_int>,
+) -> Result<(), String> {
+    let cloexec = if entry.cloexec { libc::O_CLOEXEC } else { 0 };
+    let desc = &entry.desc;
+    if let Some(&holder) = moved.get(&desc.id) {
+        // SAFETY: `holder` is a kernel fd this pass made; `fd` is a reservation, replaced.
+        if unsafe { real::dup3(holder, fd, cloexec) } < 0 {
+            return Err(format!("dup3: {}", std::io::Error::last_os_error()));
+        }
+        return Ok(());
+    }
+    let file = desc.file().map_err(|e| format!("errno {e}"))?.reader();
+    let size = file.len();
+    // SAFETY: a plain C struct, for which all zeros is a valid value.
+    let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
+    // SAFETY: sysinfo fills the struct it is given, which lives through the call.
+    if unsafe { libc::sysinfo(&mut info) } == 0 {
+        let free = info.freeram * u64::from(info.mem_unit);
+        if size > free / 2 {
+            return Err(format!(
+                "{size} bytes, more than half of the {free} bytes of free memory"
+            ));
+        }
+    }
+    let os_error = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
+    // SAFETY: a NUL-terminated name; the fd returned is ours.
+    let memory = unsafe { libc::memfd_create(c"locus-nameless".as_ptr(), libc::MFD_CLOEXEC) };
+    if memory < 0 {
+        return Err(os_error("memfd_create"));
+    }
+    let filled = fill_memory_file(memory, &file, size).and_then(|()| {
+        let status = desc.status.load(Ordering::Relaxed);
+        let access = status & libc::O_ACCMODE;
+        // The memory file is read-write; a description that was not gets its own mode
+        // through /proc (the memory file's, as `open` of /proc/self/fd/N gives).
+        let target = if access == libc::O_RDWR {
+            memory
+        } else {
+            let path = std::ffi::CString::new(format!("/proc/self/fd/{memory}"))
+                .expect("no NUL in a number");
+            // SAFETY: a NUL-terminated path; the fd returned is ours.
+            let reopened = unsafe { real::open(path.as_ptr(), access | libc::O_CLOEXEC, 0) };
+            if reopened < 0 {
+                return Err(os_error("reopening the memory file"));
+            }
+            reopened
+        };
+        let pos = *ordered(rank::POSITION, || desc.pos.lock());
+        // SAFETY: `target` is ours; the flags and offset are the description's.
+        let done = unsafe {
+            real::fcntl(
+                target,
+                libc::F_SETFL,
+                (status & libc::O_APPEND) as libc::c_ulong,
+            ) == 0
+                && real::lseek64(target, pos as libc::off_t, libc::SEEK_SET) >= 0
+                && real::dup3(target, fd, cloexec) >= 0
+        };
+        let result = if done {
+            Ok(())
+        } else {
+            Err(os_error("giving the fd the memory file"))
+        };
+        if target != memory {
+            // SAFETY: ours, duplicated onto `fd` (or failed) already.
+            unsafe { real::close(target) };
+        }
+        result
+    });
+    // SAFETY: ours; `fd` holds the description now (or the move failed).
+    unsafe { real::close(memory) };
+    filled?;
+    moved.insert(desc.id, fd);
+    Ok(())
+}
+
+/// Copies `size` bytes of `file` into the memory file `memory`, leaving holes where the file
+/// reads zeros.
+fn fill_memory_file(memory: c_int, file: &fs::File, size: u64) -> Result<(), String> {
+    // SAFETY: `memory` is ours.
+    if unsafe { real::ftruncate64(memory, size as libc::off_t) } < 0 {
+        return Err(format!("ftruncate: {}", std::io::Error::last_os_error()));
+    }
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0;
+    while at < size {
+        let want = (size - at).min(buf.len() as u64) as usize;
+        let got = file
+            .read_at(&mut buf[..want], at)
+            .map_err(|e| format!("reading it: {e}"))?;
+        if got == 0 {
+            break;
+        }
+        if buf[..got].iter().any(|&b| b != 0) {
+            let mut written = 0;
+            while written < got {
+                // SAFETY: the buffer holds `got` bytes; `memory` is ours.
+                let n = unsafe {
+                    real::pwrite64(
+                        memory,
+                        buf[written..got].as_ptr().cast(),
+                        got - written,
+                        (at + written as u64) as libc::off_t,
+                    )
+                };
+                if n <= 0 {
+                    return Err(format!(
+                        "writing the memory file: {}",
+                        std::io::Error::last_os_error()
+                    ));
+                }
+                written += n as usize;
+            }
+        }
+        at += got as u64;
+    }
+    Ok(())
 }
 
 fn unlock_all() {

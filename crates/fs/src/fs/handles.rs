@@ -731,6 +731,20 @@ impl File {
         self.after_write()
     }
 
+    /// Another handle to this file, open for reading whatever this one's mode: for the
+    /// program that holds this handle to copy its file out (the preload library moves the
+    /// bytes of a file without a name into memory at a fork, write-only ones too). It is an
+    /// open handle like any: a file without a name stays until both are closed.
+    pub fn reader(&self) -> File {
+        self.inode.opens.fetch_add(1, Ordering::AcqRel);
+        File {
+            fs: self.fs.clone(),
+            inode: Arc::clone(&self.inode),
+            read: true,
+            write: false,
+        }
+    }
+
     /// Reads at `offset`; returns the bytes read (short at the end of the file).
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
         if !self.read {
