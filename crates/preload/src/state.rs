@@ -1040,6 +1040,7 @@ fn unhex(text: &str) -> Option<String> {
 /// The description to hand over and the fds whose reservations must survive, or `None`
 /// when nothing needs handing over.
 pub(crate) fn handoff_for_exec() -> Option<(String, Vec<c_int>)> {
+    keep_nameless_for_exec();
     let mut lines = Vec::new();
     let mut fds = Vec::new();
     if let Some(table) = ordered(rank::FDS, || FDS.read()).as_ref() {
@@ -1076,6 +1077,48 @@ pub(crate) fn handoff_for_exec() -> Option<(String, Vec<c_int>)> {
         lines.push(format!("cwd {}", hex(dir.as_bytes())));
     }
     (!lines.is_empty()).then(|| (lines.join(";"), fds))
+}
+
+/// Before `exec`: an fd of a file with no name that the program keeps (no `FD_CLOEXEC`)
+/// cannot be handed over by path, so it becomes a memory file now ([`into_memory_file`]),
+/// which the kernel carries over the exec as any fd.
+fn keep_nameless_for_exec() {
+    let mut moved = HashMap::new();
+    let mut gone = Vec::new();
+    {
+        let mut fds = ordered(rank::FDS, || FDS.write());
+        let Some(table) = fds.as_mut() else {
+            return;
+        };
+        let nameless: Vec<c_int> = table
+            .iter()
+            .filter(|(_, slot)| {
+                !slot.cloexec
+                    && slot.desc.usable().is_ok()
+                    && matches!(&slot.desc.node, Node::File(f) if f.stat().nlink == 0)
+            })
+            .map(|(&fd, _)| fd)
+            .collect();
+        for fd in nameless {
+            let slot = table.remove(&fd).expect("listed above");
+            OPEN.fetch_sub(1, Ordering::Relaxed);
+            if let Err(problem) = into_memory_file(fd, &slot, &mut moved) {
+                eprintln!(
+                    "locus preload: fd {fd} is a file with no name (removed while open, or made \
+                     with O_TMPFILE), which cannot outlive the exec here ({problem}): closed"
+                );
+                // SAFETY: the reservation fd of this locus fd, which is closed.
+                unsafe { real::close(fd) };
+            }
+            mark(fd, false);
+            gone.push(slot);
+        }
+        if !gone.is_empty() {
+            table_changed();
+        }
+    }
+    // Dropping descriptions releases their locks: with the table no longer held.
+    drop(gone);
 }
 
 /// Reads a handed-over description (at library load; nothing is mounted yet).

@@ -1852,7 +1852,7 @@ print("after a fork:", os.fstat(left).st_size, os.pread(left, 11, 0))
 /// while open, a write-only `O_TMPFILE` with `O_APPEND` — outlive a `subprocess.run`, a
 /// `fork` and an `exec` that inherits one, as on tmpfs: their bytes, offsets (shared by
 /// `dup`s, and with a forked child), access modes and `O_APPEND` stay, and a child reads
-/// the inherited one. (The library moves them into memory files at the fork: no path leads
+/// the inherited one, as does the program an `exec` runs. (The library moves them into memory files at the fork: no path leads
 /// back to them.) Nothing of them is left on the volume after the program.
 #[test]
 fn files_without_a_name_outlive_fork_and_exec_as_on_tmpfs() {
@@ -1885,10 +1885,15 @@ try:
 except OSError as e:
     print("read of it:", e.strerror)
 print(sorted(os.listdir(d)))
+e = tempfile.TemporaryFile(dir=d); e.write(b"handed to an exec"); e.flush(); e.seek(7)
+os.set_inheritable(e.fileno(), True)
+sys.stdout.flush()
+os.execv("/bin/sh", ["sh", "-c", "cat <&%d" % e.fileno()])
 "#;
     let (expected, got, status) = python_both(vol.path(), script);
     assert!(
-        expected.contains("read back: 5000 5000")
+        expected.ends_with("[]\nto an exec")
+            && expected.contains("read back: 5000 5000")
             && expected.contains("a child's read: b'while open' 0")
             && expected.contains("write-only, appending: 4"),
         "tmpfs run broken:\n{expected}"
