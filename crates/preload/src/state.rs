@@ -353,6 +353,15 @@ pub(crate) struct FdEntry {
     pub cloexec: bool,
 }
 
+impl FdEntry {
+    /// A usable fd of a file with no name (removed while open, or made with `O_TMPFILE`),
+    /// which no path leads back to.
+    fn is_nameless(&self) -> bool {
+        self.desc.usable().is_ok()
+            && matches!(&self.desc.node, Node::File(f) if f.stat().nlink == 0)
+    }
+}
+
 const BITMAP_FDS: usize = 1 << 16;
 static BITS: [AtomicU64; BITMAP_FDS / 64] = [const { AtomicU64::new(0) }; BITMAP_FDS / 64];
 /// Locus fds at or above `BITMAP_FDS` (looked up in the table).
@@ -749,20 +758,10 @@ fn suspend_all(
     let mut moved = HashMap::new();
     for (fd, slot) in table.drain() {
         OPEN.fetch_sub(1, Ordering::Relaxed);
-        let nameless = matches!(&slot.desc.node, Node::File(f) if f.stat().nlink == 0);
-        if nameless && slot.desc.usable().is_ok() {
+        if slot.is_nameless() {
             // Reopened by its path, it would be another file or none: its bytes go to a
             // memory file on the same fd instead, and the locus file with its last close.
-            if let Err(problem) = into_memory_file(fd, &slot, &mut moved) {
-                eprintln!(
-                    "locus preload: fd {fd} is a file with no name (removed while open, or made \
-                     with O_TMPFILE), which cannot outlive a fork or exec here ({problem}): \
-                     closed"
-                );
-                // SAFETY: the reservation fd of this locus fd, which is closed.
-                unsafe { real::close(fd) };
-            }
-            mark(fd, false);
+            keep_in_memory(fd, &slot, &mut moved);
             dropped.push(slot);
         } else if slot.desc.usable().is_ok() {
             pending.push(Handoff {
@@ -781,6 +780,20 @@ fn suspend_all(
     }
     PENDING_COUNT.store(pending.len(), Ordering::Relaxed);
     dropped
+}
+
+/// [`into_memory_file`], or, when that fails, closing `fd` with a message saying why; `fd`
+/// is no locus fd afterwards either way.
+fn keep_in_memory(fd: c_int, entry: &FdEntry, moved: &mut HashMap<u64, c_int>) {
+    if let Err(problem) = into_memory_file(fd, entry, moved) {
+        eprintln!(
+            "locus preload: fd {fd} is a file with no name (removed while open, or made with \
+             O_TMPFILE), which cannot outlive a fork or exec here ({problem}): closed"
+        );
+        // SAFETY: the reservation fd of this locus fd, which is closed.
+        unsafe { real::close(fd) };
+    }
+    mark(fd, false);
 }
 
 /// Moves the bytes of the nameless file open as `fd` into a memory file (`memfd`) that takes
@@ -1092,25 +1105,13 @@ fn keep_nameless_for_exec() {
         };
         let nameless: Vec<c_int> = table
             .iter()
-            .filter(|(_, slot)| {
-                !slot.cloexec
-                    && slot.desc.usable().is_ok()
-                    && matches!(&slot.desc.node, Node::File(f) if f.stat().nlink == 0)
-            })
+            .filter(|(_, slot)| !slot.cloexec && slot.is_nameless())
             .map(|(&fd, _)| fd)
             .collect();
         for fd in nameless {
             let slot = table.remove(&fd).expect("listed above");
             OPEN.fetch_sub(1, Ordering::Relaxed);
-            if let Err(problem) = into_memory_file(fd, &slot, &mut moved) {
-                eprintln!(
-                    "locus preload: fd {fd} is a file with no name (removed while open, or made \
-                     with O_TMPFILE), which cannot outlive the exec here ({problem}): closed"
-                );
-                // SAFETY: the reservation fd of this locus fd, which is closed.
-                unsafe { real::close(fd) };
-            }
-            mark(fd, false);
+            keep_in_memory(fd, &slot, &mut moved);
             gone.push(slot);
         }
         if !gone.is_empty() {
