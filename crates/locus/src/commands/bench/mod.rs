@@ -145,7 +145,7 @@ pub fn run(sysfs: &std::path::Path, args: &BenchArgs) -> Result<()> {
         Suite::Volume(args) => volume::run(sysfs, args),
         Suite::Age(args) => age::run(sysfs, args),
         Suite::Fs(args) => fs::run(sysfs, args),
-        Suite::Nbd(args) => nbd::run(args),
+        Suite::Nbd(args) => nbd::run(sysfs, args),
         Suite::Mount(args) => mount::run(sysfs, args),
         Suite::Cache(args) => cache::run(args),
         Suite::Preload(args) => preload::run(sysfs, args),

@@ -2,6 +2,7 @@
 //! `nbdkit memory` and `qemu-nbd` serving a file on tmpfs, over loopback TCP.
 
 use std::net::{TcpListener, TcpStream};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -210,13 +211,21 @@ impl Credentials {
     }
 }
 
-fn start_locus(submit: &str, tls: Option<&Credentials>) -> Result<Running> {
+fn start_locus(sysfs: &Path, submit: &str, tls: Option<&Credentials>) -> Result<Running> {
     let scratch = super::cleanup::Scratch::shm_dir("locus-bench-nbd")?;
     let dir = scratch.path().to_owned();
+    // A volume sized for the export (twice it: room for overwrites the checkpoint has not
+    // yet taken back), not the embedded default, which is a share of free memory: smaller
+    // than the export on a small machine, and on a large one gigabytes the server would
+    // map and the kernel clear before the first case.
+    super::preload::make_volume_with_room(&dir, sysfs, 1, EXPORT_BYTES, 0)
+        .context("formatting the bench volume")?;
     let port = free_port()?;
     let exe = std::env::current_exe().context("finding the locus binary")?;
     let mut command = Command::new(exe);
     command
+        .arg("--sysfs")
+        .arg(sysfs)
         .args(["serve", "--volume", dir.to_str().unwrap_or_default()])
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--default-size", &EXPORT_BYTES.to_string()])
@@ -327,7 +336,7 @@ fn fio(
     super::fio_report(&mut command)
 }
 
-pub fn run(args: &NbdBenchArgs) -> Result<()> {
+pub fn run(sysfs: &Path, args: &NbdBenchArgs) -> Result<()> {
     anyhow::ensure!(
         args.seconds > 0.0 && args.seconds <= 600.0,
         "--seconds must be in (0, 600]"
@@ -352,7 +361,11 @@ pub fn run(args: &NbdBenchArgs) -> Result<()> {
     }
     let mut starters: Vec<(&str, Starter)> = Vec::new();
     let submit = args.submit.clone();
-    starters.push(("locus", Box::new(move || start_locus(&submit, None))));
+    let locus_sysfs = sysfs.to_owned();
+    starters.push((
+        "locus",
+        Box::new(move || start_locus(&locus_sysfs, &submit, None)),
+    ));
     let credentials = if args.tls {
         Some(std::rc::Rc::new(
             Credentials::make().context("making TLS credentials")?,
@@ -363,9 +376,10 @@ pub fn run(args: &NbdBenchArgs) -> Result<()> {
     if let Some(credentials) = &credentials {
         let submit = args.submit.clone();
         let credentials = std::rc::Rc::clone(credentials);
+        let sysfs = sysfs.to_owned();
         starters.push((
             "locus+tls",
-            Box::new(move || start_locus(&submit, Some(&credentials))),
+            Box::new(move || start_locus(&sysfs, &submit, Some(&credentials))),
         ));
     }
     if installed("nbdkit") {
