@@ -75,13 +75,40 @@ fn report_architecture(root: &Path) -> Result<()> {
     Ok(())
 }
 
-fn cargo(root: &Path, args: &[&str]) -> Result<()> {
+/// A cargo command in `root`, with the environment a cargo run by hand would have.
+///
+/// `cargo xtask` runs this program through `cargo run`, which sets the package variables
+/// (`CARGO_MANIFEST_DIR`, `CARGO_PKG_NAME`, ...) to xtask's. A cargo started with them
+/// reruns every build script that watches them (ring's does), so the release build CI made
+/// just before was compiled again from ring up (90 s here).
+fn cargo_command(root: &Path) -> Command {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    command.current_dir(root);
+    for (name, _) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
+        if is_package_variable(name) {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
+/// The variables `cargo run` sets to describe the package it runs.
+fn is_package_variable(name: &str) -> bool {
+    name.starts_with("CARGO_PKG_")
+        || name.starts_with("CARGO_MANIFEST_")
+        || matches!(
+            name,
+            "CARGO_CRATE_NAME" | "CARGO_BIN_NAME" | "CARGO_PRIMARY_PACKAGE"
+        )
+}
+
+fn cargo(root: &Path, args: &[&str]) -> Result<()> {
     eprintln!("xtask: cargo {}", args.join(" "));
     let started = std::time::Instant::now();
-    let status = Command::new(cargo)
+    let status = cargo_command(root)
         .args(args)
-        .current_dir(root)
         .status()
         .with_context(|| format!("starting cargo {}", args.join(" ")))?;
     if !status.success() {
@@ -100,4 +127,35 @@ fn workspace_root() -> PathBuf {
         .parent()
         .expect("xtask sits in the workspace")
         .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_package_variable;
+
+    #[test]
+    fn only_the_run_packages_variables_are_dropped() {
+        for name in [
+            "CARGO_PKG_NAME",
+            "CARGO_PKG_VERSION_MAJOR",
+            "CARGO_MANIFEST_DIR",
+            "CARGO_MANIFEST_PATH",
+            "CARGO_CRATE_NAME",
+            "CARGO_BIN_NAME",
+            "CARGO_PRIMARY_PACKAGE",
+        ] {
+            assert!(is_package_variable(name), "{name}");
+        }
+        for name in [
+            "CARGO",
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "CARGO_INCREMENTAL",
+            "CARGO_TERM_COLOR",
+            "RUSTFLAGS",
+            "PATH",
+        ] {
+            assert!(!is_package_variable(name), "{name}");
+        }
+    }
 }

@@ -276,16 +276,14 @@ const GUEST_TOOLS: &[(&str, &str, &str)] = &[
 /// Builds the guest's integration tests in release mode, in one cargo command, and returns
 /// each test's name and executable, in [`GUEST_TESTS`] order.
 fn build_tests(root: &Path) -> Result<Vec<(&'static str, PathBuf)>> {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut args = vec!["test", "--release", "--no-run", "--message-format=json"];
     for (_, test) in GUEST_TESTS {
         args.extend(["--test", test]);
     }
     eprintln!("xtask: cargo {}", args.join(" "));
     let started = std::time::Instant::now();
-    let output = std::process::Command::new(cargo)
+    let output = super::cargo_command(root)
         .args(&args)
-        .current_dir(root)
         .stderr(std::process::Stdio::inherit())
         .output()
         .context("running cargo test --no-run")?;
