@@ -23,7 +23,8 @@ struct Mount {
     volume: tempfile::TempDir,
     point: tempfile::TempDir,
     server: Option<Child>,
-    /// `--transport` of every start.
+    /// `--transport` of every start, or `writeback`: the default transport with
+    /// `--writeback-cache`.
     transport: &'static str,
 }
 
@@ -33,7 +34,11 @@ fn uring_on() -> bool {
 }
 
 /// Each test runs once per transport: `/dev/fuse` reads, and FUSE over io_uring when the
-/// kernel offers it.
+/// kernel offers it; those in the `writeback` list also with the write-back cache. The
+/// others count requests the cache saves, or need what a write does to be done when it
+/// returns: durable (kill -9), space taken (an unnamed file's blocks), `ENOSPC` or `EFBIG`
+/// from the `write` itself (the cache reports them at `fsync` or `close`:
+/// `a_full_volume_under_the_write_back_cache_says_so_at_fsync_and_close`).
 macro_rules! transports {
     ($($name:ident),* $(,)?) => {
         mod read {
@@ -84,6 +89,39 @@ transports!(
     a_write_comes_in_requests_of_the_negotiated_size,
     posix_acls_behave_as_on_tmpfs_and_stay,
     unnamed_files_behave_as_on_tmpfs_and_go_with_a_crash,
+);
+
+macro_rules! writeback {
+    ($($name:ident),* $(,)?) => {
+        mod writeback {
+            $(#[test]
+            fn $name() {
+                super::$name("writeback");
+            })*
+        }
+    };
+}
+
+writeback!(
+    everyday_programs_and_pipelines_behave_as_on_tmpfs,
+    a_second_sqlite3_process_reads_a_live_wal_database,
+    two_processes_write_disjoint_ranges_of_one_file,
+    sigterm_unmounts_cleanly_and_the_files_stay,
+    the_volume_opens_right_after_umount,
+    the_preload_library_uses_a_running_mount,
+    status_and_fsck_beside_a_mount,
+    fio_jobs_as_processes_verify_their_data,
+    special_files_behave_as_on_tmpfs_and_stay,
+    hard_links_behave_as_on_tmpfs_and_stay,
+    owners_and_permissions_behave_as_on_tmpfs_and_stay,
+    extended_attributes_behave_as_on_tmpfs_and_stay,
+    copy_file_range_copies_inside_the_server_as_on_tmpfs,
+    fallocate_allocates_as_on_tmpfs_and_stays,
+    programs_stored_in_the_mount_run_as_on_tmpfs,
+    exchanging_two_names_behaves_as_on_tmpfs_and_stays,
+    a_tree_deeper_than_path_max_behaves_as_on_tmpfs,
+    a_change_without_cap_fsetid_drops_set_id_bits_as_on_tmpfs,
+    posix_acls_behave_as_on_tmpfs_and_stay,
 );
 
 /// `locus status --json` of the volume in `volume`, parsed.
@@ -164,11 +202,16 @@ impl Mount {
     }
 
     fn start_with(&mut self, options: &[&str]) {
+        let (transport, cache) = match self.transport {
+            "writeback" => ("auto", Some("--writeback-cache")),
+            transport => (transport, None),
+        };
         let server = locus()
             .args(["mount", "--foreground", "--volume"])
             .arg(self.volume.path())
             .arg(self.point.path())
-            .args(["--transport", self.transport])
+            .args(["--transport", transport])
+            .args(cache)
             .args(options)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -994,6 +1037,122 @@ fn kill_9_of_the_server_loses_no_acknowledged_write(transport: &'static str) {
     let (status, stderr) = mount.stop();
     assert!(status.success(), "{stderr}");
     assert!(stderr.contains("recovery replayed"), "{stderr}");
+}
+
+/// `--writeback-cache`: the kernel keeps small writes (256 of 4 KiB reach the server as a
+/// handful of requests, none before `fsync`), `fsync` and `close` send what it kept, and what
+/// they returned for survives `kill -9` of the server. A write covering part of a page the
+/// kernel no longer caches makes it read the page through a write-only handle (the server
+/// opens such files for reading too). The status file and the server's log say which mode
+/// runs, and as root the kernel's strict dirty limit for the mount is lifted.
+#[test]
+fn the_write_back_cache_keeps_writes_until_fsync_or_close() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let mut mount = Mount::new("writeback");
+    let fuse = fuse_counters(&mount);
+    assert_eq!(fuse["writeback_cache"], true, "{fuse}");
+    assert_eq!(fuse["direct_io"], false, "{fuse}");
+    let writes = |mount: &Mount| fuse_counters(mount)["write_requests"].as_u64().unwrap();
+    let path = mount.path().join("f");
+    let before = writes(&mount);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    for i in 0..256 {
+        file.write_at(&record("a", i), i * 4096).unwrap();
+    }
+    let held = writes(&mount) - before;
+    assert!(held <= 16, "{held} write requests for 256 cached writes");
+    file.sync_all().unwrap();
+    let synced = writes(&mount) - before;
+    assert!(synced > held, "fsync sent nothing ({synced} requests)");
+    assert!(
+        synced <= 64,
+        "{synced} write requests for 1 MiB written back"
+    );
+    // Clean pages dropped: the next write, 100 bytes into block 3, reads the rest of it.
+    let drop_cache = Command::new("python3")
+        .args([
+            "-c",
+            "import os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); \
+             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)",
+        ])
+        .arg(&path)
+        .output()
+        .unwrap();
+    ok(&drop_cache, "posix_fadvise(DONTNEED)");
+    file.write_at(&[b'#'; 100], 3 * 4096 + 5).unwrap();
+    for i in 256..512 {
+        file.write_at(&record("b", i), i * 4096).unwrap();
+    }
+    drop(file); // close: the kernel writes the file's dirty pages back first
+    if is_root() {
+        let dev = std::fs::metadata(mount.path()).unwrap().dev();
+        let strict = format!(
+            "/sys/class/bdi/{}:{}/strict_limit",
+            libc::major(dev),
+            libc::minor(dev)
+        );
+        assert_eq!(
+            std::fs::read_to_string(&strict).unwrap().trim(),
+            "0",
+            "{strict}"
+        );
+    }
+    let mut server = mount.server.take().unwrap();
+    server.kill().unwrap(); // SIGKILL
+    server.wait().unwrap();
+    detach(mount.path());
+    mount.start();
+    let data = std::fs::read(&path).unwrap();
+    assert_eq!(data.len(), 512 * 4096);
+    for i in 0..512u64 {
+        let mut expected = record(if i < 256 { "a" } else { "b" }, i);
+        if i == 3 {
+            expected[5..105].fill(b'#');
+        }
+        let at = (i * 4096) as usize;
+        assert!(data[at..at + 4096] == expected[..], "block {i}");
+    }
+    let (status, stderr) = mount.stop();
+    assert!(status.success(), "{stderr}");
+    assert!(
+        stderr.contains("write-back cache: writes are durable at fsync, msync or close"),
+        "{stderr}"
+    );
+}
+
+/// A full volume under `--writeback-cache`: the kernel takes writes into its cache, so a
+/// program learns of `ENOSPC` at `fsync` or `close` (as on other write-back file systems) —
+/// dd with `conv=fsync`, dd closing its output and Python's `os.fsync` each fail naming it —
+/// what was there before stays whole, and once the fillers are removed the space is back and
+/// writes succeed again.
+#[test]
+fn a_full_volume_under_the_write_back_cache_says_so_at_fsync_and_close() {
+    let mount = Mount::new("writeback");
+    let script = r#"
+        set -u
+        nospace() { grep -q 'No space left on device' && echo "$1: no space" || echo "$1: ?"; }
+        avail() { df -k --output=avail . | tail -n 1 | tr -d ' '; }
+        seq 1 5000 > text
+        before=$(avail)
+        dd if=/dev/urandom of=fill1 bs=1M count=400 conv=fsync status=none 2>&1 | nospace "dd conv=fsync"
+        dd if=/dev/urandom of=fill2 bs=1M count=16 status=none 2>&1 | nospace "dd close"
+        python3 -c 'import os; fd = os.open("fill3", os.O_WRONLY | os.O_CREAT); os.write(fd, b"x" * (16 << 20)); os.fsync(fd)' 2>&1 | nospace "fsync"
+        echo "text $(md5sum < text | cut -c1-8)"
+        rm -f fill1 fill2 fill3
+        for _ in $(seq 100); do [ $(( $(avail) + 2048 >= before )) = 1 ] && break; sleep 0.1; done
+        echo "space back: $(( $(avail) + 2048 >= before ))"
+        dd if=/dev/urandom of=after bs=1M count=16 conv=fsync status=none && echo "dd after: ok"
+    "#;
+    assert_eq!(
+        mount.run(script),
+        "dd conv=fsync: no space\ndd close: no space\nfsync: no space\ntext a5a208cd\n\
+         space back: 1\ndd after: ok\n"
+    );
 }
 
 fn sigterm_unmounts_cleanly_and_the_files_stay(transport: &'static str) {

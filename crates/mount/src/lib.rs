@@ -21,8 +21,12 @@
 //! the kernel (it asks `readlink` and walks on), so every path handed to the file system is
 //! free of links.
 //!
-//! Semantics: no write-back cache is negotiated, so a `write(2)` that returns has been
-//! written by the file system — atomic and durable, as through the library. Regular files are
+//! Semantics: by default no write-back cache is negotiated, so a `write(2)` that returns has
+//! been written by the file system — atomic and durable, as through the library. With
+//! [`MountConfig::writeback_cache`] the kernel keeps written pages in its page cache and
+//! sends them later, merged: a write is durable once `fsync`, `fdatasync`, `msync` or the
+//! `close` of its file returns (the kernel writes the file's dirty pages back first), or once
+//! the kernel writes it back on its own; the server's death loses what it had not sent. Regular files are
 //! opened for direct I/O when the kernel allows shared mmap of direct-I/O files (Linux 6.6+):
 //! reads and writes skip the kernel's page cache (one copy less each way), mappings use it and
 //! their stores reach the file system when the kernel writes the pages back (`msync`,
@@ -121,6 +125,11 @@ pub struct MountConfig {
     pub acl: bool,
     /// How requests travel.
     pub transport: Transport,
+    /// Let the kernel cache writes in its page cache and send them later, merged
+    /// (`FUSE_WRITEBACK_CACHE`): small writes run at the page cache's speed, and a write is
+    /// durable once `fsync`, `fdatasync`, `msync` or the `close` of its file returns, not when
+    /// it returns. Mounting fails when the kernel does not offer it.
+    pub writeback_cache: bool,
     /// What opening [`CHECK_NAME`] runs (no check file without one).
     pub checker: Option<Checker>,
 }
@@ -134,6 +143,12 @@ pub struct Negotiated {
     pub io_uring: bool,
     /// Regular files use direct I/O (shared mmap still works).
     pub direct_io: bool,
+    /// The kernel caches writes and sends them later ([`MountConfig::writeback_cache`]).
+    pub writeback_cache: bool,
+    /// With the write-back cache: the kernel still holds the mount's dirty pages to FUSE's
+    /// default, a strict 1% share of the machine's dirty limit (lifting it needs root), so a
+    /// writer whose cached pages pass that waits for them to be written back.
+    pub strict_dirty_limit: bool,
     /// Threads serving requests.
     pub threads: usize,
     /// The most data one request carries: a `write(2)` larger than this reaches the file
@@ -226,8 +241,14 @@ pub fn mount(fs: fs::Fs, mountpoint: &Path, config: &MountConfig) -> io::Result<
     let mut dev = File::from(session.as_fd().try_clone_to_owned()?);
     let mut server = Server::new(fs, config.read_only, config.checker.clone());
     server.set_xattrs(config.xattrs);
-    let hello = handshake(&mut dev, config.transport, config.xattrs && config.acl)?;
+    let wanted = Wanted {
+        transport: config.transport,
+        acl: config.xattrs && config.acl,
+        writeback: config.writeback_cache && !config.read_only,
+    };
+    let hello = handshake(&mut dev, wanted)?;
     server.set_direct_io(hello.direct_io);
+    server.set_writeback(hello.writeback);
     server.set_max_write(hello.max_write);
     server.set_acl(hello.acl, hello.setxattr_ext);
     if hello.io_uring {
@@ -270,10 +291,26 @@ pub fn mount(fs: fs::Fs, mountpoint: &Path, config: &MountConfig) -> io::Result<
             )?);
         }
     }
+    // With the write-back cache, dirty pages of this mount are held to the machine's dirty
+    // limits, as a kernel file system's are, instead of FUSE's default (a strict 1% share).
+    let strict_dirty_limit = hello.writeback
+        && match lift_strict_dirty_limit(mountpoint) {
+            Ok(()) => false,
+            Err(why) => {
+                tracing::warn!(
+                    problem = %why,
+                    "the kernel holds this mount's dirty pages to FUSE's strict 1% share of the \
+                     dirty limit: writers wait for write-back once that much is cached"
+                );
+                true
+            }
+        };
     let negotiated = Negotiated {
         minor: hello.minor,
         io_uring: hello.io_uring,
-        direct_io: hello.direct_io,
+        direct_io: hello.direct_io && !hello.writeback,
+        writeback_cache: hello.writeback,
+        strict_dirty_limit,
         threads: threads.len(),
         max_write: hello.max_write,
         acl: hello.acl,
@@ -286,6 +323,29 @@ pub fn mount(fs: fs::Fs, mountpoint: &Path, config: &MountConfig) -> io::Result<
         server,
         negotiated,
     })
+}
+
+/// Where the kernel keeps the write-back settings of the file system mounted at `mountpoint`
+/// (its backing device, named by the mount's device number).
+fn bdi_dir(mountpoint: &Path) -> io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(mountpoint)?.dev();
+    Ok(Path::new("/sys/class/bdi").join(format!("{}:{}", libc::major(dev), libc::minor(dev))))
+}
+
+/// Turns off the strict dirty limit the kernel gives every FUSE mount (`strict_limit`: its
+/// dirty pages may not pass its share of the dirty limit — 1% for FUSE — even while the
+/// machine as a whole is far below it), so that this mount's dirty pages count against the
+/// machine's limits as a kernel file system's do. Needs root; `Err` says why not. Called
+/// once the server answers requests (finding the mount's device asks it for the root's
+/// attributes).
+fn lift_strict_dirty_limit(mountpoint: &Path) -> Result<(), String> {
+    let dir = bdi_dir(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    let file = dir.join("strict_limit");
+    match std::fs::write(&file, "0") {
+        Ok(()) => Ok(()),
+        Err(e) => Err(format!("{}: {e}", file.display())),
+    }
 }
 
 /// The bytes of data one request may carry: [`MAX_REQUEST`], or the kernel's limit when that
@@ -305,6 +365,8 @@ struct Hello {
     minor: u32,
     io_uring: bool,
     direct_io: bool,
+    /// The kernel caches writes (`WRITEBACK_CACHE` granted).
+    writeback: bool,
     /// The most data one request carries.
     max_write: usize,
     /// The kernel enforces POSIX ACLs the server keeps.
@@ -313,8 +375,23 @@ struct Hello {
     setxattr_ext: bool,
 }
 
+/// What the server asks of the kernel in `INIT`.
+#[derive(Debug, Clone, Copy)]
+struct Wanted {
+    transport: Transport,
+    /// POSIX ACLs enforced by the kernel.
+    acl: bool,
+    /// The write-back cache (refused by the kernel: the mount fails).
+    writeback: bool,
+}
+
 /// Answers the kernel's `INIT`, the first request on a new connection.
-fn handshake(dev: &mut File, transport: Transport, acl: bool) -> io::Result<Hello> {
+fn handshake(dev: &mut File, asked: Wanted) -> io::Result<Hello> {
+    let Wanted {
+        transport,
+        acl,
+        writeback,
+    } = asked;
     let max_write = request_bytes();
     let mut buf = vec![0u8; max_write.max(MIN_BUFFER) + 4096];
     let n = loop {
@@ -376,6 +453,15 @@ fn handshake(dev: &mut File, transport: Transport, acl: bool) -> io::Result<Hell
     if io_uring {
         wanted |= init::OVER_IO_URING;
     }
+    if writeback {
+        if offered & init::WRITEBACK_CACHE == 0 {
+            reply(dev, h.unique, -libc::EPROTO, &[])?;
+            return Err(io::Error::other(
+                "the kernel does not offer FUSE's write-back cache (--writeback-cache)",
+            ));
+        }
+        wanted |= init::WRITEBACK_CACHE;
+    }
     if acl {
         // The kernel applies no umask then (a default ACL replaces it); the server does.
         wanted |= init::POSIX_ACL | init::DONT_MASK | init::SETXATTR_EXT;
@@ -405,6 +491,7 @@ fn handshake(dev: &mut File, transport: Transport, acl: bool) -> io::Result<Hell
         minor,
         io_uring,
         direct_io,
+        writeback: granted & init::WRITEBACK_CACHE != 0,
         max_write,
         acl,
         setxattr_ext,

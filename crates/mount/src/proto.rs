@@ -57,6 +57,9 @@ pub mod op {
 pub mod init {
     pub const ASYNC_READ: u64 = 1 << 0;
     pub const BIG_WRITES: u64 = 1 << 5;
+    /// The kernel keeps written pages in its page cache and sends them later, merged
+    /// (`locus mount --writeback-cache`); it then owns files' sizes and times.
+    pub const WRITEBACK_CACHE: u64 = 1 << 16;
     pub const PARALLEL_DIROPS: u64 = 1 << 18;
     pub const MAX_PAGES: u64 = 1 << 22;
     /// Directory listings may carry each entry's attributes (`READDIRPLUS`)...
@@ -93,6 +96,9 @@ pub const SETXATTR_ACL_KILL_SGID: u32 = 1 << 0;
 
 /// `open_flags` of an open reply.
 pub const FOPEN_DIRECT_IO: u32 = 1 << 0;
+/// The kernel keeps the file's cached pages at open (they cannot be stale: every change
+/// reaches the file system through this mount).
+pub const FOPEN_KEEP_CACHE: u32 = 1 << 1;
 /// Direct writes to one file may run in parallel (the file system has its own range locks).
 pub const FOPEN_PARALLEL_DIRECT_WRITES: u32 = 1 << 6;
 

@@ -194,6 +194,11 @@ pub(crate) struct Server {
     /// cache, one copy less; shared mappings still work because the kernel allows mmap of
     /// direct-I/O files on this connection).
     direct_io: bool,
+    /// The kernel caches written pages and sends them later (`locus mount
+    /// --writeback-cache`): regular files use the page cache, are opened for reading too
+    /// (the kernel reads the rest of a page a write covers in part), and keep their cached
+    /// pages across opens.
+    writeback: bool,
     names: RwLock<Names>,
     handles: RwLock<HashMap<u64, Arc<Handle>>>,
     next_handle: AtomicU64,
@@ -318,6 +323,7 @@ impl Server {
             fs,
             read_only,
             direct_io: false,
+            writeback: false,
             names: RwLock::new(names),
             handles: RwLock::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
@@ -388,6 +394,11 @@ impl Server {
     /// Opens regular files for direct I/O from now on (the connection allows mmap of them).
     pub(crate) fn set_direct_io(&mut self, on: bool) {
         self.direct_io = on;
+    }
+
+    /// The kernel caches written pages from now on (it agreed to `WRITEBACK_CACHE`).
+    pub(crate) fn set_writeback(&mut self, on: bool) {
+        self.writeback = on;
     }
 
     /// Drops every open handle (the connection is gone).
@@ -543,10 +554,14 @@ impl Server {
             .remove(&fh)
     }
 
-    fn open_options(flags: u32) -> OpenOptions {
+    /// How a file opened with `flags` is opened in the file system. With the write-back
+    /// cache a write-only open reads too: the kernel reads the rest of each page a write
+    /// covers in part, through any handle of the file that writes (it checked the caller's
+    /// right to open it write-only; the handle is never the caller's to read from).
+    fn open_options(&self, flags: u32) -> OpenOptions {
         let access = flags as i32 & libc::O_ACCMODE;
         OpenOptions {
-            read: access != libc::O_WRONLY,
+            read: self.writeback || access != libc::O_WRONLY,
             write: access != libc::O_RDONLY,
             ..OpenOptions::default()
         }
@@ -578,7 +593,8 @@ impl Server {
             "nameless": self.fs.nameless(),
             "fuse": {
                 "io_uring": self.io_uring,
-                "direct_io": self.direct_io,
+                "direct_io": self.direct_io && !self.writeback,
+                "writeback_cache": self.writeback,
                 // Inodes the kernel holds lookups on (the root included): forgotten ones
                 // leave, so this follows the kernel's inode cache, not the files ever seen.
                 "known_inodes": self.names().len(),
@@ -848,7 +864,7 @@ impl Server {
                     exclusive: flags as i32 & libc::O_EXCL != 0,
                     truncate: flags as i32 & libc::O_TRUNC != 0,
                     mode: mode & 0o7777,
-                    ..Self::open_options(flags)
+                    ..self.open_options(flags)
                 };
                 let file = self
                     .creator(h, umask)
@@ -877,7 +893,7 @@ impl Server {
                     .create_unnamed(
                         &dir,
                         mode & 0o7777,
-                        Self::open_options(flags).read,
+                        self.open_options(flags).read,
                         flags as i32 & libc::O_EXCL != 0,
                     )
                     .map_err(|e| errno(&e))?;
@@ -1139,7 +1155,9 @@ impl Server {
     }
 
     fn file_open_flags(&self) -> u32 {
-        if self.direct_io {
+        if self.writeback {
+            proto::FOPEN_KEEP_CACHE
+        } else if self.direct_io {
             proto::FOPEN_DIRECT_IO | proto::FOPEN_PARALLEL_DIRECT_WRITES
         } else {
             0
@@ -1159,7 +1177,7 @@ impl Server {
             // Direct I/O: the kernel reads to the end of the bytes, whatever the size said.
             return Ok((self.add(Handle::Made(bytes)), proto::FOPEN_DIRECT_IO));
         }
-        let options = Self::open_options(flags);
+        let options = self.open_options(flags);
         if options.write {
             self.writable()?;
         }

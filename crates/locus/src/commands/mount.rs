@@ -48,6 +48,18 @@ pub struct MountArgs {
     #[arg(long)]
     pub read_only: bool,
 
+    /// Let the kernel keep written pages in its page cache and send them to locus later,
+    /// merged (FUSE's write-back cache). Small writes then run at the page cache's speed,
+    /// but a write is no longer durable when it returns: it is once `fsync`, `fdatasync`,
+    /// `msync` or the `close` of its file returns (the kernel writes the file's dirty pages
+    /// back first), or once the kernel writes it back on its own (within about 30 s). If the
+    /// server is killed or the machine stops, what the kernel had not sent is lost; a
+    /// `write(2)` is not atomic either (its pages may go in separate requests). Reads are
+    /// cached by the kernel too. Without it (the default) every `write(2)` that returns is
+    /// atomic and durable. See docs/mount.md.
+    #[arg(long, conflicts_with = "read_only")]
+    pub writeback_cache: bool,
+
     /// Do not defragment while idle. By default, once no write has come for 100 ms, 2 MiB
     /// windows of files that small overwrites scattered (64 or more pieces) are rewritten
     /// into one extent each, so later reads gather one piece of memory instead of hundreds;
@@ -160,6 +172,9 @@ fn background(dir: &Path, args: &MountArgs) -> Result<()> {
     }
     if args.read_only {
         command.arg("--read-only");
+    }
+    if args.writeback_cache {
+        command.arg("--writeback-cache");
     }
     if args.no_defrag {
         command.arg("--no-defrag");
@@ -274,6 +289,7 @@ fn serve(dir: &Path, sysfs: &Path, args: &MountArgs) -> Result<()> {
         xattrs: !args.no_xattrs,
         acl: !args.no_xattrs && !args.no_acl,
         transport: args.transport.config(),
+        writeback_cache: args.writeback_cache,
         checker: Some(mount::Checker(Arc::new(move || {
             super::fsck::live_check(&checked_dir, &topology)
         }))),
@@ -299,7 +315,9 @@ fn serve(dir: &Path, sysfs: &Path, args: &MountArgs) -> Result<()> {
             "/dev/fuse reads"
         },
         negotiated.threads,
-        if negotiated.direct_io {
+        if negotiated.writeback_cache {
+            "write-back cache: writes are durable at fsync, msync or close"
+        } else if negotiated.direct_io {
             "direct I/O"
         } else {
             "page cache"

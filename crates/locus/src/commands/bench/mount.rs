@@ -13,13 +13,14 @@ use crate::output::outln;
 use crate::size::{format_bytes, parse_size};
 
 /// Measure `locus mount`: fio's `psync` engine (random writes, one file per job, the jobs
-/// as separate processes) on a tmpfs directory and on a fresh locus volume mounted with
-/// `locus mount`, and the same job through the preload library (as threads: the library
-/// serves one process), for each block size and job count, in one run. Prints IOPS, GB/s
-/// and each locus column's ratio to tmpfs.
+/// as separate processes) on a tmpfs directory, on a fresh locus volume mounted with `locus
+/// mount` (`mount`) and mounted again with `--writeback-cache` (`mount-wb`), and the same job
+/// through the preload library (as threads: the library serves one process), for each block
+/// size and job count, in one run. Prints IOPS, GB/s and each locus column's ratio to tmpfs.
 ///
-/// Every write through the mount and the library is atomic and durable when `pwrite`
-/// returns; tmpfs writes are neither. The volumes live in /dev/shm and are removed after.
+/// Every write through `mount` and the library is atomic and durable when `pwrite` returns;
+/// through `mount-wb` it is durable once written back (at `fsync` or `close` at the latest);
+/// tmpfs writes are never durable. The volumes live in /dev/shm and are removed after.
 #[derive(Debug, Args)]
 pub struct MountBenchArgs {
     /// Print one JSON object per case instead of a table.
@@ -48,6 +49,7 @@ pub struct MountBenchArgs {
     library: Option<PathBuf>,
 }
 
+#[derive(Clone)]
 struct Target {
     engine: &'static str,
     dir: String,
@@ -64,11 +66,12 @@ struct Server {
 }
 
 impl Server {
-    fn start(volume: &Path, point: &Path) -> Result<Server> {
+    fn start(volume: &Path, point: &Path, options: &[&str]) -> Result<Server> {
         let mut child = Command::new(std::env::current_exe().context("locating locus")?)
             .args(["mount", "--foreground", "--volume"])
             .arg(volume)
             .arg(point)
+            .args(options)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -179,6 +182,11 @@ pub fn run(sysfs: &Path, args: &MountBenchArgs) -> Result<()> {
         preload: None,
         durable: true,
     };
+    let writeback_target = Target {
+        engine: "mount-wb",
+        durable: false,
+        ..mount_target.clone()
+    };
     let preload_target = library.as_ref().map(|library| Target {
         engine: "preload",
         dir: "/locus".into(),
@@ -190,7 +198,7 @@ pub fn run(sysfs: &Path, args: &MountBenchArgs) -> Result<()> {
         .iter()
         .flat_map(|&n| args.bs.iter().map(move |&b| (n, b)))
         .collect();
-    let columns = 2 + usize::from(preload_target.is_some());
+    let columns = 3 + usize::from(preload_target.is_some());
     let bar = crate::progress::steps((grid.len() * columns) as u64, "fio runs", !args.json);
     let mut cases = Vec::new();
     let measure = |target: &Target, cases: &mut Vec<Case>| -> Result<()> {
@@ -208,14 +216,22 @@ pub fn run(sysfs: &Path, args: &MountBenchArgs) -> Result<()> {
     };
     measure(&tmpfs_target, &mut cases)?;
     {
-        let _server = Server::start(volume.path(), point.path())?;
+        let _server = Server::start(volume.path(), point.path(), &[])?;
         measure(&mount_target, &mut cases)?;
+    }
+    {
+        let _server = Server::start(volume.path(), point.path(), &["--writeback-cache"])?;
+        measure(&writeback_target, &mut cases)?;
     }
     if let Some(target) = &preload_target {
         measure(target, &mut cases)?;
     }
     // Side by side: each grid point's columns together.
-    let order = |e: &str| ["tmpfs", "mount", "preload"].iter().position(|&x| x == e);
+    let order = |e: &str| {
+        ["tmpfs", "mount", "mount-wb", "preload"]
+            .iter()
+            .position(|&x| x == e)
+    };
     cases.sort_by_key(|c| (c.numjobs, c.bs_bytes, order(c.engine)));
     bar.finish_and_clear();
     if args.json {
@@ -229,7 +245,8 @@ pub fn run(sysfs: &Path, args: &MountBenchArgs) -> Result<()> {
 fn print_table(cases: &[Case], args: &MountBenchArgs) -> Result<()> {
     outln!(
         "fio psync randwrite, one {} file per job, {} s per case; jobs as processes on tmpfs \
-         (not durable) and on `locus mount` (durable), as threads through liblocus_preload.so \
+         (not durable), on `locus mount` (durable) and on `locus mount --writeback-cache` \
+         (mount-wb: durable once written back), as threads through liblocus_preload.so \
          (durable)",
         format_bytes(args.size),
         args.seconds
