@@ -66,6 +66,7 @@ transports!(
     two_processes_write_disjoint_ranges_of_one_file,
     kill_9_of_the_server_loses_no_acknowledged_write,
     sigterm_unmounts_cleanly_and_the_files_stay,
+    sigterm_while_the_mount_point_is_busy_serves_on_until_it_is_free,
     the_volume_opens_right_after_umount,
     the_preload_library_uses_a_running_mount,
     status_and_fsck_beside_a_mount,
@@ -107,6 +108,7 @@ writeback!(
     a_second_sqlite3_process_reads_a_live_wal_database,
     two_processes_write_disjoint_ranges_of_one_file,
     sigterm_unmounts_cleanly_and_the_files_stay,
+    sigterm_while_the_mount_point_is_busy_serves_on_until_it_is_free,
     the_volume_opens_right_after_umount,
     the_preload_library_uses_a_running_mount,
     status_and_fsck_beside_a_mount,
@@ -1152,6 +1154,92 @@ fn a_full_volume_under_the_write_back_cache_says_so_at_fsync_and_close() {
         mount.run(script),
         "dd conv=fsync: no space\ndd close: no space\nfsync: no space\ntext a5a208cd\n\
          space back: 1\ndd after: ok\n"
+    );
+}
+
+/// SIGTERM while a process holds a file open in the mount: the server says the mount point
+/// is busy and serves on — the holder still writes through its descriptor, and a new open
+/// works — then stops by itself, cleanly, once the holder closes and exits. (It used to
+/// wait without a word for an unmount nobody made.)
+fn sigterm_while_the_mount_point_is_busy_serves_on_until_it_is_free(transport: &'static str) {
+    let mut mount = Mount::new(transport);
+    let holder_script = "import os, sys\n\
+        fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o644)\n\
+        os.write(fd, b'before ')\n\
+        print('open', flush=True)\n\
+        sys.stdin.readline()\n\
+        os.write(fd, b'after the signal')\n\
+        os.close(fd)\n";
+    let mut holder = Command::new("python3")
+        .args(["-c", holder_script])
+        .arg(mount.path().join("held"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = String::new();
+    BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut said)
+        .unwrap();
+    assert_eq!(said, "open\n");
+    let mut server = mount.server.take().unwrap();
+    let (lines, stderr) = std::sync::mpsc::channel();
+    let err = server.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    let signalled = Command::new("kill")
+        .args(["-TERM", &server.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(signalled.success());
+    let busy = loop {
+        let line = stderr
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the server said nothing about a busy mount point within 20 s");
+        if line.contains("is busy") {
+            break line;
+        }
+    };
+    assert!(busy.contains("umount -l"), "{busy}");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        server.try_wait().unwrap().is_none(),
+        "the server stopped while busy"
+    );
+    assert_eq!(
+        std::fs::read(mount.path().join("held")).unwrap(),
+        b"before "
+    );
+    std::io::Write::write_all(holder.stdin.as_mut().unwrap(), b"go\n").unwrap();
+    assert!(holder.wait().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = server.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server did not stop within 20 s of the mount point going free"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    reader.join().unwrap();
+    let rest: Vec<String> = stderr.try_iter().collect();
+    assert!(status.success(), "{status}: {rest:?}");
+    assert!(rest.iter().any(|l| l.contains("unmounted")), "{rest:?}");
+    assert!(!is_mounted(mount.path()));
+    mount.start();
+    assert_eq!(
+        std::fs::read(mount.path().join("held")).unwrap(),
+        b"before after the signal"
+    );
+    let (status, stderr) = mount.stop();
+    assert!(
+        status.success() && !stderr.contains("recovery replayed"),
+        "{stderr}"
     );
 }
 

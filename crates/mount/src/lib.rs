@@ -47,6 +47,9 @@ use fuser::MountOption;
 
 pub mod proto;
 mod server;
+mod unmount;
+
+pub use unmount::Unmount;
 
 use proto::{InHeader, init};
 use server::{Reply, Server};
@@ -166,6 +169,7 @@ pub struct Mounted {
     running: Arc<AtomicUsize>,
     server: Arc<Server>,
     negotiated: Negotiated,
+    mountpoint: std::path::PathBuf,
 }
 
 impl std::fmt::Debug for Mounted {
@@ -186,6 +190,15 @@ impl Mounted {
     /// What was negotiated with the kernel.
     pub fn negotiated(&self) -> Negotiated {
         self.negotiated
+    }
+
+    /// Asks the kernel to unmount, and says whether the mount point was busy: then it stays
+    /// mounted and served (ask again later), where [`Mounted::unmount`] would wait for as
+    /// long as a process keeps a file open or its working directory there. On `Done` the
+    /// kernel has written back what it cached and ended the connection, and
+    /// [`Mounted::finished`] turns true as the serving threads see it end.
+    pub fn request_unmount(&self) -> io::Result<Unmount> {
+        unmount::unmount(&self.mountpoint)
     }
 
     /// Unmounts (if the kernel has not already) and waits for the serving threads to end.
@@ -322,6 +335,7 @@ pub fn mount(fs: fs::Fs, mountpoint: &Path, config: &MountConfig) -> io::Result<
         running,
         server,
         negotiated,
+        mountpoint: mountpoint.to_owned(),
     })
 }
 

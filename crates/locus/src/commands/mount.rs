@@ -16,14 +16,17 @@ use super::volume::{VolumeDir, open_or_create_default};
 /// One locus process owns the volume and serves its files to the kernel over FUSE: shells,
 /// pipelines, a second `sqlite3` and rsync's two processes all use /MOUNTPOINT through
 /// ordinary system calls. A write that returns is atomic and durable, as everywhere in
-/// locus (no write-back cache holds acknowledged data); `fsync` has nothing left to do.
+/// locus (no write-back cache holds acknowledged data, unless --writeback-cache asks for
+/// one); `fsync` has nothing left to do.
 /// Shared `mmap` works through the kernel's page cache: mapped stores are written when the
 /// kernel writes the pages back (`msync`, `munmap`, `fsync`).
 ///
 /// Without --foreground the command returns once the file system is mounted and the server
 /// runs on in the background (in its own process group, logging to locus-mount.log in the
 /// volume directory). It stops cleanly on `umount MOUNTPOINT` (or `fusermount -u`), SIGINT,
-/// SIGTERM or SIGHUP: requests finish, the file system is checkpointed and the volume closed. If the server is killed,
+/// SIGTERM or SIGHUP: requests finish, the file system is checkpointed and the volume closed
+/// (while a process still has a file open or its working directory in the mount, it says so
+/// and serves on until the mount point is free). If the server is killed,
 /// the mount point answers ENOTCONN ("Transport endpoint is not connected") until it is
 /// unmounted (`umount -l MOUNTPOINT`); mounting again recovers every acknowledged write.
 #[derive(Debug, clap::Args)]
@@ -324,7 +327,32 @@ fn serve(dir: &Path, sysfs: &Path, args: &MountArgs) -> Result<()> {
         },
         args.mountpoint.display()
     );
-    while !stop.load(Ordering::Relaxed) && !mounted.finished() {
+    // Asked to stop: unmount, unless a process is still using the mount point — then serve
+    // on and try again each second, so the server stops once it is free (rather than cut a
+    // shell or a program off, or wait for it without a word).
+    let mut busy_said = false;
+    let mut next_try = Instant::now();
+    while !mounted.finished() {
+        if stop.load(Ordering::Relaxed) && Instant::now() >= next_try {
+            match mounted.request_unmount() {
+                Ok(mount::Unmount::Done) => {}
+                Ok(mount::Unmount::Busy) if !busy_said => {
+                    eprintln!(
+                        "locus: {0} is busy (a process has a file open or its working directory \
+                         in it): serving on until it is free, then stopping; `umount -l {0}` \
+                         detaches it now",
+                        args.mountpoint.display()
+                    );
+                    busy_said = true;
+                }
+                Ok(mount::Unmount::Busy) => {}
+                Err(e) => {
+                    eprintln!("locus: {e}; stopping anyway");
+                    break;
+                }
+            }
+            next_try = Instant::now() + Duration::from_secs(1);
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
     // The record stays until the volume is closed: a command that finds the volume held
