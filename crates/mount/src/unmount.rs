@@ -1,16 +1,10 @@
-//! Unmounting from the server's side when it is asked to stop: `umount2(2)` for root, else
+//! Unmounting from the server's side when it is asked to stop: `umount2(2)` (through rustix) for root, else
 //! the setuid helper (`fusermount3 -u`, or `fusermount -u`) that mounted for a user. Unlike
 //! the unmount `fuser` does when its session is dropped, this says when the mount point is
 //! busy, so the server can serve on until it is free instead of waiting for threads that
 //! the kernel keeps busy.
-#![allow(
-    unsafe_code,
-    reason = "umount2(2), the one system call this crate makes itself"
-)]
 
-use std::ffi::CString;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::process::Command;
 
@@ -26,24 +20,23 @@ pub enum Unmount {
 
 /// Unmounts the file system at `point`, as `umount` (root) or `fusermount3 -u` would.
 pub(crate) fn unmount(point: &Path) -> io::Result<Unmount> {
-    let path = CString::new(point.as_os_str().as_bytes())
-        .map_err(|_| io::Error::other(format!("{}: a NUL in the path", point.display())))?;
-    // SAFETY: `path` is a NUL-terminated string that lives across the call; umount2 reads it
-    // and keeps no pointer.
-    if unsafe { libc::umount2(path.as_ptr(), 0) } == 0 {
-        return Ok(Unmount::Done);
-    }
-    let error = io::Error::last_os_error();
-    match error.raw_os_error() {
-        Some(libc::EBUSY) => Ok(Unmount::Busy),
+    let error = match rustix::mount::unmount(point, rustix::mount::UnmountFlags::empty()) {
+        Ok(()) => return Ok(Unmount::Done),
+        Err(errno) => errno,
+    };
+    match error {
+        rustix::io::Errno::BUSY => Ok(Unmount::Busy),
         // Not a mount point (any more): someone unmounted it meanwhile.
-        Some(libc::EINVAL) => Ok(Unmount::Done),
+        rustix::io::Errno::INVAL => Ok(Unmount::Done),
         // Not root: the helper that mounted for this user unmounts too.
-        Some(libc::EPERM) => helper(point),
-        _ => Err(io::Error::new(
-            error.kind(),
-            format!("unmounting {}: {error}", point.display()),
-        )),
+        rustix::io::Errno::PERM => helper(point),
+        _ => {
+            let error = io::Error::from(error);
+            Err(io::Error::new(
+                error.kind(),
+                format!("unmounting {}: {error}", point.display()),
+            ))
+        }
     }
 }
 
