@@ -926,6 +926,22 @@ for i in range(first, first + count):
     print(i, flush=True)
 "#;
 
+/// Spawns `command` with piped stdin and stdout and returns it once its first line, which
+/// must be `line`, says it holds what it was started to hold (it then waits on its stdin).
+fn spawned_until(mut command: Command, line: &str) -> Child {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut said)
+        .unwrap();
+    assert_eq!(said, line);
+    child
+}
+
 fn record(tag: &str, i: u64) -> Vec<u8> {
     let unit = format!("{tag}{i:08}");
     let mut block = unit.repeat(4096 / unit.len()).into_bytes();
@@ -1170,18 +1186,11 @@ fn sigterm_while_the_mount_point_is_busy_serves_on_until_it_is_free(transport: &
         sys.stdin.readline()\n\
         os.write(fd, b'after the signal')\n\
         os.close(fd)\n";
-    let mut holder = Command::new("python3")
+    let mut python = Command::new("python3");
+    python
         .args(["-c", holder_script])
-        .arg(mount.path().join("held"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut said = String::new();
-    BufReader::new(holder.stdout.take().unwrap())
-        .read_line(&mut said)
-        .unwrap();
-    assert_eq!(said, "open\n");
+        .arg(mount.path().join("held"));
+    let mut holder = spawned_until(python, "open\n");
     let mut server = mount.server.take().unwrap();
     let (lines, stderr) = std::sync::mpsc::channel();
     let err = server.stderr.take().unwrap();
@@ -2360,18 +2369,9 @@ print("ready", flush=True)
 sys.stdin.read()
 "#
     );
-    let mut child = Command::new("python3")
-        .args(["-c", &holder])
-        .current_dir(mount.path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line, "ready\n");
+    let mut python = Command::new("python3");
+    python.args(["-c", &holder]).current_dir(mount.path());
+    let mut child = spawned_until(python, "ready\n");
     let held = free(mount.path());
     // (Less than 8 MiB less: part of what is written sits in buffers that were counted as
     // used before.)

@@ -26,11 +26,12 @@
 //! [`MountConfig::writeback_cache`] the kernel keeps written pages in its page cache and
 //! sends them later, merged: a write is durable once `fsync`, `fdatasync`, `msync` or the
 //! `close` of its file returns (the kernel writes the file's dirty pages back first), or once
-//! the kernel writes it back on its own; the server's death loses what it had not sent. Regular files are
-//! opened for direct I/O when the kernel allows shared mmap of direct-I/O files (Linux 6.6+):
-//! reads and writes skip the kernel's page cache (one copy less each way), mappings use it and
-//! their stores reach the file system when the kernel writes the pages back (`msync`,
-//! `munmap`, `fsync`), which is the durability point for mapped stores. Attributes and names
+//! the kernel writes it back on its own; the server's death loses what it had not sent.
+//! Without the cache, regular files are opened for direct I/O when the kernel allows shared
+//! mmap of direct-I/O files (Linux 6.6+): reads and writes skip the kernel's page cache (one
+//! copy less each way), mappings use it and their stores reach the file system when the
+//! kernel writes the pages back (`msync`, `munmap`, `fsync`), which is the durability point
+//! for mapped stores. Attributes and names
 //! are cached by the kernel for [`TTL`], and so are missing names (negative entries); every
 //! change reaches the file system through this mount, so the caches are never stale.
 
@@ -356,10 +357,7 @@ fn bdi_dir(mountpoint: &Path) -> io::Result<std::path::PathBuf> {
 fn lift_strict_dirty_limit(mountpoint: &Path) -> Result<(), String> {
     let dir = bdi_dir(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
     let file = dir.join("strict_limit");
-    match std::fs::write(&file, "0") {
-        Ok(()) => Ok(()),
-        Err(e) => Err(format!("{}: {e}", file.display())),
-    }
+    std::fs::write(&file, "0").map_err(|e| format!("{}: {e}", file.display()))
 }
 
 /// The bytes of data one request may carry: [`MAX_REQUEST`], or the kernel's limit when that
