@@ -1135,6 +1135,16 @@ fn the_write_back_cache_keeps_writes_until_fsync_or_close() {
         let at = (i * 4096) as usize;
         assert!(data[at..at + 4096] == expected[..], "block {i}");
     }
+    let status = locus()
+        .args(["status", "--volume"])
+        .arg(mount.volume.path())
+        .output()
+        .unwrap();
+    let said = ok(&status, "locus status beside the mount");
+    assert!(
+        said.contains("through the kernel's write-back cache (durable once written back"),
+        "{said}"
+    );
     let (status, stderr) = mount.stop();
     assert!(status.success(), "{stderr}");
     assert!(
