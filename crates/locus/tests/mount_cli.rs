@@ -34,96 +34,87 @@ fn uring_on() -> bool {
 }
 
 /// Each test runs once per transport: `/dev/fuse` reads, and FUSE over io_uring when the
-/// kernel offers it; those in the `writeback` list also with the write-back cache. The
-/// others count requests the cache saves, or need what a write does to be done when it
+/// kernel offers it; those `also_cached` once more on a mount with the write-back cache
+/// (module `writeback`). The others count requests the cache saves, or need what a write does to be done when it
 /// returns: durable (kill -9), space taken (an unnamed file's blocks), `ENOSPC` or `EFBIG`
 /// from the `write` itself (the cache reports them at `fsync` or `close`:
 /// `a_full_volume_under_the_write_back_cache_says_so_at_fsync_and_close`).
 macro_rules! transports {
-    ($($name:ident),* $(,)?) => {
+    (
+        also_cached: [$($cached:ident),* $(,)?],
+        uncached_only: [$($uncached:ident),* $(,)?] $(,)?
+    ) => {
         mod read {
             $(#[test]
-            fn $name() {
-                super::$name("read");
+            fn $cached() {
+                super::$cached("read");
+            })*
+            $(#[test]
+            fn $uncached() {
+                super::$uncached("read");
             })*
         }
         mod io_uring {
             $(#[test]
-            fn $name() {
-                if !super::uring_on() {
+            fn $cached() {
+                if super::uring_on() {
+                    super::$cached("io-uring");
+                } else {
                     eprintln!("skipped: FUSE over io_uring is off ({})", mount::URING_SWITCH);
-                    return;
                 }
-                super::$name("io-uring");
+            })*
+            $(#[test]
+            fn $uncached() {
+                if super::uring_on() {
+                    super::$uncached("io-uring");
+                } else {
+                    eprintln!("skipped: FUSE over io_uring is off ({})", mount::URING_SWITCH);
+                }
+            })*
+        }
+        mod writeback {
+            $(#[test]
+            fn $cached() {
+                super::$cached("writeback");
             })*
         }
     };
 }
 
 transports!(
-    everyday_programs_and_pipelines_behave_as_on_tmpfs,
-    a_second_sqlite3_process_reads_a_live_wal_database,
-    two_processes_write_disjoint_ranges_of_one_file,
-    kill_9_of_the_server_loses_no_acknowledged_write,
-    sigterm_unmounts_cleanly_and_the_files_stay,
-    sigterm_while_the_mount_point_is_busy_serves_on_until_it_is_free,
-    the_volume_opens_right_after_umount,
-    the_preload_library_uses_a_running_mount,
-    status_and_fsck_beside_a_mount,
-    fio_jobs_as_processes_verify_their_data,
-    special_files_and_sizes_past_the_largest_file,
-    special_files_behave_as_on_tmpfs_and_stay,
-    hard_links_behave_as_on_tmpfs_and_stay,
-    owners_and_permissions_behave_as_on_tmpfs_and_stay,
-    extended_attributes_behave_as_on_tmpfs_and_stay,
-    copy_file_range_copies_inside_the_server_as_on_tmpfs,
-    fallocate_allocates_as_on_tmpfs_and_stays,
-    programs_stored_in_the_mount_run_as_on_tmpfs,
-    exchanging_two_names_behaves_as_on_tmpfs_and_stays,
-    a_read_only_mount_refuses_every_change,
-    a_tree_deeper_than_path_max_behaves_as_on_tmpfs,
-    the_server_forgets_what_the_kernel_forgets,
-    a_missing_name_is_cached_until_something_makes_it,
-    a_change_without_cap_fsetid_drops_set_id_bits_as_on_tmpfs,
-    a_listing_carries_attributes_and_its_lookups_are_forgotten,
-    everyday_programs_on_a_full_mount_fail_cleanly_and_recover,
-    a_write_comes_in_requests_of_the_negotiated_size,
-    posix_acls_behave_as_on_tmpfs_and_stay,
-    unnamed_files_behave_as_on_tmpfs_and_go_with_a_crash,
-);
-
-macro_rules! writeback {
-    ($($name:ident),* $(,)?) => {
-        mod writeback {
-            $(#[test]
-            fn $name() {
-                super::$name("writeback");
-            })*
-        }
-    };
-}
-
-writeback!(
-    everyday_programs_and_pipelines_behave_as_on_tmpfs,
-    a_second_sqlite3_process_reads_a_live_wal_database,
-    two_processes_write_disjoint_ranges_of_one_file,
-    sigterm_unmounts_cleanly_and_the_files_stay,
-    sigterm_while_the_mount_point_is_busy_serves_on_until_it_is_free,
-    the_volume_opens_right_after_umount,
-    the_preload_library_uses_a_running_mount,
-    status_and_fsck_beside_a_mount,
-    fio_jobs_as_processes_verify_their_data,
-    special_files_behave_as_on_tmpfs_and_stay,
-    hard_links_behave_as_on_tmpfs_and_stay,
-    owners_and_permissions_behave_as_on_tmpfs_and_stay,
-    extended_attributes_behave_as_on_tmpfs_and_stay,
-    copy_file_range_copies_inside_the_server_as_on_tmpfs,
-    fallocate_allocates_as_on_tmpfs_and_stays,
-    programs_stored_in_the_mount_run_as_on_tmpfs,
-    exchanging_two_names_behaves_as_on_tmpfs_and_stays,
-    a_tree_deeper_than_path_max_behaves_as_on_tmpfs,
-    a_change_without_cap_fsetid_drops_set_id_bits_as_on_tmpfs,
-    posix_acls_behave_as_on_tmpfs_and_stay,
+    also_cached: [
+        everyday_programs_and_pipelines_behave_as_on_tmpfs,
+        a_second_sqlite3_process_reads_a_live_wal_database,
+        two_processes_write_disjoint_ranges_of_one_file,
+        sigterm_unmounts_cleanly_and_the_files_stay,
+        sigterm_while_the_mount_point_is_busy_serves_on_until_it_is_free,
+        the_volume_opens_right_after_umount,
+        the_preload_library_uses_a_running_mount,
+        status_and_fsck_beside_a_mount,
+        fio_jobs_as_processes_verify_their_data,
+        special_files_behave_as_on_tmpfs_and_stay,
+        hard_links_behave_as_on_tmpfs_and_stay,
+        owners_and_permissions_behave_as_on_tmpfs_and_stay,
+        extended_attributes_behave_as_on_tmpfs_and_stay,
+        copy_file_range_copies_inside_the_server_as_on_tmpfs,
+        fallocate_allocates_as_on_tmpfs_and_stays,
+        programs_stored_in_the_mount_run_as_on_tmpfs,
+        exchanging_two_names_behaves_as_on_tmpfs_and_stays,
+        a_tree_deeper_than_path_max_behaves_as_on_tmpfs,
+        a_change_without_cap_fsetid_drops_set_id_bits_as_on_tmpfs,
+        posix_acls_behave_as_on_tmpfs_and_stay,
+    ],
+    uncached_only: [
+        kill_9_of_the_server_loses_no_acknowledged_write,
+        special_files_and_sizes_past_the_largest_file,
+        a_read_only_mount_refuses_every_change,
+        the_server_forgets_what_the_kernel_forgets,
+        a_missing_name_is_cached_until_something_makes_it,
+        a_listing_carries_attributes_and_its_lookups_are_forgotten,
+        everyday_programs_on_a_full_mount_fail_cleanly_and_recover,
+        a_write_comes_in_requests_of_the_negotiated_size,
+        unnamed_files_behave_as_on_tmpfs_and_go_with_a_crash,
+    ],
 );
 
 /// `locus status --json` of the volume in `volume`, parsed.
@@ -264,6 +255,18 @@ impl Mount {
         self.restart_with(&[]);
         assert_eq!(self.run(script), before, "after a restart");
         before
+    }
+
+    /// Starts the stopped server: `name` holds `bytes`, and a stop after it is clean with
+    /// nothing replayed (the last stop was clean too).
+    fn holds_after_a_clean_restart(&mut self, name: &str, bytes: &[u8]) {
+        self.start();
+        assert_eq!(std::fs::read(self.path().join(name)).unwrap(), bytes);
+        let (status, stderr) = self.stop();
+        assert!(
+            status.success() && !stderr.contains("recovery replayed"),
+            "{stderr}"
+        );
     }
 
     /// SIGTERM, then the server's exit and its stderr.
@@ -1250,16 +1253,7 @@ fn sigterm_while_the_mount_point_is_busy_serves_on_until_it_is_free(transport: &
     assert!(status.success(), "{status}: {rest:?}");
     assert!(rest.iter().any(|l| l.contains("unmounted")), "{rest:?}");
     assert!(!is_mounted(mount.path()));
-    mount.start();
-    assert_eq!(
-        std::fs::read(mount.path().join("held")).unwrap(),
-        b"before after the signal"
-    );
-    let (status, stderr) = mount.stop();
-    assert!(
-        status.success() && !stderr.contains("recovery replayed"),
-        "{stderr}"
-    );
+    mount.holds_after_a_clean_restart("held", b"before after the signal");
 }
 
 fn sigterm_unmounts_cleanly_and_the_files_stay(transport: &'static str) {
@@ -1273,16 +1267,7 @@ fn sigterm_unmounts_cleanly_and_the_files_stay(transport: &'static str) {
         !mount.path().join("kept").exists(),
         "the file is on the volume, not the host"
     );
-    mount.start();
-    assert_eq!(
-        std::fs::read(mount.path().join("kept")).unwrap(),
-        b"kept across mounts"
-    );
-    let (status, stderr) = mount.stop();
-    assert!(
-        status.success() && !stderr.contains("recovery replayed"),
-        "{stderr}"
-    );
+    mount.holds_after_a_clean_restart("kept", b"kept across mounts");
 }
 
 /// `umount` returns before the server has closed the volume (the kernel drops the mount;
