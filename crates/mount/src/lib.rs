@@ -261,7 +261,9 @@ pub fn mount(fs: fs::Fs, mountpoint: &Path, config: &MountConfig) -> io::Result<
         writeback: config.writeback_cache && !config.read_only,
     };
     let hello = handshake(&mut dev, wanted)?;
-    server.set_direct_io(hello.direct_io);
+    // The write-back cache needs the page cache: direct I/O only without it.
+    let direct_io = hello.direct_io && !hello.writeback;
+    server.set_direct_io(direct_io);
     server.set_writeback(hello.writeback);
     server.set_max_write(hello.max_write);
     server.set_acl(hello.acl, hello.setxattr_ext);
@@ -322,7 +324,7 @@ pub fn mount(fs: fs::Fs, mountpoint: &Path, config: &MountConfig) -> io::Result<
     let negotiated = Negotiated {
         minor: hello.minor,
         io_uring: hello.io_uring,
-        direct_io: hello.direct_io && !hello.writeback,
+        direct_io,
         writeback_cache: hello.writeback,
         strict_dirty_limit,
         threads: threads.len(),

@@ -593,7 +593,7 @@ impl Server {
             "nameless": self.fs.nameless(),
             "fuse": {
                 "io_uring": self.io_uring,
-                "direct_io": self.direct_io && !self.writeback,
+                "direct_io": self.direct_io,
                 "writeback_cache": self.writeback,
                 // Inodes the kernel holds lookups on (the root included): forgotten ones
                 // leave, so this follows the kernel's inode cache, not the files ever seen.
@@ -1155,10 +1155,10 @@ impl Server {
     }
 
     fn file_open_flags(&self) -> u32 {
-        if self.writeback {
-            proto::FOPEN_KEEP_CACHE
-        } else if self.direct_io {
+        if self.direct_io {
             proto::FOPEN_DIRECT_IO | proto::FOPEN_PARALLEL_DIRECT_WRITES
+        } else if self.writeback {
+            proto::FOPEN_KEEP_CACHE
         } else {
             0
         }

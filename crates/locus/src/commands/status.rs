@@ -295,21 +295,17 @@ fn served_status(dir: &Path, served: &volume::Served, args: &StatusArgs) -> Resu
         })
         .unwrap_or_default();
     if let Some(bytes) = fuse["max_write"].as_u64() {
-        if fuse["writeback_cache"].as_bool() == Some(true) {
-            outln!(
-                "writes: {} requests of at most {}, through the kernel's write-back cache \
-                 (durable once written back: at fsync, msync or close at the latest)",
-                fuse["write_requests"],
-                format_bytes(bytes)
-            );
+        let how = if fuse["writeback_cache"].as_bool() == Some(true) {
+            ", through the kernel's write-back cache (durable once written back: at fsync, \
+             msync or close at the latest)"
         } else {
-            outln!(
-                "writes: {} requests of at most {} (a larger write(2) comes in several, each \
-                 atomic)",
-                fuse["write_requests"],
-                format_bytes(bytes)
-            );
-        }
+            " (a larger write(2) comes in several, each atomic)"
+        };
+        outln!(
+            "writes: {} requests of at most {}{how}",
+            fuse["write_requests"],
+            format_bytes(bytes)
+        );
     }
     if fuse["io_uring"].as_bool() == Some(true) {
         outln!(
