@@ -504,11 +504,40 @@ impl Pool {
     /// thread that found the volume full: without this, a write failed with `NoSpace` while
     /// this thread's buffer had room, and the same write sent to this thread succeeded.
     /// Returns whether it sealed one.
+    /// The set of recycled pages being filled is sealed too: a page in it whose record a
+    /// newer write made void, or whose block the checkpoint copied in place, is free memory
+    /// that would otherwise wait for the set's last page to be used.
     pub(crate) fn trim(&mut self, volume: &Volume) -> Result<bool> {
+        let recycled = self.seal_recycled(volume)?;
         if self.unused_bytes() == 0 {
-            return Ok(false);
+            return Ok(recycled);
         }
         self.seal_current(volume)?;
+        Ok(true)
+    }
+
+    /// The thread filling this pool ended: seals the buffer being filled and the set of
+    /// recycled pages, so that what their records did not hand to files — blocks copied in
+    /// place, records a newer write made void, room no write took — goes back to the volume
+    /// as their last records retire, not when a later thread of the slot fills them. The
+    /// ring stays: its sealed buffers still count against the budget until reclaimed.
+    pub(crate) fn release(&mut self, volume: &Volume) -> Result<()> {
+        self.seal_recycled(volume)?;
+        if matches!(&self.buffers[self.current], Some((set, _, _)) if !set.is_sealed()) {
+            self.seal_current(volume)?;
+        }
+        Ok(())
+    }
+
+    /// Seals the set of recycled pages being filled, if there is one: reclaimed at once if
+    /// none of its records is pending. Returns whether there was one.
+    fn seal_recycled(&mut self, volume: &Volume) -> Result<bool> {
+        let Some((set, _)) = self.recycled.take() else {
+            return Ok(false);
+        };
+        if set.seal() {
+            set.reclaim(volume)?;
+        }
         Ok(true)
     }
 
@@ -527,11 +556,7 @@ impl Pool {
 
     /// Seals every buffer (at unmount): the checkpoint reclaims each when its records retire.
     pub(crate) fn seal_all(&mut self, volume: &Volume) -> Result<()> {
-        if let Some((set, _)) = self.recycled.take()
-            && set.seal()
-        {
-            set.reclaim(volume)?;
-        }
+        self.seal_recycled(volume)?;
         for (set, _, _) in self.buffers.iter_mut().flatten() {
             if !set.is_reclaimed() && set.seal() {
                 set.reclaim(volume)?;

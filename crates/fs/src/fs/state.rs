@@ -258,7 +258,8 @@ impl ReplaySummary {
     }
 }
 
-/// A thread's claim on a slot of one file system; the slot is released when the thread ends.
+/// A thread's claim on a slot of one file system; the slot is released when the thread ends,
+/// and its pool's partly filled buffers sealed ([`crate::buffers::Pool::release`]).
 struct Lease {
     fs_id: u64,
     fs: Weak<Inner>,
@@ -268,6 +269,17 @@ struct Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         if let Some(inner) = self.fs.upgrade() {
+            // Sealed before the slot is free, so that a thread claiming it next finds the
+            // pool as this one left it, not half way through.
+            let sealed = self
+                .slot
+                .pool
+                .lock()
+                .expect("buffer pool")
+                .release(&inner.volume);
+            if let Err(e) = sealed {
+                tracing::error!(error = %e, slot = self.slot.index, "sealing an ended thread's buffers failed");
+            }
             inner.slot_in_use.lock().expect("slot table")[self.slot.index as usize] = false;
         }
     }
