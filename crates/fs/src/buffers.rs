@@ -588,6 +588,73 @@ mod tests {
         assert_eq!(untaken_runs(&e, &[]).len(), 1);
     }
 
+    fn free_bytes(volume: &Volume) -> u64 {
+        volume.stats().iter().map(|d| d.free_bytes).sum()
+    }
+
+    /// A pool whose thread wrote one block into a buffer and one into a recycled page, both
+    /// records retired and neither remapped into a file (copied in place, or made void).
+    fn pool_with_untaken_pages(volume: &Volume) -> (Pool, u64) {
+        let mut pool = Pool::new(2, 8 * BLOCK, true);
+        let page = volume.alloc_local(BLOCK).unwrap().start.raw();
+        let before = free_bytes(volume);
+        let recycle = std::cell::Cell::new(Some(page));
+        let placed = |pool: &mut Pool, offset| match pool
+            .reserve(
+                volume,
+                offset,
+                BLOCK,
+                &|| 1 << 30,
+                &|len| Ok(volume.alloc_local(len)?),
+                &|| recycle.take(),
+            )
+            .unwrap()
+        {
+            Reserve::Placed(placed) => placed,
+            Reserve::Wait => panic!("an empty pool waits"),
+        };
+        let in_page = placed(&mut pool, 0);
+        assert_eq!(
+            in_page.addr, page,
+            "an aligned block goes into the recycled page"
+        );
+        let in_buffer = placed(&mut pool, BLOCK);
+        assert_eq!(
+            free_bytes(volume),
+            before - 8 * BLOCK,
+            "the buffer came from the volume"
+        );
+        for placed in [in_page, in_buffer] {
+            assert!(!placed.set.release(), "an unsealed set waits for its seal");
+        }
+        (pool, before + BLOCK)
+    }
+
+    #[test]
+    fn an_ended_threads_pool_gives_back_what_files_did_not_take() {
+        let shm = testkit::shm_volume("pool-release", 16 << 20);
+        let volume = testkit::open_volume(&shm.dir);
+        let (mut pool, all_back) = pool_with_untaken_pages(&volume);
+        pool.release(&volume).unwrap();
+        assert_eq!(free_bytes(&volume), all_back);
+        pool.release(&volume).unwrap();
+        assert_eq!(
+            free_bytes(&volume),
+            all_back,
+            "a second release frees nothing twice"
+        );
+    }
+
+    #[test]
+    fn a_trim_seals_the_recycled_pages_as_well_as_the_buffer() {
+        let shm = testkit::shm_volume("pool-trim", 16 << 20);
+        let volume = testkit::open_volume(&shm.dir);
+        let (mut pool, all_back) = pool_with_untaken_pages(&volume);
+        assert!(pool.trim(&volume).unwrap());
+        assert_eq!(free_bytes(&volume), all_back);
+        assert!(!pool.trim(&volume).unwrap(), "nothing left to seal");
+    }
+
     #[test]
     fn a_set_is_reclaimed_once_sealed_and_released() {
         let set = BufferSet::new(Extents::new());
