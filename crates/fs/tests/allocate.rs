@@ -359,3 +359,71 @@ fn removed_files_give_back_all_but_new_thread_slots() {
         "after the unmount: free memory plus the new slots' areas, against before"
     );
 }
+
+/// A thread that writes after its thread-locals are destroyed (a stdio stream flushed by a
+/// destructor at its end) is given a slot of its own for that; once it has ended the slot
+/// is free again, so that a program whose every thread does so never runs out of them:
+/// here three times as many threads, one after another, as the format has slots, each
+/// writing once while it runs and once from a destructor that runs after the file system's
+/// own — every write lands.
+#[test]
+fn threads_that_write_at_their_end_give_their_slots_back() {
+    struct AtEnd {
+        file: Arc<fs::File>,
+        thread: u64,
+        results: Arc<std::sync::Mutex<Vec<Result<(), String>>>>,
+    }
+    impl Drop for AtEnd {
+        fn drop(&mut self) {
+            let at = (2 * self.thread + 1) * B;
+            let written = self
+                .file
+                .write_at(&pattern(self.thread, at, B as usize), at)
+                .map_err(|e| e.to_string());
+            self.results.lock().unwrap().push(written);
+        }
+    }
+    thread_local! {
+        static AT_END: std::cell::RefCell<Option<AtEnd>> = const { std::cell::RefCell::new(None) };
+    }
+
+    let shm = shm_volume("write-at-end", 64 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    let file = Arc::new(fs.create("/at-end").unwrap());
+    let results = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let threads = 3 * u64::from(small_format().slot_limit);
+    for thread in 0..threads {
+        let (file, results) = (Arc::clone(&file), Arc::clone(&results));
+        std::thread::spawn(move || {
+            // Set before the first write claims a slot: thread-locals are destroyed in the
+            // reverse order of their first use, so this one's destructor runs after the
+            // file system's lease is gone.
+            AT_END.with(|at_end| {
+                *at_end.borrow_mut() = Some(AtEnd {
+                    file: Arc::clone(&file),
+                    thread,
+                    results,
+                });
+            });
+            let at = 2 * thread * B;
+            file.write_at(&pattern(thread, at, B as usize), at).unwrap();
+        })
+        .join()
+        .unwrap();
+    }
+    let results = std::mem::take(&mut *results.lock().unwrap());
+    assert_eq!(results.len() as u64, threads, "every destructor ran");
+    for (thread, written) in results.iter().enumerate() {
+        assert_eq!(written, &Ok(()), "thread {thread}'s write at its end");
+    }
+    let back = contents(&file);
+    for thread in 0..threads {
+        for at in [2 * thread * B, (2 * thread + 1) * B] {
+            assert_eq!(
+                &back[at as usize..(at + B) as usize],
+                &pattern(thread, at, B as usize)[..],
+                "thread {thread}'s block at {at}"
+            );
+        }
+    }
+}

@@ -269,18 +269,7 @@ struct Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         if let Some(inner) = self.fs.upgrade() {
-            // Sealed before the slot is free, so that a thread claiming it next finds the
-            // pool as this one left it, not half way through.
-            let sealed = self
-                .slot
-                .pool
-                .lock()
-                .expect("buffer pool")
-                .release(&inner.volume);
-            if let Err(e) = sealed {
-                tracing::error!(error = %e, slot = self.slot.index, "sealing an ended thread's buffers failed");
-            }
-            inner.slot_in_use.lock().expect("slot table")[self.slot.index as usize] = false;
+            inner.end_lease(&self.slot);
         }
     }
 }
@@ -651,9 +640,22 @@ impl Inner {
         Ok(index)
     }
 
+    /// A thread's claim on `slot` ends (the thread ended): the pool's partly filled buffers
+    /// are sealed before the slot is free, so that a thread claiming it next finds the pool
+    /// as this one left it, not half way through.
+    fn end_lease(&self, slot: &Slot) {
+        let sealed = slot.pool.lock().expect("buffer pool").release(&self.volume);
+        if let Err(e) = sealed {
+            tracing::error!(error = %e, slot = slot.index, "sealing an ended thread's buffers failed");
+        }
+        self.slot_in_use.lock().expect("slot table")[slot.index as usize] = false;
+    }
+
     /// The slot of a thread whose thread-locals were destroyed, claimed once per thread
-    /// (found by its kernel thread id, which needs no thread-local) and kept: the thread is
-    /// exiting.
+    /// (found by its kernel thread id, `/proc/thread-self`, which needs no thread-local)
+    /// and kept while the thread lives: the slots of such threads that have ended since are
+    /// given back first, so that a program whose every thread writes at its end (a stdio
+    /// stream flushed by a destructor) does not run out of slots.
     fn exiting_thread_slot(&self) -> Result<Arc<Slot>> {
         let tid = std::fs::read_link("/proc/thread-self")
             .map_err(|e| FsError::Shutdown(format!("identifying an exiting thread: {e}")))?;
@@ -661,8 +663,21 @@ impl Inner {
         if let Some(slot) = exiting.get(&tid) {
             return Ok(Arc::clone(slot));
         }
+        exiting.retain(|thread, slot| {
+            let lives = std::path::Path::new("/proc").join(thread).exists();
+            if !lives {
+                self.end_lease(slot);
+            }
+            lives
+        });
         let index = self.claim_slot_index()?;
-        let slot = self.slot_at(index as u32)?;
+        let slot = match self.slot_at(index as u32) {
+            Ok(slot) => slot,
+            Err(e) => {
+                self.slot_in_use.lock().expect("slot table")[index] = false;
+                return Err(e);
+            }
+        };
         exiting.insert(tid, Arc::clone(&slot));
         Ok(slot)
     }
