@@ -503,10 +503,10 @@ impl Pool {
     /// the last of them is retired — at once if none is pending. For a writer of another
     /// thread that found the volume full: without this, a write failed with `NoSpace` while
     /// this thread's buffer had room, and the same write sent to this thread succeeded.
-    /// Returns whether it sealed one.
     /// The set of recycled pages being filled is sealed too: a page in it whose record a
     /// newer write made void, or whose block the checkpoint copied in place, is free memory
-    /// that would otherwise wait for the set's last page to be used.
+    /// that would otherwise wait for the set's last page to be used. Returns whether it
+    /// sealed anything.
     pub(crate) fn trim(&mut self, volume: &Volume) -> Result<bool> {
         let recycled = self.seal_recycled(volume)?;
         if self.unused_bytes() == 0 {
