@@ -347,7 +347,14 @@ fn serve(dir: &Path, sysfs: &Path, args: &MountArgs) -> Result<()> {
                 }
                 Ok(mount::Unmount::Busy) => {}
                 Err(e) => {
-                    eprintln!("locus: {e}; stopping anyway");
+                    // Dropping the session detaches the mount point lazily (`umount2` with
+                    // `MNT_DETACH`, else `fusermount3 -u -z`): processes with files open
+                    // there keep them, served, until they close them.
+                    eprintln!(
+                        "locus: {e}; detaching {} lazily instead: stopping once no process \
+                         uses it any more (or once it is unmounted, should detaching fail too)",
+                        args.mountpoint.display()
+                    );
                     break;
                 }
             }
