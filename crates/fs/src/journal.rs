@@ -1433,6 +1433,60 @@ mod tests {
         );
     }
 
+    /// Decodes `payload` as a record of `kind`: an operation, or an error that names the
+    /// journal — never a panic, whatever the bytes (a record's CRC only says the bytes are
+    /// the ones written, not that whoever wrote them was right).
+    fn decodes_or_names_the_journal(kind: u8, payload: &[u8]) -> Result<(), String> {
+        let mut d = Decoder::new(payload, "journal of slot 7");
+        match MetaOp::decode_payload(kind, &mut d) {
+            Ok(_) => Ok(()),
+            Err(e) if e.to_string().contains("journal of slot 7") => Ok(()),
+            Err(e) => Err(format!(
+                "kind {kind}: an error that does not name the journal: {e}"
+            )),
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        /// Any bytes under any kind byte.
+        #[test]
+        fn arbitrary_payloads_decode_or_are_refused(
+            kind in proptest::prelude::any::<u8>(),
+            payload in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400),
+        ) {
+            proptest::prop_assert_eq!(decodes_or_names_the_journal(kind, &payload), Ok(()));
+        }
+
+        /// Each kind's real encoding with bytes changed and its end cut: counts, lengths
+        /// and codes that lie are what damage looks like.
+        #[test]
+        fn damaged_encodings_decode_or_are_refused(
+            which in proptest::prelude::any::<proptest::sample::Index>(),
+            changes in proptest::collection::vec(
+                (proptest::prelude::any::<proptest::sample::Index>(), 1u8..=255),
+                1..6,
+            ),
+            cut in proptest::prelude::any::<proptest::sample::Index>(),
+        ) {
+            let ops = ops();
+            let op = &ops[which.index(ops.len())];
+            let mut e = Encoder::default();
+            op.encode_payload(&mut e);
+            let mut bytes = e.0;
+            for (at, xor) in changes {
+                let at = at.index(bytes.len());
+                bytes[at] ^= xor;
+            }
+            let len = bytes.len() - cut.index(bytes.len() / 4 + 1);
+            proptest::prop_assert_eq!(
+                decodes_or_names_the_journal(op.kind_code(), &bytes[..len]),
+                Ok(())
+            );
+        }
+    }
+
     #[test]
     fn a_whole_record_with_a_bad_payload_is_named_damage() {
         let tracer = pmem::Tracer::new();

@@ -524,8 +524,6 @@ mod tests {
         assert!(Snapshot::decode(&bytes[..bytes.len() - 1]).is_err());
     }
 
-    /// A version-1 snapshot (modification time only) still reads: access and change time
-    /// show the modification time; a symbolic link there is damage.
     /// Re-seals `bytes` (its checksum) after an edit.
     fn resealed(mut bytes: Vec<u8>) -> Vec<u8> {
         let body = bytes.len() - 4;
@@ -557,6 +555,38 @@ mod tests {
         assert!(e.contains("inode 3 is unnamed but a Symlink"), "{e}");
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        /// A snapshot with bytes changed under a checksum that matches them (what a bug
+        /// that wrote it would leave): it decodes, or the error names the snapshot — never
+        /// a panic, nor an allocation its lengths and counts ask for but its bytes do not
+        /// hold.
+        #[test]
+        fn resealed_damage_decodes_or_is_refused(
+            changes in proptest::collection::vec(
+                (proptest::prelude::any::<proptest::sample::Index>(), 1u8..=255),
+                1..6,
+            ),
+            cut in proptest::prelude::any::<proptest::sample::Index>(),
+        ) {
+            let mut bytes = sample().encode();
+            let body = bytes.len() - 4;
+            // The magic stays: without it nothing past it is read.
+            for (at, xor) in changes {
+                bytes[8 + at.index(body - 8)] ^= xor;
+            }
+            bytes.truncate(body - cut.index((body - 48) / 4 + 1));
+            bytes.extend_from_slice(&[0; 4]);
+            let bytes = resealed(bytes);
+            if let Err(e) = Snapshot::decode(&bytes) {
+                proptest::prop_assert!(e.to_string().contains("file-system snapshot"), "{}", e);
+            }
+        }
+    }
+
+    /// A version-1 snapshot (modification time only) still reads: access and change time
+    /// show the modification time; a symbolic link there is damage.
     #[test]
     fn a_version_1_snapshot_still_reads() {
         let v1 = |kind: u8| {
