@@ -44,29 +44,20 @@ macro_rules! transports {
         also_cached: [$($cached:ident),* $(,)?],
         uncached_only: [$($uncached:ident),* $(,)?] $(,)?
     ) => {
+        transports!(@every [$($cached,)* $($uncached,)*] @cached [$($cached,)*]);
+    };
+    (@every [$($test:ident,)*] @cached [$($cached:ident,)*]) => {
         mod read {
             $(#[test]
-            fn $cached() {
-                super::$cached("read");
-            })*
-            $(#[test]
-            fn $uncached() {
-                super::$uncached("read");
+            fn $test() {
+                super::$test("read");
             })*
         }
         mod io_uring {
             $(#[test]
-            fn $cached() {
+            fn $test() {
                 if super::uring_on() {
-                    super::$cached("io-uring");
-                } else {
-                    eprintln!("skipped: FUSE over io_uring is off ({})", mount::URING_SWITCH);
-                }
-            })*
-            $(#[test]
-            fn $uncached() {
-                if super::uring_on() {
-                    super::$uncached("io-uring");
+                    super::$test("io-uring");
                 } else {
                     eprintln!("skipped: FUSE over io_uring is off ({})", mount::URING_SWITCH);
                 }

@@ -610,14 +610,7 @@ impl Inner {
             // an exit handler writes now): a slot kept for it by its thread id.
             Err(_) => return self.exiting_thread_slot(),
         }
-        let index = self.claim_slot_index()?;
-        let slot = match self.slot_at(index as u32) {
-            Ok(slot) => slot,
-            Err(e) => {
-                self.slot_in_use.lock().expect("slot table")[index] = false;
-                return Err(e);
-            }
-        };
+        let slot = self.claim_slot()?;
         LEASES.with(|leases| {
             let mut leases = leases.borrow_mut();
             leases.retain(|l| l.fs.strong_count() > 0);
@@ -628,6 +621,15 @@ impl Inner {
             });
         });
         Ok(slot)
+    }
+
+    /// A free slot, marked in use (its areas made if this is its first use); the number is
+    /// free again if making them fails.
+    fn claim_slot(&self) -> Result<Arc<Slot>> {
+        let index = self.claim_slot_index()?;
+        self.slot_at(index as u32).inspect_err(|_| {
+            self.slot_in_use.lock().expect("slot table")[index] = false;
+        })
     }
 
     /// Marks a free slot number in use and returns it.
@@ -670,14 +672,7 @@ impl Inner {
             }
             lives
         });
-        let index = self.claim_slot_index()?;
-        let slot = match self.slot_at(index as u32) {
-            Ok(slot) => slot,
-            Err(e) => {
-                self.slot_in_use.lock().expect("slot table")[index] = false;
-                return Err(e);
-            }
-        };
+        let slot = self.claim_slot()?;
         exiting.insert(tid, Arc::clone(&slot));
         Ok(slot)
     }
