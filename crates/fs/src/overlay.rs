@@ -406,37 +406,35 @@ mod tests {
         writes: &[(u64, u64)],
         bytes: usize,
     ) -> Result<(), proptest::test_runner::TestCaseError> {
-        {
-            let overlay = Overlay::default();
-            let mut model = vec![0u64; bytes];
-            for (i, (offset, len)) in writes.iter().enumerate() {
-                let order = i as u64 + 1;
-                overlay.insert(*offset, *len, order << 32, order);
-                for b in *offset..offset + len {
-                    model[b as usize] = order;
-                }
+        let overlay = Overlay::default();
+        let mut model = vec![0u64; bytes];
+        for (i, (offset, len)) in writes.iter().enumerate() {
+            let order = i as u64 + 1;
+            overlay.insert(*offset, *len, order << 32, order);
+            for b in *offset..offset + len {
+                model[b as usize] = order;
             }
-            let mut seen = vec![0u64; bytes];
-            for p in overlay.lookup(0, bytes as u64) {
-                for b in p.start..p.end {
-                    proptest::prop_assert_eq!(seen[b as usize], 0);
-                    seen[b as usize] = p.order;
-                }
-            }
-            proptest::prop_assert_eq!(&seen, &model);
-            for (i, (offset, len)) in writes.iter().enumerate() {
-                let order = i as u64 + 1;
-                for p in overlay.take_record(*offset, *len, order) {
-                    proptest::prop_assert_eq!(p.src - (order << 32), p.start - offset);
-                    for b in p.start..p.end {
-                        proptest::prop_assert_eq!(model[b as usize], order);
-                        model[b as usize] = 0;
-                    }
-                }
-            }
-            proptest::prop_assert!(model.iter().all(|&o| o == 0));
-            proptest::prop_assert!(overlay.is_empty());
         }
+        let mut seen = vec![0u64; bytes];
+        for p in overlay.lookup(0, bytes as u64) {
+            for b in p.start..p.end {
+                proptest::prop_assert_eq!(seen[b as usize], 0);
+                seen[b as usize] = p.order;
+            }
+        }
+        proptest::prop_assert_eq!(&seen, &model);
+        for (i, (offset, len)) in writes.iter().enumerate() {
+            let order = i as u64 + 1;
+            for p in overlay.take_record(*offset, *len, order) {
+                proptest::prop_assert_eq!(p.src - (order << 32), p.start - offset);
+                for b in p.start..p.end {
+                    proptest::prop_assert_eq!(model[b as usize], order);
+                    model[b as usize] = 0;
+                }
+            }
+        }
+        proptest::prop_assert!(model.iter().all(|&o| o == 0));
+        proptest::prop_assert!(overlay.is_empty());
         Ok(())
     }
 
