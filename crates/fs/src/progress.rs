@@ -28,8 +28,6 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use smallvec::SmallVec;
-
 use crate::buffers::BufferSet;
 use crate::error::{FsError, Result};
 
@@ -539,26 +537,34 @@ impl Ticket<'_> {
     /// and closes the ticket.
     #[cfg(test)]
     pub(crate) fn queue(self, record: Pending) {
-        self.queue_all(smallvec::smallvec![record]);
+        self.queue_all(std::iter::once(record));
     }
 
     /// Queues the records of the writer's write (carrying the ticket's orders, in order) for
     /// the checkpoint and closes the ticket.
-    pub(crate) fn queue_all(mut self, records: SmallVec<[Pending; 1]>) {
+    /// The records go straight into the queue (no list of them first: a write's records
+    /// are built as they are queued).
+    pub(crate) fn queue_all(mut self, records: impl ExactSizeIterator<Item = Pending>) {
         let taken = self.orders.clone().unwrap_or(0..0);
-        assert!(
-            records.len() as u64 == taken.end - taken.start
-                && records.iter().zip(taken.clone()).all(|(p, o)| p.order == o),
-            "queued records carry their ticket's orders"
-        );
         let count = records.len() as u64;
+        assert_eq!(
+            count,
+            taken.end - taken.start,
+            "a ticket queues as many records as it took orders"
+        );
         let depth = {
             let mut queued = self.queue.records();
             assert!(
                 queued.back().is_none_or(|p| p.order < taken.start),
                 "a slot's records are queued in order"
             );
-            queued.extend(records);
+            for (record, order) in records.zip(taken) {
+                assert_eq!(
+                    record.order, order,
+                    "queued records carry their ticket's orders"
+                );
+                queued.push_back(record);
+            }
             queued.len()
         };
         self.progress.pending.fetch_add(count, Ordering::AcqRel);

@@ -169,22 +169,16 @@ impl Inner {
                 Ordering::Relaxed,
             );
         }
-        ticket.queue_all(
-            records
-                .iter()
-                .zip(pieces)
-                .map(|(r, p)| Pending {
-                    slot: slot.index,
-                    seq: r.sequence,
-                    order: r.order,
-                    ino: inode.ino,
-                    offset: r.offset,
-                    len: r.length,
-                    set: p.set,
-                    mtime: r.mtime,
-                })
-                .collect(),
-        );
+        ticket.queue_all(records.iter().zip(pieces).map(|(r, p)| Pending {
+            slot: slot.index,
+            seq: r.sequence,
+            order: r.order,
+            ino: inode.ino,
+            offset: r.offset,
+            len: r.length,
+            set: p.set,
+            mtime: r.mtime,
+        }));
         if caller {
             slot.counters.writes.fetch_add(1, Ordering::Relaxed);
             slot.counters.caller_bytes.fetch_add(len, Ordering::Relaxed);
