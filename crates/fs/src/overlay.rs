@@ -98,18 +98,17 @@ impl PieceMap {
         match self {
             Self::Small(v) => {
                 let span = Self::span(v, from, to);
-                let kept_before = v.get(span.start).and_then(|p| p.clip(p.start, from));
-                let kept_after = span
-                    .end
-                    .checked_sub(1)
-                    .and_then(|last| v.get(last))
-                    .and_then(|p| p.clip(to, p.end));
                 if span.is_empty() {
                     // Nothing overlaps (the common case): an insert or nothing.
                     if let Some(piece) = piece {
                         v.insert(span.start, piece);
                     }
                 } else {
+                    // Only the first and the last overlapping piece can reach outside.
+                    let first = v[span.start];
+                    let last = v[span.end - 1];
+                    let kept_before = first.clip(first.start, from);
+                    let kept_after = last.clip(to, last.end);
                     v.splice(span, [kept_before, piece, kept_after].into_iter().flatten());
                 }
             }

@@ -541,9 +541,8 @@ impl Ticket<'_> {
     }
 
     /// Queues the records of the writer's write (carrying the ticket's orders, in order) for
-    /// the checkpoint and closes the ticket.
-    /// The records go straight into the queue (no list of them first: a write's records
-    /// are built as they are queued).
+    /// the checkpoint and closes the ticket. They go straight into the queue as the iterator
+    /// builds them, no list of them first.
     pub(crate) fn queue_all(mut self, records: impl ExactSizeIterator<Item = Pending>) {
         let taken = self.orders.clone().unwrap_or(0..0);
         let count = records.len() as u64;
