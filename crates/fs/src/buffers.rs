@@ -470,9 +470,13 @@ impl Pool {
         let Some(addr) = recycle() else {
             return Ok(None);
         };
-        let (set, used) = self
-            .recycled
-            .get_or_insert_with(|| (std::sync::Arc::new(BufferSet::new(Extents::new())), 0));
+        let (set, used) = self.recycled.get_or_insert_with(|| {
+            // Room for every page it will get: the writer adds them without growing
+            // it, and the memory is allocated once (the checkpoint frees it, and a
+            // free into another thread's malloc arena takes that arena's lock).
+            let pages = Extents::with_capacity(RECYCLED_SET_PAGES);
+            (std::sync::Arc::new(BufferSet::new(pages)), 0)
+        });
         set.add_page(addr);
         set.add_record();
         *used += 1;
