@@ -8,7 +8,7 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crate::error::{PmemError, Result};
 
@@ -19,6 +19,11 @@ const MAP_SYNC: libc::c_int = 0x80000;
 
 /// `MADV_POPULATE_WRITE` from `<linux/mman.h>` (Linux 5.14), not in every libc crate target.
 const MADV_POPULATE_WRITE: libc::c_int = 23;
+
+/// What [`Mapping::populate_range`] populates at a time: 2 MiB (512 pages, one page-table
+/// page), so that a process populates each part of a device once, in one call, however many
+/// scattered pages of it it later asks for.
+const POPULATE_CHUNK: usize = 2 << 20;
 
 /// How the pages are mapped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +38,11 @@ pub(crate) enum MapFlags {
 pub(crate) struct Mapping {
     base: NonNull<u8>,
     len: usize,
+    /// Every page was populated ([`Mapping::populate`]): a range needs no more.
+    populated: AtomicBool,
+    /// One bit per [`POPULATE_CHUNK`] of the mapping: set once its pages were populated
+    /// ([`Mapping::populate_range`]).
+    chunks: Box<[AtomicU64]>,
     /// Kept open for `msync` and so the mapping's file stays the one we checked.
     _file: File,
 }
@@ -77,6 +87,10 @@ impl Mapping {
         Ok(Self {
             base,
             len,
+            populated: AtomicBool::new(false),
+            chunks: (0..len.div_ceil(POPULATE_CHUNK).div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             _file: file,
         })
     }
@@ -98,6 +112,42 @@ impl Mapping {
         let rc = unsafe { libc::madvise(self.base.as_ptr().cast(), self.len, MADV_POPULATE_WRITE) };
         if rc != 0 {
             return Err(std::io::Error::last_os_error());
+        }
+        self.populated.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// [`Mapping::populate`] for the [`POPULATE_CHUNK`]s that `[offset, offset + len)`
+    /// touches (within the mapping), each once: a chunk populated before, or a mapping
+    /// populated whole, costs a bit test.
+    pub(crate) fn populate_range(&self, offset: usize, len: usize) -> std::io::Result<()> {
+        if self.populated.load(Ordering::Relaxed) || len == 0 || offset >= self.len {
+            return Ok(());
+        }
+        let end = offset.saturating_add(len).min(self.len);
+        for chunk in offset / POPULATE_CHUNK..end.div_ceil(POPULATE_CHUNK) {
+            let (word, bit) = (&self.chunks[chunk / 64], 1u64 << (chunk % 64));
+            // Marked first: a chunk is tried once, whether the call succeeds or not (a
+            // kernel without it would fail it on every write), and by one thread.
+            if word.load(Ordering::Relaxed) & bit != 0
+                || word.fetch_or(bit, Ordering::Relaxed) & bit != 0
+            {
+                continue;
+            }
+            let start = chunk * POPULATE_CHUNK;
+            let bytes = POPULATE_CHUNK.min(self.len - start);
+            // SAFETY: `[start, start + bytes)` lies within this mapping; populating faults
+            // pages in without changing what they hold.
+            let rc = unsafe {
+                libc::madvise(
+                    self.base.as_ptr().add(start).cast(),
+                    bytes,
+                    MADV_POPULATE_WRITE,
+                )
+            };
+            if rc != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
         }
         Ok(())
     }

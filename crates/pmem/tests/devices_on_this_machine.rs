@@ -133,3 +133,51 @@ fn a_new_file_off_tmpfs_and_off_dax_is_an_ordinary_file() {
         "the probe file is removed"
     );
 }
+
+/// This thread's minor page faults so far (`/proc/thread-self/stat`, field 10).
+fn minor_faults() -> u64 {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+    let fields = &stat[stat.rfind(')').unwrap() + 2..];
+    fields.split(' ').nth(7).unwrap().parse().unwrap()
+}
+
+/// Faults taken storing one byte into each of the 512 pages of the 2 MiB at `at`.
+fn faults_writing(region: &pmem::Region, at: u64) -> u64 {
+    let before = minor_faults();
+    for page in 0..512 {
+        region.write(at + page * 4096, &[1]).unwrap();
+    }
+    minor_faults() - before
+}
+
+#[test]
+fn populating_for_writes_maps_the_stretches_asked_for_and_only_on_emulated_devices() {
+    let dir = shm_dir();
+    let emulated = spec(dir.path().join("node0.pmem"), DeviceKind::Emulated, Some(0));
+    drop(Device::create(&emulated, 8 << 20).unwrap());
+    // A fresh mapping: no page of it in this process's page tables yet.
+    let device = Device::open(&emulated).unwrap();
+    let region = device.region();
+    // Ten bytes in the second 2 MiB map all of it, and only it.
+    region.populate_for_writes((3 << 20) + 5, 10);
+    let populated = faults_writing(region, 2 << 20);
+    let untouched = faults_writing(region, 4 << 20);
+    assert!(
+        populated < 16 && untouched >= 400,
+        "faults writing 512 pages: {populated} populated, {untouched} not"
+    );
+    // A slice's offsets are its own; the end of the device is not passed.
+    region
+        .slice(6 << 20, 2 << 20)
+        .unwrap()
+        .populate_for_writes((1 << 20) + 7, 10 << 20);
+    assert!(faults_writing(region, 6 << 20) < 16);
+
+    // An ordinary file's pages would be dirtied: left to fault in as they are written.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let file = spec(dir.path().join("disk.pmem"), DeviceKind::File, None);
+    drop(Device::create(&file, 4 << 20).unwrap());
+    let device = Device::open(&file).unwrap();
+    device.region().populate_for_writes(0, 2 << 20);
+    assert!(faults_writing(device.region(), 0) >= 400);
+}

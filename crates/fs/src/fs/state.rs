@@ -430,6 +430,23 @@ impl Inner {
         Ok((region, at.offset()))
     }
 
+    /// A buffer for a writer to fill ([`Inner::alloc_buffer`]), its pages mapped for
+    /// writing in one call ([`Region::populate_for_writes`]) rather than one page fault
+    /// each as the copy reaches them.
+    pub(crate) fn alloc_write_buffer(&self, len: u64) -> Result<Extent> {
+        let extent = self.alloc_buffer(len)?;
+        self.populate(extent.start.raw(), extent.len_bytes);
+        Ok(extent)
+    }
+
+    /// Maps the pages of `len` bytes at `addr` for writing in this process now
+    /// ([`Region::populate_for_writes`]).
+    pub(crate) fn populate(&self, addr: u64, len: u64) {
+        if let Ok((region, at)) = self.region_at(addr) {
+            region.populate_for_writes(at, len);
+        }
+    }
+
     pub(crate) fn read_pmem(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
         let (region, offset) = self.region_at(addr)?;
         region.read(offset, buf)?;

@@ -230,7 +230,7 @@ impl Inner {
         let skew = offset % BLOCK;
         if skew + len > self.options.prelim_buffer_bytes {
             // At the file's in-page offset, so its whole blocks can be remapped.
-            let extent = self.with_space(|| self.alloc_buffer(len + skew))?;
+            let extent = self.with_space(|| self.alloc_write_buffer(len + skew))?;
             let addr = extent.start.raw() + skew;
             return Ok(whole(
                 len,
@@ -245,7 +245,7 @@ impl Inner {
                 offset,
                 len,
                 &spare,
-                &|bytes| self.alloc_buffer(bytes),
+                &|bytes| self.alloc_write_buffer(bytes),
                 &|| self.recycled.take(self.volume.current_node()),
             )
         };
