@@ -69,7 +69,7 @@ impl Inner {
         buffer: u64,
         set: Arc<BufferSet>,
     ) -> Result<()> {
-        self.commit_pieces(slot, inode, offset, len, whole(len, buffer, set))
+        self.commit_pieces(slot, inode, offset, len, whole(len, buffer, set), now_ns())
     }
 
     /// Commits a write of `[offset, offset + len)` of `inode` whose data is already
@@ -82,11 +82,12 @@ impl Inner {
         offset: u64,
         len: u64,
         pieces: Placement,
+        time: u64,
     ) -> Result<()> {
         debug_assert_eq!(pieces.iter().map(|p| p.len).sum::<u64>(), len);
         self.reserve_log(slot, pieces.len() as u64)?;
         let _range = self.lock_range(inode, offset, len, LockMode::Exclusive)?;
-        self.append_and_queue(slot, inode, offset, len, pieces, now_ns(), true)
+        self.append_and_queue(slot, inode, offset, len, pieces, time, true)
     }
 
     /// Commits data persisted in `set` from `buffer` as the `ranges` (`(offset from
@@ -215,13 +216,16 @@ impl Inner {
             region.write_nt(at, bytes)?;
             self.note_filled(piece.addr, bytes)?;
         }
+        // The write's time is read while the data's stores drain: no locked instruction
+        // in it, so the fence below waits for them alone.
+        let time = now_ns();
         // The data is durable before the records that point at it can be. (One fence per
         // write instead, with a CRC of the data in the record for recovery to check on the
         // newest write, measured no faster on DRAM: the record's fence then waits for the
         // data's stores, and the time is theirs, not the fence's.)
         self.volume.fence();
         slot.counters.media_bytes.fetch_add(len, Ordering::Relaxed);
-        self.commit_pieces(&slot, inode, offset, len, pieces)
+        self.commit_pieces(&slot, inode, offset, len, pieces, time)
     }
 
     /// One buffer for a write: in the slot's pool, or — a write whose bytes, at the file's
