@@ -544,7 +544,10 @@ pub(crate) fn write(
 ) -> Result<(), Problem> {
     file(inode, "a write")?;
     inode.overlay.insert(offset, len, buffer, order);
-    inode.size.fetch_max(offset + len, Ordering::AcqRel);
+    // An overwrite leaves the size as it is: no locked instruction for it.
+    if inode.size.load(Ordering::Acquire) < offset + len {
+        inode.size.fetch_max(offset + len, Ordering::AcqRel);
+    }
     inode.mtime.fetch_max(mtime, Ordering::AcqRel);
     inode.changed(mtime);
     Ok(())
