@@ -107,13 +107,30 @@ impl Mapping {
     /// tables are filled now rather than on the data path, and `move_pages` can see where
     /// each page is. Contents are unchanged.
     pub(crate) fn populate(&self) -> std::io::Result<()> {
-        // SAFETY: the range is exactly this mapping; populating faults pages in without
-        // changing what they hold.
-        let rc = unsafe { libc::madvise(self.base.as_ptr().cast(), self.len, MADV_POPULATE_WRITE) };
+        self.populate_pages(0, self.len)?;
+        self.populated.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// `MADV_POPULATE_WRITE` over `[start, start + bytes)`, which the caller keeps within
+    /// the mapping.
+    fn populate_pages(&self, start: usize, bytes: usize) -> std::io::Result<()> {
+        assert!(
+            start.checked_add(bytes).is_some_and(|end| end <= self.len),
+            "populating outside the mapping"
+        );
+        // SAFETY: the range lies within this mapping (checked above); populating faults
+        // pages in without changing what they hold.
+        let rc = unsafe {
+            libc::madvise(
+                self.base.as_ptr().add(start).cast(),
+                bytes,
+                MADV_POPULATE_WRITE,
+            )
+        };
         if rc != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        self.populated.store(true, Ordering::Relaxed);
         Ok(())
     }
 
@@ -135,19 +152,7 @@ impl Mapping {
                 continue;
             }
             let start = chunk * POPULATE_CHUNK;
-            let bytes = POPULATE_CHUNK.min(self.len - start);
-            // SAFETY: `[start, start + bytes)` lies within this mapping; populating faults
-            // pages in without changing what they hold.
-            let rc = unsafe {
-                libc::madvise(
-                    self.base.as_ptr().add(start).cast(),
-                    bytes,
-                    MADV_POPULATE_WRITE,
-                )
-            };
-            if rc != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
+            self.populate_pages(start, POPULATE_CHUNK.min(self.len - start))?;
         }
         Ok(())
     }
