@@ -54,6 +54,15 @@ pub(crate) fn spawn(inner: Arc<Inner>) -> Result<std::thread::JoinHandle<()>> {
 }
 
 fn run(inner: &Inner) {
+    let boost = inner.options.checkpoint_boost;
+    if boost > 0 {
+        match topology::boost_current_thread(boost) {
+            Ok(nice) => tracing::debug!(nice, "checkpoint thread's priority raised"),
+            Err(error) => {
+                tracing::debug!(%error, "the checkpoint thread runs at its opener's priority");
+            }
+        }
+    }
     if let Err(e) = run_loop(inner) {
         tracing::error!(error = %e, "checkpoint failed; the file system stops accepting changes");
         inner.progress.fail(e.to_string());

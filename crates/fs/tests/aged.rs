@@ -267,6 +267,7 @@ fn small_buffers_on_a_fragmented_volume_keep_the_pools_bytes_in_flight() {
         checkpoint_batch: 4096,
         checkpoint: fs::CheckpointMode::OnDemand,
         defrag: true,
+        ..FsOptions::default()
     };
     let fs = Fs::format(open_volume(&shm.dir), &small_format(), options).unwrap();
     fragment(&fs, 64 << 10);
@@ -297,6 +298,7 @@ fn writes_larger_than_every_free_piece_do_not_wait_for_the_checkpoint() {
         checkpoint_batch: 4096,
         checkpoint: fs::CheckpointMode::OnDemand,
         defrag: true,
+        ..FsOptions::default()
     };
     let fs = Fs::format(open_volume(&shm.dir), &small_format(), options).unwrap();
     let freed = fragment(&fs, 32 << 10);

@@ -385,6 +385,7 @@ fn random_overwrites_do_not_cut_free_memory_into_pages() {
         prelim_buffer_bytes: 4 << 20,
         checkpoint_batch: 4096,
         defrag: true,
+        ..fs::FsOptions::default()
     };
     let fs = Fs::format(open_volume(&shm.dir), &format, options).unwrap();
     let f = fs.create("/f").unwrap();

@@ -154,6 +154,7 @@ pub fn small_options() -> FsOptions {
         checkpoint_batch: 64,
         checkpoint: fs::CheckpointMode::Background,
         defrag: true,
+        ..FsOptions::default()
     }
 }
 

@@ -39,8 +39,8 @@ pub use order::{Candidate, CandidateOrder, LatencySource};
 pub use pmem::{PmemDevice, PmemKind};
 pub use probe::{ProbeConfig, ProbeReport, ProbeSample, probe};
 pub use sys::{
-    bind_range, current_affinity, current_cpu, page_nodes, page_size, pin_current_thread,
-    thread_cpu_time,
+    bind_range, boost_current_thread, current_affinity, current_cpu, current_thread_nice,
+    page_nodes, page_size, pin_current_thread, thread_cpu_time,
 };
 pub use sysfs::Sysfs;
 

@@ -1,9 +1,9 @@
 //! Kernel NUMA system calls: thread affinity, memory binding and page placement, and the
-//! calling thread's CPU time.
+//! calling thread's CPU time and scheduling priority.
 //!
 //! This is the only module of the crate with `unsafe`. It wraps `sched_setaffinity`,
 //! `sched_getaffinity`, `mmap`/`munmap`, `mbind`, `madvise`, `move_pages` and
-//! `clock_gettime(CLOCK_THREAD_CPUTIME_ID)` in safe
+//! `clock_gettime(CLOCK_THREAD_CPUTIME_ID)`, `getpriority`/`setpriority` in safe
 //! functions whose arguments cannot violate the calls' contracts. Anonymous private mappings
 //! are DRAM owned by this process, not persistent memory, so they do not belong to `pmem`.
 
@@ -95,6 +95,62 @@ pub fn thread_cpu_time() -> io::Result<std::time::Duration> {
         ts.tv_sec as u64,
         ts.tv_nsec as u32,
     ))
+}
+
+/// The calling thread's nice value (Linux keeps one per thread).
+pub fn current_thread_nice() -> io::Result<i32> {
+    // getpriority returns -1 both for nice -1 and for an error: errno tells them apart.
+    // SAFETY: errno is this thread's; getpriority reads no memory of ours.
+    let nice = unsafe {
+        *libc::__errno_location() = 0;
+        libc::getpriority(libc::PRIO_PROCESS, 0)
+    };
+    if nice == -1 && io::Error::last_os_error().raw_os_error() != Some(0) {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(nice)
+}
+
+/// Lowers the calling thread's nice value by up to `steps` (a larger share of the CPU when
+/// it competes with others, and the first turn when it wakes), never below -20, and returns
+/// the value it now has. Without `CAP_SYS_NICE` the floor is what `RLIMIT_NICE` allows
+/// (`20 - limit`); when that floor is not below the current value, nothing changes and the
+/// refusal is the error.
+pub fn boost_current_thread(steps: u32) -> io::Result<i32> {
+    let now = current_thread_nice()?;
+    let wanted = now
+        .saturating_sub(i32::try_from(steps).unwrap_or(i32::MAX))
+        .max(-20);
+    if wanted == now {
+        return Ok(now);
+    }
+    let set = |nice: i32| {
+        // SAFETY: setpriority reads no memory of ours; `who` 0 is the calling thread.
+        if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) } == 0 {
+            Ok(nice)
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    };
+    match set(wanted) {
+        Err(refused) if refused.raw_os_error() == Some(libc::EACCES) => {
+            let mut limit = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: `limit` is a valid, writable rlimit for the call to fill.
+            if unsafe { libc::getrlimit(libc::RLIMIT_NICE, &mut limit) } != 0 {
+                return Err(refused);
+            }
+            let floor = 20 - i32::try_from(limit.rlim_cur.min(40)).unwrap_or(0);
+            if floor < now {
+                set(floor.max(wanted))
+            } else {
+                Err(refused)
+            }
+        }
+        other => other,
+    }
 }
 
 /// The CPU the calling thread is running on right now.
@@ -288,6 +344,49 @@ pub fn page_size() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_boost_lowers_only_the_calling_threads_nice_and_stops_at_minus_20() {
+        let main_before = current_thread_nice().unwrap();
+        std::thread::spawn(|| {
+            // Raising one's own nice value is always allowed; lowering it back needs
+            // CAP_SYS_NICE or a high enough RLIMIT_NICE.
+            // SAFETY: as in `boost_current_thread`.
+            assert_eq!(unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) }, 0);
+            match boost_current_thread(3) {
+                Ok(nice) => {
+                    // 7, or what RLIMIT_NICE allows when that is less of a boost.
+                    assert!((7..10).contains(&nice), "{nice}");
+                    assert_eq!(current_thread_nice().unwrap(), nice);
+                    let floor = boost_current_thread(100).unwrap_or(nice);
+                    assert!((-20..=nice).contains(&floor), "{floor}");
+                    assert_eq!(current_thread_nice().unwrap(), floor);
+                }
+                Err(e) => {
+                    assert!(
+                        matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)),
+                        "{e}"
+                    );
+                    assert_eq!(
+                        current_thread_nice().unwrap(),
+                        10,
+                        "a refusal changes nothing"
+                    );
+                }
+            }
+            assert_eq!(
+                boost_current_thread(0).unwrap(),
+                current_thread_nice().unwrap()
+            );
+        })
+        .join()
+        .unwrap();
+        assert_eq!(
+            current_thread_nice().unwrap(),
+            main_before,
+            "another thread's nice value"
+        );
+    }
 
     #[test]
     fn mapping_is_zeroed_and_writable() {
