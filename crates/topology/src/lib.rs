@@ -40,7 +40,7 @@ pub use pmem::{PmemDevice, PmemKind};
 pub use probe::{ProbeConfig, ProbeReport, ProbeSample, probe};
 pub use sys::{
     bind_range, boost_current_thread, current_affinity, current_cpu, current_thread_nice,
-    page_nodes, page_size, pin_current_thread, thread_cpu_time,
+    page_nodes, page_size, pin_current_thread, set_current_thread_nice, thread_cpu_time,
 };
 pub use sysfs::Sysfs;
 

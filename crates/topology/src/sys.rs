@@ -111,6 +111,17 @@ pub fn current_thread_nice() -> io::Result<i32> {
     Ok(nice)
 }
 
+/// Sets the calling thread's nice value. Raising it (a smaller share of the CPU) is always
+/// allowed; lowering it needs what [`boost_current_thread`] says.
+pub fn set_current_thread_nice(nice: i32) -> io::Result<()> {
+    // SAFETY: setpriority reads no memory of ours; `who` 0 is the calling thread.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Lowers the calling thread's nice value by up to `steps` (a larger share of the CPU when
 /// it competes with others, and the first turn when it wakes), never below -20, and returns
 /// the value it now has. Without `CAP_SYS_NICE` the floor is what `RLIMIT_NICE` allows
@@ -124,14 +135,7 @@ pub fn boost_current_thread(steps: u32) -> io::Result<i32> {
     if wanted == now {
         return Ok(now);
     }
-    let set = |nice: i32| {
-        // SAFETY: setpriority reads no memory of ours; `who` 0 is the calling thread.
-        if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) } == 0 {
-            Ok(nice)
-        } else {
-            Err(io::Error::last_os_error())
-        }
-    };
+    let set = |nice: i32| set_current_thread_nice(nice).map(|()| nice);
     match set(wanted) {
         Err(refused) if refused.raw_os_error() == Some(libc::EACCES) => {
             let mut limit = libc::rlimit {
@@ -351,8 +355,7 @@ mod tests {
         std::thread::spawn(|| {
             // Raising one's own nice value is always allowed; lowering it back needs
             // CAP_SYS_NICE or a high enough RLIMIT_NICE.
-            // SAFETY: as in `boost_current_thread`.
-            assert_eq!(unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) }, 0);
+            set_current_thread_nice(10).unwrap();
             match boost_current_thread(3) {
                 Ok(nice) => {
                     // 7, or what RLIMIT_NICE allows when that is less of a boost.
