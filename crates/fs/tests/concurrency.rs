@@ -132,3 +132,73 @@ fn the_checkpoint_holds_still_while_quiesced() {
     assert_blocks_whole(&data, 2);
     fs.unmount().unwrap();
 }
+
+/// A writer that finds the background checkpoint more than 1024 records behind gives way
+/// to it (a `sched_yield`) on one write in sixteen of its own; near the checkpoint, or with
+/// the checkpoint on demand, it never does — and giving way loses nothing.
+#[test]
+fn writers_far_ahead_of_the_background_checkpoint_give_way_to_it() {
+    let format = fs::FormatOptions {
+        log_records: 4096,
+        ..small_format()
+    };
+    let writes_held = |fs: &Fs, f: &fs::File, from: u32| {
+        fs.quiesced(|| {
+            for i in 0..2048u32 {
+                f.write_at(&block_of(1, from + i), u64::from(i % 512) * BLOCK as u64)
+                    .unwrap();
+            }
+        });
+    };
+
+    let shm = shm_volume("give-way", 256 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &format, fs::FsOptions::default()).unwrap();
+    let f = fs.create("/f").unwrap();
+    for i in 0..512u32 {
+        f.write_at(&block_of(0, i), u64::from(i) * BLOCK as u64)
+            .unwrap();
+    }
+    fs.checkpoint().unwrap();
+    assert_eq!(
+        fs.stats().writer_give_ways,
+        0,
+        "512 writes never got far ahead"
+    );
+    // With the checkpoint held, the backlog passes 1024 at the 1025th write; of the 1023
+    // writes from there, those whose count (512 before them) is a multiple of 16 give way.
+    writes_held(&fs, &f, 0);
+    let stats = fs.stats();
+    assert!(
+        (60..=66).contains(&stats.writer_give_ways),
+        "{} give-ways in 1023 writes far ahead",
+        stats.writer_give_ways
+    );
+    assert_eq!(
+        stats.backpressure_waits, 0,
+        "room for all of them: {stats:?}"
+    );
+    fs.checkpoint().unwrap();
+    let mut data = vec![0; 512 * BLOCK];
+    f.read_at(&mut data, 0).unwrap();
+    for (i, block) in data.chunks(BLOCK).enumerate() {
+        assert_eq!(block, block_of(1, 1536 + i as u32), "block {i}");
+    }
+    drop(f);
+    fs.unmount().unwrap();
+
+    let shm = shm_volume("give-way-on-demand", 256 << 20);
+    let on_demand = fs::FsOptions {
+        checkpoint: fs::CheckpointMode::OnDemand,
+        ..fs::FsOptions::default()
+    };
+    let fs = Fs::format(open_volume(&shm.dir), &format, on_demand).unwrap();
+    let f = fs.create("/f").unwrap();
+    writes_held(&fs, &f, 0);
+    assert_eq!(
+        fs.stats().writer_give_ways,
+        0,
+        "no checkpoint to give way to"
+    );
+    drop(f);
+    fs.unmount().unwrap();
+}

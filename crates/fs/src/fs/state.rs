@@ -117,6 +117,8 @@ pub(crate) struct FsCounters {
     pub(crate) defragmented_windows: AtomicU64,
     /// Writers' waits for the checkpoint, by [`Wait`] reason.
     pub(crate) waits: [AtomicU64; Wait::COUNT],
+    /// Times a writer far ahead of the checkpoint gave up its time slice to it.
+    pub(crate) gave_way: AtomicU64,
     /// The checkpoint thread's CPU time, as of its last pass.
     pub(crate) checkpoint_cpu_ns: AtomicU64,
     /// Thread slots made, and the volume memory their log areas and journals hold.
@@ -195,6 +197,11 @@ pub struct FsStats {
     pub waits_for_space: u64,
     /// ... because a metadata journal was full until the checkpoint wrote a snapshot.
     pub waits_for_journal: u64,
+    /// Times a writer found the background checkpoint more than a thousand records behind
+    /// and gave up the rest of its time slice (`sched_yield`) so that the checkpoint, if it
+    /// waited for a CPU, ran: what keeps the backlog small where writers and the checkpoint
+    /// share too few CPUs and the checkpoint's priority could not be raised.
+    pub writer_give_ways: u64,
     /// CPU time the checkpoint thread has used (as of its last pass), in nanoseconds: with
     /// `checkpointed_records`, what moving a write costs.
     pub checkpoint_cpu_ns: u64,
@@ -934,6 +941,7 @@ impl Inner {
             waits_for_buffers: waits[Wait::Buffers as usize],
             waits_for_space: waits[Wait::Space as usize],
             waits_for_journal: waits[Wait::Journal as usize],
+            writer_give_ways: c.gave_way.load(Ordering::Relaxed),
             checkpoint_cpu_ns: c.checkpoint_cpu_ns.load(Ordering::Relaxed),
             inodes: self.inodes.read().expect("inode table").len() as u64,
             slots: c.slots.load(Ordering::Relaxed),

@@ -405,6 +405,13 @@ pub fn render(sources: &Sources) -> String {
             fs.checkpoint_batches as f64,
         ),
         (
+            "locus_fs_writer_give_ways_total",
+            "counter",
+            "Times a writer found the checkpoint more than a thousand records behind and gave \
+             up its time slice to it.",
+            fs.writer_give_ways as f64,
+        ),
+        (
             "locus_fs_caller_bytes_total",
             "counter",
             "Bytes callers asked the file system to write.",
