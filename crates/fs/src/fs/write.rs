@@ -246,7 +246,7 @@ impl Inner {
     /// dearer, and writers end up waiting for buffers while a CPU idles. Measured without the
     /// privilege (`bench fs --bs 4K --threads 2`, two CPUs, alternated runs): 0.93–1.28 M
     /// IOPS and 66–412 waits for buffers per run without giving way, 1.17–1.44 M and none with
-    /// it (one run of eight at 0.70 M), about what the raised priority gives. A yield with
+    /// it (one run of seven at 0.70 M), about what the raised priority gives. A yield with
     /// nothing else to run on this CPU returns at once; one in [`GIVE_WAY_EVERY`] writes
     /// bounds what that costs when the checkpoint is busy elsewhere.
     fn give_way_to_checkpoint(&self, slot: &Slot) {
