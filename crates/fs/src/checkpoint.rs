@@ -54,6 +54,8 @@ pub(crate) fn spawn(inner: Arc<Inner>) -> Result<std::thread::JoinHandle<()>> {
 }
 
 fn run(inner: &Inner) {
+    // A new thread starts at its creator's nice value: the opener's.
+    let opener = topology::current_thread_nice().ok();
     let boost = inner.options.checkpoint_boost;
     if boost > 0 {
         match topology::boost_current_thread(boost) {
@@ -62,6 +64,15 @@ fn run(inner: &Inner) {
                 tracing::debug!(%error, "the checkpoint thread runs at its opener's priority");
             }
         }
+    }
+    if let (Some(opener), Ok(nice)) = (opener, topology::current_thread_nice()) {
+        let counters = &inner.counters;
+        counters
+            .checkpoint_raised
+            .store(opener.saturating_sub(nice).max(0) as u64, Ordering::Relaxed);
+        counters
+            .checkpoint_nice
+            .store(i64::from(nice), Ordering::Relaxed);
     }
     if let Err(e) = run_loop(inner) {
         tracing::error!(error = %e, "checkpoint failed; the file system stops accepting changes");

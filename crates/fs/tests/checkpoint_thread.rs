@@ -61,6 +61,13 @@ fn checkpoint_nice(name: &str, opener: i32, boost: u32) -> i32 {
         fs.checkpoint().unwrap();
         let nices = checkpoint_nices();
         assert_eq!(nices.len(), 1, "one file system open: {nices:?}");
+        let stats = fs.stats();
+        assert_eq!(stats.checkpoint_nice, Some(nices[0]), "what the stats say");
+        assert_eq!(
+            i64::from(stats.checkpoint_priority_raised),
+            i64::from(opener) - i64::from(nices[0]),
+            "steps above the opener"
+        );
         fs.unmount().unwrap();
         nices[0]
     })

@@ -121,10 +121,17 @@ pub(crate) struct FsCounters {
     pub(crate) gave_way: AtomicU64,
     /// The checkpoint thread's CPU time, as of its last pass.
     pub(crate) checkpoint_cpu_ns: AtomicU64,
+    /// The checkpoint thread's nice value once it has set its priority
+    /// ([`NICE_UNKNOWN`] before), and how many steps below its opener's that is.
+    pub(crate) checkpoint_nice: std::sync::atomic::AtomicI64,
+    pub(crate) checkpoint_raised: AtomicU64,
     /// Thread slots made, and the volume memory their log areas and journals hold.
     pub(crate) slots: AtomicU64,
     pub(crate) slot_bytes: AtomicU64,
 }
+
+/// [`FsCounters::checkpoint_nice`] before the checkpoint thread has set its priority.
+pub(crate) const NICE_UNKNOWN: i64 = i64::MIN;
 
 /// Why a writer waits for the checkpoint.
 #[derive(Debug, Clone, Copy)]
@@ -205,6 +212,12 @@ pub struct FsStats {
     /// CPU time the checkpoint thread has used (as of its last pass), in nanoseconds: with
     /// `checkpointed_records`, what moving a write costs.
     pub checkpoint_cpu_ns: u64,
+    /// The checkpoint thread's nice value (`None` until the thread has started).
+    pub checkpoint_nice: Option<i32>,
+    /// How many steps below the nice value of the thread that opened the file system that
+    /// is: `FsOptions::checkpoint_boost` when the process may lower nice values, fewer (0)
+    /// when it may not.
+    pub checkpoint_priority_raised: u32,
     /// Files and directories.
     pub inodes: u64,
     /// Thread slots made: one for the checkpoint and one for each thread that has used the
@@ -409,6 +422,7 @@ impl Inner {
             counters: FsCounters {
                 slots: AtomicU64::new(slots_made),
                 slot_bytes: AtomicU64::new(slot_bytes),
+                checkpoint_nice: std::sync::atomic::AtomicI64::new(NICE_UNKNOWN),
                 ..FsCounters::default()
             },
             checksums,
@@ -943,6 +957,11 @@ impl Inner {
             waits_for_journal: waits[Wait::Journal as usize],
             writer_give_ways: c.gave_way.load(Ordering::Relaxed),
             checkpoint_cpu_ns: c.checkpoint_cpu_ns.load(Ordering::Relaxed),
+            checkpoint_nice: Some(c.checkpoint_nice.load(Ordering::Relaxed))
+                .filter(|&n| n != NICE_UNKNOWN)
+                .and_then(|n| i32::try_from(n).ok()),
+            checkpoint_priority_raised: u32::try_from(c.checkpoint_raised.load(Ordering::Relaxed))
+                .unwrap_or(u32::MAX),
             inodes: self.inodes.read().expect("inode table").len() as u64,
             slots: c.slots.load(Ordering::Relaxed),
             slot_bytes: c.slot_bytes.load(Ordering::Relaxed),

@@ -430,8 +430,31 @@ fn print_live_volume(dir: &Path, live: &serde_json::Value, server: &str) -> Resu
         count("defrag_windows_noted"),
         count("defrag_windows_deferred")
     );
+    outln!(
+        "{}",
+        checkpoint_line(
+            fs["checkpoint_nice"].as_i64(),
+            count("checkpoint_priority_raised"),
+            count("writer_give_ways")
+        )
+    );
     outln!("{}", slots_line(count("slots"), count("slot_bytes")));
     Ok(())
+}
+
+/// The checkpoint thread's priority and how often writers gave way to it.
+fn checkpoint_line(nice: Option<i64>, raised: u64, give_ways: u64) -> String {
+    let priority = match nice {
+        None => "not started".to_owned(),
+        Some(nice) if raised > 0 => {
+            format!("nice {nice}, {raised} steps above the server's priority")
+        }
+        Some(nice) => format!(
+            "nice {nice}, the server's own priority (no privilege to raise it: writers far \
+             ahead give way to it instead)"
+        ),
+    };
+    format!("checkpoint thread: {priority}; writers gave way to it {give_ways} time(s)")
 }
 
 /// Where the memory of thread slots goes, which `df` counts as used on an empty volume.
