@@ -55,24 +55,20 @@ pub(crate) fn spawn(inner: Arc<Inner>) -> Result<std::thread::JoinHandle<()>> {
 
 fn run(inner: &Inner) {
     // A new thread starts at its creator's nice value: the opener's.
-    let opener = topology::current_thread_nice().ok();
-    let boost = inner.options.checkpoint_boost;
-    if boost > 0 {
-        match topology::boost_current_thread(boost) {
-            Ok(nice) => tracing::debug!(nice, "checkpoint thread's priority raised"),
+    if let Ok(opener) = topology::current_thread_nice() {
+        let boost = inner.options.checkpoint_boost;
+        let nice = match topology::boost_current_thread(boost) {
+            Ok(nice) => {
+                tracing::debug!(nice, "checkpoint thread's priority");
+                nice
+            }
             Err(error) => {
                 tracing::debug!(%error, "the checkpoint thread runs at its opener's priority");
+                opener
             }
-        }
-    }
-    if let (Some(opener), Ok(nice)) = (opener, topology::current_thread_nice()) {
-        let counters = &inner.counters;
-        counters
-            .checkpoint_raised
-            .store(opener.saturating_sub(nice).max(0) as u64, Ordering::Relaxed);
-        counters
-            .checkpoint_nice
-            .store(i64::from(nice), Ordering::Relaxed);
+        };
+        let raised = u32::try_from(opener - nice).unwrap_or(0);
+        let _ = inner.counters.checkpoint_priority.set((nice, raised));
     }
     if let Err(e) = run_loop(inner) {
         tracing::error!(error = %e, "checkpoint failed; the file system stops accepting changes");

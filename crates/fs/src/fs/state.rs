@@ -121,17 +121,13 @@ pub(crate) struct FsCounters {
     pub(crate) gave_way: AtomicU64,
     /// The checkpoint thread's CPU time, as of its last pass.
     pub(crate) checkpoint_cpu_ns: AtomicU64,
-    /// The checkpoint thread's nice value once it has set its priority
-    /// ([`NICE_UNKNOWN`] before), and how many steps below its opener's that is.
-    pub(crate) checkpoint_nice: std::sync::atomic::AtomicI64,
-    pub(crate) checkpoint_raised: AtomicU64,
+    /// The checkpoint thread's nice value and how many steps below its opener's that is,
+    /// once it has set its priority.
+    pub(crate) checkpoint_priority: OnceLock<(i32, u32)>,
     /// Thread slots made, and the volume memory their log areas and journals hold.
     pub(crate) slots: AtomicU64,
     pub(crate) slot_bytes: AtomicU64,
 }
-
-/// [`FsCounters::checkpoint_nice`] before the checkpoint thread has set its priority.
-pub(crate) const NICE_UNKNOWN: i64 = i64::MIN;
 
 /// Why a writer waits for the checkpoint.
 #[derive(Debug, Clone, Copy)]
@@ -422,7 +418,6 @@ impl Inner {
             counters: FsCounters {
                 slots: AtomicU64::new(slots_made),
                 slot_bytes: AtomicU64::new(slot_bytes),
-                checkpoint_nice: std::sync::atomic::AtomicI64::new(NICE_UNKNOWN),
                 ..FsCounters::default()
             },
             checksums,
@@ -957,11 +952,8 @@ impl Inner {
             waits_for_journal: waits[Wait::Journal as usize],
             writer_give_ways: c.gave_way.load(Ordering::Relaxed),
             checkpoint_cpu_ns: c.checkpoint_cpu_ns.load(Ordering::Relaxed),
-            checkpoint_nice: Some(c.checkpoint_nice.load(Ordering::Relaxed))
-                .filter(|&n| n != NICE_UNKNOWN)
-                .and_then(|n| i32::try_from(n).ok()),
-            checkpoint_priority_raised: u32::try_from(c.checkpoint_raised.load(Ordering::Relaxed))
-                .unwrap_or(u32::MAX),
+            checkpoint_nice: c.checkpoint_priority.get().map(|&(nice, _)| nice),
+            checkpoint_priority_raised: c.checkpoint_priority.get().map_or(0, |&(_, by)| by),
             inodes: self.inodes.read().expect("inode table").len() as u64,
             slots: c.slots.load(Ordering::Relaxed),
             slot_bytes: c.slot_bytes.load(Ordering::Relaxed),

@@ -92,6 +92,7 @@ impl Inner {
         time: u64,
     ) -> Result<()> {
         debug_assert_eq!(pieces.iter().map(|p| p.len).sum::<u64>(), len);
+        self.give_way_to_checkpoint(slot);
         self.reserve_log(slot, pieces.len() as u64)?;
         let _range = self.lock_range(inode, offset, len, LockMode::Exclusive)?;
         self.append_and_queue(slot, inode, offset, len, pieces, time, true)
@@ -209,7 +210,6 @@ impl Inner {
             return Ok(());
         }
         let slot = self.slot()?;
-        self.give_way_to_checkpoint(&slot);
         // Buffer space and the copy come before the range lock: the data is private to
         // this thread until its records are committed.
         let pieces = match self.place(&slot, offset, len) {
