@@ -270,6 +270,74 @@ fn what_space_shows_available_can_be_allocated() {
     fs.unmount().unwrap();
 }
 
+/// The pages small overwrites replaced, which the file system keeps for the next small
+/// writes, are available to an allocation too: `Fs::space` counts them free, so an
+/// allocation of what it shows must get them back from the file system's lists (without
+/// it, `fallocate` of what `df` showed was `NoSpace` by up to a 32nd of the volume).
+#[test]
+fn pages_kept_for_small_writes_can_be_allocated() {
+    let shm = shm_volume("allocate-recycled", 64 << 20);
+    let volume = open_volume(&shm.dir);
+    // The checkpoint runs when asked, so that the overwrites' pages are replaced in one
+    // pass and no later write takes them back.
+    let options = fs::FsOptions {
+        checkpoint: fs::CheckpointMode::OnDemand,
+        prelim_buffers: 4,
+        prelim_buffer_bytes: 2 << 20,
+        ..small_options()
+    };
+    let format = fs::FormatOptions {
+        log_records: 2048,
+        ..small_format()
+    };
+    let fs = Fs::format(Arc::clone(&volume), &format, options).unwrap();
+    // 8 MiB written at once, then its first half overwritten 4 KiB at a time in a
+    // scattered order: the checkpoint remaps each overwrite and keeps the page it replaced
+    // (up to 1024 on a volume this small).
+    let f = fs.create("/f").unwrap();
+    f.write_at(&vec![1u8; 8 << 20], 0).unwrap();
+    fs.checkpoint().unwrap();
+    // On a thread of their own, which gives back the room left in its buffer as it ends:
+    // what the file system then holds beyond the devices' free memory is kept pages.
+    let blocks = (4 << 20) / B;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..blocks {
+                let block = (i * 977) % blocks;
+                f.write_at(&[2u8; B as usize], block * B).unwrap();
+            }
+        });
+    });
+    fs.checkpoint().unwrap();
+    let device_free: u64 = volume.stats().iter().map(|d| d.free_bytes).sum();
+    let space = fs.space();
+    assert!(
+        space.free_bytes >= device_free + (2 << 20),
+        "the overwrites leave pages in the file system's hands: {} free counted, {} free on \
+         the devices",
+        space.free_bytes,
+        device_free,
+    );
+    let wanted = (space.available_bytes / B * B) - (256 << 10);
+    assert!(
+        wanted > device_free,
+        "the allocation needs the kept pages: {wanted} bytes wanted, {device_free} free on \
+         the devices"
+    );
+    let reserved = fs.create("/reserved").unwrap();
+    reserved
+        .allocate(0, wanted, false)
+        .expect("an allocation of what Fs::space shows available");
+    assert_eq!(reserved.stat().size, wanted);
+    let data = contents(&f);
+    assert!(
+        data[..4 << 20].iter().all(|&b| b == 2) && data[4 << 20..].iter().all(|&b| b == 1),
+        "the file's bytes changed"
+    );
+    drop((f, reserved));
+    fs.unmount().unwrap();
+}
+
 /// Waits (at most 10 s) until the checkpoint and idle-time defragmentation are done.
 fn settle(fs: &Fs) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);

@@ -707,10 +707,11 @@ impl Inner {
 
     /// `NoSpace` unless the volume has free memory for the holes among the blocks of
     /// `[offset, offset + len)` (its spare memory, or failing that — the checkpoint's
-    /// reserve counted in — all of it). Short of it, the room left in the buffers the
-    /// writers' threads are filling is given back first (as [`Inner::with_space`] does for
-    /// a write), and the checkpoint drained so that it is free: `Fs::space` counts that
-    /// room available, so an allocation of what `df` shows fits. Called with no lock held.
+    /// reserve counted in — all of it). Short of it, the pages kept for small writes
+    /// (`Recycled`) and the room left in the buffers the writers' threads are filling are
+    /// given back first (as [`Inner::with_space`] does for a write), and the checkpoint
+    /// drained so that the room is free: `Fs::space` counts both available, so an
+    /// allocation of what `df` shows fits. Called with no lock held.
     pub(crate) fn room_to_allocate(&self, inode: &Inode, offset: u64, len: u64) -> Result<()> {
         let (first, last) = (offset / BLOCK, (offset + len).div_ceil(BLOCK));
         let wanted = {
@@ -722,8 +723,11 @@ impl Inner {
                 * BLOCK
         };
         let short = || wanted > self.spare_bytes() && wanted > self.volume.free_bytes();
-        if short() && self.trim_buffers()? {
-            self.drain()?;
+        if short() {
+            self.recycled.drain(&self.volume)?;
+            if self.trim_buffers()? {
+                self.drain()?;
+            }
         }
         if short() {
             return Err(FsError::Volume(volume::VolumeError::NoSpace {
