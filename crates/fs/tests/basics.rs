@@ -655,6 +655,57 @@ fn a_full_volume_answers_no_space_and_keeps_working() {
     assert_eq!(check.file_bytes, written);
 }
 
+/// A shrinking truncate into the middle of a block works on a full volume: the page that
+/// keeps the block's first bytes is lent by the checkpoint's reserve, and the block it
+/// replaces goes back with the same record. (SQLite cuts its 32 KiB shared-memory index to
+/// 3 bytes as it opens a database: without this, no database opened on a full volume, and
+/// none could be opened to delete from it.)
+#[test]
+fn a_shrinking_truncate_works_on_a_full_volume() {
+    let shm = shm_volume("full-truncate", 16 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    let index = fs.create("/index").unwrap();
+    let bytes: Vec<u8> = (0..32 << 10).map(|i| (i % 251) as u8).collect();
+    index.write_at(&bytes, 0).unwrap();
+    fs.checkpoint().unwrap();
+    let fill = fs.create("/fill").unwrap();
+    let mut written = 0u64;
+    for len in [1 << 20, 4096, 1] {
+        let chunk = vec![7u8; len];
+        while fill.write_at(&chunk, written).is_ok() {
+            written += len as u64;
+        }
+    }
+    let e = fill
+        .write_at(&[7], written)
+        .expect_err("the volume is full");
+    assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+    assert!(fs.space().available_bytes < 4096, "{:?}", fs.space());
+
+    index
+        .set_len(3)
+        .expect("a shrinking truncate on a full volume");
+    let check = |fs: &Fs| {
+        let index = fs.open_file("/index", OpenOptions::read_write()).unwrap();
+        assert_eq!(index.stat().size, 32 << 10);
+        let mut back = vec![1u8; 32 << 10];
+        assert_eq!(index.read_at(&mut back, 0).unwrap(), 32 << 10);
+        assert_eq!(back[..3], bytes[..3]);
+        assert!(
+            back[3..].iter().all(|&b| b == 0),
+            "bytes past the cut came back"
+        );
+    };
+    // Grown back into the room the cut freed: zeros past the 3 bytes kept.
+    index.set_len(32 << 10).unwrap();
+    check(&fs);
+    drop((index, fill));
+    fs.unmount().unwrap();
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    check(&fs);
+    fs.unmount().unwrap();
+}
+
 /// A punched hole: the whole blocks inside go back to the volume and read as zeros, the
 /// partial blocks at its edges are zeroed, the size stays. Writes logged before it into the
 /// hole are dropped, writes after it kept — also when recovery replays them after a crash.

@@ -534,6 +534,7 @@ fn reply(dev: &mut File, unique: u64, error: i32, args: &[u8]) -> io::Result<()>
 /// Serves requests read from `/dev/fuse` until the connection ends.
 fn serve_dev(mut dev: File, server: &Server, max_write: usize) -> io::Result<()> {
     let mut buf = vec![0u8; max_write.max(MIN_BUFFER) + 4096];
+    server.start_thread();
     loop {
         let n = match dev.read(&mut buf) {
             Ok(n) => n,
@@ -588,6 +589,7 @@ fn serve_queue(
     let qid = u16::try_from(qid).map_err(|_| io::Error::other("more than 65536 CPUs"))?;
     let mut ring =
         uring::fuse::FuseRing::new(fd, qid, QUEUE_DEPTH, max_write.max(MIN_BUFFER), node)?;
+    server.start_thread();
     while let Some(entry) = ring.next_request()? {
         server.count_queue(usize::from(qid));
         let request = ring.request(entry);

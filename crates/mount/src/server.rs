@@ -620,6 +620,20 @@ impl Server {
 
     /// Serves one request: `arg` is the opcode's argument struct, `buf[..in_len]` the rest of
     /// the request (names, written data); the reply's arguments are written into `buf`.
+    /// Called by each serving thread as it starts: claims its file system slot while the
+    /// volume has room for the slot's log and journal ([`fs::Fs::claim_thread_slot`]), so
+    /// that which thread serves a request never decides whether a full volume has room.
+    /// A read-only mount writes nothing; a slot that cannot be claimed now is claimed at
+    /// the thread's first change, as before.
+    pub(crate) fn start_thread(&self) {
+        if self.read_only {
+            return;
+        }
+        if let Err(e) = self.fs.claim_thread_slot() {
+            tracing::debug!(error = %e, "a serving thread claims its slot at its first change");
+        }
+    }
+
     pub(crate) fn serve(
         &self,
         h: &InHeader,

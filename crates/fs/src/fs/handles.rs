@@ -531,6 +531,16 @@ impl Fs {
             .collect())
     }
 
+    /// Claims the calling thread's slot now — its log area and journal made if the slot is
+    /// new — instead of at the thread's first change. A server thread that calls this as
+    /// it starts never makes them later, when the volume may be full: there they come out
+    /// of the checkpoint's reserve, which writers then wait to see repaid (a `locus mount`
+    /// whose other queue thread served its first write on a full volume showed no room
+    /// after a removal freed some).
+    pub fn claim_thread_slot(&self) -> Result<()> {
+        self.inner.slot().map(drop)
+    }
+
     /// A persistent buffer of `len` bytes on the calling thread's node, to fill and commit
     /// with [`File::write_buffer`] without a copy. One of a block or less is a page a
     /// committed overwrite replaced, when there is one (as for `File::write_at`'s

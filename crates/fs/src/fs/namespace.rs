@@ -852,8 +852,25 @@ impl Inner {
                 let block = size / BLOCK;
                 let mut bytes = vec![0u8; BLOCK as usize];
                 fs.read_into(inode, block * BLOCK, &mut bytes[..(size % BLOCK) as usize])?;
-                // A caller's allocation: it leaves the checkpoint its reserve.
-                let extent = fs.alloc_buffer(BLOCK)?;
+                // A caller's allocation: it leaves the checkpoint its reserve — unless the
+                // volume is full and the file has the block this page replaces, which the
+                // same record frees: the page is then lent by the reserve for the moment
+                // until the record is durable (one at a time: truncations hold the batch
+                // lock). A shrinking truncate must work on a full volume: freeing room
+                // starts with one (sqlite cuts its `-shm` file to 3 bytes as it opens a
+                // database, and could not open one to delete from it).
+                let replaces = inode
+                    .extents
+                    .read()
+                    .expect("extent map")
+                    .get(block)
+                    .is_some();
+                let extent = match fs.alloc_buffer(BLOCK) {
+                    Err(e) if e.kind() == crate::ErrorKind::NoSpace && replaces => {
+                        fs.alloc_local(BLOCK)?
+                    }
+                    other => other?,
+                };
                 let (region, offset) = fs.region_at(extent.start.raw())?;
                 region.write_nt(offset, &bytes)?;
                 fs.note_filled(extent.start.raw(), &bytes)?;

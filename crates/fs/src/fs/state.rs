@@ -239,6 +239,12 @@ const MIN_SLOT_JOURNAL_BYTES: u64 = 64 << 10;
 /// The fewest recycled pages kept per device: more than one gathered batch replaces.
 const RECYCLE_MIN: usize = 1024;
 
+/// Metadata growth since the last snapshot past which a writer out of space has one taken
+/// before it answers `NoSpace` ([`Inner::with_space`]): the reserve counts the growth twice,
+/// so a snapshot then can give writers up to twice this back. Below it a snapshot is not
+/// worth its writes for what it could return.
+pub(crate) const SHRINK_RESERVE_GROWTH: u64 = 16 << 10;
+
 /// What recovery found, for the running file system: its state and each slot's areas with
 /// the live records they hold.
 pub(crate) struct Recovered {
@@ -570,8 +576,14 @@ impl Inner {
     /// memory after the attempt: the writer tries again rather than report a full volume.
     /// With nothing pending, the unused room of every thread's buffer being filled is given
     /// back ([`Inner::trim_buffers`]) before the write fails: memory one thread holds is
-    /// never `NoSpace` for another.
+    /// never `NoSpace` for another. Last, when the metadata grew by at least
+    /// [`SHRINK_RESERVE_GROWTH`] since the last snapshot, one snapshot is taken: the reserve
+    /// counts that growth at its bound (every write split a run, every freed file still
+    /// named), twice, until a snapshot measures it — on a full volume, room a removal or a
+    /// truncation had just freed stayed behind that bound (the measured case: 28 KiB freed,
+    /// none available, SQLite unable to grow its index back).
     pub(crate) fn with_space<T>(&self, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+        let mut snapshot_taken = false;
         loop {
             let finished = self.progress.batches_finished();
             match f() {
@@ -584,6 +596,14 @@ impl Inner {
                     if self.progress.batches_finished() != finished => {}
                 Err(FsError::Volume(volume::VolumeError::NoSpace { .. }))
                     if self.trim_buffers()? => {}
+                Err(FsError::Volume(volume::VolumeError::NoSpace { .. }))
+                    if !snapshot_taken
+                        && self.snapshot_growth.load(Ordering::Relaxed)
+                            >= SHRINK_RESERVE_GROWTH =>
+                {
+                    snapshot_taken = true;
+                    self.wait_for_snapshot()?;
+                }
                 other => return other,
             }
         }
@@ -800,10 +820,15 @@ impl Inner {
     fn alloc_area(&self, len: u64, floor: u64) -> Result<Extent> {
         let mut size = len;
         loop {
-            match self.alloc_local(size) {
+            match self.alloc_buffer(size) {
                 Err(e) if e.kind() == crate::ErrorKind::NoSpace && size > floor => {
                     size = (size / 2).next_multiple_of(BLOCK).max(floor);
                 }
+                // Only the smallest area out of the checkpoint's reserve, and only when
+                // nothing else is left: a thread needs a log and a journal even to remove
+                // files from a full volume, but each byte it takes from the reserve is one
+                // writers wait to see repaid.
+                Err(e) if e.kind() == crate::ErrorKind::NoSpace => return self.alloc_local(floor),
                 other => return other,
             }
         }
