@@ -655,6 +655,54 @@ fn a_full_volume_answers_no_space_and_keeps_working() {
     assert_eq!(check.file_bytes, written);
 }
 
+/// A writer out of room has a snapshot taken before it answers `NoSpace` when the metadata
+/// grew since the last one: the reserve counts that growth at its bound (each remapped
+/// overwrite may split a run), twice, until a snapshot measures it, and the room it held
+/// back is the writers' again. One snapshot per attempt: a volume that stays full answers
+/// `NoSpace` without taking more.
+#[test]
+fn a_writer_out_of_room_has_the_metadata_growth_measured_first() {
+    let shm = shm_volume("full-snapshot", 64 << 20);
+    // Journals large enough that no snapshot comes from them filling up.
+    let format = fs::FormatOptions {
+        journal_bytes: 1 << 20,
+        log_records: 2048,
+        ..small_format()
+    };
+    let fs = Fs::format(open_volume(&shm.dir), &format, small_options()).unwrap();
+    let f = fs.create("/scattered").unwrap();
+    f.write_at(&vec![1u8; 4 << 20], 0).unwrap();
+    fs.checkpoint().unwrap();
+    // Scattered 4 KiB overwrites: every one remapped, every one counted as a split run.
+    for i in 0..1024u64 {
+        f.write_at(&[2u8; 4096], (i * 613) % 1024 * 4096).unwrap();
+    }
+    fs.checkpoint().unwrap();
+    let snapshots = fs.stats().snapshots;
+    let fill = fs.create("/fill").unwrap();
+    let mut written = 0u64;
+    for len in [1 << 20, 4096] {
+        let chunk = vec![7u8; len];
+        while fill.write_at(&chunk, written).is_ok() {
+            written += len as u64;
+        }
+    }
+    assert!(
+        fs.stats().snapshots > snapshots,
+        "no snapshot before NoSpace: {:?}",
+        fs.stats()
+    );
+    // Full now, and nothing grew: the next attempts fail without a snapshot each.
+    let taken = fs.stats().snapshots;
+    for _ in 0..3 {
+        let e = fill.write_at(&[7u8; 4096], written).expect_err("full");
+        assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+    }
+    assert!(fs.stats().snapshots <= taken + 1, "{:?}", fs.stats());
+    drop((f, fill));
+    fs.unmount().unwrap();
+}
+
 /// A shrinking truncate into the middle of a block works on a full volume: the page that
 /// keeps the block's first bytes is lent by the checkpoint's reserve, and the block it
 /// replaces goes back with the same record. (SQLite cuts its 32 KiB shared-memory index to
