@@ -618,8 +618,6 @@ impl Server {
         bytes
     }
 
-    /// Serves one request: `arg` is the opcode's argument struct, `buf[..in_len]` the rest of
-    /// the request (names, written data); the reply's arguments are written into `buf`.
     /// Called by each serving thread as it starts: claims its file system slot while the
     /// volume has room for the slot's log and journal ([`fs::Fs::claim_thread_slot`]), so
     /// that which thread serves a request never decides whether a full volume has room.
@@ -634,6 +632,8 @@ impl Server {
         }
     }
 
+    /// Serves one request: `arg` is the opcode's argument struct, `buf[..in_len]` the rest of
+    /// the request (names, written data); the reply's arguments are written into `buf`.
     pub(crate) fn serve(
         &self,
         h: &InHeader,

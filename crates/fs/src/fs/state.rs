@@ -579,9 +579,9 @@ impl Inner {
     /// never `NoSpace` for another. Last, when the metadata grew by at least
     /// [`SHRINK_RESERVE_GROWTH`] since the last snapshot, one snapshot is taken: the reserve
     /// counts that growth at its bound (every write split a run, every freed file still
-    /// named), twice, until a snapshot measures it — on a full volume, room a removal or a
-    /// truncation had just freed stayed behind that bound (the measured case: 28 KiB freed,
-    /// none available, SQLite unable to grow its index back).
+    /// named), twice, until a snapshot measures it, and on a full volume room a removal or
+    /// a truncation had just freed could stay behind that bound
+    /// (`a_writer_out_of_room_has_the_metadata_growth_measured_first`).
     pub(crate) fn with_space<T>(&self, mut f: impl FnMut() -> Result<T>) -> Result<T> {
         let mut snapshot_taken = false;
         loop {
