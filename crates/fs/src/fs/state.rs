@@ -241,8 +241,10 @@ const RECYCLE_MIN: usize = 1024;
 
 /// Metadata growth since the last snapshot past which a writer out of space has one taken
 /// before it answers `NoSpace` ([`Inner::with_space`]): the reserve counts the growth twice,
-/// so a snapshot then can give writers up to twice this back. Below it a snapshot is not
-/// worth its writes for what it could return.
+/// so a snapshot then can give writers up to twice this back. Below it — or below an eighth
+/// of the last snapshot, on a file system whose snapshot is large — a snapshot is not worth
+/// its writes for what it could return (writes failing on a full volume while others
+/// overwrite, which grows the bound, would otherwise rewrite the metadata again and again).
 pub(crate) const SHRINK_RESERVE_GROWTH: u64 = 16 << 10;
 
 /// What recovery found, for the running file system: its state and each slot's areas with
@@ -577,7 +579,8 @@ impl Inner {
     /// With nothing pending, the unused room of every thread's buffer being filled is given
     /// back ([`Inner::trim_buffers`]) before the write fails: memory one thread holds is
     /// never `NoSpace` for another. Last, when the metadata grew by at least
-    /// [`SHRINK_RESERVE_GROWTH`] since the last snapshot, one snapshot is taken: the reserve
+    /// [`SHRINK_RESERVE_GROWTH`] (and an eighth of the last snapshot) since the last
+    /// snapshot, one snapshot is taken: the reserve
     /// counts that growth at its bound (every write split a run, every freed file still
     /// named), twice, until a snapshot measures it, and on a full volume room a removal or
     /// a truncation had just freed could stay behind that bound
@@ -599,7 +602,8 @@ impl Inner {
                 Err(FsError::Volume(volume::VolumeError::NoSpace { .. }))
                     if !snapshot_taken
                         && self.snapshot_growth.load(Ordering::Relaxed)
-                            >= SHRINK_RESERVE_GROWTH =>
+                            >= SHRINK_RESERVE_GROWTH
+                                .max(self.snapshot_bytes.load(Ordering::Relaxed) / 8) =>
                 {
                     snapshot_taken = true;
                     self.wait_for_snapshot()?;
