@@ -859,14 +859,16 @@ impl Inner {
                 // lock). A shrinking truncate must work on a full volume: freeing room
                 // starts with one (sqlite cuts its `-shm` file to 3 bytes as it opens a
                 // database, and could not open one to delete from it).
-                let replaces = inode
-                    .extents
-                    .read()
-                    .expect("extent map")
-                    .get(block)
-                    .is_some();
+                let replaces = || {
+                    inode
+                        .extents
+                        .read()
+                        .expect("extent map")
+                        .get(block)
+                        .is_some()
+                };
                 let extent = match fs.alloc_buffer(BLOCK) {
-                    Err(e) if e.kind() == crate::ErrorKind::NoSpace && replaces => {
+                    Err(e) if e.kind() == crate::ErrorKind::NoSpace && replaces() => {
                         fs.alloc_local(BLOCK)?
                     }
                     other => other?,
