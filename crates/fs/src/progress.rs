@@ -412,9 +412,12 @@ impl Progress {
                 done_below: safe,
             };
         }
-        // One sorted run per queue: in order already when one queue had records.
+        // One sorted run per queue: in order already when one queue had records. The stable
+        // sort finds the runs and merges them (n comparisons for two queues); the unstable
+        // one sorted from scratch, moving the records about, and was 4 % of the checkpoint's
+        // time with two writers.
         if runs > 1 {
-            records.sort_unstable_by_key(|p| p.order);
+            records.sort_by_key(|p| p.order);
         }
         // Orders are unique (one counter) and every one taken is below the watermark.
         assert!(
