@@ -137,7 +137,9 @@ pub enum FsError {
     #[error("bad file handle: {0}")]
     BadHandle(String),
 
-    /// Every thread slot is taken by a live thread.
+    /// Every thread slot a thread may own is taken by a live thread. Callers of the file
+    /// system never see it: a thread then takes turns on the shared slots
+    /// (`Inner::slot`).
     #[error("all {0} thread slots of the file system are in use")]
     TooManyThreads(u32),
 

@@ -202,3 +202,113 @@ fn writers_far_ahead_of_the_background_checkpoint_give_way_to_it() {
     drop(f);
     fs.unmount().unwrap();
 }
+
+/// One step of a thread in [`more_threads_than_slots_take_turns_on_the_shared_ones`].
+type Step<'a> = dyn Fn(&mut Option<fs::File>) -> fs::Result<()> + 'a;
+
+/// More threads change the file system at once than it has slots (16 in the small format,
+/// two of them shared): every operation of every thread succeeds — the threads past the
+/// ownable slots take turns on the shared ones — and what they did survives a crash and an
+/// unmount. Each thread creates a directory and a file, writes aligned and unaligned
+/// blocks, punches a hole (writes and a record in one operation's turn), allocates,
+/// truncates and renames, all threads alive at once (a barrier between the steps).
+#[test]
+fn more_threads_than_slots_take_turns_on_the_shared_ones() {
+    const THREADS: u64 = 40;
+    let shm = shm_volume("more-threads", 256 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    let slot_limit = u64::from(small_format().slot_limit);
+    assert!(THREADS > slot_limit);
+    let barrier = std::sync::Barrier::new(THREADS as usize);
+    let errors = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (fs, barrier, errors) = (&fs, &barrier, &errors);
+            s.spawn(move || {
+                // A thread that fails goes on meeting the others at the barriers, so that
+                // the test ends with the errors instead of waiting for it.
+                let dir = format!("/t{t}");
+                let mut file = None;
+                let steps: [&Step<'_>; 4] = [
+                    &|file| {
+                        fs.mkdir(&dir, 0o755)?;
+                        *file = Some(fs.create(&format!("{dir}/new"))?);
+                        Ok(())
+                    },
+                    &|file| {
+                        let file = file.as_ref().expect("created");
+                        for i in 0..32u64 {
+                            let at = i * BLOCK as u64;
+                            file.write_at(&pattern(t, at, BLOCK), at)?;
+                        }
+                        Ok(())
+                    },
+                    &|file| {
+                        let file = file.as_ref().expect("created");
+                        let at = 40 * BLOCK as u64 + 100;
+                        file.write_at(&pattern(t, at, 3 * BLOCK), at)?;
+                        file.punch_hole(4 * BLOCK as u64 + 1, 3 * BLOCK as u64)?;
+                        file.allocate(64 * BLOCK as u64, 4 * BLOCK as u64, true)
+                    },
+                    &|file| {
+                        let file = file.as_ref().expect("created");
+                        file.set_len(44 * BLOCK as u64)?;
+                        file.sync_all()?;
+                        fs.rename(&format!("{dir}/new"), &format!("{dir}/file"))
+                    },
+                ];
+                let mut failed = false;
+                for (n, step) in steps.iter().enumerate() {
+                    if !failed && let Err(e) = step(&mut file) {
+                        errors
+                            .lock()
+                            .unwrap()
+                            .push(format!("thread {t}, step {n}: {e}"));
+                        failed = true;
+                    }
+                    barrier.wait();
+                }
+            });
+        }
+    });
+    let errors = errors.into_inner().unwrap();
+    assert!(
+        errors.is_empty(),
+        "{} threads failed: {:?}",
+        errors.len(),
+        &errors[..errors.len().min(3)]
+    );
+    let stats = fs.stats();
+    assert!(
+        stats.slots <= slot_limit,
+        "{} slots made for {THREADS} threads (limit {slot_limit})",
+        stats.slots
+    );
+    // What every thread's file holds: its blocks, the hole, the unaligned write, zeros up
+    // to the size it was raised to.
+    let expected = |t: u64| {
+        let mut data = vec![0u8; 44 * BLOCK];
+        for i in 0..32u64 {
+            let at = i * BLOCK as u64;
+            data[at as usize..][..BLOCK].copy_from_slice(&pattern(t, at, BLOCK));
+        }
+        let at = 40 * BLOCK + 100;
+        data[at..at + 3 * BLOCK].copy_from_slice(&pattern(t, at as u64, 3 * BLOCK));
+        data[4 * BLOCK + 1..7 * BLOCK + 1].fill(0);
+        data
+    };
+    check_across_crash_and_unmount(fs, &shm.dir, |fs, when| {
+        for t in 0..THREADS {
+            let file = fs.open_read(&format!("/t{t}/file")).unwrap();
+            let mut data = vec![0u8; 44 * BLOCK];
+            file.read_at(&mut data, 0).unwrap();
+            let want = expected(t);
+            let first = data.iter().zip(&want).position(|(a, b)| a != b);
+            assert!(
+                first.is_none(),
+                "thread {t}'s file {when}: differs from byte {first:?}"
+            );
+            assert_eq!(file.len(), 44 * BLOCK as u64, "thread {t}'s size {when}");
+        }
+    });
+}

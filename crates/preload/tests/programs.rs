@@ -747,6 +747,67 @@ fn programs_on_the_volume_run_as_on_tmpfs() {
     assert_eq!(got, expected);
 }
 
+/// A program with more threads than the file system has slots (64 with the default
+/// format): 96 Python threads, all alive at once, each create, write, `fsync`, append,
+/// rename and read back a file of their own — as on tmpfs, every call succeeds (the threads
+/// past the slots a thread may own take turns on the shared ones; before, their `open`
+/// failed with `EAGAIN`).
+#[test]
+fn a_program_with_more_threads_than_slots_runs_as_on_tmpfs() {
+    let vol = volume();
+    let script = r#"
+import os, sys, threading
+root = sys.argv[1]
+N = 96
+barrier = threading.Barrier(N)
+errors, sizes = [], {}
+def work(i):
+    path = f"{root}/t{i}"
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+        barrier.wait()
+        for k in range(64):
+            os.write(fd, bytes([i % 251]) * 4096)
+        os.fsync(fd)
+        os.close(fd)
+        barrier.wait()
+        with open(path, "ab") as f:
+            f.write(b"tail %d" % i)
+        os.rename(path, path + ".done")
+        with open(path + ".done", "rb") as f:
+            data = f.read()
+        assert data[:262144] == bytes([i % 251]) * 262144, i
+        sizes[i] = len(data)
+    except Exception as e:
+        errors.append(f"thread {i}: {e!r}")
+        barrier.abort()
+threads = [threading.Thread(target=work, args=(i,)) for i in range(N)]
+for t in threads: t.start()
+for t in threads: t.join()
+print("errors:", errors[:3])
+print("sizes:", sorted(set(sizes.values())), len(sizes))
+print("files:", len([n for n in os.listdir(root) if n.endswith(".done")]))
+"#;
+    let (expected, got, status) = python_both(vol.path(), script);
+    assert!(
+        expected.contains("errors: []") && expected.contains("files: 96"),
+        "{expected}"
+    );
+    assert_eq!(got, expected);
+    assert!(status.success());
+    let fs = open_fs(vol.path());
+    assert!(fs.stats().slots <= 64, "{:?}", fs.stats());
+    for i in [0u64, 63, 95] {
+        let data = read_all(&fs, &format!("/t{i}.done"));
+        assert_eq!(
+            data.len(),
+            64 * 4096 + format!("tail {i}").len(),
+            "thread {i}"
+        );
+        assert!(data[..64 * 4096].iter().all(|&b| u64::from(b) == i % 251));
+    }
+}
+
 /// Runs `script` (Python, given the root as `sys.argv[1]`) on tmpfs without the library and
 /// on /locus with it; returns (tmpfs output, locus output, the locus run's status).
 fn python_both(vol: &Path, script: &str) -> (String, String, std::process::ExitStatus) {

@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{
-    Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak,
+    Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak,
 };
 
 use pmem::Region;
@@ -49,6 +49,10 @@ pub(crate) struct Slot {
     pub(crate) queue: Queue,
     pub(crate) pool: Mutex<Pool>,
     pub(crate) counters: SlotCounters,
+    /// For a shared slot ([`Inner::first_shared_slot`]): whether a thread is using it for an
+    /// operation now, and where threads waiting for their turn sleep. Unused by owned slots.
+    turn: Mutex<bool>,
+    turn_over: Condvar,
 }
 
 /// Everything an open file system shares between threads.
@@ -83,6 +87,9 @@ pub(crate) struct Inner {
     pub(crate) batch: Mutex<()>,
     pub(crate) slots: Vec<OnceLock<Arc<Slot>>>,
     pub(crate) slot_in_use: Mutex<Vec<bool>>,
+    /// Leases ended so far: a thread taking turns on the shared slots looks for one to own
+    /// again when this moved ([`Inner::slot`]).
+    pub(crate) lease_ends: AtomicU64,
     /// Slots of threads that wrote after their thread-locals were destroyed, by thread.
     pub(crate) exiting: Mutex<HashMap<std::path::PathBuf, Arc<Slot>>>,
     pub(crate) counters: FsCounters,
@@ -298,8 +305,29 @@ impl Drop for Lease {
     }
 }
 
+/// A thread of a file system all of whose ownable slots other threads own: it takes turns
+/// on the shared slots, one operation at a time ([`Inner::slot`]).
+struct Turn {
+    fs_id: u64,
+    fs: Weak<Inner>,
+    /// The shared slot of the operation under way (nested uses find it here).
+    slot: Option<Arc<Slot>>,
+    /// Uses of it by the operation under way, nested ones included.
+    depth: u32,
+    /// [`Inner::lease_ends`] when the thread last found no slot to own: until a lease ends,
+    /// looking again would find none.
+    ends_seen: u64,
+}
+
 thread_local! {
     static LEASES: RefCell<Vec<Lease>> = const { RefCell::new(Vec::new()) };
+    static TURNS: RefCell<Vec<Turn>> = const { RefCell::new(Vec::new()) };
+    /// A number of the calling thread, different from every other living thread's (so that
+    /// threads waiting for a shared slot spread over them).
+    static THREAD_NUMBER: usize = {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    };
 }
 
 /// What a snapshot of `inodes` would take (an upper bound: the fixed fields as written).
@@ -325,6 +353,66 @@ impl Slot {
     /// The slot's log area, locked (rank [`FS_LOG`]).
     pub(crate) fn log(&self) -> Ordered<MutexGuard<'_, LogArea>> {
         Ordered::take(FS_LOG, || self.log.lock().expect("log area"))
+    }
+
+    /// Takes the turn on a shared slot if no thread has it.
+    fn try_turn(&self) -> bool {
+        let mut taken = self.turn.lock().expect("slot turn");
+        !std::mem::replace(&mut *taken, true)
+    }
+
+    /// Waits for the turn on a shared slot and takes it.
+    fn wait_turn(&self) {
+        let mut taken = self.turn.lock().expect("slot turn");
+        while *taken {
+            taken = self.turn_over.wait(taken).expect("slot turn");
+        }
+        *taken = true;
+    }
+
+    /// Ends the turn on a shared slot.
+    fn end_turn(&self) {
+        *self.turn.lock().expect("slot turn") = false;
+        self.turn_over.notify_one();
+    }
+}
+
+/// A thread's use of a slot for one operation ([`Inner::slot`]): its own slot, or a turn on
+/// a shared one, which ends when the outermost use of the operation is dropped.
+#[derive(Debug)]
+pub(crate) struct SlotUse {
+    slot: Arc<Slot>,
+    /// The file system's id when this is a turn on a shared slot.
+    shared: Option<u64>,
+}
+
+impl std::ops::Deref for SlotUse {
+    type Target = Arc<Slot>;
+
+    fn deref(&self) -> &Arc<Slot> {
+        &self.slot
+    }
+}
+
+impl Drop for SlotUse {
+    fn drop(&mut self) {
+        let Some(id) = self.shared else {
+            return;
+        };
+        // Thread-locals gone: nothing nests any more; the turn ends.
+        let outermost = TURNS
+            .try_with(|turns| {
+                let mut turns = turns.borrow_mut();
+                let turn = turns.iter_mut().find(|t| t.fs_id == id)?;
+                turn.depth -= 1;
+                Some(turn.depth == 0)
+            })
+            .ok()
+            .flatten()
+            .unwrap_or(true);
+        if outermost {
+            self.slot.end_turn();
+        }
     }
 }
 
@@ -422,6 +510,7 @@ impl Inner {
             batch: Mutex::new(()),
             slots: (0..slot_limit).map(|_| OnceLock::new()).collect(),
             slot_in_use: Mutex::new(vec![false; slot_limit]),
+            lease_ends: AtomicU64::new(0),
             exiting: Mutex::default(),
             counters: FsCounters {
                 slots: AtomicU64::new(slots_made),
@@ -651,8 +740,17 @@ impl Inner {
         self.progress.check_running()
     }
 
-    /// The calling thread's slot, claiming a free one on first use.
-    pub(crate) fn slot(self: &Arc<Self>) -> Result<Arc<Slot>> {
+    /// The calling thread's slot for the operation it begins: its own, claiming a free one
+    /// on first use; or, while every slot a thread may own is owned by a live thread, a
+    /// turn on one of the shared slots for as long as the returned use (and any nested in
+    /// it) lives. A process may so have more threads changing the file system than it has
+    /// slots (a thread pool as large as a big server's CPUs, a mount's serving thread per
+    /// CPU): the threads beyond take turns, and none is refused.
+    pub(crate) fn slot(self: &Arc<Self>) -> Result<SlotUse> {
+        // An operation asks for its slot before it takes any lock of the file system: a
+        // thread waiting for a turn then holds none that the thread whose turn it is could
+        // wait for.
+        crate::lock_order::assert_none_from(FS_BATCH, "a thread slot");
         let found = LEASES.try_with(|leases| {
             leases
                 .borrow()
@@ -661,23 +759,131 @@ impl Inner {
                 .map(|l| Arc::clone(&l.slot))
         });
         match found {
-            Ok(Some(slot)) => return Ok(slot),
+            Ok(Some(slot)) => return Ok(self.owned(slot)),
             Ok(None) => {}
             // The thread is exiting and its thread-locals are gone (a stdio stream flushed by
-            // an exit handler writes now): a slot kept for it by its thread id.
-            Err(_) => return self.exiting_thread_slot(),
+            // an exit handler writes now): a slot kept for it by its thread id, or a turn.
+            Err(_) => {
+                return match self.exiting_thread_slot() {
+                    Err(FsError::TooManyThreads(_)) => self.take_turn(),
+                    other => other.map(|slot| self.owned(slot)),
+                };
+            }
         }
-        let slot = self.claim_slot()?;
-        LEASES.with(|leases| {
-            let mut leases = leases.borrow_mut();
-            leases.retain(|l| l.fs.strong_count() > 0);
-            leases.push(Lease {
-                fs_id: self.id,
-                fs: Arc::downgrade(self),
-                slot: Arc::clone(&slot),
-            });
+        // A thread taking turns: a nested use shares the operation's turn; a new operation
+        // looks for a slot to own only when a lease has ended since it last found none.
+        let ends = self.lease_ends.load(Ordering::Acquire);
+        let turn = TURNS.with(|turns| {
+            let mut turns = turns.borrow_mut();
+            let turn = turns.iter_mut().find(|t| t.fs_id == self.id)?;
+            match &turn.slot {
+                Some(slot) if turn.depth > 0 => {
+                    turn.depth += 1;
+                    Some(Some(Arc::clone(slot)))
+                }
+                _ if turn.ends_seen == ends => Some(None),
+                _ => None,
+            }
         });
-        Ok(slot)
+        match turn {
+            Some(Some(slot)) => return Ok(self.shared(slot)),
+            Some(None) => return self.take_turn(),
+            None => {}
+        }
+        match self.claim_slot() {
+            Ok(slot) => {
+                TURNS.with(|turns| turns.borrow_mut().retain(|t| t.fs_id != self.id));
+                LEASES.with(|leases| {
+                    let mut leases = leases.borrow_mut();
+                    leases.retain(|l| l.fs.strong_count() > 0);
+                    leases.push(Lease {
+                        fs_id: self.id,
+                        fs: Arc::downgrade(self),
+                        slot: Arc::clone(&slot),
+                    });
+                });
+                Ok(self.owned(slot))
+            }
+            Err(FsError::TooManyThreads(_)) => {
+                TURNS.with(|turns| {
+                    let mut turns = turns.borrow_mut();
+                    turns.retain(|t| t.fs_id != self.id && t.fs.strong_count() > 0);
+                    turns.push(Turn {
+                        fs_id: self.id,
+                        fs: Arc::downgrade(self),
+                        slot: None,
+                        depth: 0,
+                        ends_seen: ends,
+                    });
+                });
+                self.take_turn()
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn owned(&self, slot: Arc<Slot>) -> SlotUse {
+        SlotUse { slot, shared: None }
+    }
+
+    fn shared(&self, slot: Arc<Slot>) -> SlotUse {
+        SlotUse {
+            slot,
+            shared: Some(self.id),
+        }
+    }
+
+    /// The first of the slots no thread owns: the top eighth of the table (at least one).
+    pub(crate) fn first_shared_slot(&self) -> usize {
+        let limit = self.slots.len();
+        limit - (limit / 8).max(1)
+    }
+
+    /// A turn on a shared slot for the calling thread's operation (its [`Turn`] recorded):
+    /// the first made whose turn is free; else the next one, made now (so as many exist as
+    /// threads ever took turns at once, at most); when every one is made and taken, or the
+    /// volume has no room to make another, waits for one of those made, picked by the
+    /// thread's number.
+    fn take_turn(self: &Arc<Self>) -> Result<SlotUse> {
+        let shared = self.first_shared_slot()..self.slots.len();
+        let mut taken = None;
+        for index in shared.clone() {
+            let slot = match self.slots[index].get() {
+                Some(slot) => Arc::clone(slot),
+                None => match self.slot_at(index as u32) {
+                    Ok(slot) => slot,
+                    Err(e) if index == shared.start => return Err(e),
+                    Err(_) => break,
+                },
+            };
+            if slot.try_turn() {
+                taken = Some(slot);
+                break;
+            }
+        }
+        let slot = match taken {
+            Some(slot) => slot,
+            None => {
+                let made = shared
+                    .clone()
+                    .take_while(|&i| self.slots[i].get().is_some())
+                    .count();
+                let number = THREAD_NUMBER.try_with(|n| *n).unwrap_or(0);
+                let slot = self.slot_at((shared.start + number % made) as u32)?;
+                slot.wait_turn();
+                slot
+            }
+        };
+        // (An exiting thread whose thread-locals are gone has no `Turn`: its turn ends with
+        // the use.)
+        let _ = TURNS.try_with(|turns| {
+            let mut turns = turns.borrow_mut();
+            if let Some(turn) = turns.iter_mut().find(|t| t.fs_id == self.id) {
+                turn.slot = Some(Arc::clone(&slot));
+                turn.depth = 1;
+            }
+        });
+        Ok(self.shared(slot))
     }
 
     /// A free slot, marked in use (its areas made if this is its first use); the number is
@@ -689,12 +895,14 @@ impl Inner {
         })
     }
 
-    /// Marks a free slot number in use and returns it.
+    /// Marks a free slot number in use and returns it (never a shared one).
     fn claim_slot_index(&self) -> Result<usize> {
+        let owned = 1..self.first_shared_slot();
         let mut in_use = self.slot_in_use.lock().expect("slot table");
-        let index = (1..in_use.len())
+        let index = owned
+            .clone()
             .find(|&i| !in_use[i])
-            .ok_or(FsError::TooManyThreads(in_use.len() as u32 - 1))?;
+            .ok_or(FsError::TooManyThreads(owned.len() as u32))?;
         in_use[index] = true;
         Ok(index)
     }
@@ -708,6 +916,7 @@ impl Inner {
             tracing::error!(error = %e, slot = slot.index, "sealing an ended thread's buffers failed");
         }
         self.slot_in_use.lock().expect("slot table")[slot.index as usize] = false;
+        self.lease_ends.fetch_add(1, Ordering::AcqRel);
     }
 
     /// The slot of a thread whose thread-locals were destroyed, claimed once per thread
@@ -865,6 +1074,8 @@ impl Inner {
                 self.checksums.is_some(),
             )),
             counters,
+            turn: Mutex::new(false),
+            turn_over: Condvar::new(),
         })
     }
 
