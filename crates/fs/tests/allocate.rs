@@ -495,3 +495,87 @@ fn threads_that_write_at_their_end_give_their_slots_back() {
         }
     }
 }
+
+/// A thread that writes from a destructor after its thread-locals are gone, while every slot
+/// a thread may own is held by a live thread: the write takes a turn on a shared slot and
+/// lands (before the shared slots it failed, "all 13 thread slots ... in use"). Thirteen
+/// threads hold the small format's ownable slots until the end; eight more write once
+/// while they run (taking turns) and once from such a destructor.
+#[test]
+fn a_thread_writing_at_its_end_takes_a_turn_when_no_slot_is_free() {
+    struct AtEnd {
+        file: Arc<fs::File>,
+        thread: u64,
+        results: Arc<std::sync::Mutex<Vec<Result<(), String>>>>,
+    }
+    impl Drop for AtEnd {
+        fn drop(&mut self) {
+            let at = (2 * self.thread + 1) * B;
+            let written = self
+                .file
+                .write_at(&pattern(self.thread, at, B as usize), at)
+                .map_err(|e| e.to_string());
+            self.results.lock().unwrap().push(written);
+        }
+    }
+    thread_local! {
+        static AT_END: std::cell::RefCell<Option<AtEnd>> = const { std::cell::RefCell::new(None) };
+    }
+
+    let shm = shm_volume("turn-at-end", 64 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    let file = Arc::new(fs.create("/at-end").unwrap());
+    let results = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let slot_limit = u64::from(small_format().slot_limit);
+    let owners = slot_limit - 1 - (slot_limit / 8).max(1);
+    let writers = 8;
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let done_rx = Arc::new(std::sync::Mutex::new(done_rx));
+    let owned = std::sync::Barrier::new(owners as usize + 1);
+    std::thread::scope(|s| {
+        for thread in 0..owners {
+            let (file, owned, done_rx) = (&file, &owned, Arc::clone(&done_rx));
+            s.spawn(move || {
+                let at = 2 * (writers + thread) * B;
+                file.write_at(&pattern(writers + thread, at, B as usize), at)
+                    .unwrap();
+                owned.wait();
+                // Hold the slot until the writers have ended.
+                let _ = done_rx.lock().unwrap().recv();
+            });
+        }
+        owned.wait();
+        for thread in 0..writers {
+            let (file, results) = (Arc::clone(&file), Arc::clone(&results));
+            std::thread::spawn(move || {
+                AT_END.with(|at_end| {
+                    *at_end.borrow_mut() = Some(AtEnd {
+                        file: Arc::clone(&file),
+                        thread,
+                        results,
+                    });
+                });
+                let at = 2 * thread * B;
+                file.write_at(&pattern(thread, at, B as usize), at).unwrap();
+            })
+            .join()
+            .unwrap();
+        }
+        drop(done_tx);
+    });
+    let results = std::mem::take(&mut *results.lock().unwrap());
+    assert_eq!(results.len() as u64, writers, "every destructor ran");
+    for (thread, written) in results.iter().enumerate() {
+        assert_eq!(written, &Ok(()), "thread {thread}'s write at its end");
+    }
+    let back = contents(&file);
+    for thread in 0..writers {
+        for at in [2 * thread * B, (2 * thread + 1) * B] {
+            assert_eq!(
+                &back[at as usize..(at + B) as usize],
+                &pattern(thread, at, B as usize)[..],
+                "thread {thread}'s block at {at}"
+            );
+        }
+    }
+}
