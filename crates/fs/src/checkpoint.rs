@@ -222,8 +222,8 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
         in_file_order.sort_unstable();
     }
     let mut inode: Option<Arc<Inode>> = None;
-    for &(_, _, i) in in_file_order.iter() {
-        let record = &batch.records[i as usize];
+    for &(_, _, at) in in_file_order.iter() {
+        let record = &batch.records[at as usize];
         if inode.as_ref().is_none_or(|i| i.ino != record.ino) {
             inode = inner.inode(record.ino);
         }

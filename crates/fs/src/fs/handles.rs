@@ -532,11 +532,12 @@ impl Fs {
     }
 
     /// Claims the calling thread's slot now — its log area and journal made if the slot is
-    /// new — instead of at the thread's first change. A server thread that calls this as
-    /// it starts never makes them later, when the volume may be full: there they come out
-    /// of the checkpoint's reserve, which writers then wait to see repaid (a `locus mount`
-    /// whose other queue thread served its first write on a full volume showed no room
-    /// after a removal freed some).
+    /// new; when every slot a thread may own is taken, a shared slot's, on which the
+    /// thread will take turns — instead of at the thread's first change. A server thread
+    /// that calls this as it starts never makes them later, when the volume may be full:
+    /// there they come out of the checkpoint's reserve, which writers then wait to see
+    /// repaid (a `locus mount` whose other queue thread served its first write on a full
+    /// volume showed no room after a removal freed some).
     pub fn claim_thread_slot(&self) -> Result<()> {
         self.inner.slot().map(drop)
     }
