@@ -69,7 +69,7 @@ pub use acl::{ACCESS as ACL_ACCESS, DEFAULT as ACL_DEFAULT};
 pub use error::{ErrorKind, FsError, Result};
 pub use fs::{
     Buffer, Buffers, CheckpointMode, File, FormatOptions, Fs, FsOptions, FsStats, MAX_FILE_SIZE,
-    MAX_IO, MappedRun, Nameless, OpenOptions, ROOT_INO, ReplaySummary, Space,
+    MAX_IO, MappedRun, Nameless, OpenOptions, ROOT_INO, ReplaySummary, Space, shared_slots,
 };
 pub use inode::{DirEntry, Owner, Stat};
 pub use journal::Kind;

@@ -52,6 +52,10 @@ pub struct FsCheck {
     pub slots: u64,
     /// The volume memory those areas hold.
     pub slot_bytes: u64,
+    /// Thread slots the file system may have ([`crate::FormatOptions::slot_limit`]; 0 in
+    /// a report written before it was kept).
+    #[serde(default)]
+    pub slot_limit: u64,
     /// Regular files.
     pub files: u64,
     /// Directories, the root included.
@@ -419,6 +423,7 @@ impl OfflineFs<'_> {
             epoch: loaded.root.epoch,
             slots: loaded.root.slots.len() as u64,
             slot_bytes: loaded.root.slots.iter().map(SlotAreas::bytes).sum(),
+            slot_limit: u64::from(loaded.root.slot_limit),
             files: files.clone().count() as u64,
             directories: loaded
                 .inodes

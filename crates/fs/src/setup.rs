@@ -30,12 +30,18 @@ pub fn create_default_volume(dir: &Path, topology: &Topology) -> Result<VolumeCo
 /// Opens the (closed) volume in `dir` and writes an empty file system on it, laid out by
 /// [`FormatOptions::scaled_to`] its capacity, replacing any file system there.
 pub fn format_volume(dir: &Path, topology: Topology) -> Result<()> {
-    format_volume_with(dir, topology, false)
+    format_volume_with(dir, topology, false, None)
 }
 
 /// [`format_volume`], with data checksums when `data_checksums` is true
-/// ([`FormatOptions::data_checksums`]).
-pub fn format_volume_with(dir: &Path, topology: Topology, data_checksums: bool) -> Result<()> {
+/// ([`FormatOptions::data_checksums`]) and `slot_limit` thread slots when given
+/// ([`FormatOptions::slot_limit`]; checked by [`Fs::format`]).
+pub fn format_volume_with(
+    dir: &Path,
+    topology: Topology,
+    data_checksums: bool,
+    slot_limit: Option<u32>,
+) -> Result<()> {
     // Formatting writes a few metadata pages: mapping every page of an emulated device
     // first (the open's default, for servers) would make the kernel clear all of them now,
     // seconds for a large device, for nothing.
@@ -49,6 +55,7 @@ pub fn format_volume_with(dir: &Path, topology: Topology, data_checksums: bool) 
         volume,
         &FormatOptions {
             data_checksums,
+            slot_limit: slot_limit.unwrap_or(FormatOptions::default().slot_limit),
             ..FormatOptions::scaled_to(capacity)
         },
         FsOptions::default(),

@@ -513,3 +513,96 @@ fn fsck_repair_cuts_a_damaged_journal_back_and_says_what_it_dropped() {
     let again = locus(dir.path(), &["fsck"]);
     assert!(again.status.success(), "{}", text(&again.stdout));
 }
+
+/// `format --thread-slots N` lays the file system out for N thread slots (2 to 120): the
+/// output and `status` (text and JSON) say so, an opened file system has that many, and
+/// values out of range, or with `--no-fs`, are refused naming the option; without it the
+/// file system has the default 64.
+#[test]
+fn format_takes_the_thread_slots_and_status_shows_them() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let output = locus(
+        dir.path(),
+        &["format", "--emulate", "64M", "--thread-slots", "120"],
+    );
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stdout).contains("with an empty file system, 120 thread slots"),
+        "{}",
+        text(&output.stdout)
+    );
+    let status = locus(dir.path(), &["status"]);
+    assert!(
+        text(&status.stdout).contains("thread slots: 1 of 120 (104 a thread may own"),
+        "{}",
+        text(&status.stdout)
+    );
+    let json: Value =
+        serde_json::from_slice(&locus(dir.path(), &["status", "--json"]).stdout).unwrap();
+    assert_eq!(json["fs"]["slot_limit"], 120, "{json}");
+    {
+        let topology = topology::Topology::read_live().unwrap();
+        let volume = volume::Volume::open(dir.path(), topology, &Default::default()).unwrap();
+        let fs = fs::Fs::open(std::sync::Arc::new(volume), fs::FsOptions::default()).unwrap();
+        assert_eq!(fs.stats().slot_limit, 120);
+        fs.unmount().unwrap();
+    }
+
+    for (value, says) in [
+        ("121", "121 is not in 2..=120"),
+        ("1", "1 is not in 2..=120"),
+        ("many", "invalid digit"),
+    ] {
+        let output = locus(
+            dir.path(),
+            &[
+                "format",
+                "--emulate",
+                "64M",
+                "--force",
+                "--thread-slots",
+                value,
+            ],
+        );
+        assert_eq!(output.status.code(), Some(2), "--thread-slots {value}");
+        let err = text(&output.stderr);
+        assert!(
+            err.contains("--thread-slots") && err.contains(says),
+            "{err}"
+        );
+    }
+    let output = locus(
+        dir.path(),
+        &[
+            "format",
+            "--emulate",
+            "64M",
+            "--force",
+            "--no-fs",
+            "--thread-slots",
+            "8",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(2));
+    let err = text(&output.stderr);
+    assert!(
+        err.contains("cannot be used with")
+            && err.contains("--no-fs")
+            && err.contains("--thread-slots"),
+        "{err}"
+    );
+    // The refusals changed nothing.
+    let json: Value =
+        serde_json::from_slice(&locus(dir.path(), &["status", "--json"]).stdout).unwrap();
+    assert_eq!(json["fs"]["slot_limit"], 120, "{json}");
+
+    let plain = tempfile::tempdir_in("/dev/shm").unwrap();
+    assert!(
+        locus(plain.path(), &["format", "--emulate", "64M"])
+            .status
+            .success()
+    );
+    let json: Value =
+        serde_json::from_slice(&locus(plain.path(), &["status", "--json"]).stdout).unwrap();
+    assert_eq!(json["fs"]["slot_limit"], 64, "{json}");
+}

@@ -10,7 +10,10 @@ use crate::root::MAX_SLOTS;
 /// How a new file system is laid out.
 #[derive(Debug, Clone)]
 pub struct FormatOptions {
-    /// Thread slots (threads using the file system at once), 2..=120; slot 0 is the checkpoint's.
+    /// Thread slots, 2..=120: slot 0 is the checkpoint's, the top eighth (at least one) are
+    /// shared, and each of the others is owned by a thread that changes the file system,
+    /// while it lives; threads past those take turns on the shared ones, one operation at a
+    /// time. A slot's log and journal are made when a thread first needs it.
     pub slot_limit: u32,
     /// Records per thread's data log area (64 bytes each).
     pub log_records: u64,

@@ -230,6 +230,8 @@ pub struct FsStats {
     pub slots: u64,
     /// The volume memory those log areas and journals hold.
     pub slot_bytes: u64,
+    /// Thread slots the file system may have ([`crate::FormatOptions::slot_limit`]).
+    pub slot_limit: u64,
     /// Volume memory writers leave free for the checkpoint (its snapshots and the pages
     /// under partial writes into holes): a write needs free memory beyond this.
     pub reserved_bytes: u64,
@@ -303,6 +305,13 @@ impl Drop for Lease {
             inner.end_lease(&self.slot);
         }
     }
+}
+
+/// How many of a file system's `slot_limit` thread slots no thread owns: the top eighth of
+/// the table, at least one. Slot 0 is the checkpoint's; each of the others may be owned by
+/// a thread while it lives ([`Inner::slot`]).
+pub fn shared_slots(slot_limit: u64) -> u64 {
+    (slot_limit / 8).max(1)
 }
 
 /// A thread of a file system all of whose ownable slots other threads own: it takes turns
@@ -833,10 +842,9 @@ impl Inner {
         }
     }
 
-    /// The first of the slots no thread owns: the top eighth of the table (at least one).
+    /// The first of the slots no thread owns ([`shared_slots`]).
     pub(crate) fn first_shared_slot(&self) -> usize {
-        let limit = self.slots.len();
-        limit - (limit / 8).max(1)
+        self.slots.len() - shared_slots(self.slots.len() as u64) as usize
     }
 
     /// A turn on a shared slot for the calling thread's operation (its [`Turn`] recorded):
@@ -1197,6 +1205,7 @@ impl Inner {
             inodes: self.inodes.read().expect("inode table").len() as u64,
             slots: c.slots.load(Ordering::Relaxed),
             slot_bytes: c.slot_bytes.load(Ordering::Relaxed),
+            slot_limit: self.slots.len() as u64,
             reserved_bytes: self.reserve_bytes(),
         };
         stats.idle = stats.records_pending == 0 && stats.defrag_windows_noted == 0;

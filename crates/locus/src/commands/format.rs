@@ -51,6 +51,19 @@ pub struct FormatArgs {
     #[arg(long, conflicts_with = "no_fs")]
     data_checksums: bool,
 
+    /// Thread slots of the file system, 2 to 120 [default: 64]. A thread that changes the
+    /// file system owns a slot (a log area and a journal, about 2 MiB with the default
+    /// sizes) while it lives; slot 0 is the checkpoint's and the top eighth are shared:
+    /// threads past the owned ones take turns on those, one operation at a time, so no
+    /// thread is refused, but those threads wait for each other. A slot's areas are made
+    /// only when a thread first needs them, so a larger limit costs nothing until used:
+    /// where `locus mount` (a serving thread per CPU) or a program runs more than 55
+    /// threads at once, raise it (e.g. CPUs × 8/7 + 2, at most 120). Chosen here, for the
+    /// file system's life.
+    #[arg(long, value_name = "N", conflicts_with = "no_fs",
+          value_parser = clap::value_parser!(u32).range(2..=120))]
+    thread_slots: Option<u32>,
+
     /// Cache-flush policy: auto (flush unless the platform reports eADR), always, never.
     #[arg(long, default_value = "auto", value_parser = ["auto", "always", "never"])]
     flush: String,
@@ -112,6 +125,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FormatArgs) -> Result<()> {
             dir,
             super::volume::read_topology(sysfs)?,
             args.data_checksums,
+            args.thread_slots,
         )?;
     }
     spinner.finish_and_clear();
@@ -135,10 +149,15 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FormatArgs) -> Result<()> {
     }
     if args.no_fs {
         outln!("no file system (--no-fs)");
-    } else if args.data_checksums {
-        outln!("with an empty file system, with data checksums");
     } else {
-        outln!("with an empty file system");
+        let mut with = String::new();
+        if args.data_checksums {
+            with += ", with data checksums";
+        }
+        if let Some(slots) = args.thread_slots {
+            with += &format!(", {slots} thread slots");
+        }
+        outln!("with an empty file system{with}");
     }
     Ok(())
 }

@@ -199,7 +199,10 @@ pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
     outln!();
     outln!("{}", report.fs.describe());
     if let super::volume::FsState::Present(check) = &report.fs {
-        outln!("{}", slots_line(check.slots, check.slot_bytes));
+        outln!(
+            "{}",
+            slots_line(check.slots, check.slot_limit, check.slot_bytes)
+        );
     }
     for cache in &report.caches {
         match &cache.state {
@@ -438,7 +441,10 @@ fn print_live_volume(dir: &Path, live: &serde_json::Value, server: &str) -> Resu
             count("writer_give_ways")
         )
     );
-    outln!("{}", slots_line(count("slots"), count("slot_bytes")));
+    outln!(
+        "{}",
+        slots_line(count("slots"), count("slot_limit"), count("slot_bytes"))
+    );
     Ok(())
 }
 
@@ -458,10 +464,18 @@ fn checkpoint_line(nice: Option<i64>, raised: u64, give_ways: u64) -> String {
 }
 
 /// Where the memory of thread slots goes, which `df` counts as used on an empty volume.
-fn slots_line(slots: u64, bytes: u64) -> String {
+fn slots_line(slots: u64, limit: u64, bytes: u64) -> String {
+    // `limit` is 0 in a report from before it was kept.
+    let of = if limit > 0 {
+        let owned = limit - fs::shared_slots(limit) - 1;
+        format!(" of {limit} ({owned} a thread may own, the rest shared)")
+    } else {
+        String::new()
+    };
     format!(
-        "thread slots: {slots}, holding {} of logs and journals (the checkpoint's, and one per \
-         thread for the most threads that have used the file system at once; kept for reuse)",
+        "thread slots: {slots}{of}, holding {} of logs and journals (the checkpoint's, and one \
+         per thread for the most threads that have used the file system at once; kept for \
+         reuse)",
         format_bytes(bytes)
     )
 }

@@ -127,8 +127,13 @@ pub fn named_holder(dir: &Path, error: volume::VolumeError) -> anyhow::Error {
 }
 
 /// Creates an empty file system on the (closed) volume in `dir`, replacing any there.
-pub fn format_fs(dir: &Path, topology: Topology, data_checksums: bool) -> Result<()> {
-    fs::format_volume_with(dir, topology, data_checksums).with_context(|| {
+pub fn format_fs(
+    dir: &Path,
+    topology: Topology,
+    data_checksums: bool,
+    slot_limit: Option<u32>,
+) -> Result<()> {
+    fs::format_volume_with(dir, topology, data_checksums, slot_limit).with_context(|| {
         format!(
             "formatting a file system on the volume at {}",
             dir.display()
