@@ -428,63 +428,55 @@ fn removed_files_give_back_all_but_new_thread_slots() {
     );
 }
 
-/// A thread that writes after its thread-locals are destroyed (a stdio stream flushed by a
-/// destructor at its end) is given a slot of its own for that; once it has ended the slot
-/// is free again, so that a program whose every thread does so never runs out of them:
-/// here three times as many threads, one after another, as the format has slots, each
-/// writing once while it runs and once from a destructor that runs after the file system's
-/// own — every write lands.
-#[test]
-fn threads_that_write_at_their_end_give_their_slots_back() {
-    struct AtEnd {
-        file: Arc<fs::File>,
-        thread: u64,
-        results: Arc<std::sync::Mutex<Vec<Result<(), String>>>>,
-    }
-    impl Drop for AtEnd {
-        fn drop(&mut self) {
-            let at = (2 * self.thread + 1) * B;
-            let written = self
-                .file
-                .write_at(&pattern(self.thread, at, B as usize), at)
-                .map_err(|e| e.to_string());
-            self.results.lock().unwrap().push(written);
-        }
-    }
-    thread_local! {
-        static AT_END: std::cell::RefCell<Option<AtEnd>> = const { std::cell::RefCell::new(None) };
-    }
+/// What each thread's write from its destructor returned.
+type EndResults = Arc<std::sync::Mutex<Vec<Result<(), String>>>>;
 
-    let shm = shm_volume("write-at-end", 64 << 20);
-    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
-    let file = Arc::new(fs.create("/at-end").unwrap());
-    let results = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let threads = 3 * u64::from(small_format().slot_limit);
-    for thread in 0..threads {
-        let (file, results) = (Arc::clone(&file), Arc::clone(&results));
-        std::thread::spawn(move || {
-            // Set before the first write claims a slot: thread-locals are destroyed in the
-            // reverse order of their first use, so this one's destructor runs after the
-            // file system's lease is gone.
-            AT_END.with(|at_end| {
-                *at_end.borrow_mut() = Some(AtEnd {
-                    file: Arc::clone(&file),
-                    thread,
-                    results,
-                });
-            });
-            let at = 2 * thread * B;
-            file.write_at(&pattern(thread, at, B as usize), at).unwrap();
-        })
-        .join()
-        .unwrap();
+/// Writes block `2 * thread + 1` of `file` (its pattern) when the thread's thread-locals are
+/// destroyed, with the result pushed to `results`.
+struct AtEnd {
+    file: Arc<fs::File>,
+    thread: u64,
+    results: EndResults,
+}
+
+impl Drop for AtEnd {
+    fn drop(&mut self) {
+        let at = (2 * self.thread + 1) * B;
+        let written = self
+            .file
+            .write_at(&pattern(self.thread, at, B as usize), at)
+            .map_err(|e| e.to_string());
+        self.results.lock().unwrap().push(written);
     }
+}
+
+thread_local! {
+    static AT_END: std::cell::RefCell<Option<AtEnd>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Makes the calling thread write its block at its end ([`AtEnd`]). Call it before the
+/// thread's first write claims a slot: thread-locals are destroyed in the reverse order of
+/// their first use, so this one's destructor runs after the file system's lease is gone.
+fn write_at_end(file: &Arc<fs::File>, thread: u64, results: EndResults) {
+    AT_END.with(|at_end| {
+        *at_end.borrow_mut() = Some(AtEnd {
+            file: Arc::clone(file),
+            thread,
+            results,
+        });
+    });
+}
+
+/// Asserts that `threads` threads (numbered from 0) each wrote its block `2 * thread` while
+/// it ran and its block `2 * thread + 1` from its destructor ([`write_at_end`]), and that
+/// every one of those writes succeeded.
+fn assert_written_at_end(file: &fs::File, results: &EndResults, threads: u64) {
     let results = std::mem::take(&mut *results.lock().unwrap());
     assert_eq!(results.len() as u64, threads, "every destructor ran");
     for (thread, written) in results.iter().enumerate() {
         assert_eq!(written, &Ok(()), "thread {thread}'s write at its end");
     }
-    let back = contents(&file);
+    let back = contents(file);
     for thread in 0..threads {
         for at in [2 * thread * B, (2 * thread + 1) * B] {
             assert_eq!(
@@ -496,6 +488,32 @@ fn threads_that_write_at_their_end_give_their_slots_back() {
     }
 }
 
+/// A thread that writes after its thread-locals are destroyed (a stdio stream flushed by a
+/// destructor at its end) is given a slot of its own for that; once it has ended the slot
+/// is free again, so that a program whose every thread does so never runs out of them:
+/// here three times as many threads, one after another, as the format has slots, each
+/// writing once while it runs and once from a destructor that runs after the file system's
+/// own — every write lands.
+#[test]
+fn threads_that_write_at_their_end_give_their_slots_back() {
+    let shm = shm_volume("write-at-end", 64 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    let file = Arc::new(fs.create("/at-end").unwrap());
+    let results = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let threads = 3 * u64::from(small_format().slot_limit);
+    for thread in 0..threads {
+        let (file, results) = (Arc::clone(&file), Arc::clone(&results));
+        std::thread::spawn(move || {
+            write_at_end(&file, thread, results);
+            let at = 2 * thread * B;
+            file.write_at(&pattern(thread, at, B as usize), at).unwrap();
+        })
+        .join()
+        .unwrap();
+    }
+    assert_written_at_end(&file, &results, threads);
+}
+
 /// A thread that writes from a destructor after its thread-locals are gone, while every slot
 /// a thread may own is held by a live thread: the write takes a turn on a shared slot and
 /// lands (before the shared slots it failed, "all 13 thread slots ... in use"). Thirteen
@@ -503,25 +521,6 @@ fn threads_that_write_at_their_end_give_their_slots_back() {
 /// while they run (taking turns) and once from such a destructor.
 #[test]
 fn a_thread_writing_at_its_end_takes_a_turn_when_no_slot_is_free() {
-    struct AtEnd {
-        file: Arc<fs::File>,
-        thread: u64,
-        results: Arc<std::sync::Mutex<Vec<Result<(), String>>>>,
-    }
-    impl Drop for AtEnd {
-        fn drop(&mut self) {
-            let at = (2 * self.thread + 1) * B;
-            let written = self
-                .file
-                .write_at(&pattern(self.thread, at, B as usize), at)
-                .map_err(|e| e.to_string());
-            self.results.lock().unwrap().push(written);
-        }
-    }
-    thread_local! {
-        static AT_END: std::cell::RefCell<Option<AtEnd>> = const { std::cell::RefCell::new(None) };
-    }
-
     let shm = shm_volume("turn-at-end", 64 << 20);
     let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
     let file = Arc::new(fs.create("/at-end").unwrap());
@@ -548,13 +547,7 @@ fn a_thread_writing_at_its_end_takes_a_turn_when_no_slot_is_free() {
         for thread in 0..writers {
             let (file, results) = (Arc::clone(&file), Arc::clone(&results));
             std::thread::spawn(move || {
-                AT_END.with(|at_end| {
-                    *at_end.borrow_mut() = Some(AtEnd {
-                        file: Arc::clone(&file),
-                        thread,
-                        results,
-                    });
-                });
+                write_at_end(&file, thread, results);
                 let at = 2 * thread * B;
                 file.write_at(&pattern(thread, at, B as usize), at).unwrap();
             })
@@ -563,19 +556,5 @@ fn a_thread_writing_at_its_end_takes_a_turn_when_no_slot_is_free() {
         }
         drop(done_tx);
     });
-    let results = std::mem::take(&mut *results.lock().unwrap());
-    assert_eq!(results.len() as u64, writers, "every destructor ran");
-    for (thread, written) in results.iter().enumerate() {
-        assert_eq!(written, &Ok(()), "thread {thread}'s write at its end");
-    }
-    let back = contents(&file);
-    for thread in 0..writers {
-        for at in [2 * thread * B, (2 * thread + 1) * B] {
-            assert_eq!(
-                &back[at as usize..(at + B) as usize],
-                &pattern(thread, at, B as usize)[..],
-                "thread {thread}'s block at {at}"
-            );
-        }
-    }
+    assert_written_at_end(&file, &results, writers);
 }

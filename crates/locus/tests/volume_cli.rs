@@ -16,6 +16,13 @@ fn locus(volume: &Path, args: &[&str]) -> Output {
         .expect("run locus")
 }
 
+/// The file system of the (closed) volume in `dir`, opened in this process.
+fn open_fs(dir: &Path) -> fs::Fs {
+    let topology = topology::Topology::read_live().unwrap();
+    let volume = volume::Volume::open(dir, topology, &Default::default()).unwrap();
+    fs::Fs::open(std::sync::Arc::new(volume), fs::FsOptions::default()).unwrap()
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -402,9 +409,7 @@ fn scrub_names_a_damaged_data_block_and_exits_1() {
     // A file with a distinctive block, moved into the file by the unmount.
     let block: Vec<u8> = (0..4096u32).map(|i| (i * 7 + i / 251) as u8).collect();
     {
-        let topology = topology::Topology::read_live().unwrap();
-        let volume = volume::Volume::open(dir.path(), topology, &Default::default()).unwrap();
-        let fs = fs::Fs::open(std::sync::Arc::new(volume), fs::FsOptions::default()).unwrap();
+        let fs = open_fs(dir.path());
         fs.mkdir("/d", 0o755).unwrap();
         let file = fs.create("/d/f").unwrap();
         file.write_at(&[1; 8192], 0).unwrap();
@@ -541,9 +546,7 @@ fn format_takes_the_thread_slots_and_status_shows_them() {
         serde_json::from_slice(&locus(dir.path(), &["status", "--json"]).stdout).unwrap();
     assert_eq!(json["fs"]["slot_limit"], 120, "{json}");
     {
-        let topology = topology::Topology::read_live().unwrap();
-        let volume = volume::Volume::open(dir.path(), topology, &Default::default()).unwrap();
-        let fs = fs::Fs::open(std::sync::Arc::new(volume), fs::FsOptions::default()).unwrap();
+        let fs = open_fs(dir.path());
         assert_eq!(fs.stats().slot_limit, 120);
         fs.unmount().unwrap();
     }
