@@ -69,7 +69,8 @@ pub use acl::{ACCESS as ACL_ACCESS, DEFAULT as ACL_DEFAULT};
 pub use error::{ErrorKind, FsError, Result};
 pub use fs::{
     Buffer, Buffers, CheckpointMode, File, FormatOptions, Fs, FsOptions, FsStats, MAX_FILE_SIZE,
-    MAX_IO, MappedRun, Nameless, OpenOptions, ROOT_INO, ReplaySummary, Space, shared_slots,
+    MAX_IO, MappedRun, Nameless, OpenOptions, ROOT_INO, ReplaySummary, Space, ownable_slots,
+    shared_slots,
 };
 pub use inode::{DirEntry, Owner, Stat};
 pub use journal::Kind;
@@ -77,6 +78,7 @@ pub use log::{LogArea, LogRecord, Piece as LogPiece};
 pub use path::MAX_NAME;
 pub use range_lock::{LockMode, RangeGuard, RangeLocks};
 pub use recovery::{FsCheck, OfflineFs};
+pub use root::MAX_SLOTS;
 pub use scrub::{DamagedBlock, SalvageReport, ScrubReport};
 pub use setup::{create_default_volume, format_volume, format_volume_with};
 pub use xattr::{MAX_XATTR_BYTES, MAX_XATTR_NAME, MAX_XATTR_VALUE, XattrSet};

@@ -30,7 +30,7 @@ pub use mapped::MappedRun;
 pub use options::{CheckpointMode, FormatOptions, FsOptions, OpenOptions};
 pub(crate) use options::{check_format, check_options};
 pub(crate) use state::*;
-pub use state::{FsStats, ReplaySummary, shared_slots};
+pub use state::{FsStats, ReplaySummary, ownable_slots, shared_slots};
 
 /// Inode number of `/`.
 pub const ROOT_INO: u64 = 1;

@@ -314,6 +314,12 @@ pub fn shared_slots(slot_limit: u64) -> u64 {
     (slot_limit / 8).max(1)
 }
 
+/// How many of a file system's `slot_limit` thread slots a thread may own: all but the
+/// checkpoint's and the [`shared_slots`].
+pub fn ownable_slots(slot_limit: u64) -> u64 {
+    slot_limit - shared_slots(slot_limit) - 1
+}
+
 /// A thread of a file system all of whose ownable slots other threads own: it takes turns
 /// on the shared slots, one operation at a time ([`Inner::slot`]).
 struct Turn {
@@ -400,6 +406,21 @@ impl std::ops::Deref for SlotUse {
 
     fn deref(&self) -> &Arc<Slot> {
         &self.slot
+    }
+}
+
+impl SlotUse {
+    /// The calling thread's own slot.
+    fn owned(slot: Arc<Slot>) -> Self {
+        Self { slot, shared: None }
+    }
+
+    /// A turn on a shared slot of file system `fs_id`.
+    fn shared(slot: Arc<Slot>, fs_id: u64) -> Self {
+        Self {
+            slot,
+            shared: Some(fs_id),
+        }
     }
 }
 
@@ -768,14 +789,14 @@ impl Inner {
                 .map(|l| Arc::clone(&l.slot))
         });
         match found {
-            Ok(Some(slot)) => return Ok(self.owned(slot)),
+            Ok(Some(slot)) => return Ok(SlotUse::owned(slot)),
             Ok(None) => {}
             // The thread is exiting and its thread-locals are gone (a stdio stream flushed by
             // an exit handler writes now): a slot kept for it by its thread id, or a turn.
             Err(_) => {
                 return match self.exiting_thread_slot() {
                     Err(FsError::TooManyThreads(_)) => self.take_turn(),
-                    other => other.map(|slot| self.owned(slot)),
+                    other => other.map(SlotUse::owned),
                 };
             }
         }
@@ -795,7 +816,7 @@ impl Inner {
             }
         });
         match turn {
-            Some(Some(slot)) => return Ok(self.shared(slot)),
+            Some(Some(slot)) => return Ok(SlotUse::shared(slot, self.id)),
             Some(None) => return self.take_turn(),
             None => {}
         }
@@ -811,7 +832,7 @@ impl Inner {
                         slot: Arc::clone(&slot),
                     });
                 });
-                Ok(self.owned(slot))
+                Ok(SlotUse::owned(slot))
             }
             Err(FsError::TooManyThreads(_)) => {
                 TURNS.with(|turns| {
@@ -831,20 +852,10 @@ impl Inner {
         }
     }
 
-    fn owned(&self, slot: Arc<Slot>) -> SlotUse {
-        SlotUse { slot, shared: None }
-    }
-
-    fn shared(&self, slot: Arc<Slot>) -> SlotUse {
-        SlotUse {
-            slot,
-            shared: Some(self.id),
-        }
-    }
-
-    /// The first of the slots no thread owns ([`shared_slots`]).
+    /// The first of the slots no thread owns ([`shared_slots`]), after the checkpoint's
+    /// and the [`ownable_slots`].
     pub(crate) fn first_shared_slot(&self) -> usize {
-        self.slots.len() - shared_slots(self.slots.len() as u64) as usize
+        1 + ownable_slots(self.slots.len() as u64) as usize
     }
 
     /// A turn on a shared slot for the calling thread's operation (its [`Turn`] recorded):
@@ -891,7 +902,7 @@ impl Inner {
                 turn.depth = 1;
             }
         });
-        Ok(self.shared(slot))
+        Ok(SlotUse::shared(slot, self.id))
     }
 
     /// A free slot, marked in use (its areas made if this is its first use); the number is

@@ -61,7 +61,7 @@ pub struct FormatArgs {
     /// threads at once, raise it (e.g. CPUs × 8/7 + 2, at most 120). Chosen here, for the
     /// file system's life.
     #[arg(long, value_name = "N", conflicts_with = "no_fs",
-          value_parser = clap::value_parser!(u32).range(2..=120))]
+          value_parser = clap::value_parser!(u32).range(2..=i64::from(fs::MAX_SLOTS)))]
     thread_slots: Option<u32>,
 
     /// Cache-flush policy: auto (flush unless the platform reports eADR), always, never.

@@ -467,7 +467,7 @@ fn checkpoint_line(nice: Option<i64>, raised: u64, give_ways: u64) -> String {
 fn slots_line(slots: u64, limit: u64, bytes: u64) -> String {
     // `limit` is 0 in a report from before it was kept.
     let of = if limit > 0 {
-        let owned = limit - fs::shared_slots(limit) - 1;
+        let owned = fs::ownable_slots(limit);
         format!(" of {limit} ({owned} a thread may own, the rest shared)")
     } else {
         String::new()
