@@ -34,7 +34,7 @@ use crate::inode::{Attr, Inode, Owner};
 use crate::journal::{Journal, JournalRecord, Kind, MetaOp};
 use crate::log::{LogArea, LogRecord};
 use crate::progress::Pending;
-use crate::root::{Root, SlotAreas};
+use crate::root::{MAX_SLOTS, Root, SlotAreas};
 use crate::snapshot::{INDEX_MAGIC, InodeImage, MAX_PIECES, Snapshot, SnapshotIndex};
 
 /// The inodes while the logs are replayed: the running file system's own, built from the
@@ -308,6 +308,46 @@ impl Fs {
         Ok(report)
     }
 
+    /// Changes how many thread slots the file system on `volume` (which no process has
+    /// open) may have — what `FormatOptions::slot_limit` chose at format — keeping
+    /// everything else: one new root, written as every root change is (the copy not in use,
+    /// with the next generation, then persisted), so a crash leaves the old limit or the
+    /// new. The file system must load as recovery would load it (damage is refused: `locus
+    /// fsck` reports and repairs it); nothing is replayed or moved. The limit may not go
+    /// below the slots that have areas already (as many threads once changed the file system
+    /// at once): the root names each of them, and their logs may hold writes.
+    pub fn set_slot_limit(volume: &Volume, limit: u32) -> Result<SlotLimitChange> {
+        if !(2..=MAX_SLOTS).contains(&limit) {
+            return Err(FsError::Invalid(format!(
+                "thread slots {limit}: the limit is 2..={MAX_SLOTS}"
+            )));
+        }
+        let loaded = load(volume)?;
+        let root = &loaded.root;
+        let made = root.slots.len() as u32;
+        if limit < made {
+            return Err(FsError::Invalid(format!(
+                "thread slots {limit}: {made} slots have their log and journal areas already \
+                 (as many threads once changed the file system at once), so the limit can go \
+                 down to {made}, not below"
+            )));
+        }
+        let change = SlotLimitChange {
+            before: root.slot_limit,
+            after: limit,
+            made,
+        };
+        if limit != root.slot_limit {
+            Root {
+                generation: root.generation + 1,
+                slot_limit: limit,
+                ..root.clone()
+            }
+            .write(&loaded.owner)?;
+        }
+        Ok(change)
+    }
+
     /// Whether the file system on `volume` keeps data checksums (reads only its root).
     pub fn has_data_checksums(volume: &Volume) -> Result<bool> {
         let (root, _) = Root::read_reporting(&volume.owner_area(0)?)?;
@@ -560,6 +600,17 @@ struct Loaded {
     snapshot_bytes: u64,
     damaged_root_copy: Option<String>,
     checksums: Option<Checksums>,
+}
+
+/// What [`Fs::set_slot_limit`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotLimitChange {
+    /// The limit before.
+    pub before: u32,
+    /// The limit now.
+    pub after: u32,
+    /// Slots that have their areas (the checkpoint's and the threads' so far).
+    pub made: u32,
 }
 
 /// Reads the root, snapshot, journals and logs, replays them in DRAM and lists what the file

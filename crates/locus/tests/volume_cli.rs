@@ -609,3 +609,164 @@ fn format_takes_the_thread_slots_and_status_shows_them() {
         serde_json::from_slice(&locus(plain.path(), &["status", "--json"]).stdout).unwrap();
     assert_eq!(json["fs"]["slot_limit"], 64, "{json}");
 }
+
+/// The bytes thread `t` of `round` writes into its file.
+fn tuned_bytes(round: u32, t: u32) -> Vec<u8> {
+    (0..20_000u32)
+        .map(|i| (i.wrapping_mul(31) ^ t ^ (round << 4)) as u8)
+        .collect()
+}
+
+/// `threads` threads of `fs`, alive at once, each create `/round-{round}-{t}` and write
+/// [`tuned_bytes`] into it (aligned, then unaligned at its end).
+fn write_at_once(fs: &fs::Fs, round: u32, threads: u32) {
+    let barrier = std::sync::Barrier::new(threads as usize);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (fs, barrier) = (&fs, &barrier);
+            s.spawn(move || {
+                barrier.wait();
+                let file = fs.create(&format!("/round-{round}-{t}")).unwrap();
+                let bytes = tuned_bytes(round, t);
+                file.write_at(&bytes[..16384], 0).unwrap();
+                barrier.wait();
+                file.write_at(&bytes[16384..], 16384).unwrap();
+            });
+        }
+    });
+}
+
+fn assert_written(fs: &fs::Fs, round: u32, threads: u32) {
+    for t in 0..threads {
+        let file = fs
+            .open_file(&format!("/round-{round}-{t}"), fs::OpenOptions::default())
+            .unwrap();
+        let mut back = vec![0u8; 20_000];
+        file.read_at(&mut back, 0).unwrap();
+        assert!(back == tuned_bytes(round, t), "round {round}, thread {t}");
+    }
+}
+
+/// `tune --thread-slots N` changes the slot limit of a closed volume and keeps every file,
+/// writes still in the logs of a crashed process included: down to the slots made so far
+/// and no lower, up to 120; refused (exit 1, nothing changed) while the volume is held or
+/// when its file system is damaged, and an opened file system then has the new limit —
+/// threads past its ownable slots take turns.
+#[test]
+fn tune_changes_the_thread_slots_keeping_every_file() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    assert!(
+        locus(dir.path(), &["format", "--emulate", "64M"])
+            .status
+            .success()
+    );
+    let slot_limit = |dir: &Path| -> Value {
+        let status = locus(dir, &["status", "--json"]);
+        assert!(status.status.success(), "{}", text(&status.stderr));
+        serde_json::from_slice::<Value>(&status.stdout).unwrap()["fs"]["slot_limit"].clone()
+    };
+    {
+        // Six threads at once, then a crash: seven slots made (the checkpoint's), the
+        // writes only in their logs.
+        let topology = topology::Topology::read_live().unwrap();
+        let volume = volume::Volume::open(dir.path(), topology, &Default::default()).unwrap();
+        let options = fs::FsOptions {
+            checkpoint: fs::CheckpointMode::OnDemand,
+            ..fs::FsOptions::default()
+        };
+        let fs = fs::Fs::open(std::sync::Arc::new(volume), options).unwrap();
+        write_at_once(&fs, 0, 6);
+        let held = locus(dir.path(), &["tune", "--thread-slots", "120"]);
+        assert_eq!(held.status.code(), Some(1));
+        let err = text(&held.stderr);
+        assert!(
+            err.contains(&format!("in use by pid {}", std::process::id())),
+            "{err}"
+        );
+        fs.abandon();
+    }
+    assert_eq!(slot_limit(dir.path()), 64);
+
+    let below = locus(dir.path(), &["tune", "--thread-slots", "6"]);
+    assert_eq!(below.status.code(), Some(1));
+    let err = text(&below.stderr);
+    assert!(
+        err.contains("7 slots have their log and journal areas already")
+            && err.contains("can go down to 7"),
+        "{err}"
+    );
+    assert_eq!(slot_limit(dir.path()), 64);
+
+    let down = locus(dir.path(), &["tune", "--thread-slots", "7"]);
+    assert!(down.status.success(), "{}", text(&down.stderr));
+    assert_eq!(
+        text(&down.stdout),
+        "thread slots: 64 -> 7 (5 a thread may own, the rest shared); 7 made so far\n"
+    );
+    assert_eq!(slot_limit(dir.path()), 7);
+    let fsck = locus(dir.path(), &["fsck"]);
+    assert!(fsck.status.success(), "{}", text(&fsck.stdout));
+    {
+        let fs = open_fs(dir.path());
+        assert_eq!(fs.stats().slot_limit, 7);
+        assert_written(&fs, 0, 6);
+        // Twelve threads at once: five own a slot, the others take turns on the shared one.
+        write_at_once(&fs, 1, 12);
+        assert_written(&fs, 1, 12);
+        fs.unmount().unwrap();
+    }
+
+    let up = locus(dir.path(), &["tune", "--thread-slots", "120"]);
+    assert!(up.status.success(), "{}", text(&up.stderr));
+    assert!(
+        text(&up.stdout).starts_with("thread slots: 7 -> 120 (104 a thread may own"),
+        "{}",
+        text(&up.stdout)
+    );
+    let again = locus(dir.path(), &["tune", "--thread-slots", "120"]);
+    assert!(
+        text(&again.stdout).starts_with("thread slots: already 120"),
+        "{}",
+        text(&again.stdout)
+    );
+    {
+        let fs = open_fs(dir.path());
+        assert_eq!(fs.stats().slot_limit, 120);
+        assert_written(&fs, 0, 6);
+        assert_written(&fs, 1, 12);
+        // A name in the journal with records after it, for the damage below (a damaged
+        // last record would be a torn append, not damage).
+        fs.create("/tune-damage-me").unwrap();
+        for i in 0..3 {
+            fs.create(&format!("/after-{i}")).unwrap();
+        }
+        fs.abandon();
+    }
+    let device = dir.path().join("node0.pmem");
+    let mut bytes = std::fs::read(&device).unwrap();
+    let at = bytes
+        .windows(14)
+        .position(|w| w == b"tune-damage-me")
+        .expect("the name is in a journal");
+    bytes[at] ^= 1;
+    std::fs::write(&device, bytes).unwrap();
+    let damaged = locus(dir.path(), &["tune", "--thread-slots", "64"]);
+    assert_eq!(damaged.status.code(), Some(1));
+    let err = text(&damaged.stderr);
+    assert!(err.contains("journal of slot"), "{err}");
+    assert!(
+        locus(dir.path(), &["fsck", "--repair"]).status.success(),
+        "repair"
+    );
+    assert_eq!(slot_limit(dir.path()), 120);
+    let after_repair = locus(dir.path(), &["tune", "--thread-slots", "64"]);
+    assert!(
+        after_repair.status.success(),
+        "{}",
+        text(&after_repair.stderr)
+    );
+    let fs = open_fs(dir.path());
+    assert_eq!(fs.stats().slot_limit, 64);
+    assert_written(&fs, 1, 12);
+    fs.unmount().unwrap();
+}

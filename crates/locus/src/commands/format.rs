@@ -58,8 +58,8 @@ pub struct FormatArgs {
     /// thread is refused, but those threads wait for each other. A slot's areas are made
     /// only when a thread first needs them, so a larger limit costs nothing until used:
     /// where `locus mount` (a serving thread per CPU) or a program runs more than 55
-    /// threads at once, raise it (e.g. CPUs × 8/7 + 2, at most 120). Chosen here, for the
-    /// file system's life.
+    /// threads at once, raise it (e.g. CPUs × 8/7 + 2, at most 120). `locus tune
+    /// --thread-slots` changes it later, keeping the files.
     #[arg(long, value_name = "N", conflicts_with = "no_fs",
           value_parser = clap::value_parser!(u32).range(2..=i64::from(fs::MAX_SLOTS)))]
     thread_slots: Option<u32>,

@@ -12,4 +12,5 @@ pub mod serve;
 pub mod sim;
 pub mod status;
 pub mod topology;
+pub mod tune;
 mod volume;

@@ -1,0 +1,53 @@
+//! `locus tune`: change a setting `locus format` chose, keeping the volume's files.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use crate::output::outln;
+
+/// Change a setting of the volume's file system that `locus format` chose, keeping its files.
+///
+/// The volume in the --volume directory must not be in use (`locus mount`, `locus serve` or a
+/// program through the preload library holds it: stop it first). The file system must load
+/// as it would at a mount — a damaged one is refused; `locus fsck` reports the damage and
+/// `fsck --repair` repairs what it can. The change is one new file-system root, written the
+/// way every root change is (into the copy not in use, then persisted), so a crash leaves
+/// the old setting or the new one, and every file as it was.
+#[derive(Debug, Args)]
+pub struct TuneArgs {
+    #[command(flatten)]
+    pub volume: crate::commands::volume::VolumeDir,
+
+    /// Thread slots the file system may have, 2 to 120 (`locus format --thread-slots`):
+    /// raise it when more threads change the file system at once than slots a thread may
+    /// own (the limit less its top eighth and the checkpoint's slot), e.g. a `locus mount`
+    /// on a machine with more CPUs, so that each owns one instead of taking turns on the
+    /// shared ones. It may go down to the number of slots that have their areas already
+    /// (`locus status` shows it); lowering it bounds the memory slots may take.
+    #[arg(long, value_name = "N", required = true,
+          value_parser = clap::value_parser!(u32).range(2..=i64::from(fs::MAX_SLOTS)))]
+    thread_slots: Option<u32>,
+}
+
+pub fn run(dir: &Path, sysfs: &Path, args: &TuneArgs) -> Result<()> {
+    let topology = super::volume::read_topology(sysfs)?;
+    let volume = super::volume::open(dir, &topology, false)?;
+    if let Some(limit) = args.thread_slots {
+        let change = fs::Fs::set_slot_limit(&volume, limit)
+            .with_context(|| format!("changing the thread slots of {}", dir.display()))?;
+        let after = u64::from(change.after);
+        let now = format!(
+            "{after} ({} a thread may own, the rest shared); {} made so far",
+            fs::ownable_slots(after),
+            change.made
+        );
+        if change.before == change.after {
+            outln!("thread slots: already {now}");
+        } else {
+            outln!("thread slots: {} -> {now}", change.before);
+        }
+    }
+    Ok(())
+}
