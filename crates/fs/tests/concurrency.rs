@@ -284,6 +284,15 @@ fn more_threads_than_slots_take_turns_on_the_shared_ones() {
         "{} slots made for {THREADS} threads (limit {slot_limit})",
         stats.slots
     );
+    // The threads past the ownable slots did every operation on a turn (no lease ends while
+    // all are alive): at least their 32 block writes each.
+    let turn_takers = THREADS - fs::ownable_slots(slot_limit);
+    assert!(
+        stats.slot_turns >= turn_takers * 32 && stats.slot_turn_waits <= stats.slot_turns,
+        "{} operations on turns ({} waited) for {turn_takers} threads taking turns",
+        stats.slot_turns,
+        stats.slot_turn_waits
+    );
     // What every thread's file holds: its blocks, the hole, the unaligned write, zeros up
     // to the size it was raised to.
     let expected = |t: u64| {

@@ -2463,7 +2463,8 @@ fn serving_threads_taking_turns_on_one_shared_slot(transport: &'static str) {
         "status",
     );
     assert!(
-        status.contains("thread slots: 2 of 2 (0 a thread may own, the rest shared)"),
+        status.contains("thread slots: 2 of 2 (0 a thread may own, the rest shared)")
+            && status.contains("operation(s) done on a turn by threads that found every slot"),
         "{status}"
     );
     kill_9_loses_no_acknowledged_write(&mut mount, transport);

@@ -126,6 +126,9 @@ pub(crate) struct FsCounters {
     pub(crate) waits: [AtomicU64; Wait::COUNT],
     /// Times a writer far ahead of the checkpoint gave up its time slice to it.
     pub(crate) gave_way: AtomicU64,
+    /// Operations done on a turn on a shared slot, and how many of those waited for it.
+    pub(crate) turns: AtomicU64,
+    pub(crate) turn_waits: AtomicU64,
     /// The checkpoint thread's CPU time, as of its last pass.
     pub(crate) checkpoint_cpu_ns: AtomicU64,
     /// The checkpoint thread's nice value and how many steps below its opener's that is,
@@ -232,6 +235,12 @@ pub struct FsStats {
     pub slot_bytes: u64,
     /// Thread slots the file system may have ([`crate::FormatOptions::slot_limit`]).
     pub slot_limit: u64,
+    /// Operations done on a turn on a shared slot: by threads that found every slot a
+    /// thread may own owned by another live thread. Many mean the limit is low for the
+    /// threads at work (`locus tune --thread-slots` raises it).
+    pub slot_turns: u64,
+    /// How many of those turns waited for another thread's turn to end.
+    pub slot_turn_waits: u64,
     /// Volume memory writers leave free for the checkpoint (its snapshots and the pages
     /// under partial writes into holes): a write needs free memory beyond this.
     pub reserved_bytes: u64,
@@ -376,13 +385,15 @@ impl Slot {
         !std::mem::replace(&mut *taken, true)
     }
 
-    /// Waits for the turn on a shared slot and takes it.
-    fn wait_turn(&self) {
+    /// Waits for the turn on a shared slot and takes it. Returns true if it had to wait.
+    fn wait_turn(&self) -> bool {
         let mut taken = self.turn.lock().expect("slot turn");
+        let waited = *taken;
         while *taken {
             taken = self.turn_over.wait(taken).expect("slot turn");
         }
         *taken = true;
+        waited
     }
 
     /// Ends the turn on a shared slot.
@@ -889,10 +900,13 @@ impl Inner {
                     .count();
                 let number = THREAD_NUMBER.try_with(|n| *n).unwrap_or(0);
                 let slot = self.slot_at((shared.start + number % made) as u32)?;
-                slot.wait_turn();
+                if slot.wait_turn() {
+                    self.counters.turn_waits.fetch_add(1, Ordering::Relaxed);
+                }
                 slot
             }
         };
+        self.counters.turns.fetch_add(1, Ordering::Relaxed);
         // (An exiting thread whose thread-locals are gone has no `Turn`: its turn ends with
         // the use.)
         let _ = TURNS.try_with(|turns| {
@@ -1217,6 +1231,8 @@ impl Inner {
             slots: c.slots.load(Ordering::Relaxed),
             slot_bytes: c.slot_bytes.load(Ordering::Relaxed),
             slot_limit: self.slots.len() as u64,
+            slot_turns: c.turns.load(Ordering::Relaxed),
+            slot_turn_waits: c.turn_waits.load(Ordering::Relaxed),
             reserved_bytes: self.reserve_bytes(),
         };
         stats.idle = stats.records_pending == 0 && stats.defrag_windows_noted == 0;

@@ -445,6 +445,9 @@ fn print_live_volume(dir: &Path, live: &serde_json::Value, server: &str) -> Resu
         "{}",
         slots_line(count("slots"), count("slot_limit"), count("slot_bytes"))
     );
+    if let Some(turns) = turns_line(count("slot_turns"), count("slot_turn_waits")) {
+        outln!("{turns}");
+    }
     Ok(())
 }
 
@@ -461,6 +464,18 @@ fn checkpoint_line(nice: Option<i64>, raised: u64, give_ways: u64) -> String {
         ),
     };
     format!("checkpoint thread: {priority}; writers gave way to it {give_ways} time(s)")
+}
+
+/// How much work threads did taking turns on the shared slots, and what to do about it;
+/// nothing when none did.
+fn turns_line(turns: u64, waits: u64) -> Option<String> {
+    (turns > 0).then(|| {
+        format!(
+            "shared slots: {turns} operation(s) done on a turn by threads that found every slot \
+             a thread may own taken, {waits} of them after waiting for another thread's turn \
+             (`locus tune --thread-slots` raises the limit while the volume is not in use)"
+        )
+    })
 }
 
 /// Where the memory of thread slots goes, which `df` counts as used on an empty volume.

@@ -412,6 +412,19 @@ pub fn render(sources: &Sources) -> String {
             fs.writer_give_ways as f64,
         ),
         (
+            "locus_fs_slot_turns_total",
+            "counter",
+            "Operations done on a turn on a shared thread slot, by threads that found every \
+             slot a thread may own taken (`locus tune --thread-slots` raises the limit).",
+            fs.slot_turns as f64,
+        ),
+        (
+            "locus_fs_slot_turn_waits_total",
+            "counter",
+            "Turns on a shared thread slot that waited for another thread's turn to end.",
+            fs.slot_turn_waits as f64,
+        ),
+        (
             "locus_fs_caller_bytes_total",
             "counter",
             "Bytes callers asked the file system to write.",
