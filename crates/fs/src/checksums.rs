@@ -121,6 +121,16 @@ pub(crate) struct Checksums {
     areas: Vec<Extent>,
 }
 
+/// Volume memory the tables of `volume`'s devices and their directory take.
+pub(crate) fn table_bytes(volume: &Volume) -> Result<u64> {
+    let mut bytes = DIR_BYTES;
+    for device in 0..volume.device_count() {
+        let blocks = volume.device_region(device)?.len() / BLOCK;
+        bytes += (blocks * ENTRY_BYTES).next_multiple_of(BLOCK);
+    }
+    Ok(bytes)
+}
+
 impl Checksums {
     /// Makes a table for every device of `volume`, each on its own device, zeroed, and the
     /// directory naming them; returns the directory's address. (Format: nothing is owned

@@ -348,6 +348,77 @@ impl Fs {
         Ok(change)
     }
 
+    /// Turns data checksums (`FormatOptions::data_checksums`) on or off for the file system
+    /// on `volume` (which no process has open), keeping every file. The file system must load
+    /// as recovery would load it (damage is refused).
+    ///
+    /// On: the tables and their directory are made in free memory (`Checksums::create`), and
+    /// every block of data the files hold — checkpointed blocks and the buffer blocks of
+    /// logged writes still visible — gets its entry from the bytes it holds now; once those
+    /// are durable, one new root names the directory. A crash before the root leaves the
+    /// file system without checksums and the tables in memory nothing names (free again at
+    /// the next open). The entries bless what is there: `locus scrub` afterwards finds only
+    /// damage that comes later. Refused when the tables would leave less free memory than
+    /// the checkpoint's reserve needs (`keep_free`). Off: a new root without the
+    /// directory; the tables are free memory at the next open.
+    pub fn set_data_checksums(volume: &Volume, on: bool) -> Result<ChecksumsChange> {
+        let loaded = load(volume)?;
+        let root = &loaded.root;
+        let mut change = ChecksumsChange {
+            before: root.checksums.is_some(),
+            after: on,
+            blocks: 0,
+            table_bytes: 0,
+        };
+        if change.before == on {
+            return Ok(change);
+        }
+        let dir = if on {
+            volume.mark_owned(
+                loaded
+                    .owned
+                    .iter()
+                    .map(|&(start, len, _)| extent_of(start, len)),
+            )?;
+            let need = crate::checksums::table_bytes(volume)?;
+            let keep = keep_free(volume, root, loaded.live.len() as u64);
+            let free: u64 = volume.stats().iter().map(|d| d.free_bytes).sum();
+            if free < need + keep {
+                return Err(FsError::Invalid(format!(
+                    "the volume is too full for data checksums: their tables need {need} \
+                     bytes and the checkpoint's reserve {keep}, and {free} are free; remove \
+                     files first"
+                )));
+            }
+            // (Room on each device: a table lives on the device whose blocks it covers.)
+            let (dir, extents) = Checksums::create(volume).map_err(|e| {
+                if e.kind() == crate::ErrorKind::NoSpace {
+                    FsError::Invalid(format!(
+                        "a device of the volume is too full for its data-checksum table \
+                         ({e}); remove files first"
+                    ))
+                } else {
+                    e
+                }
+            })?;
+            change.table_bytes = extents.iter().map(|e| e.len_bytes).sum();
+            let tables = Checksums::load(volume, dir)?;
+            change.blocks = crate::scrub::fill_entries(volume, &tables, &loaded.inodes)?;
+            // The entries are durable before a root names their tables.
+            volume.fence();
+            Some(dir)
+        } else {
+            None
+        };
+        Root {
+            generation: root.generation + 1,
+            checksums: dir,
+            ..root.clone()
+        }
+        .write(&loaded.owner)?;
+        Ok(change)
+    }
+
     /// Whether the file system on `volume` keeps data checksums (reads only its root).
     pub fn has_data_checksums(volume: &Volume) -> Result<bool> {
         let (root, _) = Root::read_reporting(&volume.owner_area(0)?)?;
@@ -611,6 +682,29 @@ pub struct SlotLimitChange {
     pub after: u32,
     /// Slots that have their areas (the checkpoint's and the threads' so far).
     pub made: u32,
+}
+
+/// What [`Fs::set_data_checksums`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChecksumsChange {
+    /// Data checksums before.
+    pub before: bool,
+    /// Data checksums now.
+    pub after: bool,
+    /// Blocks of data given an entry (turned on).
+    pub blocks: u64,
+    /// Volume memory the tables and their directory took (turned on).
+    pub table_bytes: u64,
+}
+
+/// Free memory a file system opened on `volume` must still find beyond what `root` names
+/// and new checksum tables would take: the running file system's reserve as it counts it at
+/// open (twice the snapshot, what the `live_records` logged writes may add to the next one —
+/// bounded here by two blocks each — and 1/512 of the volume, at least 1 MiB), doubled, so
+/// that writers still have room after it.
+fn keep_free(volume: &Volume, root: &Root, live_records: u64) -> u64 {
+    let data: u64 = volume.stats().iter().map(|d| d.data_bytes).sum();
+    2 * (2 * root.snapshot_len + (data / 512).max(1 << 20) + live_records * 2 * BLOCK)
 }
 
 /// Reads the root, snapshot, journals and logs, replays them in DRAM and lists what the file

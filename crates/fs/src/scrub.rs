@@ -86,31 +86,7 @@ pub(crate) fn scrub(
             .get(&inode.ino)
             .cloned()
             .unwrap_or_else(|| format!("inode {}", inode.ino));
-        // (file offset, file bytes, physical block, held by)
-        let mut blocks: Vec<(u64, u64, u64, &'static str)> = Vec::new();
-        for run in inode.extents.read().expect("extent map").runs() {
-            for i in 0..run.blocks {
-                blocks.push((
-                    (run.file_block + i) * BLOCK,
-                    BLOCK,
-                    run.addr + i * BLOCK,
-                    "file block",
-                ));
-            }
-        }
-        let size = inode.size.load(std::sync::atomic::Ordering::Acquire);
-        for piece in inode.overlay.lookup(0, size) {
-            let mut at = piece.start;
-            while at < piece.end {
-                let src = piece.src + (at - piece.start);
-                let physical = src - src % BLOCK;
-                let n = (BLOCK - src % BLOCK).min(piece.end - at);
-                blocks.push((at, n, physical, "logged write"));
-                at += n;
-            }
-        }
-        blocks.sort_unstable();
-        for (offset, len, physical, held_by) in blocks {
+        for (offset, len, physical, held_by) in data_blocks(inode) {
             if !seen.insert(physical) {
                 continue;
             }
@@ -132,6 +108,62 @@ pub(crate) fn scrub(
         }
     }
     Ok(report)
+}
+
+/// The blocks of data a file's reads can return, as recovery loaded it — its extent map's
+/// blocks and the buffer blocks of logged writes still visible over them — as (file offset,
+/// file bytes, physical block, held by), in file order: what a data checksum covers.
+pub(crate) fn data_blocks(inode: &Inode) -> Vec<(u64, u64, u64, &'static str)> {
+    let mut blocks = Vec::new();
+    for run in inode.extents.read().expect("extent map").runs() {
+        for i in 0..run.blocks {
+            blocks.push((
+                (run.file_block + i) * BLOCK,
+                BLOCK,
+                run.addr + i * BLOCK,
+                "file block",
+            ));
+        }
+    }
+    let size = inode.size.load(std::sync::atomic::Ordering::Acquire);
+    for piece in inode.overlay.lookup(0, size) {
+        let mut at = piece.start;
+        while at < piece.end {
+            let src = piece.src + (at - piece.start);
+            let physical = src - src % BLOCK;
+            let n = (BLOCK - src % BLOCK).min(piece.end - at);
+            blocks.push((at, n, physical, "logged write"));
+            at += n;
+        }
+    }
+    blocks.sort_unstable();
+    blocks
+}
+
+/// Gives every block of data the files of `inodes` hold ([`data_blocks`]) its entry in
+/// `checksums`, from the bytes it holds now (`Fs::set_data_checksums`: checksums turned on
+/// for a file system that had none). Durable at the caller's next fence. Returns the
+/// blocks.
+pub(crate) fn fill_entries(
+    volume: &Volume,
+    checksums: &Checksums,
+    inodes: &HashMap<u64, Arc<Inode>>,
+) -> Result<u64> {
+    let mut block = vec![0u8; BLOCK as usize];
+    let mut seen = std::collections::HashSet::new();
+    for inode in inodes.values().filter(|i| i.kind == Kind::File) {
+        for (_, _, physical, _) in data_blocks(inode) {
+            if !seen.insert(physical) {
+                continue;
+            }
+            let at = GlobalAddress::from_raw(physical);
+            volume
+                .device_region(at.device())?
+                .read(at.offset(), &mut block)?;
+            checksums.store(physical, &[crate::checksums::block_crc(&block)])?;
+        }
+    }
+    Ok(seen.len() as u64)
 }
 
 /// Every linked inode's path.

@@ -770,3 +770,219 @@ fn tune_changes_the_thread_slots_keeping_every_file() {
     assert_written(&fs, 1, 12);
     fs.unmount().unwrap();
 }
+
+/// Pseudo-random bytes (xorshift from `seed`): a run of 40 of them is found once on a
+/// volume.
+fn unique_bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// Flips one bit of the first copy of `needle` on the volume's device; returns where.
+fn flip_on_device(dir: &Path, needle: &[u8]) -> usize {
+    let device = dir.join("node0.pmem");
+    let mut bytes = std::fs::read(&device).unwrap();
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("the bytes are on the device");
+    bytes[at] ^= 1;
+    std::fs::write(&device, bytes).unwrap();
+    at
+}
+
+fn unflip_on_device(dir: &Path, at: usize) {
+    let device = dir.join("node0.pmem");
+    let mut bytes = std::fs::read(&device).unwrap();
+    bytes[at] ^= 1;
+    std::fs::write(&device, bytes).unwrap();
+}
+
+/// `tune --data-checksums on` gives every block of data of a volume formatted without them
+/// its entry — checkpointed blocks and logged writes a crash left — so that `scrub` is clean,
+/// a flipped bit is then named by `scrub` and read as an error, and the files read back as
+/// they were; `off` forgets them (scrub refused, the tables free again); a volume too full
+/// for the tables and the checkpoint's reserve is refused and changes nothing.
+#[test]
+fn tune_turns_data_checksums_on_and_off_keeping_every_file() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    assert!(
+        locus(dir.path(), &["format", "--emulate", "64M"])
+            .status
+            .success()
+    );
+    let a = unique_bytes(3, 256 << 10);
+    let b = unique_bytes(5, 20_000);
+    let patch = unique_bytes(7, 1000);
+    let mut a_now = a.clone();
+    a_now[5000..6000].copy_from_slice(&patch);
+    {
+        let fs = open_fs(dir.path());
+        fs.create("/a").unwrap().write_at(&a, 0).unwrap();
+        fs.unmount().unwrap();
+    }
+    {
+        // Logged writes only, then a crash: a partial overwrite of a checkpointed block
+        // and a new file.
+        let topology = topology::Topology::read_live().unwrap();
+        let volume = volume::Volume::open(dir.path(), topology, &Default::default()).unwrap();
+        let options = fs::FsOptions {
+            checkpoint: fs::CheckpointMode::OnDemand,
+            ..fs::FsOptions::default()
+        };
+        let fs = fs::Fs::open(std::sync::Arc::new(volume), options).unwrap();
+        let file = fs
+            .open_file(
+                "/a",
+                fs::OpenOptions {
+                    write: true,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        file.write_at(&patch, 5000).unwrap();
+        fs.create("/b").unwrap().write_at(&b, 0).unwrap();
+        fs.abandon();
+    }
+    let read_back = |dir: &Path| {
+        let fs = open_fs(dir);
+        for (path, want) in [("/a", &a_now), ("/b", &b)] {
+            let file = fs.open_file(path, fs::OpenOptions::default()).unwrap();
+            let mut back = vec![0u8; want.len()];
+            file.read_at(&mut back, 0).unwrap();
+            assert!(&back == want, "{path} reads back as written");
+        }
+        fs.unmount().unwrap();
+    };
+    let status = |dir: &Path| -> Value {
+        let status = locus(dir, &["status", "--json"]);
+        assert!(status.status.success(), "{}", text(&status.stderr));
+        serde_json::from_slice(&status.stdout).unwrap()
+    };
+    let free = |json: &Value| json["devices"][0]["free_bytes"].as_u64().unwrap();
+    let scrub = locus(dir.path(), &["scrub"]);
+    assert_eq!(scrub.status.code(), Some(1));
+    assert!(text(&scrub.stderr).contains("no data checksums"));
+    let before = status(dir.path());
+    assert_eq!(before["fs"]["data_checksums"], false, "{before}");
+
+    let on = locus(dir.path(), &["tune", "--data-checksums", "on"]);
+    let out = text(&on.stdout);
+    assert!(on.status.success(), "{out}{}", text(&on.stderr));
+    // 64 blocks of /a, 5 of /b, and the buffer block of the patch.
+    assert!(
+        out.starts_with("data checksums: off -> on (70 block(s) of data given their entry"),
+        "{out}"
+    );
+    let after = status(dir.path());
+    assert_eq!(after["fs"]["data_checksums"], true, "{after}");
+    // The tables (a 4-byte entry per block of the device) and their directory.
+    let tables = free(&before) - free(&after);
+    assert!((64 << 10..=80 << 10).contains(&tables), "{tables}");
+    let scrub = locus(dir.path(), &["scrub"]);
+    let out = text(&scrub.stdout);
+    assert!(scrub.status.success(), "{out}{}", text(&scrub.stderr));
+    assert!(
+        out.contains("scrubbed 2 file(s): 70 block(s)") && out.contains("clean"),
+        "{out}"
+    );
+    assert!(locus(dir.path(), &["fsck"]).status.success());
+    let again = locus(dir.path(), &["tune", "--data-checksums", "on"]);
+    assert_eq!(text(&again.stdout), "data checksums: already on\n");
+    // The entries are real: a flipped bit in /b (still only in its logged write's buffer)
+    // and one in a checkpointed block of /a are both found.
+    let b_at = flip_on_device(dir.path(), &b[8192..8232]);
+    let a_at = flip_on_device(dir.path(), &a[100_000..100_040]);
+    let scrub = locus(dir.path(), &["scrub"]);
+    let out = text(&scrub.stdout);
+    assert_eq!(scrub.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("damaged: /a bytes 98304..102400 (file block")
+            && out.contains("damaged: /b bytes 8192..12288 (logged write"),
+        "{out}"
+    );
+    unflip_on_device(dir.path(), b_at);
+    unflip_on_device(dir.path(), a_at);
+    assert!(locus(dir.path(), &["scrub"]).status.success());
+    // Opened, the file system moves the logged writes into their files (the patch into a
+    // block rebuilt with its entry), and a read of a damaged block is an error.
+    read_back(dir.path());
+    let scrub = locus(dir.path(), &["scrub"]);
+    assert!(
+        text(&scrub.stdout).contains("scrubbed 2 file(s): 69 block(s)"),
+        "{}",
+        text(&scrub.stdout)
+    );
+    let a_at = flip_on_device(dir.path(), &a[100_000..100_040]);
+    {
+        let fs = open_fs(dir.path());
+        let file = fs.open_file("/a", fs::OpenOptions::default()).unwrap();
+        let mut back = vec![0u8; 4096];
+        let err = file.read_at(&mut back, 98304).unwrap_err();
+        assert!(matches!(err, fs::FsError::DataChecksum { .. }), "{err}");
+        fs.unmount().unwrap();
+    }
+    unflip_on_device(dir.path(), a_at);
+    assert!(locus(dir.path(), &["scrub"]).status.success());
+
+    let on_status = status(dir.path());
+    let off = locus(dir.path(), &["tune", "--data-checksums", "off"]);
+    assert!(off.status.success(), "{}", text(&off.stderr));
+    assert!(
+        text(&off.stdout).starts_with("data checksums: on -> off"),
+        "{}",
+        text(&off.stdout)
+    );
+    let scrub = locus(dir.path(), &["scrub"]);
+    assert_eq!(scrub.status.code(), Some(1));
+    assert!(text(&scrub.stderr).contains("no data checksums"));
+    let off_status = status(dir.path());
+    assert_eq!(off_status["fs"]["data_checksums"], false);
+    assert_eq!(
+        free(&off_status) - free(&on_status),
+        tables,
+        "the tables are free again"
+    );
+    assert!(locus(dir.path(), &["fsck"]).status.success());
+    read_back(dir.path());
+
+    // Full: no room for the tables beside the checkpoint's reserve.
+    {
+        let fs = open_fs(dir.path());
+        let file = fs.create("/fill").unwrap();
+        let chunk = vec![0x5au8; 1 << 20];
+        let mut at = 0;
+        while file.write_at(&chunk, at).is_ok() {
+            at += chunk.len() as u64;
+        }
+        while file.write_at(&chunk[..4096], at).is_ok() {
+            at += 4096;
+        }
+        fs.unmount().unwrap();
+    }
+    let full = locus(dir.path(), &["tune", "--data-checksums", "on"]);
+    assert_eq!(full.status.code(), Some(1));
+    let err = text(&full.stderr);
+    assert!(
+        err.contains("too full for data checksums") && err.contains("remove files first"),
+        "{err}"
+    );
+    assert_eq!(status(dir.path())["fs"]["data_checksums"], false);
+    {
+        let fs = open_fs(dir.path());
+        fs.truncate("/fill", 4 << 20).unwrap();
+        fs.unmount().unwrap();
+    }
+    let on = locus(dir.path(), &["tune", "--data-checksums", "on"]);
+    assert!(on.status.success(), "{}", text(&on.stderr));
+    let scrub = locus(dir.path(), &["scrub"]);
+    assert!(scrub.status.success(), "{}", text(&scrub.stdout));
+    read_back(dir.path());
+}

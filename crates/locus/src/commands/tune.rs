@@ -1,4 +1,4 @@
-//! `locus tune`: change a setting `locus format` chose, keeping the volume's files.
+//! `locus tune`: change settings `locus format` chose, keeping the volume's files.
 
 use std::path::Path;
 
@@ -6,13 +6,14 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use crate::output::outln;
+use crate::size::format_bytes;
 
-/// Change a setting of the volume's file system that `locus format` chose, keeping its files.
+/// Change settings of the volume's file system that `locus format` chose, keeping its files.
 ///
 /// The volume in the --volume directory must not be in use (`locus mount`, `locus serve` or a
 /// program through the preload library holds it: stop it first). The file system must load
 /// as it would at a mount — a damaged one is refused; `locus fsck` reports the damage and
-/// `fsck --repair` repairs what it can. The change is one new file-system root, written the
+/// `fsck --repair` repairs what it can. Each change is one new file-system root, written the
 /// way every root change is (into the copy not in use, then persisted), so a crash leaves
 /// the old setting or the new one, and every file as it was.
 #[derive(Debug, Args)]
@@ -26,9 +27,19 @@ pub struct TuneArgs {
     /// on a machine with more CPUs, so that each owns one instead of taking turns on the
     /// shared ones. It may go down to the number of slots that have their areas already
     /// (`locus status` shows it); lowering it bounds the memory slots may take.
-    #[arg(long, value_name = "N", required = true,
+    #[arg(long, value_name = "N", required_unless_present = "data_checksums",
           value_parser = clap::value_parser!(u32).range(2..=i64::from(fs::MAX_SLOTS)))]
     thread_slots: Option<u32>,
+
+    /// Data checksums (`locus format --data-checksums`: a crc32c of every 4 KiB block of file
+    /// data, verified on every read and by `locus scrub`), on or off. On reads every block of
+    /// data the files hold — a full read of the volume's data — and gives it its entry from
+    /// the bytes it holds now (damage already there is blessed, not found: check what matters
+    /// first); the tables take 0.1% of each device, and the volume must keep the checkpoint's
+    /// reserve free beyond them. Off forgets the tables (free memory at the next open); the
+    /// costs and the refusal of shared mappings go with them.
+    #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
+    data_checksums: Option<String>,
 }
 
 pub fn run(dir: &Path, sysfs: &Path, args: &TuneArgs) -> Result<()> {
@@ -47,6 +58,33 @@ pub fn run(dir: &Path, sysfs: &Path, args: &TuneArgs) -> Result<()> {
             outln!("thread slots: already {now}");
         } else {
             outln!("thread slots: {} -> {now}", change.before);
+        }
+    }
+    if let Some(state) = &args.data_checksums {
+        let on = state == "on";
+        let spinner = crate::progress::spinner(
+            if on {
+                "giving every block of data its checksum"
+            } else {
+                "turning data checksums off"
+            }
+            .to_owned(),
+            true,
+        );
+        let change = fs::Fs::set_data_checksums(&volume, on)
+            .with_context(|| format!("turning data checksums {state} in {}", dir.display()))?;
+        spinner.finish_and_clear();
+        match (change.before, change.after) {
+            (false, true) => outln!(
+                "data checksums: off -> on ({} block(s) of data given their entry, {} of \
+                 tables); `locus scrub` checks them",
+                change.blocks,
+                format_bytes(change.table_bytes)
+            ),
+            (true, false) => {
+                outln!("data checksums: on -> off (the tables are free memory at the next open)")
+            }
+            (_, now) => outln!("data checksums: already {}", if now { "on" } else { "off" }),
         }
     }
     Ok(())
