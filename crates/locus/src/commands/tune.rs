@@ -74,18 +74,18 @@ pub fn run(dir: &Path, sysfs: &Path, args: &TuneArgs) -> Result<()> {
         let change = fs::Fs::set_data_checksums(&volume, on)
             .with_context(|| format!("turning data checksums {state} in {}", dir.display()))?;
         spinner.finish_and_clear();
-        match (change.before, change.after) {
-            (false, true) => outln!(
-                "data checksums: off -> on ({} block(s) of data given their entry, {} of \
-                 tables); `locus scrub` checks them",
+        let said = match (change.before, change.after) {
+            (false, true) => format!(
+                "off -> on ({} block(s) of data given their entry, {} of tables); `locus \
+                 scrub` checks them",
                 change.blocks,
                 format_bytes(change.table_bytes)
             ),
-            (true, false) => {
-                outln!("data checksums: on -> off (the tables are free memory at the next open)")
-            }
-            (_, now) => outln!("data checksums: already {}", if now { "on" } else { "off" }),
-        }
+            (true, false) => "on -> off (the tables are free memory at the next open)".into(),
+            (_, true) => "already on".into(),
+            (_, false) => "already off".into(),
+        };
+        outln!("data checksums: {said}");
     }
     Ok(())
 }
