@@ -47,7 +47,8 @@ pub struct FormatArgs {
     /// damaged block is an I/O error naming the file and offset, never wrong bytes, and
     /// `locus scrub` finds every one. Costs a table of 0.1% of each device, a checksum per
     /// block written and read, and partial-block writes are rebuilt in fresh blocks (see
-    /// docs/data-checksums.md for the measured cost). Chosen here, for the file system's life.
+    /// docs/data-checksums.md for the measured cost). `locus tune --data-checksums on|off`
+    /// changes it later, keeping the files.
     #[arg(long, conflicts_with = "no_fs")]
     data_checksums: bool,
 
