@@ -222,13 +222,22 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
         in_file_order.sort_unstable();
     }
     let mut inode: Option<Arc<Inode>> = None;
-    for &(_, _, at) in in_file_order.iter() {
+    for (k, &(_, _, at)) in in_file_order.iter().enumerate() {
         let record = &batch.records[at as usize];
         if inode.as_ref().is_none_or(|i| i.ino != record.ino) {
             inode = inner.inode(record.ino);
         }
         // A file removed since has nothing left to move.
         if let Some(inode) = &inode {
+            // The next record's block-table entry, if it is this file's: fetched while this
+            // record is applied (the load of that entry was the checkpoint's largest single
+            // stall, ~16 % of its samples with random 4 KiB overwrites). Measured, `bench fs
+            // --bs 4K --threads 2`, 16 alternated pairs of runs: checkpoint 0.425 and 0.445
+            // µs per record (medians of 8) against 0.505 and 0.495 without, IOPS +6 %.
+            work.next_block = in_file_order
+                .get(k + 1)
+                .filter(|&&(ino, _, _)| ino == record.ino)
+                .map(|&(_, offset, _)| offset / BLOCK);
             apply_record(inner, inode, record, &mut work)?;
         }
     }
@@ -340,6 +349,9 @@ struct Work {
     maps: Vec<MapEntry>,
     sizes: std::collections::BTreeMap<u64, SizeEntry>,
     freed: Vec<Run>,
+    /// The block of the next record to apply, when it is in the same file: its table entry
+    /// is fetched into the cache while this record is applied.
+    next_block: Option<u64>,
     remapped: u64,
     copied: u64,
 }
@@ -369,6 +381,9 @@ fn apply_record(inner: &Inner, inode: &Inode, record: &Pending, work: &mut Work)
     let mut extents = inode.extents.write().expect("extent map");
     if inode.dead.load(Ordering::Acquire) {
         return Ok(());
+    }
+    if let Some(next) = work.next_block {
+        extents.prefetch(next);
     }
     let mut end = reached;
     // With data checksums no block a file or record names is ever stored to: whole blocks

@@ -282,6 +282,18 @@ impl ExtentMap {
         removed
     }
 
+    /// Asks the CPU to bring the cache line of one block's table entry in (a hint: nothing
+    /// changes). The checkpoint calls it for the next record while it applies one, so that
+    /// the entry's cache miss overlaps that work instead of stalling the next remap.
+    pub fn prefetch(&self, file_block: u64) {
+        let c = file_block / CHUNK_BLOCKS;
+        if let Some(Chunk::Table(t)) = self.chunks.get(&c)
+            && let Some(entry) = t.entries.get((file_block % CHUNK_BLOCKS) as usize)
+        {
+            pmem::prefetch(std::ptr::from_ref(entry));
+        }
+    }
+
     /// The page of one block, or `None` for a hole.
     pub fn get(&self, file_block: u64) -> Option<u64> {
         let c = file_block / CHUNK_BLOCKS;

@@ -11,7 +11,9 @@
 )]
 
 use std::arch::asm;
-use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+use std::arch::x86_64::{
+    __m128i, _MM_HINT_T0, _mm_loadu_si128, _mm_prefetch, _mm_sfence, _mm_stream_si128,
+};
 use std::sync::OnceLock;
 
 /// Size of a cache line: the unit of flushing and of crash atomicity tracking.
@@ -89,6 +91,14 @@ pub unsafe fn flush_range(instruction: FlushInstruction, address: usize, len: us
         }
         line += CACHE_LINE;
     }
+}
+
+/// Hints the CPU to bring the cache line holding `addr` into its caches, for a load soon. A
+/// hint only: it changes nothing and never faults, whatever the address.
+pub fn prefetch<T>(addr: *const T) {
+    // SAFETY: a prefetch reads nothing the program observes and never faults, for any
+    // address; SSE is baseline on x86-64.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(addr.cast()) };
 }
 
 /// Orders all earlier stores, flushes and non-temporal stores before any later store.

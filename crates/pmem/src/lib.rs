@@ -26,7 +26,7 @@ mod mapping;
 mod region;
 mod trace;
 
-pub use cpu::{CACHE_LINE, FlushInstruction};
+pub use cpu::{CACHE_LINE, FlushInstruction, prefetch};
 pub use device::{Device, DeviceKind, DeviceSpec, FlushPolicy};
 pub use error::{PmemError, Result};
 pub use mapping::{MsyncRecorder, available_bytes};
