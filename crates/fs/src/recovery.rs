@@ -338,12 +338,7 @@ impl Fs {
             made,
         };
         if limit != root.slot_limit {
-            Root {
-                generation: root.generation + 1,
-                slot_limit: limit,
-                ..root.clone()
-            }
-            .write(&loaded.owner)?;
+            root.write_next(&loaded.owner, |next| next.slot_limit = limit)?;
         }
         Ok(change)
     }
@@ -410,12 +405,7 @@ impl Fs {
         } else {
             None
         };
-        Root {
-            generation: root.generation + 1,
-            checksums: dir,
-            ..root.clone()
-        }
-        .write(&loaded.owner)?;
+        root.write_next(&loaded.owner, |next| next.checksums = dir)?;
         Ok(change)
     }
 

@@ -205,6 +205,17 @@ impl Root {
         Ok(())
     }
 
+    /// Writes the next generation of this root, with `change` made to it, into the copy not
+    /// in use: the commit of a change to the root alone.
+    pub fn write_next(&self, area: &Region, change: impl FnOnce(&mut Root)) -> Result<()> {
+        let mut next = Root {
+            generation: self.generation + 1,
+            ..self.clone()
+        };
+        change(&mut next);
+        next.write(area)
+    }
+
     /// Reads the root — the valid copy with the higher generation; damage to both is an
     /// error (`NoFileSystem` when neither carries the magic) — and says what is wrong with the other copy, if
     /// anything: it may be a root update a crash cut short (harmless: the copy in use is the

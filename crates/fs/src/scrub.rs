@@ -87,13 +87,9 @@ pub(crate) fn scrub(
             .cloned()
             .unwrap_or_else(|| format!("inode {}", inode.ino));
         for (offset, len, physical, held_by) in data_blocks(inode) {
-            if !seen.insert(physical) {
+            if !read_once(volume, physical, &mut seen, &mut block)? {
                 continue;
             }
-            let at = GlobalAddress::from_raw(physical);
-            volume
-                .device_region(at.device())?
-                .read(at.offset(), &mut block)?;
             report.blocks += 1;
             if !checksums.matches(physical, &block)? {
                 report.damaged.push(DamagedBlock {
@@ -101,7 +97,7 @@ pub(crate) fn scrub(
                     ino: inode.ino,
                     offset,
                     len,
-                    address: at.to_string(),
+                    address: GlobalAddress::from_raw(physical).to_string(),
                     held_by,
                 });
             }
@@ -153,17 +149,30 @@ pub(crate) fn fill_entries(
     let mut seen = std::collections::HashSet::new();
     for inode in inodes.values().filter(|i| i.kind == Kind::File) {
         for (_, _, physical, _) in data_blocks(inode) {
-            if !seen.insert(physical) {
-                continue;
+            if read_once(volume, physical, &mut seen, &mut block)? {
+                checksums.store(physical, &[crate::checksums::block_crc(&block)])?;
             }
-            let at = GlobalAddress::from_raw(physical);
-            volume
-                .device_region(at.device())?
-                .read(at.offset(), &mut block)?;
-            checksums.store(physical, &[crate::checksums::block_crc(&block)])?;
         }
     }
     Ok(seen.len() as u64)
+}
+
+/// Reads the block at `physical` into `block` unless `seen` has it (a block two files or
+/// two logged writes share is read once); returns whether it read.
+fn read_once(
+    volume: &Volume,
+    physical: u64,
+    seen: &mut std::collections::HashSet<u64>,
+    block: &mut [u8],
+) -> Result<bool> {
+    if !seen.insert(physical) {
+        return Ok(false);
+    }
+    let at = GlobalAddress::from_raw(physical);
+    volume
+        .device_region(at.device())?
+        .read(at.offset(), block)?;
+    Ok(true)
 }
 
 /// Every linked inode's path.

@@ -23,6 +23,18 @@ fn open_fs(dir: &Path) -> fs::Fs {
     fs::Fs::open(std::sync::Arc::new(volume), fs::FsOptions::default()).unwrap()
 }
 
+/// [`open_fs`] with the checkpoint run only on demand: what is written stays in the logs
+/// until a drain, the unmount or (after `abandon`) the next open.
+fn open_fs_on_demand(dir: &Path) -> fs::Fs {
+    let topology = topology::Topology::read_live().unwrap();
+    let volume = volume::Volume::open(dir, topology, &Default::default()).unwrap();
+    let options = fs::FsOptions {
+        checkpoint: fs::CheckpointMode::OnDemand,
+        ..fs::FsOptions::default()
+    };
+    fs::Fs::open(std::sync::Arc::new(volume), options).unwrap()
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -336,13 +348,7 @@ fn fsck_checks_the_file_system_and_repairs_what_is_safe() {
 
     // Logged writes a crash left behind: reported, then replayed by --repair.
     {
-        let topology = topology::Topology::read_live().unwrap();
-        let volume = volume::Volume::open(dir.path(), topology, &Default::default()).unwrap();
-        let options = fs::FsOptions {
-            checkpoint: fs::CheckpointMode::OnDemand,
-            ..fs::FsOptions::default()
-        };
-        let fs = fs::Fs::open(std::sync::Arc::new(volume), options).unwrap();
+        let fs = open_fs_on_demand(dir.path());
         fs.mkdir("/d", 0o755).unwrap();
         let file = fs.create("/d/f").unwrap();
         for i in 0..10u8 {
@@ -480,26 +486,13 @@ fn fsck_repair_cuts_a_damaged_journal_back_and_says_what_it_dropped() {
             .success()
     );
     {
-        let topology = topology::Topology::read_live().unwrap();
-        let volume = volume::Volume::open(dir.path(), topology, &Default::default()).unwrap();
-        let options = fs::FsOptions {
-            checkpoint: fs::CheckpointMode::OnDemand,
-            ..fs::FsOptions::default()
-        };
-        let fs = fs::Fs::open(std::sync::Arc::new(volume), options).unwrap();
+        let fs = open_fs_on_demand(dir.path());
         for i in 0..10 {
             fs.create(&format!("/repair-me-{i:02}")).unwrap();
         }
         fs.abandon();
     }
-    let device = dir.path().join("node0.pmem");
-    let mut bytes = std::fs::read(&device).unwrap();
-    let at = bytes
-        .windows(12)
-        .position(|w| w == b"repair-me-06")
-        .expect("the name is in a journal");
-    bytes[at] ^= 1;
-    std::fs::write(&device, bytes).unwrap();
+    flip_on_device(dir.path(), b"repair-me-06");
 
     let output = locus(dir.path(), &["fsck"]);
     assert_eq!(output.status.code(), Some(1));
@@ -668,13 +661,7 @@ fn tune_changes_the_thread_slots_keeping_every_file() {
     {
         // Six threads at once, then a crash: seven slots made (the checkpoint's), the
         // writes only in their logs.
-        let topology = topology::Topology::read_live().unwrap();
-        let volume = volume::Volume::open(dir.path(), topology, &Default::default()).unwrap();
-        let options = fs::FsOptions {
-            checkpoint: fs::CheckpointMode::OnDemand,
-            ..fs::FsOptions::default()
-        };
-        let fs = fs::Fs::open(std::sync::Arc::new(volume), options).unwrap();
+        let fs = open_fs_on_demand(dir.path());
         write_at_once(&fs, 0, 6);
         let held = locus(dir.path(), &["tune", "--thread-slots", "120"]);
         assert_eq!(held.status.code(), Some(1));
@@ -742,14 +729,7 @@ fn tune_changes_the_thread_slots_keeping_every_file() {
         }
         fs.abandon();
     }
-    let device = dir.path().join("node0.pmem");
-    let mut bytes = std::fs::read(&device).unwrap();
-    let at = bytes
-        .windows(14)
-        .position(|w| w == b"tune-damage-me")
-        .expect("the name is in a journal");
-    bytes[at] ^= 1;
-    std::fs::write(&device, bytes).unwrap();
+    flip_on_device(dir.path(), b"tune-damage-me");
     let damaged = locus(dir.path(), &["tune", "--thread-slots", "64"]);
     assert_eq!(damaged.status.code(), Some(1));
     let err = text(&damaged.stderr);
@@ -831,13 +811,7 @@ fn tune_turns_data_checksums_on_and_off_keeping_every_file() {
     {
         // Logged writes only, then a crash: a partial overwrite of a checkpointed block
         // and a new file.
-        let topology = topology::Topology::read_live().unwrap();
-        let volume = volume::Volume::open(dir.path(), topology, &Default::default()).unwrap();
-        let options = fs::FsOptions {
-            checkpoint: fs::CheckpointMode::OnDemand,
-            ..fs::FsOptions::default()
-        };
-        let fs = fs::Fs::open(std::sync::Arc::new(volume), options).unwrap();
+        let fs = open_fs_on_demand(dir.path());
         let file = fs
             .open_file(
                 "/a",
