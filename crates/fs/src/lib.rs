@@ -77,7 +77,7 @@ pub use journal::Kind;
 pub use log::{LogArea, LogRecord, Piece as LogPiece};
 pub use path::MAX_NAME;
 pub use range_lock::{LockMode, RangeGuard, RangeLocks};
-pub use recovery::{ChecksumsChange, FsCheck, OfflineFs, SlotLimitChange};
+pub use recovery::{ChecksumsChange, FsCheck, OfflineFs, SlotLimitChange, Tune, Tuned};
 pub use root::MAX_SLOTS;
 pub use scrub::{DamagedBlock, SalvageReport, ScrubReport};
 pub use setup::{create_default_volume, format_volume, format_volume_with};

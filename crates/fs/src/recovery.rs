@@ -308,16 +308,31 @@ impl Fs {
         Ok(report)
     }
 
-    /// Changes how many thread slots the file system on `volume` (which no process has
-    /// open) may have — what `FormatOptions::slot_limit` chose at format — keeping
-    /// everything else: one new root, written as every root change is (the copy not in use,
-    /// with the next generation, then persisted), so a crash leaves the old limit or the
-    /// new. The file system must load as recovery would load it (damage is refused: `locus
-    /// fsck` reports and repairs it); nothing is replayed or moved. The limit may not go
-    /// below the slots that have areas already (as many threads once changed the file system
-    /// at once): the root names each of them, and their logs may hold writes.
-    pub fn set_slot_limit(volume: &Volume, limit: u32) -> Result<SlotLimitChange> {
-        if !(2..=MAX_SLOTS).contains(&limit) {
+    /// Changes what `FormatOptions` chose for the file system on `volume` (which no process
+    /// has open), keeping every file: the settings `tune` names, all in one new root, written
+    /// as every root change is (the copy not in use, with the next generation, then
+    /// persisted), so a crash leaves all of them as they were or all changed. The file system
+    /// must load as recovery would load it (damage is refused: `locus fsck` reports and
+    /// repairs it), and every setting is checked before anything is written; nothing is
+    /// replayed or moved.
+    ///
+    /// The slot limit may not go below the slots that have areas already (as many threads
+    /// once changed the file system at once): the root names each of them, and their logs
+    /// may hold writes.
+    ///
+    /// Data checksums on: the tables and their directory are made in free memory
+    /// (`Checksums::create`), and every block of data the files hold — checkpointed blocks
+    /// and the buffer blocks of logged writes still visible — gets its entry from the bytes
+    /// it holds now; once those are durable, the root names the directory. A crash before
+    /// the root leaves tables in memory nothing names (free again at the next open). The
+    /// entries bless what is there: `locus scrub` afterwards finds only damage that comes
+    /// later. Refused when the tables would leave less free memory than the checkpoint's
+    /// reserve needs (`keep_free`). Off: a root without the directory; the tables are free
+    /// memory at the next open.
+    pub fn tune(volume: &Volume, tune: &Tune) -> Result<Tuned> {
+        if let Some(limit) = tune.slot_limit
+            && !(2..=MAX_SLOTS).contains(&limit)
+        {
             return Err(FsError::Invalid(format!(
                 "thread slots {limit}: the limit is 2..={MAX_SLOTS}"
             )));
@@ -325,88 +340,63 @@ impl Fs {
         let loaded = load(volume)?;
         let root = &loaded.root;
         let made = root.slots.len() as u32;
-        if limit < made {
+        let slots = tune.slot_limit.map(|limit| SlotLimitChange {
+            before: root.slot_limit,
+            after: limit,
+            made,
+        });
+        if let Some(limit) = tune.slot_limit
+            && limit < made
+        {
             return Err(FsError::Invalid(format!(
                 "thread slots {limit}: {made} slots have their log and journal areas already \
                  (as many threads once changed the file system at once), so the limit can go \
                  down to {made}, not below"
             )));
         }
-        let change = SlotLimitChange {
-            before: root.slot_limit,
-            after: limit,
-            made,
-        };
-        if limit != root.slot_limit {
-            root.write_next(&loaded.owner, |next| next.slot_limit = limit)?;
-        }
-        Ok(change)
-    }
-
-    /// Turns data checksums (`FormatOptions::data_checksums`) on or off for the file system
-    /// on `volume` (which no process has open), keeping every file. The file system must load
-    /// as recovery would load it (damage is refused).
-    ///
-    /// On: the tables and their directory are made in free memory (`Checksums::create`), and
-    /// every block of data the files hold — checkpointed blocks and the buffer blocks of
-    /// logged writes still visible — gets its entry from the bytes it holds now; once those
-    /// are durable, one new root names the directory. A crash before the root leaves the
-    /// file system without checksums and the tables in memory nothing names (free again at
-    /// the next open). The entries bless what is there: `locus scrub` afterwards finds only
-    /// damage that comes later. Refused when the tables would leave less free memory than
-    /// the checkpoint's reserve needs (`keep_free`). Off: a new root without the
-    /// directory; the tables are free memory at the next open.
-    pub fn set_data_checksums(volume: &Volume, on: bool) -> Result<ChecksumsChange> {
-        let loaded = load(volume)?;
-        let root = &loaded.root;
-        let mut change = ChecksumsChange {
+        let mut checksums = tune.data_checksums.map(|on| ChecksumsChange {
             before: root.checksums.is_some(),
             after: on,
             blocks: 0,
             table_bytes: 0,
-        };
-        if change.before == on {
-            return Ok(change);
-        }
-        let dir = if on {
-            volume.mark_owned(
-                loaded
-                    .owned
-                    .iter()
-                    .map(|&(start, len, _)| extent_of(start, len)),
-            )?;
-            let need = crate::checksums::table_bytes(volume)?;
-            let keep = keep_free(volume, root, loaded.live.len() as u64);
-            let free: u64 = volume.stats().iter().map(|d| d.free_bytes).sum();
-            if free < need + keep {
-                return Err(FsError::Invalid(format!(
-                    "the volume is too full for data checksums: their tables need {need} \
-                     bytes and the checkpoint's reserve {keep}, and {free} are free; remove \
-                     files first"
-                )));
+        });
+        let mut dir = root.checksums;
+        if let Some(change) = checksums.as_mut()
+            && change.before != change.after
+        {
+            dir = None;
+            if change.after {
+                dir = Some(make_checksums(volume, &loaded, change)?);
             }
-            // (Room on each device: a table lives on the device whose blocks it covers.)
-            let (dir, extents) = Checksums::create(volume).map_err(|e| {
-                if e.kind() == crate::ErrorKind::NoSpace {
-                    FsError::Invalid(format!(
-                        "a device of the volume is too full for its data-checksum table \
-                         ({e}); remove files first"
-                    ))
-                } else {
-                    e
-                }
+        }
+        let changed = |c: Option<(u32, u32)>| c.is_some_and(|(a, b)| a != b);
+        if changed(slots.map(|c| (c.before, c.after)))
+            || changed(checksums.map(|c| (u32::from(c.before), u32::from(c.after))))
+        {
+            root.write_next(&loaded.owner, |next| {
+                next.slot_limit = tune.slot_limit.unwrap_or(next.slot_limit);
+                next.checksums = dir;
             })?;
-            change.table_bytes = extents.iter().map(|e| e.len_bytes).sum();
-            let tables = Checksums::load(volume, dir)?;
-            change.blocks = crate::scrub::fill_entries(volume, &tables, &loaded.inodes)?;
-            // The entries are durable before a root names their tables.
-            volume.fence();
-            Some(dir)
-        } else {
-            None
+        }
+        Ok(Tuned { slots, checksums })
+    }
+
+    /// [`Fs::tune`] of the slot limit alone.
+    pub fn set_slot_limit(volume: &Volume, limit: u32) -> Result<SlotLimitChange> {
+        let tune = Tune {
+            slot_limit: Some(limit),
+            ..Tune::default()
         };
-        root.write_next(&loaded.owner, |next| next.checksums = dir)?;
-        Ok(change)
+        Ok(Fs::tune(volume, &tune)?.slots.expect("asked for"))
+    }
+
+    /// [`Fs::tune`] of data checksums alone.
+    pub fn set_data_checksums(volume: &Volume, on: bool) -> Result<ChecksumsChange> {
+        let tune = Tune {
+            data_checksums: Some(on),
+            ..Tune::default()
+        };
+        Ok(Fs::tune(volume, &tune)?.checksums.expect("asked for"))
     }
 
     /// Whether the file system on `volume` keeps data checksums (reads only its root).
@@ -663,7 +653,62 @@ struct Loaded {
     checksums: Option<Checksums>,
 }
 
-/// What [`Fs::set_slot_limit`] did.
+/// Settings [`Fs::tune`] changes; `None` leaves one as it is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tune {
+    /// Thread slots the file system may have (`FormatOptions::slot_limit`).
+    pub slot_limit: Option<u32>,
+    /// Data checksums on or off (`FormatOptions::data_checksums`).
+    pub data_checksums: Option<bool>,
+}
+
+/// What [`Fs::tune`] did, for each setting it was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tuned {
+    /// The slot limit, when [`Tune::slot_limit`] was given.
+    pub slots: Option<SlotLimitChange>,
+    /// Data checksums, when [`Tune::data_checksums`] was given.
+    pub checksums: Option<ChecksumsChange>,
+}
+
+/// Turning data checksums on for `loaded` ([`Fs::tune`]): the tables made in free memory,
+/// every block of data given its entry, fenced. Returns the directory's address.
+fn make_checksums(volume: &Volume, loaded: &Loaded, change: &mut ChecksumsChange) -> Result<u64> {
+    volume.mark_owned(
+        loaded
+            .owned
+            .iter()
+            .map(|&(start, len, _)| extent_of(start, len)),
+    )?;
+    let need = crate::checksums::table_bytes(volume)?;
+    let keep = keep_free(volume, &loaded.root, loaded.live.len() as u64);
+    let free: u64 = volume.stats().iter().map(|d| d.free_bytes).sum();
+    if free < need + keep {
+        return Err(FsError::Invalid(format!(
+            "the volume is too full for data checksums: their tables need {need} bytes and the \
+             checkpoint's reserve {keep}, and {free} are free; remove files first"
+        )));
+    }
+    // (Room on each device: a table lives on the device whose blocks it covers.)
+    let (dir, extents) = Checksums::create(volume).map_err(|e| {
+        if e.kind() == crate::ErrorKind::NoSpace {
+            FsError::Invalid(format!(
+                "a device of the volume is too full for its data-checksum table ({e}); remove \
+                 files first"
+            ))
+        } else {
+            e
+        }
+    })?;
+    change.table_bytes = extents.iter().map(|e| e.len_bytes).sum();
+    let tables = Checksums::load(volume, dir)?;
+    change.blocks = crate::scrub::fill_entries(volume, &tables, &loaded.inodes)?;
+    // The entries are durable before a root names their tables.
+    volume.fence();
+    Ok(dir)
+}
+
+/// What [`Fs::tune`] did to the slot limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlotLimitChange {
     /// The limit before.
@@ -674,7 +719,7 @@ pub struct SlotLimitChange {
     pub made: u32,
 }
 
-/// What [`Fs::set_data_checksums`] did.
+/// What [`Fs::tune`] did to data checksums.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChecksumsChange {
     /// Data checksums before.

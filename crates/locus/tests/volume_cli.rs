@@ -941,21 +941,39 @@ fn tune_turns_data_checksums_on_and_off_keeping_every_file() {
         }
         fs.unmount().unwrap();
     }
-    let full = locus(dir.path(), &["tune", "--data-checksums", "on"]);
+    // Both settings at once: checked before either changes, so the slot limit stays too.
+    let full = locus(
+        dir.path(),
+        &["tune", "--thread-slots", "100", "--data-checksums", "on"],
+    );
     assert_eq!(full.status.code(), Some(1));
     let err = text(&full.stderr);
     assert!(
         err.contains("too full for data checksums") && err.contains("remove files first"),
         "{err}"
     );
-    assert_eq!(status(dir.path())["fs"]["data_checksums"], false);
+    assert!(text(&full.stdout).is_empty(), "{}", text(&full.stdout));
+    let unchanged = status(dir.path());
+    assert_eq!(unchanged["fs"]["data_checksums"], false);
+    assert_eq!(unchanged["fs"]["slot_limit"], 64);
     {
         let fs = open_fs(dir.path());
         fs.truncate("/fill", 4 << 20).unwrap();
         fs.unmount().unwrap();
     }
-    let on = locus(dir.path(), &["tune", "--data-checksums", "on"]);
-    assert!(on.status.success(), "{}", text(&on.stderr));
+    let both = locus(
+        dir.path(),
+        &["tune", "--thread-slots", "100", "--data-checksums", "on"],
+    );
+    let out = text(&both.stdout);
+    assert!(both.status.success(), "{}", text(&both.stderr));
+    assert!(
+        out.starts_with("thread slots: 64 -> 100") && out.contains("data checksums: off -> on"),
+        "{out}"
+    );
+    let tuned = status(dir.path());
+    assert_eq!(tuned["fs"]["data_checksums"], true);
+    assert_eq!(tuned["fs"]["slot_limit"], 100);
     let scrub = locus(dir.path(), &["scrub"]);
     assert!(scrub.status.success(), "{}", text(&scrub.stdout));
     read_back(dir.path());

@@ -13,9 +13,10 @@ use crate::size::format_bytes;
 /// The volume in the --volume directory must not be in use (`locus mount`, `locus serve` or a
 /// program through the preload library holds it: stop it first). The file system must load
 /// as it would at a mount — a damaged one is refused; `locus fsck` reports the damage and
-/// `fsck --repair` repairs what it can. Each change is one new file-system root, written the
-/// way every root change is (into the copy not in use, then persisted), so a crash leaves
-/// the old setting or the new one, and every file as it was.
+/// `fsck --repair` repairs what it can. Every setting given is checked before any is
+/// changed, and all change in one new file-system root, written the way every root change is
+/// (into the copy not in use, then persisted), so a crash leaves them all as they were or all
+/// changed, and every file as it was.
 #[derive(Debug, Args)]
 pub struct TuneArgs {
     #[command(flatten)]
@@ -45,9 +46,23 @@ pub struct TuneArgs {
 pub fn run(dir: &Path, sysfs: &Path, args: &TuneArgs) -> Result<()> {
     let topology = super::volume::read_topology(sysfs)?;
     let volume = super::volume::open(dir, &topology, false)?;
-    if let Some(limit) = args.thread_slots {
-        let change = fs::Fs::set_slot_limit(&volume, limit)
-            .with_context(|| format!("changing the thread slots of {}", dir.display()))?;
+    let tune = fs::Tune {
+        slot_limit: args.thread_slots,
+        data_checksums: args.data_checksums.as_deref().map(|state| state == "on"),
+    };
+    let spinner = crate::progress::spinner(
+        if tune.data_checksums == Some(true) {
+            "giving every block of data its checksum"
+        } else {
+            "changing the file system's root"
+        }
+        .to_owned(),
+        true,
+    );
+    let tuned =
+        fs::Fs::tune(&volume, &tune).with_context(|| format!("tuning {}", dir.display()))?;
+    spinner.finish_and_clear();
+    if let Some(change) = tuned.slots {
         let after = u64::from(change.after);
         let now = format!(
             "{after} ({} a thread may own, the rest shared); {} made so far",
@@ -60,20 +75,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &TuneArgs) -> Result<()> {
             outln!("thread slots: {} -> {now}", change.before);
         }
     }
-    if let Some(state) = &args.data_checksums {
-        let on = state == "on";
-        let spinner = crate::progress::spinner(
-            if on {
-                "giving every block of data its checksum"
-            } else {
-                "turning data checksums off"
-            }
-            .to_owned(),
-            true,
-        );
-        let change = fs::Fs::set_data_checksums(&volume, on)
-            .with_context(|| format!("turning data checksums {state} in {}", dir.display()))?;
-        spinner.finish_and_clear();
+    if let Some(change) = tuned.checksums {
         let said = match (change.before, change.after) {
             (false, true) => format!(
                 "off -> on ({} block(s) of data given their entry, {} of tables); `locus \
