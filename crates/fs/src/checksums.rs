@@ -121,12 +121,16 @@ pub(crate) struct Checksums {
     areas: Vec<Extent>,
 }
 
+/// Bytes of the table of a device of `blocks` blocks (whole blocks).
+fn table_len(blocks: u64) -> u64 {
+    (blocks * ENTRY_BYTES).next_multiple_of(BLOCK)
+}
+
 /// Volume memory the tables of `volume`'s devices and their directory take.
 pub(crate) fn table_bytes(volume: &Volume) -> Result<u64> {
     let mut bytes = DIR_BYTES;
     for device in 0..volume.device_count() {
-        let blocks = volume.device_region(device)?.len() / BLOCK;
-        bytes += (blocks * ENTRY_BYTES).next_multiple_of(BLOCK);
+        bytes += table_len(volume.device_region(device)?.len() / BLOCK);
     }
     Ok(bytes)
 }
@@ -146,7 +150,7 @@ impl Checksums {
         let mut extents = Vec::with_capacity(devices + 1);
         for device in 0..devices as u32 {
             let blocks = volume.device_region(device)?.len() / BLOCK;
-            let bytes = (blocks * ENTRY_BYTES).next_multiple_of(BLOCK);
+            let bytes = table_len(blocks);
             let extent = volume.alloc_on(device, bytes)?;
             let region = volume.region(&extent)?;
             region.fill(0, bytes, 0)?;
@@ -200,7 +204,7 @@ impl Checksums {
             }
             let extent = Extent {
                 start: GlobalAddress::from_raw(area.addr),
-                len_bytes: (area.blocks * ENTRY_BYTES).next_multiple_of(BLOCK),
+                len_bytes: table_len(area.blocks),
             };
             tables.push((volume.region(&extent)?, area.blocks));
             extents.push(extent);

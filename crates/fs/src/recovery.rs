@@ -28,13 +28,14 @@ use crate::checksums::Checksums;
 use crate::error::{FsError, Result};
 use crate::extent_map::{BLOCK, ExtentMap};
 use crate::fs::{
-    FormatOptions, Fs, FsOptions, ROOT_INO, Recovered, check_format, check_options, now_ns,
+    FormatOptions, Fs, FsOptions, ROOT_INO, Recovered, check_format, check_options,
+    check_slot_limit, now_ns,
 };
 use crate::inode::{Attr, Inode, Owner};
 use crate::journal::{Journal, JournalRecord, Kind, MetaOp};
 use crate::log::{LogArea, LogRecord};
 use crate::progress::Pending;
-use crate::root::{MAX_SLOTS, Root, SlotAreas};
+use crate::root::{Root, SlotAreas};
 use crate::snapshot::{INDEX_MAGIC, InodeImage, MAX_PIECES, Snapshot, SnapshotIndex};
 
 /// The inodes while the logs are replayed: the running file system's own, built from the
@@ -330,12 +331,8 @@ impl Fs {
     /// reserve needs (`keep_free`). Off: a root without the directory; the tables are free
     /// memory at the next open.
     pub fn tune(volume: &Volume, tune: &Tune) -> Result<Tuned> {
-        if let Some(limit) = tune.slot_limit
-            && !(2..=MAX_SLOTS).contains(&limit)
-        {
-            return Err(FsError::Invalid(format!(
-                "thread slots {limit}: the limit is 2..={MAX_SLOTS}"
-            )));
+        if let Some(limit) = tune.slot_limit {
+            check_slot_limit(limit)?;
         }
         let loaded = load(volume)?;
         let root = &loaded.root;
@@ -361,18 +358,16 @@ impl Fs {
             table_bytes: 0,
         });
         let mut dir = root.checksums;
-        if let Some(change) = checksums.as_mut()
-            && change.before != change.after
-        {
-            dir = None;
-            if change.after {
-                dir = Some(make_checksums(volume, &loaded, change)?);
-            }
+        let checksums_change = checksums.as_mut().filter(|c| c.before != c.after);
+        let change_checksums = checksums_change.is_some();
+        if let Some(change) = checksums_change {
+            dir = if change.after {
+                Some(make_checksums(volume, &loaded, change)?)
+            } else {
+                None
+            };
         }
-        let changed = |c: Option<(u32, u32)>| c.is_some_and(|(a, b)| a != b);
-        if changed(slots.map(|c| (c.before, c.after)))
-            || changed(checksums.map(|c| (u32::from(c.before), u32::from(c.after))))
-        {
+        if change_checksums || slots.is_some_and(|c| c.before != c.after) {
             root.write_next(&loaded.owner, |next| {
                 next.slot_limit = tune.slot_limit.unwrap_or(next.slot_limit);
                 next.checksums = dir;
@@ -682,7 +677,7 @@ fn make_checksums(volume: &Volume, loaded: &Loaded, change: &mut ChecksumsChange
     )?;
     let need = crate::checksums::table_bytes(volume)?;
     let keep = keep_free(volume, &loaded.root, loaded.live.len() as u64);
-    let free: u64 = volume.stats().iter().map(|d| d.free_bytes).sum();
+    let free = volume.free_bytes();
     if free < need + keep {
         return Err(FsError::Invalid(format!(
             "the volume is too full for data checksums: their tables need {need} bytes and the \
@@ -738,8 +733,8 @@ pub struct ChecksumsChange {
 /// bounded here by two blocks each — and 1/512 of the volume, at least 1 MiB), doubled, so
 /// that writers still have room after it.
 fn keep_free(volume: &Volume, root: &Root, live_records: u64) -> u64 {
-    let data: u64 = volume.stats().iter().map(|d| d.data_bytes).sum();
-    2 * (2 * root.snapshot_len + (data / 512).max(1 << 20) + live_records * 2 * BLOCK)
+    let floor = crate::fs::reserve_floor(volume.data_bytes());
+    2 * (2 * root.snapshot_len + floor + live_records * 2 * BLOCK)
 }
 
 /// Reads the root, snapshot, journals and logs, replays them in DRAM and lists what the file

@@ -467,6 +467,22 @@ fn write_at_end(file: &Arc<fs::File>, thread: u64, results: EndResults) {
     });
 }
 
+/// Runs `threads` threads one after another, each writing its block `2 * thread` and, from
+/// a destructor after its thread-locals are gone, its block `2 * thread + 1`
+/// ([`write_at_end`]).
+fn write_and_write_at_end(file: &Arc<fs::File>, results: &EndResults, threads: u64) {
+    for thread in 0..threads {
+        let (file, results) = (Arc::clone(file), Arc::clone(results));
+        std::thread::spawn(move || {
+            write_at_end(&file, thread, results);
+            let at = 2 * thread * B;
+            file.write_at(&pattern(thread, at, B as usize), at).unwrap();
+        })
+        .join()
+        .unwrap();
+    }
+}
+
 /// Asserts that `threads` threads (numbered from 0) each wrote its block `2 * thread` while
 /// it ran and its block `2 * thread + 1` from its destructor ([`write_at_end`]), and that
 /// every one of those writes succeeded.
@@ -501,16 +517,7 @@ fn threads_that_write_at_their_end_give_their_slots_back() {
     let file = Arc::new(fs.create("/at-end").unwrap());
     let results = Arc::new(std::sync::Mutex::new(Vec::new()));
     let threads = 3 * u64::from(small_format().slot_limit);
-    for thread in 0..threads {
-        let (file, results) = (Arc::clone(&file), Arc::clone(&results));
-        std::thread::spawn(move || {
-            write_at_end(&file, thread, results);
-            let at = 2 * thread * B;
-            file.write_at(&pattern(thread, at, B as usize), at).unwrap();
-        })
-        .join()
-        .unwrap();
-    }
+    write_and_write_at_end(&file, &results, threads);
     assert_written_at_end(&file, &results, threads);
 }
 
@@ -544,16 +551,7 @@ fn a_thread_writing_at_its_end_takes_a_turn_when_no_slot_is_free() {
             });
         }
         owned.wait();
-        for thread in 0..writers {
-            let (file, results) = (Arc::clone(&file), Arc::clone(&results));
-            std::thread::spawn(move || {
-                write_at_end(&file, thread, results);
-                let at = 2 * thread * B;
-                file.write_at(&pattern(thread, at, B as usize), at).unwrap();
-            })
-            .join()
-            .unwrap();
-        }
+        write_and_write_at_end(&file, &results, writers);
         drop(done_tx);
     });
     assert_written_at_end(&file, &results, writers);

@@ -35,6 +35,19 @@ fn open_fs_on_demand(dir: &Path) -> fs::Fs {
     fs::Fs::open(std::sync::Arc::new(volume), options).unwrap()
 }
 
+/// `locus status --json` of the volume in `dir`, which must succeed.
+fn status_json(dir: &Path) -> Value {
+    let status = locus(dir, &["status", "--json"]);
+    assert!(status.status.success(), "{}", text(&status.stderr));
+    serde_json::from_slice(&status.stdout).unwrap()
+}
+
+/// Asserts that `output`'s standard output contains `needle`, showing it when not.
+fn assert_says(output: &Output, needle: &str) {
+    let out = text(&output.stdout);
+    assert!(out.contains(needle), "{needle:?} not in:\n{out}");
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -56,11 +69,7 @@ fn format_two_devices_then_status_reports_them() {
         ],
     );
     assert!(output.status.success(), "{}", text(&output.stderr));
-    assert!(
-        text(&output.stdout).contains("with 2 device(s)"),
-        "{}",
-        text(&output.stdout)
-    );
+    assert_says(&output, "with 2 device(s)");
 
     let output = locus(dir.path(), &["status", "--json"]);
     assert!(output.status.success(), "{}", text(&output.stderr));
@@ -315,11 +324,7 @@ fn fsck_reports_every_problem_by_device() {
     std::fs::remove_file(&b).unwrap();
     let output = locus(dir.path(), &["fsck"]);
     assert_eq!(output.status.code(), Some(1));
-    assert!(
-        text(&output.stdout).contains("b.pmem"),
-        "{}",
-        text(&output.stdout)
-    );
+    assert_says(&output, "b.pmem");
 }
 
 #[test]
@@ -375,11 +380,7 @@ fn fsck_checks_the_file_system_and_repairs_what_is_safe() {
     assert_eq!(report["fs"]["log_records"], 0, "replayed: {report}");
     assert_eq!(report["fs"]["mapped_bytes"], 40960, "{report}");
     let status = locus(dir.path(), &["status"]);
-    assert!(
-        text(&status.stdout).contains("file system: 1 file, 2 directories"),
-        "{}",
-        text(&status.stdout)
-    );
+    assert_says(&status, "file system: 1 file, 2 directories");
 
     // Both root copies damaged: named, exit 1, nothing "repaired".
     let device = dir.path().join("node0.pmem");
@@ -407,11 +408,7 @@ fn scrub_names_a_damaged_data_block_and_exits_1() {
         &["format", "--emulate", "64M", "--data-checksums"],
     );
     assert!(output.status.success(), "{}", text(&output.stderr));
-    assert!(
-        text(&output.stdout).contains("with data checksums"),
-        "{}",
-        text(&output.stdout)
-    );
+    assert_says(&output, "with data checksums");
     // A file with a distinctive block, moved into the file by the unmount.
     let block: Vec<u8> = (0..4096u32).map(|i| (i * 7 + i / 251) as u8).collect();
     {
@@ -425,17 +422,9 @@ fn scrub_names_a_damaged_data_block_and_exits_1() {
     }
     let output = locus(dir.path(), &["scrub"]);
     assert!(output.status.success(), "{}", text(&output.stderr));
-    assert!(
-        text(&output.stdout).contains("clean"),
-        "{}",
-        text(&output.stdout)
-    );
+    assert_says(&output, "clean");
     let status = locus(dir.path(), &["status"]);
-    assert!(
-        text(&status.stdout).contains("; data checksums"),
-        "{}",
-        text(&status.stdout)
-    );
+    assert_says(&status, "; data checksums");
 
     let device = dir.path().join("node0.pmem");
     let mut bytes = std::fs::read(&device).unwrap();
@@ -496,11 +485,7 @@ fn fsck_repair_cuts_a_damaged_journal_back_and_says_what_it_dropped() {
 
     let output = locus(dir.path(), &["fsck"]);
     assert_eq!(output.status.code(), Some(1));
-    assert!(
-        text(&output.stdout).contains("journal of slot"),
-        "{}",
-        text(&output.stdout)
-    );
+    assert_says(&output, "journal of slot");
     let output = locus(dir.path(), &["fsck", "--repair"]);
     let out = text(&output.stdout);
     assert!(output.status.success(), "{out}{}", text(&output.stderr));
@@ -524,19 +509,10 @@ fn format_takes_the_thread_slots_and_status_shows_them() {
         &["format", "--emulate", "64M", "--thread-slots", "120"],
     );
     assert!(output.status.success(), "{}", text(&output.stderr));
-    assert!(
-        text(&output.stdout).contains("with an empty file system, 120 thread slots"),
-        "{}",
-        text(&output.stdout)
-    );
+    assert_says(&output, "with an empty file system, 120 thread slots");
     let status = locus(dir.path(), &["status"]);
-    assert!(
-        text(&status.stdout).contains("thread slots: 1 of 120 (104 a thread may own"),
-        "{}",
-        text(&status.stdout)
-    );
-    let json: Value =
-        serde_json::from_slice(&locus(dir.path(), &["status", "--json"]).stdout).unwrap();
+    assert_says(&status, "thread slots: 1 of 120 (104 a thread may own");
+    let json = status_json(dir.path());
     assert_eq!(json["fs"]["slot_limit"], 120, "{json}");
     {
         let fs = open_fs(dir.path());
@@ -588,8 +564,7 @@ fn format_takes_the_thread_slots_and_status_shows_them() {
         "{err}"
     );
     // The refusals changed nothing.
-    let json: Value =
-        serde_json::from_slice(&locus(dir.path(), &["status", "--json"]).stdout).unwrap();
+    let json = status_json(dir.path());
     assert_eq!(json["fs"]["slot_limit"], 120, "{json}");
 
     let plain = tempfile::tempdir_in("/dev/shm").unwrap();
@@ -598,8 +573,7 @@ fn format_takes_the_thread_slots_and_status_shows_them() {
             .status
             .success()
     );
-    let json: Value =
-        serde_json::from_slice(&locus(plain.path(), &["status", "--json"]).stdout).unwrap();
+    let json = status_json(plain.path());
     assert_eq!(json["fs"]["slot_limit"], 64, "{json}");
 }
 
@@ -653,11 +627,7 @@ fn tune_changes_the_thread_slots_keeping_every_file() {
             .status
             .success()
     );
-    let slot_limit = |dir: &Path| -> Value {
-        let status = locus(dir, &["status", "--json"]);
-        assert!(status.status.success(), "{}", text(&status.stderr));
-        serde_json::from_slice::<Value>(&status.stdout).unwrap()["fs"]["slot_limit"].clone()
-    };
+    let slot_limit = |dir: &Path| status_json(dir)["fs"]["slot_limit"].clone();
     {
         // Six threads at once, then a crash: seven slots made (the checkpoint's), the
         // writes only in their logs.
@@ -835,11 +805,7 @@ fn tune_turns_data_checksums_on_and_off_keeping_every_file() {
         }
         fs.unmount().unwrap();
     };
-    let status = |dir: &Path| -> Value {
-        let status = locus(dir, &["status", "--json"]);
-        assert!(status.status.success(), "{}", text(&status.stderr));
-        serde_json::from_slice(&status.stdout).unwrap()
-    };
+    let status = status_json;
     let free = |json: &Value| json["devices"][0]["free_bytes"].as_u64().unwrap();
     let scrub = locus(dir.path(), &["scrub"]);
     assert_eq!(scrub.status.code(), Some(1));
@@ -889,11 +855,7 @@ fn tune_turns_data_checksums_on_and_off_keeping_every_file() {
     // block rebuilt with its entry), and a read of a damaged block is an error.
     read_back(dir.path());
     let scrub = locus(dir.path(), &["scrub"]);
-    assert!(
-        text(&scrub.stdout).contains("scrubbed 2 file(s): 69 block(s)"),
-        "{}",
-        text(&scrub.stdout)
-    );
+    assert_says(&scrub, "scrubbed 2 file(s): 69 block(s)");
     let a_at = flip_on_device(dir.path(), &a[100_000..100_040]);
     {
         let fs = open_fs(dir.path());

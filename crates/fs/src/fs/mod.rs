@@ -28,7 +28,7 @@ use pmem::Region;
 pub use handles::{Buffer, Buffers, File, Fs, Nameless, Space};
 pub use mapped::MappedRun;
 pub use options::{CheckpointMode, FormatOptions, FsOptions, OpenOptions};
-pub(crate) use options::{check_format, check_options};
+pub(crate) use options::{check_format, check_options, check_slot_limit};
 pub(crate) use state::*;
 pub use state::{FsStats, ReplaySummary, ownable_slots, shared_slots};
 

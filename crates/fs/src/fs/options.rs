@@ -173,14 +173,19 @@ impl OpenOptions {
     }
 }
 
-/// Checks a format request.
-pub(crate) fn check_format(options: &FormatOptions) -> Result<()> {
-    if !(2..=MAX_SLOTS).contains(&options.slot_limit) {
+/// Checks a thread-slot limit (format, and `Fs::tune` later).
+pub(crate) fn check_slot_limit(limit: u32) -> Result<()> {
+    if !(2..=MAX_SLOTS).contains(&limit) {
         return Err(FsError::Invalid(format!(
-            "slot limit {}: 2..={MAX_SLOTS}",
-            options.slot_limit
+            "slot limit {limit}: 2..={MAX_SLOTS}"
         )));
     }
+    Ok(())
+}
+
+/// Checks a format request.
+pub(crate) fn check_format(options: &FormatOptions) -> Result<()> {
+    check_slot_limit(options.slot_limit)?;
     if !(64..=crate::log::MAX_RECORDS).contains(&options.log_records) {
         return Err(FsError::Invalid(format!(
             "log records {}: 64..={}",

@@ -316,6 +316,12 @@ impl Drop for Lease {
     }
 }
 
+/// The part of the checkpoint's reserve ([`Inner::reserve_bytes`]) that does not depend on
+/// the metadata: 1/512 of a volume of `data_bytes`, at least 1 MiB.
+pub(crate) fn reserve_floor(data_bytes: u64) -> u64 {
+    (data_bytes / 512).max(1 << 20)
+}
+
 /// How many of a file system's `slot_limit` thread slots no thread owns: the top eighth of
 /// the table, at least one. Slot 0 is the checkpoint's; each of the others may be owned by
 /// a thread while it lives ([`Inner::slot`]).
@@ -682,7 +688,7 @@ impl Inner {
                 .sum::<u64>();
         2 * next_snapshot.next_multiple_of(BLOCK)
             + self.pending_pages.load(Ordering::Relaxed)
-            + (self.volume.data_bytes() / 512).max(1 << 20)
+            + reserve_floor(self.volume.data_bytes())
     }
 
     /// Free memory beyond the checkpoint's reserve (the published figure: within 1/256 of
