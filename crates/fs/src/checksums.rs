@@ -135,6 +135,27 @@ pub(crate) fn table_bytes(volume: &Volume) -> Result<u64> {
     Ok(bytes)
 }
 
+/// A zeroed, persisted table for the `blocks` blocks of `device`, on that device.
+fn zeroed_table(volume: &Volume, device: u32, blocks: u64) -> Result<Extent> {
+    let bytes = table_len(blocks);
+    let extent = volume.alloc_on(device, bytes)?;
+    let region = volume.region(&extent)?;
+    region.fill(0, bytes, 0)?;
+    region.persist(0, bytes)?;
+    Ok(extent)
+}
+
+/// A persisted directory naming `areas`, on device 0 (the root's), else where there is room.
+fn write_dir(volume: &Volume, areas: &[TableArea]) -> Result<Extent> {
+    let dir = volume
+        .alloc_on(0, DIR_BYTES)
+        .or_else(|_| volume.alloc_local(DIR_BYTES))?;
+    let region = volume.region(&dir)?;
+    region.write(0, &encode_dir(areas))?;
+    region.persist(0, DIR_BYTES)?;
+    Ok(dir)
+}
+
 impl Checksums {
     /// Makes a table for every device of `volume`, each on its own device, zeroed, and the
     /// directory naming them; returns the directory's address. (Format: nothing is owned
@@ -150,11 +171,7 @@ impl Checksums {
         let mut extents = Vec::with_capacity(devices + 1);
         for device in 0..devices as u32 {
             let blocks = volume.device_region(device)?.len() / BLOCK;
-            let bytes = table_len(blocks);
-            let extent = volume.alloc_on(device, bytes)?;
-            let region = volume.region(&extent)?;
-            region.fill(0, bytes, 0)?;
-            region.persist(0, bytes)?;
+            let extent = zeroed_table(volume, device, blocks)?;
             areas.push(TableArea {
                 device,
                 addr: extent.start.raw(),
@@ -162,16 +179,15 @@ impl Checksums {
             });
             extents.push(extent);
         }
-        let dir = volume.alloc_on(0, DIR_BYTES)?;
-        let region = volume.region(&dir)?;
-        region.write(0, &encode_dir(&areas))?;
-        region.persist(0, DIR_BYTES)?;
+        let dir = write_dir(volume, &areas)?;
         extents.push(dir);
         Ok((dir.start.raw(), extents))
     }
 
-    /// Opens the tables the directory at `dir` names, checking them against the volume.
-    pub(crate) fn load(volume: &Volume, dir: u64) -> Result<Self> {
+    /// Opens the tables the directory at `dir` names, checking them against the volume: one
+    /// per device, except — `adding` (only [`crate::Fs::add_device_tables`]) — devices
+    /// `locus extend` added that have none yet, past the ones named.
+    pub(crate) fn load(volume: &Volume, dir: u64, adding: bool) -> Result<Self> {
         let dir_extent = Extent {
             start: GlobalAddress::from_raw(dir),
             len_bytes: DIR_BYTES,
@@ -179,15 +195,22 @@ impl Checksums {
         let mut bytes = vec![0u8; DIR_BYTES as usize];
         volume.region(&dir_extent)?.read(0, &mut bytes)?;
         let areas = decode_dir(&bytes)?;
-        if areas.len() != volume.device_count() as usize {
-            return Err(FsError::corrupt(
-                "data-checksum directory",
+        let devices = volume.device_count() as usize;
+        if areas.len() != devices && !(adding && areas.len() < devices) {
+            let problem = if areas.len() < devices {
                 format!(
-                    "it names {} tables; the volume has {} devices",
-                    areas.len(),
-                    volume.device_count()
-                ),
-            ));
+                    "it names {} tables; the volume has {devices} devices: the tables of the \
+                     devices `locus extend` added are not made yet (`locus extend --volume DIR` \
+                     makes them)",
+                    areas.len()
+                )
+            } else {
+                format!(
+                    "it names {} tables; the volume has {devices} devices",
+                    areas.len()
+                )
+            };
+            return Err(FsError::corrupt("data-checksum directory", problem));
         }
         let mut tables = Vec::with_capacity(areas.len());
         let mut extents = vec![dir_extent];
@@ -213,6 +236,45 @@ impl Checksums {
             tables,
             areas: extents,
         })
+    }
+
+    /// Tables for the devices past those the directory at `dir` names (added by `locus
+    /// extend`), each on its own device and zeroed (their blocks hold no data yet), and a new
+    /// directory naming every table, in memory the file system does not own (the caller
+    /// marked what it owns). Persisted, not fenced. `None` when every device has its table.
+    pub(crate) fn add_tables(volume: &Volume, dir: u64) -> Result<Option<(u64, Vec<Extent>)>> {
+        let dir_extent = Extent {
+            start: GlobalAddress::from_raw(dir),
+            len_bytes: DIR_BYTES,
+        };
+        let mut bytes = vec![0u8; DIR_BYTES as usize];
+        volume.region(&dir_extent)?.read(0, &mut bytes)?;
+        let mut areas = decode_dir(&bytes)?;
+        let devices = volume.device_count() as usize;
+        if areas.len() >= devices {
+            return Ok(None);
+        }
+        if devices > MAX_DEVICES {
+            return Err(FsError::Invalid(format!(
+                "data checksums support at most {MAX_DEVICES} devices; the volume has {devices}"
+            )));
+        }
+        let mut extents = Vec::with_capacity(devices - areas.len() + 1);
+        for device in areas.len() as u32..devices as u32 {
+            let blocks = volume.device_region(device)?.len() / BLOCK;
+            let extent = zeroed_table(volume, device, blocks)?;
+            areas.push(TableArea {
+                device,
+                addr: extent.start.raw(),
+                blocks,
+            });
+            extents.push(extent);
+        }
+        extents.push(write_dir(volume, &areas)?);
+        Ok(Some((
+            extents.last().expect("the directory").start.raw(),
+            extents,
+        )))
     }
 
     /// The directory and the tables (memory the file system owns).

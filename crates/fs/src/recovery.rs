@@ -243,7 +243,7 @@ impl Fs {
         let mut s = Salvage::new();
         let loaded = loop {
             s.retry = None;
-            match load_salvaging(volume, Some(&mut s)) {
+            match load_salvaging(volume, Some(&mut s), false) {
                 Ok(loaded) => break loaded,
                 Err(error) => match s.retry.take() {
                     Some(through) => s.through = through,
@@ -398,6 +398,37 @@ impl Fs {
     pub fn has_data_checksums(volume: &Volume) -> Result<bool> {
         let (root, _) = Root::read_reporting(&volume.owner_area(0)?)?;
         Ok(root.checksums.is_some())
+    }
+
+    /// Gives the devices `locus extend` added to `volume` (which no process has open) their
+    /// data-checksum tables, when the file system keeps data checksums: zeroed tables on
+    /// those devices (they hold no data yet: the file system does not open while a device
+    /// has no table), a new directory naming every table, then one new root naming it, so a
+    /// crash leaves the old directory named (the new tables are free memory at the next
+    /// open) or the new one. The file system must load as recovery would (damage is refused).
+    /// Returns the tables made and the memory they and the directory took; `(0, 0)` when
+    /// every device has its table or there are no data checksums.
+    pub fn add_device_tables(volume: &Volume) -> Result<(u32, u64)> {
+        let loaded = load_salvaging(volume, None, true)?;
+        let Some(dir) = loaded.root.checksums else {
+            return Ok((0, 0));
+        };
+        volume.mark_owned(
+            loaded
+                .owned
+                .iter()
+                .map(|&(start, len, _)| extent_of(start, len)),
+        )?;
+        let Some((dir, extents)) = Checksums::add_tables(volume, dir)? else {
+            return Ok((0, 0));
+        };
+        // The tables and the directory are durable before a root names them.
+        volume.fence();
+        loaded
+            .root
+            .write_next(&loaded.owner, |next| next.checksums = Some(dir))?;
+        let bytes = extents.iter().map(|e| e.len_bytes).sum();
+        Ok((extents.len() as u32 - 1, bytes))
     }
 
     /// Opens the file system on `volume` (freshly opened: nothing owned yet), recovering
@@ -696,7 +727,7 @@ fn make_checksums(volume: &Volume, loaded: &Loaded, change: &mut ChecksumsChange
         }
     })?;
     change.table_bytes = extents.iter().map(|e| e.len_bytes).sum();
-    let tables = Checksums::load(volume, dir)?;
+    let tables = Checksums::load(volume, dir, false)?;
     change.blocks = crate::scrub::fill_entries(volume, &tables, &loaded.inodes)?;
     // The entries are durable before a root names their tables.
     volume.fence();
@@ -740,7 +771,7 @@ fn keep_free(volume: &Volume, root: &Root, live_records: u64) -> u64 {
 /// Reads the root, snapshot, journals and logs, replays them in DRAM and lists what the file
 /// system owns (refusing memory claimed twice). Writes nothing.
 fn load(volume: &Volume) -> Result<Loaded> {
-    load_salvaging(volume, None)
+    load_salvaging(volume, None, false)
 }
 
 /// What `Fs::repair` keeps of damaged journals and logs: the records of global order up to
@@ -831,7 +862,11 @@ impl Salvage {
 
 /// [`load`], or with `salvage` the pass of a repair: damaged journals and logs are cut
 /// before their damage instead of refused, and only records up to `salvage.through` replay.
-fn load_salvaging(volume: &Volume, mut salvage: Option<&mut Salvage>) -> Result<Loaded> {
+fn load_salvaging(
+    volume: &Volume,
+    mut salvage: Option<&mut Salvage>,
+    adding_tables: bool,
+) -> Result<Loaded> {
     let owner = volume.owner_area(0)?;
     let (root, other_copy) = Root::read_reporting(&owner)?;
     if root.volume_uuid != volume.uuid() {
@@ -874,7 +909,7 @@ fn load_salvaging(volume: &Volume, mut salvage: Option<&mut Salvage>) -> Result<
         }
     };
     let checksums = match root.checksums {
-        Some(dir) => Some(Checksums::load(volume, dir)?),
+        Some(dir) => Some(Checksums::load(volume, dir, adding_tables)?),
         None => None,
     };
     // 1. The snapshot (or an index of the pieces it is in).

@@ -940,3 +940,185 @@ fn tune_turns_data_checksums_on_and_off_keeping_every_file() {
     assert!(scrub.status.success(), "{}", text(&scrub.stdout));
     read_back(dir.path());
 }
+
+/// Writes `len` bytes to a new file `path` in 1 MiB writes; the error of the first write
+/// that fails.
+fn write_big(fs: &fs::Fs, path: &str, len: usize) -> Result<(), fs::FsError> {
+    let file = fs.create(path)?;
+    for (i, chunk) in unique_bytes(11, len).chunks(1 << 20).enumerate() {
+        file.write_at(chunk, (i << 20) as u64)?;
+    }
+    Ok(())
+}
+
+/// The device count a device's superblock gives, and rewrites it to `count` (CRC included)
+/// when asked: what an extension that stopped before rewriting this device leaves.
+fn superblock_count(device: &Path, set: Option<u32>) -> u32 {
+    let mut bytes = std::fs::read(device).unwrap();
+    let len = bytes.len() as u64;
+    let head: &mut [u8; 128] = (&mut bytes[..128]).try_into().unwrap();
+    let mut superblock = volume::superblock::Superblock::decode(head, "device", len).unwrap();
+    if let Some(count) = set {
+        superblock.device_count = count;
+        *head = superblock.encode();
+        std::fs::write(device, &bytes).unwrap();
+    }
+    superblock.device_count
+}
+
+/// `locus extend` grows a data-checksum volume that holds files — a checkpointed file and
+/// writes a crash left in the logs — by a device: the files read back unchanged, a file too
+/// large for the old volume now fits (some of it on the new device, whose blocks have their
+/// checksums: a flipped bit there is named by `scrub`), `fsck` and `scrub` are clean. An
+/// extension stopped before the old superblocks counted the new device, or before the new
+/// device had its checksum table, is finished by `locus extend` without --device (and
+/// refused by everything else meanwhile, naming that command); devices already in the
+/// volume, or of another volume, are refused.
+#[test]
+fn extend_adds_devices_keeping_every_file() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let device = |name: &str| dir.path().join(name);
+    let spec = |name: &str, size: &str| format!("{},node=0,size={size}", device(name).display());
+    let d0 = spec("d0", "64M");
+    let formatted = locus(dir.path(), &["format", "--device", &d0, "--data-checksums"]);
+    assert!(formatted.status.success(), "{}", text(&formatted.stderr));
+    let a = unique_bytes(3, 256 << 10);
+    let b = unique_bytes(5, 20_000);
+    {
+        let fs = open_fs(dir.path());
+        fs.create("/a").unwrap().write_at(&a, 0).unwrap();
+        let full = write_big(&fs, "/big", 80 << 20).unwrap_err();
+        assert_eq!(full.kind(), fs::ErrorKind::NoSpace, "{full}");
+        fs.unlink("/big").unwrap();
+        fs.unmount().unwrap();
+    }
+    {
+        let fs = open_fs_on_demand(dir.path());
+        fs.create("/b").unwrap().write_at(&b, 0).unwrap();
+        fs.abandon();
+    }
+
+    // Devices the volume has, or that belong to another volume, are refused.
+    let again = locus(dir.path(), &["extend", "--device", &d0]);
+    assert!(!again.status.success());
+    assert!(text(&again.stderr).contains("is in the volume already"));
+    let other = tempfile::tempdir_in("/dev/shm").unwrap();
+    let foreign = format!("{},node=0,size=8M", other.path().join("x").display());
+    assert!(
+        locus(other.path(), &["format", "--device", &foreign])
+            .status
+            .success()
+    );
+    let refused = locus(dir.path(), &["extend", "--device", &foreign]);
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused.stderr).contains("adding it destroys that volume's data"),
+        "{}",
+        text(&refused.stderr)
+    );
+    assert_eq!(
+        status_json(dir.path())["devices"].as_array().unwrap().len(),
+        1
+    );
+
+    let extended = locus(dir.path(), &["extend", "--device", &spec("d1", "64M")]);
+    assert!(extended.status.success(), "{}", text(&extended.stderr));
+    assert_says(&extended, "1 -> 2 device(s)");
+    assert_says(
+        &extended,
+        "data checksums: 1 table(s) made for the new device(s)",
+    );
+    assert_eq!(superblock_count(&device("d0"), None), 2);
+    assert_eq!(superblock_count(&device("d1"), None), 2);
+    for check in [&["fsck"][..], &["scrub"]] {
+        let out = locus(dir.path(), check);
+        assert!(out.status.success(), "{check:?}: {}", text(&out.stdout));
+    }
+    {
+        let fs = open_fs(dir.path());
+        for (path, want) in [("/a", &a), ("/b", &b)] {
+            let mut got = vec![0u8; want.len()];
+            fs.open_file(path, Default::default())
+                .unwrap()
+                .read_at(&mut got, 0)
+                .unwrap();
+            assert!(&got == want, "{path} changed");
+        }
+        write_big(&fs, "/big", 80 << 20).unwrap();
+        fs.unmount().unwrap();
+    }
+    let status = status_json(dir.path());
+    let devices = status["devices"].as_array().unwrap();
+    let free = |d: &Value| d["free_bytes"].as_u64().unwrap();
+    assert!(
+        free(&devices[1]) < 40 << 20,
+        "the file went to the new device: {devices:?}"
+    );
+    assert!(locus(dir.path(), &["scrub"]).status.success());
+    // A bit flipped in the file's bytes on the new device is named.
+    let needle = &unique_bytes(11, 80 << 20)[79 << 20..(79 << 20) + 64];
+    let mut d1 = std::fs::read(device("d1")).unwrap();
+    let at = d1
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("the file's last MiB is on the new device");
+    d1[at] ^= 1;
+    std::fs::write(device("d1"), &d1).unwrap();
+    let scrub = locus(dir.path(), &["scrub"]);
+    assert_eq!(scrub.status.code(), Some(1), "{}", text(&scrub.stdout));
+    d1[at] ^= 1;
+    std::fs::write(device("d1"), &d1).unwrap();
+
+    // Stopped after locus.toml named a third device, before the old superblocks counted it.
+    let extended = locus(dir.path(), &["extend", "--device", &spec("d2", "16M")]);
+    assert!(extended.status.success(), "{}", text(&extended.stderr));
+    superblock_count(&device("d0"), Some(2));
+    superblock_count(&device("d1"), Some(2));
+    let fsck = locus(dir.path(), &["fsck"]);
+    assert!(
+        text(&fsck.stdout).contains("an extension of the volume from 2 to 3 devices stopped"),
+        "{}",
+        text(&fsck.stdout)
+    );
+    superblock_count(&device("d0"), Some(2));
+    let finish = locus(dir.path(), &["extend"]);
+    assert!(finish.status.success(), "{}", text(&finish.stderr));
+    assert_says(&finish, "finished an interrupted extension to 3 device(s)");
+    for name in ["d0", "d1", "d2"] {
+        assert_eq!(superblock_count(&device(name), None), 3, "{name}");
+    }
+
+    // Stopped after the volume took a fourth device, before its checksum table was made.
+    let topology = topology::Topology::read_live().unwrap();
+    let fourth = volume::DeviceConfig {
+        path: device("d3"),
+        kind: None,
+        node: Some(0),
+        size_bytes: Some(16 << 20),
+    };
+    volume::Volume::extend(dir.path(), topology, &[fourth], false).unwrap();
+    let refused = locus(dir.path(), &["fsck"]);
+    assert!(!refused.status.success());
+    let said = text(&refused.stdout) + &text(&refused.stderr);
+    assert!(
+        said.contains("`locus extend --volume DIR` makes them"),
+        "{said}"
+    );
+    let finish = locus(dir.path(), &["extend"]);
+    assert!(finish.status.success(), "{}", text(&finish.stderr));
+    assert_says(&finish, "data checksums: 1 table(s) made");
+    let nothing = locus(dir.path(), &["extend"]);
+    assert_says(&nothing, "4 device(s), no extension to finish");
+    for check in [&["fsck"][..], &["scrub"]] {
+        let out = locus(dir.path(), check);
+        assert!(out.status.success(), "{check:?}: {}", text(&out.stdout));
+    }
+    let fs = open_fs(dir.path());
+    let mut got = vec![0u8; b.len()];
+    fs.open_file("/b", Default::default())
+        .unwrap()
+        .read_at(&mut got, 0)
+        .unwrap();
+    assert_eq!(got, b);
+    fs.unmount().unwrap();
+}

@@ -51,7 +51,8 @@ pub fn check(dir: &Path) -> Result<CheckReport> {
 }
 
 /// [`check`] for the process that holds the volume open (a mount server checking its own
-/// volume): superblocks are written only by `format`, so an open volume's do not change.
+/// volume): superblocks are written only by `format` and `extend`, which need the volume
+/// closed, so an open volume's do not change.
 pub fn check_held(dir: &Path) -> Result<CheckReport> {
     let config = VolumeConfig::read(dir)?.ok_or_else(|| VolumeError::NoVolume {
         dir: dir.to_owned(),
@@ -70,11 +71,17 @@ fn check_devices(config: &VolumeConfig) -> Result<CheckReport> {
     for device in &config.devices {
         let path = device.path.display().to_string();
         let outcome = device.open_source(flush, false).and_then(|source| {
-            let superblock = Superblock::read(&source.region, &path)?;
-            Ok((superblock, source.node))
+            let (superblock, from_copy) = Superblock::read_with_copy(&source.region, &path)?;
+            Ok((superblock, from_copy, source.node))
         });
         match outcome {
-            Ok((superblock, node)) => {
+            Ok((superblock, from_copy, node)) => {
+                if from_copy {
+                    report.warnings.push(format!(
+                        "{path}: its superblock was being rewritten when an extension of the \
+                         volume stopped; read from its copy (the next open rewrites it)"
+                    ));
+                }
                 if let (Some(now), Some(then)) = (node, superblock.node())
                     && now != then
                 {
@@ -118,12 +125,21 @@ fn check_devices(config: &VolumeConfig) -> Result<CheckReport> {
     }
     let counts: std::collections::BTreeSet<u32> =
         found.iter().map(|(_, s)| s.device_count).collect();
-    if counts.len() > 1 {
+    // Two counts (a device past the smaller cannot say it): an extension that stopped after
+    // locus.toml listed the new devices (`Volume::extend`); opening finishes it.
+    if counts.len() == 2 {
+        report.warnings.push(format!(
+            "an extension of the volume from {} to {} devices stopped before every superblock \
+             counted the new devices; the next open finishes it",
+            counts.first().expect("two"),
+            counts.last().expect("two")
+        ));
+    } else if counts.len() > 1 {
         report
             .problems
             .push(format!("devices disagree on the device count: {counts:?}"));
     }
-    if let Some(&count) = counts.iter().next() {
+    if let Some(&count) = counts.iter().next_back() {
         let mut seen: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
         for (path, superblock) in &found {
             seen.entry(superblock.device_index).or_default().push(path);

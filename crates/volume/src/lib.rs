@@ -18,6 +18,7 @@ pub mod buddy;
 mod check;
 mod config;
 mod error;
+mod extend;
 mod lock;
 pub mod monitor;
 mod served;
@@ -30,6 +31,7 @@ pub use buddy::BuddyAllocator;
 pub use check::{CheckReport, DeviceCheck, check, check_held};
 pub use config::{CONFIG_FILE, DEFAULT_DIR, DeviceConfig, VolumeConfig, may_create_default_in};
 pub use error::{Result, VolumeError};
+pub use extend::Extended;
 pub use lock::VolumeLock;
 pub use monitor::Thresholds;
 pub use served::{

@@ -5,6 +5,12 @@
 //! field (the CRC covers bytes 8..124), then stores the magic — one aligned 8-byte store —
 //! and persists. A device whose magic is absent was never formatted or was interrupted; one
 //! whose CRC does not match was damaged. Neither opens.
+//!
+//! A superblock that changes after format (`locus extend` raises every device's
+//! `device_count`) is rewritten through a copy at [`COPY_OFFSET`]: the copy is written and
+//! persisted with the same protocol, then the superblock, then the copy's magic is cleared.
+//! A crash during the rewrite of the superblock leaves the copy whole, and
+//! [`Superblock::read_with_copy`] takes it when the superblock itself is absent or torn.
 
 use pmem::Region;
 
@@ -25,7 +31,12 @@ pub const MIN_DEVICE_BYTES: u64 = DATA_OFFSET_BYTES + (2 << 20);
 /// `node_at_format` for a device whose node is unknown.
 pub const NO_NODE: u32 = u32::MAX;
 
+/// Where a superblock's copy lives while the superblock is rewritten in place: in the
+/// zero bytes between the superblock and the owner area.
+pub const COPY_OFFSET: u64 = 2048;
+
 const _: () = assert!(SUPERBLOCK_BYTES == 128);
+const _: () = assert!(COPY_OFFSET >= SUPERBLOCK_BYTES as u64 && COPY_OFFSET + 128 <= 4096);
 const CRC_OFFSET: usize = 124;
 const CRC_START: usize = 8;
 
@@ -214,22 +225,68 @@ impl Superblock {
         Ok(superblock)
     }
 
-    /// Reads and checks the superblock of `region`.
+    /// Reads and checks the superblock of `region` ([`Superblock::read_with_copy`]).
     pub fn read(region: &Region, device: &str) -> Result<Self> {
-        let mut bytes = [0u8; SUPERBLOCK_BYTES];
-        region.read(0, &mut bytes)?;
-        Self::decode(&bytes, device, region.len())
+        Ok(Self::read_with_copy(region, device)?.0)
     }
 
-    /// Writes this superblock to `region` with the commit protocol in the module docs.
+    /// Reads and checks the superblock of `region`; when it is absent or fails its CRC and
+    /// a whole copy is there (a rewrite was interrupted: [`Superblock::rewrite`]), the copy,
+    /// with `true`. Any other problem of the superblock is its error, copy or not.
+    pub fn read_with_copy(region: &Region, device: &str) -> Result<(Self, bool)> {
+        let mut bytes = [0u8; SUPERBLOCK_BYTES];
+        region.read(0, &mut bytes)?;
+        let error = match Self::decode(&bytes, device, region.len()) {
+            Ok(superblock) => return Ok((superblock, false)),
+            Err(error) => error,
+        };
+        let torn = matches!(
+            &error,
+            VolumeError::NotFormatted { .. }
+                | VolumeError::BadSuperblock {
+                    field: "crc32c",
+                    ..
+                }
+        );
+        if torn && region.len() >= COPY_OFFSET + SUPERBLOCK_BYTES as u64 {
+            region.read(COPY_OFFSET, &mut bytes)?;
+            if let Ok(copy) = Self::decode(&bytes, device, region.len()) {
+                return Ok((copy, true));
+            }
+        }
+        Err(error)
+    }
+
+    /// Writes this superblock to a device being formatted, with the commit protocol in the
+    /// module docs. A copy left by an interrupted rewrite is cleared first: it belongs to
+    /// whatever the device held before.
     pub fn write(&self, region: &Region) -> Result<()> {
+        region.store_u64(COPY_OFFSET, 0)?;
+        region.persist(COPY_OFFSET, 8)?;
+        self.write_at(region, 0)
+    }
+
+    /// Replaces the superblock of a device that holds a volume, so that a crash at any
+    /// point leaves either the old superblock or this one readable
+    /// ([`Superblock::read_with_copy`]): the copy first, then the superblock, then the
+    /// copy's magic cleared.
+    pub fn rewrite(&self, region: &Region) -> Result<()> {
+        self.write_at(region, COPY_OFFSET)?;
+        self.write_at(region, 0)?;
+        region.store_u64(COPY_OFFSET, 0)?;
+        region.persist(COPY_OFFSET, 8)?;
+        Ok(())
+    }
+
+    /// The commit protocol at `at`: magic cleared, the fields, the magic, each persisted.
+    fn write_at(&self, region: &Region, at: u64) -> Result<()> {
         let bytes = self.encode();
-        region.store_u64(0, 0)?;
-        region.persist(0, 8)?;
-        region.write(8, &bytes[8..])?;
-        region.persist(8, (SUPERBLOCK_BYTES - 8) as u64)?;
-        region.store_u64(0, MAGIC)?;
-        region.persist(0, 8)?;
+        region.store_u64(at, 0)?;
+        region.persist(at, 8)?;
+        region.write(at + 8, &bytes[8..])?;
+        region.persist(at + 8, (SUPERBLOCK_BYTES - 8) as u64)?;
+        region.store_u64(at, MAGIC)?;
+        region.persist(at, 8)?;
         Ok(())
     }
 }

@@ -64,14 +64,18 @@ impl Default for OpenOptions {
 }
 
 #[derive(Debug)]
-struct VolumeDevice {
-    label: String,
-    kind: Option<DeviceKind>,
-    mode: PersistenceMode,
-    node: Option<u32>,
-    superblock: Superblock,
-    region: Region,
-    allocator: ShardedAllocator,
+pub(crate) struct VolumeDevice {
+    pub(crate) label: String,
+    pub(crate) kind: Option<DeviceKind>,
+    pub(crate) mode: PersistenceMode,
+    pub(crate) node: Option<u32>,
+    pub(crate) superblock: Superblock,
+    /// The superblock on the device is not `superblock` yet: an extension was interrupted
+    /// before it raised this device's count, or while it rewrote it (read from its copy).
+    /// [`Volume::open`] rewrites it.
+    pub(crate) stale: bool,
+    pub(crate) region: Region,
+    pub(crate) allocator: ShardedAllocator,
 }
 
 /// One device's state, as `locus status` shows it.
@@ -112,7 +116,7 @@ pub struct DeviceStats {
 pub struct Volume {
     dir: Option<PathBuf>,
     uuid: [u8; 16],
-    devices: Vec<VolumeDevice>,
+    pub(crate) devices: Vec<VolumeDevice>,
     monitor: Arc<Monitor>,
     topology: Topology,
     /// The node of each CPU, by CPU number (0 for a CPU the topology does not name): every
@@ -180,7 +184,8 @@ impl Volume {
         }
         let mut opened: Vec<VolumeDevice> = Vec::with_capacity(devices.len());
         for source in devices {
-            let superblock = Superblock::read(&source.region, &source.label)?;
+            let (superblock, from_copy) =
+                Superblock::read_with_copy(&source.region, &source.label)?;
             if let (Some(now), Some(then)) = (source.node, superblock.node())
                 && now != then
             {
@@ -203,10 +208,10 @@ impl Volume {
                 kind: source.kind,
                 region: source.region,
                 superblock,
+                stale: from_copy,
             });
         }
-        let first = &opened[0].superblock;
-        let (uuid, count) = (first.volume_uuid, first.device_count);
+        let uuid = opened[0].superblock.volume_uuid;
         for device in &opened {
             if device.superblock.volume_uuid != uuid {
                 return Err(VolumeError::Mismatch {
@@ -219,13 +224,12 @@ impl Volume {
                     ),
                 });
             }
+        }
+        let count = extended_count(&opened)?;
+        for device in &mut opened {
             if device.superblock.device_count != count {
-                return Err(VolumeError::Mismatch {
-                    problem: format!(
-                        "{} says the volume has {} devices, {} says {count}",
-                        device.label, device.superblock.device_count, opened[0].label
-                    ),
-                });
+                device.superblock.device_count = count;
+                device.stale = true;
             }
         }
         opened.sort_by_key(|d| d.superblock.device_index);
@@ -378,6 +382,7 @@ impl Volume {
         let mut volume = Self::open_devices(sources, topology, options)?;
         volume.dir = Some(dir.to_owned());
         volume._lock = Some(lock);
+        volume.finish_extension()?;
         Ok(volume)
     }
 
@@ -702,6 +707,40 @@ fn shard_count(options: &OpenOptions, cpus: usize, pages: u64) -> usize {
     cpus.max(1).min(by_size as usize)
 }
 
+/// The volume's device count from its devices' superblocks. They agree, except after an
+/// extension from `before` to `count` devices that was interrupted after `locus.toml` listed
+/// the new devices ([`Volume::add_devices`]): then the devices it added (indexes `before`
+/// and up, which a superblock saying `before` cannot have) say `count`, and each of the
+/// others `before` or `count`. A third count is a mismatch.
+fn extended_count(devices: &[VolumeDevice]) -> Result<u32> {
+    let counts = || devices.iter().map(|d| d.superblock.device_count);
+    let (Some(before), Some(count)) = (counts().min(), counts().max()) else {
+        return Err(VolumeError::Mismatch {
+            problem: "no devices".into(),
+        });
+    };
+    let says = |d: &VolumeDevice| d.superblock.device_count;
+    let odd = devices
+        .iter()
+        .find(|d| says(d) != before && says(d) != count);
+    if let Some(odd) = odd {
+        let other = devices
+            .iter()
+            .find(|d| says(d) != says(odd))
+            .expect("counts differ");
+        return Err(VolumeError::Mismatch {
+            problem: format!(
+                "{} says the volume has {} devices, {} says {}",
+                odd.label,
+                says(odd),
+                other.label,
+                says(other)
+            ),
+        });
+    }
+    Ok(count)
+}
+
 fn check_len(len_bytes: u64) -> Result<u64> {
     if len_bytes == 0 || len_bytes > MAX_ALLOC_BYTES {
         return Err(VolumeError::BadRequest {
@@ -749,7 +788,7 @@ fn device_orders(
 /// (pages a device file already holds count as free: formatting reuses them). Without this
 /// a device larger than its node's memory gets the process killed by the OOM killer,
 /// halfway through allocating it.
-fn check_emulated(dir: &Path, config: &VolumeConfig) -> Result<()> {
+pub(crate) fn check_emulated(dir: &Path, config: &VolumeConfig) -> Result<()> {
     let problem = |problem: String| VolumeError::Config {
         path: dir.join(crate::config::CONFIG_FILE),
         problem,
@@ -862,7 +901,7 @@ fn unattributed_free(nodes: &[topology::Node], machine_free: Option<u64>) -> Vec
 }
 
 /// Why a device with no size cannot be formatted, in the words of the user's mistake.
-fn missing_size(path: &Path) -> String {
+pub(crate) fn missing_size(path: &Path) -> String {
     let shown = path.display();
     if std::fs::symlink_metadata(path).is_ok() {
         return format!(

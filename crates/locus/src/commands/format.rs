@@ -163,7 +163,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FormatArgs) -> Result<()> {
     Ok(())
 }
 
-fn parse_device(spec: &str) -> Result<DeviceConfig> {
+pub(super) fn parse_device(spec: &str) -> Result<DeviceConfig> {
     let mut parts = spec.split(',');
     let path = PathBuf::from(
         parts

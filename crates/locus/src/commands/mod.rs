@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod cache;
 pub mod credentials;
+pub mod extend;
 pub mod format;
 pub mod fsck;
 pub mod mount;

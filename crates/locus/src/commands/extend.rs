@@ -1,0 +1,123 @@
+//! `locus extend`: add devices to a volume that holds files.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use crate::output::outln;
+use crate::size::format_bytes;
+
+/// Add devices to the volume, keeping its files: a new persistent-memory or CXL device, or
+/// more emulated memory on a node.
+///
+/// The volume in the --volume directory must not be in use (`locus mount`, `locus serve` or a
+/// program through the preload library holds it: stop it first). Each device is created like
+/// `locus format --device` creates one (a file needs size=, an emulated device node=) and
+/// joins the volume at the next index; from the next open, writes go to it as to any device,
+/// from the nodes it is nearest to first. With data checksums, it gets its checksum table
+/// (0.1% of it) in the same command.
+///
+/// Crash-safe at every point: the new devices get their superblocks, then locus.toml lists
+/// them, then each old device's superblock is rewritten through a copy. A crash before
+/// locus.toml changed leaves the volume as it was (run the command again); after, the next
+/// open of the volume finishes the rewrite. A data-checksum volume interrupted before its
+/// new tables exist refuses to open until `locus extend --volume DIR` (no --device) makes
+/// them. Files are never touched: the volume only grows.
+#[derive(Debug, Args)]
+pub struct ExtendArgs {
+    #[command(flatten)]
+    pub volume: crate::commands::volume::VolumeDir,
+
+    /// A device to add: PATH[,node=N][,size=SIZE][,kind=emulated|daxfile|devdax|file], as
+    /// for `locus format`. Repeat for several; they get the next indexes in the order given.
+    /// Without any, the command finishes an extension a crash interrupted (and otherwise
+    /// changes nothing).
+    #[arg(long = "device", value_name = "SPEC")]
+    devices: Vec<String>,
+
+    /// Add a device even if it holds a device of another locus volume (whose data is then
+    /// lost). A device of this volume is never added twice.
+    #[arg(long)]
+    force: bool,
+}
+
+pub fn run(dir: &Path, sysfs: &Path, args: &ExtendArgs) -> Result<()> {
+    let topology = super::volume::read_topology(sysfs)?;
+    let added = args
+        .devices
+        .iter()
+        .map(|spec| super::format::parse_device(spec))
+        .collect::<Result<Vec<_>>>()?;
+    if !added.is_empty() {
+        let extended = super::volume::after_stopping_server(dir, || {
+            volume::Volume::extend(dir, topology.clone(), &added, args.force)
+        })
+        .with_context(|| format!("extending the volume at {}", dir.display()))?;
+        outln!(
+            "volume {} in {}: {} -> {} device(s)",
+            volume::hex(&extended.uuid),
+            dir.display(),
+            extended.before,
+            extended.after
+        );
+        for (i, (device, node)) in extended.added.iter().enumerate() {
+            outln!(
+                "  {}: {} ({}, {}{})",
+                extended.before as usize + i,
+                device.path.display(),
+                device.kind.as_deref().unwrap_or("?"),
+                device.size_bytes.map_or_else(|| "?".into(), format_bytes),
+                node.map_or_else(String::new, |n| format!(", node {n}")),
+            );
+        }
+    }
+    // Opening finishes a volume-level extension a crash interrupted (counted first, through
+    // a view that writes nothing); the file system's part follows.
+    let stale = if added.is_empty() {
+        volume::Volume::open_view(dir, topology.clone())
+            .map(|view| view.stale_superblocks())
+            .unwrap_or(0)
+    } else {
+        0
+    };
+    let volume = super::volume::open(dir, &topology, false)?;
+    if stale > 0 {
+        outln!(
+            "volume in {}: finished an interrupted extension to {} device(s) ({stale} \
+             superblock(s) rewritten)",
+            dir.display(),
+            volume.device_count()
+        );
+    }
+    let mut tables_made = 0;
+    match fs::Fs::add_device_tables(&volume) {
+        Ok((0, _)) => {}
+        Ok((tables, bytes)) => {
+            tables_made = tables;
+            outln!(
+                "data checksums: {tables} table(s) made for the new device(s), {}",
+                format_bytes(bytes)
+            );
+        }
+        Err(fs::FsError::NoFileSystem) => {}
+        Err(e) => {
+            return Err(anyhow::Error::new(e).context(format!(
+                "the volume has {} device(s); making the data-checksum tables of the new ones \
+                 needs the file system to load (`locus fsck --volume {}` reports what is \
+                 wrong), then `locus extend --volume {}` again",
+                volume.device_count(),
+                dir.display(),
+                dir.display()
+            )));
+        }
+    }
+    if added.is_empty() && stale == 0 && tables_made == 0 {
+        outln!(
+            "volume in {}: {} device(s), no extension to finish (--device adds one)",
+            dir.display(),
+            volume.device_count()
+        );
+    }
+    Ok(())
+}

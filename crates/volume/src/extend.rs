@@ -1,0 +1,266 @@
+//! Adding devices to a volume that holds data (`locus extend`), crash-safe at every point.
+//!
+//! A volume's membership is in two places: `locus.toml` lists where the devices are, and
+//! every superblock says how many there are. Adding devices changes both, in this order:
+//! 1. each new device gets its superblock (the next indexes, the new count);
+//! 2. `locus.toml` lists them (written atomically);
+//! 3. each old device's superblock is rewritten with the new count, through its copy
+//!    ([`Superblock::rewrite`]).
+//!
+//! A crash before 2 leaves the old volume as it was (the new files carry superblocks no list
+//! names; adding them again overwrites those). A crash after 2 leaves old devices that say
+//! the old count beside new ones that say the new count — a state [`Volume::open_devices`]
+//! recognises (nothing else produces it) and [`Volume::open`] finishes by rewriting the
+//! stale superblocks. The new devices hold nothing until an open that knows them allocates
+//! there, so no step can lose data.
+
+use std::path::Path;
+
+use topology::Topology;
+
+use crate::config::{CONFIG_FILE, DeviceConfig};
+use crate::error::{Result, VolumeError};
+use crate::lock::VolumeLock;
+use crate::superblock::{MIN_DEVICE_BYTES, Superblock};
+use crate::volume::{DeviceSource, OpenOptions, Volume, check_emulated, hex, missing_size};
+
+/// What [`Volume::extend`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Extended {
+    /// The volume.
+    pub uuid: [u8; 16],
+    /// Devices before.
+    pub before: u32,
+    /// Devices now.
+    pub after: u32,
+    /// The devices added, as `locus.toml` now lists them (kind and size filled in), with the
+    /// node each is on.
+    pub added: Vec<(DeviceConfig, Option<u32>)>,
+}
+
+impl Volume {
+    /// Adds `added` (created like `format` creates devices: a file needs `size_bytes`, an
+    /// emulated device its node) to the volume in `dir`, which no process may have open. An
+    /// extension an earlier crash interrupted is finished first (by the open). A device that
+    /// carries a superblock of another volume, or of this one at an index it already uses,
+    /// is refused unless `force` (another volume's device is then overwritten; this volume's
+    /// own devices never are).
+    pub fn extend(
+        dir: &Path,
+        topology: Topology,
+        added: &[DeviceConfig],
+        force: bool,
+    ) -> Result<Extended> {
+        let config_path = dir.join(CONFIG_FILE);
+        let problem = |problem: String| VolumeError::Config {
+            path: config_path.clone(),
+            problem,
+        };
+        if added.is_empty() {
+            return Err(problem("no devices to add".into()));
+        }
+        let (mut lock, config) = VolumeLock::acquire_existing(dir)?;
+        for device in added {
+            if config
+                .devices
+                .iter()
+                .any(|d| same_file(&d.path, &device.path))
+            {
+                return Err(problem(format!(
+                    "device {} is in the volume already",
+                    device.path.display()
+                )));
+            }
+        }
+        let mut full = config.clone();
+        full.devices.extend(added.iter().cloned());
+        full.validate(&config_path)?;
+        for device in added {
+            device.kind()?;
+            let parent = device
+                .path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            if !device.path.exists() && !parent.is_dir() {
+                return Err(problem(format!(
+                    "device {}: its directory {} does not exist",
+                    device.path.display(),
+                    parent.display()
+                )));
+            }
+        }
+        check_emulated(dir, &full)?;
+        lock.lock_devices(&full)?;
+        let options = OpenOptions {
+            check_interval: None,
+            prefault: false,
+            ..OpenOptions::default()
+        };
+        let flush = config.flush_policy().expect("validated");
+        let sources = config
+            .devices
+            .iter()
+            .map(|device| device.open_source(flush, false))
+            .collect::<Result<Vec<_>>>()?;
+        let mut volume = Self::open_devices(sources, topology, &options)?;
+        volume.finish_extension()?;
+        let before = volume.device_count();
+        let uuid = volume.uuid();
+
+        // Every new device is created and checked before any superblock is written.
+        let mut written = config.clone();
+        let mut sources = Vec::with_capacity(added.len());
+        let mut added_out = Vec::with_capacity(added.len());
+        for device in added {
+            let kind = device.kind()?;
+            let spec = device.spec(kind, flush);
+            let label = device.path.display().to_string();
+            // What the device holds, read before creating it (which empties a file).
+            let held = device
+                .path
+                .exists()
+                .then(|| pmem::Device::open(&spec).ok())
+                .flatten()
+                .and_then(|d| Superblock::read_with_copy(d.region(), &label).ok())
+                .map(|(superblock, _)| superblock);
+            if let Some(held) = held {
+                let ours = held.volume_uuid == uuid;
+                if ours && held.device_index < before {
+                    return Err(problem(format!(
+                        "device {label} is device {} of this volume already (under another \
+                         path)",
+                        held.device_index
+                    )));
+                }
+                // This volume's superblock at an index past its devices is what an
+                // extension that stopped before `locus.toml` named the device leaves.
+                if !ours && !force {
+                    return Err(problem(format!(
+                        "device {label} holds device {} of volume {}; adding it destroys that \
+                         volume's data (--force to add it anyway)",
+                        held.device_index,
+                        hex(&held.volume_uuid)
+                    )));
+                }
+            }
+            let opened = if kind == pmem::DeviceKind::DevDax {
+                pmem::Device::open(&spec)?
+            } else {
+                let Some(size) = device.size_bytes else {
+                    return Err(problem(missing_size(&device.path)));
+                };
+                pmem::Device::create(&spec, size)?
+            };
+            if opened.size_bytes() < MIN_DEVICE_BYTES {
+                return Err(problem(format!(
+                    "device {label} has {} bytes; a device needs at least {MIN_DEVICE_BYTES}",
+                    opened.size_bytes()
+                )));
+            }
+            let node = device.node.or_else(|| opened.numa_node());
+            let mut entry = device.clone();
+            entry.kind = Some(kind.name().to_owned());
+            entry.size_bytes = Some(opened.size_bytes());
+            written.devices.push(entry.clone());
+            added_out.push((entry, node));
+            sources.push(DeviceSource {
+                label,
+                kind: Some(kind),
+                region: opened.region().clone(),
+                node,
+            });
+        }
+        // Devices just created, before a superblock makes them the volume's.
+        lock.lock_devices(&full)?;
+        volume.add_devices(&sources, || written.write(dir))?;
+        Ok(Extended {
+            uuid,
+            before,
+            after: before + added.len() as u32,
+            added: added_out,
+        })
+    }
+
+    /// Makes `added` the next devices of this volume (steps 1–3 of the module docs), with
+    /// `list` writing the list of devices that names them between the new superblocks and
+    /// the old ones' rewrite. Open the volume again afterwards: this handle still has the old
+    /// devices only.
+    pub fn add_devices(
+        self,
+        added: &[DeviceSource],
+        list: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let before = self.device_count();
+        let after = before as usize + added.len();
+        if after > crate::address::MAX_DEVICES as usize {
+            return Err(VolumeError::Mismatch {
+                problem: format!(
+                    "{before} devices and {} more; a volume has at most {}",
+                    added.len(),
+                    crate::address::MAX_DEVICES
+                ),
+            });
+        }
+        let after = after as u32;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        for (i, device) in added.iter().enumerate() {
+            Superblock::new(
+                self.uuid(),
+                before + i as u32,
+                after,
+                device.node,
+                device.region.len(),
+                now,
+            )
+            .write(&device.region)?;
+        }
+        list()?;
+        for device in &self.devices {
+            let mut superblock = device.superblock.clone();
+            superblock.device_count = after;
+            superblock.rewrite(&device.region)?;
+        }
+        Ok(())
+    }
+
+    /// Rewrites the superblocks an interrupted extension left stale (see the module docs):
+    /// every device then says the count the volume opened with. Returns how many it rewrote.
+    pub fn finish_extension(&mut self) -> Result<usize> {
+        let mut rewritten = 0;
+        for device in self.devices.iter_mut().filter(|d| d.stale) {
+            device.superblock.rewrite(&device.region)?;
+            device.stale = false;
+            rewritten += 1;
+        }
+        if rewritten > 0 {
+            tracing::info!(
+                devices = self.devices.len(),
+                rewritten,
+                "finished an interrupted extension of the volume: every superblock now counts \
+                 every device"
+            );
+        }
+        Ok(rewritten)
+    }
+
+    /// Devices whose superblock an interrupted extension left stale (rewritten by
+    /// [`Volume::finish_extension`], which [`Volume::open`] calls).
+    pub fn stale_superblocks(&self) -> usize {
+        self.devices.iter().filter(|d| d.stale).count()
+    }
+}
+
+/// Whether `a` and `b` name the same file (the same path, or the same inode when both exist).
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    if a == b {
+        return true;
+    }
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
