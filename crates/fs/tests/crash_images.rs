@@ -4,6 +4,7 @@
 //! path's mode and modification time — to be exactly as before or as after the operation. At the last point (the operation returned) it must be as after.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use fs::{CheckpointMode, Fs, FsOptions, Kind};
 use pmem::Tracer;
@@ -538,4 +539,84 @@ fn turning_data_checksums_on_and_off() {
         eprintln!("{name}: {} fences, {images} images", last - first);
         image = again.contents()[0].clone();
     }
+}
+
+/// A device added to a volume with data checksums (`locus extend`) gets its table: a crash
+/// anywhere in `Fs::add_device_tables` leaves a file system that either refuses to open
+/// until the tables are made (naming the command that makes them) or opens with every file
+/// as it was and scrubs clean; once it returned, it opens.
+#[test]
+fn checksum_tables_for_an_added_device() {
+    let tracer = Tracer::new();
+    let fs = busy(&tracer);
+    let expect = state(&fs);
+    fs.abandon();
+    let image = tracer.contents()[0].clone();
+    let setup = Tracer::new();
+    Fs::set_data_checksums(&volume_over(vec![setup.region_with(image)]).unwrap(), true).unwrap();
+    let image = setup.contents()[0].clone();
+
+    let again = Tracer::new();
+    let regions = vec![
+        again.region_with(image),
+        traced_volume_device(&again, DEVICE),
+    ];
+    let old = volume::Volume::open_devices(
+        node0_sources(regions[..1].to_vec()),
+        one_node(),
+        &quiet_options(),
+    )
+    .unwrap();
+    old.add_devices(&node0_sources(regions[1..].to_vec()), || Ok(()))
+        .unwrap();
+    let volume = volume_over(regions).unwrap();
+    assert_eq!(volume.device_count(), 2);
+    let refused = Fs::open(Arc::clone(&volume), options()).unwrap_err();
+    assert!(
+        refused.to_string().contains("are not made yet"),
+        "{refused}"
+    );
+    let first = again.fence_count();
+    assert_eq!(Fs::add_device_tables(&volume).unwrap().0, 1);
+    let last = again.fence_count();
+    drop(volume);
+    assert!(last > first, "no fence");
+    let (mut refusals, mut opened) = (0, 0);
+    for point in first..=last {
+        for crash in again.crash_images(point, IMAGES_PER_POINT, point as u64) {
+            let at = format!("point {point} ({})", crash.description);
+            let view = || {
+                let replay = Tracer::new();
+                volume_over(
+                    crash
+                        .regions
+                        .iter()
+                        .map(|bytes| replay.region_with(bytes.clone()))
+                        .collect(),
+                )
+                .unwrap()
+            };
+            let recovered = match Fs::open(view(), options()) {
+                Err(e) if point < last && e.to_string().contains("are not made yet") => {
+                    refusals += 1;
+                    continue;
+                }
+                Err(e) => panic!("{at}: {e}"),
+                Ok(fs) => fs,
+            };
+            assert!(state(&recovered) == expect, "{at}: the files changed");
+            recovered.abandon();
+            let report = Fs::scrub(&view()).unwrap_or_else(|e| panic!("{at}: {e}"));
+            assert!(
+                report.damaged.is_empty() && report.blocks > 0,
+                "{at}: {:?}",
+                report.damaged
+            );
+            opened += 1;
+        }
+    }
+    assert!(
+        refusals > 0 && opened > 0,
+        "{refusals} refused, {opened} opened"
+    );
 }
