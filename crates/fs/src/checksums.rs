@@ -135,14 +135,29 @@ pub(crate) fn table_bytes(volume: &Volume) -> Result<u64> {
     Ok(bytes)
 }
 
-/// A zeroed, persisted table for the `blocks` blocks of `device`, on that device.
-fn zeroed_table(volume: &Volume, device: u32, blocks: u64) -> Result<Extent> {
-    let bytes = table_len(blocks);
-    let extent = volume.alloc_on(device, bytes)?;
-    let region = volume.region(&extent)?;
-    region.fill(0, bytes, 0)?;
-    region.persist(0, bytes)?;
-    Ok(extent)
+/// A zeroed, persisted table for each of `devices`, on that device, added to `areas` and
+/// (the memory it takes) `extents`.
+fn add_zeroed_tables(
+    volume: &Volume,
+    devices: std::ops::Range<u32>,
+    areas: &mut Vec<TableArea>,
+    extents: &mut Vec<Extent>,
+) -> Result<()> {
+    for device in devices {
+        let blocks = volume.device_region(device)?.len() / BLOCK;
+        let bytes = table_len(blocks);
+        let extent = volume.alloc_on(device, bytes)?;
+        let region = volume.region(&extent)?;
+        region.fill(0, bytes, 0)?;
+        region.persist(0, bytes)?;
+        areas.push(TableArea {
+            device,
+            addr: extent.start.raw(),
+            blocks,
+        });
+        extents.push(extent);
+    }
+    Ok(())
 }
 
 /// A persisted directory naming `areas`, on device 0 (the root's), else where there is room.
@@ -169,16 +184,7 @@ impl Checksums {
         }
         let mut areas = Vec::with_capacity(devices);
         let mut extents = Vec::with_capacity(devices + 1);
-        for device in 0..devices as u32 {
-            let blocks = volume.device_region(device)?.len() / BLOCK;
-            let extent = zeroed_table(volume, device, blocks)?;
-            areas.push(TableArea {
-                device,
-                addr: extent.start.raw(),
-                blocks,
-            });
-            extents.push(extent);
-        }
+        add_zeroed_tables(volume, 0..devices as u32, &mut areas, &mut extents)?;
         let dir = write_dir(volume, &areas)?;
         extents.push(dir);
         Ok((dir.start.raw(), extents))
@@ -260,16 +266,8 @@ impl Checksums {
             )));
         }
         let mut extents = Vec::with_capacity(devices - areas.len() + 1);
-        for device in areas.len() as u32..devices as u32 {
-            let blocks = volume.device_region(device)?.len() / BLOCK;
-            let extent = zeroed_table(volume, device, blocks)?;
-            areas.push(TableArea {
-                device,
-                addr: extent.start.raw(),
-                blocks,
-            });
-            extents.push(extent);
-        }
+        let first = areas.len() as u32;
+        add_zeroed_tables(volume, first..devices as u32, &mut areas, &mut extents)?;
         extents.push(write_dir(volume, &areas)?);
         Ok(Some((
             extents.last().expect("the directory").start.raw(),

@@ -413,12 +413,7 @@ impl Fs {
         let Some(dir) = loaded.root.checksums else {
             return Ok((0, 0));
         };
-        volume.mark_owned(
-            loaded
-                .owned
-                .iter()
-                .map(|&(start, len, _)| extent_of(start, len)),
-        )?;
+        loaded.mark_owned(volume)?;
         let Some((dir, extents)) = Checksums::add_tables(volume, dir)? else {
             return Ok((0, 0));
         };
@@ -679,6 +674,18 @@ struct Loaded {
     checksums: Option<Checksums>,
 }
 
+impl Loaded {
+    /// Marks what the file system owns as allocated in `volume` (before allocating in it).
+    fn mark_owned(&self, volume: &Volume) -> Result<()> {
+        volume.mark_owned(
+            self.owned
+                .iter()
+                .map(|&(start, len, _)| extent_of(start, len)),
+        )?;
+        Ok(())
+    }
+}
+
 /// Settings [`Fs::tune`] changes; `None` leaves one as it is.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Tune {
@@ -700,12 +707,7 @@ pub struct Tuned {
 /// Turning data checksums on for `loaded` ([`Fs::tune`]): the tables made in free memory,
 /// every block of data given its entry, fenced. Returns the directory's address.
 fn make_checksums(volume: &Volume, loaded: &Loaded, change: &mut ChecksumsChange) -> Result<u64> {
-    volume.mark_owned(
-        loaded
-            .owned
-            .iter()
-            .map(|&(start, len, _)| extent_of(start, len)),
-    )?;
+    loaded.mark_owned(volume)?;
     let need = crate::checksums::table_bytes(volume)?;
     let keep = keep_free(volume, &loaded.root, loaded.live.len() as u64);
     let free = volume.free_bytes();

@@ -63,6 +63,14 @@ impl DeviceConfig {
         }
     }
 
+    /// The directory a device file is created in (`.` for a bare name).
+    pub fn parent_dir(&self) -> &Path {
+        self.path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+    }
+
     /// What to hand pmem to map the device.
     pub fn spec(&self, kind: pmem::DeviceKind, flush: pmem::FlushPolicy) -> pmem::DeviceSpec {
         pmem::DeviceSpec {

@@ -77,11 +77,7 @@ impl Volume {
         full.validate(&config_path)?;
         for device in added {
             device.kind()?;
-            let parent = device
-                .path
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new("."));
+            let parent = device.parent_dir();
             if !device.path.exists() && !parent.is_dir() {
                 return Err(problem(format!(
                     "device {}: its directory {} does not exist",

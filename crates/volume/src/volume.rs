@@ -291,11 +291,7 @@ impl Volume {
             device.kind()?;
             // A device file is created in an existing directory (the volume directory is
             // made below).
-            let parent = device
-                .path
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new("."));
+            let parent = device.parent_dir();
             if !device.path.exists() && !parent.is_dir() && parent != dir {
                 return Err(VolumeError::Config {
                     path: dir.join(crate::config::CONFIG_FILE),
