@@ -1016,6 +1016,22 @@ fn extend_adds_devices_keeping_every_file() {
         "{}",
         text(&refused.stderr)
     );
+    // Too small, or a second device that cannot be made: refused, nothing left behind.
+    let small = locus(dir.path(), &["extend", "--device", &spec("s", "1M")]);
+    assert!(
+        text(&small.stderr).contains("a device needs at least"),
+        "{}",
+        text(&small.stderr)
+    );
+    // A directory where a device file should be: found only when it is made.
+    std::fs::create_dir(device("sub")).unwrap();
+    let unmade = format!("{},kind=file,size=8M", device("sub").display());
+    let half = locus(
+        dir.path(),
+        &["extend", "--device", &spec("t", "8M"), "--device", &unmade],
+    );
+    assert!(!half.status.success());
+    assert!(!device("s").exists() && !device("t").exists());
     assert_eq!(
         status_json(dir.path())["devices"].as_array().unwrap().len(),
         1

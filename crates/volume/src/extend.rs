@@ -104,50 +104,29 @@ impl Volume {
         let before = volume.device_count();
         let uuid = volume.uuid();
 
-        // Every new device is created and checked before any superblock is written.
+        // Every new device is checked, then all are created, before any superblock is
+        // written; a device that cannot be created takes back the files this call made.
+        for device in added {
+            check_new_device(device, flush, uuid, before, force).map_err(&problem)?;
+        }
         let mut written = config.clone();
         let mut sources = Vec::with_capacity(added.len());
         let mut added_out = Vec::with_capacity(added.len());
-        for device in added {
+        let mut made: Vec<&Path> = Vec::new();
+        let created = added.iter().try_for_each(|device| {
             let kind = device.kind()?;
             let spec = device.spec(kind, flush);
-            let label = device.path.display().to_string();
-            // What the device holds, read before creating it (which empties a file).
-            let held = device
-                .path
-                .exists()
-                .then(|| pmem::Device::open(&spec).ok())
-                .flatten()
-                .and_then(|d| Superblock::read_with_copy(d.region(), &label).ok())
-                .map(|(superblock, _)| superblock);
-            if let Some(held) = held {
-                let ours = held.volume_uuid == uuid;
-                if ours && held.device_index < before {
-                    return Err(problem(format!(
-                        "device {label} is device {} of this volume already (under another \
-                         path)",
-                        held.device_index
-                    )));
+            let existed = device.path.exists();
+            let opened = match device.size_bytes {
+                Some(size) if kind != pmem::DeviceKind::DevDax => {
+                    pmem::Device::create(&spec, size)?
                 }
-                // This volume's superblock at an index past its devices is what an
-                // extension that stopped before `locus.toml` named the device leaves.
-                if !ours && !force {
-                    return Err(problem(format!(
-                        "device {label} holds device {} of volume {}; adding it destroys that \
-                         volume's data (--force to add it anyway)",
-                        held.device_index,
-                        hex(&held.volume_uuid)
-                    )));
-                }
-            }
-            let opened = if kind == pmem::DeviceKind::DevDax {
-                pmem::Device::open(&spec)?
-            } else {
-                let Some(size) = device.size_bytes else {
-                    return Err(problem(missing_size(&device.path)));
-                };
-                pmem::Device::create(&spec, size)?
+                _ => pmem::Device::open(&spec)?,
             };
+            if !existed {
+                made.push(&device.path);
+            }
+            let label = device.path.display().to_string();
             if opened.size_bytes() < MIN_DEVICE_BYTES {
                 return Err(problem(format!(
                     "device {label} has {} bytes; a device needs at least {MIN_DEVICE_BYTES}",
@@ -166,6 +145,13 @@ impl Volume {
                 region: opened.region().clone(),
                 node,
             });
+            Ok(())
+        });
+        if let Err(e) = created {
+            for path in made {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(e);
         }
         // Devices just created, before a superblock makes them the volume's.
         lock.lock_devices(&full)?;
@@ -247,6 +233,61 @@ impl Volume {
     pub fn stale_superblocks(&self) -> usize {
         self.devices.iter().filter(|d| d.stale).count()
     }
+}
+
+/// Checks a device about to be added, creating nothing: its kind, a size where it is made
+/// (at least the smallest device), and what it holds — read before it is created, which
+/// empties a file: a device of this volume (never added twice) or, unless `force`, of
+/// another volume is refused; this volume's superblock at an index past its `before`
+/// devices is what an extension that stopped before `locus.toml` named the device left.
+/// The error is the problem in words.
+fn check_new_device(
+    device: &DeviceConfig,
+    flush: pmem::FlushPolicy,
+    uuid: [u8; 16],
+    before: u32,
+    force: bool,
+) -> std::result::Result<(), String> {
+    let kind = device.kind().map_err(|e| e.to_string())?;
+    let label = device.path.display().to_string();
+    if kind != pmem::DeviceKind::DevDax {
+        match device.size_bytes {
+            None => return Err(missing_size(&device.path)),
+            Some(size) if size < MIN_DEVICE_BYTES => {
+                return Err(format!(
+                    "device {label}: size {size} bytes; a device needs at least \
+                     {MIN_DEVICE_BYTES}"
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    let held = device
+        .path
+        .exists()
+        .then(|| pmem::Device::open(&device.spec(kind, flush)).ok())
+        .flatten()
+        .and_then(|d| Superblock::read_with_copy(d.region(), &label).ok())
+        .map(|(superblock, _)| superblock);
+    let Some(held) = held else {
+        return Ok(());
+    };
+    let ours = held.volume_uuid == uuid;
+    if ours && held.device_index < before {
+        return Err(format!(
+            "device {label} is device {} of this volume already (under another path)",
+            held.device_index
+        ));
+    }
+    if !ours && !force {
+        return Err(format!(
+            "device {label} holds device {} of volume {}; adding it destroys that volume's \
+             data (--force to add it anyway)",
+            held.device_index,
+            hex(&held.volume_uuid)
+        ));
+    }
+    Ok(())
 }
 
 /// Whether `a` and `b` name the same file (the same path, or the same inode when both exist).

@@ -140,3 +140,80 @@ fn each_node_fills_its_own_device_first_then_follows_its_latency_order() {
         );
     }
 }
+
+/// `Volume::extend` (behind `locus extend`): a volume formatted with the first node's device
+/// alone, then given a device on every other node (and a second one on the first, so that a
+/// one-node machine adds one too). Every node's order then holds the added devices where
+/// their nodes' latency puts them, and a thread pinned to each CPU node gets its first
+/// extent from a device on its own node, whose pages the kernel reports there.
+#[test]
+fn devices_added_later_take_their_place_in_every_nodes_order() {
+    let topology = topology::Topology::read_live().unwrap();
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let config = volume::default_config(dir.path(), &topology, Some(DEVICE_BYTES)).unwrap();
+    let (first, others) = config.devices.split_at(1);
+    let mut added = others.to_vec();
+    added.push(volume::DeviceConfig {
+        path: dir.path().join("added.pmem"),
+        kind: None,
+        node: first[0].node,
+        size_bytes: Some(DEVICE_BYTES),
+    });
+    let formatted = volume::VolumeConfig {
+        devices: first.to_vec(),
+        ..config.clone()
+    };
+    Volume::format(dir.path(), &formatted, false).unwrap();
+    let extended = Volume::extend(dir.path(), topology.clone(), &added, false).unwrap();
+    assert_eq!(
+        (extended.before, extended.after),
+        (1, 1 + added.len() as u32)
+    );
+    let options = OpenOptions {
+        check_interval: None,
+        ..OpenOptions::default()
+    };
+    let volume = Volume::open(dir.path(), topology.clone(), &options).unwrap();
+    assert_eq!(volume.device_count(), 1 + added.len() as u32);
+    let device_node: BTreeMap<u32, u32> = volume
+        .stats()
+        .iter()
+        .map(|d| (d.index, d.node.expect("emulated devices have a node")))
+        .collect();
+    for node in topology.nodes.iter().filter(|n| !n.cpu_less) {
+        let expected_nodes = topology.candidate_order(node.id, None).unwrap().node_ids();
+        let mut order_nodes: Vec<u32> = volume
+            .device_order(node.id)
+            .unwrap()
+            .iter()
+            .map(|d| device_node[d])
+            .collect();
+        assert_eq!(order_nodes.len(), device_node.len(), "node {}", node.id);
+        order_nodes.dedup();
+        assert_eq!(order_nodes, expected_nodes, "node {}: order", node.id);
+        let extent = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    topology::pin_current_thread(&node.cpus).unwrap();
+                    volume.alloc_local(EXTENT_BYTES).unwrap()
+                })
+                .join()
+                .unwrap()
+        });
+        assert_eq!(device_node[&extent.device()], node.id, "node {}", node.id);
+        let address = volume.region(&extent).unwrap().address_of(0).unwrap();
+        let placed = topology::page_nodes(&[address]).unwrap();
+        assert_eq!(i64::from(placed[0]), i64::from(node.id), "node {}", node.id);
+        println!(
+            "node {}: first extent from device {} ({}), on the node",
+            node.id,
+            extent.device(),
+            if extent.device() == 0 {
+                "formatted"
+            } else {
+                "added"
+            }
+        );
+        volume.free(extent).unwrap();
+    }
+}
