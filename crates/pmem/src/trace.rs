@@ -14,8 +14,12 @@
 //! Crash point `k < fence_count()` is "just before the k-th fence executes"; point
 //! `fence_count()` is the end of the trace. The images at point `k` are every combination of
 //! prefixes over the lines still pending there — exhaustively when that is at most `limit`
-//! images, otherwise `limit` seeded random combinations (the first two always being "nothing
-//! pending persisted" and "everything persisted").
+//! images, otherwise `limit` seeded random combinations, the first four always being
+//! "nothing pending persisted", "everything persisted", "everything but the line first
+//! stored to" and "everything but the line last stored to". The last two are the images a
+//! missing fence leaves: data stored before a commit record (in the same fence interval)
+//! lost while the record survived, which random combinations of many lines almost never
+//! draw.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -152,7 +156,7 @@ impl Tracer {
         let mut durable = state.initial.clone();
         let mut pending: BTreeMap<(usize, usize), PendingLine> = BTreeMap::new();
         let mut fences_seen = 0;
-        for event in &state.events {
+        for (index, event) in state.events.iter().enumerate() {
             match event {
                 Event::Fence => {
                     if fences_seen == point {
@@ -163,6 +167,7 @@ impl Tracer {
                         for (at, data) in line.stores.drain(..line.flushed) {
                             durable[region][at..at + data.len()].copy_from_slice(&data);
                         }
+                        line.ages.drain(..line.flushed);
                         line.flushed = 0;
                         !line.stores.is_empty()
                     });
@@ -180,6 +185,7 @@ impl Tracer {
                         let piece = room.min(data.len() - offset);
                         let line_start = piece_at - piece_at % crate::cpu::CACHE_LINE;
                         let line = pending.entry((*region, line_start)).or_default();
+                        line.ages.push(index);
                         line.stores
                             .push((piece_at, data[offset..offset + piece].to_vec()));
                         if *nontemporal {
@@ -197,6 +203,13 @@ impl Tracer {
                 }
             }
         }
+        // A line's age is that of its first store no fence made durable.
+        let by_age = |newest: bool| {
+            let ages = pending.values().map(|line| line.ages[0]);
+            let age = if newest { ages.max() } else { ages.min() };
+            age.and_then(|age| pending.values().position(|l| l.ages[0] == age))
+        };
+        let (oldest, newest) = (by_age(false), by_age(true));
         let lines: PendingStores = pending
             .into_iter()
             .map(|(key, line)| (key, line.stores))
@@ -208,7 +221,7 @@ impl Tracer {
         let count = if exhaustive {
             total as usize
         } else {
-            limit.max(2)
+            limit.max(4)
         };
         CrashImages {
             durable,
@@ -220,6 +233,8 @@ impl Tracer {
             point,
             seed,
             rng: SmallRng::seed_from_u64(seed),
+            oldest,
+            newest,
         }
     }
 }
@@ -228,6 +243,8 @@ impl Tracer {
 struct PendingLine {
     stores: Vec<(usize, Vec<u8>)>,
     flushed: usize,
+    /// The event of each store, in order.
+    ages: Vec<usize>,
 }
 
 /// The crash images at one crash point, produced one at a time.
@@ -242,6 +259,9 @@ pub struct CrashImages {
     point: usize,
     seed: u64,
     rng: SmallRng,
+    /// Which of `lines` was first stored to, and which last (by first pending store).
+    oldest: Option<usize>,
+    newest: Option<usize>,
 }
 
 impl CrashImages {
@@ -283,8 +303,17 @@ impl Iterator for CrashImages {
                 .collect()
         } else if index == 0 {
             vec![0; self.lines.len()]
-        } else if index == 1 {
-            self.lines.iter().map(|(_, stores)| stores.len()).collect()
+        } else if index <= 3 {
+            let dropped = match index {
+                2 => self.oldest,
+                3 => self.newest,
+                _ => None,
+            };
+            self.lines
+                .iter()
+                .enumerate()
+                .map(|(i, (_, stores))| if Some(i) == dropped { 0 } else { stores.len() })
+                .collect()
         } else {
             self.lines
                 .iter()
@@ -328,6 +357,33 @@ mod tests {
             .crash_images(point, 1 << 16, 1)
             .map(|image| image.regions[0].clone())
             .collect()
+    }
+
+    /// A sample always holds the images a missing fence leaves: everything persisted but the
+    /// line stored to first (data lost under its commit record), and but the line stored to
+    /// last — whatever the lines' addresses.
+    #[test]
+    fn samples_drop_the_oldest_and_the_newest_line() {
+        let tracer = Tracer::new();
+        let region = tracer.region(64 * 8);
+        // Stored to in the order 5, 2, 7, 0, 3 (never in address order), no fence.
+        for (n, line) in [5u64, 2, 7, 0, 3].into_iter().enumerate() {
+            region.write(line * 64, &[n as u8 + 1; 8]).unwrap();
+        }
+        let images: Vec<Vec<u8>> = tracer
+            .crash_images(0, 4, 9)
+            .map(|image| image.regions[0].clone())
+            .collect();
+        assert_eq!(images.len(), 4, "32 possible images, 4 sampled");
+        let kept = |image: &Vec<u8>| -> Vec<u64> {
+            (0..8u64)
+                .filter(|&l| image[(l * 64) as usize] != 0)
+                .collect()
+        };
+        assert_eq!(kept(&images[0]), Vec::<u64>::new());
+        assert_eq!(kept(&images[1]), vec![0, 2, 3, 5, 7]);
+        assert_eq!(kept(&images[2]), vec![0, 2, 3, 7], "all but the oldest (5)");
+        assert_eq!(kept(&images[3]), vec![0, 2, 5, 7], "all but the newest (3)");
     }
 
     #[test]
