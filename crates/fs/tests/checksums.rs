@@ -20,7 +20,7 @@ fn options() -> FsOptions {
 fn image(data_checksums: bool) -> Vec<u8> {
     let tracer = Tracer::new();
     let fs = Fs::format(
-        volume_over(vec![traced_volume_device(&tracer, 8 << 20)]).unwrap(),
+        volume_over(vec![traced_dirty_volume_device(&tracer, 8 << 20)]).unwrap(),
         &FormatOptions {
             data_checksums,
             ..small_format()

@@ -107,7 +107,7 @@ fn disjoint_and_overlapping_writers() {
 #[test]
 fn the_checkpoint_holds_still_while_quiesced() {
     let tracer = pmem::Tracer::new();
-    let fs = format_over(vec![traced_volume_device(&tracer, 16 << 20)]);
+    let fs = format_over(vec![traced_dirty_volume_device(&tracer, 16 << 20)]);
     let file = fs.create("/f").unwrap();
     let (pending, same) = fs.quiesced(|| {
         std::thread::scope(|s| {

@@ -67,7 +67,7 @@ fn aged_image(crash: bool) -> Vec<u8> {
 fn aged_image_with(crash: bool, data_checksums: bool) -> Vec<u8> {
     let tracer = Tracer::new();
     let fs = Fs::format(
-        volume_over(vec![traced_volume_device(&tracer, 8 << 20)]).unwrap(),
+        volume_over(vec![traced_dirty_volume_device(&tracer, 8 << 20)]).unwrap(),
         &fs::FormatOptions {
             data_checksums,
             ..small_format()
@@ -362,7 +362,7 @@ fn salvaged(damaged: &[u8], model: &Tree) -> Result<(), Option<String>> {
 fn a_lost_create_of_a_file_the_checkpoint_wrote_is_reported() {
     let tracer = Tracer::new();
     let fs = Fs::format(
-        volume_over(vec![traced_volume_device(&tracer, 8 << 20)]).unwrap(),
+        volume_over(vec![traced_dirty_volume_device(&tracer, 8 << 20)]).unwrap(),
         &small_format(),
         small_options(),
     )

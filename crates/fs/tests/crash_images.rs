@@ -105,7 +105,7 @@ const IMAGES_PER_POINT: usize = 6;
 /// Sets up with `setup`, then records `op` and checks every crash image of it.
 fn check_op(name: &str, setup: impl Fn(&Fs), op: impl Fn(&Fs)) {
     let tracer = Tracer::new();
-    let region = traced_volume_device(&tracer, DEVICE);
+    let region = traced_dirty_volume_device(&tracer, DEVICE);
     let fs = Fs::format(
         volume_over(vec![region.clone()]).unwrap(),
         &format(),
@@ -310,7 +310,7 @@ fn checkpoint_moves_everything_and_changes_nothing_visible() {
     // The checkpoint does not change the visible state, so here every image must equal it,
     // and the logs must have been used: check both by hand.
     let tracer = Tracer::new();
-    let region = traced_volume_device(&tracer, DEVICE);
+    let region = traced_dirty_volume_device(&tracer, DEVICE);
     let fs = Fs::format(volume_over(vec![region]).unwrap(), &format(), options()).unwrap();
     write(&fs, "/f", 0, 64 << 10, 1);
     write(&fs, "/f", 100, 5000, 2);
@@ -364,7 +364,7 @@ fn every_image_is(name: &str, tracer: &Tracer, first: usize, last: usize, expect
 
 /// A file system with logged writes and journaled operations not yet checkpointed.
 fn busy(tracer: &Tracer) -> Fs {
-    let region = traced_volume_device(tracer, DEVICE);
+    let region = traced_dirty_volume_device(tracer, DEVICE);
     let fs = Fs::format(volume_over(vec![region]).unwrap(), &format(), options()).unwrap();
     fs.mkdir("/d", 0o750).unwrap();
     write(&fs, "/d/f", 0, 64 << 10, 1);
@@ -443,7 +443,7 @@ fn with_data_checksums_no_crash_leaves_a_block_failing_its_checksum() {
 fn defragmenting_a_window_with_a_hole() {
     let tracer = Tracer::new();
     // Room for the rewrite's free 2 MiB extent beside the file and the logs.
-    let region = traced_volume_device(&tracer, 2 * DEVICE);
+    let region = traced_dirty_volume_device(&tracer, 2 * DEVICE);
     let fs = Fs::format(volume_over(vec![region]).unwrap(), &format(), options()).unwrap();
     let window = 2u64 << 20;
     let f = fs.create("/f").unwrap();
@@ -559,7 +559,7 @@ fn checksum_tables_for_an_added_device() {
     let again = Tracer::new();
     let regions = vec![
         again.region_with(image),
-        traced_volume_device(&again, DEVICE),
+        traced_dirty_volume_device(&again, DEVICE),
     ];
     let old = volume::Volume::open_devices(
         node0_sources(regions[..1].to_vec()),

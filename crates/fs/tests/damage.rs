@@ -10,7 +10,7 @@ use testkit::*;
 /// thread's journal) and left as a crash would leave it.
 fn ten_creates() -> Vec<u8> {
     let tracer = Tracer::new();
-    let fs = format_over(vec![traced_volume_device(&tracer, 8 << 20)]);
+    let fs = format_over(vec![traced_dirty_volume_device(&tracer, 8 << 20)]);
     for i in 0..10 {
         fs.create(&format!("/damage-file-{i:02}")).unwrap();
     }
@@ -73,7 +73,7 @@ fn a_damaged_last_journal_record_is_a_torn_append() {
 /// use first.
 fn unmounted() -> (Vec<u8>, [usize; 2]) {
     let tracer = Tracer::new();
-    let fs = format_over(vec![traced_volume_device(&tracer, 8 << 20)]);
+    let fs = format_over(vec![traced_dirty_volume_device(&tracer, 8 << 20)]);
     fs.mkdir("/d", 0o755).unwrap();
     for i in 0..3 {
         fs.create(&format!("/d/f{i}"))
@@ -194,7 +194,7 @@ fn repair_cuts_a_damaged_journal_back_to_just_before_the_damage() {
 fn creates_around_writes() -> Vec<u8> {
     let tracer = Tracer::new();
     let fs = Fs::format(
-        volume_over(vec![traced_volume_device(&tracer, 8 << 20)]).unwrap(),
+        volume_over(vec![traced_dirty_volume_device(&tracer, 8 << 20)]).unwrap(),
         &small_format(),
         fs::FsOptions {
             checkpoint: fs::CheckpointMode::OnDemand,

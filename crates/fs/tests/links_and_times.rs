@@ -240,7 +240,7 @@ fn changes_to_an_unlinked_open_file_replay_after_a_crash() {
 #[test]
 fn a_write_after_a_stat_always_moves_the_mtime_on() {
     let tracer = pmem::Tracer::new();
-    let fs = format_over(vec![traced_volume_device(&tracer, 8 << 20)]);
+    let fs = format_over(vec![traced_dirty_volume_device(&tracer, 8 << 20)]);
     let (f, g) = (fs.create("/f").unwrap(), fs.create("/g").unwrap());
     let mut last = fs.stat("/f").unwrap().mtime_ns;
     for i in 0..2000u32 {

@@ -76,6 +76,27 @@ pub fn traced_volume_device(tracer: &Tracer, size: u64) -> Region {
     region
 }
 
+/// [`traced_volume_device`] over memory that held other data before (bytes from a seeded
+/// generator, none zero): what the file system allocates is never zero unless it wrote the
+/// zeros, so a crash image that lost zeroing or a copy under its record shows old bytes.
+///
+/// # Panics
+/// When formatting fails.
+pub fn traced_dirty_volume_device(tracer: &Tracer, size: u64) -> Region {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let old: Vec<u8> = (0..size)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 56) as u8 | 1
+        })
+        .collect();
+    let region = tracer.region_with(old);
+    Volume::format_devices(&node0_sources(vec![region.clone()]), [5; 16]).unwrap();
+    region
+}
+
 /// Opens a volume over regions (traced devices or recovered images), on the one-node
 /// fixture topology.
 pub fn volume_over(regions: Vec<Region>) -> volume::Result<Arc<Volume>> {
