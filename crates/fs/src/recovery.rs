@@ -731,7 +731,7 @@ fn make_checksums(volume: &Volume, loaded: &Loaded, change: &mut ChecksumsChange
     change.table_bytes = extents.iter().map(|e| e.len_bytes).sum();
     let tables = Checksums::load(volume, dir, false)?;
     change.blocks = crate::scrub::fill_entries(volume, &tables, &loaded.inodes)?;
-    // The entries are durable before a root names their tables.
+    // The entries are durable (each reading thread fenced its own) before a root names them.
     volume.fence();
     Ok(dir)
 }

@@ -68,42 +68,144 @@ pub struct DamagedBlock {
 }
 
 /// Scrubs the files of `inodes` (as recovery loaded them: extent maps and the overlays of
-/// logged writes) on `volume`.
+/// logged writes) on `volume`: each device's blocks on a thread of their own, near the device
+/// ([`per_device`]).
 pub(crate) fn scrub(
     volume: &Volume,
     checksums: &Checksums,
     inodes: &HashMap<u64, Arc<Inode>>,
 ) -> Result<ScrubReport> {
     let paths = paths(inodes);
-    let mut report = ScrubReport::default();
-    let mut block = vec![0u8; BLOCK as usize];
-    let mut seen = std::collections::HashSet::new();
+    let files = files(inodes);
+    let held = distinct_blocks(&files);
+    let found = per_device(volume, &held, |blocks| {
+        let mut block = vec![0u8; BLOCK as usize];
+        let mut damaged = Vec::new();
+        for &(index, held) in blocks {
+            read_block(volume, held.physical, &mut block)?;
+            if !checksums.matches(held.physical, &block)? {
+                damaged.push(index);
+            }
+        }
+        Ok(damaged)
+    })?;
+    let mut damaged: Vec<usize> = found.into_iter().flatten().collect();
+    damaged.sort_unstable();
+    let damaged = damaged
+        .into_iter()
+        .map(|index| {
+            let held = held[index];
+            let ino = files[held.file as usize].ino;
+            DamagedBlock {
+                path: paths
+                    .get(&ino)
+                    .cloned()
+                    .unwrap_or_else(|| format!("inode {ino}")),
+                ino,
+                offset: held.offset,
+                len: held.len,
+                address: GlobalAddress::from_raw(held.physical).to_string(),
+                held_by: held.held_by,
+            }
+        })
+        .collect();
+    Ok(ScrubReport {
+        files: files.len() as u64,
+        blocks: held.len() as u64,
+        damaged,
+    })
+}
+
+/// The files of `inodes`, by inode number.
+fn files(inodes: &HashMap<u64, Arc<Inode>>) -> Vec<&Arc<Inode>> {
     let mut files: Vec<&Arc<Inode>> = inodes.values().filter(|i| i.kind == Kind::File).collect();
     files.sort_by_key(|i| i.ino);
-    for inode in files {
-        report.files += 1;
-        let path = paths
-            .get(&inode.ino)
-            .cloned()
-            .unwrap_or_else(|| format!("inode {}", inode.ino));
+    files
+}
+
+/// A block of data a file holds: where it is, and which of the file's bytes it holds.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    physical: u64,
+    /// Index of the file in the list the blocks were gathered from.
+    file: u32,
+    offset: u64,
+    len: u64,
+    held_by: &'static str,
+}
+
+/// Every distinct block of data `files` hold ([`data_blocks`]), file by file in file order;
+/// a block two files or two logged writes share is listed once, for the first.
+fn distinct_blocks(files: &[&Arc<Inode>]) -> Vec<Held> {
+    let mut seen = std::collections::HashSet::new();
+    let mut held = Vec::new();
+    for (file, inode) in files.iter().enumerate() {
         for (offset, len, physical, held_by) in data_blocks(inode) {
-            if !read_once(volume, physical, &mut seen, &mut block)? {
-                continue;
-            }
-            report.blocks += 1;
-            if !checksums.matches(physical, &block)? {
-                report.damaged.push(DamagedBlock {
-                    path: path.clone(),
-                    ino: inode.ino,
+            if seen.insert(physical) {
+                held.push(Held {
+                    physical,
+                    file: file as u32,
                     offset,
                     len,
-                    address: GlobalAddress::from_raw(physical).to_string(),
                     held_by,
                 });
             }
         }
     }
-    Ok(report)
+    held
+}
+
+/// Runs `work` over the blocks of `held` (with their indexes) device by device, each device
+/// on a thread of its own pinned to the CPUs of the device's node when that node has any — so
+/// every device is read from its own node and the devices at once (scrub and turning
+/// checksums on read all of a volume's data). Returns each device's result.
+fn per_device<T: Send>(
+    volume: &Volume,
+    held: &[Held],
+    work: impl Fn(&[(usize, Held)]) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    let mut groups: Vec<Vec<(usize, Held)>> = vec![Vec::new(); volume.device_count() as usize];
+    for (index, &block) in held.iter().enumerate() {
+        let device = GlobalAddress::from_raw(block.physical).device() as usize;
+        groups
+            .get_mut(device)
+            .ok_or_else(|| {
+                crate::FsError::corrupt(
+                    "data block address",
+                    format!(
+                        "{} is on no device of the volume",
+                        GlobalAddress::from_raw(block.physical)
+                    ),
+                )
+            })?
+            .push((index, block));
+    }
+    let work = &work;
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = groups
+            .iter()
+            .enumerate()
+            .filter(|(_, blocks)| !blocks.is_empty())
+            .map(|(device, blocks)| {
+                let cpus = volume
+                    .device_node(device as u32)
+                    .and_then(|node| volume.topology().nodes.iter().find(|n| n.id == node))
+                    .map(|node| node.cpus.clone())
+                    .filter(|cpus| !cpus.is_empty());
+                scope.spawn(move || {
+                    if let Some(cpus) = cpus {
+                        // Only placement: a thread left unpinned still does the work.
+                        let _ = topology::pin_current_thread(&cpus);
+                    }
+                    work(blocks)
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("a device's scrub thread panicked"))
+            .collect()
+    })
 }
 
 /// The blocks of data a file's reads can return, as recovery loaded it — its extent map's
@@ -138,41 +240,35 @@ pub(crate) fn data_blocks(inode: &Inode) -> Vec<(u64, u64, u64, &'static str)> {
 
 /// Gives every block of data the files of `inodes` hold ([`data_blocks`]) its entry in
 /// `checksums`, from the bytes it holds now (`Fs::set_data_checksums`: checksums turned on
-/// for a file system that had none). Durable at the caller's next fence. Returns the
+/// for a file system that had none), each device's blocks on a thread near it
+/// ([`per_device`]), each thread fencing its own stores: durable when it returns. Returns the
 /// blocks.
 pub(crate) fn fill_entries(
     volume: &Volume,
     checksums: &Checksums,
     inodes: &HashMap<u64, Arc<Inode>>,
 ) -> Result<u64> {
-    let mut block = vec![0u8; BLOCK as usize];
-    let mut seen = std::collections::HashSet::new();
-    for inode in inodes.values().filter(|i| i.kind == Kind::File) {
-        for (_, _, physical, _) in data_blocks(inode) {
-            if read_once(volume, physical, &mut seen, &mut block)? {
-                checksums.store(physical, &[crate::checksums::block_crc(&block)])?;
-            }
+    let held = distinct_blocks(&files(inodes));
+    per_device(volume, &held, |blocks| {
+        let mut block = vec![0u8; BLOCK as usize];
+        for &(_, held) in blocks {
+            read_block(volume, held.physical, &mut block)?;
+            checksums.store(held.physical, &[crate::checksums::block_crc(&block)])?;
         }
-    }
-    Ok(seen.len() as u64)
+        // The entries are non-temporal stores of this thread: only its own fence drains them.
+        volume.fence();
+        Ok(())
+    })?;
+    Ok(held.len() as u64)
 }
 
-/// Reads the block at `physical` into `block` unless `seen` has it (a block two files or
-/// two logged writes share is read once); returns whether it read.
-fn read_once(
-    volume: &Volume,
-    physical: u64,
-    seen: &mut std::collections::HashSet<u64>,
-    block: &mut [u8],
-) -> Result<bool> {
-    if !seen.insert(physical) {
-        return Ok(false);
-    }
+/// Reads the block at `physical` into `block`.
+fn read_block(volume: &Volume, physical: u64, block: &mut [u8]) -> Result<()> {
     let at = GlobalAddress::from_raw(physical);
     volume
         .device_region(at.device())?
         .read(at.offset(), block)?;
-    Ok(true)
+    Ok(())
 }
 
 /// Every linked inode's path.
