@@ -1138,3 +1138,51 @@ fn extend_adds_devices_keeping_every_file() {
     assert_eq!(got, b);
     fs.unmount().unwrap();
 }
+
+/// `locus status` names a node with CPUs but no device of the volume (its threads write to
+/// other nodes' memory) and the command that adds one: read on the two-socket fixture, whose
+/// node 1 has CPUs, over a volume whose one device is on node 0.
+#[test]
+fn status_names_a_node_without_a_device() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let device = format!("{},node=0,size=16M", dir.path().join("d0").display());
+    assert!(
+        locus(dir.path(), &["format", "--device", &device])
+            .status
+            .success()
+    );
+    let sysfs = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../topology/tests/fixtures/two-socket"
+    );
+    let status = |json: bool| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_locus"));
+        command
+            .args(["--sysfs", sysfs, "status", "--volume"])
+            .arg(dir.path());
+        if json {
+            command.arg("--json");
+        }
+        command.output().unwrap()
+    };
+    let text_status = status(false);
+    assert!(
+        text_status.status.success(),
+        "{}",
+        text(&text_status.stderr)
+    );
+    assert_says(
+        &text_status,
+        "node 1 has CPUs but no device: its threads write to other nodes' memory \
+         (`locus extend --device PATH,node=1,size=SIZE`",
+    );
+    assert!(!text(&text_status.stdout).contains("node 0 has CPUs but no device"));
+    let json: Value = serde_json::from_slice(&status(true).stdout).unwrap();
+    let local: Vec<bool> = json["orders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["has_local_device"].as_bool().unwrap())
+        .collect();
+    assert_eq!(local, [true, false]);
+}

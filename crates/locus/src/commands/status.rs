@@ -95,6 +95,9 @@ struct NodeOrder {
     node: u32,
     devices: Vec<u32>,
     target: Option<u32>,
+    /// Whether a device of the volume is on this node: without one, every write of its
+    /// threads goes to another node's memory.
+    has_local_device: bool,
 }
 
 pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
@@ -121,6 +124,8 @@ pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
                 node: n.id,
                 devices: volume.device_order(n.id)?,
                 target: volume.decide_target(n.id),
+                has_local_device: (0..volume.device_count())
+                    .any(|d| volume.device_node(d) == Some(n.id)),
             })
         })
         .collect();
@@ -242,6 +247,14 @@ pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
                 .target
                 .map_or_else(|| "none (all fat)".into(), |t| t.to_string())
         );
+        if !order.has_local_device {
+            outln!(
+                "    node {} has CPUs but no device: its threads write to other nodes' memory \
+                 (`locus extend --device PATH,node={},size=SIZE` adds one, on a stopped volume)",
+                order.node,
+                order.node
+            );
+        }
     }
     if report
         .devices
