@@ -409,6 +409,10 @@ impl Fs {
     /// Returns the tables made and the memory they and the directory took; `(0, 0)` when
     /// every device has its table or there are no data checksums.
     pub fn add_device_tables(volume: &Volume) -> Result<(u32, u64)> {
+        // Without data checksums there is nothing to make, whatever state the rest is in.
+        if !Fs::has_data_checksums(volume)? {
+            return Ok((0, 0));
+        }
         let loaded = load_salvaging(volume, None, true)?;
         let Some(dir) = loaded.root.checksums else {
             return Ok((0, 0));
