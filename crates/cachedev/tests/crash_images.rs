@@ -59,7 +59,7 @@ fn check_op(name: &str, setup: impl Fn(&CacheDevice), op: impl Fn(&CacheDevice))
         .set_len(BLOCKS * BLOCK)
         .unwrap();
     let tracer = Tracer::new();
-    let region = testkit::traced_volume_device(&tracer, 8 << 20);
+    let region = testkit::traced_dirty_volume_device(&tracer, 8 << 20);
     let fs = Fs::format(
         testkit::volume_over(vec![region]).unwrap(),
         &testkit::small_format(),
