@@ -22,7 +22,7 @@ use crate::config::{CONFIG_FILE, DeviceConfig};
 use crate::error::{Result, VolumeError};
 use crate::lock::VolumeLock;
 use crate::superblock::{MIN_DEVICE_BYTES, Superblock};
-use crate::volume::{DeviceSource, OpenOptions, Volume, check_emulated, hex, missing_size};
+use crate::volume::{DeviceSource, Volume, check_emulated, hex, missing_size};
 
 /// What [`Volume::extend`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,10 +41,10 @@ pub struct Extended {
 impl Volume {
     /// Adds `added` (created like `format` creates devices: a file needs `size_bytes`, an
     /// emulated device its node) to the volume in `dir`, which no process may have open. An
-    /// extension an earlier crash interrupted is finished first (by the open). A device that
-    /// carries a superblock of another volume, or of this one at an index it already uses,
-    /// is refused unless `force` (another volume's device is then overwritten; this volume's
-    /// own devices never are).
+    /// extension an earlier crash interrupted is finished first (by the open). A device of
+    /// this volume is refused (under any path); one that carries another volume's superblock
+    /// is refused unless `force` (it is then overwritten). Every device is checked before
+    /// any is created, and a failed call removes the files it created.
     pub fn extend(
         dir: &Path,
         topology: Topology,
@@ -88,18 +88,8 @@ impl Volume {
         }
         check_emulated(dir, &full)?;
         lock.lock_devices(&full)?;
-        let options = OpenOptions {
-            check_interval: None,
-            prefault: false,
-            ..OpenOptions::default()
-        };
         let flush = config.flush_policy().expect("validated");
-        let sources = config
-            .devices
-            .iter()
-            .map(|device| device.open_source(flush, false))
-            .collect::<Result<Vec<_>>>()?;
-        let mut volume = Self::open_devices(sources, topology, &options)?;
+        let mut volume = Self::open_listed(&config, topology)?;
         volume.finish_extension()?;
         let before = volume.device_count();
         let uuid = volume.uuid();

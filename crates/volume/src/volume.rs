@@ -391,6 +391,14 @@ impl Volume {
         let config = VolumeConfig::read(dir)?.ok_or_else(|| VolumeError::NoVolume {
             dir: dir.to_owned(),
         })?;
+        let mut volume = Self::open_listed(&config, topology)?;
+        volume.dir = Some(dir.to_owned());
+        Ok(volume)
+    }
+
+    /// The devices `config` lists, opened for a short job: no page mapped ahead, no monitor
+    /// thread, nothing written (a stale superblock stays stale).
+    pub(crate) fn open_listed(config: &VolumeConfig, topology: Topology) -> Result<Self> {
         let flush = config.flush_policy().expect("validated");
         let sources = config
             .devices
@@ -402,9 +410,7 @@ impl Volume {
             prefault: false,
             ..OpenOptions::default()
         };
-        let mut volume = Self::open_devices(sources, topology, &options)?;
-        volume.dir = Some(dir.to_owned());
-        Ok(volume)
+        Self::open_devices(sources, topology, &options)
     }
 
     /// The volume's identity.
