@@ -178,11 +178,13 @@ struct Scratch {
 /// One batch. Returns the records moved.
 fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch) -> Result<usize> {
     let _batch = inner.lock_batch();
+    // The counter before the list of slots: a slot made after it holds no record below it.
+    let mark = inner.progress.mark();
     let slots = created_slots(inner);
     let queues: Vec<&Queue> = slots.iter().map(|s| &s.queue).collect();
     let batch = inner
         .progress
-        .take_batch(&queues, inner.options.checkpoint_batch);
+        .take_batch(mark, &queues, inner.options.checkpoint_batch);
     if batch.records.is_empty() {
         return Ok(0);
     }

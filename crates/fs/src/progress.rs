@@ -10,7 +10,11 @@
 //!   dropping an unqueued ticket (a failed append) withdraws it too;
 //! - the checkpoint's watermark ([`Progress::take_batch`]) is the least of the counter and
 //!   every published bound: every record below it is queued, so a batch of the queued records
-//!   below it, merged by order, is a prefix of what will ever be logged below it;
+//!   below it, merged by order, is a prefix of what will ever be logged below it. The counter
+//!   is read *before* the list of queues is taken ([`Progress::mark`]): a slot made after the
+//!   list was taken has no record below a counter read before it (its writer made the slot,
+//!   then took its order), while with the list taken first, a slot made in between held a
+//!   record below the counter that no batch saw, and `done_below` passed it;
 //! - `done_below` (every data record below it is part of its file) only rises, and only the
 //!   checkpoint raises it ([`Progress::finish_batch`]).
 //!
@@ -33,6 +37,10 @@ use crate::error::{FsError, Result};
 
 /// A queue this deep wakes a checkpoint that is letting a small batch gather.
 pub(crate) const GATHER_RECORDS: usize = 256;
+
+/// The order counter as [`Progress::mark`] read it, before a list of queues was taken.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Mark(u64);
 
 /// No writer of the slot is between taking an order and queueing its record.
 const NO_BOUND: u64 = u64::MAX;
@@ -357,10 +365,17 @@ impl Progress {
         self.passed.notify_all();
     }
 
+    /// The counter, read before the caller lists the queues it hands to
+    /// [`Progress::take_batch`] (see the module docs): every slot whose writer took an order
+    /// below it is made before the read, so the list has its queue.
+    pub(crate) fn mark(&self) -> Mark {
+        Mark(self.current_order())
+    }
+
     /// The watermark: no record below it can still be queued.
-    fn safe_mark(&self, queues: &[&Queue]) -> u64 {
+    fn safe_mark(&self, mark: Mark, queues: &[&Queue]) -> u64 {
         // The counter first: a bound published after this load is at least its value.
-        let mut safe = self.current_order();
+        let mut safe = mark.0;
         for queue in queues {
             safe = safe.min(queue.bound());
         }
@@ -375,8 +390,8 @@ impl Progress {
     /// Takes a batch: the queued records below the watermark, merged by order, at most
     /// `limit` of them (an order prefix; the rest goes back to the front of its queues).
     /// `queues[i]` is slot `i`'s. An empty batch still raises `done_below` to the watermark.
-    pub(crate) fn take_batch(&self, queues: &[&Queue], limit: usize) -> Batch {
-        let safe = self.safe_mark(queues);
+    pub(crate) fn take_batch(&self, mark: Mark, queues: &[&Queue], limit: usize) -> Batch {
+        let safe = self.safe_mark(mark, queues);
         let mut records: Vec<Pending> = Vec::new();
         let mut runs = 0;
         // The least order of a movable record left in its queue: the batch is done below it.
@@ -521,7 +536,9 @@ impl Progress {
 
     /// Some queued record is below the watermark.
     fn movable(&self, queues: &[&Queue]) -> bool {
-        let safe = self.safe_mark(queues);
+        // A queue made after the caller's list is missed here; its writer wakes the
+        // checkpoint when it queues.
+        let safe = self.safe_mark(self.mark(), queues);
         queues
             .iter()
             .any(|q| q.records().front().is_some_and(|p| p.order < safe))
@@ -652,7 +669,7 @@ mod tests {
         // queues it while slot 1 has not taken its order yet.
         let mut late = progress.begin(&queues[1]);
         assert_eq!(write(&progress, &queues[0], 0), 0);
-        let batch = progress.take_batch(&all, 100);
+        let batch = progress.take_batch(progress.mark(), &all, 100);
         assert!(
             batch.records.is_empty(),
             "passed an open ticket: {:?}",
@@ -662,12 +679,41 @@ mod tests {
         let order = late.order();
         assert_eq!(order, 1);
         late.queue(record(1, order));
-        let batch = progress.take_batch(&all, 100);
+        let batch = progress.take_batch(progress.mark(), &all, 100);
         assert_eq!(orders(&batch), [0, 1]);
         assert_eq!(batch.done_below, 2);
         progress.finish_batch(&batch);
         assert_eq!(progress.done_below(), 2);
         assert_eq!(progress.pending(), 0);
+    }
+
+    /// A slot made while the checkpoint lists the queues: with the counter read first (the
+    /// mark), a record its writer logged meanwhile is above the watermark of the batch that
+    /// did not see its queue, so `done_below` never passes it. (Read after the list, as the
+    /// checkpoint once did, the watermark was 2 and the record, order 1, was checkpointed
+    /// after `done_below` had passed it: the assertion in `finish_batch`.)
+    #[test]
+    fn a_queue_made_after_the_list_is_never_passed() {
+        let progress = Progress::new(0, 0);
+        let queues = [Queue::with(VecDeque::new()), Queue::with(VecDeque::new())];
+        assert_eq!(write(&progress, &queues[0], 0), 0);
+        let mark = progress.mark();
+        let listed = [&queues[0]];
+        // Meanwhile slot 1 is made and its writer logs order 1.
+        assert_eq!(write(&progress, &queues[1], 1), 1);
+        let batch = progress.take_batch(mark, &listed, 100);
+        assert_eq!(orders(&batch), [0]);
+        progress.finish_batch(&batch);
+        assert_eq!(
+            progress.done_below(),
+            1,
+            "passed the unlisted queue's record"
+        );
+        let all: Vec<&Queue> = queues.iter().collect();
+        let batch = progress.take_batch(progress.mark(), &all, 100);
+        assert_eq!(orders(&batch), [1]);
+        progress.finish_batch(&batch);
+        assert_eq!(progress.done_below(), 2);
     }
 
     #[test]
@@ -678,11 +724,19 @@ mod tests {
         let mut failed = progress.begin(&queues[1]);
         assert_eq!(failed.order(), 10);
         assert_eq!(write(&progress, &queues[0], 0), 11);
-        assert!(progress.take_batch(&all, 100).records.is_empty());
+        assert!(
+            progress
+                .take_batch(progress.mark(), &all, 100)
+                .records
+                .is_empty()
+        );
         assert!(!progress.all_quiet(&all));
         drop(failed); // its append failed: no record
         assert!(progress.all_quiet(&all));
-        assert_eq!(orders(&progress.take_batch(&all, 100)), [11]);
+        assert_eq!(
+            orders(&progress.take_batch(progress.mark(), &all, 100)),
+            [11]
+        );
     }
 
     #[test]
@@ -693,14 +747,14 @@ mod tests {
         for i in 0..6 {
             write(&progress, &queues[i % 2], (i % 2) as u32);
         }
-        let first = progress.take_batch(&all, 4);
+        let first = progress.take_batch(progress.mark(), &all, 4);
         assert_eq!(orders(&first), [0, 1, 2, 3]);
         assert_eq!(
             first.done_below, 4,
             "done_below stops at the first record left"
         );
         progress.finish_batch(&first);
-        let second = progress.take_batch(&all, 4);
+        let second = progress.take_batch(progress.mark(), &all, 4);
         assert_eq!(orders(&second), [4, 5]);
         assert_eq!(second.done_below, 6);
         progress.finish_batch(&second);
@@ -719,7 +773,7 @@ mod tests {
         }
         write(&progress, &queues[1], 1);
         write(&progress, &queues[1], 1);
-        let first = progress.take_batch(&all, 4);
+        let first = progress.take_batch(progress.mark(), &all, 4);
         assert_eq!(orders(&first), [0, 1, 2, 3]);
         assert_eq!(
             first.done_below, 4,
@@ -727,11 +781,14 @@ mod tests {
         );
         assert_eq!(queues[0].records().len(), 4);
         progress.finish_batch(&first);
-        let second = progress.take_batch(&all, 4);
+        let second = progress.take_batch(progress.mark(), &all, 4);
         assert_eq!(orders(&second), [4, 5, 6, 7]);
         assert_eq!(second.done_below, 8);
         progress.finish_batch(&second);
-        assert_eq!(orders(&progress.take_batch(&all, 4)), [8, 9]);
+        assert_eq!(
+            orders(&progress.take_batch(progress.mark(), &all, 4)),
+            [8, 9]
+        );
     }
 
     #[test]
@@ -740,7 +797,7 @@ mod tests {
         let progress = Progress::new(0, 0);
         let queue = Queue::with(VecDeque::new());
         write(&progress, &queue, 0);
-        let batch = progress.take_batch(&[&queue], 10);
+        let batch = progress.take_batch(progress.mark(), &[&queue], 10);
         progress.finish_batch(&batch);
         progress.finish_batch(&batch);
     }
@@ -779,7 +836,7 @@ mod tests {
             let sleeper = returns_soon("idle checkpoint", move || {
                 let all: Vec<&Queue> = q.iter().collect();
                 // Sleeps until the record below is movable (at once if it already is).
-                while p.take_batch(&all, 10).records.is_empty() {
+                while p.take_batch(p.mark(), &all, 10).records.is_empty() {
                     p.sleep(&all, Until::Movable, Requests::default());
                 }
             });
