@@ -1174,7 +1174,7 @@ fn status_names_a_node_without_a_device() {
     assert_says(
         &text_status,
         "node 1 has CPUs but no device: its threads write to other nodes' memory \
-         (`locus extend --device PATH,node=1,size=SIZE`",
+         (`locus extend --emulate` or `--device PATH,node=1,size=SIZE`",
     );
     assert!(!text(&text_status.stdout).contains("node 0 has CPUs but no device"));
     let json: Value = serde_json::from_slice(&status(true).stdout).unwrap();
@@ -1185,4 +1185,38 @@ fn status_names_a_node_without_a_device() {
         .map(|o| o["has_local_device"].as_bool().unwrap())
         .collect();
     assert_eq!(local, [true, false]);
+}
+
+/// `extend --emulate SIZE` gives every node with memory that has no device of the volume an
+/// emulated one bound to it (here node 0, whose only device so far is an ordinary file with no
+/// node), and refuses when every node has one; it and --device exclude each other.
+#[test]
+fn extend_emulate_gives_each_node_without_a_device_one() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let file = format!("{},kind=file,size=16M", dir.path().join("f0").display());
+    assert!(
+        locus(dir.path(), &["format", "--device", &file, "--no-fs"])
+            .status
+            .success()
+    );
+    let orders = |dir: &Path| status_json(dir)["orders"][0]["has_local_device"].as_bool();
+    assert_eq!(orders(dir.path()), Some(false));
+    let added = locus(dir.path(), &["extend", "--emulate", "16M"]);
+    assert!(added.status.success(), "{}", text(&added.stderr));
+    assert_says(&added, "1 -> 2 device(s)");
+    assert_says(&added, "node0.pmem (emulated, 16.00 MiB, node 0)");
+    assert_eq!(orders(dir.path()), Some(true));
+    let again = locus(dir.path(), &["extend", "--emulate", "16M"]);
+    assert!(!again.status.success());
+    assert!(
+        text(&again.stderr).contains("every NUMA node with memory has a device"),
+        "{}",
+        text(&again.stderr)
+    );
+    let both = locus(dir.path(), &["extend", "--emulate", "--device", &file]);
+    assert!(!both.status.success());
+    assert_eq!(
+        status_json(dir.path())["devices"].as_array().unwrap().len(),
+        2
+    );
 }

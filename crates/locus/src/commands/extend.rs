@@ -36,6 +36,15 @@ pub struct ExtendArgs {
     #[arg(long = "device", value_name = "SPEC")]
     devices: Vec<String>,
 
+    /// Add an emulated device (a file in the volume directory whose pages are bound to its
+    /// node, as `locus format --emulate` makes) on every NUMA node with memory that has no
+    /// device of the volume yet, CPU-less (CXL) nodes included: each of SIZE if given, else
+    /// min(a quarter of the node's free memory, 4 GiB). `locus status` names CPU nodes without
+    /// a device.
+    #[arg(long, value_name = "SIZE", num_args = 0..=1, default_missing_value = "",
+          conflicts_with = "devices")]
+    emulate: Option<String>,
+
     /// Add a device even if it holds a device of another locus volume (whose data is then
     /// lost). A device of this volume is never added twice.
     #[arg(long)]
@@ -44,11 +53,14 @@ pub struct ExtendArgs {
 
 pub fn run(dir: &Path, sysfs: &Path, args: &ExtendArgs) -> Result<()> {
     let topology = super::volume::read_topology(sysfs)?;
-    let added = args
-        .devices
-        .iter()
-        .map(|spec| super::format::parse_device(spec))
-        .collect::<Result<Vec<_>>>()?;
+    let added = match &args.emulate {
+        Some(size) => emulated_for_nodes_without(dir, &topology, size)?,
+        None => args
+            .devices
+            .iter()
+            .map(|spec| super::format::parse_device(spec))
+            .collect::<Result<Vec<_>>>()?,
+    };
     if !added.is_empty() {
         let extended = super::volume::after_stopping_server(dir, || {
             volume::Volume::extend(dir, topology.clone(), &added, args.force)
@@ -120,4 +132,40 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ExtendArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// An emulated device for every node with memory that has no device of the volume in `dir`
+/// (`--emulate`), sized `size` (empty: the embedded default's size for the node).
+fn emulated_for_nodes_without(
+    dir: &Path,
+    topology: &topology::Topology,
+    size: &str,
+) -> Result<Vec<volume::DeviceConfig>> {
+    let size = if size.is_empty() {
+        None
+    } else {
+        Some(crate::size::parse_size(size).map_err(anyhow::Error::msg)?)
+    };
+    let view = super::volume::after_stopping_server(dir, || {
+        let (_lock, _) = volume::VolumeLock::acquire_existing(dir)?;
+        volume::Volume::open_view(dir, topology.clone())
+    })
+    .with_context(|| format!("reading the devices of the volume at {}", dir.display()))?;
+    let served: Vec<u32> = (0..view.device_count())
+        .filter_map(|d| view.device_node(d))
+        .collect();
+    drop(view);
+    let wanted = volume::default_config(dir, topology, size)?;
+    let added: Vec<volume::DeviceConfig> = wanted
+        .devices
+        .into_iter()
+        .filter(|d| d.node.is_some_and(|n| !served.contains(&n)))
+        .collect();
+    if added.is_empty() {
+        anyhow::bail!(
+            "every NUMA node with memory has a device of the volume at {} already (nodes {served:?})",
+            dir.display()
+        );
+    }
+    Ok(added)
 }

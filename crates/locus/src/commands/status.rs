@@ -250,7 +250,8 @@ pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
         if !order.has_local_device {
             outln!(
                 "    node {} has CPUs but no device: its threads write to other nodes' memory \
-                 (`locus extend --device PATH,node={},size=SIZE` adds one, on a stopped volume)",
+                 (`locus extend --emulate` or `--device PATH,node={},size=SIZE` adds one, on a \
+                 stopped volume)",
                 order.node,
                 order.node
             );
