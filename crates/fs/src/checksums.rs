@@ -160,6 +160,17 @@ fn add_zeroed_tables(
     Ok(())
 }
 
+/// The directory at `dir`: its extent and the tables it names.
+fn read_dir(volume: &Volume, dir: u64) -> Result<(Extent, Vec<TableArea>)> {
+    let extent = Extent {
+        start: GlobalAddress::from_raw(dir),
+        len_bytes: DIR_BYTES,
+    };
+    let mut bytes = vec![0u8; DIR_BYTES as usize];
+    volume.region(&extent)?.read(0, &mut bytes)?;
+    Ok((extent, decode_dir(&bytes)?))
+}
+
 /// A persisted directory naming `areas`, on device 0 (the root's), else where there is room.
 fn write_dir(volume: &Volume, areas: &[TableArea]) -> Result<Extent> {
     let dir = volume
@@ -194,13 +205,7 @@ impl Checksums {
     /// per device, except — `adding` (only [`crate::Fs::add_device_tables`]) — devices
     /// `locus extend` added that have none yet, past the ones named.
     pub(crate) fn load(volume: &Volume, dir: u64, adding: bool) -> Result<Self> {
-        let dir_extent = Extent {
-            start: GlobalAddress::from_raw(dir),
-            len_bytes: DIR_BYTES,
-        };
-        let mut bytes = vec![0u8; DIR_BYTES as usize];
-        volume.region(&dir_extent)?.read(0, &mut bytes)?;
-        let areas = decode_dir(&bytes)?;
+        let (dir_extent, areas) = read_dir(volume, dir)?;
         let devices = volume.device_count() as usize;
         if areas.len() != devices && !(adding && areas.len() < devices) {
             let problem = if areas.len() < devices {
@@ -249,13 +254,7 @@ impl Checksums {
     /// directory naming every table, in memory the file system does not own (the caller
     /// marked what it owns). Persisted, not fenced. `None` when every device has its table.
     pub(crate) fn add_tables(volume: &Volume, dir: u64) -> Result<Option<(u64, Vec<Extent>)>> {
-        let dir_extent = Extent {
-            start: GlobalAddress::from_raw(dir),
-            len_bytes: DIR_BYTES,
-        };
-        let mut bytes = vec![0u8; DIR_BYTES as usize];
-        volume.region(&dir_extent)?.read(0, &mut bytes)?;
-        let mut areas = decode_dir(&bytes)?;
+        let (_, mut areas) = read_dir(volume, dir)?;
         let devices = volume.device_count() as usize;
         if areas.len() >= devices {
             return Ok(None);

@@ -81,9 +81,10 @@ pub(crate) fn scrub(
     let found = per_device(volume, &held, |blocks| {
         let mut block = vec![0u8; BLOCK as usize];
         let mut damaged = Vec::new();
-        for &(index, held) in blocks {
-            read_block(volume, held.physical, &mut block)?;
-            if !checksums.matches(held.physical, &block)? {
+        for &index in blocks {
+            let physical = held[index].physical;
+            read_block(volume, physical, &mut block)?;
+            if !checksums.matches(physical, &block)? {
                 damaged.push(index);
             }
         }
@@ -155,16 +156,16 @@ fn distinct_blocks(files: &[&Arc<Inode>]) -> Vec<Held> {
     held
 }
 
-/// Runs `work` over the blocks of `held` (with their indexes) device by device, each device
+/// Runs `work` over the blocks of `held` (by their indexes in it) device by device, each device
 /// on a thread of its own pinned to the CPUs of the device's node when that node has any — so
 /// every device is read from its own node and the devices at once (scrub and turning
 /// checksums on read all of a volume's data). Returns each device's result.
 fn per_device<T: Send>(
     volume: &Volume,
     held: &[Held],
-    work: impl Fn(&[(usize, Held)]) -> Result<T> + Sync,
+    work: impl Fn(&[usize]) -> Result<T> + Sync,
 ) -> Result<Vec<T>> {
-    let mut groups: Vec<Vec<(usize, Held)>> = vec![Vec::new(); volume.device_count() as usize];
+    let mut groups: Vec<Vec<usize>> = vec![Vec::new(); volume.device_count() as usize];
     for (index, &block) in held.iter().enumerate() {
         let device = GlobalAddress::from_raw(block.physical).device() as usize;
         groups
@@ -178,7 +179,7 @@ fn per_device<T: Send>(
                     ),
                 )
             })?
-            .push((index, block));
+            .push(index);
     }
     let work = &work;
     std::thread::scope(|scope| {
@@ -189,7 +190,7 @@ fn per_device<T: Send>(
             .map(|(device, blocks)| {
                 let cpus = volume
                     .device_node(device as u32)
-                    .and_then(|node| volume.topology().nodes.iter().find(|n| n.id == node))
+                    .and_then(|node| volume.topology().node(node))
                     .map(|node| node.cpus.clone())
                     .filter(|cpus| !cpus.is_empty());
                 scope.spawn(move || {
@@ -251,9 +252,10 @@ pub(crate) fn fill_entries(
     let held = distinct_blocks(&files(inodes));
     per_device(volume, &held, |blocks| {
         let mut block = vec![0u8; BLOCK as usize];
-        for &(_, held) in blocks {
-            read_block(volume, held.physical, &mut block)?;
-            checksums.store(held.physical, &[crate::checksums::block_crc(&block)])?;
+        for &index in blocks {
+            let physical = held[index].physical;
+            read_block(volume, physical, &mut block)?;
+            checksums.store(physical, &[crate::checksums::block_crc(&block)])?;
         }
         // The entries are non-temporal stores of this thread: only its own fence drains them.
         volume.fence();

@@ -125,8 +125,9 @@ fn check_devices(config: &VolumeConfig) -> Result<CheckReport> {
     }
     let counts: std::collections::BTreeSet<u32> =
         found.iter().map(|(_, s)| s.device_count).collect();
-    // Two counts (a device past the smaller cannot say it): an extension that stopped after
-    // locus.toml listed the new devices (`Volume::extend`); opening finishes it.
+    // Two counts: an extension that stopped after locus.toml listed the new devices
+    // (`Volume::extend`); opening finishes it.
+    let agreed = crate::extend::agreed_count(&counts);
     if counts.len() == 2 {
         report.warnings.push(format!(
             "an extension of the volume from {} to {} devices stopped before every superblock \
@@ -134,12 +135,12 @@ fn check_devices(config: &VolumeConfig) -> Result<CheckReport> {
             counts.first().expect("two"),
             counts.last().expect("two")
         ));
-    } else if counts.len() > 1 {
+    } else if agreed.is_none() && !counts.is_empty() {
         report
             .problems
             .push(format!("devices disagree on the device count: {counts:?}"));
     }
-    if let Some(&count) = counts.iter().next_back() {
+    if let Some(&count) = counts.last() {
         let mut seen: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
         for (path, superblock) in &found {
             seen.entry(superblock.device_index).or_default().push(path);

@@ -280,6 +280,16 @@ fn check_new_device(
     Ok(())
 }
 
+/// The device count the superblocks of a volume's devices give together (`counts`, each
+/// count they say): their one count, or — two counts, an extension interrupted after
+/// `locus.toml` listed the new devices (a device at or past the smaller cannot say it) — the
+/// larger. `None` for no count or three and more: the devices are not one volume.
+pub(crate) fn agreed_count(counts: &std::collections::BTreeSet<u32>) -> Option<u32> {
+    (1..=2)
+        .contains(&counts.len())
+        .then(|| *counts.last().expect("a count"))
+}
+
 /// Whether `a` and `b` name the same file (the same path, or the same inode when both exist).
 fn same_file(a: &Path, b: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;

@@ -65,17 +65,17 @@ impl Default for OpenOptions {
 
 #[derive(Debug)]
 pub(crate) struct VolumeDevice {
-    pub(crate) label: String,
-    pub(crate) kind: Option<DeviceKind>,
-    pub(crate) mode: PersistenceMode,
-    pub(crate) node: Option<u32>,
+    label: String,
+    kind: Option<DeviceKind>,
+    mode: PersistenceMode,
+    node: Option<u32>,
     pub(crate) superblock: Superblock,
     /// The superblock on the device is not `superblock` yet: an extension was interrupted
     /// before it raised this device's count, or while it rewrote it (read from its copy).
     /// [`Volume::open`] rewrites it.
     pub(crate) stale: bool,
     pub(crate) region: Region,
-    pub(crate) allocator: ShardedAllocator,
+    allocator: ShardedAllocator,
 }
 
 /// One device's state, as `locus status` shows it.
@@ -715,16 +715,15 @@ fn shard_count(options: &OpenOptions, cpus: usize, pages: u64) -> usize {
 /// and up, which a superblock saying `before` cannot have) say `count`, and each of the
 /// others `before` or `count`. A third count is a mismatch.
 fn extended_count(devices: &[VolumeDevice]) -> Result<u32> {
-    let counts = || devices.iter().map(|d| d.superblock.device_count);
-    let (Some(before), Some(count)) = (counts().min(), counts().max()) else {
-        return Err(VolumeError::Mismatch {
-            problem: "no devices".into(),
-        });
-    };
     let says = |d: &VolumeDevice| d.superblock.device_count;
+    let counts: std::collections::BTreeSet<u32> = devices.iter().map(says).collect();
+    if let Some(count) = crate::extend::agreed_count(&counts) {
+        return Ok(count);
+    }
+    let (before, count) = (counts.first(), counts.last());
     let odd = devices
         .iter()
-        .find(|d| says(d) != before && says(d) != count);
+        .find(|d| Some(&says(d)) != before && Some(&says(d)) != count);
     if let Some(odd) = odd {
         let other = devices
             .iter()
@@ -740,7 +739,9 @@ fn extended_count(devices: &[VolumeDevice]) -> Result<u32> {
             ),
         });
     }
-    Ok(count)
+    Err(VolumeError::Mismatch {
+        problem: "no devices".into(),
+    })
 }
 
 fn check_len(len_bytes: u64) -> Result<u64> {
