@@ -160,6 +160,28 @@ fn add_zeroed_tables(
     Ok(())
 }
 
+/// A table of `blocks` entries for the device of `area`, which grew past it: on that
+/// device, the old table's entries copied and the rest zeroed, persisted; `area` then names
+/// it. Returns the memory it takes.
+fn grow_table(volume: &Volume, area: &mut TableArea, blocks: u64) -> Result<Extent> {
+    let old = Extent {
+        start: GlobalAddress::from_raw(area.addr),
+        len_bytes: table_len(area.blocks),
+    };
+    let bytes = table_len(blocks);
+    let extent = volume.alloc_on(area.device, bytes)?;
+    let region = volume.region(&extent)?;
+    let kept = area.blocks * ENTRY_BYTES;
+    let mut entries = vec![0u8; kept as usize];
+    volume.region(&old)?.read(0, &mut entries)?;
+    region.write(0, &entries)?;
+    region.fill(kept, bytes - kept, 0)?;
+    region.persist(0, bytes)?;
+    area.addr = extent.start.raw();
+    area.blocks = blocks;
+    Ok(extent)
+}
+
 /// The directory at `dir`: its extent and the tables it names.
 fn read_dir(volume: &Volume, dir: u64) -> Result<(Extent, Vec<TableArea>)> {
     let extent = Extent {
@@ -227,7 +249,18 @@ impl Checksums {
         let mut extents = vec![dir_extent];
         for area in &areas {
             let device_blocks = volume.device_region(area.device)?.len() / BLOCK;
-            if area.blocks != device_blocks {
+            if area.blocks < device_blocks && !adding {
+                return Err(FsError::corrupt(
+                    "data-checksum directory",
+                    format!(
+                        "the table of device {} has {} entries; the device has {device_blocks} \
+                         blocks: it grew, and its table is not grown yet (`locus extend \
+                         --volume DIR` grows it)",
+                        area.device, area.blocks
+                    ),
+                ));
+            }
+            if area.blocks > device_blocks {
                 return Err(FsError::corrupt(
                     "data-checksum directory",
                     format!(
@@ -250,13 +283,23 @@ impl Checksums {
     }
 
     /// Tables for the devices past those the directory at `dir` names (added by `locus
-    /// extend`), each on its own device and zeroed (their blocks hold no data yet), and a new
-    /// directory naming every table, in memory the file system does not own (the caller
-    /// marked what it owns). Persisted, not fenced. `None` when every device has its table.
+    /// extend`), each on its own device and zeroed (their blocks hold no data yet), larger
+    /// tables for the devices that grew past theirs (`locus extend --grow`: the old entries
+    /// copied, the new blocks' zeroed), and a new directory naming every table, in memory
+    /// the file system does not own (the caller marked what it owns; the old tables of grown
+    /// devices become free once a root names the new directory). Persisted, not fenced.
+    /// `None` when every device has a table of its size.
     pub(crate) fn add_tables(volume: &Volume, dir: u64) -> Result<Option<(u64, Vec<Extent>)>> {
         let (_, mut areas) = read_dir(volume, dir)?;
         let devices = volume.device_count() as usize;
-        if areas.len() >= devices {
+        let mut extents = Vec::new();
+        for area in areas.iter_mut() {
+            let blocks = volume.device_region(area.device)?.len() / BLOCK;
+            if area.blocks < blocks {
+                extents.push(grow_table(volume, area, blocks)?);
+            }
+        }
+        if areas.len() >= devices && extents.is_empty() {
             return Ok(None);
         }
         if devices > MAX_DEVICES {
@@ -264,7 +307,6 @@ impl Checksums {
                 "data checksums support at most {MAX_DEVICES} devices; the volume has {devices}"
             )));
         }
-        let mut extents = Vec::with_capacity(devices - areas.len() + 1);
         let first = areas.len() as u32;
         add_zeroed_tables(volume, first..devices as u32, &mut areas, &mut extents)?;
         extents.push(write_dir(volume, &areas)?);

@@ -620,3 +620,94 @@ fn checksum_tables_for_an_added_device() {
         "{refusals} refused, {opened} opened"
     );
 }
+
+/// A device of a volume with data checksums that `locus extend --grow` lengthened gets a
+/// larger table: a crash anywhere in `Fs::add_device_tables` leaves a file system that
+/// refuses to open until the table is grown (naming the command) or opens with every file as
+/// it was and scrubs clean; once it returned, it opens, and the grown part is the volume's.
+#[test]
+fn checksum_table_of_a_grown_device() {
+    let tracer = Tracer::new();
+    let fs = busy(&tracer);
+    let expect = state(&fs);
+    fs.abandon();
+    let setup = Tracer::new();
+    let device = setup.region_with(tracer.contents()[0].clone());
+    Fs::set_data_checksums(&volume_over(vec![device]).unwrap(), true).unwrap();
+    // The device lengthened by DEVICE bytes of old contents (what a grown file held before
+    // is not the volume's concern), its superblock then recording the new size.
+    let mut bytes = setup.contents()[0].clone();
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    bytes.extend((0..DEVICE).map(|_| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x >> 56) as u8 | 1
+    }));
+    let again = Tracer::new();
+    let region = again.region_with(bytes);
+    let (superblock, _) = volume::superblock::Superblock::read_with_copy(&region, "d0").unwrap();
+    assert_eq!(superblock.capacity_bytes, DEVICE);
+    let unrecorded = volume_over(vec![region.clone()]).unwrap();
+    assert_eq!(
+        unrecorded.unrecorded_growth(),
+        vec![(0, DEVICE, 2 * DEVICE)]
+    );
+    assert_eq!(unrecorded.device_region(0).unwrap().len(), DEVICE);
+    let fs = Fs::open(unrecorded, options()).expect("a device grown but not recorded opens");
+    assert!(state(&fs) == expect);
+    fs.abandon();
+    superblock.grown(2 * DEVICE).rewrite(&region).unwrap();
+
+    let volume = volume_over(vec![region]).unwrap();
+    assert!(volume.unrecorded_growth().is_empty());
+    assert_eq!(volume.device_region(0).unwrap().len(), 2 * DEVICE);
+    let refused = Fs::open(Arc::clone(&volume), options()).unwrap_err();
+    assert!(
+        refused.to_string().contains("its table is not grown yet"),
+        "{refused}"
+    );
+    let first = again.fence_count();
+    assert_eq!(Fs::add_device_tables(&volume).unwrap().0, 1);
+    let last = again.fence_count();
+    drop(volume);
+    assert!(last > first, "no fence");
+    let (mut refusals, mut opened) = (0, 0);
+    for point in first..=last {
+        for crash in again.crash_images(point, IMAGES_PER_POINT, point as u64) {
+            let at = format!("point {point} ({})", crash.description);
+            let view = || {
+                let replay = Tracer::new();
+                volume_over(
+                    crash
+                        .regions
+                        .iter()
+                        .map(|bytes| replay.region_with(bytes.clone()))
+                        .collect(),
+                )
+                .unwrap()
+            };
+            let recovered = match Fs::open(view(), options()) {
+                Err(e) if point < last && e.to_string().contains("is not grown yet") => {
+                    refusals += 1;
+                    continue;
+                }
+                Err(e) => panic!("{at}: {e}"),
+                Ok(fs) => fs,
+            };
+            assert!(state(&recovered) == expect, "{at}: the files changed");
+            recovered.abandon();
+            let report = Fs::scrub(&view()).unwrap_or_else(|e| panic!("{at}: {e}"));
+            assert!(
+                report.damaged.is_empty() && report.blocks > 0,
+                "{at}: {:?}",
+                report.damaged
+            );
+            opened += 1;
+        }
+    }
+    assert!(
+        refusals > 0 && opened > 0,
+        "{refusals} refused, {opened} opened"
+    );
+}

@@ -966,6 +966,154 @@ fn superblock_count(device: &Path, set: Option<u32>) -> u32 {
     superblock.device_count
 }
 
+/// `locus extend --grow` lengthens a device of a volume that holds files (a checkpointed
+/// file and a crashed process's logged writes), with data checksums: the files stay, a file
+/// that did not fit fits, its blocks in the grown part have checksums (`scrub` names a
+/// flipped bit there); a grow stopped after the file was lengthened leaves the volume at its
+/// old size (`fsck` warns) until `locus extend` records it; one stopped before the table
+/// grew is refused by `fsck`, naming the command; sizes that would not grow, unknown
+/// devices, malformed specs and more memory than the node has are refused.
+#[test]
+fn grow_lengthens_a_device_keeping_every_file() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let d0 = dir.path().join("d0");
+    let spec = format!("{},node=0,size=64M", d0.display());
+    let formatted = locus(
+        dir.path(),
+        &["format", "--device", &spec, "--data-checksums"],
+    );
+    assert!(formatted.status.success(), "{}", text(&formatted.stderr));
+    let a = unique_bytes(3, 256 << 10);
+    let b = unique_bytes(5, 20_000);
+    {
+        let fs = open_fs(dir.path());
+        fs.create("/a").unwrap().write_at(&a, 0).unwrap();
+        let full = write_big(&fs, "/big", 80 << 20).unwrap_err();
+        assert_eq!(full.kind(), fs::ErrorKind::NoSpace, "{full}");
+        fs.unlink("/big").unwrap();
+        fs.unmount().unwrap();
+    }
+    {
+        let fs = open_fs_on_demand(dir.path());
+        fs.create("/b").unwrap().write_at(&b, 0).unwrap();
+        fs.abandon();
+    }
+    let capacity = |dir: &Path| status_json(dir)["devices"][0]["capacity_bytes"].as_u64();
+
+    for (grow, says) in [
+        ("0,size=32M", "locus never shrinks a device"),
+        ("0,size=64M", "would not add any"),
+        ("7,size=+1M", "the volume has no device 7 (its devices: 0 "),
+        ("/nowhere,size=+1M", "the volume has no device /nowhere"),
+        ("0", "give the new size"),
+        ("0,size=+1M,node=1", "unknown part \"node=1\""),
+        ("0,size=+1000T", "more bytes of memory"),
+    ] {
+        let refused = locus(dir.path(), &["extend", "--grow", grow]);
+        assert!(!refused.status.success(), "{grow}");
+        assert!(
+            text(&refused.stderr).contains(says),
+            "{grow}: {}",
+            text(&refused.stderr)
+        );
+    }
+    assert_eq!(std::fs::metadata(&d0).unwrap().len(), 64 << 20);
+    assert_eq!(capacity(dir.path()), Some(64 << 20));
+
+    let path_spec = format!("{},size=+64M", d0.display());
+    let grown = locus(dir.path(), &["extend", "--grow", &path_spec]);
+    assert!(grown.status.success(), "{}", text(&grown.stderr));
+    assert_says(&grown, "device 0 (");
+    assert_says(&grown, "64.00 MiB -> 128.00 MiB");
+    assert_says(
+        &grown,
+        "data checksums: 1 table(s) made for the new or grown device(s)",
+    );
+    assert_eq!(capacity(dir.path()), Some(128 << 20));
+    let config = std::fs::read_to_string(dir.path().join("locus.toml")).unwrap();
+    assert!(config.contains("size_bytes = 134217728"), "{config}");
+    for check in [&["fsck"][..], &["scrub"]] {
+        let out = locus(dir.path(), check);
+        assert!(out.status.success(), "{check:?}: {}", text(&out.stdout));
+    }
+    let reads_back = |dir: &Path| {
+        let fs = open_fs(dir);
+        for (path, want) in [("/a", &a), ("/b", &b)] {
+            let mut got = vec![0u8; want.len()];
+            fs.open_file(path, Default::default())
+                .unwrap()
+                .read_at(&mut got, 0)
+                .unwrap();
+            assert!(&got == want, "{path} changed");
+        }
+        fs
+    };
+    let fs = reads_back(dir.path());
+    write_big(&fs, "/big", 80 << 20).unwrap();
+    fs.unmount().unwrap();
+    assert!(locus(dir.path(), &["scrub"]).status.success());
+    // The file's last MiB went to the grown part; a bit flipped there is named.
+    let needle = &unique_bytes(11, 80 << 20)[79 << 20..(79 << 20) + 64];
+    let mut bytes = std::fs::read(&d0).unwrap();
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("the file's last MiB is on the device");
+    assert!(
+        at >= 64 << 20,
+        "the file's last MiB at {at}, before the grown part"
+    );
+    bytes[at] ^= 1;
+    std::fs::write(&d0, &bytes).unwrap();
+    let scrub = locus(dir.path(), &["scrub"]);
+    assert_eq!(scrub.status.code(), Some(1), "{}", text(&scrub.stdout));
+    bytes[at] ^= 1;
+    std::fs::write(&d0, &bytes).unwrap();
+    drop(bytes);
+
+    // Stopped after the device file was lengthened, before its superblock recorded it.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&d0)
+        .unwrap()
+        .set_len(160 << 20)
+        .unwrap();
+    let fsck = locus(dir.path(), &["fsck"]);
+    assert!(fsck.status.success(), "{}", text(&fsck.stdout));
+    assert!(
+        text(&fsck.stdout).contains("stopped before its new size was recorded"),
+        "{}",
+        text(&fsck.stdout)
+    );
+    assert_eq!(capacity(dir.path()), Some(128 << 20));
+    let finish = locus(dir.path(), &["extend"]);
+    assert!(finish.status.success(), "{}", text(&finish.stderr));
+    assert_says(&finish, "128.00 MiB -> 160.00 MiB");
+    assert_says(&finish, "data checksums: 1 table(s) made");
+    assert_eq!(capacity(dir.path()), Some(160 << 20));
+
+    // Stopped after the superblock recorded the new size, before the table grew.
+    let topology = topology::Topology::read_live().unwrap();
+    volume::Volume::grow(dir.path(), topology, "0", volume::GrowTo::By(16 << 20)).unwrap();
+    let refused = locus(dir.path(), &["fsck"]);
+    assert!(!refused.status.success());
+    let said = text(&refused.stdout) + &text(&refused.stderr);
+    assert!(
+        said.contains("`locus extend --volume DIR` grows it"),
+        "{said}"
+    );
+    let finish = locus(dir.path(), &["extend"]);
+    assert!(finish.status.success(), "{}", text(&finish.stderr));
+    assert_says(&finish, "data checksums: 1 table(s) made");
+    let nothing = locus(dir.path(), &["extend"]);
+    assert_says(&nothing, "1 device(s), no extension or grow to finish");
+    for check in [&["fsck"][..], &["scrub"]] {
+        let out = locus(dir.path(), check);
+        assert!(out.status.success(), "{check:?}: {}", text(&out.stdout));
+    }
+    reads_back(dir.path()).unmount().unwrap();
+}
+
 /// `locus extend` grows a data-checksum volume that holds files — a checkpointed file and
 /// writes a crash left in the logs — by a device: the files read back unchanged, a file too
 /// large for the old volume now fits (some of it on the new device, whose blocks have their
@@ -1042,7 +1190,7 @@ fn extend_adds_devices_keeping_every_file() {
     assert_says(&extended, "1 -> 2 device(s)");
     assert_says(
         &extended,
-        "data checksums: 1 table(s) made for the new device(s)",
+        "data checksums: 1 table(s) made for the new or grown device(s)",
     );
     assert_eq!(superblock_count(&device("d0"), None), 2);
     assert_eq!(superblock_count(&device("d1"), None), 2);
@@ -1124,7 +1272,7 @@ fn extend_adds_devices_keeping_every_file() {
     assert!(finish.status.success(), "{}", text(&finish.stderr));
     assert_says(&finish, "data checksums: 1 table(s) made");
     let nothing = locus(dir.path(), &["extend"]);
-    assert_says(&nothing, "4 device(s), no extension to finish");
+    assert_says(&nothing, "4 device(s), no extension or grow to finish");
     for check in [&["fsck"][..], &["scrub"]] {
         let out = locus(dir.path(), check);
         assert!(out.status.success(), "{check:?}: {}", text(&out.stdout));

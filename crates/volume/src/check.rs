@@ -72,14 +72,23 @@ fn check_devices(config: &VolumeConfig) -> Result<CheckReport> {
         let path = device.path.display().to_string();
         let outcome = device.open_source(flush, false).and_then(|source| {
             let (superblock, from_copy) = Superblock::read_with_copy(&source.region, &path)?;
-            Ok((superblock, from_copy, source.node))
+            Ok((superblock, from_copy, source.node, source.region.len()))
         });
         match outcome {
-            Ok((superblock, from_copy, node)) => {
+            Ok((superblock, from_copy, node, bytes)) => {
+                if bytes > superblock.capacity_bytes {
+                    report.warnings.push(format!(
+                        "{path} has {bytes} bytes, but the volume uses {} of it: growing it \
+                         stopped before its new size was recorded (`locus extend` records \
+                         it; until then the rest stays unused)",
+                        superblock.capacity_bytes
+                    ));
+                }
                 if from_copy {
                     report.warnings.push(format!(
                         "{path}: its superblock was being rewritten when an extension of the \
-                         volume stopped; read from its copy (the next open rewrites it)"
+                         volume or a grow of the device stopped; read from its copy (the next \
+                         open rewrites it)"
                     ));
                 }
                 if let (Some(now), Some(then)) = (node, superblock.node())

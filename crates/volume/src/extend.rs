@@ -13,6 +13,19 @@
 //! recognises (nothing else produces it) and [`Volume::open`] finishes by rewriting the
 //! stale superblocks. The new devices hold nothing until an open that knows them allocates
 //! there, so no step can lose data.
+//!
+//! Growing a device (`locus extend --grow`: an emulated device, an ordinary file or a file on
+//! a DAX file system, lengthened in place) changes its length, its superblock and its size in
+//! `locus.toml`, in this order:
+//! 1. the device file is lengthened and the new part allocated ([`pmem::Device::grow`]);
+//! 2. its superblock is rewritten, through its copy, with the new capacity and data area;
+//! 3. `locus.toml` records the new size.
+//!
+//! A crash after 1 leaves a device longer than its superblock says: [`Volume::open_devices`]
+//! uses the recorded capacity (the rest stays unused), `fsck` warns, and
+//! [`Volume::finish_growth`] records it. A crash after 2 leaves a smaller size in
+//! `locus.toml`, which nothing reads from a device that exists but `finish_growth` corrects.
+//! The device's data area only grows at its end, so every address stays where it was.
 
 use std::path::Path;
 
@@ -223,6 +236,192 @@ impl Volume {
     pub fn stale_superblocks(&self) -> usize {
         self.devices.iter().filter(|d| d.stale).count()
     }
+}
+
+/// How large `locus extend --grow` makes a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrowTo {
+    /// This many bytes in all.
+    Bytes(u64),
+    /// This many bytes more than the volume uses of it now.
+    By(u64),
+}
+
+/// A device [`Volume::grow`] grew, or whose growth [`Volume::finish_growth`] recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grown {
+    /// Its index in the volume.
+    pub index: u32,
+    /// Its path.
+    pub path: std::path::PathBuf,
+    /// Bytes the volume used of it before.
+    pub before: u64,
+    /// Bytes it uses now.
+    pub after: u64,
+}
+
+impl Volume {
+    /// Grows device `device` (its index, or its path) of the volume in `dir`, which no
+    /// process may have open, to `to`, in the order of the module docs. Refused, changing
+    /// nothing: a device-DAX device (its size is its namespace's), a size that is not more
+    /// than the volume uses now (a device never shrinks), a device file already longer than
+    /// the size (a growth that stopped: [`Volume::finish_growth`] records it), and an
+    /// emulated device whose node has not the memory. A volume with data checksums then
+    /// needs the device's table grown (`fs::Fs::add_device_tables`) before its file system
+    /// opens.
+    pub fn grow(dir: &Path, topology: Topology, device: &str, to: GrowTo) -> Result<Grown> {
+        let config_path = dir.join(CONFIG_FILE);
+        let problem = |problem: String| VolumeError::Config {
+            path: config_path.clone(),
+            problem,
+        };
+        let (mut lock, config) = VolumeLock::acquire_existing(dir)?;
+        let index = device_index(&config, device).map_err(&problem)?;
+        let entry = &config.devices[index];
+        let kind = entry.kind()?;
+        if kind == pmem::DeviceKind::DevDax {
+            return Err(problem(format!(
+                "device {index} ({}) is a device-DAX device: its size is its namespace's \
+                 (add another device with `locus extend --device` instead)",
+                entry.path.display()
+            )));
+        }
+        lock.lock_devices(&config)?;
+        let flush = config.flush_policy().expect("validated");
+        let mut volume = Self::open_listed(&config, topology)?;
+        volume.finish_extension()?;
+        let opened = &volume.devices[index];
+        let superblock = opened.superblock.clone();
+        let actual = opened.unrecorded.unwrap_or(superblock.capacity_bytes);
+        let before = superblock.capacity_bytes;
+        let after = match to {
+            GrowTo::Bytes(bytes) => bytes,
+            GrowTo::By(bytes) => before
+                .checked_add(bytes)
+                .ok_or_else(|| problem(format!("{before} + {bytes} bytes overflows")))?,
+        };
+        let shown = entry.path.display();
+        if after <= before {
+            return Err(problem(format!(
+                "device {index} ({shown}) has {before} bytes; growing it to {after} would not \
+                 add any (locus never shrinks a device)"
+            )));
+        }
+        if after > crate::address::MAX_OFFSET + 1 {
+            return Err(problem(format!(
+                "device {index} ({shown}): {after} bytes is past the {} a device may have",
+                crate::address::MAX_OFFSET + 1
+            )));
+        }
+        if actual > after {
+            return Err(problem(format!(
+                "device {index} ({shown}) has {actual} bytes already, more than {after}: a grow \
+                 stopped before recording its size (`locus extend --volume {}` records it)",
+                dir.display()
+            )));
+        }
+        let mut grown_config = config.clone();
+        grown_config.devices[index].size_bytes = Some(after);
+        check_emulated(dir, &grown_config)?;
+        drop(volume);
+
+        let grown = pmem::Device::grow(&entry.spec(kind, flush), after)?;
+        superblock.grown(after).rewrite(grown.region())?;
+        grown_config.write(dir)?;
+        Ok(Grown {
+            index: index as u32,
+            path: entry.path.clone(),
+            before,
+            after,
+        })
+    }
+
+    /// Records the size of every device of the volume in `dir` that is longer than its
+    /// superblock says (a [`Volume::grow`] that stopped after lengthening it), and corrects
+    /// `locus.toml` where its size of a device is not the recorded one. Returns the devices
+    /// whose superblock it rewrote.
+    pub fn finish_growth(dir: &Path, topology: Topology) -> Result<Vec<Grown>> {
+        let (mut lock, mut config) = VolumeLock::acquire_existing(dir)?;
+        lock.lock_devices(&config)?;
+        let flush = config.flush_policy().expect("validated");
+        let mut volume = Self::open_listed(&config, topology)?;
+        volume.finish_extension()?;
+        let mut grown = Vec::new();
+        for (index, opened) in volume.devices.iter().enumerate() {
+            let entry = &config.devices[index];
+            if let Some(bytes) = opened.unrecorded {
+                let whole = entry.open_source(flush, false)?;
+                opened.superblock.grown(bytes).rewrite(&whole.region)?;
+                grown.push(Grown {
+                    index: index as u32,
+                    path: entry.path.clone(),
+                    before: opened.superblock.capacity_bytes,
+                    after: bytes,
+                });
+            }
+        }
+        let mut corrected = false;
+        for (index, entry) in config.devices.iter_mut().enumerate() {
+            let opened = &volume.devices[index];
+            let recorded = opened
+                .unrecorded
+                .unwrap_or(opened.superblock.capacity_bytes);
+            if entry.kind()? != pmem::DeviceKind::DevDax && entry.size_bytes != Some(recorded) {
+                entry.size_bytes = Some(recorded);
+                corrected = true;
+            }
+        }
+        if corrected {
+            config.write(dir)?;
+        }
+        if !grown.is_empty() {
+            tracing::info!(
+                devices = grown.len(),
+                "recorded the size of devices a grow had lengthened"
+            );
+        }
+        Ok(grown)
+    }
+
+    /// Devices longer than their superblock records (`locus extend --grow` stopped before
+    /// recording): (index, bytes recorded, bytes the device has).
+    pub fn unrecorded_growth(&self) -> Vec<(u32, u64, u64)> {
+        self.devices
+            .iter()
+            .enumerate()
+            .filter_map(|(i, d)| {
+                d.unrecorded
+                    .map(|bytes| (i as u32, d.superblock.capacity_bytes, bytes))
+            })
+            .collect()
+    }
+}
+
+/// The index of `device` in `config`: a number is an index, anything else a path (the same
+/// file under another path counts). The error names the volume's devices.
+fn device_index(
+    config: &crate::config::VolumeConfig,
+    device: &str,
+) -> std::result::Result<usize, String> {
+    let found = match device.parse::<usize>() {
+        Ok(index) => (index < config.devices.len()).then_some(index),
+        Err(_) => config
+            .devices
+            .iter()
+            .position(|d| same_file(&d.path, Path::new(device))),
+    };
+    found.ok_or_else(|| {
+        let listed: Vec<String> = config
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| format!("{i} {}", d.path.display()))
+            .collect();
+        format!(
+            "the volume has no device {device} (its devices: {})",
+            listed.join(", ")
+        )
+    })
 }
 
 /// Checks a device about to be added, creating nothing: its kind, a size where it is made

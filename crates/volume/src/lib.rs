@@ -31,7 +31,7 @@ pub use buddy::BuddyAllocator;
 pub use check::{CheckReport, DeviceCheck, check, check_held};
 pub use config::{CONFIG_FILE, DEFAULT_DIR, DeviceConfig, VolumeConfig, may_create_default_in};
 pub use error::{Result, VolumeError};
-pub use extend::Extended;
+pub use extend::{Extended, GrowTo, Grown};
 pub use lock::VolumeLock;
 pub use monitor::Thresholds;
 pub use served::{

@@ -53,7 +53,7 @@ pub struct Superblock {
     pub node_at_format: u32,
     /// Allocation unit (always 4096).
     pub block_bytes: u32,
-    /// Device size when formatted.
+    /// Device size the volume uses: at format, or as `locus extend --grow` last recorded.
     pub capacity_bytes: u64,
     /// First allocatable byte.
     pub data_offset_bytes: u64,
@@ -86,6 +86,17 @@ impl Superblock {
             data_offset_bytes: DATA_OFFSET_BYTES,
             data_bytes,
             format_unix_ns,
+        }
+    }
+
+    /// This superblock for the device grown to `capacity_bytes` (its data area with it).
+    pub fn grown(&self, capacity_bytes: u64) -> Self {
+        let data_bytes =
+            (capacity_bytes.saturating_sub(self.data_offset_bytes) / PAGE_BYTES) * PAGE_BYTES;
+        Self {
+            capacity_bytes,
+            data_bytes,
+            ..self.clone()
         }
     }
 
@@ -189,11 +200,13 @@ impl Superblock {
                 format!("{}, expected {PAGE_BYTES}", superblock.block_bytes),
             ));
         }
-        if superblock.capacity_bytes != device_bytes {
+        // Larger is a device `locus extend --grow` lengthened and stopped before recording
+        // (the rest is unused until it does); smaller, one that lost its end.
+        if superblock.capacity_bytes > device_bytes {
             return Err(bad(
                 "capacity_bytes",
                 format!(
-                    "{} but the device has {device_bytes} bytes (resized or wrong device)",
+                    "{} but the device has {device_bytes} bytes (shrunk or wrong device)",
                     superblock.capacity_bytes
                 ),
             ));

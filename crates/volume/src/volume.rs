@@ -74,6 +74,10 @@ pub(crate) struct VolumeDevice {
     /// before it raised this device's count, or while it rewrote it (read from its copy).
     /// [`Volume::open`] rewrites it.
     pub(crate) stale: bool,
+    /// The device's bytes, when more than the superblock's capacity: a `locus extend --grow`
+    /// lengthened it and stopped before recording that ([`Volume::unrecorded_growth`]).
+    /// `region` covers the recorded capacity only.
+    pub(crate) unrecorded: Option<u64>,
     pub(crate) region: Region,
     allocator: ShardedAllocator,
 }
@@ -197,8 +201,24 @@ impl Volume {
                 );
             }
             let pages = superblock.data_bytes / PAGE_BYTES;
+            let len = source.region.len();
+            let (region, unrecorded) = if len > superblock.capacity_bytes {
+                tracing::warn!(
+                    device = %source.label,
+                    recorded = superblock.capacity_bytes,
+                    bytes = len,
+                    "device is larger than its superblock records (a grow stopped before \
+                     recording it; `locus extend` finishes it): the rest stays unused"
+                );
+                (
+                    source.region.slice(0, superblock.capacity_bytes)?,
+                    Some(len),
+                )
+            } else {
+                (source.region, None)
+            };
             opened.push(VolumeDevice {
-                mode: source.region.mode(),
+                mode: region.mode(),
                 node: source.node.or(superblock.node()),
                 allocator: ShardedAllocator::new(
                     pages,
@@ -206,9 +226,10 @@ impl Volume {
                 ),
                 label: source.label,
                 kind: source.kind,
-                region: source.region,
+                region,
                 superblock,
                 stale: from_copy,
+                unrecorded,
             });
         }
         let uuid = opened[0].superblock.volume_uuid;

@@ -1,7 +1,9 @@
 //! Adding a device to a volume (`Volume::add_devices`, behind `locus extend`): a crash at any
 //! point leaves the old volume whole (before the list names the new device) or a volume
 //! that opens with every device and, once opened, counts every device in every superblock
-//! (after) — never a refusal, never a wrong volume.
+//! (after) — never a refusal, never a wrong volume. Growing one (`locus extend --grow`): a
+//! crash while its superblock records the new size leaves the device used at its old size
+//! or at its new one.
 
 use std::cell::Cell;
 
@@ -141,5 +143,67 @@ fn three_different_counts_are_refused_not_guessed() {
             assert!(problem.contains("says the volume has"), "{problem}");
         }
         other => panic!("expected a mismatch, got {other:?}"),
+    }
+}
+
+/// A device lengthened (`locus extend --grow`'s first step) and its superblock rewritten with
+/// the new size: every crash image opens, using the device at its old size (the growth then
+/// unrecorded, the rest of the device outside the volume) or at its new size.
+#[test]
+fn crash_while_recording_a_grown_device() {
+    let tracer = Tracer::new();
+    let region = tracer.region(DEVICE_BYTES);
+    Volume::format_devices(&testkit::sources(vec![region], &[Some(0)]), UUID).unwrap();
+    let mut bytes = tracer.contents().remove(0);
+    bytes.resize(2 * DEVICE_BYTES as usize, 0xa5);
+    let tracer = Tracer::new();
+    let region = tracer.region_with(bytes);
+    let old = open(vec![region.clone()]).expect("a lengthened device opens");
+    assert_eq!(
+        old.unrecorded_growth(),
+        vec![(0, DEVICE_BYTES, 2 * DEVICE_BYTES)]
+    );
+    assert_eq!(old.device_region(0).unwrap().len(), DEVICE_BYTES);
+    let old_free = old.free_bytes();
+    drop(old);
+    let (superblock, _) = Superblock::read_with_copy(&region, "device").unwrap();
+    superblock.grown(2 * DEVICE_BYTES).rewrite(&region).unwrap();
+    let mut seen = [false; 2];
+    for point in 0..tracer.crash_points() {
+        for image in tracer.crash_images(point, 256, 0x90 + point as u64) {
+            let at = &image.description;
+            let volume = open(vec![Tracer::new().region_with(image.regions[0].clone())])
+                .unwrap_or_else(|e| panic!("refused at {at}: {e}"));
+            let recorded = volume.unrecorded_growth().is_empty();
+            let len = volume.device_region(0).unwrap().len();
+            if recorded {
+                assert_eq!(len, 2 * DEVICE_BYTES, "{at}");
+                assert_eq!(volume.free_bytes(), old_free + DEVICE_BYTES, "{at}");
+            } else {
+                assert_eq!(len, DEVICE_BYTES, "{at}");
+                assert_eq!(volume.free_bytes(), old_free, "{at}");
+            }
+            seen[usize::from(recorded)] = true;
+        }
+    }
+    assert_eq!(seen, [true, true]);
+}
+
+#[test]
+fn a_device_shorter_than_its_superblock_says_is_refused() {
+    let tracer = Tracer::new();
+    let region = tracer.region(DEVICE_BYTES);
+    Volume::format_devices(&testkit::sources(vec![region], &[Some(0)]), UUID).unwrap();
+    let mut bytes = tracer.contents().remove(0);
+    bytes.truncate(DEVICE_BYTES as usize / 2);
+    match open(vec![Tracer::new().region_with(bytes)]) {
+        Err(VolumeError::BadSuperblock { field, problem, .. }) => {
+            assert_eq!(field, "capacity_bytes");
+            assert!(problem.contains("shrunk or wrong device"), "{problem}");
+        }
+        other => panic!(
+            "expected a refusal, got {:?}",
+            other.map(|v| v.device_count())
+        ),
     }
 }

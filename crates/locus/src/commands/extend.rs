@@ -8,8 +8,8 @@ use clap::Args;
 use crate::output::outln;
 use crate::size::format_bytes;
 
-/// Add devices to the volume, keeping its files: a new persistent-memory or CXL device, or
-/// more emulated memory on a node.
+/// Add devices to the volume, or grow one, keeping its files: a new persistent-memory or CXL
+/// device, more emulated memory on a node, or a longer emulated device or device file.
 ///
 /// The volume in the --volume directory must not be in use (`locus mount`, `locus serve` or a
 /// program through the preload library holds it: stop it first). Each device is created like
@@ -24,6 +24,12 @@ use crate::size::format_bytes;
 /// open of the volume finishes the rewrite. A data-checksum volume interrupted before its
 /// new tables exist refuses to open until `locus extend --volume DIR` (no --device) makes
 /// them. Files are never touched: the volume only grows.
+///
+/// --grow lengthens one device in place (emulated devices, ordinary files, files on a DAX
+/// file system; not device-DAX, whose size is its namespace's): the file first, then its
+/// superblock (through its copy), then locus.toml. A crash in between leaves the device
+/// used at its old size (`locus fsck` warns) until `locus extend --volume DIR` records the
+/// new one.
 #[derive(Debug, Args)]
 pub struct ExtendArgs {
     #[command(flatten)]
@@ -45,10 +51,51 @@ pub struct ExtendArgs {
           conflicts_with = "devices")]
     emulate: Option<String>,
 
+    /// Grow a device of the volume in place: DEVICE,size=SIZE, where DEVICE is its index (as
+    /// `locus status` shows) or its path, and SIZE its new size, or +SIZE for that much more
+    /// (e.g. `--grow 0,size=+1G`). Its blocks are allocated now (an emulated device's on its
+    /// node, refused when the node has not the memory); with data checksums its table grows in
+    /// the same command.
+    #[arg(long, value_name = "DEVICE,size=SIZE", conflicts_with_all = ["devices", "emulate"])]
+    grow: Option<String>,
+
     /// Add a device even if it holds a device of another locus volume (whose data is then
     /// lost). A device of this volume is never added twice.
     #[arg(long)]
     force: bool,
+}
+
+/// `--grow`'s DEVICE and size.
+fn parse_grow(spec: &str) -> Result<(String, volume::GrowTo)> {
+    let mut parts = spec.split(',');
+    let device = parts.next().unwrap_or_default().trim();
+    if device.is_empty() {
+        anyhow::bail!("--grow {spec:?}: name the device (its index or path) before the size");
+    }
+    let mut size = None;
+    for part in parts {
+        match part.split_once('=') {
+            Some(("size", value)) => {
+                let value = value.trim();
+                size = Some(match value.strip_prefix('+') {
+                    Some(more) => volume::GrowTo::By(
+                        crate::size::parse_size(more).map_err(anyhow::Error::msg)?,
+                    ),
+                    None => volume::GrowTo::Bytes(
+                        crate::size::parse_size(value).map_err(anyhow::Error::msg)?,
+                    ),
+                });
+            }
+            _ => anyhow::bail!(
+                "--grow {spec:?}: unknown part {part:?} (expected DEVICE,size=SIZE or \
+                 DEVICE,size=+SIZE)"
+            ),
+        }
+    }
+    let size = size.ok_or_else(|| {
+        anyhow::anyhow!("--grow {spec:?}: give the new size (DEVICE,size=SIZE or size=+SIZE)")
+    })?;
+    Ok((device.to_owned(), size))
 }
 
 pub fn run(dir: &Path, sysfs: &Path, args: &ExtendArgs) -> Result<()> {
@@ -61,6 +108,40 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ExtendArgs) -> Result<()> {
             .map(|spec| super::format::parse_device(spec))
             .collect::<Result<Vec<_>>>()?,
     };
+    // A volume-level extension a crash interrupted, counted first through a view that writes
+    // nothing: growing and opening finish it; the file system's part follows.
+    let stale = if added.is_empty() {
+        volume::Volume::open_view(dir, topology.clone())
+            .map(|view| view.stale_superblocks())
+            .unwrap_or(0)
+    } else {
+        0
+    };
+    let mut grown = Vec::new();
+    if let Some(spec) = &args.grow {
+        let (device, to) = parse_grow(spec)?;
+        let done = super::volume::after_stopping_server(dir, || {
+            volume::Volume::grow(dir, topology.clone(), &device, to)
+        })
+        .with_context(|| format!("growing a device of the volume at {}", dir.display()))?;
+        grown.push(done);
+    } else if added.is_empty() {
+        // A grow a crash interrupted: recorded now (before the open, which would use the
+        // device at its old size).
+        grown = super::volume::after_stopping_server(dir, || {
+            volume::Volume::finish_growth(dir, topology.clone())
+        })
+        .with_context(|| format!("finishing a grow of the volume at {}", dir.display()))?;
+    }
+    for g in &grown {
+        outln!(
+            "device {} ({}): {} -> {}",
+            g.index,
+            g.path.display(),
+            format_bytes(g.before),
+            format_bytes(g.after)
+        );
+    }
     if !added.is_empty() {
         let extended = super::volume::after_stopping_server(dir, || {
             volume::Volume::extend(dir, topology.clone(), &added, args.force)
@@ -84,15 +165,6 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ExtendArgs) -> Result<()> {
             );
         }
     }
-    // Opening finishes a volume-level extension a crash interrupted (counted first, through
-    // a view that writes nothing); the file system's part follows.
-    let stale = if added.is_empty() {
-        volume::Volume::open_view(dir, topology.clone())
-            .map(|view| view.stale_superblocks())
-            .unwrap_or(0)
-    } else {
-        0
-    };
     let volume = super::volume::open(dir, &topology, false)?;
     if stale > 0 {
         outln!(
@@ -108,14 +180,14 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ExtendArgs) -> Result<()> {
         Ok((tables, bytes)) => {
             tables_made = tables;
             outln!(
-                "data checksums: {tables} table(s) made for the new device(s), {}",
+                "data checksums: {tables} table(s) made for the new or grown device(s), {}",
                 format_bytes(bytes)
             );
         }
         Err(fs::FsError::NoFileSystem) => {}
         Err(e) => {
             return Err(anyhow::Error::new(e).context(format!(
-                "the volume has {} device(s); making the data-checksum tables of the new ones \
+                "the volume has {} device(s); making the data-checksum tables of new or grown ones \
                  needs the file system to load (`locus fsck --volume {}` reports what is \
                  wrong), then `locus extend --volume {}` again",
                 volume.device_count(),
@@ -124,9 +196,10 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ExtendArgs) -> Result<()> {
             )));
         }
     }
-    if added.is_empty() && stale == 0 && tables_made == 0 {
+    if added.is_empty() && grown.is_empty() && stale == 0 && tables_made == 0 {
         outln!(
-            "volume in {}: {} device(s), no extension to finish (--device adds one)",
+            "volume in {}: {} device(s), no extension or grow to finish (--device adds a \
+             device, --grow lengthens one)",
             dir.display(),
             volume.device_count()
         );

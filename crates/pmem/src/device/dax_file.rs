@@ -21,6 +21,17 @@ pub(super) fn create(
     map(file, size_bytes, path, flush)
 }
 
+/// Lengthens the file to `size_bytes` and reserves its blocks, as [`create`] does.
+pub(super) fn grow(
+    path: &Path,
+    size_bytes: u64,
+    flush: FlushPolicy,
+) -> Result<(Mapping, PersistenceMode)> {
+    let file = super::open_to_grow(path, size_bytes)?;
+    mapping::allocate(&file, size_bytes, path)?;
+    map(file, size_bytes, path, flush)
+}
+
 pub(super) fn open(path: &Path, flush: FlushPolicy) -> Result<(Mapping, PersistenceMode)> {
     let file = super::open_rw(path, false)?;
     let len = super::file_len(&file, path)?;

@@ -38,6 +38,33 @@ pub(super) fn create(
     ))
 }
 
+/// Lengthens the device file to `size_bytes` and allocates it under the node binding, as
+/// [`create`] does (the pages it has keep their place).
+pub(super) fn grow(
+    path: &Path,
+    size_bytes: u64,
+    node: Option<u32>,
+) -> Result<(Mapping, PersistenceMode)> {
+    check_tmpfs(path)?;
+    let file = super::open_to_grow(path, size_bytes)?;
+    let mapping = Mapping::new(
+        file.try_clone().map_err(|source| PmemError::Io {
+            path: path.to_owned(),
+            action: "dup",
+            source,
+        })?,
+        super::usize_len(size_bytes, path)?,
+        MapFlags::Shared,
+        path,
+    )?;
+    bind(&mapping, node, path)?;
+    mapping::allocate(&file, size_bytes, path)?;
+    Ok((
+        mapping,
+        PersistenceMode::Emulated(FlushInstruction::detect()),
+    ))
+}
+
 pub(super) fn open(path: &Path, node: Option<u32>) -> Result<(Mapping, PersistenceMode)> {
     check_tmpfs(path)?;
     let file = super::open_rw(path, false)?;

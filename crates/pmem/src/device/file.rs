@@ -20,6 +20,19 @@ pub(super) fn create(path: &Path, size_bytes: u64) -> Result<(Mapping, Persisten
     Ok((mapping, PersistenceMode::Msync))
 }
 
+/// Lengthens the file to `size_bytes` and reserves its blocks, as [`create`] does.
+pub(super) fn grow(path: &Path, size_bytes: u64) -> Result<(Mapping, PersistenceMode)> {
+    let file = super::open_to_grow(path, size_bytes)?;
+    mapping::allocate(&file, size_bytes, path)?;
+    let mapping = Mapping::new(
+        file,
+        super::usize_len(size_bytes, path)?,
+        MapFlags::Shared,
+        path,
+    )?;
+    Ok((mapping, PersistenceMode::Msync))
+}
+
 pub(super) fn open(path: &Path) -> Result<(Mapping, PersistenceMode)> {
     let file = super::open_rw(path, false)?;
     let len = super::file_len(&file, path)?;

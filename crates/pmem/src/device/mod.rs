@@ -149,6 +149,28 @@ impl Device {
         Ok(Self::from_mapping(spec, mapping, mode))
     }
 
+    /// Grows an existing backing store to `size_bytes` and maps it: the file is lengthened
+    /// (what it holds stays where it is) and the new part allocated as `create` allocates a
+    /// whole device — for an emulated device on its node. A store already that long is only
+    /// mapped; a longer one is refused (a device never shrinks), and so is a device-DAX
+    /// device, whose size is its namespace's.
+    pub fn grow(spec: &DeviceSpec, size_bytes: u64) -> Result<Self> {
+        let (mapping, mode) = match spec.kind {
+            DeviceKind::Emulated => emulated::grow(&spec.path, size_bytes, spec.node)?,
+            DeviceKind::DaxFile => dax_file::grow(&spec.path, size_bytes, spec.flush)?,
+            DeviceKind::File => file::grow(&spec.path, size_bytes)?,
+            DeviceKind::DevDax => {
+                return Err(PmemError::WrongKind {
+                    path: spec.path.clone(),
+                    problem: "is a device-DAX device: its size is its namespace's and cannot \
+                              be grown from here"
+                        .into(),
+                });
+            }
+        };
+        Ok(Self::from_mapping(spec, mapping, mode))
+    }
+
     /// Maps an existing backing store.
     pub fn open(spec: &DeviceSpec) -> Result<Self> {
         let (mapping, mode) = match spec.kind {
@@ -283,6 +305,23 @@ pub(crate) fn file_len(file: &File, path: &Path) -> Result<u64> {
         });
     }
     Ok(len)
+}
+
+/// Opens an existing device file to grow it to `size_bytes`: lengthened when shorter,
+/// refused when longer (a device never shrinks).
+pub(crate) fn open_to_grow(path: &Path, size_bytes: u64) -> Result<File> {
+    let file = open_rw(path, false)?;
+    let len = file_len(&file, path)?;
+    if len > size_bytes {
+        return Err(PmemError::WrongKind {
+            path: path.to_owned(),
+            problem: format!("has {len} bytes, more than {size_bytes}: a device never shrinks"),
+        });
+    }
+    if len < size_bytes {
+        set_len(&file, size_bytes, path)?;
+    }
+    Ok(file)
 }
 
 pub(crate) fn set_len(file: &File, len: u64, path: &Path) -> Result<()> {
