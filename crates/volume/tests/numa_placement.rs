@@ -217,3 +217,61 @@ fn devices_added_later_take_their_place_in_every_nodes_order() {
         volume.free(extent).unwrap();
     }
 }
+
+/// `locus extend --grow` of every device: the grown part of each is allocated on the
+/// device's own node (the kernel reports each sampled page there, `move_pages`) and the volume
+/// uses all of it.
+#[test]
+fn grown_devices_keep_their_pages_on_their_node() {
+    let topology = topology::Topology::read_live().unwrap();
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let config = volume::default_config(dir.path(), &topology, Some(DEVICE_BYTES)).unwrap();
+    Volume::format(dir.path(), &config, false).unwrap();
+    for index in 0..config.devices.len() {
+        let grown = Volume::grow(
+            dir.path(),
+            topology.clone(),
+            &index.to_string(),
+            volume::GrowTo::By(DEVICE_BYTES),
+        )
+        .unwrap();
+        assert_eq!(
+            (grown.before, grown.after),
+            (DEVICE_BYTES, 2 * DEVICE_BYTES)
+        );
+    }
+    let options = OpenOptions {
+        check_interval: None,
+        ..OpenOptions::default()
+    };
+    let volume = Volume::open(dir.path(), topology, &options).unwrap();
+    for device in volume.stats() {
+        let node = device.node.expect("emulated devices have a node");
+        assert_eq!(
+            device.capacity_bytes,
+            2 * DEVICE_BYTES,
+            "device {}",
+            device.index
+        );
+        let region = volume.device_region(device.index).unwrap();
+        let mut byte = [0u8];
+        let addresses: Vec<usize> = (0..16u64)
+            .map(|i| {
+                let at = DEVICE_BYTES + i * (DEVICE_BYTES / 16);
+                region.read(at, &mut byte).unwrap();
+                region.address_of(at).unwrap()
+            })
+            .collect();
+        let placed = topology::page_nodes(&addresses).unwrap();
+        assert!(
+            placed.iter().all(|&p| i64::from(p) == i64::from(node)),
+            "device {} on node {node}: grown pages on {placed:?}",
+            device.index
+        );
+        println!(
+            "device {}: grown part on node {node} ({} pages sampled)",
+            device.index,
+            placed.len()
+        );
+    }
+}
