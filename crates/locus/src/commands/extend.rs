@@ -37,8 +37,8 @@ pub struct ExtendArgs {
 
     /// A device to add: PATH[,node=N][,size=SIZE][,kind=emulated|daxfile|devdax|file], as
     /// for `locus format`. Repeat for several; they get the next indexes in the order given.
-    /// Without any, the command finishes an extension a crash interrupted (and otherwise
-    /// changes nothing).
+    /// Without any (and without --emulate or --grow), the command finishes an extension or a
+    /// grow a crash interrupted (and otherwise changes nothing).
     #[arg(long = "device", value_name = "SPEC")]
     devices: Vec<String>,
 
