@@ -966,6 +966,53 @@ fn superblock_count(device: &Path, set: Option<u32>) -> u32 {
     superblock.device_count
 }
 
+/// A grow whose allocation fails (an ordinary-file device on a file system without the room)
+/// is an error that leaves the device file at its old length: the volume opens at its old
+/// size, `fsck` has nothing to warn about, and no unallocated tail is left for `locus extend`
+/// to record. (Mounts a small tmpfs: root only.)
+#[test]
+fn a_grow_that_cannot_allocate_changes_nothing() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let small = tempfile::tempdir_in("/dev/shm").unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=48M", "tmpfs"])
+        .arg(small.path())
+        .output()
+        .unwrap();
+    assert!(mounted.status.success(), "{}", text(&mounted.stderr));
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(small.path());
+    let device = small.path().join("d0");
+    let spec = format!("{},kind=file,size=32M", device.display());
+    let formatted = locus(dir.path(), &["format", "--device", &spec]);
+    assert!(formatted.status.success(), "{}", text(&formatted.stderr));
+    let refused = locus(dir.path(), &["extend", "--grow", "0,size=+32M"]);
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused.stderr).contains("fallocate"),
+        "{}",
+        text(&refused.stderr)
+    );
+    assert_eq!(std::fs::metadata(&device).unwrap().len(), 32 << 20);
+    let fsck = locus(dir.path(), &["fsck"]);
+    assert!(fsck.status.success(), "{}", text(&fsck.stdout));
+    assert!(
+        !text(&fsck.stdout).contains("warning"),
+        "{}",
+        text(&fsck.stdout)
+    );
+    let nothing = locus(dir.path(), &["extend"]);
+    assert_says(&nothing, "1 device(s), no extension or grow to finish");
+    let grown = locus(dir.path(), &["extend", "--grow", "0,size=40M"]);
+    assert!(grown.status.success(), "{}", text(&grown.stderr));
+    assert_says(&grown, "32.00 MiB -> 40.00 MiB");
+}
+
 /// `locus extend --grow` lengthens a device of a volume that holds files (a checkpointed
 /// file and a crashed process's logged writes), with data checksums: the files stay, a file
 /// that did not fit fits, its blocks in the grown part have checksums (`scrub` names a
@@ -1086,11 +1133,28 @@ fn grow_lengthens_a_device_keeping_every_file() {
         text(&fsck.stdout)
     );
     assert_eq!(capacity(dir.path()), Some(128 << 20));
+    assert_eq!(
+        status_json(dir.path())["devices"][0]["unrecorded_bytes"].as_u64(),
+        Some(160 << 20)
+    );
+    let status = locus(dir.path(), &["status"]);
+    assert_says(
+        &status,
+        "device 0 is 160.00 MiB long, but the volume uses 128.00 MiB",
+    );
     let finish = locus(dir.path(), &["extend"]);
     assert!(finish.status.success(), "{}", text(&finish.stderr));
     assert_says(&finish, "128.00 MiB -> 160.00 MiB");
     assert_says(&finish, "data checksums: 1 table(s) made");
     assert_eq!(capacity(dir.path()), Some(160 << 20));
+    assert!(status_json(dir.path())["devices"][0]["unrecorded_bytes"].is_null());
+    // The tail the hand-made lengthening left unallocated was allocated before it was
+    // recorded (a write there must not fault on a full tmpfs).
+    let allocated = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&d0).unwrap().blocks() * 512
+    };
+    assert!(allocated >= 160 << 20, "{allocated} bytes allocated");
 
     // Stopped after the superblock recorded the new size, before the table grew.
     let topology = topology::Topology::read_live().unwrap();

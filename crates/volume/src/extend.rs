@@ -337,7 +337,8 @@ impl Volume {
     }
 
     /// Records the size of every device of the volume in `dir` that is longer than its
-    /// superblock says (a [`Volume::grow`] that stopped after lengthening it), and corrects
+    /// superblock says (a [`Volume::grow`] that stopped after lengthening it), allocating
+    /// its whole length first (as the grow would have), and corrects
     /// `locus.toml` where its size of a device is not the recorded one. Returns the devices
     /// whose superblock it rewrote.
     pub fn finish_growth(dir: &Path, topology: Topology) -> Result<Vec<Grown>> {
@@ -350,8 +351,17 @@ impl Volume {
         for (index, opened) in volume.devices.iter().enumerate() {
             let entry = &config.devices[index];
             if let Some(bytes) = opened.unrecorded {
-                let whole = entry.open_source(flush, false)?;
-                opened.superblock.grown(bytes).rewrite(&whole.region)?;
+                // Allocated before it is recorded: a file lengthened by hand (or by a grow
+                // whose allocation never ran) must not leave pages a write could fault on.
+                let kind = entry.kind()?;
+                let whole = if kind == pmem::DeviceKind::DevDax {
+                    entry.open_source(flush, false)?.region
+                } else {
+                    pmem::Device::grow(&entry.spec(kind, flush), bytes)?
+                        .region()
+                        .clone()
+                };
+                opened.superblock.grown(bytes).rewrite(&whole)?;
                 grown.push(Grown {
                     index: index as u32,
                     path: entry.path.clone(),

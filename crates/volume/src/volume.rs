@@ -97,8 +97,12 @@ pub struct DeviceStats {
     pub node: Option<u32>,
     /// Node recorded at format.
     pub node_at_format: Option<u32>,
-    /// Device size.
+    /// Device size the volume uses (its superblock's).
     pub capacity_bytes: u64,
+    /// The device's length when more than `capacity_bytes`: a grow stopped before recording
+    /// it (`locus extend` records it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unrecorded_bytes: Option<u64>,
     /// Allocatable bytes.
     pub data_bytes: u64,
     /// Free allocatable bytes.
@@ -653,6 +657,7 @@ impl Volume {
                 node: device.node,
                 node_at_format: device.superblock.node(),
                 capacity_bytes: device.superblock.capacity_bytes,
+                unrecorded_bytes: device.unrecorded,
                 data_bytes: device.superblock.data_bytes,
                 free_bytes: device.allocator.free_pages() * PAGE_BYTES,
                 state: if self.monitor.is_fat(index as u32) {

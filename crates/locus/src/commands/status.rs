@@ -201,6 +201,17 @@ pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
     for row in &rows {
         line(row.iter().map(String::as_str).collect())?;
     }
+    for d in &report.devices {
+        if let Some(bytes) = d.unrecorded_bytes {
+            outln!(
+                "device {} is {} long, but the volume uses {} of it: growing it stopped before \
+                 its new size was recorded (`locus extend --volume DIR` records it)",
+                d.index,
+                format_bytes(bytes),
+                format_bytes(d.capacity_bytes)
+            );
+        }
+    }
     outln!();
     outln!("{}", report.fs.describe());
     if let super::volume::FsState::Present(check) = &report.fs {

@@ -27,9 +27,15 @@ pub(super) fn grow(
     size_bytes: u64,
     flush: FlushPolicy,
 ) -> Result<(Mapping, PersistenceMode)> {
-    let file = super::open_to_grow(path, size_bytes)?;
-    mapping::allocate(&file, size_bytes, path)?;
-    map(file, size_bytes, path, flush)
+    super::grow_file(path, size_bytes, |file| {
+        mapping::allocate(file, size_bytes, path)?;
+        let file = file.try_clone().map_err(|source| PmemError::Io {
+            path: path.to_owned(),
+            action: "dup",
+            source,
+        })?;
+        map(file, size_bytes, path, flush)
+    })
 }
 
 pub(super) fn open(path: &Path, flush: FlushPolicy) -> Result<(Mapping, PersistenceMode)> {

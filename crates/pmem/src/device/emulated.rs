@@ -46,23 +46,24 @@ pub(super) fn grow(
     node: Option<u32>,
 ) -> Result<(Mapping, PersistenceMode)> {
     check_tmpfs(path)?;
-    let file = super::open_to_grow(path, size_bytes)?;
-    let mapping = Mapping::new(
-        file.try_clone().map_err(|source| PmemError::Io {
-            path: path.to_owned(),
-            action: "dup",
-            source,
-        })?,
-        super::usize_len(size_bytes, path)?,
-        MapFlags::Shared,
-        path,
-    )?;
-    bind(&mapping, node, path)?;
-    mapping::allocate(&file, size_bytes, path)?;
-    Ok((
-        mapping,
-        PersistenceMode::Emulated(FlushInstruction::detect()),
-    ))
+    super::grow_file(path, size_bytes, |file| {
+        let mapping = Mapping::new(
+            file.try_clone().map_err(|source| PmemError::Io {
+                path: path.to_owned(),
+                action: "dup",
+                source,
+            })?,
+            super::usize_len(size_bytes, path)?,
+            MapFlags::Shared,
+            path,
+        )?;
+        bind(&mapping, node, path)?;
+        mapping::allocate(file, size_bytes, path)?;
+        Ok((
+            mapping,
+            PersistenceMode::Emulated(FlushInstruction::detect()),
+        ))
+    })
 }
 
 pub(super) fn open(path: &Path, node: Option<u32>) -> Result<(Mapping, PersistenceMode)> {

@@ -22,15 +22,21 @@ pub(super) fn create(path: &Path, size_bytes: u64) -> Result<(Mapping, Persisten
 
 /// Lengthens the file to `size_bytes` and reserves its blocks, as [`create`] does.
 pub(super) fn grow(path: &Path, size_bytes: u64) -> Result<(Mapping, PersistenceMode)> {
-    let file = super::open_to_grow(path, size_bytes)?;
-    mapping::allocate(&file, size_bytes, path)?;
-    let mapping = Mapping::new(
-        file,
-        super::usize_len(size_bytes, path)?,
-        MapFlags::Shared,
-        path,
-    )?;
-    Ok((mapping, PersistenceMode::Msync))
+    super::grow_file(path, size_bytes, |file| {
+        mapping::allocate(file, size_bytes, path)?;
+        let mapping = Mapping::new(
+            file.try_clone()
+                .map_err(|source| crate::error::PmemError::Io {
+                    path: path.to_owned(),
+                    action: "dup",
+                    source,
+                })?,
+            super::usize_len(size_bytes, path)?,
+            MapFlags::Shared,
+            path,
+        )?;
+        Ok((mapping, PersistenceMode::Msync))
+    })
 }
 
 pub(super) fn open(path: &Path) -> Result<(Mapping, PersistenceMode)> {

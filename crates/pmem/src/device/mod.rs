@@ -307,9 +307,16 @@ pub(crate) fn file_len(file: &File, path: &Path) -> Result<u64> {
     Ok(len)
 }
 
-/// Opens an existing device file to grow it to `size_bytes`: lengthened when shorter,
-/// refused when longer (a device never shrinks).
-pub(crate) fn open_to_grow(path: &Path, size_bytes: u64) -> Result<File> {
+/// Grows the existing device file at `path` to `size_bytes` and hands it to `finish` (which
+/// maps and allocates it): lengthened when shorter, refused when longer (a device never
+/// shrinks). When `finish` fails — no room to allocate the new part, say — a file this call
+/// lengthened is cut back to its old length, so a failed grow leaves no unallocated tail that
+/// a later open could take for a grow to record.
+pub(crate) fn grow_file<T>(
+    path: &Path,
+    size_bytes: u64,
+    finish: impl FnOnce(&File) -> Result<T>,
+) -> Result<T> {
     let file = open_rw(path, false)?;
     let len = file_len(&file, path)?;
     if len > size_bytes {
@@ -321,7 +328,13 @@ pub(crate) fn open_to_grow(path: &Path, size_bytes: u64) -> Result<File> {
     if len < size_bytes {
         set_len(&file, size_bytes, path)?;
     }
-    Ok(file)
+    finish(&file).inspect_err(|_| {
+        if len < size_bytes
+            && let Err(error) = set_len(&file, len, path)
+        {
+            tracing::warn!(path = %path.display(), %error, "could not cut a failed grow back");
+        }
+    })
 }
 
 pub(crate) fn set_len(file: &File, len: u64, path: &Path) -> Result<()> {
