@@ -966,6 +966,85 @@ fn superblock_count(device: &Path, set: Option<u32>) -> u32 {
     superblock.device_count
 }
 
+/// `--grow` repeated, or `all`: every device is checked before any grows — one refused size
+/// leaves every device as it was; a device named twice is refused; `all` grows each, and
+/// the volume's files stay.
+#[test]
+fn grow_checks_every_device_before_growing_any() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let path = |name: &str| dir.path().join(name);
+    let spec = |name: &str| format!("{},node=0,size=16M", path(name).display());
+    let formatted = locus(
+        dir.path(),
+        &["format", "--device", &spec("d0"), "--device", &spec("d1")],
+    );
+    assert!(formatted.status.success(), "{}", text(&formatted.stderr));
+    let a = unique_bytes(7, 3 << 20);
+    {
+        let fs = open_fs(dir.path());
+        fs.create("/a").unwrap().write_at(&a, 0).unwrap();
+        fs.unmount().unwrap();
+    }
+    let sizes = |dir: &Path| -> Vec<u64> {
+        status_json(dir)["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["capacity_bytes"].as_u64().unwrap())
+            .collect()
+    };
+    for (grows, says) in [
+        (
+            &["0,size=+16M", "1,size=8M"][..],
+            "locus never shrinks a device",
+        ),
+        (&["0,size=+16M", "0,size=+8M"], "device 0 is named twice"),
+        (&["all,size=+16M", "1,size=+8M"], "device 1 is named twice"),
+    ] {
+        let mut args = vec!["extend"];
+        for g in grows {
+            args.extend(["--grow", g]);
+        }
+        let refused = locus(dir.path(), &args);
+        assert!(!refused.status.success(), "{grows:?}");
+        assert!(
+            text(&refused.stderr).contains(says),
+            "{grows:?}: {}",
+            text(&refused.stderr)
+        );
+        assert_eq!(sizes(dir.path()), [16 << 20, 16 << 20], "{grows:?}");
+        for name in ["d0", "d1"] {
+            assert_eq!(std::fs::metadata(path(name)).unwrap().len(), 16 << 20);
+        }
+    }
+    let grown = locus(dir.path(), &["extend", "--grow", "all,size=+16M"]);
+    assert!(grown.status.success(), "{}", text(&grown.stderr));
+    assert_says(&grown, "device 0 (");
+    assert_says(&grown, "device 1 (");
+    assert_eq!(sizes(dir.path()), [32 << 20, 32 << 20]);
+    let both = locus(
+        dir.path(),
+        &[
+            "extend",
+            "--grow",
+            "0,size=40M",
+            "--grow",
+            &format!("{},size=+8M", path("d1").display()),
+        ],
+    );
+    assert!(both.status.success(), "{}", text(&both.stderr));
+    assert_eq!(sizes(dir.path()), [40 << 20, 40 << 20]);
+    assert!(locus(dir.path(), &["fsck"]).status.success());
+    let fs = open_fs(dir.path());
+    let mut got = vec![0u8; a.len()];
+    fs.open_file("/a", Default::default())
+        .unwrap()
+        .read_at(&mut got, 0)
+        .unwrap();
+    assert!(got == a, "/a changed");
+    fs.unmount().unwrap();
+}
+
 /// A grow whose allocation fails (an ordinary-file device on a file system without the room)
 /// is an error that leaves the device file at its old length: the volume opens at its old
 /// size, `fsck` has nothing to warn about, and no unallocated tail is left for `locus extend`
@@ -1158,7 +1237,12 @@ fn grow_lengthens_a_device_keeping_every_file() {
 
     // Stopped after the superblock recorded the new size, before the table grew.
     let topology = topology::Topology::read_live().unwrap();
-    volume::Volume::grow(dir.path(), topology, "0", volume::GrowTo::By(16 << 20)).unwrap();
+    volume::Volume::grow(
+        dir.path(),
+        topology,
+        &[("0".into(), volume::GrowTo::By(16 << 20))],
+    )
+    .unwrap();
     let refused = locus(dir.path(), &["fsck"]);
     assert!(!refused.status.success());
     let said = text(&refused.stdout) + &text(&refused.stderr);

@@ -261,79 +261,114 @@ pub struct Grown {
 }
 
 impl Volume {
-    /// Grows device `device` (its index, or its path) of the volume in `dir`, which no
-    /// process may have open, to `to`, in the order of the module docs. Refused, changing
-    /// nothing: a device-DAX device (its size is its namespace's), a size that is not more
-    /// than the volume uses now (a device never shrinks), a device file already longer than
-    /// the size (a growth that stopped: [`Volume::finish_growth`] records it), and an
-    /// emulated device whose node has not the memory. A volume with data checksums then
-    /// needs the device's table grown (`fs::Fs::add_device_tables`) before its file system
-    /// opens.
-    pub fn grow(dir: &Path, topology: Topology, device: &str, to: GrowTo) -> Result<Grown> {
+    /// Grows devices of the volume in `dir`, which no process may have open: each of `wanted`
+    /// names a device (its index, its path, or `all` for every device) and its size, in the
+    /// order of the module docs, one device after the other. Every device is checked before
+    /// any grows; refused, changing nothing: a device-DAX device (its size is its
+    /// namespace's), a device named twice, a size that is not more than the volume uses now
+    /// (a device never shrinks), a device file already longer than the size (a growth that
+    /// stopped: [`Volume::finish_growth`] records it), and emulated devices whose nodes have
+    /// not the memory for all of them. A device that fails to grow (no room to allocate it)
+    /// is left as it was and the error returned; the ones before it stay grown. A volume with
+    /// data checksums then needs the tables grown (`fs::Fs::add_device_tables`) before its
+    /// file system opens.
+    pub fn grow(dir: &Path, topology: Topology, wanted: &[(String, GrowTo)]) -> Result<Vec<Grown>> {
         let config_path = dir.join(CONFIG_FILE);
         let problem = |problem: String| VolumeError::Config {
             path: config_path.clone(),
             problem,
         };
         let (mut lock, config) = VolumeLock::acquire_existing(dir)?;
-        let index = device_index(&config, device).map_err(&problem)?;
-        let entry = &config.devices[index];
-        let kind = entry.kind()?;
-        if kind == pmem::DeviceKind::DevDax {
-            return Err(problem(format!(
-                "device {index} ({}) is a device-DAX device: its size is its namespace's \
-                 (add another device with `locus extend --device` instead)",
-                entry.path.display()
-            )));
+        let mut targets: Vec<(usize, GrowTo)> = Vec::new();
+        for (device, to) in wanted {
+            let indexes = if device == "all" {
+                (0..config.devices.len()).collect()
+            } else {
+                vec![device_index(&config, device).map_err(&problem)?]
+            };
+            for index in indexes {
+                if targets.iter().any(|&(i, _)| i == index) {
+                    return Err(problem(format!("device {index} is named twice")));
+                }
+                targets.push((index, *to));
+            }
+        }
+        if targets.is_empty() {
+            return Err(problem("no device to grow".into()));
         }
         lock.lock_devices(&config)?;
         let flush = config.flush_policy().expect("validated");
         let mut volume = Self::open_listed(&config, topology)?;
         volume.finish_extension()?;
-        let opened = &volume.devices[index];
-        let superblock = opened.superblock.clone();
-        let actual = opened.unrecorded.unwrap_or(superblock.capacity_bytes);
-        let before = superblock.capacity_bytes;
-        let after = match to {
-            GrowTo::Bytes(bytes) => bytes,
-            GrowTo::By(bytes) => before
-                .checked_add(bytes)
-                .ok_or_else(|| problem(format!("{before} + {bytes} bytes overflows")))?,
-        };
-        let shown = entry.path.display();
-        if after <= before {
-            return Err(problem(format!(
-                "device {index} ({shown}) has {before} bytes; growing it to {after} would not \
-                 add any (locus never shrinks a device)"
-            )));
-        }
-        if after > crate::address::MAX_OFFSET + 1 {
-            return Err(problem(format!(
-                "device {index} ({shown}): {after} bytes is past the {} a device may have",
-                crate::address::MAX_OFFSET + 1
-            )));
-        }
-        if actual > after {
-            return Err(problem(format!(
-                "device {index} ({shown}) has {actual} bytes already, more than {after}: a grow \
-                 stopped before recording its size (`locus extend --volume {}` records it)",
-                dir.display()
-            )));
-        }
         let mut grown_config = config.clone();
-        grown_config.devices[index].size_bytes = Some(after);
+        let mut plan = Vec::with_capacity(targets.len());
+        for &(index, to) in &targets {
+            let entry = &config.devices[index];
+            let shown = entry.path.display();
+            let kind = entry.kind()?;
+            if kind == pmem::DeviceKind::DevDax {
+                return Err(problem(format!(
+                    "device {index} ({shown}) is a device-DAX device: its size is its \
+                     namespace's (add another device with `locus extend --device` instead)"
+                )));
+            }
+            let opened = &volume.devices[index];
+            let superblock = opened.superblock.clone();
+            let actual = opened.unrecorded.unwrap_or(superblock.capacity_bytes);
+            let before = superblock.capacity_bytes;
+            let after = match to {
+                GrowTo::Bytes(bytes) => bytes,
+                GrowTo::By(bytes) => before
+                    .checked_add(bytes)
+                    .ok_or_else(|| problem(format!("{before} + {bytes} bytes overflows")))?,
+            };
+            if after <= before {
+                return Err(problem(format!(
+                    "device {index} ({shown}) has {before} bytes; growing it to {after} would \
+                     not add any (locus never shrinks a device)"
+                )));
+            }
+            if after > crate::address::MAX_OFFSET + 1 {
+                return Err(problem(format!(
+                    "device {index} ({shown}): {after} bytes is past the {} a device may have",
+                    crate::address::MAX_OFFSET + 1
+                )));
+            }
+            if actual > after {
+                return Err(problem(format!(
+                    "device {index} ({shown}) has {actual} bytes already, more than {after}: a \
+                     grow stopped before recording its size (`locus extend --volume {}` \
+                     records it)",
+                    dir.display()
+                )));
+            }
+            grown_config.devices[index].size_bytes = Some(after);
+            plan.push((index, kind, superblock, after));
+        }
         check_emulated(dir, &grown_config)?;
         drop(volume);
 
-        let grown = pmem::Device::grow(&entry.spec(kind, flush), after)?;
-        superblock.grown(after).rewrite(grown.region())?;
-        grown_config.write(dir)?;
-        Ok(Grown {
-            index: index as u32,
-            path: entry.path.clone(),
-            before,
-            after,
-        })
+        let mut grown = Vec::with_capacity(plan.len());
+        for (index, kind, superblock, after) in plan {
+            let entry = &config.devices[index];
+            let device = pmem::Device::grow(&entry.spec(kind, flush), after)?;
+            superblock.grown(after).rewrite(device.region())?;
+            // The list as far as this device: a later one that fails leaves it true.
+            let mut written = config.clone();
+            for g in &grown {
+                let g: &Grown = g;
+                written.devices[g.index as usize].size_bytes = Some(g.after);
+            }
+            written.devices[index].size_bytes = Some(after);
+            written.write(dir)?;
+            grown.push(Grown {
+                index: index as u32,
+                path: entry.path.clone(),
+                before: superblock.capacity_bytes,
+                after,
+            });
+        }
+        Ok(grown)
     }
 
     /// Records the size of every device of the volume in `dir` that is longer than its

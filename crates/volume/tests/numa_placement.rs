@@ -227,18 +227,15 @@ fn grown_devices_keep_their_pages_on_their_node() {
     let dir = tempfile::tempdir_in("/dev/shm").unwrap();
     let config = volume::default_config(dir.path(), &topology, Some(DEVICE_BYTES)).unwrap();
     Volume::format(dir.path(), &config, false).unwrap();
-    for index in 0..config.devices.len() {
-        let grown = Volume::grow(
-            dir.path(),
-            topology.clone(),
-            &index.to_string(),
-            volume::GrowTo::By(DEVICE_BYTES),
-        )
-        .unwrap();
-        assert_eq!(
-            (grown.before, grown.after),
-            (DEVICE_BYTES, 2 * DEVICE_BYTES)
-        );
+    let grown = Volume::grow(
+        dir.path(),
+        topology.clone(),
+        &[("all".into(), volume::GrowTo::By(DEVICE_BYTES))],
+    )
+    .unwrap();
+    assert_eq!(grown.len(), config.devices.len());
+    for g in &grown {
+        assert_eq!((g.before, g.after), (DEVICE_BYTES, 2 * DEVICE_BYTES));
     }
     let options = OpenOptions {
         check_interval: None,

@@ -52,12 +52,13 @@ pub struct ExtendArgs {
     emulate: Option<String>,
 
     /// Grow a device of the volume in place: DEVICE,size=SIZE, where DEVICE is its index (as
-    /// `locus status` shows) or its path, and SIZE its new size, or +SIZE for that much more
-    /// (e.g. `--grow 0,size=+1G`). Its blocks are allocated now (an emulated device's on its
-    /// node, refused when the node has not the memory); with data checksums its table grows in
-    /// the same command.
+    /// `locus status` shows), its path, or `all` (every device), and SIZE its new size, or
+    /// +SIZE for that much more (e.g. `--grow 0,size=+1G`, `--grow all,size=+512M`). Repeat
+    /// for several devices; all are checked before any grows. Its blocks are allocated now (an
+    /// emulated device's on its node, refused when the node has not the memory); with data
+    /// checksums its table grows in the same command.
     #[arg(long, value_name = "DEVICE,size=SIZE", conflicts_with_all = ["devices", "emulate"])]
-    grow: Option<String>,
+    grow: Vec<String>,
 
     /// Add a device even if it holds a device of another locus volume (whose data is then
     /// lost). A device of this volume is never added twice.
@@ -118,13 +119,16 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ExtendArgs) -> Result<()> {
         0
     };
     let mut grown = Vec::new();
-    if let Some(spec) = &args.grow {
-        let (device, to) = parse_grow(spec)?;
-        let done = super::volume::after_stopping_server(dir, || {
-            volume::Volume::grow(dir, topology.clone(), &device, to)
+    if !args.grow.is_empty() {
+        let wanted = args
+            .grow
+            .iter()
+            .map(|spec| parse_grow(spec))
+            .collect::<Result<Vec<_>>>()?;
+        grown = super::volume::after_stopping_server(dir, || {
+            volume::Volume::grow(dir, topology.clone(), &wanted)
         })
-        .with_context(|| format!("growing a device of the volume at {}", dir.display()))?;
-        grown.push(done);
+        .with_context(|| format!("growing devices of the volume at {}", dir.display()))?;
     } else if added.is_empty() {
         // A grow a crash interrupted: recorded now (before the open, which would use the
         // device at its old size).
