@@ -1516,3 +1516,73 @@ fn extend_emulate_gives_each_node_without_a_device_one() {
         2
     );
 }
+
+/// Relative paths: `format --volume vol --device dev/d0,...` run in one directory writes
+/// absolute device paths, so `status` from another directory opens the same volume (the
+/// relative paths used to be written as given and name other files from elsewhere); a
+/// relative path written into `locus.toml` by hand names a file in the volume directory.
+#[test]
+fn relative_paths_name_the_same_files_from_any_directory() {
+    let base = tempfile::tempdir_in("/dev/shm").unwrap();
+    std::fs::create_dir(base.path().join("dev")).unwrap();
+    let in_base = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_locus"))
+            .current_dir(base.path())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let formatted = in_base(&[
+        "format",
+        "--volume",
+        "vol",
+        "--device",
+        "dev/d0,node=0,size=8M",
+    ]);
+    assert!(formatted.status.success(), "{}", text(&formatted.stderr));
+    let config = std::fs::read_to_string(base.path().join("vol/locus.toml")).unwrap();
+    let device = base.path().join("dev/d0");
+    assert!(
+        config.contains(&format!("path = \"{}\"", device.display())),
+        "{config}"
+    );
+    let elsewhere = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .current_dir("/")
+        .args(["status", "--json", "--volume"])
+        .arg(base.path().join("vol"))
+        .output()
+        .unwrap();
+    assert!(elsewhere.status.success(), "{}", text(&elsewhere.stderr));
+    let status: Value = serde_json::from_slice(&elsewhere.stdout).unwrap();
+    assert_eq!(status["devices"][0]["path"], device.display().to_string());
+
+    // The embedded default made through a relative --volume: its devices' paths are absolute.
+    let made = in_base(&["status", "--volume", "empty-default"]);
+    assert!(!made.status.success(), "no volume and not empty: refused");
+    std::fs::create_dir(base.path().join("default")).unwrap();
+    let made = in_base(&["status", "--volume", "default"]);
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    let config = std::fs::read_to_string(base.path().join("default/locus.toml")).unwrap();
+    assert!(
+        config.contains(&format!(
+            "path = \"{}/",
+            base.path().join("default").display()
+        )),
+        "{config}"
+    );
+
+    // Written by hand, relative: the volume directory's file.
+    let vol = base.path().join("vol");
+    std::fs::rename(&device, vol.join("d0")).unwrap();
+    let config = std::fs::read_to_string(vol.join("locus.toml")).unwrap();
+    std::fs::write(
+        vol.join("locus.toml"),
+        config.replace(&device.display().to_string(), "d0"),
+    )
+    .unwrap();
+    let status = status_json(&vol);
+    assert_eq!(
+        status["devices"][0]["path"],
+        vol.join("d0").display().to_string()
+    );
+}

@@ -149,12 +149,36 @@ impl VolumeConfig {
                 });
             }
         };
-        let config: Self = toml::from_str(&text).map_err(|error| VolumeError::Config {
+        let mut config: Self = toml::from_str(&text).map_err(|error| VolumeError::Config {
             path: path.clone(),
             problem: error.to_string(),
         })?;
+        config.resolve_relative_paths(dir);
         config.validate(&path)?;
         Ok(Some(config))
+    }
+
+    /// A relative device path in `locus.toml` names a file in the volume directory `dir`,
+    /// whatever directory the command runs in (locus writes absolute paths; a relative one
+    /// is written by hand). A file written by an older locus may hold a path relative to the
+    /// directory `format` ran in: when only that one exists, it is kept, with a warning.
+    fn resolve_relative_paths(&mut self, dir: &Path) {
+        for device in &mut self.devices {
+            if device.path.is_absolute() {
+                continue;
+            }
+            let in_dir = dir.join(&device.path);
+            if !in_dir.exists() && device.path.exists() {
+                tracing::warn!(
+                    path = %device.path.display(),
+                    volume = %dir.display(),
+                    "a relative device path in locus.toml names a file in the current \
+                     directory, not in the volume directory; write it absolute there"
+                );
+                continue;
+            }
+            device.path = in_dir;
+        }
     }
 
     /// Checks values serde cannot: known kinds and flush policy, a device limit, unique paths.

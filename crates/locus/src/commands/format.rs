@@ -165,12 +165,14 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FormatArgs) -> Result<()> {
 
 pub(super) fn parse_device(spec: &str) -> Result<DeviceConfig> {
     let mut parts = spec.split(',');
-    let path = PathBuf::from(
+    // Absolute in locus.toml: a relative path would name another file from another directory.
+    let path = std::path::absolute(PathBuf::from(
         parts
             .next()
             .filter(|p| !p.is_empty())
             .context("--device needs a path")?,
-    );
+    ))
+    .with_context(|| format!("--device {spec}: making the path absolute"))?;
     let mut device = DeviceConfig {
         path,
         kind: None,

@@ -20,9 +20,19 @@ pub struct VolumeDir {
         long = "volume",
         value_name = "DIR",
         env = "LOCUS_VOLUME",
-        default_value = volume::DEFAULT_DIR
+        default_value = volume::DEFAULT_DIR,
+        value_parser = absolute_dir
     )]
     pub path: PathBuf,
+}
+
+/// `--volume`'s directory made absolute, so that the device paths a command writes into its
+/// `locus.toml` (the embedded default's, for one) do not depend on where it ran.
+fn absolute_dir(value: &str) -> std::result::Result<PathBuf, String> {
+    if value.is_empty() {
+        return Err("the volume directory is empty".into());
+    }
+    std::path::absolute(value).map_err(|e| format!("{value}: {e}"))
 }
 
 /// Opens the volume in `dir`. With no `locus.toml` there, and `dir` the default location or an
