@@ -571,54 +571,7 @@ fn checksum_tables_for_an_added_device() {
         .unwrap();
     let volume = volume_over(regions).unwrap();
     assert_eq!(volume.device_count(), 2);
-    let refused = Fs::open(Arc::clone(&volume), options()).unwrap_err();
-    assert!(
-        refused.to_string().contains("are not made yet"),
-        "{refused}"
-    );
-    let first = again.fence_count();
-    assert_eq!(Fs::add_device_tables(&volume).unwrap().0, 1);
-    let last = again.fence_count();
-    drop(volume);
-    assert!(last > first, "no fence");
-    let (mut refusals, mut opened) = (0, 0);
-    for point in first..=last {
-        for crash in again.crash_images(point, IMAGES_PER_POINT, point as u64) {
-            let at = format!("point {point} ({})", crash.description);
-            let view = || {
-                let replay = Tracer::new();
-                volume_over(
-                    crash
-                        .regions
-                        .iter()
-                        .map(|bytes| replay.region_with(bytes.clone()))
-                        .collect(),
-                )
-                .unwrap()
-            };
-            let recovered = match Fs::open(view(), options()) {
-                Err(e) if point < last && e.to_string().contains("are not made yet") => {
-                    refusals += 1;
-                    continue;
-                }
-                Err(e) => panic!("{at}: {e}"),
-                Ok(fs) => fs,
-            };
-            assert!(state(&recovered) == expect, "{at}: the files changed");
-            recovered.abandon();
-            let report = Fs::scrub(&view()).unwrap_or_else(|e| panic!("{at}: {e}"));
-            assert!(
-                report.damaged.is_empty() && report.blocks > 0,
-                "{at}: {:?}",
-                report.damaged
-            );
-            opened += 1;
-        }
-    }
-    assert!(
-        refusals > 0 && opened > 0,
-        "{refusals} refused, {opened} opened"
-    );
+    tables_made_crash_safely(&again, volume, &expect, "are not made yet");
 }
 
 /// A device of a volume with data checksums that `locus extend --grow` lengthened gets a
@@ -662,19 +615,29 @@ fn checksum_table_of_a_grown_device() {
     let volume = volume_over(vec![region]).unwrap();
     assert!(volume.unrecorded_growth().is_empty());
     assert_eq!(volume.device_region(0).unwrap().len(), 2 * DEVICE);
+    tables_made_crash_safely(&again, volume, &expect, "its table is not grown yet");
+}
+
+/// `volume` (over `tracer`'s regions) refuses its file system, saying `refusal`, until
+/// `Fs::add_device_tables` makes one table; every crash image of that refuses the same way
+/// (before its last fence) or opens with the files of `expect` and scrubs clean, and both
+/// happen.
+fn tables_made_crash_safely(
+    tracer: &Tracer,
+    volume: Arc<volume::Volume>,
+    expect: &State,
+    refusal: &str,
+) {
     let refused = Fs::open(Arc::clone(&volume), options()).unwrap_err();
-    assert!(
-        refused.to_string().contains("its table is not grown yet"),
-        "{refused}"
-    );
-    let first = again.fence_count();
+    assert!(refused.to_string().contains(refusal), "{refused}");
+    let first = tracer.fence_count();
     assert_eq!(Fs::add_device_tables(&volume).unwrap().0, 1);
-    let last = again.fence_count();
+    let last = tracer.fence_count();
     drop(volume);
     assert!(last > first, "no fence");
     let (mut refusals, mut opened) = (0, 0);
     for point in first..=last {
-        for crash in again.crash_images(point, IMAGES_PER_POINT, point as u64) {
+        for crash in tracer.crash_images(point, IMAGES_PER_POINT, point as u64) {
             let at = format!("point {point} ({})", crash.description);
             let view = || {
                 let replay = Tracer::new();
@@ -688,14 +651,14 @@ fn checksum_table_of_a_grown_device() {
                 .unwrap()
             };
             let recovered = match Fs::open(view(), options()) {
-                Err(e) if point < last && e.to_string().contains("is not grown yet") => {
+                Err(e) if point < last && e.to_string().contains(refusal) => {
                     refusals += 1;
                     continue;
                 }
                 Err(e) => panic!("{at}: {e}"),
                 Ok(fs) => fs,
             };
-            assert!(state(&recovered) == expect, "{at}: the files changed");
+            assert!(state(&recovered) == *expect, "{at}: the files changed");
             recovered.abandon();
             let report = Fs::scrub(&view()).unwrap_or_else(|e| panic!("{at}: {e}"));
             assert!(

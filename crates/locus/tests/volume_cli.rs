@@ -1092,6 +1092,73 @@ fn a_grow_that_cannot_allocate_changes_nothing() {
     assert_says(&grown, "32.00 MiB -> 40.00 MiB");
 }
 
+/// A volume of one device (`spec`) with data checksums holding a checkpointed file `/a` and
+/// a crashed process's logged write `/b`, on which an 80 MiB file did not fit: the paths and
+/// their bytes.
+fn checksummed_volume_with_files(dir: &Path, spec: &str) -> [(&'static str, Vec<u8>); 2] {
+    let formatted = locus(dir, &["format", "--device", spec, "--data-checksums"]);
+    assert!(formatted.status.success(), "{}", text(&formatted.stderr));
+    let a = unique_bytes(3, 256 << 10);
+    let b = unique_bytes(5, 20_000);
+    {
+        let fs = open_fs(dir);
+        fs.create("/a").unwrap().write_at(&a, 0).unwrap();
+        let full = write_big(&fs, "/big", 80 << 20).unwrap_err();
+        assert_eq!(full.kind(), fs::ErrorKind::NoSpace, "{full}");
+        fs.unlink("/big").unwrap();
+        fs.unmount().unwrap();
+    }
+    {
+        let fs = open_fs_on_demand(dir);
+        fs.create("/b").unwrap().write_at(&b, 0).unwrap();
+        fs.abandon();
+    }
+    [("/a", a), ("/b", b)]
+}
+
+/// The file system of the volume in `dir`, opened after checking that `files` read back.
+fn reads_back(dir: &Path, files: &[(&str, Vec<u8>)]) -> fs::Fs {
+    let fs = open_fs(dir);
+    for (path, want) in files {
+        let mut got = vec![0u8; want.len()];
+        fs.open_file(path, Default::default())
+            .unwrap()
+            .read_at(&mut got, 0)
+            .unwrap();
+        assert!(&got == want, "{path} changed");
+    }
+    fs
+}
+
+/// `locus fsck` and `locus scrub` of the volume in `dir` succeed.
+fn checks_clean(dir: &Path) {
+    for check in [&["fsck"][..], &["scrub"]] {
+        let out = locus(dir, check);
+        assert!(out.status.success(), "{check:?}: {}", text(&out.stdout));
+    }
+}
+
+/// The volume in `dir`, whose data-checksum tables a stopped `locus extend` left unmade
+/// (or not grown): `fsck` fails saying `refusal`; `locus extend` makes the one table and
+/// then has nothing left to finish ("`devices` device(s)"); `fsck` and `scrub` are clean and
+/// `files` read back.
+fn tables_finished_by_extend(dir: &Path, files: &[(&str, Vec<u8>)], refusal: &str, devices: u32) {
+    let refused = locus(dir, &["fsck"]);
+    assert!(!refused.status.success());
+    let said = text(&refused.stdout) + &text(&refused.stderr);
+    assert!(said.contains(refusal), "{said}");
+    let finish = locus(dir, &["extend"]);
+    assert!(finish.status.success(), "{}", text(&finish.stderr));
+    assert_says(&finish, "data checksums: 1 table(s) made");
+    let nothing = locus(dir, &["extend"]);
+    assert_says(
+        &nothing,
+        &format!("{devices} device(s), no extension or grow to finish"),
+    );
+    checks_clean(dir);
+    reads_back(dir, files).unmount().unwrap();
+}
+
 /// `locus extend --grow` lengthens a device of a volume that holds files (a checkpointed
 /// file and a crashed process's logged writes), with data checksums: the files stay, a file
 /// that did not fit fits, its blocks in the grown part have checksums (`scrub` names a
@@ -1104,26 +1171,7 @@ fn grow_lengthens_a_device_keeping_every_file() {
     let dir = tempfile::tempdir_in("/dev/shm").unwrap();
     let d0 = dir.path().join("d0");
     let spec = format!("{},node=0,size=64M", d0.display());
-    let formatted = locus(
-        dir.path(),
-        &["format", "--device", &spec, "--data-checksums"],
-    );
-    assert!(formatted.status.success(), "{}", text(&formatted.stderr));
-    let a = unique_bytes(3, 256 << 10);
-    let b = unique_bytes(5, 20_000);
-    {
-        let fs = open_fs(dir.path());
-        fs.create("/a").unwrap().write_at(&a, 0).unwrap();
-        let full = write_big(&fs, "/big", 80 << 20).unwrap_err();
-        assert_eq!(full.kind(), fs::ErrorKind::NoSpace, "{full}");
-        fs.unlink("/big").unwrap();
-        fs.unmount().unwrap();
-    }
-    {
-        let fs = open_fs_on_demand(dir.path());
-        fs.create("/b").unwrap().write_at(&b, 0).unwrap();
-        fs.abandon();
-    }
+    let files = checksummed_volume_with_files(dir.path(), &spec);
     let capacity = |dir: &Path| status_json(dir)["devices"][0]["capacity_bytes"].as_u64();
 
     for (grow, says) in [
@@ -1158,23 +1206,8 @@ fn grow_lengthens_a_device_keeping_every_file() {
     assert_eq!(capacity(dir.path()), Some(128 << 20));
     let config = std::fs::read_to_string(dir.path().join("locus.toml")).unwrap();
     assert!(config.contains("size_bytes = 134217728"), "{config}");
-    for check in [&["fsck"][..], &["scrub"]] {
-        let out = locus(dir.path(), check);
-        assert!(out.status.success(), "{check:?}: {}", text(&out.stdout));
-    }
-    let reads_back = |dir: &Path| {
-        let fs = open_fs(dir);
-        for (path, want) in [("/a", &a), ("/b", &b)] {
-            let mut got = vec![0u8; want.len()];
-            fs.open_file(path, Default::default())
-                .unwrap()
-                .read_at(&mut got, 0)
-                .unwrap();
-            assert!(&got == want, "{path} changed");
-        }
-        fs
-    };
-    let fs = reads_back(dir.path());
+    checks_clean(dir.path());
+    let fs = reads_back(dir.path(), &files);
     write_big(&fs, "/big", 80 << 20).unwrap();
     fs.unmount().unwrap();
     assert!(locus(dir.path(), &["scrub"]).status.success());
@@ -1243,23 +1276,12 @@ fn grow_lengthens_a_device_keeping_every_file() {
         &[("0".into(), volume::GrowTo::By(16 << 20))],
     )
     .unwrap();
-    let refused = locus(dir.path(), &["fsck"]);
-    assert!(!refused.status.success());
-    let said = text(&refused.stdout) + &text(&refused.stderr);
-    assert!(
-        said.contains("`locus extend --volume DIR` grows it"),
-        "{said}"
+    tables_finished_by_extend(
+        dir.path(),
+        &files,
+        "`locus extend --volume DIR` grows it",
+        1,
     );
-    let finish = locus(dir.path(), &["extend"]);
-    assert!(finish.status.success(), "{}", text(&finish.stderr));
-    assert_says(&finish, "data checksums: 1 table(s) made");
-    let nothing = locus(dir.path(), &["extend"]);
-    assert_says(&nothing, "1 device(s), no extension or grow to finish");
-    for check in [&["fsck"][..], &["scrub"]] {
-        let out = locus(dir.path(), check);
-        assert!(out.status.success(), "{check:?}: {}", text(&out.stdout));
-    }
-    reads_back(dir.path()).unmount().unwrap();
 }
 
 /// `locus extend` grows a data-checksum volume that holds files — a checkpointed file and
@@ -1276,23 +1298,7 @@ fn extend_adds_devices_keeping_every_file() {
     let device = |name: &str| dir.path().join(name);
     let spec = |name: &str, size: &str| format!("{},node=0,size={size}", device(name).display());
     let d0 = spec("d0", "64M");
-    let formatted = locus(dir.path(), &["format", "--device", &d0, "--data-checksums"]);
-    assert!(formatted.status.success(), "{}", text(&formatted.stderr));
-    let a = unique_bytes(3, 256 << 10);
-    let b = unique_bytes(5, 20_000);
-    {
-        let fs = open_fs(dir.path());
-        fs.create("/a").unwrap().write_at(&a, 0).unwrap();
-        let full = write_big(&fs, "/big", 80 << 20).unwrap_err();
-        assert_eq!(full.kind(), fs::ErrorKind::NoSpace, "{full}");
-        fs.unlink("/big").unwrap();
-        fs.unmount().unwrap();
-    }
-    {
-        let fs = open_fs_on_demand(dir.path());
-        fs.create("/b").unwrap().write_at(&b, 0).unwrap();
-        fs.abandon();
-    }
+    let files = checksummed_volume_with_files(dir.path(), &d0);
 
     // Devices the volume has, or that belong to another volume, are refused.
     let again = locus(dir.path(), &["extend", "--device", &d0]);
@@ -1342,20 +1348,9 @@ fn extend_adds_devices_keeping_every_file() {
     );
     assert_eq!(superblock_count(&device("d0"), None), 2);
     assert_eq!(superblock_count(&device("d1"), None), 2);
-    for check in [&["fsck"][..], &["scrub"]] {
-        let out = locus(dir.path(), check);
-        assert!(out.status.success(), "{check:?}: {}", text(&out.stdout));
-    }
+    checks_clean(dir.path());
     {
-        let fs = open_fs(dir.path());
-        for (path, want) in [("/a", &a), ("/b", &b)] {
-            let mut got = vec![0u8; want.len()];
-            fs.open_file(path, Default::default())
-                .unwrap()
-                .read_at(&mut got, 0)
-                .unwrap();
-            assert!(&got == want, "{path} changed");
-        }
+        let fs = reads_back(dir.path(), &files);
         write_big(&fs, "/big", 80 << 20).unwrap();
         fs.unmount().unwrap();
     }
@@ -1409,30 +1404,12 @@ fn extend_adds_devices_keeping_every_file() {
         size_bytes: Some(16 << 20),
     };
     volume::Volume::extend(dir.path(), topology, &[fourth], false).unwrap();
-    let refused = locus(dir.path(), &["fsck"]);
-    assert!(!refused.status.success());
-    let said = text(&refused.stdout) + &text(&refused.stderr);
-    assert!(
-        said.contains("`locus extend --volume DIR` makes them"),
-        "{said}"
+    tables_finished_by_extend(
+        dir.path(),
+        &files,
+        "`locus extend --volume DIR` makes them",
+        4,
     );
-    let finish = locus(dir.path(), &["extend"]);
-    assert!(finish.status.success(), "{}", text(&finish.stderr));
-    assert_says(&finish, "data checksums: 1 table(s) made");
-    let nothing = locus(dir.path(), &["extend"]);
-    assert_says(&nothing, "4 device(s), no extension or grow to finish");
-    for check in [&["fsck"][..], &["scrub"]] {
-        let out = locus(dir.path(), check);
-        assert!(out.status.success(), "{check:?}: {}", text(&out.stdout));
-    }
-    let fs = open_fs(dir.path());
-    let mut got = vec![0u8; b.len()];
-    fs.open_file("/b", Default::default())
-        .unwrap()
-        .read_at(&mut got, 0)
-        .unwrap();
-    assert_eq!(got, b);
-    fs.unmount().unwrap();
 }
 
 /// `locus status` names a node with CPUs but no device of the volume (its threads write to

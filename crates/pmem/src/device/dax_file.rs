@@ -29,12 +29,7 @@ pub(super) fn grow(
 ) -> Result<(Mapping, PersistenceMode)> {
     super::grow_file(path, size_bytes, |file| {
         mapping::allocate(file, size_bytes, path)?;
-        let file = file.try_clone().map_err(|source| PmemError::Io {
-            path: path.to_owned(),
-            action: "dup",
-            source,
-        })?;
-        map(file, size_bytes, path, flush)
+        map(super::dup(file, path)?, size_bytes, path, flush)
     })
 }
 

@@ -5,6 +5,7 @@
 //! `fallocate`, so every page is placed on the node and reserved (a full tmpfs cannot later
 //! kill the process with SIGBUS). The file survives the process, not a reboot.
 
+use std::fs::File;
 use std::path::Path;
 
 use crate::cpu::FlushInstruction;
@@ -20,22 +21,7 @@ pub(super) fn create(
     check_tmpfs(path)?;
     let file = super::open_rw(path, true)?;
     super::set_len(&file, size_bytes, path)?;
-    let mapping = Mapping::new(
-        file.try_clone().map_err(|source| PmemError::Io {
-            path: path.to_owned(),
-            action: "dup",
-            source,
-        })?,
-        super::usize_len(size_bytes, path)?,
-        MapFlags::Shared,
-        path,
-    )?;
-    bind(&mapping, node, path)?;
-    mapping::allocate(&file, size_bytes, path)?;
-    Ok((
-        mapping,
-        PersistenceMode::Emulated(FlushInstruction::detect()),
-    ))
+    map_bound_and_allocated(&file, size_bytes, node, path)
 }
 
 /// Lengthens the device file to `size_bytes` and allocates it under the node binding, as
@@ -47,23 +33,30 @@ pub(super) fn grow(
 ) -> Result<(Mapping, PersistenceMode)> {
     check_tmpfs(path)?;
     super::grow_file(path, size_bytes, |file| {
-        let mapping = Mapping::new(
-            file.try_clone().map_err(|source| PmemError::Io {
-                path: path.to_owned(),
-                action: "dup",
-                source,
-            })?,
-            super::usize_len(size_bytes, path)?,
-            MapFlags::Shared,
-            path,
-        )?;
-        bind(&mapping, node, path)?;
-        mapping::allocate(file, size_bytes, path)?;
-        Ok((
-            mapping,
-            PersistenceMode::Emulated(FlushInstruction::detect()),
-        ))
+        map_bound_and_allocated(file, size_bytes, node, path)
     })
+}
+
+/// Maps the first `size_bytes` of `file`, binds the mapping to `node`, then allocates the
+/// file's pages (so they are placed under the binding).
+fn map_bound_and_allocated(
+    file: &File,
+    size_bytes: u64,
+    node: Option<u32>,
+    path: &Path,
+) -> Result<(Mapping, PersistenceMode)> {
+    let mapping = Mapping::new(
+        super::dup(file, path)?,
+        super::usize_len(size_bytes, path)?,
+        MapFlags::Shared,
+        path,
+    )?;
+    bind(&mapping, node, path)?;
+    mapping::allocate(file, size_bytes, path)?;
+    Ok((
+        mapping,
+        PersistenceMode::Emulated(FlushInstruction::detect()),
+    ))
 }
 
 pub(super) fn open(path: &Path, node: Option<u32>) -> Result<(Mapping, PersistenceMode)> {

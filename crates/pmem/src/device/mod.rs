@@ -337,6 +337,15 @@ pub(crate) fn grow_file<T>(
     })
 }
 
+/// A second descriptor of `file` (a mapping keeps its own).
+pub(crate) fn dup(file: &File, path: &Path) -> Result<File> {
+    file.try_clone().map_err(|source| PmemError::Io {
+        path: path.to_owned(),
+        action: "dup",
+        source,
+    })
+}
+
 pub(crate) fn set_len(file: &File, len: u64, path: &Path) -> Result<()> {
     file.set_len(len).map_err(|source| PmemError::Io {
         path: path.to_owned(),
