@@ -169,6 +169,15 @@ impl VolumeConfig {
             }
             let in_dir = dir.join(&device.path);
             if !in_dir.exists() && device.path.exists() {
+                // Said once per path and process: a command reads the file several times.
+                static WARNED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+                let mut warned = WARNED
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if warned.contains(&device.path) {
+                    continue;
+                }
+                warned.push(device.path.clone());
                 tracing::warn!(
                     path = %device.path.display(),
                     volume = %dir.display(),

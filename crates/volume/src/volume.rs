@@ -872,7 +872,7 @@ pub(crate) fn check_emulated(dir: &Path, config: &VolumeConfig) -> Result<()> {
             return Err(problem(format!(
                 "device {shown}: emulated devices on node {node} need {wanted} more bytes of \
                  memory and the node has {available} ({free} free, {} in caches the kernel \
-                 can drop); give a smaller size=",
+                 can drop); give a smaller size (the size= of the device or of the grow)",
                 found.memory_reclaimable_bytes
             )));
         }
@@ -882,7 +882,7 @@ pub(crate) fn check_emulated(dir: &Path, config: &VolumeConfig) -> Result<()> {
         {
             return Err(problem(format!(
                 "device {shown}: {size} bytes do not fit the {available} bytes free in the \
-                 tmpfs at {}; give a smaller size=",
+                 tmpfs at {}; give a smaller size (the size= of the device or of the grow)",
                 parent.display()
             )));
         }
