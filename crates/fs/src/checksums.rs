@@ -164,6 +164,16 @@ fn add_zeroed_tables(
 /// device, the old table's entries copied and the rest zeroed, persisted; `area` then names
 /// it. Returns the memory it takes.
 fn grow_table(volume: &Volume, area: &mut TableArea, blocks: u64) -> Result<Extent> {
+    grow_table_in_chunks(volume, area, blocks, 1 << 20)
+}
+
+/// [`grow_table`], copying `chunk` bytes at a time.
+fn grow_table_in_chunks(
+    volume: &Volume,
+    area: &mut TableArea,
+    blocks: u64,
+    chunk: u64,
+) -> Result<Extent> {
     let old = Extent {
         start: GlobalAddress::from_raw(area.addr),
         len_bytes: table_len(area.blocks),
@@ -172,9 +182,16 @@ fn grow_table(volume: &Volume, area: &mut TableArea, blocks: u64) -> Result<Exte
     let extent = volume.alloc_on(area.device, bytes)?;
     let region = volume.region(&extent)?;
     let kept = area.blocks * ENTRY_BYTES;
-    let mut entries = vec![0u8; kept as usize];
-    volume.region(&old)?.read(0, &mut entries)?;
-    region.write(0, &entries)?;
+    // Copied a piece at a time: a large device's table is GiBs (4 bytes per 4 KiB block).
+    let from = volume.region(&old)?;
+    let mut chunk = vec![0u8; kept.min(chunk) as usize];
+    let mut at = 0;
+    while at < kept {
+        let n = (kept - at).min(chunk.len() as u64) as usize;
+        from.read(at, &mut chunk[..n])?;
+        region.write(at, &chunk[..n])?;
+        at += n as u64;
+    }
     region.fill(kept, bytes - kept, 0)?;
     region.persist(0, bytes)?;
     area.addr = extent.start.raw();
@@ -417,6 +434,36 @@ mod tests {
         unaligned[0].addr += 8;
         let e = decode_dir(&encode_dir(&unaligned)).unwrap_err().to_string();
         assert!(e.contains("table 0 is 4096 entries"), "{e}");
+    }
+
+    /// A grown table holds every old entry where it was, whatever the pieces it is copied
+    /// in (here 1000 bytes: uneven, several per table), and zeros for the new blocks.
+    #[test]
+    fn a_grown_table_keeps_every_entry() {
+        let tracer = pmem::Tracer::new();
+        let volume =
+            testkit::volume_over(vec![testkit::traced_volume_device(&tracer, 8 << 20)]).unwrap();
+        let blocks = 1500;
+        let old = volume.alloc_on(0, table_len(blocks)).unwrap();
+        let entries: Vec<u8> = (0..blocks * ENTRY_BYTES)
+            .map(|i| (i % 251) as u8 + 1)
+            .collect();
+        volume.region(&old).unwrap().write(0, &entries).unwrap();
+        let mut area = TableArea {
+            device: 0,
+            addr: old.start.raw(),
+            blocks,
+        };
+        let grown = grow_table_in_chunks(&volume, &mut area, 2048, 1000).unwrap();
+        assert_eq!((area.addr, area.blocks), (grown.start.raw(), 2048));
+        assert_eq!(grown.len_bytes, table_len(2048));
+        let mut got = vec![0xffu8; table_len(2048) as usize];
+        volume.region(&grown).unwrap().read(0, &mut got).unwrap();
+        assert!(got[..entries.len()] == entries[..], "old entries changed");
+        assert!(
+            got[entries.len()..].iter().all(|&b| b == 0),
+            "new entries not zero"
+        );
     }
 
     #[test]
