@@ -31,7 +31,7 @@ use std::path::Path;
 
 use topology::Topology;
 
-use crate::config::{CONFIG_FILE, DeviceConfig};
+use crate::config::{CONFIG_FILE, DeviceConfig, VolumeConfig};
 use crate::error::{Result, VolumeError};
 use crate::lock::VolumeLock;
 use crate::superblock::{MIN_DEVICE_BYTES, Superblock};
@@ -278,7 +278,7 @@ impl Volume {
             path: config_path.clone(),
             problem,
         };
-        let (mut lock, config) = VolumeLock::acquire_existing(dir)?;
+        let (_lock, config, volume) = Self::open_to_change(dir, topology)?;
         let mut targets: Vec<(usize, GrowTo)> = Vec::new();
         for (device, to) in wanted {
             let indexes = if device == "all" {
@@ -296,10 +296,7 @@ impl Volume {
         if targets.is_empty() {
             return Err(problem("no device to grow".into()));
         }
-        lock.lock_devices(&config)?;
         let flush = config.flush_policy().expect("validated");
-        let mut volume = Self::open_listed(&config, topology)?;
-        volume.finish_extension()?;
         let mut grown_config = config.clone();
         let mut plan = Vec::with_capacity(targets.len());
         for &(index, to) in &targets {
@@ -349,16 +346,12 @@ impl Volume {
         drop(volume);
 
         let mut grown = Vec::with_capacity(plan.len());
+        // The list as far as the devices grown so far: a later one that fails leaves it true.
+        let mut written = config.clone();
         for (index, kind, superblock, after) in plan {
             let entry = &config.devices[index];
             let device = pmem::Device::grow(&entry.spec(kind, flush), after)?;
             superblock.grown(after).rewrite(device.region())?;
-            // The list as far as this device: a later one that fails leaves it true.
-            let mut written = config.clone();
-            for g in &grown {
-                let g: &Grown = g;
-                written.devices[g.index as usize].size_bytes = Some(g.after);
-            }
             written.devices[index].size_bytes = Some(after);
             written.write(dir)?;
             grown.push(Grown {
@@ -371,24 +364,32 @@ impl Volume {
         Ok(grown)
     }
 
+    /// The volume in `dir` held for a change of its devices: its lock (device files locked
+    /// too), its list, and its devices opened for a short job, an interrupted extension
+    /// finished.
+    fn open_to_change(dir: &Path, topology: Topology) -> Result<(VolumeLock, VolumeConfig, Self)> {
+        let (mut lock, config) = VolumeLock::acquire_existing(dir)?;
+        lock.lock_devices(&config)?;
+        let mut volume = Self::open_listed(&config, topology)?;
+        volume.finish_extension()?;
+        Ok((lock, config, volume))
+    }
+
     /// Records the size of every device of the volume in `dir` that is longer than its
     /// superblock says (a [`Volume::grow`] that stopped after lengthening it), allocating
     /// its whole length first (as the grow would have), and corrects
     /// `locus.toml` where its size of a device is not the recorded one. Returns the devices
     /// whose superblock it rewrote.
     pub fn finish_growth(dir: &Path, topology: Topology) -> Result<Vec<Grown>> {
-        let (mut lock, mut config) = VolumeLock::acquire_existing(dir)?;
-        lock.lock_devices(&config)?;
+        let (_lock, mut config, volume) = Self::open_to_change(dir, topology)?;
         let flush = config.flush_policy().expect("validated");
-        let mut volume = Self::open_listed(&config, topology)?;
-        volume.finish_extension()?;
         let mut grown = Vec::new();
-        for (index, opened) in volume.devices.iter().enumerate() {
-            let entry = &config.devices[index];
+        let mut corrected = false;
+        for (entry, opened) in config.devices.iter_mut().zip(&volume.devices) {
+            let kind = entry.kind()?;
             if let Some(bytes) = opened.unrecorded {
                 // Allocated before it is recorded: a file lengthened by hand (or by a grow
                 // whose allocation never ran) must not leave pages a write could fault on.
-                let kind = entry.kind()?;
                 let whole = if kind == pmem::DeviceKind::DevDax {
                     entry.open_source(flush, false)?.region
                 } else {
@@ -398,20 +399,16 @@ impl Volume {
                 };
                 opened.superblock.grown(bytes).rewrite(&whole)?;
                 grown.push(Grown {
-                    index: index as u32,
+                    index: opened.superblock.device_index,
                     path: entry.path.clone(),
                     before: opened.superblock.capacity_bytes,
                     after: bytes,
                 });
             }
-        }
-        let mut corrected = false;
-        for (index, entry) in config.devices.iter_mut().enumerate() {
-            let opened = &volume.devices[index];
             let recorded = opened
                 .unrecorded
                 .unwrap_or(opened.superblock.capacity_bytes);
-            if entry.kind()? != pmem::DeviceKind::DevDax && entry.size_bytes != Some(recorded) {
+            if kind != pmem::DeviceKind::DevDax && entry.size_bytes != Some(recorded) {
                 entry.size_bytes = Some(recorded);
                 corrected = true;
             }
@@ -444,10 +441,7 @@ impl Volume {
 
 /// The index of `device` in `config`: a number is an index, anything else a path (the same
 /// file under another path counts). The error names the volume's devices.
-fn device_index(
-    config: &crate::config::VolumeConfig,
-    device: &str,
-) -> std::result::Result<usize, String> {
+fn device_index(config: &VolumeConfig, device: &str) -> std::result::Result<usize, String> {
     let found = match device.parse::<usize>() {
         Ok(index) => (index < config.devices.len()).then_some(index),
         Err(_) => config

@@ -63,6 +63,11 @@ pub struct Superblock {
     pub format_unix_ns: u64,
 }
 
+/// The allocatable bytes of a device of `capacity_bytes`: whole pages after the data offset.
+fn data_bytes(capacity_bytes: u64) -> u64 {
+    (capacity_bytes.saturating_sub(DATA_OFFSET_BYTES) / PAGE_BYTES) * PAGE_BYTES
+}
+
 impl Superblock {
     /// A superblock for device `device_index` of `device_count`, with the layout derived from
     /// the device's size.
@@ -74,8 +79,6 @@ impl Superblock {
         capacity_bytes: u64,
         format_unix_ns: u64,
     ) -> Self {
-        let data_bytes =
-            (capacity_bytes.saturating_sub(DATA_OFFSET_BYTES) / PAGE_BYTES) * PAGE_BYTES;
         Self {
             volume_uuid,
             device_index,
@@ -84,18 +87,16 @@ impl Superblock {
             block_bytes: PAGE_BYTES as u32,
             capacity_bytes,
             data_offset_bytes: DATA_OFFSET_BYTES,
-            data_bytes,
+            data_bytes: data_bytes(capacity_bytes),
             format_unix_ns,
         }
     }
 
     /// This superblock for the device grown to `capacity_bytes` (its data area with it).
     pub fn grown(&self, capacity_bytes: u64) -> Self {
-        let data_bytes =
-            (capacity_bytes.saturating_sub(self.data_offset_bytes) / PAGE_BYTES) * PAGE_BYTES;
         Self {
             capacity_bytes,
-            data_bytes,
+            data_bytes: data_bytes(capacity_bytes),
             ..self.clone()
         }
     }
