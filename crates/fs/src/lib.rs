@@ -79,6 +79,8 @@ pub use path::MAX_NAME;
 pub use range_lock::{LockMode, RangeGuard, RangeLocks};
 pub use recovery::{ChecksumsChange, FsCheck, OfflineFs, SlotLimitChange, Tune, Tuned};
 pub use root::MAX_SLOTS;
-pub use scrub::{DamagedBlock, SalvageReport, ScrubReport};
+pub use scrub::{
+    DamagedBlock, HeldBy, SalvageReport, ScrubProgress, ScrubReport, ScrubRunner, ScrubStatus,
+};
 pub use setup::{create_default_volume, format_volume, format_volume_with};
 pub use xattr::{MAX_XATTR_BYTES, MAX_XATTR_NAME, MAX_XATTR_VALUE, XattrSet};

@@ -217,11 +217,7 @@ impl Fs {
     pub fn scrub(volume: &Volume) -> Result<crate::ScrubReport> {
         let loaded = load(volume)?;
         let Some(checksums) = &loaded.checksums else {
-            return Err(FsError::Invalid(
-                "the file system has no data checksums (they are chosen at format: \
-                 `locus format --data-checksums`); `locus fsck` checks its metadata"
-                    .into(),
-            ));
+            return Err(crate::scrub::no_checksums());
         };
         crate::scrub::scrub(volume, checksums, &loaded.inodes)
     }

@@ -1,21 +1,27 @@
-//! `Fs::scrub`: reads every block of file data a file system names — its files' blocks and
-//! the buffers of logged writes not yet moved into them — and checks each against its data
-//! checksum, reporting every damaged block by file, offset and address.
+//! Scrubs: reading every block of file data a file system names — its files' blocks and
+//! the buffers of logged writes not yet moved into them — and checking each against its data
+//! checksum, reporting every damaged block by file, offset and address. `Fs::scrub` reads a
+//! volume nobody holds, from what recovery loads; `Fs::scrub_live` reads the running file
+//! system beside its writers, a window of a file at a time, and [`ScrubRunner`] runs that in
+//! the background for servers (`locus mount`, `locus serve`), whose clients watch it.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
 
 use volume::{GlobalAddress, Volume};
 
 use crate::checksums::Checksums;
-use crate::error::Result;
+use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
-use crate::fs::ROOT_INO;
+use crate::fs::{Fs, ROOT_INO};
 use crate::inode::Inode;
 use crate::journal::Kind;
+use crate::range_lock::LockMode;
 
 /// What a scrub found.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ScrubReport {
     /// Files whose data was read.
     pub files: u64,
@@ -50,7 +56,7 @@ pub struct SalvageReport {
 }
 
 /// One block of data that fails its checksum.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DamagedBlock {
     /// The file's path (or `inode N` for a file removed while open).
     pub path: String,
@@ -62,9 +68,30 @@ pub struct DamagedBlock {
     pub len: u64,
     /// The block's global address.
     pub address: String,
-    /// `file block` (checkpointed data) or `logged write` (a write not yet moved into the
-    /// file).
-    pub held_by: &'static str,
+    /// What names the block.
+    pub held_by: HeldBy,
+}
+
+/// What names a block of data.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub enum HeldBy {
+    /// The file's block table (checkpointed data).
+    #[serde(rename = "file block")]
+    FileBlock,
+    /// A logged write not yet moved into the file (a block of its buffer).
+    #[serde(rename = "logged write")]
+    LoggedWrite,
+}
+
+impl std::fmt::Display for HeldBy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::FileBlock => "file block",
+            Self::LoggedWrite => "logged write",
+        })
+    }
 }
 
 /// Scrubs the files of `inodes` (as recovery loaded them: extent maps and the overlays of
@@ -132,13 +159,13 @@ struct Held {
     file: u32,
     offset: u64,
     len: u64,
-    held_by: &'static str,
+    held_by: HeldBy,
 }
 
 /// Every distinct block of data `files` hold ([`data_blocks`]), file by file in file order;
 /// a block two files or two logged writes share is listed once, for the first.
 fn distinct_blocks(files: &[&Arc<Inode>]) -> Vec<Held> {
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = HashSet::new();
     let mut held = Vec::new();
     for (file, inode) in files.iter().enumerate() {
         for (offset, len, physical, held_by) in data_blocks(inode) {
@@ -171,7 +198,7 @@ fn per_device<T: Send>(
         groups
             .get_mut(device)
             .ok_or_else(|| {
-                crate::FsError::corrupt(
+                FsError::corrupt(
                     "data block address",
                     format!(
                         "{} is on no device of the volume",
@@ -212,26 +239,36 @@ fn per_device<T: Send>(
 /// The blocks of data a file's reads can return, as recovery loaded it — its extent map's
 /// blocks and the buffer blocks of logged writes still visible over them — as (file offset,
 /// file bytes, physical block, held by), in file order: what a data checksum covers.
-pub(crate) fn data_blocks(inode: &Inode) -> Vec<(u64, u64, u64, &'static str)> {
+pub(crate) fn data_blocks(inode: &Inode) -> Vec<(u64, u64, u64, HeldBy)> {
+    let runs: Vec<_> = inode.extents.read().expect("extent map").runs().collect();
+    let size = inode.size.load(Ordering::Acquire);
+    blocks_of(&runs, &inode.overlay.lookup(0, size))
+}
+
+/// The blocks of `runs` (extent map entries) and of the buffers under `pieces` (logged
+/// writes), as [`data_blocks`] lists them.
+fn blocks_of(
+    runs: &[crate::extent_map::Run],
+    pieces: &[crate::overlay::Piece],
+) -> Vec<(u64, u64, u64, HeldBy)> {
     let mut blocks = Vec::new();
-    for run in inode.extents.read().expect("extent map").runs() {
+    for run in runs {
         for i in 0..run.blocks {
             blocks.push((
                 (run.file_block + i) * BLOCK,
                 BLOCK,
                 run.addr + i * BLOCK,
-                "file block",
+                HeldBy::FileBlock,
             ));
         }
     }
-    let size = inode.size.load(std::sync::atomic::Ordering::Acquire);
-    for piece in inode.overlay.lookup(0, size) {
+    for piece in pieces {
         let mut at = piece.start;
         while at < piece.end {
             let src = piece.src + (at - piece.start);
             let physical = src - src % BLOCK;
             let n = (BLOCK - src % BLOCK).min(piece.end - at);
-            blocks.push((at, n, physical, "logged write"));
+            blocks.push((at, n, physical, HeldBy::LoggedWrite));
             at += n;
         }
     }
@@ -297,4 +334,286 @@ pub(crate) fn paths(inodes: &HashMap<u64, Arc<Inode>>) -> HashMap<u64, String> {
         }
     }
     paths
+}
+
+/// The part of a file one step of a live scrub holds still: one stretch of the range locks
+/// (a step takes one lock table), at most 512 blocks read and summed under it — a writer of
+/// the window waits at most that long (about half a millisecond here).
+const LIVE_WINDOW: u64 = crate::range_lock::MAX_GRANULE;
+
+/// How far a live scrub has come, for whoever watches it, and its stop switch. A scrub
+/// given it counts from zero.
+#[derive(Debug, Default)]
+pub struct ScrubProgress {
+    files_total: AtomicU64,
+    files_done: AtomicU64,
+    blocks: AtomicU64,
+    stop: AtomicBool,
+}
+
+impl ScrubProgress {
+    /// Files the scrub will read (those there when it started).
+    pub fn files_total(&self) -> u64 {
+        self.files_total.load(Ordering::Relaxed)
+    }
+
+    /// Files it has read.
+    pub fn files_done(&self) -> u64 {
+        self.files_done.load(Ordering::Relaxed)
+    }
+
+    /// Blocks it has read and checked.
+    pub fn blocks(&self) -> u64 {
+        self.blocks.load(Ordering::Relaxed)
+    }
+
+    /// Asks the scrub to stop: it ends at its next window with [`FsError::Shutdown`].
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+impl Fs {
+    /// Scrubs the running file system beside its writers: every block of data its files
+    /// name when the scrub reaches them — their blocks and the buffers of logged writes —
+    /// read and checked against its data checksum, as [`Fs::scrub`] does for a volume
+    /// nobody holds. A file is read a 2 MiB window at a time under the window's shared
+    /// range lock (a read's lock: while the scrub reads the window, its writers, the
+    /// checkpoint and truncations wait; nothing else does), so what it reads holds still and
+    /// a block it finds damaged is damaged, never one caught changing. Data written to a
+    /// window after the scrub left it is not read, and a file removed meanwhile is skipped.
+    /// `progress` counts as it goes and can stop it. An error when the file system has no
+    /// data checksums.
+    pub fn scrub_live(&self, progress: &ScrubProgress) -> Result<ScrubReport> {
+        let inner = &self.inner;
+        if inner.checksums.is_none() {
+            return Err(no_checksums());
+        }
+        let inodes = inner.inodes.read().expect("inode table").clone();
+        let files = files(&inodes);
+        progress
+            .files_total
+            .store(files.len() as u64, Ordering::Relaxed);
+        progress.files_done.store(0, Ordering::Relaxed);
+        progress.blocks.store(0, Ordering::Relaxed);
+        // A buffer block of logged writes may hold bytes of several windows; it is read
+        // once. File blocks belong to one file at one place, and need no such set.
+        let mut logged = HashSet::new();
+        let mut found = Vec::new();
+        let mut block = vec![0u8; BLOCK as usize];
+        let mut blocks = 0u64;
+        for inode in &files {
+            'file: for window in windows(inode) {
+                if progress.stop.load(Ordering::Acquire) {
+                    return Err(FsError::Shutdown("the scrub was stopped".into()));
+                }
+                let _range = inner.lock_range(inode, window, LIVE_WINDOW, LockMode::Shared)?;
+                // Held while the window is read. A file removed and closed meanwhile
+                // (`Inner::destroy`, which takes no range lock) leaves the inode table, is
+                // marked dead and has its map emptied under this lock's write side, and its
+                // logged writes dropped after that: the checkpoint retires the records of a
+                // file no longer in the table without the range lock, so their buffers may
+                // already hold other data. A dead file is left at once.
+                let extents = inode.extents.read().expect("extent map");
+                if inode.dead.load(Ordering::Acquire) {
+                    break 'file;
+                }
+                let runs = extents.lookup(window / BLOCK, (window + LIVE_WINDOW) / BLOCK);
+                let pieces = inode.overlay.lookup(window, window + LIVE_WINDOW);
+                for (offset, len, physical, held_by) in blocks_of(&runs, &pieces) {
+                    if held_by == HeldBy::LoggedWrite && !logged.insert(physical) {
+                        continue;
+                    }
+                    blocks += 1;
+                    if !inner.read_block_checked(physical, &mut block)? {
+                        found.push((inode.ino, offset, len, physical, held_by));
+                    }
+                }
+                drop(extents);
+                progress.blocks.store(blocks, Ordering::Relaxed);
+            }
+            progress.files_done.fetch_add(1, Ordering::Relaxed);
+        }
+        let paths = if found.is_empty() {
+            HashMap::new()
+        } else {
+            paths(&inner.inodes.read().expect("inode table").clone())
+        };
+        let damaged = found
+            .into_iter()
+            .map(|(ino, offset, len, physical, held_by)| DamagedBlock {
+                path: paths
+                    .get(&ino)
+                    .cloned()
+                    .unwrap_or_else(|| format!("inode {ino}")),
+                ino,
+                offset,
+                len,
+                address: GlobalAddress::from_raw(physical).to_string(),
+                held_by,
+            })
+            .collect();
+        Ok(ScrubReport {
+            files: files.len() as u64,
+            blocks,
+            damaged,
+        })
+    }
+}
+
+/// The error of a scrub of a file system without data checksums.
+pub(crate) fn no_checksums() -> FsError {
+    FsError::Invalid(
+        "the file system has no data checksums (they are chosen at format: `locus format \
+         --data-checksums`, or later with `locus tune --data-checksums on`); `locus fsck` \
+         checks its metadata"
+            .into(),
+    )
+}
+
+/// The starts of the [`LIVE_WINDOW`]s of `inode` that hold data now: where its extent map
+/// maps blocks, and where logged writes lie.
+fn windows(inode: &Inode) -> BTreeSet<u64> {
+    let runs: Vec<_> = inode.extents.read().expect("extent map").runs().collect();
+    let size = inode.size.load(Ordering::Acquire);
+    let pieces = inode.overlay.lookup(0, size);
+    let spans = runs
+        .iter()
+        .map(|r| (r.file_block * BLOCK, (r.file_block + r.blocks) * BLOCK))
+        .chain(pieces.iter().map(|p| (p.start, p.end)));
+    let mut windows = BTreeSet::new();
+    for (from, to) in spans {
+        let mut window = from - from % LIVE_WINDOW;
+        while window < to {
+            windows.insert(window);
+            window += LIVE_WINDOW;
+        }
+    }
+    windows
+}
+
+/// What a [`ScrubRunner`] says about its scrub: the last one started, running or ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ScrubStatus {
+    /// Which scrub of this runner (from 1; 0: none yet).
+    pub id: u64,
+    /// Still reading.
+    pub running: bool,
+    /// Files it will read, and has read.
+    pub files_total: u64,
+    /// Files read so far.
+    pub files_done: u64,
+    /// Blocks read and checked so far.
+    pub blocks: u64,
+    /// What it found, once it ended.
+    pub report: Option<ScrubReport>,
+    /// Why it ended without a report.
+    pub error: Option<String>,
+}
+
+/// One live scrub at a time on a thread of its own, for a server whose clients start it and
+/// then ask how far it is: a start while one runs joins it. Dropping the runner stops the
+/// scrub and waits for its thread.
+#[derive(Debug, Default)]
+pub struct ScrubRunner {
+    state: Mutex<RunnerState>,
+}
+
+#[derive(Debug, Default)]
+struct RunnerState {
+    id: u64,
+    progress: Arc<ScrubProgress>,
+    thread: Option<JoinHandle<Result<ScrubReport>>>,
+    /// How the last scrub ended, once its thread is joined.
+    ended: Option<std::result::Result<ScrubReport, String>>,
+}
+
+impl ScrubRunner {
+    /// A runner with no scrub yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Starts a scrub of `fs` unless one is running, and returns the running one's status.
+    pub fn start(&self, fs: &Fs) -> Result<ScrubStatus> {
+        let mut state = self.lock();
+        state.reap();
+        if state.thread.is_none() {
+            let progress = Arc::new(ScrubProgress::default());
+            let thread = {
+                let (fs, progress) = (fs.clone(), Arc::clone(&progress));
+                std::thread::Builder::new()
+                    .name("locus-scrub".into())
+                    .spawn(move || fs.scrub_live(&progress))
+                    .map_err(|e| FsError::Invalid(format!("starting the scrub's thread: {e}")))?
+            };
+            state.id += 1;
+            state.progress = progress;
+            state.thread = Some(thread);
+            state.ended = None;
+        }
+        Ok(state.status())
+    }
+
+    /// The status of the last scrub started.
+    pub fn status(&self) -> ScrubStatus {
+        let mut state = self.lock();
+        state.reap();
+        state.status()
+    }
+
+    /// Stops a running scrub and waits for its thread.
+    pub fn stop(&self) {
+        let mut state = self.lock();
+        state.progress.stop();
+        if let Some(thread) = state.thread.take() {
+            state.ended = Some(joined(thread));
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RunnerState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for ScrubRunner {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl RunnerState {
+    /// Joins the scrub's thread if it ended.
+    fn reap(&mut self) {
+        if self.thread.as_ref().is_some_and(JoinHandle::is_finished)
+            && let Some(thread) = self.thread.take()
+        {
+            self.ended = Some(joined(thread));
+        }
+    }
+
+    fn status(&self) -> ScrubStatus {
+        let (report, error) = match &self.ended {
+            Some(Ok(report)) => (Some(report.clone()), None),
+            Some(Err(e)) => (None, Some(e.clone())),
+            None => (None, None),
+        };
+        ScrubStatus {
+            id: self.id,
+            running: self.thread.is_some(),
+            files_total: self.progress.files_total(),
+            files_done: self.progress.files_done(),
+            blocks: self.progress.blocks(),
+            report,
+            error,
+        }
+    }
+}
+
+/// How a scrub's thread ended.
+fn joined(thread: JoinHandle<Result<ScrubReport>>) -> std::result::Result<ScrubReport, String> {
+    match thread.join() {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(_) => Err("the scrub's thread panicked".into()),
+    }
 }

@@ -3,7 +3,7 @@
 //! error naming the file and offset (never the wrong bytes), `Fs::scrub` names every damaged
 //! block, and moving damaged logged data into its file keeps it marked damaged.
 
-use fs::{CheckpointMode, ErrorKind, FormatOptions, Fs, FsError, FsOptions};
+use fs::{CheckpointMode, ErrorKind, FormatOptions, Fs, FsError, FsOptions, HeldBy};
 use pmem::Tracer;
 use testkit::*;
 
@@ -113,7 +113,7 @@ fn a_flipped_bit_in_a_file_block_fails_the_reads_that_touch_it_and_scrub_names_i
     let bad = &report.damaged[0];
     assert_eq!(
         (bad.path.as_str(), bad.offset, bad.len, bad.held_by),
-        ("/a", 8192, 4096, "file block")
+        ("/a", 8192, 4096, HeldBy::FileBlock)
     );
 
     let fs = open(&image);
@@ -144,7 +144,7 @@ fn a_flipped_bit_in_a_logged_write_stays_an_error_after_the_checkpoint_moves_it(
     assert_eq!(report.damaged.len(), 1, "{report:?}");
     assert_eq!(
         (report.damaged[0].path.as_str(), report.damaged[0].held_by),
-        ("/b", "logged write")
+        ("/b", HeldBy::LoggedWrite)
     );
     let fs = open(&image);
     let error = read(&fs, "/b", 10_000, 3000).unwrap_err();
@@ -186,4 +186,220 @@ fn a_damaged_checksum_directory_is_named() {
         error.contains("data-checksum directory") && error.contains("crc32c mismatch"),
         "{error}"
     );
+}
+
+/// A live scrub (`Fs::scrub_live`) runs beside writers: random whole and partial overwrites
+/// of one file, files made, written, truncated and removed (one while open, so its blocks
+/// are freed at its last close), the background checkpoint and defragmentation moving and
+/// freeing blocks all the while. Every scrub among them is clean — what it reads holds
+/// still — and once a bit is flipped in a block of a file nobody writes, the next scrub
+/// names that block, and only it, while the writers go on.
+#[test]
+fn a_live_scrub_beside_writers_names_real_damage_and_nothing_else() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Barrier};
+
+    let shm = shm_volume("live-scrub", 64 << 20);
+    let fs = Fs::format(
+        open_volume(&shm.dir),
+        &FormatOptions {
+            data_checksums: true,
+            ..small_format()
+        },
+        small_options(),
+    )
+    .unwrap();
+    // 1 MiB nobody writes again, moved into its blocks; its block 100 holds a marker found
+    // nowhere else (a pattern's bytes can recur).
+    const MARKER: &[u8] = b"the one block of /still that a bit will be flipped in";
+    let mut still = pattern(7, 0, 1 << 20);
+    still[100 * 4096 + 64..][..MARKER.len()].copy_from_slice(MARKER);
+    fs.create("/still").unwrap().write_at(&still, 0).unwrap();
+    fs.checkpoint().unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(Barrier::new(3));
+    let overwriter = {
+        let (fs, stop, started) = (fs.clone(), Arc::clone(&stop), Arc::clone(&started));
+        std::thread::spawn(move || {
+            let hot = fs.create("/hot").unwrap();
+            hot.write_at(&pattern(8, 0, 4 << 20), 0).unwrap();
+            started.wait();
+            let mut x = 1u64;
+            let mut writes = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                let offset = (x >> 33) % (4 << 20);
+                // Whole blocks (remapped by the checkpoint) and partial ones (rebuilt).
+                let (at, len) = if x & 1 == 0 {
+                    (offset - offset % 4096, 4096)
+                } else {
+                    (offset, 1 + (x >> 20) % 6000)
+                };
+                let len = len.min((4 << 20) - at) as usize;
+                hot.write_at(&pattern(9, at, len), at).unwrap();
+                writes += 1;
+            }
+            writes
+        })
+    };
+    let churner = {
+        let (fs, stop, started) = (fs.clone(), Arc::clone(&stop), Arc::clone(&started));
+        std::thread::spawn(move || {
+            started.wait();
+            let mut round = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let path = format!("/churn{}", round % 4);
+                let file = fs.create(&path).unwrap();
+                file.write_at(&pattern(round, 0, 300 << 10), 0).unwrap();
+                file.write_at(&pattern(round + 1, 5000, 9000), 5000)
+                    .unwrap();
+                file.set_len(100 << 10).unwrap();
+                if round.is_multiple_of(3) {
+                    // Removed while open: its blocks go at this handle's close.
+                    fs.unlink(&path).unwrap();
+                    file.write_at(&pattern(round, 0, 64 << 10), 0).unwrap();
+                }
+                drop(file);
+                round += 1;
+            }
+            round
+        })
+    };
+    started.wait();
+    let progress = fs::ScrubProgress::default();
+    let begun = std::time::Instant::now();
+    let mut scrubs = 0;
+    while scrubs < 12 || begun.elapsed() < std::time::Duration::from_secs(1) {
+        scrubs += 1;
+        let report = fs.scrub_live(&progress).unwrap();
+        assert!(report.damaged.is_empty(), "a clean volume: {report:?}");
+        assert!(
+            report.blocks >= 256,
+            "/still alone has 256 blocks: {report:?}"
+        );
+        assert_eq!(progress.files_done(), progress.files_total());
+    }
+
+    assert_eq!(read(&fs, "/still", 0, 1 << 20).unwrap(), still);
+    // One bit of /still's block 100, flipped in the device file under the running file
+    // system (the file is the memory it maps).
+    let device = std::fs::read_dir(&shm.dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "pmem"))
+        .expect("the emulated device's file");
+    let bytes = std::fs::read(&device).unwrap();
+    let at = bytes
+        .windows(MARKER.len())
+        .position(|w| w == MARKER)
+        .expect("/still's data is on the device");
+    drop(bytes);
+    {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&device)
+            .unwrap();
+        let mut byte = [0u8];
+        file.read_exact_at(&mut byte, at as u64).unwrap();
+        file.write_all_at(&[byte[0] ^ 0x04], at as u64).unwrap();
+    }
+    let report = fs.scrub_live(&progress).unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let writes = overwriter.join().unwrap();
+    let rounds = churner.join().unwrap();
+    assert!(
+        writes > 0 && rounds > 0,
+        "the writers ran: {writes} writes, {rounds} rounds"
+    );
+    let found: Vec<_> = report
+        .damaged
+        .iter()
+        .map(|d| (d.path.as_str(), d.offset, d.len, d.held_by))
+        .collect();
+    assert_eq!(
+        found,
+        [("/still", 100 * 4096, 4096, HeldBy::FileBlock)],
+        "{report:?}"
+    );
+    let error = read(&fs, "/still", 100 * 4096, 10).unwrap_err();
+    assert!(matches!(error, FsError::DataChecksum { .. }), "{error}");
+    fs.unmount().unwrap();
+}
+
+/// A scrub that is asked to stop ends with an error saying so; a runner joins a scrub that
+/// runs instead of starting a second, and reports how the last one ended.
+#[test]
+fn a_scrub_runner_runs_one_scrub_at_a_time_and_says_how_it_ended() {
+    let shm = shm_volume("scrub-runner", 64 << 20);
+    let fs = Fs::format(
+        open_volume(&shm.dir),
+        &FormatOptions {
+            data_checksums: true,
+            ..small_format()
+        },
+        small_options(),
+    )
+    .unwrap();
+    for i in 0..8 {
+        fs.create(&format!("/f{i}"))
+            .unwrap()
+            .write_at(&pattern(i, 0, 1 << 20), 0)
+            .unwrap();
+    }
+    let stopped = fs::ScrubProgress::default();
+    stopped.stop();
+    let error = fs.scrub_live(&stopped).unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Shutdown, "{error}");
+    assert!(error.to_string().contains("stopped"), "{error}");
+
+    let runner = fs::ScrubRunner::new();
+    assert_eq!(runner.status().id, 0, "no scrub yet");
+    let first = runner.start(&fs).unwrap();
+    assert_eq!(first.id, 1);
+    let status = loop {
+        let status = runner.status();
+        if !status.running {
+            break status;
+        }
+        // A start while it runs joins it.
+        assert_eq!(runner.start(&fs).unwrap().id, 1);
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    };
+    assert_eq!(status.id, 1);
+    let report = status.report.expect("it ended with a report");
+    assert_eq!((report.files, report.blocks), (8, 8 * 256), "{report:?}");
+    assert!(report.damaged.is_empty());
+    assert_eq!((status.files_done, status.files_total), (8, 8));
+    assert_eq!(
+        runner.start(&fs).unwrap().id,
+        2,
+        "the next start starts another"
+    );
+    // Stopped (most likely while it reads): it ends, with its report or saying it stopped.
+    runner.stop();
+    let status = runner.status();
+    assert!(!status.running && status.id == 2, "{status:?}");
+    match (&status.report, &status.error) {
+        (Some(report), None) => assert_eq!(report.blocks, 8 * 256),
+        (None, Some(error)) => assert!(error.contains("stopped"), "{error}"),
+        other => panic!("{other:?}"),
+    }
+    drop(runner);
+    fs.unmount().unwrap();
+}
+
+/// A file system without data checksums has nothing for a live scrub to check, and says so.
+#[test]
+fn a_live_scrub_without_checksums_says_why_it_cannot_check() {
+    let shm = shm_volume("live-scrub-none", 64 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    let error = fs
+        .scrub_live(&fs::ScrubProgress::default())
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("no data checksums"), "{error}");
+    fs.unmount().unwrap();
 }

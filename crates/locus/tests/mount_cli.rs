@@ -97,6 +97,7 @@ transports!(
     ],
     uncached_only: [
         kill_9_of_the_server_loses_no_acknowledged_write,
+        scrub_beside_a_mount,
         special_files_and_sizes_past_the_largest_file,
         a_read_only_mount_refuses_every_change,
         the_server_forgets_what_the_kernel_forgets,
@@ -1554,6 +1555,150 @@ print(n)
             file.display()
         );
     }
+}
+
+/// `locus scrub` of a mounted volume with data checksums is run by the server beside the
+/// requests: clean every time while another process writes and verifies what it wrote, and
+/// once a bit is flipped in a block of a file, it names that block and exits 1. The scrub
+/// file is hidden, its owner's only and read-only; a volume without data checksums says why
+/// it cannot be scrubbed.
+fn scrub_beside_a_mount(transport: &'static str) {
+    let mount = Mount::formatted_with(transport, &["--data-checksums"]);
+    const MARKER: &[u8] = b"the block of /victim that a bit will be flipped in";
+    let mut victim = vec![0x11u8; 3 * 4096];
+    victim[4096 + 100..][..MARKER.len()].copy_from_slice(MARKER);
+    std::fs::write(mount.path().join("victim"), &victim).unwrap();
+    let pid = u64::from(mount.server.as_ref().unwrap().id());
+    let scrub = |args: &[&str]| {
+        locus()
+            .arg("scrub")
+            .args(args)
+            .arg("--volume")
+            .arg(mount.volume.path())
+            .output()
+            .unwrap()
+    };
+    let mut writer = Command::new("python3")
+        .args([
+            "-c",
+            r#"
+import os, sys, time
+d = sys.argv[1]
+fd = os.open(f"{d}/big", os.O_RDWR | os.O_CREAT, 0o644)
+model = bytearray()
+end = time.time() + 3
+n = 0
+while time.time() < end:
+    # Whole blocks and partial ones over 8 MiB, cut back to 6 MiB now and then.
+    off = (n * 7919 % 2048) * 4096 + (n % 5) * 100
+    data = bytes([n % 251]) * (700 if n % 3 else 4096)
+    os.pwrite(fd, data, off)
+    model.extend(bytes(max(0, off + len(data) - len(model))))
+    model[off:off + len(data)] = data
+    if n % 100 == 99:
+        os.truncate(f"{d}/big", 6 << 20)
+        model = model[:6 << 20] + bytes(max(0, (6 << 20) - len(model)))
+    n += 1
+assert os.pread(fd, len(model) + 1, 0) == bytes(model), "read back differs"
+print(n)
+"#,
+        ])
+        .arg(mount.path())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut scrubs = 0;
+    while writer.try_wait().unwrap().is_none() {
+        let out = scrub(&["--json"]);
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        assert!(out.status.success(), "scrub during writes: {report}");
+        assert_eq!(
+            report["damaged"].as_array().map(Vec::len),
+            Some(0),
+            "{report}"
+        );
+        assert!(report["blocks"].as_u64().unwrap() >= 3, "{report}");
+        assert!(
+            report["scrubbed_by"]
+                .as_str()
+                .is_some_and(|s| s.contains(&format!("`locus mount` (pid {pid})"))),
+            "{report}"
+        );
+        scrubs += 1;
+    }
+    let written = ok(&writer.wait_with_output().unwrap(), "the writer");
+    assert!(written.trim().parse::<u64>().unwrap() > 100, "{written}");
+    assert!(scrubs >= 3, "only {scrubs} scrubs ran while writing");
+
+    let device = std::fs::read_dir(mount.volume.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "pmem"))
+        .expect("an emulated device file");
+    let image = std::fs::read(&device).unwrap();
+    let at = image
+        .windows(MARKER.len())
+        .position(|w| w == MARKER)
+        .expect("/victim's block is on the device");
+    drop(image);
+    {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&device)
+            .unwrap();
+        file.write_all_at(&[MARKER[3] ^ 0x20], (at + 3) as u64)
+            .unwrap();
+    }
+    let out = scrub(&[]);
+    assert!(!out.status.success(), "a damaged block fails the scrub");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("damaged: /victim bytes 4096..8192 (file block"),
+        "{stdout}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("1 damaged block(s)"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let file = mount.path().join(mount::SCRUB_NAME);
+    let names: Vec<_> = std::fs::read_dir(mount.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.to_string_lossy().starts_with(".locus")),
+        "{names:?}"
+    );
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&file).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o400);
+    assert_eq!(
+        std::fs::write(&file, b"x").unwrap_err().raw_os_error(),
+        Some(libc::EACCES)
+    );
+    assert_eq!(
+        std::fs::remove_file(&file).unwrap_err().raw_os_error(),
+        Some(libc::EPERM)
+    );
+
+    let plain = Mount::new(transport);
+    let out = locus()
+        .args(["scrub", "--volume"])
+        .arg(plain.volume.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("through `locus mount`") && err.contains("no data checksums"),
+        "{err}"
+    );
 }
 
 /// fio with several jobs as separate processes writes and verifies (crc32c) on the mount.

@@ -1984,11 +1984,7 @@ fn status_of_a_served_volume_is_the_servers_live_view() {
     );
 
     // fsck, and the commands that need the volume to themselves, name the server.
-    for command in [
-        &["fsck"][..],
-        &["scrub"],
-        &["format", "--emulate", "64M", "--force"],
-    ] {
+    for command in [&["fsck"][..], &["format", "--emulate", "64M", "--force"]] {
         let output = locus(command);
         assert!(!output.status.success(), "{command:?}");
         assert!(
@@ -1998,6 +1994,16 @@ fn status_of_a_served_volume_is_the_servers_live_view() {
         );
     }
 
+    // scrub asks the server, which says why it has nothing to check.
+    let output = locus(&["scrub"]);
+    assert!(!output.status.success());
+    assert!(
+        text(&output.stderr).contains(&format!("through `locus serve` (pid {pid})"))
+            && text(&output.stderr).contains("no data checksums"),
+        "{}",
+        text(&output.stderr)
+    );
+
     let (status, log) = server.stop();
     assert!(status.success(), "{log}");
     assert!(!dir.path().join("locus.serve.sock").exists());
@@ -2006,6 +2012,134 @@ fn status_of_a_served_volume_is_the_servers_live_view() {
     let offline: serde_json::Value = serde_json::from_slice(&output.stdout).expect("status JSON");
     assert!(offline.get("served_by").is_none(), "{offline}");
     fsck(dir.path(), &[]);
+}
+
+/// `locus scrub` of a volume with data checksums that `locus serve` holds is run by the
+/// server beside a client's writes (qemu-io, with fio's nbd engine verifying what it writes
+/// at the same time): clean while nothing is damaged, and once a bit is flipped in a block
+/// the client wrote, it names that block of the export's file and exits 1; the client's data
+/// stays intact throughout.
+#[test]
+fn scrub_of_a_served_volume_runs_in_the_server_beside_its_clients() {
+    if !require(&["qemu-io", "fio"]) {
+        return;
+    }
+    let dir = tempfile::tempdir_in("/dev/shm").expect("tempdir in /dev/shm");
+    let output = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["format", "--volume", dir.path().to_str().unwrap()])
+        .args(["--emulate=256M", "--data-checksums"])
+        .output()
+        .expect("run locus format");
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let server = Serve::start(
+        dir.path(),
+        &[
+            "--export",
+            "disk=fs:/disk,size=32M",
+            "--export",
+            "busy=fs:/busy,size=32M",
+        ],
+    );
+    let pid = server.child.as_ref().unwrap().id();
+    // Block 1 of /disk: 4 KiB of one byte no other write uses.
+    run(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x5a 4096 4096",
+            &server.uri("disk"),
+        ],
+    );
+    let scrub = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_locus"))
+            .arg("scrub")
+            .args(args)
+            .args(["--volume", dir.path().to_str().unwrap()])
+            .output()
+            .expect("run locus scrub")
+    };
+    let mut writer = Command::new("fio")
+        .args([
+            "--name=busy",
+            "--ioengine=nbd",
+            &format!("--uri={}", server.uri("busy")),
+            "--rw=randwrite",
+            "--bs=4k",
+            "--size=32M",
+            "--time_based",
+            "--runtime=3",
+            "--verify=crc32c",
+            "--verify_backlog=256",
+            "--verify_state_save=0",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run fio");
+    let mut scrubs = 0;
+    while writer.try_wait().unwrap().is_none() {
+        let output = scrub(&["--json"]);
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(
+            report["damaged"].as_array().map(Vec::len),
+            Some(0),
+            "{report}"
+        );
+        assert!(report["blocks"].as_u64().unwrap() >= 1, "{report}");
+        assert_eq!(
+            report["scrubbed_by"],
+            format!("`locus serve` (pid {pid})"),
+            "{report}"
+        );
+        scrubs += 1;
+    }
+    let fio = writer.wait_with_output().unwrap();
+    assert!(fio.status.success(), "{}", text(&fio.stderr));
+    assert!(
+        text(&fio.stdout).contains("err= 0"),
+        "{}",
+        text(&fio.stdout)
+    );
+    assert!(scrubs >= 3, "only {scrubs} scrubs ran beside the writer");
+
+    let device = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "pmem"))
+        .expect("an emulated device file");
+    let image = std::fs::read(&device).unwrap();
+    let block = image
+        .chunks(4096)
+        .position(|b| b.iter().all(|&x| x == 0x5a))
+        .expect("the written block is on the device");
+    drop(image);
+    {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&device)
+            .unwrap();
+        file.write_all_at(&[0x5b], (block * 4096 + 777) as u64)
+            .unwrap();
+    }
+    let output = scrub(&[]);
+    assert!(!output.status.success(), "a damaged block fails the scrub");
+    let stdout = text(&output.stdout);
+    assert!(
+        stdout.contains(&format!("through `locus serve` (pid {pid})"))
+            && stdout.contains("damaged: /disk bytes 4096..8192 (file block"),
+        "{stdout}"
+    );
+    assert!(
+        text(&output.stderr).contains("1 damaged block(s)"),
+        "{}",
+        text(&output.stderr)
+    );
+    let (status, log) = server.stop();
+    assert!(status.success(), "{log}");
 }
 
 /// The control socket's name in the volume directory is not free for an NBD socket: `serve`

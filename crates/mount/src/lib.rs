@@ -74,6 +74,17 @@ pub const CHECK_NAME: &str = ".locus-fsck";
 /// The check file's inode number.
 const CHECK_INO: u64 = u64::MAX - 2;
 
+/// A file at the root, readable by the mount's owner only, not listed by `readdir`: opening
+/// it starts a scrub of the file data (`fs::Fs::scrub_live`, beside the requests) on a
+/// thread of the server's — or joins the one running — and a read of the open file from
+/// offset 0 returns that scrub's status as JSON (`fs::ScrubStatus`; reads further on
+/// continue the same bytes), so its reader polls until `running` is false: how `locus
+/// scrub` scrubs a volume that a mount holds. Its name cannot
+/// be created, removed or renamed.
+pub const SCRUB_NAME: &str = ".locus-scrub";
+/// The scrub file's inode number.
+const SCRUB_INO: u64 = u64::MAX - 3;
+
 /// Checks the volume for [`CHECK_NAME`]: called with no request in flight and the
 /// checkpoint held ([`fs::Fs::quiesced`]), so the media holds still while it reads them;
 /// what it returns is the check file's contents.
@@ -220,6 +231,7 @@ impl Mounted {
             }
         }
         self.server.close_all();
+        self.server.stop_scrub();
         first
     }
 }

@@ -12,7 +12,7 @@ use fs::{FsError, Kind, OpenOptions, Owner, Stat, XattrSet};
 use smallvec::{SmallVec, smallvec};
 
 use crate::proto::{self, Attr, InHeader, Malformed, Reader, Writer, fattr, op};
-use crate::{CHECK_INO, CHECK_NAME, Checker, STATUS_INO, STATUS_NAME, TTL};
+use crate::{CHECK_INO, CHECK_NAME, Checker, SCRUB_INO, SCRUB_NAME, STATUS_INO, STATUS_NAME, TTL};
 
 /// The block size reported to `stat` and `statfs`.
 const BLOCK: u32 = 4096;
@@ -81,8 +81,8 @@ impl Names {
     }
 
     fn child(&self, parent: u64, name: &str) -> Result<String, i32> {
-        if parent == fs::ROOT_INO && (name == STATUS_NAME || name == CHECK_NAME) {
-            return Err(libc::EPERM); // the status and check files' names
+        if parent == fs::ROOT_INO && [STATUS_NAME, CHECK_NAME, SCRUB_NAME].contains(&name) {
+            return Err(libc::EPERM); // the status, check and scrub files' names
         }
         if name.is_empty() || name.contains('/') {
             return Err(libc::EINVAL);
@@ -175,6 +175,9 @@ enum Handle {
     Dir(Listing),
     /// The status or check file's bytes, made at `open`.
     Made(Vec<u8>),
+    /// The scrub file: a read at offset 0 says how the scrub is going now, and reads
+    /// further on continue those bytes.
+    Scrub(Mutex<Vec<u8>>),
 }
 
 /// What a request asks for in reply.
@@ -237,6 +240,8 @@ pub(crate) struct Server {
     /// Every request holds it shared while it is served; opening the check file holds it
     /// exclusively, so no request is in flight while the volume is checked (new ones wait).
     still: RwLock<()>,
+    /// The scrub opening the scrub file starts, one at a time.
+    scrubber: fs::ScrubRunner,
 }
 
 impl std::fmt::Debug for Server {
@@ -246,6 +251,21 @@ impl std::fmt::Debug for Server {
             .field("direct_io", &self.direct_io)
             .finish_non_exhaustive()
     }
+}
+
+/// Copies what `bytes` hold from `offset` on into `buf`; returns how many.
+fn copy_out(bytes: &[u8], offset: u64, buf: &mut [u8]) -> usize {
+    let from = usize::try_from(offset)
+        .unwrap_or(usize::MAX)
+        .min(bytes.len());
+    let to = from.saturating_add(buf.len()).min(bytes.len());
+    buf[..to - from].copy_from_slice(&bytes[from..to]);
+    to - from
+}
+
+/// Whether `ino` is one of the files the server makes (status, check, scrub).
+fn made(ino: u64) -> bool {
+    matches!(ino, STATUS_INO | CHECK_INO | SCRUB_INO)
 }
 
 fn errno(e: &FsError) -> i32 {
@@ -343,6 +363,7 @@ impl Server {
             io_uring: false,
             checker,
             still: RwLock::new(()),
+            scrubber: fs::ScrubRunner::new(),
         }
     }
 
@@ -409,6 +430,18 @@ impl Server {
             .clear();
     }
 
+    /// Stops a running scrub and waits for it (before the file system is unmounted).
+    pub(crate) fn stop_scrub(&self) {
+        self.scrubber.stop();
+    }
+
+    /// The scrub file's bytes: the status of the scrub its opening started or joined.
+    fn scrub_status(&self) -> Vec<u8> {
+        let mut bytes = serde_json::to_vec(&self.scrubber.status()).unwrap_or_default();
+        bytes.push(b'\n');
+        bytes
+    }
+
     fn names(&self) -> std::sync::RwLockReadGuard<'_, Names> {
         self.names.read().unwrap_or_else(PoisonError::into_inner)
     }
@@ -473,7 +506,8 @@ impl Server {
             atime_ns: now,
             mtime_ns: now,
             ctime_ns: now,
-            mode: libc::S_IFREG | 0o444,
+            // The scrub file starts a read of every block of the volume: its owner's only.
+            mode: libc::S_IFREG | if ino == SCRUB_INO { 0o400 } else { 0o444 },
             nlink: 1,
             uid: self.uid,
             gid: self.gid,
@@ -716,6 +750,9 @@ impl Server {
                     }
                     return proto::entry(w, &self.made_attr(CHECK_INO), Duration::ZERO);
                 }
+                if ino == fs::ROOT_INO && name == SCRUB_NAME {
+                    return proto::entry(w, &self.made_attr(SCRUB_INO), Duration::ZERO);
+                }
                 match self.entry(ino, name, &self.child(ino, name)?) {
                     Ok(attr) => proto::entry(w, &attr, TTL),
                     // A missing name is cached by the kernel as such (a negative dentry):
@@ -731,7 +768,7 @@ impl Server {
                 }
             }
             op::GETATTR => {
-                if ino == STATUS_INO || ino == CHECK_INO {
+                if made(ino) {
                     return proto::attr_out(w, &self.made_attr(ino), Duration::ZERO);
                 }
                 let st = self.stat(ino)?;
@@ -837,7 +874,7 @@ impl Server {
                 let old = r.u64().map_err(bad)?;
                 let [name] = proto::names(rest).map_err(bad)?;
                 self.writable()?;
-                if old == STATUS_INO || old == CHECK_INO {
+                if made(old) {
                     return Err(libc::EPERM);
                 }
                 let _ns = lock(&self.namespace);
@@ -926,7 +963,9 @@ impl Server {
                 let fh = r.u64().map_err(bad)?;
                 match self.take(fh).map(Arc::try_unwrap) {
                     // Still in use by a request in flight: closed when that ends.
-                    Some(Ok(Handle::File(_) | Handle::Made(_)) | Err(_)) => Ok(()),
+                    Some(Ok(Handle::File(_) | Handle::Made(_) | Handle::Scrub(_)) | Err(_)) => {
+                        Ok(())
+                    }
                     Some(Ok(Handle::Dir(_))) | None => Err(libc::EBADF),
                 }
             }
@@ -934,7 +973,7 @@ impl Server {
                 // Every write is durable when it returns: nothing is held back.
                 let fh = r.u64().map_err(bad)?;
                 match &*self.handle(fh)? {
-                    Handle::File(_) | Handle::Made(_) => Ok(()),
+                    Handle::File(_) | Handle::Made(_) | Handle::Scrub(_) => Ok(()),
                     Handle::Dir(_) => Err(libc::EISDIR),
                 }
             }
@@ -942,7 +981,7 @@ impl Server {
                 let fh = r.u64().map_err(bad)?;
                 match &*self.handle(fh)? {
                     Handle::File(f) => f.sync_all().map_err(|e| errno(&e)),
-                    Handle::Made(_) => Ok(()),
+                    Handle::Made(_) | Handle::Scrub(_) => Ok(()),
                     Handle::Dir(_) => Err(libc::EISDIR),
                 }
             }
@@ -1148,7 +1187,7 @@ impl Server {
         by_path: impl FnOnce(&str) -> fs::Result<T>,
         by_file: impl FnOnce(&fs::File) -> fs::Result<T>,
     ) -> Result<T, i32> {
-        if ino == STATUS_INO || ino == CHECK_INO {
+        if made(ino) {
             return Err(libc::EOPNOTSUPP);
         }
         if let Ok(path) = self.path(ino) {
@@ -1179,17 +1218,24 @@ impl Server {
     }
 
     fn open(&self, ino: u64, flags: u32) -> Result<(u64, u32), i32> {
-        if ino == STATUS_INO || ino == CHECK_INO {
+        if made(ino) {
             if flags as i32 & libc::O_ACCMODE != libc::O_RDONLY {
                 return Err(libc::EACCES);
             }
-            let bytes = if ino == STATUS_INO {
-                self.status()
-            } else {
-                self.check()?
+            let handle = match ino {
+                STATUS_INO => Handle::Made(self.status()),
+                CHECK_INO => Handle::Made(self.check()?),
+                _ => {
+                    let started = self.scrubber.start(&self.fs).map_err(|e| errno(&e))?;
+                    tracing::info!(
+                        scrub = started.id,
+                        "scrubbing the file data for `locus scrub`"
+                    );
+                    Handle::Scrub(Mutex::default())
+                }
             };
             // Direct I/O: the kernel reads to the end of the bytes, whatever the size said.
-            return Ok((self.add(Handle::Made(bytes)), proto::FOPEN_DIRECT_IO));
+            return Ok((self.add(handle), proto::FOPEN_DIRECT_IO));
         }
         let options = self.open_options(flags);
         if options.write {
@@ -1210,13 +1256,13 @@ impl Server {
         let size = (size as usize).min(buf.len());
         let handle = self.handle(fh)?;
         match &*handle {
-            Handle::Made(bytes) => {
-                let from = usize::try_from(offset)
-                    .unwrap_or(usize::MAX)
-                    .min(bytes.len());
-                let to = from.saturating_add(size).min(bytes.len());
-                buf[..to - from].copy_from_slice(&bytes[from..to]);
-                Ok(to - from)
+            Handle::Made(bytes) => Ok(copy_out(bytes, offset, &mut buf[..size])),
+            Handle::Scrub(status) => {
+                let mut status = lock(status);
+                if offset == 0 {
+                    *status = self.scrub_status();
+                }
+                Ok(copy_out(&status, offset, &mut buf[..size]))
             }
             Handle::Dir(_) => Err(libc::EISDIR),
             Handle::File(file) => {
@@ -1281,7 +1327,7 @@ impl Server {
         let gid = r.u32().map_err(Err)?;
         let has = |bit: u32| valid & bit != 0;
         let done = (|| {
-            if ino == STATUS_INO || ino == CHECK_INO {
+            if made(ino) {
                 return Err(libc::EPERM);
             }
             self.writable()?;

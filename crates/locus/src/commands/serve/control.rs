@@ -1,10 +1,18 @@
-//! `locus serve`'s control socket: how `locus status` shows a volume the server holds.
+//! `locus serve`'s control socket: how `locus status` shows, and `locus scrub` scrubs, a
+//! volume the server holds.
 //!
-//! A volume is open in one process at a time, so while `locus serve` runs, `status` cannot
-//! open it. The server answers for it instead: it listens on a Unix socket in the volume
-//! directory ([`SOCKET_NAME`], mode 0600: the volume's owner only), and to the request line
-//! `status` it replies with one JSON object — its pid, the volume's devices and space, the
-//! file system's counters and each channel's request counters — and closes the connection.
+//! A volume is open in one process at a time, so while `locus serve` runs, `status` and
+//! `scrub` cannot open it. The server answers for it instead: it listens on a Unix socket in
+//! the volume directory ([`SOCKET_NAME`], mode 0600: the volume's owner only). A client sends
+//! one request line and gets one JSON object back, then the connection closes:
+//! - `status`: the server's pid, the volume's devices and space, the file system's counters
+//!   and each channel's request counters;
+//! - `scrub`: starts a scrub of the file data beside the clients' requests
+//!   (`fs::Fs::scrub_live`, on a thread of its own) unless one runs, and answers its status
+//!   (`fs::ScrubStatus`, under the key `scrub`);
+//! - `scrub status`: the status of the last scrub started, which a client asks for until
+//!   `running` is false.
+//!
 //! A server killed with SIGKILL leaves the socket file behind; nobody answers on it then
 //! ([`ask`] reports no server), and the next server of the volume replaces it.
 
@@ -22,8 +30,12 @@ use anyhow::{Context, Result, bail};
 /// The control socket's name in the volume directory.
 pub const SOCKET_NAME: &str = "locus.serve.sock";
 
-/// The one request: the server's live status.
+/// The request for the server's live status.
 const STATUS_REQUEST: &str = "status";
+/// The request that starts (or joins) a scrub.
+pub const SCRUB_REQUEST: &str = "scrub";
+/// The request for the last scrub's status.
+pub const SCRUB_STATUS_REQUEST: &str = "scrub status";
 
 /// How long either side waits for the other's bytes.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -44,10 +56,12 @@ pub struct Control {
 
 impl Control {
     /// Listens in `dir` (whose volume this process holds: a socket file there is a killed
-    /// server's, and is replaced) and answers `status` with what `status` returns.
+    /// server's, and is replaced), answers `status` with what `status` returns, and the
+    /// scrub requests by scrubbing `scrubbed` (without it they get an error).
     pub fn start(
         dir: &Path,
         status: impl Fn() -> serde_json::Value + Send + 'static,
+        scrubbed: Option<fs::Fs>,
     ) -> Result<Self> {
         let path = dir.join(SOCKET_NAME);
         match std::fs::remove_file(&path) {
@@ -71,7 +85,15 @@ impl Control {
             let stop = Arc::clone(&stop);
             std::thread::Builder::new()
                 .name("serve-control".into())
-                .spawn(move || accept_loop(&listener, &stop, &status))
+                .spawn(move || {
+                    let answers = Answers {
+                        status: &status,
+                        scrubbed,
+                        // Dropped with the thread: a running scrub stops, and is waited for.
+                        scrubber: fs::ScrubRunner::new(),
+                    };
+                    accept_loop(&listener, &stop, &answers);
+                })
                 .context("starting the control socket's thread")?
         };
         Ok(Self {
@@ -92,13 +114,52 @@ impl Drop for Control {
     }
 }
 
-fn accept_loop(listener: &UnixListener, stop: &AtomicBool, status: &dyn Fn() -> serde_json::Value) {
+/// What the control socket answers with.
+struct Answers<'a> {
+    status: &'a dyn Fn() -> serde_json::Value,
+    scrubbed: Option<fs::Fs>,
+    scrubber: fs::ScrubRunner,
+}
+
+impl Answers<'_> {
+    fn to(&self, request: &str) -> serde_json::Value {
+        let scrub = |f: &dyn Fn(&fs::Fs) -> fs::Result<fs::ScrubStatus>| match &self.scrubbed {
+            None => serde_json::json!({"error": "this server has no file system to scrub"}),
+            // Under its own key: the status has an `error` of its own (why the scrub ended
+            // without a report), which is not the request's.
+            Some(fs) => match f(fs) {
+                Ok(status) => serde_json::json!({ "scrub": status }),
+                Err(e) => serde_json::json!({"error": format!("starting the scrub: {e}")}),
+            },
+        };
+        match request {
+            STATUS_REQUEST => (self.status)(),
+            SCRUB_REQUEST => scrub(&|fs| {
+                let status = self.scrubber.start(fs)?;
+                tracing::info!(
+                    scrub = status.id,
+                    "scrubbing the file data for `locus scrub`"
+                );
+                Ok(status)
+            }),
+            SCRUB_STATUS_REQUEST => scrub(&|_| Ok(self.scrubber.status())),
+            other => serde_json::json!({
+                "error": format!(
+                    "unknown request {other:?}; the requests are {STATUS_REQUEST:?}, \
+                     {SCRUB_REQUEST:?} and {SCRUB_STATUS_REQUEST:?}"
+                )
+            }),
+        }
+    }
+}
+
+fn accept_loop(listener: &UnixListener, stop: &AtomicBool, answers: &Answers<'_>) {
     while !stop.load(Ordering::Acquire) {
         match listener.accept() {
             Ok((stream, _)) => {
                 // One connection at a time, each bounded by the timeouts: a client that says
                 // nothing delays the next by at most IO_TIMEOUT and never the data path.
-                if let Err(e) = answer(&stream, status) {
+                if let Err(e) = answer(&stream, answers) {
                     tracing::warn!(error = %format!("{e:#}"), "control socket request failed");
                 }
             }
@@ -111,7 +172,7 @@ fn accept_loop(listener: &UnixListener, stop: &AtomicBool, status: &dyn Fn() -> 
     }
 }
 
-fn answer(stream: &UnixStream, status: &dyn Fn() -> serde_json::Value) -> Result<()> {
+fn answer(stream: &UnixStream, answers: &Answers<'_>) -> Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(IO_TIMEOUT))?;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
@@ -119,12 +180,7 @@ fn answer(stream: &UnixStream, status: &dyn Fn() -> serde_json::Value) -> Result
     BufReader::new(stream.take(MAX_REQUEST))
         .read_line(&mut line)
         .context("reading the request")?;
-    let reply = match line.trim_end_matches(['\r', '\n']) {
-        STATUS_REQUEST => status(),
-        other => serde_json::json!({
-            "error": format!("unknown request {other:?}; the one request is {STATUS_REQUEST:?}")
-        }),
-    };
+    let reply = answers.to(line.trim_end_matches(['\r', '\n']));
     let mut bytes = serde_json::to_vec(&reply)?;
     bytes.push(b'\n');
     let mut out = stream;
@@ -148,16 +204,21 @@ pub fn is_socket_of(path: &Path, dir: &Path) -> bool {
 /// killed server left, a `dir` that is no directory, another user's socket: the caller then
 /// opens the volume itself, and that says what is wrong.
 pub fn ask(dir: &Path) -> Option<Result<serde_json::Value>> {
-    let path = dir.join(SOCKET_NAME);
-    let stream = UnixStream::connect(&path).ok()?;
-    Some(request(&stream, &path))
+    ask_for(dir, STATUS_REQUEST)
 }
 
-fn request(stream: &UnixStream, path: &Path) -> Result<serde_json::Value> {
+/// [`ask`] with another request (`SCRUB_REQUEST`, `SCRUB_STATUS_REQUEST`).
+pub fn ask_for(dir: &Path, request: &str) -> Option<Result<serde_json::Value>> {
+    let path = dir.join(SOCKET_NAME);
+    let stream = UnixStream::connect(&path).ok()?;
+    Some(self::request(&stream, &path, request))
+}
+
+fn request(stream: &UnixStream, path: &Path, request: &str) -> Result<serde_json::Value> {
     stream.set_read_timeout(Some(IO_TIMEOUT))?;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
     (&*stream)
-        .write_all(format!("{STATUS_REQUEST}\n").as_bytes())
+        .write_all(format!("{request}\n").as_bytes())
         .with_context(|| format!("asking the server through {}", path.display()))?;
     let mut bytes = Vec::new();
     (&*stream)
@@ -165,7 +226,7 @@ fn request(stream: &UnixStream, path: &Path) -> Result<serde_json::Value> {
         .with_context(|| format!("reading the server's reply through {}", path.display()))?;
     let reply: serde_json::Value = serde_json::from_slice(&bytes)
         .with_context(|| format!("the server's reply through {}", path.display()))?;
-    if let Some(error) = reply.get("error") {
+    if let Some(error) = reply.get("error").filter(|e| !e.is_null()) {
         bail!("the server through {} said: {error}", path.display());
     }
     Ok(reply)
@@ -179,7 +240,8 @@ mod tests {
     fn status_is_answered_and_the_socket_goes_with_the_server() {
         let dir = tempfile::tempdir().unwrap();
         assert!(ask(dir.path()).is_none(), "no server yet");
-        let control = Control::start(dir.path(), || serde_json::json!({"answer": 42})).unwrap();
+        let control =
+            Control::start(dir.path(), || serde_json::json!({"answer": 42}), None).unwrap();
         let mode = std::fs::metadata(dir.path().join(SOCKET_NAME))
             .unwrap()
             .permissions()
@@ -199,7 +261,8 @@ mod tests {
         drop(UnixListener::bind(dir.path().join(SOCKET_NAME)).unwrap());
         assert!(dir.path().join(SOCKET_NAME).exists());
         assert!(ask(dir.path()).is_none());
-        let _control = Control::start(dir.path(), || serde_json::json!({"fresh": true})).unwrap();
+        let _control =
+            Control::start(dir.path(), || serde_json::json!({"fresh": true}), None).unwrap();
         assert_eq!(ask(dir.path()).unwrap().unwrap()["fresh"], true);
     }
 
@@ -228,7 +291,7 @@ mod tests {
     #[test]
     fn an_unknown_request_gets_an_error_that_names_it() {
         let dir = tempfile::tempdir().unwrap();
-        let _control = Control::start(dir.path(), || serde_json::json!({})).unwrap();
+        let _control = Control::start(dir.path(), || serde_json::json!({}), None).unwrap();
         let stream = UnixStream::connect(dir.path().join(SOCKET_NAME)).unwrap();
         (&stream).write_all(b"reboot\n").unwrap();
         let mut reply = String::new();

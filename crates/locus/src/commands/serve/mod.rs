@@ -573,26 +573,30 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
             Some(running)
         }
     };
-    // `locus status` of this volume asks here while the server holds it.
+    // `locus status` and `locus scrub` of this volume ask here while the server holds it.
     let control = {
         let monitor = server.monitor();
-        let (fs, held) = (fs.clone(), Arc::clone(&volume));
-        control::Control::start(dir, move || {
-            let channels: Vec<serde_json::Value> = monitor
-                .channels()
-                .iter()
-                .map(|r| stats_json("live", r, &r.stats, None))
-                .collect();
-            serde_json::json!({
-                "server": "serve",
-                "server_pid": std::process::id(),
-                "uuid": volume::hex(&held.uuid()),
-                "devices": held.stats(),
-                "fs": fs.stats(),
-                "exports": monitor.export_names(),
-                "channels": channels,
-            })
-        })?
+        let (fs, held, scrubbed) = (fs.clone(), Arc::clone(&volume), fs.clone());
+        control::Control::start(
+            dir,
+            move || {
+                let channels: Vec<serde_json::Value> = monitor
+                    .channels()
+                    .iter()
+                    .map(|r| stats_json("live", r, &r.stats, None))
+                    .collect();
+                serde_json::json!({
+                    "server": "serve",
+                    "server_pid": std::process::id(),
+                    "uuid": volume::hex(&held.uuid()),
+                    "devices": held.stats(),
+                    "fs": fs.stats(),
+                    "exports": monitor.export_names(),
+                    "channels": channels,
+                })
+            },
+            Some(scrubbed),
+        )?
     };
     let stop = Arc::new(AtomicBool::new(false));
     let signal = {
