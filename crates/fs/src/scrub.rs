@@ -9,6 +9,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use volume::{GlobalAddress, Volume};
 
@@ -493,7 +494,7 @@ fn windows(inode: &Inode) -> BTreeSet<u64> {
 }
 
 /// What a [`ScrubRunner`] says about its scrub: the last one started, running or ended.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ScrubStatus {
     /// Which scrub of this runner (from 1; 0: none yet).
     pub id: u64,
@@ -505,6 +506,10 @@ pub struct ScrubStatus {
     pub files_done: u64,
     /// Blocks read and checked so far.
     pub blocks: u64,
+    /// Seconds it has run, or ran.
+    pub seconds: f64,
+    /// Seconds since it ended (none while it runs).
+    pub ended_seconds_ago: Option<f64>,
     /// What it found, once it ended.
     pub report: Option<ScrubReport>,
     /// Why it ended without a report.
@@ -524,6 +529,9 @@ struct RunnerState {
     id: u64,
     progress: Arc<ScrubProgress>,
     thread: Option<JoinHandle<Result<ScrubReport>>>,
+    /// When the last scrub started, and how long it ran once it ended.
+    started: Option<Instant>,
+    ran: Option<Duration>,
     /// How the last scrub ended, once its thread is joined.
     ended: Option<std::result::Result<ScrubReport, String>>,
 }
@@ -550,6 +558,8 @@ impl ScrubRunner {
             state.id += 1;
             state.progress = progress;
             state.thread = Some(thread);
+            state.started = Some(Instant::now());
+            state.ran = None;
             state.ended = None;
         }
         Ok(state.status())
@@ -567,7 +577,7 @@ impl ScrubRunner {
         let mut state = self.lock();
         state.progress.stop();
         if let Some(thread) = state.thread.take() {
-            state.ended = Some(joined(thread));
+            state.end(thread);
         }
     }
 
@@ -588,8 +598,14 @@ impl RunnerState {
         if self.thread.as_ref().is_some_and(JoinHandle::is_finished)
             && let Some(thread) = self.thread.take()
         {
-            self.ended = Some(joined(thread));
+            self.end(thread);
         }
+    }
+
+    /// Joins the scrub's thread and keeps how it ended.
+    fn end(&mut self, thread: JoinHandle<Result<ScrubReport>>) {
+        self.ended = Some(joined(thread));
+        self.ran = self.started.map(|at| at.elapsed());
     }
 
     fn status(&self) -> ScrubStatus {
@@ -604,6 +620,14 @@ impl RunnerState {
             files_total: self.progress.files_total(),
             files_done: self.progress.files_done(),
             blocks: self.progress.blocks(),
+            seconds: self
+                .ran
+                .or_else(|| self.started.map(|at| at.elapsed()))
+                .map_or(0.0, |d| d.as_secs_f64()),
+            ended_seconds_ago: self
+                .started
+                .zip(self.ran)
+                .map(|(at, ran)| at.elapsed().saturating_sub(ran).as_secs_f64()),
             report,
             error,
         }

@@ -1662,6 +1662,25 @@ print(n)
         String::from_utf8_lossy(&out.stderr)
     );
 
+    // The server's status tells how its last scrub ended.
+    let live = status_json(mount.volume.path());
+    assert_eq!(live["scrub"]["running"], false, "{live}");
+    assert_eq!(
+        live["scrub"]["report"]["damaged"][0]["path"], "/victim",
+        "{live}"
+    );
+    let out = locus()
+        .arg("status")
+        .arg("--volume")
+        .arg(mount.volume.path())
+        .output()
+        .unwrap();
+    let text = ok(&out, "status");
+    assert!(
+        text.contains("last scrub (ended ") && text.contains(": 1 damaged block(s) in "),
+        "{text}"
+    );
+
     let file = mount.path().join(mount::SCRUB_NAME);
     let names: Vec<_> = std::fs::read_dir(mount.path())
         .unwrap()

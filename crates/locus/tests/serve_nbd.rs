@@ -2138,6 +2138,16 @@ fn scrub_of_a_served_volume_runs_in_the_server_beside_its_clients() {
         "{}",
         text(&output.stderr)
     );
+    // The server's status tells how its last scrub ended.
+    let output = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["status", "--json", "--volume", dir.path().to_str().unwrap()])
+        .output()
+        .expect("run locus status");
+    let live: serde_json::Value = serde_json::from_slice(&output.stdout).expect("status JSON");
+    assert_eq!(
+        live["scrub"]["report"]["damaged"][0]["path"], "/disk",
+        "{live}"
+    );
     let (status, log) = server.stop();
     assert!(status.success(), "{log}");
 }

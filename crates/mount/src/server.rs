@@ -625,6 +625,8 @@ impl Server {
             "devices": volume.stats(),
             "fs": self.fs.stats(),
             "nameless": self.fs.nameless(),
+            // The last scrub `locus scrub` started through this mount (null: none yet).
+            "scrub": Some(self.scrubber.status()).filter(|s| s.id > 0),
             "fuse": {
                 "io_uring": self.io_uring,
                 "direct_io": self.direct_io,

@@ -291,7 +291,7 @@ fn served_status(dir: &Path, served: &volume::Served, args: &StatusArgs) -> Resu
         .with_context(|| format!("the mount server's status in {}", file.display()))?;
     if args.json {
         let served_by = serde_json::json!({ "pid": served.pid, "mountpoint": served.mountpoint });
-        return print_live_json(dir, &live, &served_by, &["fuse", "nameless"]);
+        return print_live_json(dir, &live, &served_by, &["fuse", "nameless", "scrub"]);
     }
     print_live_volume(
         dir,
@@ -357,7 +357,7 @@ fn served_status(dir: &Path, served: &volume::Served, args: &StatusArgs) -> Resu
 fn serve_status(dir: &Path, live: &serde_json::Value, args: &StatusArgs) -> Result<()> {
     if args.json {
         let served_by = serde_json::json!({ "pid": live["server_pid"], "server": "serve" });
-        return print_live_json(dir, live, &served_by, &["exports", "channels"]);
+        return print_live_json(dir, live, &served_by, &["exports", "channels", "scrub"]);
     }
     print_live_volume(
         dir,
@@ -390,6 +390,62 @@ fn serve_status(dir: &Path, live: &serde_json::Value, args: &StatusArgs) -> Resu
         );
     }
     Ok(())
+}
+
+/// The line about the last scrub a server ran for `locus scrub` (none when it ran none).
+fn print_scrub(live: &serde_json::Value) -> Result<()> {
+    let Ok(scrub) = serde_json::from_value::<fs::ScrubStatus>(live["scrub"].clone()) else {
+        return Ok(());
+    };
+    let read = format_bytes(scrub.blocks * 4096);
+    if scrub.running {
+        outln!(
+            "scrub: running for {:.1} s, {} of {} file(s) read, {read}",
+            scrub.seconds,
+            scrub.files_done,
+            scrub.files_total
+        );
+        return Ok(());
+    }
+    match (&scrub.report, &scrub.error) {
+        (Some(report), _) => outln!(
+            "last scrub{}: {} in {:.1} s, {} file(s), {read}{}",
+            ago(scrub.ended_seconds_ago),
+            if report.damaged.is_empty() {
+                "clean".to_owned()
+            } else {
+                format!("{} damaged block(s)", report.damaged.len())
+            },
+            scrub.seconds,
+            report.files,
+            if report.damaged.is_empty() {
+                ""
+            } else {
+                " (`locus scrub` names them)"
+            }
+        ),
+        (None, Some(error)) => outln!(
+            "last scrub{}: failed after {:.1} s: {error}",
+            ago(scrub.ended_seconds_ago),
+            scrub.seconds
+        ),
+        (None, None) => {}
+    }
+    Ok(())
+}
+
+/// " (ended 5 min ago)" and the like.
+fn ago(seconds: Option<f64>) -> String {
+    let Some(seconds) = seconds else {
+        return String::new();
+    };
+    let s = seconds as u64;
+    let when = match s {
+        0..=119 => format!("{s} s"),
+        120..=7199 => format!("{} min", s / 60),
+        _ => format!("{} h", s / 3600),
+    };
+    format!(" (ended {when} ago)")
 }
 
 /// A server's live status as `--json` prints it: the volume, `served_by`, the devices and
@@ -473,7 +529,7 @@ fn print_live_volume(dir: &Path, live: &serde_json::Value, server: &str) -> Resu
     if let Some(turns) = turns_line(count("slot_turns"), count("slot_turn_waits")) {
         outln!("{turns}");
     }
-    Ok(())
+    print_scrub(live)
 }
 
 /// The checkpoint thread's priority and how often writers gave way to it.

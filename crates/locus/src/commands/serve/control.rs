@@ -133,7 +133,13 @@ impl Answers<'_> {
             },
         };
         match request {
-            STATUS_REQUEST => (self.status)(),
+            STATUS_REQUEST => {
+                let mut status = (self.status)();
+                // The last scrub `locus scrub` started here (null: none yet).
+                let scrub = Some(self.scrubber.status()).filter(|s| s.id > 0);
+                status["scrub"] = serde_json::to_value(scrub).unwrap_or_default();
+                status
+            }
             SCRUB_REQUEST => scrub(&|fs| {
                 let status = self.scrubber.start(fs)?;
                 tracing::info!(
