@@ -337,10 +337,21 @@ pub(crate) fn paths(inodes: &HashMap<u64, Arc<Inode>>) -> HashMap<u64, String> {
     paths
 }
 
-/// The part of a file one step of a live scrub holds still: one stretch of the range locks
-/// (a step takes one lock table), at most 512 blocks read and summed under it — a writer of
-/// the window waits at most that long (about half a millisecond here).
-const LIVE_WINDOW: u64 = crate::range_lock::MAX_GRANULE;
+/// The part of a file one step of a live scrub holds still: at most 64 blocks read and
+/// summed under its shared range lock, so a writer of the window waits at most that long
+/// (~60 µs here). Measured (fio, two jobs of random 4 KiB writes into a 200 MiB file through
+/// `locus mount` while `locus scrub` of the 1.2 GiB volume ran in a loop, two runs each):
+/// windows of 2 MiB gave 166 k and 152 k IOPS, p99 42 and 50 µs, against 183 k and 179 k,
+/// p99 35 and 30 µs, with these; the scrub took 0.31 s either way.
+const LIVE_WINDOW: u64 = 256 << 10;
+
+/// How many nice steps a [`ScrubRunner`]'s scrub runs below the thread that started it:
+/// on a busy machine it takes what the threads serving requests leave, and on an idle one
+/// all it needs. Measured as above (256 KiB windows): at the same priority the writers'
+/// p99.9 was 510–518 µs against 84–116 µs without a scrub (the scrub held one of the two
+/// CPUs); ten steps below, 98–153 µs, while the scrub took 2–3 s instead of 0.7 s under load
+/// (0.31 s alone).
+const SCRUB_NICE_STEPS: i32 = 10;
 
 /// How far a live scrub has come, for whoever watches it, and its stop switch. A scrub
 /// given it counts from zero.
@@ -378,7 +389,7 @@ impl Fs {
     /// Scrubs the running file system beside its writers: every block of data its files
     /// name when the scrub reaches them — their blocks and the buffers of logged writes —
     /// read and checked against its data checksum, as [`Fs::scrub`] does for a volume
-    /// nobody holds. A file is read a 2 MiB window at a time under the window's shared
+    /// nobody holds. A file is read a 256 KiB window at a time under the window's shared
     /// range lock (a read's lock: while the scrub reads the window, its writers, the
     /// checkpoint and truncations wait; nothing else does), so what it reads holds still and
     /// a block it finds damaged is damaged, never one caught changing. Data written to a
@@ -552,7 +563,15 @@ impl ScrubRunner {
                 let (fs, progress) = (fs.clone(), Arc::clone(&progress));
                 std::thread::Builder::new()
                     .name("locus-scrub".into())
-                    .spawn(move || fs.scrub_live(&progress))
+                    .spawn(move || {
+                        // Only priority: a scrub that cannot lower it still does its work.
+                        if let Ok(nice) = topology::current_thread_nice() {
+                            let _ = topology::set_current_thread_nice(
+                                (nice + SCRUB_NICE_STEPS).min(19),
+                            );
+                        }
+                        fs.scrub_live(&progress)
+                    })
                     .map_err(|e| FsError::Invalid(format!("starting the scrub's thread: {e}")))?
             };
             state.id += 1;

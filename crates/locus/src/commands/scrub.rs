@@ -18,10 +18,10 @@ use crate::size::format_bytes;
 /// one. Nothing is written.
 ///
 /// A volume nobody holds is read from the media by this command. A volume that `locus mount`
-/// or `locus serve` holds is scrubbed by its server, beside its clients' requests: a file is
-/// read a 2 MiB window at a time while that window's writers wait (under a millisecond), so
-/// nothing else stops, and a block is only ever reported damaged when it is; data written to
-/// a part of a file after the scrub passed it is not read. This command starts the server's
+/// or `locus serve` holds is scrubbed by its server, beside its clients' requests, below
+/// their priority: a file is read 256 KiB at a time while that part's writers wait (~60 µs),
+/// so nothing else stops, and a block is only ever reported damaged when it is; data written
+/// to a part of a file after the scrub passed it is not read. This command starts the server's
 /// scrub (or joins the one running), shows its progress and prints its report; interrupted,
 /// the server's scrub goes on to its end. A volume a program holds through the preload
 /// library cannot be scrubbed until it ends. Metadata damage is `locus fsck`'s to report,
