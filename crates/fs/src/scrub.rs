@@ -104,7 +104,7 @@ pub(crate) fn scrub(
     inodes: &HashMap<u64, Arc<Inode>>,
 ) -> Result<ScrubReport> {
     let paths = paths(inodes);
-    let files = files(inodes);
+    let files = files(inodes.values());
     let held = distinct_blocks(&files);
     let found = per_device(volume, &held, |blocks| {
         let mut block = vec![0u8; BLOCK as usize];
@@ -146,8 +146,8 @@ pub(crate) fn scrub(
 }
 
 /// The files of `inodes`, by inode number.
-fn files(inodes: &HashMap<u64, Arc<Inode>>) -> Vec<&Arc<Inode>> {
-    let mut files: Vec<&Arc<Inode>> = inodes.values().filter(|i| i.kind == Kind::File).collect();
+fn files<'a>(inodes: impl Iterator<Item = &'a Arc<Inode>>) -> Vec<&'a Arc<Inode>> {
+    let mut files: Vec<&Arc<Inode>> = inodes.filter(|i| i.kind == Kind::File).collect();
     files.sort_by_key(|i| i.ino);
     files
 }
@@ -287,7 +287,7 @@ pub(crate) fn fill_entries(
     checksums: &Checksums,
     inodes: &HashMap<u64, Arc<Inode>>,
 ) -> Result<u64> {
-    let held = distinct_blocks(&files(inodes));
+    let held = distinct_blocks(&files(inodes.values()));
     per_device(volume, &held, |blocks| {
         let mut block = vec![0u8; BLOCK as usize];
         for &index in blocks {
@@ -401,8 +401,11 @@ impl Fs {
         if inner.checksums.is_none() {
             return Err(no_checksums());
         }
-        let inodes = inner.inodes.read().expect("inode table").clone();
-        let files = files(&inodes);
+        // The files only: a table of a million inodes is not copied.
+        let files: Vec<Arc<Inode>> = files(inner.inodes.read().expect("inode table").values())
+            .into_iter()
+            .cloned()
+            .collect();
         progress
             .files_total
             .store(files.len() as u64, Ordering::Relaxed);
@@ -449,7 +452,7 @@ impl Fs {
         let paths = if found.is_empty() {
             HashMap::new()
         } else {
-            paths(&inner.inodes.read().expect("inode table").clone())
+            paths(&inner.inodes.read().expect("inode table"))
         };
         let damaged = found
             .into_iter()
@@ -511,7 +514,7 @@ pub struct ScrubStatus {
     pub id: u64,
     /// Still reading.
     pub running: bool,
-    /// Files it will read, and has read.
+    /// Files it reads (those there when it started).
     pub files_total: u64,
     /// Files read so far.
     pub files_done: u64,
@@ -539,7 +542,7 @@ pub struct ScrubRunner {
 struct RunnerState {
     id: u64,
     progress: Arc<ScrubProgress>,
-    thread: Option<JoinHandle<Result<ScrubReport>>>,
+    thread: Option<JoinHandle<Ran>>,
     /// When the last scrub started, and how long it ran once it ended.
     started: Option<Instant>,
     ran: Option<Duration>,
@@ -564,13 +567,14 @@ impl ScrubRunner {
                 std::thread::Builder::new()
                     .name("locus-scrub".into())
                     .spawn(move || {
+                        let started = Instant::now();
                         // Only priority: a scrub that cannot lower it still does its work.
                         if let Ok(nice) = topology::current_thread_nice() {
                             let _ = topology::set_current_thread_nice(
                                 (nice + SCRUB_NICE_STEPS).min(19),
                             );
                         }
-                        fs.scrub_live(&progress)
+                        (fs.scrub_live(&progress), started.elapsed())
                     })
                     .map_err(|e| FsError::Invalid(format!("starting the scrub's thread: {e}")))?
             };
@@ -621,10 +625,15 @@ impl RunnerState {
         }
     }
 
-    /// Joins the scrub's thread and keeps how it ended.
-    fn end(&mut self, thread: JoinHandle<Result<ScrubReport>>) {
-        self.ended = Some(joined(thread));
-        self.ran = self.started.map(|at| at.elapsed());
+    /// Joins the scrub's thread and keeps how it ended and how long it ran (measured by
+    /// the thread: it may be joined long after).
+    fn end(&mut self, thread: JoinHandle<Ran>) {
+        let (ended, ran) = match thread.join() {
+            Ok((result, ran)) => (result.map_err(|e| e.to_string()), Some(ran)),
+            Err(_) => (Err("the scrub's thread panicked".into()), None),
+        };
+        self.ended = Some(ended);
+        self.ran = ran.or_else(|| self.started.map(|at| at.elapsed()));
     }
 
     fn status(&self) -> ScrubStatus {
@@ -653,10 +662,5 @@ impl RunnerState {
     }
 }
 
-/// How a scrub's thread ended.
-fn joined(thread: JoinHandle<Result<ScrubReport>>) -> std::result::Result<ScrubReport, String> {
-    match thread.join() {
-        Ok(result) => result.map_err(|e| e.to_string()),
-        Err(_) => Err("the scrub's thread panicked".into()),
-    }
-}
+/// What a scrub's thread returns: its report or error, and how long it ran.
+type Ran = (Result<ScrubReport>, Duration);

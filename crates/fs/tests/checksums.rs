@@ -188,6 +188,21 @@ fn a_damaged_checksum_directory_is_named() {
     );
 }
 
+/// A running file system (background checkpoint) on a fresh 64 MiB volume in /dev/shm.
+fn running(name: &str, data_checksums: bool) -> (ShmVolume, Fs) {
+    let shm = shm_volume(name, 64 << 20);
+    let fs = Fs::format(
+        open_volume(&shm.dir),
+        &FormatOptions {
+            data_checksums,
+            ..small_format()
+        },
+        small_options(),
+    )
+    .unwrap();
+    (shm, fs)
+}
+
 /// A live scrub (`Fs::scrub_live`) runs beside writers: random whole and partial overwrites
 /// of one file, files made, written, truncated and removed (one while open, so its blocks
 /// are freed at its last close), the background checkpoint and defragmentation moving and
@@ -199,16 +214,7 @@ fn a_live_scrub_beside_writers_names_real_damage_and_nothing_else() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Barrier};
 
-    let shm = shm_volume("live-scrub", 64 << 20);
-    let fs = Fs::format(
-        open_volume(&shm.dir),
-        &FormatOptions {
-            data_checksums: true,
-            ..small_format()
-        },
-        small_options(),
-    )
-    .unwrap();
+    let (shm, fs) = running("live-scrub", true);
     // 1 MiB nobody writes again, moved into its blocks; its block 100 holds a marker found
     // nowhere else (a pattern's bytes can recur).
     const MARKER: &[u8] = b"the one block of /still that a bit will be flipped in";
@@ -333,16 +339,7 @@ fn a_live_scrub_beside_writers_names_real_damage_and_nothing_else() {
 /// runs instead of starting a second, and reports how the last one ended.
 #[test]
 fn a_scrub_runner_runs_one_scrub_at_a_time_and_says_how_it_ended() {
-    let shm = shm_volume("scrub-runner", 64 << 20);
-    let fs = Fs::format(
-        open_volume(&shm.dir),
-        &FormatOptions {
-            data_checksums: true,
-            ..small_format()
-        },
-        small_options(),
-    )
-    .unwrap();
+    let (_shm, fs) = running("scrub-runner", true);
     for i in 0..8 {
         fs.create(&format!("/f{i}"))
             .unwrap()
@@ -394,8 +391,7 @@ fn a_scrub_runner_runs_one_scrub_at_a_time_and_says_how_it_ended() {
 /// A file system without data checksums has nothing for a live scrub to check, and says so.
 #[test]
 fn a_live_scrub_without_checksums_says_why_it_cannot_check() {
-    let shm = shm_volume("live-scrub-none", 64 << 20);
-    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    let (_shm, fs) = running("live-scrub-none", false);
     let error = fs
         .scrub_live(&fs::ScrubProgress::default())
         .unwrap_err()

@@ -127,6 +127,16 @@ fn slot_bytes(volume: &Path) -> u64 {
         .expect("status names the thread slots' memory")
 }
 
+/// `python3 -c script dir`, its output piped: a writer in a process of its own.
+fn python_in(dir: &Path, script: &str) -> Child {
+    Command::new("python3")
+        .args(["-c", script])
+        .arg(dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// `umount -l` of a mount point whose server is gone (what a user does after a crash).
 fn detach(point: &Path) {
     assert!(
@@ -1424,10 +1434,9 @@ fn status_and_fsck_beside_a_mount(transport: &'static str) {
 
     // Checks while another process writes and creates files: every one clean, and the
     // writer's data intact afterwards (it verifies what it wrote).
-    let mut writer = Command::new("python3")
-        .args([
-            "-c",
-            r#"
+    let mut writer = python_in(
+        mount.path(),
+        r#"
 import os, sys, time
 d = sys.argv[1]
 fd = os.open(f"{d}/big", os.O_RDWR | os.O_CREAT, 0o644)
@@ -1448,11 +1457,7 @@ for off, data in want.items():
     assert got == data, f"offset {off}: read back differs"
 print(n)
 "#,
-        ])
-        .arg(mount.path())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    );
     let mut checks = 0;
     while writer.try_wait().unwrap().is_none() {
         let out = fsck(&["--json"]);
@@ -1489,11 +1494,7 @@ print(n)
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    let device = std::fs::read_dir(mount.volume.path())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|e| e == "pmem"))
-        .expect("an emulated device file");
+    let device = common::emulated_device(mount.volume.path());
     let image = std::fs::read(&device).unwrap();
     let copies: Vec<usize> = image
         .windows(8)
@@ -1504,15 +1505,7 @@ print(n)
         .collect();
     let generation = |at: usize| u64::from_le_bytes(image[at + 16..at + 24].try_into().unwrap());
     let older = *copies.iter().min_by_key(|&&at| generation(at)).unwrap();
-    {
-        use std::os::unix::fs::FileExt;
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&device)
-            .unwrap();
-        file.write_all_at(&[image[older + 200] ^ 1], (older + 200) as u64)
-            .unwrap();
-    }
+    common::poke(&device, (older + 200) as u64, image[older + 200] ^ 1);
     let out = fsck(&["--json"]);
     assert!(!out.status.success(), "a damaged root copy fails fsck");
     let report = json(&out);
@@ -1524,7 +1517,21 @@ print(n)
     );
 
     let status = mount.path().join(".locus-status");
-    let names: Vec<_> = std::fs::read_dir(mount.path())
+    assert!(
+        std::fs::read_to_string(&status)
+            .unwrap()
+            .contains("\"server_pid\"")
+    );
+    made_files_are_hidden_and_fixed(
+        mount.path(),
+        &[(mount::STATUS_NAME, 0o444), (mount::CHECK_NAME, 0o400)],
+    );
+}
+
+/// The files the server makes at the root of the mount at `point` (name, mode) are not
+/// listed, have their mode, and can be neither written nor removed.
+fn made_files_are_hidden_and_fixed(point: &Path, made: &[(&str, u32)]) {
+    let names: Vec<_> = std::fs::read_dir(point)
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
@@ -1532,25 +1539,25 @@ print(n)
         !names
             .iter()
             .any(|n| n.to_string_lossy().starts_with(".locus")),
-        "the status and check files are not listed: {names:?}"
+        "the server's files are not listed: {names:?}"
     );
-    assert!(
-        std::fs::read_to_string(&status)
-            .unwrap()
-            .contains("\"server_pid\"")
-    );
-    for file in [status, mount.path().join(".locus-fsck")] {
+    for &(name, mode) in made {
+        let file = point.join(name);
+        let permissions = std::fs::metadata(&file).unwrap().permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&permissions) & 0o777,
+            mode,
+            "{name}"
+        );
         assert_eq!(
             std::fs::write(&file, b"x").unwrap_err().raw_os_error(),
             Some(libc::EACCES),
-            "{}",
-            file.display()
+            "{name}"
         );
         assert_eq!(
             std::fs::remove_file(&file).unwrap_err().raw_os_error(),
             Some(libc::EPERM),
-            "{}",
-            file.display()
+            "{name}"
         );
     }
 }
@@ -1576,10 +1583,9 @@ fn scrub_beside_a_mount(transport: &'static str) {
             .output()
             .unwrap()
     };
-    let mut writer = Command::new("python3")
-        .args([
-            "-c",
-            r#"
+    let mut writer = python_in(
+        mount.path(),
+        r#"
 import os, sys, time
 d = sys.argv[1]
 fd = os.open(f"{d}/big", os.O_RDWR | os.O_CREAT, 0o644)
@@ -1600,11 +1606,7 @@ while time.time() < end:
 assert os.pread(fd, len(model) + 1, 0) == bytes(model), "read back differs"
 print(n)
 "#,
-        ])
-        .arg(mount.path())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    );
     let mut scrubs = 0;
     while writer.try_wait().unwrap().is_none() {
         let out = scrub(&["--json"]);
@@ -1629,26 +1631,14 @@ print(n)
     assert!(written.trim().parse::<u64>().unwrap() > 100, "{written}");
     assert!(scrubs >= 3, "only {scrubs} scrubs ran while writing");
 
-    let device = std::fs::read_dir(mount.volume.path())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|e| e == "pmem"))
-        .expect("an emulated device file");
+    let device = common::emulated_device(mount.volume.path());
     let image = std::fs::read(&device).unwrap();
     let at = image
         .windows(MARKER.len())
         .position(|w| w == MARKER)
         .expect("/victim's block is on the device");
     drop(image);
-    {
-        use std::os::unix::fs::FileExt;
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&device)
-            .unwrap();
-        file.write_all_at(&[MARKER[3] ^ 0x20], (at + 3) as u64)
-            .unwrap();
-    }
+    common::poke(&device, (at + 3) as u64, MARKER[3] ^ 0x20);
     let out = scrub(&[]);
     assert!(!out.status.success(), "a damaged block fails the scrub");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -1681,28 +1671,7 @@ print(n)
         "{text}"
     );
 
-    let file = mount.path().join(mount::SCRUB_NAME);
-    let names: Vec<_> = std::fs::read_dir(mount.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert!(
-        !names
-            .iter()
-            .any(|n| n.to_string_lossy().starts_with(".locus")),
-        "{names:?}"
-    );
-    let mode =
-        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&file).unwrap().permissions());
-    assert_eq!(mode & 0o777, 0o400);
-    assert_eq!(
-        std::fs::write(&file, b"x").unwrap_err().raw_os_error(),
-        Some(libc::EACCES)
-    );
-    assert_eq!(
-        std::fs::remove_file(&file).unwrap_err().raw_os_error(),
-        Some(libc::EPERM)
-    );
+    made_files_are_hidden_and_fixed(mount.path(), &[(mount::SCRUB_NAME, 0o400)]);
 
     let plain = Mount::new(transport);
     let out = locus()

@@ -2105,26 +2105,14 @@ fn scrub_of_a_served_volume_runs_in_the_server_beside_its_clients() {
     );
     assert!(scrubs >= 3, "only {scrubs} scrubs ran beside the writer");
 
-    let device = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|e| e == "pmem"))
-        .expect("an emulated device file");
+    let device = common::emulated_device(dir.path());
     let image = std::fs::read(&device).unwrap();
     let block = image
         .chunks(4096)
         .position(|b| b.iter().all(|&x| x == 0x5a))
         .expect("the written block is on the device");
     drop(image);
-    {
-        use std::os::unix::fs::FileExt;
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&device)
-            .unwrap();
-        file.write_all_at(&[0x5b], (block * 4096 + 777) as u64)
-            .unwrap();
-    }
+    common::poke(&device, (block * 4096 + 777) as u64, 0x5b);
     let output = scrub(&[]);
     assert!(!output.status.success(), "a damaged block fails the scrub");
     let stdout = text(&output.stdout);

@@ -506,8 +506,10 @@ impl Server {
             atime_ns: now,
             mtime_ns: now,
             ctime_ns: now,
-            // The scrub file starts a read of every block of the volume: its owner's only.
-            mode: libc::S_IFREG | if ino == SCRUB_INO { 0o400 } else { 0o444 },
+            // Opening the check file holds every request, opening the scrub file reads every
+            // block of the volume: the mount owner's only (an `--allow-other` mount's other
+            // users get EACCES). The status file anyone may read.
+            mode: libc::S_IFREG | if ino == STATUS_INO { 0o444 } else { 0o400 },
             nlink: 1,
             uid: self.uid,
             gid: self.gid,

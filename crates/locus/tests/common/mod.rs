@@ -122,3 +122,24 @@ pub fn preload_library() -> std::path::PathBuf {
         )
     })
 }
+
+/// The device file of the one-device emulated volume in `volume`.
+pub fn emulated_device(volume: &Path) -> std::path::PathBuf {
+    std::fs::read_dir(volume)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "pmem"))
+        .expect("an emulated device file")
+}
+
+/// Writes `byte` at `offset` of the file at `path`: damage to a device file, made under
+/// the server that has it mapped (the file is the memory it maps).
+pub fn poke(path: &Path, offset: u64, byte: u8) {
+    use std::os::unix::fs::FileExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .write_all_at(&[byte], offset)
+        .unwrap();
+}
