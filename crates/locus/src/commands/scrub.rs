@@ -110,7 +110,16 @@ fn report(dir: &Path, sysfs: &Path, args: &ScrubArgs) -> Result<(fs::ScrubReport
         let path = served.mountpoint.join(mount::SCRUB_NAME);
         let file = std::fs::File::open(&path)
             .with_context(|| format!("asking the mount server (pid {}) to scrub", served.pid))?;
-        let report = through_server(&server, args.json, &mut || scrub_file_status(&file, &path))?;
+        let report = through_server(&server, args.json, &mut || {
+            scrub_file_status(&file, &path).with_context(|| {
+                format!(
+                    "asking the mount server (pid {}) how the scrub goes (a server killed \
+                     meanwhile: `umount -l {}`, then `locus mount` again recovers the volume)",
+                    served.pid,
+                    served.mountpoint.display()
+                )
+            })
+        })?;
         return Ok((report, Some(server)));
     }
     if let Some(started) = control::ask_for(dir, control::SCRUB_REQUEST) {
