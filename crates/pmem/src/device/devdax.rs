@@ -7,7 +7,7 @@ use std::path::Path;
 
 use super::FlushPolicy;
 use crate::error::{PmemError, Result};
-use crate::mapping::{MapFlags, Mapping};
+use crate::mapping::Mapping;
 use crate::region::PersistenceMode;
 
 pub(super) fn open(path: &Path, flush: FlushPolicy) -> Result<(Mapping, PersistenceMode)> {
@@ -35,7 +35,7 @@ pub(super) fn open(path: &Path, flush: FlushPolicy) -> Result<(Mapping, Persiste
             problem: "has size 0".into(),
         });
     }
-    let mapping = Mapping::new(file, super::usize_len(size, path)?, MapFlags::Shared, path)?;
+    let mapping = super::map_shared(file, size, path)?;
     let domain = super::persistence_domain(Path::new(&sysfs));
     Ok((mapping, super::dax_mode(flush, domain.as_deref())))
 }

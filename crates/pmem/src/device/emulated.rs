@@ -10,7 +10,7 @@ use std::path::Path;
 
 use crate::cpu::FlushInstruction;
 use crate::error::{PmemError, Result};
-use crate::mapping::{self, MapFlags, Mapping};
+use crate::mapping::{self, Mapping};
 use crate::region::PersistenceMode;
 
 pub(super) fn create(
@@ -45,12 +45,7 @@ fn map_bound_and_allocated(
     node: Option<u32>,
     path: &Path,
 ) -> Result<(Mapping, PersistenceMode)> {
-    let mapping = Mapping::new(
-        super::dup(file, path)?,
-        super::usize_len(size_bytes, path)?,
-        MapFlags::Shared,
-        path,
-    )?;
+    let mapping = super::map_shared(super::dup(file, path)?, size_bytes, path)?;
     bind(&mapping, node, path)?;
     mapping::allocate(file, size_bytes, path)?;
     Ok((
@@ -63,7 +58,7 @@ pub(super) fn open(path: &Path, node: Option<u32>) -> Result<(Mapping, Persisten
     check_tmpfs(path)?;
     let file = super::open_rw(path, false)?;
     let len = super::file_len(&file, path)?;
-    let mapping = Mapping::new(file, super::usize_len(len, path)?, MapFlags::Shared, path)?;
+    let mapping = super::map_shared(file, len, path)?;
     bind(&mapping, node, path)?;
     Ok((
         mapping,

@@ -5,7 +5,7 @@ use std::fs::File;
 use std::path::Path;
 
 use crate::error::Result;
-use crate::mapping::{self, MapFlags, Mapping};
+use crate::mapping::{self, Mapping};
 use crate::region::PersistenceMode;
 
 pub(super) fn create(path: &Path, size_bytes: u64) -> Result<(Mapping, PersistenceMode)> {
@@ -28,18 +28,13 @@ fn allocated_and_mapped(
     path: &Path,
 ) -> Result<(Mapping, PersistenceMode)> {
     mapping::allocate(file, size_bytes, path)?;
-    let mapping = Mapping::new(
-        super::dup(file, path)?,
-        super::usize_len(size_bytes, path)?,
-        MapFlags::Shared,
-        path,
-    )?;
+    let mapping = super::map_shared(super::dup(file, path)?, size_bytes, path)?;
     Ok((mapping, PersistenceMode::Msync))
 }
 
 pub(super) fn open(path: &Path) -> Result<(Mapping, PersistenceMode)> {
     let file = super::open_rw(path, false)?;
     let len = super::file_len(&file, path)?;
-    let mapping = Mapping::new(file, super::usize_len(len, path)?, MapFlags::Shared, path)?;
+    let mapping = super::map_shared(file, len, path)?;
     Ok((mapping, PersistenceMode::Msync))
 }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use crate::cpu::FlushInstruction;
 use crate::error::{PmemError, Result};
-use crate::mapping::Mapping;
+use crate::mapping::{MapFlags, Mapping};
 use crate::region::{Backing, Inner, PersistenceMode, Region};
 
 /// The kind of backing store a device is.
@@ -335,6 +335,11 @@ pub(crate) fn grow_file<T>(
             tracing::warn!(path = %path.display(), %error, "could not cut a failed grow back");
         }
     })
+}
+
+/// A shared mapping of the first `len` bytes of `file` (which the mapping keeps).
+pub(crate) fn map_shared(file: File, len: u64, path: &Path) -> Result<Mapping> {
+    Mapping::new(file, usize_len(len, path)?, MapFlags::Shared, path)
 }
 
 /// A second descriptor of `file` (a mapping keeps its own).

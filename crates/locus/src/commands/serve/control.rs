@@ -123,15 +123,6 @@ struct Answers<'a> {
 
 impl Answers<'_> {
     fn to(&self, request: &str) -> serde_json::Value {
-        let scrub = |f: &dyn Fn(&fs::Fs) -> fs::Result<fs::ScrubStatus>| match &self.scrubbed {
-            None => serde_json::json!({"error": "this server has no file system to scrub"}),
-            // Under its own key: the status has an `error` of its own (why the scrub ended
-            // without a report), which is not the request's.
-            Some(fs) => match f(fs) {
-                Ok(status) => serde_json::json!({ "scrub": status }),
-                Err(e) => serde_json::json!({"error": format!("starting the scrub: {e}")}),
-            },
-        };
         match request {
             STATUS_REQUEST => {
                 let mut status = (self.status)();
@@ -140,15 +131,8 @@ impl Answers<'_> {
                 status["scrub"] = serde_json::to_value(scrub).unwrap_or_default();
                 status
             }
-            SCRUB_REQUEST => scrub(&|fs| {
-                let status = self.scrubber.start(fs)?;
-                tracing::info!(
-                    scrub = status.id,
-                    "scrubbing the file data for `locus scrub`"
-                );
-                Ok(status)
-            }),
-            SCRUB_STATUS_REQUEST => scrub(&|_| Ok(self.scrubber.status())),
+            SCRUB_REQUEST => self.scrub(true),
+            SCRUB_STATUS_REQUEST => self.scrub(false),
             other => serde_json::json!({
                 "error": format!(
                     "unknown request {other:?}; the requests are {STATUS_REQUEST:?}, \
@@ -156,6 +140,32 @@ impl Answers<'_> {
                 )
             }),
         }
+    }
+
+    /// The scrub's status, after starting it (or joining the one running) when `start`.
+    /// Under its own key: the status has an `error` of its own (why the scrub ended without
+    /// a report), which is not the request's.
+    fn scrub(&self, start: bool) -> serde_json::Value {
+        let Some(fs) = &self.scrubbed else {
+            return serde_json::json!({"error": "this server has no file system to scrub"});
+        };
+        let status = if start {
+            match self.scrubber.start(fs) {
+                Ok(status) => {
+                    tracing::info!(
+                        scrub = status.id,
+                        "scrubbing the file data for `locus scrub`"
+                    );
+                    status
+                }
+                Err(e) => {
+                    return serde_json::json!({"error": format!("starting the scrub: {e}")});
+                }
+            }
+        } else {
+            self.scrubber.status()
+        };
+        serde_json::json!({ "scrub": status })
     }
 }
 
