@@ -94,6 +94,7 @@ transports!(
         a_tree_deeper_than_path_max_behaves_as_on_tmpfs,
         a_change_without_cap_fsetid_drops_set_id_bits_as_on_tmpfs,
         posix_acls_behave_as_on_tmpfs_and_stay,
+        shared_mappings_are_coherent_and_durable_at_msync,
     ],
     uncached_only: [
         kill_9_of_the_server_loses_no_acknowledged_write,
@@ -1076,6 +1077,93 @@ fn kill_9_loses_no_acknowledged_write(mount: &mut Mount, transport: &str) {
     assert!(status.success(), "{stderr}");
     assert!(stderr.contains("recovery replayed"), "{stderr}");
 }
+
+/// Shared mappings of a file in the mount, in two processes: each sees the other's stores
+/// and `write(2)`s, `read(2)` sees the stores, and what `msync` returned for survives
+/// `kill -9` of the server, as on a kernel file system after a crash of its machine.
+fn shared_mappings_are_coherent_and_durable_at_msync(transport: &'static str) {
+    let mut mount = Mount::new(transport);
+    let file = mount.path().join("mapped");
+    let mut mapper = Command::new("python3")
+        .args(["-c", MAPPER])
+        .arg(&file)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(mapper.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    if line.trim() != "synced" {
+        let _ = mapper.kill();
+        let out = mapper.wait_with_output().unwrap();
+        panic!(
+            "the mapping process failed: {line}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // The mapping is still held (not unmapped, so nothing is written back at munmap).
+    let mut server = mount.server.take().unwrap();
+    server.kill().unwrap(); // SIGKILL
+    server.wait().unwrap();
+    let _ = mapper.kill();
+    let _ = mapper.wait();
+    detach(mount.path());
+    mount.start();
+    let mut expected = vec![0u8; 16 * 4096];
+    expected[..8 * 4096].fill(b'A');
+    expected[9 * 4096..10 * 4096].fill(b'W');
+    expected[10 * 4096..11 * 4096].fill(b'V');
+    expected[12 * 4096..14 * 4096].fill(b'M');
+    let data = std::fs::read(&file).unwrap();
+    assert_eq!(data.len(), expected.len());
+    for (page, (got, want)) in data.chunks(4096).zip(expected.chunks(4096)).enumerate() {
+        assert!(
+            got == want,
+            "page {page} after the kill: {:?}.. where msync had returned for {:?}..",
+            &got[..4],
+            &want[..4]
+        );
+    }
+    let (status, stderr) = mount.stop();
+    assert!(status.success(), "{stderr}");
+}
+
+/// Maps `argv[1]` (16 pages) shared, stores 'A' in its first 8 pages, has another process
+/// check them through `read(2)` and a mapping of its own, then `pwrite` 'W' into page 9 and
+/// store 'V' into page 10 through its mapping; checks that its own mapping sees both,
+/// stores 'M' into pages 12 and 13, `msync`s, prints "synced" and holds the mapping until
+/// its stdin closes. (The other process's exit closes its handle, which makes the kernel
+/// write back every dirty page of the file then; the 'M' pages, stored after, reach the
+/// server only by the `msync`.)
+const MAPPER: &str = r#"
+import mmap, os, subprocess, sys
+path = sys.argv[1]
+fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(fd, b"\0" * 16 * 4096)
+m = mmap.mmap(fd, 16 * 4096, mmap.MAP_SHARED)
+m[0:8 * 4096] = b"A" * 8 * 4096
+other = """
+import mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+got = os.pread(fd, 8 * 4096, 0)
+assert got == b"A" * 8 * 4096, "read(2) of another process: %r" % got[:8]
+m = mmap.mmap(fd, 16 * 4096, mmap.MAP_SHARED)
+assert m[0:8 * 4096] == b"A" * 8 * 4096, "another mapping: %r" % m[0:8]
+os.pwrite(fd, b"W" * 4096, 9 * 4096)
+m[10 * 4096:11 * 4096] = b"V" * 4096
+m.flush()
+"""
+subprocess.run([sys.executable, "-c", other, path], check=True)
+assert m[9 * 4096:10 * 4096] == b"W" * 4096, "write(2) through the mapping: %r" % m[9 * 4096:9 * 4096 + 8]
+assert m[10 * 4096:11 * 4096] == b"V" * 4096, "the other mapping: %r" % m[10 * 4096:10 * 4096 + 8]
+m[12 * 4096:14 * 4096] = b"M" * 2 * 4096
+m.flush()
+print("synced", flush=True)
+sys.stdin.read()
+"#;
 
 /// `--writeback-cache`: the kernel keeps small writes (256 of 4 KiB reach the server as a
 /// handful of requests, none before `fsync`), `fsync` and `close` send what it kept, and what
