@@ -44,6 +44,7 @@ mod buffers;
 mod checkpoint;
 mod checksums;
 mod codec;
+pub mod control;
 mod defrag;
 mod error;
 mod extent_map;

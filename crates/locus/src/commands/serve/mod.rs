@@ -596,7 +596,9 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
                 })
             },
             Some(scrubbed),
-        )?
+            control::Hooks::default(),
+        )
+        .context("starting the control socket")?
     };
     let stop = Arc::new(AtomicBool::new(false));
     let signal = {

@@ -1,0 +1,289 @@
+//! The control socket of a process that holds a volume: how `locus status` shows, and
+//! `locus scrub` scrubs, a volume that process has open.
+//!
+//! A volume is open in one process at a time, so while `locus serve` or a program through
+//! the preload library holds it, `status` and `scrub` cannot open it. The holder answers for
+//! it instead: it listens on a Unix socket in the volume directory ([`SOCKET_NAME`], mode
+//! 0600: the volume's owner only). A client sends one request line and gets one JSON object
+//! back, then the connection closes:
+//! - [`STATUS_REQUEST`]: what the holder's status function returns (its pid, the volume's
+//!   devices and space, the file system's counters, and what is its own), with the last
+//!   scrub's status under `scrub`;
+//! - [`SCRUB_REQUEST`]: starts a scrub of the file data beside the holder's own I/O
+//!   ([`crate::Fs::scrub_live`], on a thread of its own) unless one runs, and answers its
+//!   status ([`crate::ScrubStatus`], under the key `scrub`);
+//! - [`SCRUB_STATUS_REQUEST`]: the status of the last scrub started, which a client asks for
+//!   until `running` is false.
+//!
+//! A failed request is answered `{"error": "..."}`. The thread that answers sleeps in
+//! `poll(2)` until a client connects or [`Control`] is dropped (an eventfd wakes it): it
+//! costs a process that holds a volume nothing while nobody asks. A holder killed
+//! with SIGKILL leaves the socket file behind; nobody answers on it then, and the next
+//! holder of the volume replaces it.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::{Fs, ScrubRunner};
+
+/// The control socket's name in the volume directory.
+pub const SOCKET_NAME: &str = "locus.serve.sock";
+
+/// The request for the holder's live status.
+pub const STATUS_REQUEST: &str = "status";
+/// The request that starts (or joins) a scrub.
+pub const SCRUB_REQUEST: &str = "scrub";
+/// The request for the last scrub's status.
+pub const SCRUB_STATUS_REQUEST: &str = "scrub status";
+
+/// How long either side waits for the other's bytes.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The longest request line read.
+const MAX_REQUEST: u64 = 256;
+
+/// What a holder with needs of its own asks of the control thread (the preload library: its
+/// fds out of the program's way, its thread marked as the library's and deaf to the
+/// program's signals). The default does nothing.
+#[derive(Debug, Clone, Copy)]
+pub struct Hooks {
+    /// Called first on the control thread.
+    pub on_thread: fn(),
+    /// Given each fd the control socket opens (the listening socket, its wake-up eventfd,
+    /// each client's connection) and returns the fd to use: the same, or a duplicate made
+    /// elsewhere (the given one then closed). They are closed on the control thread, and
+    /// the eventfd where the [`Control`] is dropped.
+    pub keep_fd: fn(OwnedFd) -> OwnedFd,
+}
+
+impl Default for Hooks {
+    fn default() -> Self {
+        Self {
+            on_thread: || {},
+            keep_fd: |fd| fd,
+        }
+    }
+}
+
+/// The listening control socket and its thread; dropping it stops the thread (and a scrub it
+/// runs) and removes the socket file.
+pub struct Control {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    wake: OwnedFd,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Control {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Control").field("path", &self.path).finish()
+    }
+}
+
+impl Control {
+    /// Listens in `dir` (whose volume this process holds: a socket file there is a killed
+    /// holder's, and is replaced), answers [`STATUS_REQUEST`] with what `status` returns,
+    /// and the scrub requests by scrubbing `scrubbed` (without it they get an error).
+    pub fn start(
+        dir: &Path,
+        status: impl Fn() -> serde_json::Value + Send + 'static,
+        scrubbed: Option<Fs>,
+        hooks: Hooks,
+    ) -> io::Result<Self> {
+        let path = dir.join(SOCKET_NAME);
+        let with =
+            |what: String| move |e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(with(format!(
+                    "removing the stale control socket {}",
+                    path.display()
+                ))(e));
+            }
+        }
+        let listener = UnixListener::bind(&path).map_err(with(format!(
+            "creating the control socket {}",
+            path.display()
+        )))?;
+        let listener = UnixListener::from((hooks.keep_fd)(OwnedFd::from(listener)));
+        let started = (|| {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                .map_err(with(format!("setting the mode of {}", path.display())))?;
+            listener.set_nonblocking(true)?;
+            let flags =
+                rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK;
+            let wake = rustix::event::eventfd(0, flags).map_err(|e| {
+                with("making the control socket's wake-up eventfd".into())(e.into())
+            })?;
+            let wake = (hooks.keep_fd)(wake);
+            let stop = Arc::new(AtomicBool::new(false));
+            let thread = {
+                let (stop, woken) = (Arc::clone(&stop), (hooks.keep_fd)(wake.try_clone()?));
+                std::thread::Builder::new()
+                    .name("locus-control".into())
+                    .spawn(move || {
+                        (hooks.on_thread)();
+                        let answers = Answers {
+                            status: &status,
+                            scrubbed,
+                            // Dropped with the thread: a running scrub stops, and is waited
+                            // for.
+                            scrubber: ScrubRunner::new(),
+                        };
+                        accept_loop(&listener, &woken, &stop, &answers, hooks);
+                    })
+                    .map_err(with("starting the control socket's thread".into()))?
+            };
+            Ok((stop, wake, thread))
+        })();
+        match started {
+            Ok((stop, wake, thread)) => Ok(Self {
+                path,
+                stop,
+                wake,
+                thread: Some(thread),
+            }),
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // An eventfd takes 8-byte counts; a write fails only when the count would overflow,
+        // which means the thread has been woken already.
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// What the control socket answers with.
+struct Answers<'a> {
+    status: &'a dyn Fn() -> serde_json::Value,
+    scrubbed: Option<Fs>,
+    scrubber: ScrubRunner,
+}
+
+impl Answers<'_> {
+    fn to(&self, request: &str) -> serde_json::Value {
+        match request {
+            STATUS_REQUEST => {
+                let mut status = (self.status)();
+                // The last scrub `locus scrub` started here (null: none yet).
+                let scrub = Some(self.scrubber.status()).filter(|s| s.id > 0);
+                status["scrub"] = serde_json::to_value(scrub).unwrap_or_default();
+                status
+            }
+            SCRUB_REQUEST => self.scrub(true),
+            SCRUB_STATUS_REQUEST => self.scrub(false),
+            other => serde_json::json!({
+                "error": format!(
+                    "unknown request {other:?}; the requests are {STATUS_REQUEST:?}, \
+                     {SCRUB_REQUEST:?} and {SCRUB_STATUS_REQUEST:?}"
+                )
+            }),
+        }
+    }
+
+    /// The scrub's status, after starting it (or joining the one running) when `start`.
+    /// Under its own key: the status has an `error` of its own (why the scrub ended without
+    /// a report), which is not the request's.
+    fn scrub(&self, start: bool) -> serde_json::Value {
+        let Some(fs) = &self.scrubbed else {
+            return serde_json::json!({"error": "this server has no file system to scrub"});
+        };
+        let status = if start {
+            match self.scrubber.start(fs) {
+                Ok(status) => {
+                    tracing::info!(
+                        scrub = status.id,
+                        "scrubbing the file data for `locus scrub`"
+                    );
+                    status
+                }
+                Err(e) => {
+                    return serde_json::json!({"error": format!("starting the scrub: {e}")});
+                }
+            }
+        } else {
+            self.scrubber.status()
+        };
+        serde_json::json!({ "scrub": status })
+    }
+}
+
+/// Answers one client at a time until `stop` (after a write to the eventfd `woken`).
+fn accept_loop(
+    listener: &UnixListener,
+    woken: &OwnedFd,
+    stop: &AtomicBool,
+    answers: &Answers<'_>,
+    hooks: Hooks,
+) {
+    use rustix::event::{PollFd, PollFlags};
+    while !stop.load(Ordering::Acquire) {
+        let mut fds = [
+            PollFd::new(listener, PollFlags::IN),
+            PollFd::new(woken, PollFlags::IN),
+        ];
+        match rustix::event::poll(&mut fds, None) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "waiting on the control socket; it stops answering");
+                return;
+            }
+        }
+        if fds[0]
+            .revents()
+            .intersects(PollFlags::NVAL | PollFlags::ERR)
+        {
+            tracing::warn!("the control socket was closed under it; it stops answering");
+            return;
+        }
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        match listener.accept() {
+            Ok((stream, _)) => {
+                let stream = UnixStream::from((hooks.keep_fd)(OwnedFd::from(stream)));
+                // One connection at a time, each bounded by the timeouts: a client that says
+                // nothing delays the next by at most IO_TIMEOUT and never the data path.
+                if let Err(e) = answer(&stream, answers) {
+                    tracing::warn!(error = %e, "control socket request failed");
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => tracing::warn!(error = %e, "accepting on the control socket"),
+        }
+    }
+}
+
+fn answer(stream: &UnixStream, answers: &Answers<'_>) -> io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    let mut line = String::new();
+    BufReader::new(stream.take(MAX_REQUEST)).read_line(&mut line)?;
+    let reply = answers.to(line.trim_end_matches(['\r', '\n']));
+    let mut bytes = serde_json::to_vec(&reply)?;
+    bytes.push(b'\n');
+    let mut out = stream;
+    out.write_all(&bytes)
+}
