@@ -510,7 +510,10 @@ fn windows(inode: &Inode) -> BTreeSet<u64> {
 /// What a [`ScrubRunner`] says about its scrub: the last one started, running or ended.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ScrubStatus {
-    /// Which scrub of this runner (from 1; 0: none yet).
+    /// Which scrub: numbered from 1 across every runner of the process, so that a client
+    /// asking a runner that replaced the one it started its scrub on (a program through the
+    /// preload library makes a new one at each mount) sees a smaller number, 0 while that
+    /// runner has started none.
     pub id: u64,
     /// Still reading.
     pub running: bool,
@@ -529,6 +532,9 @@ pub struct ScrubStatus {
     /// Why it ended without a report.
     pub error: Option<String>,
 }
+
+/// The next [`ScrubStatus::id`] of the process.
+static NEXT_SCRUB_ID: AtomicU64 = AtomicU64::new(1);
 
 /// One live scrub at a time on a thread of its own, for a server whose clients start it and
 /// then ask how far it is: a start while one runs joins it. Dropping the runner stops the
@@ -578,7 +584,7 @@ impl ScrubRunner {
                     })
                     .map_err(|e| FsError::Invalid(format!("starting the scrub's thread: {e}")))?
             };
-            state.id += 1;
+            state.id = NEXT_SCRUB_ID.fetch_add(1, Ordering::Relaxed);
             state.progress = progress;
             state.thread = Some(thread);
             state.started = Some(Instant::now());

@@ -6,6 +6,8 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+mod common;
+
 fn locus(volume: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_locus"))
         .args(&args[..1])
@@ -195,6 +197,143 @@ fn a_volume_in_use_names_the_holder() {
     assert!(
         stderr.contains(&format!("in use by pid {}", std::process::id())),
         "{stderr}"
+    );
+}
+
+/// A program holding the volume through the preload library answers for it on the control
+/// socket: `status` shows its live view and names it, `scrub` runs in it beside its writes
+/// (clean while it writes, then naming a block damaged under it), `fsck` and `format` are
+/// refused naming it and what frees the volume; after it exits the socket is gone and the
+/// volume opens here again.
+#[test]
+fn a_program_through_the_preload_library_answers_for_its_volume() {
+    const MARKER: &[u8] = b"the block of /victim that a bit is flipped in, under its program";
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let formatted = locus(dir.path(), &["format", "--emulate=64M", "--data-checksums"]);
+    assert!(formatted.status.success(), "{}", text(&formatted.stderr));
+    // Writes /victim (its second block holds MARKER), says so, then writes and checks
+    // another file until its stdin closes, and prints how many writes it made.
+    let script = r#"
+import os, select, sys
+marker = sys.argv[1].encode()
+victim = bytearray(b"\x11" * 3 * 4096)
+victim[4096 + 100:4096 + 100 + len(marker)] = marker
+with open("/locus/victim", "wb") as f:
+    f.write(victim)
+print("ready", flush=True)
+fd = os.open("/locus/busy", os.O_RDWR | os.O_CREAT, 0o644)
+model = bytearray(4 << 20)
+os.pwrite(fd, bytes(model), 0)
+n = 0
+while not select.select([sys.stdin], [], [], 0)[0]:
+    off = (n * 7919 % 1024) * 4096 + (n % 5) * 100
+    data = bytes([n % 251 + 1]) * (700 if n % 3 else 4096)
+    os.pwrite(fd, data, off)
+    model[off:off + len(data)] = data
+    n += 1
+assert os.pread(fd, len(model), 0) == bytes(model), "read back differs"
+print(n, flush=True)
+"#;
+    let mut program = Command::new("python3")
+        .args(["-c", script])
+        .arg(std::str::from_utf8(MARKER).unwrap())
+        .env("LD_PRELOAD", common::preload_library())
+        .env("LOCUS_VOLUME", dir.path())
+        .env("LOCUS_MOUNT", "/locus")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines =
+        std::io::BufRead::lines(std::io::BufReader::new(program.stdout.take().unwrap()));
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    let pid = u64::from(program.id());
+
+    let live = status_json(dir.path());
+    assert_eq!(live["served_by"]["server"], "preload", "{live}");
+    assert_eq!(live["served_by"]["pid"], pid, "{live}");
+    assert!(
+        live["served_by"]["program"]
+            .as_str()
+            .is_some_and(|p| p.contains("python3 -c") && !p.contains('\n')),
+        "{live}"
+    );
+    assert!(live["fs_live"]["inodes"].as_u64().unwrap() >= 3, "{live}");
+    assert_eq!(live["devices"][0]["index"], 0, "{live}");
+    let status = locus(dir.path(), &["status"]);
+    assert_says(&status, "through the preload library): its live view");
+    assert_says(&status, "held by `");
+    assert_says(
+        &status,
+        &format!("(pid {pid}, through the preload library)"),
+    );
+
+    for _ in 0..3 {
+        let out = locus(dir.path(), &["scrub", "--json"]);
+        let report: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", text(&out.stderr)));
+        assert!(out.status.success(), "a scrub beside the writes: {report}");
+        assert_eq!(
+            report["damaged"].as_array().map(Vec::len),
+            Some(0),
+            "{report}"
+        );
+        assert!(report["blocks"].as_u64().unwrap() >= 3 + 1024, "{report}");
+        assert!(
+            report["scrubbed_by"]
+                .as_str()
+                .is_some_and(|s| s.contains(&format!("(pid {pid}, through the preload library)"))),
+            "{report}"
+        );
+    }
+
+    let device = common::emulated_device(dir.path());
+    let image = std::fs::read(&device).unwrap();
+    let at = image
+        .windows(MARKER.len())
+        .position(|w| w == MARKER)
+        .expect("/victim's block is on the device");
+    drop(image);
+    common::poke(&device, (at + 3) as u64, MARKER[3] ^ 0x20);
+    let out = locus(dir.path(), &["scrub"]);
+    assert!(!out.status.success(), "a damaged block fails the scrub");
+    assert_says(&out, "damaged: /victim bytes 4096..8192 (file block");
+    let live = status_json(dir.path());
+    assert_eq!(
+        live["scrub"]["report"]["damaged"][0]["path"], "/victim",
+        "{live}"
+    );
+
+    for command in [&["fsck"][..], &["format", "--emulate=8M", "--force"]] {
+        let out = locus(dir.path(), command);
+        assert_eq!(out.status.code(), Some(1), "{command:?}");
+        let stderr = text(&out.stderr);
+        assert!(
+            stderr.contains("held by `")
+                && stderr.contains(&format!("(pid {pid}, through the preload library)"))
+                && stderr.contains("let the program end first"),
+            "{command:?}: {stderr}"
+        );
+    }
+
+    drop(program.stdin.take());
+    let writes: u64 = lines.next().unwrap().unwrap().parse().unwrap();
+    let exit = program.wait_with_output().unwrap();
+    assert!(exit.status.success(), "{}", text(&exit.stderr));
+    assert!(writes > 0);
+    assert!(
+        !dir.path().join("locus.serve.sock").exists(),
+        "the program's control socket outlived it"
+    );
+    // The volume is nobody's now: scrub reads it from the media and finds the block.
+    let out = locus(dir.path(), &["scrub"]);
+    assert!(!out.status.success());
+    assert_says(&out, "damaged: /victim bytes 4096..8192 (file block");
+    assert!(
+        !text(&out.stdout).contains("through"),
+        "{}",
+        text(&out.stdout)
     );
 }
 

@@ -160,9 +160,100 @@ pub(crate) fn with_fs<T>(op: impl FnOnce(&Fs) -> Result<T, c_int>) -> Result<T, 
         }
         let mut mounted = ordered(rank::MOUNT, || MOUNT.write());
         if mounted.is_none() {
-            *mounted = Some(mount()?);
+            let fs = mount()?;
+            start_control(&fs);
+            *mounted = Some(fs);
         }
     }
+}
+
+/// The control socket of the mounted volume (`fs::control`): `locus status` and `locus
+/// scrub` of the volume this process holds ask here. Started after each mount, under
+/// `MOUNT` (write), and stopped under it before each unmount, so that it never outlives the
+/// file system it answers for; a `fork` or the exit stops it (and a scrub it runs).
+static CONTROL: Mutex<Option<fs::control::Control>> = Mutex::new(None);
+
+/// Starts answering on the volume's control socket for `fs`, just mounted. A socket that
+/// cannot be made (a volume directory this user cannot write, a path too long for a socket
+/// address) leaves the volume without one, silently: the program's own work goes on, and
+/// `locus status` then names this process as the volume's holder and no more.
+fn start_control(fs: &Fs) {
+    let Some(config) = config() else {
+        return;
+    };
+    let held = fs.clone();
+    // Read when asked (on the control thread), not at every mount.
+    let status = move || {
+        let volume = held.volume();
+        serde_json::json!({
+            "server": "preload",
+            "server_pid": std::process::id(),
+            "program": program(),
+            "uuid": volume::hex(&volume.uuid()),
+            "devices": volume.stats(),
+            "fs": held.stats(),
+        })
+    };
+    let hooks = fs::control::Hooks {
+        on_thread: control_thread,
+        keep_fd: |fd| {
+            use std::os::fd::{FromRawFd, IntoRawFd};
+            let moved = move_internal(fd.into_raw_fd());
+            // SAFETY: `move_internal` returns the fd it was given or a duplicate it made in
+            // its place (closing the given one): ours either way.
+            unsafe { std::os::fd::OwnedFd::from_raw_fd(moved) }
+        },
+    };
+    if let Ok(control) =
+        fs::control::Control::start(&config.volume, status, Some(fs.clone()), hooks)
+    {
+        *CONTROL.lock() = Some(control);
+    }
+}
+
+/// Stops the control socket's thread (a scrub it runs stops too, and is waited for) and
+/// removes the socket. Called with `MOUNT` held for writing, before the unmount.
+fn stop_control() {
+    let control = CONTROL.lock().take();
+    drop(control);
+}
+
+/// The control thread is the library's own (its calls go straight to the C library, and it
+/// may close the fds it moved out of the program's way) and deaf to the program's signals:
+/// a signal sent to the process reaches one of the program's threads, as without the
+/// library.
+fn control_thread() {
+    INSIDE.with(|i| i.set(true));
+    // SAFETY: a sigset_t filled by sigfillset before pthread_sigmask reads it; the mask
+    // changes for this thread only.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&raw mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &raw const all, std::ptr::null_mut());
+    }
+}
+
+/// This process's command line, as `locus status` shows the program holding the volume
+/// (arguments joined by spaces, control characters as spaces, at most 120 characters).
+fn program() -> String {
+    const LIMIT: usize = 120;
+    let _inside = Guard::enter();
+    let line = std::fs::read("/proc/self/cmdline").unwrap_or_default();
+    let words: Vec<String> = line
+        .split(|&b| b == 0)
+        .filter(|w| !w.is_empty())
+        .map(|w| {
+            String::from_utf8_lossy(w)
+                .chars()
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .collect()
+        })
+        .collect();
+    let mut text = words.join(" ");
+    if text.chars().count() > LIMIT {
+        text = text.chars().take(LIMIT - 1).collect::<String>() + "…";
+    }
+    text
 }
 
 /// The mount point of a `locus mount` server that holds the volume (while this process has
@@ -247,6 +338,10 @@ extern "C" fn unmount_at_exit() {
     let Some(mut mounted) = MOUNT.try_write_for(std::time::Duration::from_secs(1)) else {
         return;
     };
+    // The process ends: its control thread need not be waited for.
+    if let Some(control) = CONTROL.lock().take() {
+        control.abandon();
+    }
     if let Some(fs) = mounted.take()
         && let Err(e) = fs.unmount()
     {
@@ -724,6 +819,9 @@ extern "C" fn before_fork() {
     // `after_fork_parent` / `after_fork_child`, in the same thread of the same process
     // image, before either returns.
     std::mem::forget(MOUNT.write());
+    // Before any other lock: its thread takes none of the library's, and holds file-system
+    // handles the unmount below must not find.
+    stop_control();
     std::mem::forget(PENDING.lock());
     std::mem::forget(FDS.write());
     // SAFETY: we hold FDS and PENDING exclusively (forgotten guards above).

@@ -155,13 +155,14 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
     let mut report = if let Some(served) = volume::find_served(dir) {
         through_mount(dir, &served, args)?
     } else if let Some(Ok(live)) = super::serve::control::ask(dir) {
-        // An NBD server has no quiet moment to offer: its clients' writes go on.
+        // An NBD server or a program has no quiet moment to offer: their writes go on.
         bail!(
-            "volume {} is served by `locus serve` (pid {}): fsck needs the volume to itself; \
-             stop the server (SIGTERM or Ctrl-C: it finishes requests in progress and stops \
-             cleanly) and run fsck again. `locus status` shows the server's live view",
+            "volume {} is {}: fsck needs the volume to itself; {}, and run fsck again. \
+             `locus status` shows its live view, and `locus scrub` checks the file data beside \
+             it",
             dir.display(),
-            live["server_pid"]
+            super::serve::control::held_by(&live),
+            super::serve::control::how_to_stop(&live)
         );
     } else {
         Report {

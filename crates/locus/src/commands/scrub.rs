@@ -21,11 +21,12 @@ use crate::size::format_bytes;
 /// or `locus serve` holds is scrubbed by its server, beside its clients' requests, below
 /// their priority: a file is read 256 KiB at a time while that part's writers wait (~60 µs),
 /// so nothing else stops, and a block is only ever reported damaged when it is; data written
-/// to a part of a file after the scrub passed it is not read. This command starts the server's
-/// scrub (or joins the one running), shows its progress and prints its report; interrupted,
-/// the server's scrub goes on to its end. A volume a program holds through the preload
-/// library cannot be scrubbed until it ends. Metadata damage is `locus fsck`'s to report,
-/// and stops the scrub with the same message.
+/// to a part of a file after the scrub passed it is not read. So is a volume a program holds
+/// through the preload library: the library's control thread in that program scrubs it (and
+/// stops if the program forks or exits). This command starts the holder's scrub (or joins
+/// the one running), shows its progress and prints its report; interrupted, the holder's
+/// scrub goes on to its end. Metadata damage is `locus fsck`'s to report, and stops the
+/// scrub with the same message.
 #[derive(Debug, Args)]
 pub struct ScrubArgs {
     #[command(flatten)]
@@ -61,6 +62,14 @@ fn through_server(
         status = ask()?;
     }
     spinner.finish_and_clear();
+    if status.id < started.id {
+        bail!(
+            "the scrub through {server} stopped before its end: the holder stopped answering \
+             for the volume meanwhile and answers again now (a program through the preload \
+             library stops its scrub when it forks, and answers again at its next file call); \
+             run `locus scrub` again"
+        );
+    }
     if status.id != started.id {
         bail!(
             "another scrub started through {server} after scrub {} ended, and its report is gone; \
@@ -93,9 +102,13 @@ fn scrub_file_status(file: &std::fs::File, path: &Path) -> Result<fs::ScrubStatu
         .with_context(|| format!("the scrub status in {}", path.display()))
 }
 
-/// A reply of `locus serve`'s control socket, as a scrub status.
-fn serve_status(reply: Option<Result<serde_json::Value>>) -> Result<fs::ScrubStatus> {
-    let mut reply = reply.context("the server stopped answering on its control socket")??;
+/// A reply of the holder's control socket (`locus serve`, a program through the preload
+/// library), as a scrub status.
+fn control_status(reply: Option<Result<serde_json::Value>>) -> Result<fs::ScrubStatus> {
+    let mut reply = reply.context(
+        "the volume's holder stopped answering on its control socket (a program through the \
+         preload library stops its scrub when it forks or exits)",
+    )??;
     serde_json::from_value(reply["scrub"].take()).context("the server's scrub status")
 }
 
@@ -124,15 +137,11 @@ fn report(dir: &Path, sysfs: &Path, args: &ScrubArgs) -> Result<(fs::ScrubReport
     }
     if let Some(started) = control::ask_for(dir, control::SCRUB_REQUEST) {
         let mut started = Some(started);
-        let pid = control::ask(dir)
+        let server = control::ask(dir)
             .and_then(Result::ok)
-            .and_then(|status| status["server_pid"].as_u64());
-        let server = match pid {
-            Some(pid) => format!("`locus serve` (pid {pid})"),
-            None => "`locus serve`".to_owned(),
-        };
+            .map_or_else(|| "the volume's holder".to_owned(), |s| control::holder(&s));
         let report = through_server(&server, args.json, &mut || {
-            serve_status(
+            control_status(
                 started
                     .take()
                     .or_else(|| control::ask_for(dir, control::SCRUB_STATUS_REQUEST)),

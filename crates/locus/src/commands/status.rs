@@ -18,9 +18,10 @@ use crate::size::format_bytes;
 /// checked without changing it, so FREE counts its memory as used; and each cache export's
 /// NVRAM (/.cache/NAME.nvram): the dirty blocks it holds, awaiting write-back to the backing
 /// store. Creates the embedded default volume (with an empty file system) if there is none,
-/// and says so. While `locus mount` or `locus serve` holds the volume, shows that server's
-/// live view instead (read through the mount, or asked through the server's control socket
-/// in the volume directory): devices, space, file-system counters and its request counters.
+/// and says so. While `locus mount`, `locus serve` or a program through the preload library
+/// holds the volume, shows that holder's live view instead (read through the mount, or asked
+/// through the control socket in the volume directory): devices, space, file-system counters
+/// and the server's request counters.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     #[command(flatten)]
@@ -105,7 +106,10 @@ pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
         return served_status(dir, &served, args);
     }
     if let Some(live) = super::serve::control::ask(dir) {
-        let live = live.context("asking the `locus serve` that holds the volume for its status")?;
+        let live = live.context("asking the process that holds the volume for its status")?;
+        if live["server"] == "preload" {
+            return program_status(dir, &live, args);
+        }
         return serve_status(dir, &live, args);
     }
     let volume = super::volume::open_or_create_default(dir, sysfs, false)?;
@@ -297,7 +301,7 @@ fn served_status(dir: &Path, served: &volume::Served, args: &StatusArgs) -> Resu
         dir,
         &live,
         &format!(
-            "`locus mount` (pid {}) at {}",
+            "served by `locus mount` (pid {}) at {}",
             served.pid,
             served.mountpoint.display()
         ),
@@ -359,11 +363,7 @@ fn serve_status(dir: &Path, live: &serde_json::Value, args: &StatusArgs) -> Resu
         let served_by = serde_json::json!({ "pid": live["server_pid"], "server": "serve" });
         return print_live_json(dir, live, &served_by, &["exports", "channels", "scrub"]);
     }
-    print_live_volume(
-        dir,
-        live,
-        &format!("`locus serve` (pid {})", live["server_pid"]),
-    )?;
+    print_live_volume(dir, live, &super::serve::control::held_by(live))?;
     let names: Vec<&str> = live["exports"]
         .as_array()
         .map(|e| e.iter().filter_map(serde_json::Value::as_str).collect())
@@ -390,6 +390,21 @@ fn serve_status(dir: &Path, live: &serde_json::Value, args: &StatusArgs) -> Resu
         );
     }
     Ok(())
+}
+
+/// The status of a volume a program holds through the preload library, asked through the
+/// control socket its library answers on: devices, space and the file system's counters,
+/// live, and which program it is.
+fn program_status(dir: &Path, live: &serde_json::Value, args: &StatusArgs) -> Result<()> {
+    if args.json {
+        let served_by = serde_json::json!({
+            "pid": live["server_pid"],
+            "server": "preload",
+            "program": live["program"],
+        });
+        return print_live_json(dir, live, &served_by, &["scrub"]);
+    }
+    print_live_volume(dir, live, &super::serve::control::held_by(live))
 }
 
 /// The line about the last scrub a server ran for `locus scrub` (none when it ran none).
@@ -470,16 +485,16 @@ fn print_live_json(
     Ok(())
 }
 
-/// The head of a server's live status: the volume, who serves it (`server`), the device
-/// table and the file-system line.
-fn print_live_volume(dir: &Path, live: &serde_json::Value, server: &str) -> Result<()> {
+/// The head of a server's live status: the volume, who holds it (`held_by`: "served by
+/// `locus serve` (pid 9)"), the device table and the file-system line.
+fn print_live_volume(dir: &Path, live: &serde_json::Value, held_by: &str) -> Result<()> {
     outln!(
         "volume {} ({} device(s)), uuid {}",
         dir.display(),
         live["devices"].as_array().map_or(0, Vec::len),
         live["uuid"].as_str().unwrap_or("?")
     );
-    outln!("served by {server}: the live view of its server");
+    outln!("{held_by}: its live view");
     outln!();
     outln!("DEV  NODE  CAPACITY    FREE        PATH");
     for d in live["devices"].as_array().cloned().unwrap_or_default() {

@@ -127,10 +127,10 @@ pub fn named_holder(dir: &Path, error: volume::VolumeError) -> anyhow::Error {
     }
     if let Some(Ok(live)) = super::serve::control::ask(dir) {
         return anyhow::anyhow!(
-            "volume {} is served by `locus serve` (pid {}); stop it first (SIGTERM or Ctrl-C: it \
-             finishes the requests in progress and stops cleanly)",
+            "volume {} is {}; {}",
             dir.display(),
-            live["server_pid"]
+            super::serve::control::held_by(&live),
+            super::serve::control::how_to_stop(&live)
         );
     }
     error.into()

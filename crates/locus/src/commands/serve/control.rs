@@ -35,6 +35,48 @@ pub fn ask(dir: &Path) -> Option<Result<serde_json::Value>> {
     ask_for(dir, STATUS_REQUEST)
 }
 
+/// Who answered a status request: "`locus serve` (pid N)", or the program holding the
+/// volume through the preload library, "`python3 app.py` (pid N, through the preload
+/// library)".
+pub fn holder(status: &serde_json::Value) -> String {
+    let pid = status["server_pid"]
+        .as_u64()
+        .map_or_else(|| "pid unknown".to_owned(), |pid| format!("pid {pid}"));
+    match status["server"].as_str() {
+        Some("preload") => format!(
+            "`{}` ({pid}, through the preload library)",
+            status["program"].as_str().unwrap_or("?")
+        ),
+        _ => format!("`locus serve` ({pid})"),
+    }
+}
+
+/// "served by `locus serve` (pid N)", or "held by" the program holding the volume through
+/// the preload library ([`holder`]).
+pub fn held_by(status: &serde_json::Value) -> String {
+    let verb = if status["server"] == "preload" {
+        "held"
+    } else {
+        "served"
+    };
+    format!("{verb} by {}", holder(status))
+}
+
+/// What stops the holder that answered `status`, for messages that need the volume to
+/// themselves.
+pub fn how_to_stop(status: &serde_json::Value) -> &'static str {
+    match status["server"].as_str() {
+        Some("preload") => {
+            "let the program end first (it unmounts the volume at exit), or run it on a \
+             `locus mount` of the volume instead"
+        }
+        _ => {
+            "stop it first (SIGTERM or Ctrl-C: it finishes the requests in progress and stops \
+             cleanly)"
+        }
+    }
+}
+
 /// [`ask`] with another request (`SCRUB_REQUEST`, `SCRUB_STATUS_REQUEST`).
 pub fn ask_for(dir: &Path, request: &str) -> Option<Result<serde_json::Value>> {
     let path = dir.join(SOCKET_NAME);
@@ -118,6 +160,23 @@ mod tests {
         ));
         assert!(!is_socket_of(&sub.join("nbd.sock"), &sub));
         assert!(!is_socket_of(&dir.path().join(SOCKET_NAME), &sub));
+    }
+
+    #[test]
+    fn the_holder_is_named_as_it_said() {
+        let serve = serde_json::json!({"server": "serve", "server_pid": 7});
+        assert_eq!(holder(&serve), "`locus serve` (pid 7)");
+        let program = serde_json::json!({
+            "server": "preload", "server_pid": 8, "program": "sqlite3 /locus/a.db"
+        });
+        assert_eq!(
+            holder(&program),
+            "`sqlite3 /locus/a.db` (pid 8, through the preload library)"
+        );
+        assert!(held_by(&program).starts_with("held by `sqlite3"));
+        assert!(held_by(&serve).starts_with("served by `locus serve`"));
+        assert!(how_to_stop(&program).contains("locus mount"));
+        assert!(how_to_stop(&serve).contains("SIGTERM"));
     }
 
     #[test]
