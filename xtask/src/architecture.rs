@@ -44,7 +44,7 @@ const LAYERS: &[(&str, &[&str])] = &[
 const UNSAFE_ALLOWED: &[(&str, &str)] = &[
     (
         "crates/topology/src/sys.rs",
-        "kernel NUMA system calls (mbind, move_pages, sched_setaffinity) for the latency probe",
+        "kernel NUMA and thread system calls (mbind, move_pages, sched_setaffinity, nice, the signal mask threads inherit)",
     ),
     (
         "crates/pmem/",

@@ -114,7 +114,9 @@ const char *locus_last_error(void);
 
 /* Opens the file system on the volume in directory volume_dir (NULL: $LOCUS_VOLUME, else
  * /dev/shm/locus), recovering from any crash. options may be NULL. NULL on failure:
- * errno ENODEV when the volume holds no file system yet. */
+ * errno ENODEV when the volume holds no file system yet. The file system's threads
+ * (checkpoint, defragmentation, the volume's monitor) start here with every signal
+ * blocked: a signal sent to the process reaches one of the program's threads. */
 locus_fs *locus_fs_open(const char *volume_dir, const struct locus_fs_options *options);
 
 /* Creates an empty file system on the volume in volume_dir (NULL as above), replacing any

@@ -417,8 +417,12 @@ pub unsafe extern "C" fn locus_fs_open(
 ) -> *mut LocusFs {
     call_ptr(|| {
         let options = fs_options(options)?;
-        let volume = open_volume(volume_dir)?;
-        Ok(Box::new(LocusFs(Fs::open(volume, options)?)))
+        // The file system's threads start here: with the caller's signals blocked, so that
+        // none of them takes a signal meant for the program.
+        topology::with_signals_blocked(|| {
+            let volume = open_volume(volume_dir)?;
+            Ok(Box::new(LocusFs(Fs::open(volume, options)?)))
+        })
     })
 }
 
@@ -433,13 +437,16 @@ pub unsafe extern "C" fn locus_fs_format(
 ) -> *mut LocusFs {
     call_ptr(|| {
         let options = fs_options(options)?;
-        let volume = open_volume(volume_dir)?;
-        let capacity = volume.stats().iter().map(|d| d.capacity_bytes).sum();
-        Ok(Box::new(LocusFs(Fs::format(
-            volume,
-            &fs::FormatOptions::scaled_to(capacity),
-            options,
-        )?)))
+        // As in `locus_fs_open`: the file system's threads start with the signals blocked.
+        topology::with_signals_blocked(|| {
+            let volume = open_volume(volume_dir)?;
+            let capacity = volume.stats().iter().map(|d| d.capacity_bytes).sum();
+            Ok(Box::new(LocusFs(Fs::format(
+                volume,
+                &fs::FormatOptions::scaled_to(capacity),
+                options,
+            )?)))
+        })
     })
 }
 

@@ -1,7 +1,9 @@
 //! The C API from C: `tests/c/api_test.c` is compiled against `include/locus_fs.h` and the
-//! built `liblocus_fs.so` with the system C compiler, then run three times on one volume —
+//! built `liblocus_fs.so` with the system C compiler, then run four times on one volume —
 //! build a tree checking every call and error, write more and `_exit` without closing, then
-//! reopen (recovering) and check everything acknowledged is there.
+//! reopen (recovering) and check everything acknowledged is there; then once more to check
+//! that a signal the program blocks after opening stays pending for it (none of the file
+//! system's threads takes it).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -81,4 +83,5 @@ fn a_c_program_uses_the_file_system_and_survives_a_crash() {
     run(&program, &dir.0, "write");
     run(&program, &dir.0, "crash");
     run(&program, &dir.0, "verify");
+    run(&program, &dir.0, "signals");
 }

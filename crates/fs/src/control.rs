@@ -50,8 +50,9 @@ pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_REQUEST: u64 = 256;
 
 /// What a holder with needs of its own asks of the control thread (the preload library: its
-/// fds out of the program's way, its thread marked as the library's and deaf to the
-/// program's signals). The default does nothing.
+/// fds out of the program's way, its thread marked as the library's). The default does
+/// nothing. (The thread inherits the signal mask of the thread that calls
+/// [`Control::start`]; the preload library blocks every signal there first.)
 #[derive(Debug, Clone, Copy)]
 pub struct Hooks {
     /// Called first on the control thread.

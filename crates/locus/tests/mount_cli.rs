@@ -1719,14 +1719,7 @@ print(n)
     assert!(written.trim().parse::<u64>().unwrap() > 100, "{written}");
     assert!(scrubs >= 3, "only {scrubs} scrubs ran while writing");
 
-    let device = common::emulated_device(mount.volume.path());
-    let image = std::fs::read(&device).unwrap();
-    let at = image
-        .windows(MARKER.len())
-        .position(|w| w == MARKER)
-        .expect("/victim's block is on the device");
-    drop(image);
-    common::poke(&device, (at + 3) as u64, MARKER[3] ^ 0x20);
+    common::damage_marked_block(mount.volume.path(), MARKER);
     let out = scrub(&[]);
     assert!(!out.status.success(), "a damaged block fails the scrub");
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -198,6 +198,12 @@ fn a_volume_in_use_names_the_holder() {
         stderr.contains(&format!("in use by pid {}", std::process::id())),
         "{stderr}"
     );
+    // This test program's command line names it.
+    let me = std::env::args().next().unwrap();
+    assert!(
+        stderr.contains(&format!("(`{me}")) && stderr.contains("one process at a time"),
+        "{stderr}"
+    );
 }
 
 /// A program holding the volume through the preload library answers for it on the control
@@ -288,14 +294,7 @@ print(n, flush=True)
         );
     }
 
-    let device = common::emulated_device(dir.path());
-    let image = std::fs::read(&device).unwrap();
-    let at = image
-        .windows(MARKER.len())
-        .position(|w| w == MARKER)
-        .expect("/victim's block is on the device");
-    drop(image);
-    common::poke(&device, (at + 3) as u64, MARKER[3] ^ 0x20);
+    common::damage_marked_block(dir.path(), MARKER);
     let out = locus(dir.path(), &["scrub"]);
     assert!(!out.status.success(), "a damaged block fails the scrub");
     assert_says(&out, "damaged: /victim bytes 4096..8192 (file block");

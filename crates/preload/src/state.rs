@@ -160,7 +160,13 @@ pub(crate) fn with_fs<T>(op: impl FnOnce(&Fs) -> Result<T, c_int>) -> Result<T, 
         }
         let mut mounted = ordered(rank::MOUNT, || MOUNT.write());
         if mounted.is_none() {
-            let fs = mount()?;
+            // The file system's threads (checkpoint, defragmentation, the volume's monitor)
+            // start in the mount and inherit this thread's signal mask: with every signal
+            // blocked there, a signal sent to the process reaches one of the program's
+            // threads. (A program that blocks a signal in its own threads and waits for it
+            // with `sigwait` or a signalfd would otherwise see it taken — and acted on with
+            // its default action, often the end of the process — by a thread of ours.)
+            let fs = topology::with_signals_blocked(mount)?;
             start_control(&fs);
             *mounted = Some(fs);
         }
@@ -188,7 +194,7 @@ fn start_control(fs: &Fs) {
         serde_json::json!({
             "server": "preload",
             "server_pid": std::process::id(),
-            "program": program(),
+            "program": volume::command_line(std::process::id()).unwrap_or_default(),
             "uuid": volume::hex(&volume.uuid()),
             "devices": volume.stats(),
             "fs": held.stats(),
@@ -204,9 +210,12 @@ fn start_control(fs: &Fs) {
             unsafe { std::os::fd::OwnedFd::from_raw_fd(moved) }
         },
     };
-    if let Ok(control) =
+    // The thread (and a scrub thread it starts) inherits this thread's signal mask: every
+    // signal blocked, as for the file system's threads (`with_fs`).
+    let started = topology::with_signals_blocked(|| {
         fs::control::Control::start(&config.volume, status, Some(fs.clone()), hooks)
-    {
+    });
+    if let Ok(control) = started {
         *CONTROL.lock() = Some(control);
     }
 }
@@ -218,42 +227,10 @@ fn stop_control() {
     drop(control);
 }
 
-/// The control thread is the library's own (its calls go straight to the C library, and it
-/// may close the fds it moved out of the program's way) and deaf to the program's signals:
-/// a signal sent to the process reaches one of the program's threads, as without the
-/// library.
+/// The control thread is the library's own: its calls go straight to the C library, and it
+/// may close the fds it moved out of the program's way.
 fn control_thread() {
     INSIDE.with(|i| i.set(true));
-    // SAFETY: a sigset_t filled by sigfillset before pthread_sigmask reads it; the mask
-    // changes for this thread only.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&raw mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &raw const all, std::ptr::null_mut());
-    }
-}
-
-/// This process's command line, as `locus status` shows the program holding the volume
-/// (arguments joined by spaces, control characters as spaces, at most 120 characters).
-fn program() -> String {
-    const LIMIT: usize = 120;
-    let _inside = Guard::enter();
-    let line = std::fs::read("/proc/self/cmdline").unwrap_or_default();
-    let words: Vec<String> = line
-        .split(|&b| b == 0)
-        .filter(|w| !w.is_empty())
-        .map(|w| {
-            String::from_utf8_lossy(w)
-                .chars()
-                .map(|c| if c.is_control() { ' ' } else { c })
-                .collect()
-        })
-        .collect();
-    let mut text = words.join(" ");
-    if text.chars().count() > LIMIT {
-        text = text.chars().take(LIMIT - 1).collect::<String>() + "…";
-    }
-    text
 }
 
 /// The mount point of a `locus mount` server that holds the volume (while this process has

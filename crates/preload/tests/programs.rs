@@ -1426,6 +1426,61 @@ fn kill_9_during_a_fio_write_loses_nothing_reported() {
 /// Python's `os` module: positional I/O, `O_APPEND`, dup2, fcntl/flock/lockf locks, seek
 /// data/holes, select, mmap (private works, shared is refused), fstat, and the errno of
 /// each refusal.
+/// A program that blocks signals to take them when it is ready (with `sigwait` or a
+/// signalfd, as daemons do) finds them pending, after the library started its threads: none
+/// of them takes a signal (with the default action, which for SIGTERM and SIGUSR1 ends the
+/// process). Failed — the process killed by SIGUSR1 — while the library's threads started
+/// with the signals unblocked.
+#[test]
+fn signals_a_program_blocks_stay_pending_for_it() {
+    if !have("python3") {
+        eprintln!("skipped: python3 is not installed");
+        return;
+    }
+    let vol = volume();
+    let script = r#"
+import os, signal, sys
+with open("/locus/started", "w") as f:  # the library mounts: its threads start
+    f.write("x")
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGUSR1})
+print("ready", flush=True)
+sys.stdin.read()  # the signals are sent meanwhile; they wait, blocked, as with a signalfd
+print(sorted(int(s) for s in signal.sigpending()), flush=True)
+"#;
+    let mut child = preloaded(vol.path(), "python3")
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    for signal in ["-USR1", "-TERM"] {
+        let sent = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    drop(child.stdin.take());
+    let status = child.wait().unwrap();
+    let printed = lines.next().map(Result::unwrap);
+    assert!(status.success(), "{status}: {printed:?}");
+    assert_eq!(
+        printed.as_deref(),
+        Some(
+            format!(
+                "[{}, {}]",
+                libc::SIGUSR1.min(libc::SIGTERM),
+                libc::SIGUSR1.max(libc::SIGTERM)
+            )
+            .as_str()
+        )
+    );
+}
+
 #[test]
 fn python_os_calls_see_posix_semantics() {
     if !have("python3") {

@@ -111,6 +111,28 @@ pub fn current_thread_nice() -> io::Result<i32> {
     Ok(nice)
 }
 
+/// Runs `f` with every signal blocked in the calling thread, then restores its mask. Threads
+/// `f` starts inherit the full mask: a library that starts threads inside a program (the
+/// preload library, the C API) does so, so that a signal sent to the process always reaches
+/// one of the program's threads — a signal the program blocks to take with `sigwait` or a
+/// signalfd is then never taken by a thread of ours, with its default action.
+pub fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: sigset_t is plain data, filled by sigfillset before pthread_sigmask reads it;
+    // `old` is written by the first call and read by the second; the mask changes for this
+    // thread only, and is restored before returning.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&raw mut all);
+        let blocked = libc::pthread_sigmask(libc::SIG_SETMASK, &raw const all, &raw mut old) == 0;
+        let result = f();
+        if blocked {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &raw const old, std::ptr::null_mut());
+        }
+        result
+    }
+}
+
 /// Sets the calling thread's nice value. Raising it (a smaller share of the CPU) is always
 /// allowed; lowering it needs what [`boost_current_thread`] says.
 pub fn set_current_thread_nice(nice: i32) -> io::Result<()> {

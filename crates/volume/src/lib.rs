@@ -36,7 +36,7 @@ pub use lock::VolumeLock;
 pub use monitor::Thresholds;
 pub use served::{
     SERVED_FILE, STOPPING_WAIT, Served, UNRECORDED, after_stopping_server, clear_served,
-    find_served, find_stopping, is_locus_mount, record_served, stopping_holder,
+    command_line, find_served, find_stopping, is_locus_mount, record_served, stopping_holder,
 };
 pub use volume::{
     DeviceSource, DeviceStats, MAX_ALLOC_BYTES, OpenOptions, Volume, default_config, hex,

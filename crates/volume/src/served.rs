@@ -130,9 +130,64 @@ pub fn is_locus_mount(mountpoint: &Path) -> bool {
     })
 }
 
+/// The command line of process `pid`, as messages name a volume's holder: arguments joined by
+/// spaces, control characters as spaces, at most 120 characters; `None` when /proc does not
+/// show it (a process gone, or another user's under `hidepid`).
+pub fn command_line(pid: u32) -> Option<String> {
+    const LIMIT: usize = 120;
+    let line = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let words: Vec<String> = line
+        .split(|&b| b == 0)
+        .filter(|w| !w.is_empty())
+        .map(|w| {
+            String::from_utf8_lossy(w)
+                .chars()
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .collect()
+        })
+        .collect();
+    if words.is_empty() {
+        return None;
+    }
+    let text = words.join(" ");
+    Some(if text.chars().count() > LIMIT {
+        text.chars().take(LIMIT - 1).collect::<String>() + "…"
+    } else {
+        text
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_command_line_is_one_line_of_its_words() {
+        let me = command_line(std::process::id()).expect("this process is in /proc");
+        let argv0 = std::env::args().next().unwrap();
+        assert!(me.starts_with(&argv0), "{me}");
+        // A child whose arguments hold a newline and run long.
+        let long = "x".repeat(300);
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 5", "a\nb", &long])
+            .spawn()
+            .unwrap();
+        // The child's cmdline is its own once it has exec'd.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let line = loop {
+            let line = command_line(child.id()).unwrap_or_default();
+            if line.starts_with("sh") || Instant::now() > deadline {
+                break line;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(line.starts_with("sh -c sleep 5 a b xxx"), "{line}");
+        assert_eq!(line.chars().count(), 120, "{line}");
+        assert!(line.ends_with('…'), "{line}");
+        assert_eq!(command_line(u32::MAX), None);
+    }
 
     #[test]
     fn a_record_without_its_mount_is_stale() {

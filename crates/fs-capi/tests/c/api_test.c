@@ -3,16 +3,21 @@
  *   api_test VOLUME_DIR write    format, build a tree, check every call and error; unmount
  *   api_test VOLUME_DIR crash    open, write more, then _exit without closing anything
  *   api_test VOLUME_DIR verify   open (recovering), check everything the other runs wrote
+ *   api_test VOLUME_DIR signals  open; a signal the program blocks and sends itself stays
+ *                                pending for it (no thread of the library's takes it)
  * Prints "ok <phase>" and exits 0 when every check holds; otherwise names the failed check
  * and exits 1.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/xattr.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "locus_fs.h"
@@ -286,9 +291,29 @@ static void verify_phase(const char *dir) {
     CHECK(locus_fs_unmount(fs) == 0, "unmount");
 }
 
+/* A program that blocks a signal to take it later (sigwait, a signalfd) after the library
+ * started its threads: the signal waits for it. A thread of the library's with the signal
+ * unblocked would take it instead, and SIGUSR1's default action would end the process. */
+static void signals_phase(const char *dir) {
+    locus_fs *fs = locus_fs_open(dir, NULL);
+    CHECK(fs != NULL, "open: errno %d", errno);
+    sigset_t usr1, pending;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    CHECK(pthread_sigmask(SIG_BLOCK, &usr1, NULL) == 0, "block SIGUSR1");
+    CHECK(kill(getpid(), SIGUSR1) == 0, "send SIGUSR1 to the process");
+    struct timespec pause = {0, 100 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    CHECK(sigpending(&pending) == 0 && sigismember(&pending, SIGUSR1) == 1,
+          "SIGUSR1 pending for the program");
+    int taken = 0;
+    CHECK(sigwait(&usr1, &taken) == 0 && taken == SIGUSR1, "sigwait takes it");
+    CHECK(locus_fs_unmount(fs) == 0, "unmount");
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) {
-        fprintf(stderr, "usage: %s VOLUME_DIR write|crash|verify\n", argv[0]);
+        fprintf(stderr, "usage: %s VOLUME_DIR write|crash|verify|signals\n", argv[0]);
         return 2;
     }
     if (strcmp(argv[2], "write") == 0)
@@ -297,6 +322,8 @@ int main(int argc, char **argv) {
         crash_phase(argv[1]);
     else if (strcmp(argv[2], "verify") == 0)
         verify_phase(argv[1]);
+    else if (strcmp(argv[2], "signals") == 0)
+        signals_phase(argv[1]);
     else {
         fprintf(stderr, "unknown phase %s\n", argv[2]);
         return 2;

@@ -133,6 +133,11 @@ pub fn named_holder(dir: &Path, error: volume::VolumeError) -> anyhow::Error {
             super::serve::control::how_to_stop(&live)
         );
     }
+    // Another process with the volume open — one using the file-system library (`fs`, the
+    // C API) or a locus command — named by its command line when /proc shows it.
+    if let Some(command) = pid.trim().parse().ok().and_then(volume::command_line) {
+        return anyhow::anyhow!("{error} (`{command}`); a volume is open in one process at a time");
+    }
     error.into()
 }
 

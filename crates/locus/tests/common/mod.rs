@@ -132,6 +132,20 @@ pub fn emulated_device(volume: &Path) -> std::path::PathBuf {
         .expect("an emulated device file")
 }
 
+/// Flips a bit of the 4th byte of `marker` where it lies on the one emulated device of the
+/// volume in `volume` (the device file, under whatever process has it mapped): damage to
+/// the block of a file written with `marker` in it.
+pub fn damage_marked_block(volume: &Path, marker: &[u8]) {
+    let device = emulated_device(volume);
+    let image = std::fs::read(&device).unwrap();
+    let at = image
+        .windows(marker.len())
+        .position(|w| w == marker)
+        .expect("the marked block is on the device");
+    drop(image);
+    poke(&device, (at + 3) as u64, marker[3] ^ 0x20);
+}
+
 /// Writes `byte` at `offset` of the file at `path`: damage to a device file, made under
 /// the server that has it mapped (the file is the memory it maps).
 pub fn poke(path: &Path, offset: u64, byte: u8) {
