@@ -34,7 +34,10 @@ use crate::output::outln;
 ///
 /// A volume that `locus mount` holds is checked by its server: it holds every request and
 /// its checkpoint while it reads the media (milliseconds), so the report is what recovery
-/// would find at that moment. --repair needs the volume unmounted.
+/// would find at that moment. --repair needs the volume unmounted. A volume that `locus
+/// serve` or a program through the preload library holds is not checked while it runs (its
+/// writes go on, with no quiet moment to offer): the error names the holder and what frees
+/// the volume; `locus status` and `locus scrub` work beside it.
 #[derive(Debug, Args)]
 pub struct FsckArgs {
     #[command(flatten)]
