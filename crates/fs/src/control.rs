@@ -26,8 +26,6 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -77,7 +75,6 @@ impl Default for Hooks {
 /// runs) and removes the socket file.
 pub struct Control {
     path: PathBuf,
-    stop: Arc<AtomicBool>,
     wake: OwnedFd,
     thread: Option<JoinHandle<()>>,
 }
@@ -126,9 +123,8 @@ impl Control {
                 with("making the control socket's wake-up eventfd".into())(e.into())
             })?;
             let wake = (hooks.keep_fd)(wake);
-            let stop = Arc::new(AtomicBool::new(false));
             let thread = {
-                let (stop, woken) = (Arc::clone(&stop), (hooks.keep_fd)(wake.try_clone()?));
+                let woken = (hooks.keep_fd)(wake.try_clone()?);
                 std::thread::Builder::new()
                     .name("locus-control".into())
                     .spawn(move || {
@@ -140,16 +136,15 @@ impl Control {
                             // for.
                             scrubber: ScrubRunner::new(),
                         };
-                        accept_loop(&listener, &woken, &stop, &answers, hooks);
+                        accept_loop(&listener, &woken, &answers, hooks);
                     })
                     .map_err(with("starting the control socket's thread".into()))?
             };
-            Ok((stop, wake, thread))
+            Ok((wake, thread))
         })();
         match started {
-            Ok((stop, wake, thread)) => Ok(Self {
+            Ok((wake, thread)) => Ok(Self {
                 path,
-                stop,
                 wake,
                 thread: Some(thread),
             }),
@@ -176,7 +171,6 @@ impl Control {
     }
 
     fn wake_thread(&self) {
-        self.stop.store(true, Ordering::Release);
         // An eventfd takes 8-byte counts; a write fails only when the count would overflow,
         // which means the thread has been woken already.
         let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
@@ -248,16 +242,11 @@ impl Answers<'_> {
     }
 }
 
-/// Answers one client at a time until `stop` (after a write to the eventfd `woken`).
-fn accept_loop(
-    listener: &UnixListener,
-    woken: &OwnedFd,
-    stop: &AtomicBool,
-    answers: &Answers<'_>,
-    hooks: Hooks,
-) {
+/// Answers one client at a time until the eventfd `woken` is written to (its count stays
+/// non-zero, so a write before the first `poll` is seen too).
+fn accept_loop(listener: &UnixListener, woken: &OwnedFd, answers: &Answers<'_>, hooks: Hooks) {
     use rustix::event::{PollFd, PollFlags};
-    while !stop.load(Ordering::Acquire) {
+    loop {
         let mut fds = [
             PollFd::new(listener, PollFlags::IN),
             PollFd::new(woken, PollFlags::IN),
@@ -277,7 +266,7 @@ fn accept_loop(
             tracing::warn!("the control socket was closed under it; it stops answering");
             return;
         }
-        if stop.load(Ordering::Acquire) {
+        if fds[1].revents().contains(PollFlags::IN) {
             return;
         }
         match listener.accept() {
