@@ -2,10 +2,11 @@
 //! idle and at exit), the table of locus fds, directory streams, and the fork handlers.
 //!
 //! Lock order ([`rank`], checked in debug builds by `fs::lock_order`): `MOUNT` → `PENDING` →
-//! `FDS` → `STREAMS` → the record-lock table → `APPEND` → a description's offset → the file
-//! system's own locks. A locus call holds `MOUNT` (read) while it calls into the file
-//! system, so that `fork` cannot unmount under it, and `APPEND` or an offset while a write
-//! or read through them runs; never the tables.
+//! `FDS` → `STREAMS` → the record-lock table → `APPEND` → a description's offset → the table
+//! of shared mappings → a mapped file's copy → the list of copies → the file system's own
+//! locks. A locus call holds `MOUNT` (read) while it calls into the file system, so that
+//! `fork` cannot unmount under it, and `APPEND` or an offset while a write or read through
+//! them runs; never the tables.
 
 use std::cell::Cell;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -138,6 +139,8 @@ pub(crate) mod rank {
     pub(crate) const APPEND: Rank = Rank::new(6, "the append lock");
     pub(crate) const POSITION: Rank = Rank::new(7, "a description's offset");
     pub(crate) const MAPS: Rank = Rank::new(8, "the table of shared mappings");
+    pub(crate) const COPY: Rank = Rank::new(9, "a mapped file's copy in memory");
+    pub(crate) const COPIES: Rank = Rank::new(10, "the list of mapped files' copies");
 }
 
 /// Takes `lock` with its rank.

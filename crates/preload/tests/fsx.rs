@@ -75,33 +75,42 @@ fn seeds() -> Vec<u64> {
     }
 }
 
-/// Runs every seed on tmpfs and on locus; the locus file is also compared, after the
-/// process is gone, with the model's final bytes by reading the volume through `fs`.
+/// Runs every seed on tmpfs, on locus, and on locus with data checksums (where shared
+/// mappings map a copy of the file in memory); each locus file is also compared, after the
+/// process is gone, with the model's final bytes by reading the volume through `fs`, and
+/// the volume with checksums is scrubbed.
 fn drive() {
-    let vol = tempfile::Builder::new()
-        .prefix("locus-fsx")
-        .tempdir_in("/dev/shm")
-        .expect("tempdir on /dev/shm");
-    let topology = topology::Topology::read_live().expect("topology");
-    let config =
-        volume::default_config(vol.path(), &topology, Some(256 << 20)).expect("volume config");
-    volume::Volume::format(vol.path(), &config, false).expect("format volume");
-    fs::format_volume(vol.path(), topology).expect("format fs");
+    let volumes = [false, true].map(|checksums| {
+        let vol = tempfile::Builder::new()
+            .prefix("locus-fsx")
+            .tempdir_in("/dev/shm")
+            .expect("tempdir on /dev/shm");
+        let topology = topology::Topology::read_live().expect("topology");
+        let config =
+            volume::default_config(vol.path(), &topology, Some(256 << 20)).expect("volume config");
+        volume::Volume::format(vol.path(), &config, false).expect("format volume");
+        fs::format_volume_with(vol.path(), topology, checksums, None).expect("format fs");
+        (vol, checksums)
+    });
     let tmp = tempfile::tempdir_in("/dev/shm").expect("tmpfs directory");
 
     let mut finals = Vec::new();
     for seed in seeds() {
-        for (place, preload) in [
-            (tmp.path().to_str().unwrap().to_owned(), false),
-            (MOUNT.to_owned(), true),
-        ] {
+        let mut places = vec![(tmp.path().to_str().unwrap().to_owned(), None)];
+        places.extend(volumes.iter().map(|v| (MOUNT.to_owned(), Some(v))));
+        for (place, volume) in places {
             let file = format!("{place}/fsx-{seed}");
-            let dump = tmp.path().join(format!("model-{seed}-{preload}"));
+            let name = match volume {
+                None => "tmpfs",
+                Some((_, false)) => "locus",
+                Some((_, true)) => "locus with data checksums",
+            };
+            let dump = tmp.path().join(format!("model-{seed}-{name}"));
             let mut cmd = Command::new(std::env::current_exe().expect("this binary"));
             cmd.env("LOCUS_FSX_SEED", seed.to_string())
                 .env("LOCUS_FSX_FILE", &file)
                 .env("LOCUS_FSX_DUMP", &dump);
-            if preload {
+            if let Some((vol, _)) = volume {
                 cmd.env("LD_PRELOAD", library())
                     .env("LOCUS_VOLUME", vol.path())
                     .env("LOCUS_MOUNT", MOUNT);
@@ -109,32 +118,41 @@ fn drive() {
             let status = cmd.status().expect("start the exerciser");
             assert!(
                 status.success(),
-                "fsx seed {seed} on {file} failed ({status})"
+                "fsx seed {seed} on {name} failed ({status})"
             );
-            if preload {
-                finals.push((seed, dump));
+            if let Some((vol, _)) = volume {
+                finals.push((vol.path(), seed, dump));
             }
         }
     }
-    let topology = topology::Topology::read_live().expect("topology");
-    let volume = volume::Volume::open(vol.path(), topology, &Default::default()).expect("open");
-    let fs = fs::Fs::open(Arc::new(volume), fs::FsOptions::default()).expect("mount");
-    for (seed, dump) in finals {
-        let model = std::fs::read(&dump).expect("the model's final bytes");
-        let file = fs
-            .open_read(&format!("/fsx-{seed}"))
-            .expect("the exercised file");
-        let mut data = vec![0u8; file.len() as usize];
-        let mut done = 0;
-        while done < data.len() {
-            let n = file.read_at(&mut data[done..], done as u64).expect("read");
-            assert!(n > 0, "short file");
-            done += n;
-        }
-        assert!(
-            data == model,
-            "seed {seed}: the volume's file differs from the model"
+    for (vol, checksums) in &volumes {
+        let topology = topology::Topology::read_live().expect("topology");
+        let volume = Arc::new(
+            volume::Volume::open(vol.path(), topology, &Default::default()).expect("open"),
         );
+        let fs = fs::Fs::open(Arc::clone(&volume), fs::FsOptions::default()).expect("mount");
+        for (_, seed, dump) in finals.iter().filter(|f| f.0 == vol.path()) {
+            let model = std::fs::read(dump).expect("the model's final bytes");
+            let file = fs
+                .open_read(&format!("/fsx-{seed}"))
+                .expect("the exercised file");
+            let mut data = vec![0u8; file.len() as usize];
+            let mut done = 0;
+            while done < data.len() {
+                let n = file.read_at(&mut data[done..], done as u64).expect("read");
+                assert!(n > 0, "short file");
+                done += n;
+            }
+            assert!(
+                data == model,
+                "seed {seed}: the volume's file differs from the model (checksums {checksums})"
+            );
+        }
+        drop(fs);
+        if *checksums {
+            let report = fs::Fs::scrub(&volume).expect("scrub");
+            assert!(report.damaged.is_empty() && report.blocks > 0, "{report:?}");
+        }
     }
 }
 

@@ -30,6 +30,11 @@ fn library() -> PathBuf {
 
 /// A formatted 256 MiB volume with an empty file system.
 fn volume() -> tempfile::TempDir {
+    volume_with(false)
+}
+
+/// [`volume`], with data checksums when `checksums` is true.
+fn volume_with(checksums: bool) -> tempfile::TempDir {
     let dir = tempfile::Builder::new()
         .prefix("locus-preload-test")
         .tempdir_in("/dev/shm")
@@ -37,7 +42,7 @@ fn volume() -> tempfile::TempDir {
     let topology = topology::Topology::read_live().expect("topology");
     let config = volume::default_config(dir.path(), &topology, Some(256 << 20)).expect("config");
     volume::Volume::format(dir.path(), &config, false).expect("format volume");
-    fs::format_volume(dir.path(), topology).expect("format fs");
+    fs::format_volume_with(dir.path(), topology, checksums, None).expect("format fs");
     dir
 }
 
@@ -839,7 +844,18 @@ fn python_both(vol: &Path, script: &str) -> (String, String, std::process::ExitS
 /// survive kill -9.
 #[test]
 fn shared_mappings_behave_as_on_tmpfs() {
-    let vol = volume();
+    shared_mappings_on(false);
+}
+
+/// The same on a volume with data checksums, where the mappings map a copy of the file in
+/// memory (a store to a block would leave its checksum behind): and the volume scrubs clean.
+#[test]
+fn shared_mappings_of_a_checksummed_volume_behave_as_on_tmpfs() {
+    shared_mappings_on(true);
+}
+
+fn shared_mappings_on(checksums: bool) {
+    let vol = volume_with(checksums);
     let prelude = r#"
 import ctypes, mmap, os, signal, sys
 R = sys.argv[1]
@@ -909,6 +925,19 @@ print(peek(m + 45, 10))
 os.ftruncate(h, 2 * P)
 print(peek(m + P, 4) == bytes(4))
 libc.munmap(m, 3 * P)
+# a punched hole reads zeros through the mapping; O_TRUNC empties it
+k = os.open(R + "/k", os.O_RDWR | os.O_CREAT, 0o644)
+os.write(k, b"k" * 3 * P)
+m = smap(k, 3 * P)
+poke(m + 2 * P, b"stored")
+libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+print(libc.fallocate(k, 3, P, P), peek(m + P, 4), peek(m + P - 1, 1), os.pread(k, 6, 2 * P))
+t = os.open(R + "/k", os.O_RDWR | os.O_TRUNC)
+os.write(t, b"new")
+print(peek(m, 4), os.fstat(k).st_size, os.pread(k, 8, 0))
+os.close(t)
+libc.munmap(m, 3 * P)
+os.close(k)
 os.close(fd)
 "#;
     let script = format!("{prelude}{main}");
@@ -974,10 +1003,26 @@ os.close(fd)
     assert_eq!(line, "ready\n");
     child.kill().unwrap();
     child.wait().unwrap();
+    // A program that ends without msync or munmap: its stores are written at exit.
+    let exits = format!(
+        "{prelude}fd = os.open(R + '/exit', os.O_RDWR | os.O_CREAT, 0o644)\n\
+         os.ftruncate(fd, 2 * P)\na = smap(fd, 2 * P)\npoke(a + P + 7, b'stored, then exit')\n"
+    );
+    ok(
+        &preloaded(vol.path(), "python3")
+            .args(["-c", &exits, MOUNT])
+            .output()
+            .unwrap(),
+        "a program storing through a mapping, then exiting",
+    );
     let fs = open_fs(vol.path());
+    let data = read_all(&fs, "/exit");
+    assert_eq!(&data[4096 + 7..4096 + 24], b"stored, then exit");
     let data = read_all(&fs, "/crash");
     assert_eq!(&data[3 * 4096..3 * 4096 + 22], b"synced before the kill");
     assert_eq!(read_all(&fs, "/f")[..5], *b"HELLO");
+    drop(fs);
+    scrubs_clean(vol.path(), checksums);
 }
 
 /// SQLite in WAL mode (its `-shm` index is a shared mapping): transactions, a second
@@ -986,11 +1031,22 @@ os.close(fd)
 /// `sqlite3` shell reads the database back afterwards.
 #[test]
 fn sqlite_in_wal_mode_behaves_as_on_tmpfs() {
+    sqlite_in_wal_mode_on(false);
+}
+
+/// The same on a volume with data checksums (the `-shm` index maps a copy of the file in
+/// memory there), which then scrubs clean.
+#[test]
+fn sqlite_in_wal_mode_on_a_checksummed_volume_behaves_as_on_tmpfs() {
+    sqlite_in_wal_mode_on(true);
+}
+
+fn sqlite_in_wal_mode_on(checksums: bool) {
     assert!(
         have("sqlite3"),
         "sqlite3 is not installed (.ci/run installs it)"
     );
-    let vol = volume();
+    let vol = volume_with(checksums);
     let script = r#"
 import hashlib, sqlite3, sys, threading
 R = sys.argv[1]
@@ -1037,6 +1093,15 @@ db.close()
         "sqlite3 shell",
     );
     assert_eq!(out, "wal\n6000\nok\n");
+    scrubs_clean(vol.path(), checksums);
+}
+
+/// On a volume with data checksums: every block of every file matches its checksum.
+fn scrubs_clean(vol: &Path, checksums: bool) {
+    if checksums {
+        let report = fs::Fs::scrub(&open_volume_for_check(vol)).expect("scrub");
+        assert!(report.damaged.is_empty() && report.blocks > 0, "{report:?}");
+    }
 }
 
 /// kill -9 of a program committing SQLite transactions in WAL mode, several rounds on one
@@ -1044,7 +1109,18 @@ db.close()
 /// the program reported committed before it was killed.
 #[test]
 fn sqlite_in_wal_mode_survives_kill_9() {
-    let vol = volume();
+    sqlite_in_wal_mode_survives_kill_9_on(false);
+}
+
+/// The same on a volume with data checksums: the index's stores since its last write-back
+/// die with the program, and SQLite rebuilds it from the WAL; the volume scrubs clean.
+#[test]
+fn sqlite_in_wal_mode_on_a_checksummed_volume_survives_kill_9() {
+    sqlite_in_wal_mode_survives_kill_9_on(true);
+}
+
+fn sqlite_in_wal_mode_survives_kill_9_on(checksums: bool) {
+    let vol = volume_with(checksums);
     let writer = r#"
 import sqlite3, sys
 db = sqlite3.connect(sys.argv[1], isolation_level=None)
@@ -1113,6 +1189,7 @@ for r, n in db.execute("SELECT round, count(*) FROM t GROUP BY round ORDER BY ro
             );
         }
     }
+    scrubs_clean(vol.path(), checksums);
 }
 
 /// A shell creates, appends, renames and reads back, with redirections the shell itself

@@ -18,7 +18,8 @@
 //!   `munmap` do that for the range. They are not atomic and not ordered with the file's
 //!   logged writes; after a crash a block holds whatever of them reached the media.
 //! - Volumes with data checksums refuse shared mappings: a store through a mapping would
-//!   leave the block's checksum behind it.
+//!   leave the block's checksum behind it. (The preload library then maps a copy of the
+//!   file in memory, written back through ordinary writes.)
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

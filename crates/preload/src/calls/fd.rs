@@ -90,6 +90,15 @@ pub(crate) fn open_locus(
             fs
         };
         let file = fs.open_file(path, options).map_err(|e| fs_errno(&e))?;
+        if options.truncate && super::shared::is_mapped(&file) {
+            // The open emptied the file: its copy in memory too (the file system's part is
+            // repeated under the copy's lock, as every change of a mapped file is).
+            super::mapped_copy::change(
+                &file,
+                || file.set_len(0).map_err(|e| fs_errno(&e)),
+                |copy| copy.set_len(0),
+            )?;
+        }
         let ino = file.ino();
         Ok(Desc::new(
             Node::File(file),

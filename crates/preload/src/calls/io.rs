@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use fs::{MAX_FILE_SIZE, MAX_IO};
 use libc::{iovec, off_t, size_t, ssize_t};
 
-use super::{fs_errno, route, shared, size, unit};
+use super::{fs_errno, mapped_copy, route, shared, size, unit};
 use crate::state::{self, Desc, Node};
 use crate::{errno, real};
 
@@ -47,8 +47,12 @@ fn writer(fd: c_int) -> Result<std::sync::Arc<Desc>, c_int> {
     Ok(desc)
 }
 
-/// Reads at `offset` into `buf`; short only at the end of the file.
+/// Reads at `offset` into `buf`; short only at the end of the file. A file whose shared
+/// mappings map its copy in memory is read from the copy (it holds their stores).
 fn read_at(file: &fs::File, buf: &mut [u8], offset: u64) -> Result<usize, c_int> {
+    if let Some(copy) = mapped_copy::of(file) {
+        return copy.read(buf, offset);
+    }
     let mut done = 0;
     while done < buf.len() {
         let n = file
@@ -67,7 +71,11 @@ fn read_at(file: &fs::File, buf: &mut [u8], offset: u64) -> Result<usize, c_int>
 fn write_at(file: &fs::File, data: &[u8], offset: u64) -> Result<usize, c_int> {
     let data = &data[..data.len().min(MAX_IO as usize)];
     // Past the largest file, the file system answers EFBIG itself.
-    file.write_at(data, offset).map_err(|e| fs_errno(&e))?;
+    mapped_copy::change(
+        file,
+        || file.write_at(data, offset).map_err(|e| fs_errno(&e)),
+        |copy| copy.write(data, offset),
+    )?;
     if shared::is_mapped(file) {
         shared::after_growth(file.ino(), file.len())?;
     }
@@ -80,7 +88,11 @@ pub(crate) fn resize(file: &fs::File, size: u64) -> Result<(), c_int> {
     if shared::is_mapped(file) && size < file.len() {
         shared::before_shrink(file.ino(), size)?;
     }
-    file.set_len(size).map_err(|e| fs_errno(&e))?;
+    mapped_copy::change(
+        file,
+        || file.set_len(size).map_err(|e| fs_errno(&e)),
+        |copy| copy.set_len(size),
+    )?;
     if shared::is_mapped(file) {
         shared::after_growth(file.ino(), size)?;
     }
@@ -561,6 +573,11 @@ fn seek(fd: c_int, off: off_t, whence: c_int) -> Result<off_t, c_int> {
             if off >= len {
                 return Err(libc::ENXIO);
             }
+            if let Some(copy) = mapped_copy::of(file) {
+                // Stores through the mappings may have filled holes: the file says so once
+                // they are written to it.
+                copy.write_back(file, off as u64, len as u64)?;
+            }
             let ranges = file
                 .data_ranges(off as u64, (len - off) as u64)
                 .map_err(|e| fs_errno(&e))?;
@@ -746,8 +763,20 @@ fn allocate(fd: c_int, mode: c_int, off: off_t, len: off_t) -> Result<(), c_int>
     }
     let end = (off as u64).checked_add(len as u64).ok_or(libc::EFBIG)?;
     let grows = mode & libc::FALLOC_FL_KEEP_SIZE == 0 && end > file.len();
-    file.fallocate(mode, off as u64, len as u64)
-        .map_err(|e| fs_errno(&e))?;
+    mapped_copy::change(
+        file,
+        || {
+            file.fallocate(mode, off as u64, len as u64)
+                .map_err(|e| fs_errno(&e))
+        },
+        |copy| {
+            copy.set_len(file.len())?;
+            if mode & (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE) != 0 {
+                copy.zero(off as u64, len as u64)?;
+            }
+            Ok(())
+        },
+    )?;
     if grows && shared::is_mapped(file) {
         shared::after_growth(file.ino(), end)?;
     }

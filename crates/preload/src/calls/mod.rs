@@ -13,6 +13,7 @@ pub(crate) mod dir;
 pub(crate) mod exec;
 pub(crate) mod fd;
 pub(crate) mod io;
+pub(crate) mod mapped_copy;
 pub(crate) mod meta;
 pub(crate) mod raw;
 pub(crate) mod shared;

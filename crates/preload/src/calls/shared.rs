@@ -13,9 +13,15 @@
 //! lives on while mapped) and counts as a mapping in the file system, which keeps the
 //! blocks from moving.
 //!
+//! Where a file's blocks cannot be mapped — a volume with data checksums, whose blocks
+//! must change only with their checksums — the mappings map a copy of the file in memory
+//! instead ([`MappedCopy`]): the same calls, `read`/`write` coherent with the mappings in the
+//! same way, and the stores written to the file (as checksummed writes) at `msync`, `munmap`,
+//! exit and `fork`.
+//!
 //! Limits: `mremap` of such a mapping is `EINVAL` (map again instead); at `fork` the
 //! mappings become private copies in both processes (the parent lets go of the volume, see
-//! docs/preload.md); volumes with data checksums refuse (`ENODEV`).
+//! docs/preload.md).
 
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
@@ -25,6 +31,7 @@ use libc::{off_t, size_t};
 use parking_lot::Mutex;
 
 use super::fs_errno;
+use super::mapped_copy::{self, MappedCopy};
 use crate::state::{self, Desc};
 use crate::{errno, real};
 
@@ -35,9 +42,12 @@ struct Shared {
     /// File offset of `start`.
     offset: u64,
     prot: c_int,
-    /// Bytes from `start` that map the file's blocks; the rest maps the empty file.
+    /// Bytes from `start` that map the file's blocks (or its copy); the rest maps the empty
+    /// file.
     valid: usize,
     token: Arc<Token>,
+    /// The file's copy in memory, when the mapping maps it instead of the file's blocks.
+    copy: Option<Arc<MappedCopy>>,
 }
 
 impl Shared {
@@ -50,16 +60,28 @@ impl Shared {
             .file()
             .expect("a mapped description is a file")
     }
+    /// Makes the stores to `[from, from + len)` of the file through this mapping durable.
+    fn sync(&self, from: u64, len: u64) -> Result<(), c_int> {
+        match &self.copy {
+            None => self.file().sync_mapped(from, len).map_err(|e| fs_errno(&e)),
+            Some(copy) => copy.write_back(self.file(), from, from.saturating_add(len)),
+        }
+    }
 }
 
-/// Holds the file open and counted as mapped until the last piece of its mapping is gone.
+/// Holds the file open, and counted as mapped in the file system (for a mapping of its
+/// blocks), until the last piece of its mapping is gone.
 struct Token {
     desc: Arc<Desc>,
+    /// Whether `File::map_shared` counted the mapping.
+    counted: bool,
 }
 
 impl Drop for Token {
     fn drop(&mut self) {
-        if let Ok(file) = self.desc.file() {
+        if self.counted
+            && let Ok(file) = self.desc.file()
+        {
             file.unmap_shared();
         }
     }
@@ -151,6 +173,40 @@ fn place(runs: &[fs::MappedRun], base: usize, offset: u64, prot: c_int) -> Resul
     Ok(covered)
 }
 
+/// Maps `len` bytes of `copy` from file offset `offset` at `at`.
+fn place_copy(
+    copy: &MappedCopy,
+    at: usize,
+    len: usize,
+    offset: u64,
+    prot: c_int,
+) -> Result<(), c_int> {
+    if len == 0 {
+        return Ok(());
+    }
+    // SAFETY: replaces pages of a mapping this module owns.
+    let got = unsafe {
+        real::mmap64(
+            at as *mut c_void,
+            len,
+            prot,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            copy.fd(),
+            offset as off_t,
+        )
+    };
+    if got == libc::MAP_FAILED {
+        return Err(errno::get());
+    }
+    Ok(())
+}
+
+/// Bytes of a mapping of `len` bytes from file offset `offset` that are inside a file of
+/// `size` bytes (whole pages, up to the page holding its last byte).
+fn inside(offset: u64, len: usize, size: u64) -> usize {
+    (size.next_multiple_of(page() as u64).saturating_sub(offset) as usize).min(len)
+}
+
 /// `mmap(MAP_SHARED)` of the locus fd `fd`.
 pub(crate) fn map(
     fd: c_int,
@@ -177,32 +233,19 @@ pub(crate) fn map(
         return Err(libc::EINVAL);
     }
     let len = len.checked_next_multiple_of(page).ok_or(libc::ENOMEM)?;
-    let runs = file
-        .map_shared(off as u64, len as u64)
-        .map_err(|e| match e.kind() {
-            fs::ErrorKind::NotSupported => libc::ENODEV,
-            _ => fs_errno(&e),
-        })?;
+    let runs = match file.map_shared(off as u64, len as u64) {
+        Ok(runs) => runs,
+        // The blocks cannot be mapped: the file's copy is.
+        Err(e) if e.kind() == fs::ErrorKind::NotSupported => {
+            return map_copy(desc, addr, len, prot, flags, off as u64);
+        }
+        Err(e) => return Err(fs_errno(&e)),
+    };
     let token = Arc::new(Token {
         desc: Arc::clone(&desc),
+        counted: true,
     });
-    // The address range: the caller's placement flags, nothing else.
-    let placement = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE);
-    // SAFETY: a fresh anonymous reservation, replaced piece by piece below.
-    let base = unsafe {
-        real::mmap64(
-            addr,
-            len,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | placement,
-            -1,
-            0,
-        )
-    };
-    if base == libc::MAP_FAILED {
-        return Err(errno::get());
-    }
-    let base = base as usize;
+    let base = reserve(addr, len, flags)?;
     let placed = place(&runs, base, off as u64, prot)
         .and_then(|valid| map_past_end(base + valid, len - valid, prot).map(|()| valid));
     let valid = match placed {
@@ -220,9 +263,81 @@ pub(crate) fn map(
         prot,
         valid,
         token,
+        copy: None,
     });
     COUNT.fetch_add(1, Ordering::Release);
     Ok(base as *mut c_void)
+}
+
+/// A shared mapping of the file's copy in memory (made if the file has none yet).
+fn map_copy(
+    desc: Arc<Desc>,
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    offset: u64,
+) -> Result<*mut c_void, c_int> {
+    let file = desc.file().map_err(|_| libc::ENODEV)?;
+    // Held while the copy is found or made, so that a file gets one.
+    let mut table = table();
+    // Counted before the file's size is read: a write that grows the file after that
+    // finds the mapping (`is_mapped`), and waits for the table to map the new pages.
+    COUNT.fetch_add(1, Ordering::SeqCst);
+    let placed = (|| {
+        let copy = match mapped_copy::of(file) {
+            Some(copy) => copy,
+            None => MappedCopy::make(file)?,
+        };
+        let base = reserve(addr, len, flags)?;
+        let valid = inside(offset, len, copy.size(file));
+        let placed = place_copy(&copy, base, valid, offset, prot)
+            .and_then(|()| map_past_end(base + valid, len - valid, prot));
+        if let Err(e) = placed {
+            // SAFETY: the range reserved above.
+            unsafe { real::munmap(base as *mut c_void, len) };
+            return Err(e);
+        }
+        Ok((copy, base, valid))
+    })();
+    let (copy, base, valid) = placed.inspect_err(|_| {
+        COUNT.fetch_sub(1, Ordering::SeqCst);
+    })?;
+    table.push(Shared {
+        start: base,
+        len,
+        offset,
+        prot,
+        valid,
+        token: Arc::new(Token {
+            desc,
+            counted: false,
+        }),
+        copy: Some(copy),
+    });
+    Ok(base as *mut c_void)
+}
+
+/// Reserves `len` bytes of address space where the caller's placement flags say (nothing
+/// mapped yet: replaced piece by piece).
+fn reserve(addr: *mut c_void, len: usize, flags: c_int) -> Result<usize, c_int> {
+    // The address range: the caller's placement flags, nothing else.
+    let placement = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE);
+    // SAFETY: a fresh anonymous reservation, replaced piece by piece below.
+    let base = unsafe {
+        real::mmap64(
+            addr,
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | placement,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(errno::get());
+    }
+    Ok(base as usize)
 }
 
 /// Whether `[addr, addr + len)` overlaps a shared mapping of a locus file.
@@ -241,9 +356,7 @@ fn sync_range(table: &[Shared], addr: usize, len: usize) -> Result<(), c_int> {
         let from = addr.max(s.start);
         let to = end.min(s.start + s.valid);
         if from < to {
-            s.file()
-                .sync_mapped(s.offset + (from - s.start) as u64, (to - from) as u64)
-                .map_err(|e| fs_errno(&e))?;
+            s.sync(s.offset + (from - s.start) as u64, (to - from) as u64)?;
         }
     }
     Ok(())
@@ -292,6 +405,7 @@ pub(crate) fn munmap(addr: *mut c_void, len: size_t) -> Option<c_int> {
                     len: from - s.start,
                     valid: s.valid.min(from - s.start),
                     token: Arc::clone(&s.token),
+                    copy: s.copy.clone(),
                     ..s
                 });
             }
@@ -303,6 +417,7 @@ pub(crate) fn munmap(addr: *mut c_void, len: size_t) -> Option<c_int> {
                     offset: s.offset + cut as u64,
                     valid: s.valid.saturating_sub(cut),
                     token: Arc::clone(&s.token),
+                    copy: s.copy.clone(),
                     ..s
                 });
             }
@@ -365,6 +480,13 @@ pub(crate) fn after_growth(ino: u64, size: u64) -> Result<(), c_int> {
         if s.valid == s.len || mapped_to >= size {
             continue;
         }
+        if let Some(copy) = &s.copy {
+            // The copy has grown with the file already (`mapped_copy::change`).
+            let now = inside(s.offset, s.len, size);
+            place_copy(copy, s.start + s.valid, now - s.valid, mapped_to, s.prot)?;
+            s.valid = now;
+            continue;
+        }
         let file = s.token.desc.file().map_err(|_| libc::EIO)?;
         let runs = file
             .map_shared(mapped_to, (s.len - s.valid) as u64)
@@ -379,7 +501,7 @@ pub(crate) fn after_growth(ino: u64, size: u64) -> Result<(), c_int> {
 
 /// Whether `desc`'s file has shared mappings (cheap: one load when none exist anywhere).
 pub(crate) fn is_mapped(file: &fs::File) -> bool {
-    COUNT.load(Ordering::Acquire) > 0 && file.is_mapped()
+    COUNT.load(Ordering::Acquire) > 0 && (file.is_mapped() || mapped_copy::of(file).is_some())
 }
 
 /// At `fork`: every shared mapping becomes a private copy of its bytes (after its stores are
@@ -394,7 +516,7 @@ pub(crate) fn detach_all() {
     COUNT.store(0, Ordering::Release);
     drop(table);
     for s in &all {
-        let _ = s.file().sync_mapped(s.offset, s.valid as u64);
+        let _ = s.sync(s.offset, s.valid as u64);
         privatize(s);
     }
     drop(all);
@@ -439,6 +561,6 @@ pub(crate) fn sync_all() {
     }
     let table = table();
     for s in table.iter() {
-        let _ = s.file().sync_mapped(s.offset, s.valid as u64);
+        let _ = s.sync(s.offset, s.valid as u64);
     }
 }
