@@ -54,6 +54,7 @@ pub(crate) fn spawn(inner: Arc<Inner>) -> Result<std::thread::JoinHandle<()>> {
 }
 
 fn run(inner: &Inner) {
+    inner.options.thread_started();
     // A new thread starts at its creator's nice value: the opener's.
     if let Ok(opener) = topology::current_thread_nice() {
         let boost = inner.options.checkpoint_boost;

@@ -310,7 +310,10 @@ impl Defragmenter {
         let for_thread = Arc::clone(inner);
         let thread = std::thread::Builder::new()
             .name("locus-defrag".into())
-            .spawn(move || run(&for_thread))
+            .spawn(move || {
+                for_thread.options.thread_started();
+                run(&for_thread);
+            })
             .map_err(|e| FsError::Shutdown(format!("cannot start the defrag thread: {e}")))?;
         Ok(Some(Self {
             inner: Arc::clone(inner),

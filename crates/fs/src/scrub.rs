@@ -573,6 +573,7 @@ impl ScrubRunner {
                 std::thread::Builder::new()
                     .name("locus-scrub".into())
                     .spawn(move || {
+                        fs.inner.options.thread_started();
                         let started = Instant::now();
                         // Only priority: a scrub that cannot lower it still does its work.
                         if let Ok(nice) = topology::current_thread_nice() {

@@ -204,7 +204,7 @@ fn start_control(fs: &Fs) {
         })
     };
     let hooks = fs::control::Hooks {
-        on_thread: control_thread,
+        on_thread: library_thread,
         keep_fd: |fd| {
             use std::os::fd::{FromRawFd, IntoRawFd};
             let moved = move_internal(fd.into_raw_fd());
@@ -230,9 +230,11 @@ fn stop_control() {
     drop(control);
 }
 
-/// The control thread is the library's own: its calls go straight to the C library, and it
-/// may close the fds it moved out of the program's way.
-fn control_thread() {
+/// The control thread and the file system's and volume's threads are the library's own:
+/// their calls go straight to the C library (a `munmap` of theirs never waits for the table
+/// of shared mappings, which a write-back may hold while it waits for the checkpoint), and
+/// they may close the fds moved out of the program's way.
+fn library_thread() {
     INSIDE.with(|i| i.set(true));
 }
 
@@ -281,6 +283,7 @@ fn mount() -> Result<Fs, c_int> {
         // rather than all at start (a 4 GiB device took ~0.3 s to map whole).
         let options = volume::OpenOptions {
             prefault: false,
+            on_thread: Some(library_thread),
             ..Default::default()
         };
         // Right after `umount` of a `locus mount` of the volume, its server may still be
@@ -290,7 +293,11 @@ fn mount() -> Result<Fs, c_int> {
             || volume::Volume::open(&config.volume, topology.clone(), &options),
             |_| {},
         )?;
-        Fs::open(Arc::new(volume), FsOptions::default())
+        let options = FsOptions {
+            on_thread: Some(library_thread),
+            ..FsOptions::default()
+        };
+        Fs::open(Arc::new(volume), options)
     })();
     opened.map_err(|e| {
         let errno = e.errno();

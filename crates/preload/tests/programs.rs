@@ -1025,6 +1025,48 @@ os.close(fd)
     scrubs_clean(vol.path(), checksums);
 }
 
+/// A program that let the volume go at a fork (no locus fd open: `subprocess.run`) and
+/// mounted it again maps a file and syncs it. On a volume with data checksums the sync is a
+/// write, whose thread first drops what it held of the earlier mount — one of the file
+/// system's own mappings, whose `munmap` waited for the table of shared mappings the sync
+/// held: the program hung (`timeout` ends it with 124) until the library's own calls went
+/// straight to libc.
+#[test]
+fn a_mapping_synced_after_a_remount_returns() {
+    let script = r#"
+import ctypes, mmap, os, subprocess, sys
+R = sys.argv[1]
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+P = 4096
+fd = os.open(R + "/again", os.O_RDWR | os.O_CREAT, 0o644)
+os.write(fd, b"a" * 2 * P)
+os.close(fd)
+subprocess.run(["true"], check=True)
+fd = os.open(R + "/again", os.O_RDWR)
+a = libc.mmap(None, 2 * P, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+ctypes.memmove(a + P, b"after a fork", 12)
+print(libc.msync(a, 2 * P, 4), os.pread(fd, 12, P))  # MS_SYNC
+"#;
+    for checksums in [false, true] {
+        let vol = volume_with(checksums);
+        let out = preloaded(vol.path(), "timeout")
+            .args(["60", "python3", "-c", script, MOUNT])
+            .output()
+            .unwrap();
+        assert_eq!(
+            ok(&out, &format!("checksums {checksums}")),
+            "0 b'after a fork'\n"
+        );
+        let fs = open_fs(vol.path());
+        assert_eq!(&read_all(&fs, "/again")[4096..4108], b"after a fork");
+        drop(fs);
+        scrubs_clean(vol.path(), checksums);
+    }
+}
+
 /// SQLite in WAL mode (its `-shm` index is a shared mapping): transactions, a second
 /// connection reading while the first writes (threads of one process), a checkpoint, then
 /// `integrity_check` and a digest of the table — the same output as on tmpfs; and the

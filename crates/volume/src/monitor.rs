@@ -186,13 +186,16 @@ pub struct PeriodicCheck {
 }
 
 impl PeriodicCheck {
-    /// Starts checking `monitor` every `interval`.
-    pub fn start(monitor: Arc<Monitor>, interval: Duration) -> Self {
+    /// Starts checking `monitor` every `interval`; `on_thread` runs first in its thread.
+    pub fn start(monitor: Arc<Monitor>, interval: Duration, on_thread: Option<fn()>) -> Self {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let thread_stop = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("locus-monitor".into())
             .spawn(move || {
+                if let Some(hook) = on_thread {
+                    hook();
+                }
                 let (lock, wake) = &*thread_stop;
                 let mut stopped = lock.lock().expect("monitor stop lock");
                 while !*stopped {
@@ -285,7 +288,7 @@ mod tests {
         // Free space recorded without a threshold check (as after an external change).
         monitor.free_bytes[1].store(50, Ordering::Release);
         assert!(!monitor.is_fat(1));
-        let check = PeriodicCheck::start(Arc::clone(&monitor), Duration::from_millis(5));
+        let check = PeriodicCheck::start(Arc::clone(&monitor), Duration::from_millis(5), None);
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while !monitor.is_fat(1) && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(2));

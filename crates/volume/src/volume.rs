@@ -49,6 +49,9 @@ pub struct OpenOptions {
     /// Map every page of emulated devices at open ([`pmem::Device::prefault`]): for
     /// long-running users (`locus serve`); short commands and preloaded programs skip it.
     pub prefault: bool,
+    /// Called first in each thread the volume starts (its monitor's periodic check), so
+    /// that a host can mark them as its own (see `fs::FsOptions::on_thread`).
+    pub on_thread: Option<fn()>,
 }
 
 impl Default for OpenOptions {
@@ -59,6 +62,7 @@ impl Default for OpenOptions {
             probe: None,
             shard_min_bytes: 64 << 20,
             prefault: true,
+            on_thread: None,
         }
     }
 }
@@ -292,9 +296,9 @@ impl Volume {
             &capacities,
             orders,
         ));
-        let check = options
-            .check_interval
-            .map(|interval| PeriodicCheck::start(Arc::clone(&monitor), interval));
+        let check = options.check_interval.map(|interval| {
+            PeriodicCheck::start(Arc::clone(&monitor), interval, options.on_thread)
+        });
         Ok(Self {
             dir: None,
             uuid,

@@ -78,6 +78,19 @@ pub struct FsOptions {
     /// Rewrite 2 MiB windows of files that small overwrites scattered into one extent each,
     /// while the file system is idle ([`crate::defrag`]); on by default.
     pub defrag: bool,
+    /// Called first in each thread the file system starts (checkpoint, defragmentation,
+    /// scrub), so that a host can mark them as its own: the preload library makes their
+    /// calls go straight to the C library, as its own threads' do.
+    pub on_thread: Option<fn()>,
+}
+
+impl FsOptions {
+    /// Runs [`FsOptions::on_thread`] in a thread just started.
+    pub(crate) fn thread_started(&self) {
+        if let Some(hook) = self.on_thread {
+            hook();
+        }
+    }
 }
 
 /// When the checkpoint moves logged writes into files.
@@ -120,6 +133,7 @@ impl Default for FsOptions {
             // no writer ever waiting for buffers (5 steps: no gain in two runs).
             checkpoint_boost: 10,
             defrag: true,
+            on_thread: None,
         }
     }
 }

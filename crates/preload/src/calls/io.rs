@@ -1113,12 +1113,18 @@ pub unsafe extern "C" fn mmap(
     unsafe { mmap64(addr, len, prot, flags, fd, off) }
 }
 
-/// `munmap(2)`: a locus shared mapping's stores are written back first.
+/// `munmap(2)`: a locus shared mapping's stores are written back first. The library's own
+/// calls (the file system dropping one of its mappings, possibly while a write-back holds
+/// the table of shared mappings) go straight to libc: they never unmap a program's mapping.
 ///
 /// # Safety
 /// C's.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
+    if state::inside() {
+        // SAFETY: passed through.
+        return unsafe { real::munmap(addr, len) };
+    }
     match shared::munmap(addr, len) {
         Some(rc) => rc,
         // SAFETY: passed through.
@@ -1132,6 +1138,10 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
 /// C's.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn msync(addr: *mut c_void, len: size_t, flags: c_int) -> c_int {
+    if state::inside() {
+        // SAFETY: passed through (the library's own mappings: see `munmap`).
+        return unsafe { real::msync(addr, len, flags) };
+    }
     match shared::msync(addr, len, flags) {
         Some(rc) => rc,
         // SAFETY: passed through.
@@ -1153,7 +1163,9 @@ pub unsafe extern "C" fn mremap(
     flags: c_int,
     new: *mut c_void,
 ) -> *mut c_void {
-    if let Some(e) = shared::mremap(old, old_len) {
+    if !state::inside()
+        && let Some(e) = shared::mremap(old, old_len)
+    {
         errno::set(e);
         return libc::MAP_FAILED;
     }
