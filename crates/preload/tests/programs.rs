@@ -841,7 +841,8 @@ fn python_both(vol: &Path, script: &str) -> (String, String, std::process::ExitS
 /// a mapping holds an unlinked file; `msync`, partial `munmap`; pages past the end of the
 /// file `SIGBUS` and come to life when the file grows; the file shrinking under a mapping
 /// makes its tail `SIGBUS` again — the same on tmpfs and on locus. Then synced stores
-/// survive kill -9.
+/// survive kill -9, and stores reach the file when the program exits or calls `exec`
+/// without syncing them.
 #[test]
 fn shared_mappings_behave_as_on_tmpfs() {
     shared_mappings_on(false);
@@ -1015,9 +1016,23 @@ os.close(fd)
             .unwrap(),
         "a program storing through a mapping, then exiting",
     );
+    // One that runs another program in its place: they are written before the exec.
+    let execs = format!(
+        "{prelude}fd = os.open(R + '/exec', os.O_RDWR | os.O_CREAT, 0o644)\n\
+         os.ftruncate(fd, 2 * P)\na = smap(fd, 2 * P)\npoke(a + 9, b'stored, then exec')\n\
+         os.execv('/bin/true', ['true'])\n"
+    );
+    ok(
+        &preloaded(vol.path(), "python3")
+            .args(["-c", &execs, MOUNT])
+            .output()
+            .unwrap(),
+        "a program storing through a mapping, then calling exec",
+    );
     let fs = open_fs(vol.path());
     let data = read_all(&fs, "/exit");
     assert_eq!(&data[4096 + 7..4096 + 24], b"stored, then exit");
+    assert_eq!(&read_all(&fs, "/exec")[9..26], b"stored, then exec");
     let data = read_all(&fs, "/crash");
     assert_eq!(&data[3 * 4096..3 * 4096 + 22], b"synced before the kill");
     assert_eq!(read_all(&fs, "/f")[..5], *b"HELLO");

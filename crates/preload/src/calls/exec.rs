@@ -146,6 +146,12 @@ unsafe fn with_handoff(
     if state::inside() {
         return exec(envp);
     }
+    // The shared mappings end with the process image: their stores reach the files first
+    // (those of a mapped copy, on a volume with data checksums, exist nowhere else).
+    let _ = state::run(|| {
+        crate::calls::shared::sync_all();
+        Ok(())
+    });
     let Some((description, fds)) = state::handoff_for_exec() else {
         return exec(envp);
     };

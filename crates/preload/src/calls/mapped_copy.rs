@@ -183,26 +183,56 @@ impl MappedCopy {
         state::ordered(rank::COPY, || self.lock.write())
     }
 
-    /// Copies the file's bytes in, leaving holes where it reads zeros.
+    /// Copies the file's bytes in, leaving holes where it reads zeros (its holes are not
+    /// read at all: a large sparse file costs what it holds).
     fn fill(&self, file: &fs::File) -> Result<(), c_int> {
         let size = file.len();
         self.set_len(size)?;
         let mut buf = vec![0u8; CHUNK];
-        let mut at = 0u64;
-        while at < size {
-            let want = (size - at).min(CHUNK as u64) as usize;
-            let got = read_file(file, &mut buf[..want], at)?;
-            if got == 0 {
-                break;
-            }
-            for (i, page) in buf[..got].chunks(PAGE).enumerate() {
-                if page.iter().any(|&b| b != 0) {
-                    pwrite_all(self.fd, page, at + (i * PAGE) as u64)?;
+        let ranges = file.data_ranges(0, size).map_err(|e| fs_errno(&e))?;
+        for range in ranges {
+            let mut at = range.start - range.start % PAGE as u64;
+            let end = range.end.min(size);
+            while at < end {
+                let want = (end - at).min(CHUNK as u64) as usize;
+                let got = read_file(file, &mut buf[..want], at)?;
+                if got == 0 {
+                    break;
                 }
+                for (i, page) in buf[..got].chunks(PAGE).enumerate() {
+                    if page.iter().any(|&b| b != 0) {
+                        pwrite_all(self.fd, page, at + (i * PAGE) as u64)?;
+                    }
+                }
+                at += got as u64;
             }
-            at += got as u64;
         }
         Ok(())
+    }
+
+    /// The next stretch of the copy from `at` (before `end`) that holds pages: a hole of the
+    /// memory file was never stored to, and the file reads zeros there too (every change
+    /// of the file that puts bytes there puts them in the copy).
+    fn next_data(&self, at: u64, end: u64) -> Result<Option<std::ops::Range<u64>>, c_int> {
+        // SAFETY: our memory file; lseek moves nothing another call depends on (every read
+        // and write of it is positioned).
+        let data = unsafe { real::lseek64(self.fd, at as libc::off_t, libc::SEEK_DATA) };
+        if data < 0 {
+            return match errno::get() {
+                libc::ENXIO => Ok(None),
+                e => Err(e),
+            };
+        }
+        let data = data as u64;
+        if data >= end {
+            return Ok(None);
+        }
+        // SAFETY: as above.
+        let hole = unsafe { real::lseek64(self.fd, data as libc::off_t, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return Err(errno::get());
+        }
+        Ok(Some(data..(hole as u64).min(end)))
     }
 
     /// The file's size, read while no change of it is under way (one that follows sees the
@@ -261,12 +291,28 @@ impl MappedCopy {
     pub(crate) fn write_back(&self, file: &fs::File, from: u64, to: u64) -> Result<(), c_int> {
         let _copy = self.lock_exclusive();
         let end = to.min(file.len());
-        let mut at = from - from % PAGE as u64;
-        if at >= end {
-            return Ok(());
+        let mut next = from - from % PAGE as u64;
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        while let Some(stretch) = self.next_data(next, end)? {
+            next = stretch.end;
+            if ours.is_empty() {
+                ours = vec![0u8; CHUNK];
+                theirs = vec![0u8; CHUNK];
+            }
+            self.write_back_stretch(file, stretch, &mut ours, &mut theirs)?;
         }
-        let mut ours = vec![0u8; CHUNK];
-        let mut theirs = vec![0u8; CHUNK];
+        Ok(())
+    }
+
+    /// [`MappedCopy::write_back`] of `[at, end)`, a stretch of the copy that holds pages,
+    /// a buffer's length at a time.
+    fn write_back_stretch(
+        &self,
+        file: &fs::File,
+        std::ops::Range { start: mut at, end }: std::ops::Range<u64>,
+        ours: &mut [u8],
+        theirs: &mut [u8],
+    ) -> Result<(), c_int> {
         while at < end {
             let want = (end - at).min(CHUNK as u64) as usize;
             let got = pread_all(self.fd, &mut ours[..want], at)?;
