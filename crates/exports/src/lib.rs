@@ -89,6 +89,28 @@ pub struct Staged {
     pieces: fs::Buffers,
 }
 
+/// Held shared by every change an [`FsExport`] makes to its file (a write, zeroes, a
+/// punched hole), exclusively by [`held_still`].
+static CHANGES: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// Runs `f` once no export is changing its file, and with none starting to: the changes in
+/// progress finish first, new ones wait until `f` returns (their clients' requests with
+/// them). How `locus serve` checks its volume for `locus fsck` — with the file system's
+/// checkpoint held too (`fs::Fs::quiesced`), the media hold still while `f` reads them.
+pub fn held_still<R>(f: impl FnOnce() -> R) -> R {
+    let _still = CHANGES
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    f()
+}
+
+/// A change of an export's file in progress ([`held_still`] waits for it).
+fn changing() -> std::sync::RwLockReadGuard<'static, ()> {
+    CHANGES
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Largest zero run written per call when zeroing.
 const ZERO_CHUNK: usize = 1 << 20;
 /// Zeros lent for the part of a read past the end of a file shortened behind the export.
@@ -285,6 +307,7 @@ impl Export for FsExport {
     fn commit(&self, staged: Staged, offset: u64) -> Result<(), ExportError> {
         // Pieces are committed in order, each atomic; NBD promises no more for a write (a
         // crash may leave part of one that was not acknowledged).
+        let _changing = changing();
         for (at, buffer) in staged.pieces {
             self.file
                 .write_buffer(buffer, offset + at)
@@ -298,6 +321,7 @@ impl Export for FsExport {
             // A hole reads as zeros and gives the memory back.
             return self.punch(offset, len);
         }
+        let _changing = changing();
         // NO_HOLE: every byte must be backed by memory, so zeros are written.
         let zeros = vec![0u8; ZERO_CHUNK.min(len as usize)];
         let (mut at, end) = (offset, offset + len);
@@ -353,6 +377,7 @@ impl FsExport {
         if self.data_ranges(offset, len)?.is_empty() {
             return Ok(());
         }
+        let _changing = changing();
         self.file.punch_hole(offset, len).map_err(|e| nbd_error(&e))
     }
 }

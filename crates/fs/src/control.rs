@@ -13,7 +13,10 @@
 //!   ([`crate::Fs::scrub_live`], on a thread of its own) unless one runs, and answers its
 //!   status ([`crate::ScrubStatus`], under the key `scrub`);
 //! - [`SCRUB_STATUS_REQUEST`]: the status of the last scrub started, which a client asks for
-//!   until `running` is false.
+//!   until `running` is false;
+//! - [`CHECK_REQUEST`]: what `locus fsck` checks ([`LiveCheck`]), made by the holder with its
+//!   own I/O stopped and the checkpoint held for the few milliseconds it takes, so the media
+//!   hold what recovery would find if the holder died then.
 //!
 //! A failed request is answered `{"error": "..."}`. The thread that answers sleeps in
 //! `poll(2)` until a client connects or [`Control`] is dropped (an eventfd wakes it): it
@@ -40,6 +43,92 @@ pub const STATUS_REQUEST: &str = "status";
 pub const SCRUB_REQUEST: &str = "scrub";
 /// The request for the last scrub's status.
 pub const SCRUB_STATUS_REQUEST: &str = "scrub status";
+/// The request for a check of the volume and its file system, as `locus fsck` makes it.
+pub const CHECK_REQUEST: &str = "check";
+
+/// What a holder runs for [`CHECK_REQUEST`]: stops its own I/O, then (usually through
+/// [`check_held`]) checks the volume; the answer, or `{"error": ...}`.
+pub type Checker = Box<dyn Fn() -> serde_json::Value + Send>;
+
+/// What a volume's file system looks like to `status` and `fsck`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum FsState {
+    /// It would open; what recovery found.
+    Present(crate::FsCheck),
+    /// The volume carries none.
+    None,
+    /// Recovery refuses it; the error names the structure.
+    Damaged {
+        /// What is wrong, and where.
+        error: String,
+    },
+}
+
+impl FsState {
+    /// Checks the file system on a freshly opened `volume` (changes nothing on media; the
+    /// volume's allocator then counts the file system's memory as used).
+    pub fn of(volume: &volume::Volume) -> Self {
+        Self::of_offline(&Fs::offline(volume))
+    }
+
+    /// The same, from a read-only view already loaded ([`Fs::offline`]), which the caller
+    /// may go on reading files through.
+    pub fn of_offline(offline: &crate::Result<crate::OfflineFs<'_>>) -> Self {
+        let checked = match offline {
+            Ok(offline) => offline.check(),
+            Err(crate::FsError::NoFileSystem) => return Self::None,
+            Err(e) => {
+                return Self::Damaged {
+                    error: e.to_string(),
+                };
+            }
+        };
+        match checked {
+            Ok(check) => Self::Present(check),
+            Err(crate::FsError::NoFileSystem) => Self::None,
+            Err(e) => Self::Damaged {
+                error: e.to_string(),
+            },
+        }
+    }
+}
+
+/// A holder's check of its volume ([`CHECK_REQUEST`]), or why it could not be made.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LiveCheck {
+    /// The devices as `locus fsck` checks them, and the file system on a second, read-only
+    /// view of the media.
+    Checked {
+        volume: volume::CheckReport,
+        /// Absent when the volume itself has problems.
+        fs: Option<FsState>,
+    },
+    Failed(String),
+}
+
+/// Checks the volume in `dir`, which this process holds open, as `locus fsck` would: the
+/// devices' superblocks, then the file system on a read-only view of the media. The caller
+/// has stopped its own writers and holds the checkpoint ([`Fs::quiesced`]), so the media
+/// hold still and the report is what recovery would find if the process died now.
+pub fn check_held(dir: &Path, topology: &topology::Topology) -> LiveCheck {
+    match volume::check_held(dir) {
+        Ok(report) => {
+            let fs =
+                report
+                    .is_clean()
+                    .then(|| match volume::Volume::open_view(dir, topology.clone()) {
+                        Ok(view) => FsState::of(&view),
+                        Err(e) => FsState::Damaged {
+                            error: format!("opening a view of the media: {e}"),
+                        },
+                    });
+            LiveCheck::Checked { volume: report, fs }
+        }
+        Err(e) => LiveCheck::Failed(format!("{e}")),
+    }
+}
 
 /// How long either side waits for the other's bytes.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -88,11 +177,13 @@ impl std::fmt::Debug for Control {
 impl Control {
     /// Listens in `dir` (whose volume this process holds: a socket file there is a killed
     /// holder's, and is replaced), answers [`STATUS_REQUEST`] with what `status` returns,
-    /// and the scrub requests by scrubbing `scrubbed` (without it they get an error).
+    /// the scrub requests by scrubbing `scrubbed`, and [`CHECK_REQUEST`] with what `check`
+    /// returns (without them, those requests get an error).
     pub fn start(
         dir: &Path,
         status: impl Fn() -> serde_json::Value + Send + 'static,
         scrubbed: Option<Fs>,
+        check: Option<Checker>,
         hooks: Hooks,
     ) -> io::Result<Self> {
         let path = dir.join(SOCKET_NAME);
@@ -131,6 +222,7 @@ impl Control {
                         (hooks.on_thread)();
                         let answers = Answers {
                             status: &status,
+                            check,
                             scrubbed,
                             // Dropped with the thread: a running scrub stops, and is waited
                             // for.
@@ -190,6 +282,7 @@ impl Drop for Control {
 /// What the control socket answers with.
 struct Answers<'a> {
     status: &'a dyn Fn() -> serde_json::Value,
+    check: Option<Checker>,
     scrubbed: Option<Fs>,
     scrubber: ScrubRunner,
 }
@@ -206,10 +299,14 @@ impl Answers<'_> {
             }
             SCRUB_REQUEST => self.scrub(true),
             SCRUB_STATUS_REQUEST => self.scrub(false),
+            CHECK_REQUEST => match &self.check {
+                Some(check) => check(),
+                None => serde_json::json!({"error": "this holder does not check its volume"}),
+            },
             other => serde_json::json!({
                 "error": format!(
                     "unknown request {other:?}; the requests are {STATUS_REQUEST:?}, \
-                     {SCRUB_REQUEST:?} and {SCRUB_STATUS_REQUEST:?}"
+                     {SCRUB_REQUEST:?}, {SCRUB_STATUS_REQUEST:?} and {CHECK_REQUEST:?}"
                 )
             }),
         }

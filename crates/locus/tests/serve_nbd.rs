@@ -1938,8 +1938,10 @@ h.flush()
 }
 
 /// `locus status` and `fsck` of a volume `locus serve` holds: status asks the server through
-/// its control socket and shows what a real client just did; fsck refuses, naming the
-/// server; once the server stops (its socket gone) both open the volume themselves again.
+/// its control socket and shows what a real client just did; fsck is made by the server,
+/// clean each time while a client writes (its writes held meanwhile), and `fsck --repair`
+/// and `format` are refused naming the server; once the server stops (its socket gone) both
+/// open the volume themselves again.
 #[test]
 fn status_of_a_served_volume_is_the_servers_live_view() {
     if !require(&["qemu-io"]) {
@@ -1983,8 +1985,52 @@ fn status_of_a_served_volume_is_the_servers_live_view() {
         text(&output.stdout)
     );
 
-    // fsck, and the commands that need the volume to themselves, name the server.
-    for command in [&["fsck"][..], &["format", "--emulate", "64M", "--force"]] {
+    // fsck through the server, while a client writes.
+    let mut writer = Command::new("qemu-io")
+        .args(["-f", "raw"])
+        .args(
+            (0..600)
+                .flat_map(|i| {
+                    let at = (i * 37 % 200) * 64;
+                    // Writes, zeroes and discards: log records and journal records both.
+                    let command = match i % 3 {
+                        0 => format!("write -P {} {at}k 64k", i % 250),
+                        1 => format!("write -z {at}k 64k"),
+                        _ => format!("discard {at}k 64k"),
+                    };
+                    ["-c".to_owned(), command]
+                })
+                .collect::<Vec<_>>(),
+        )
+        .arg(server.uri(""))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start qemu-io");
+    for _ in 0..10 {
+        let output = locus(&["fsck"]);
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        let out = text(&output.stdout);
+        assert!(
+            out.contains(&format!(
+                "checked by `locus serve` (pid {pid}), its writes held"
+            )) && out.contains("file system: ")
+                && !out.contains("problem"),
+            "{out}"
+        );
+    }
+    let output = locus(&["fsck", "--json"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("fsck JSON");
+    assert_eq!(report["held_by"]["server"], "serve", "{report}");
+    assert_eq!(report["held_by"]["pid"], pid, "{report}");
+    assert_eq!(report["fs"]["state"], "present", "{report}");
+    assert!(writer.wait().expect("qemu-io").success());
+
+    // The commands that need the volume to themselves name the server.
+    for command in [
+        &["fsck", "--repair"][..],
+        &["format", "--emulate", "64M", "--force"],
+    ] {
         let output = locus(command);
         assert!(!output.status.success(), "{command:?}");
         assert!(

@@ -208,9 +208,9 @@ fn a_volume_in_use_names_the_holder() {
 
 /// A program holding the volume through the preload library answers for it on the control
 /// socket: `status` shows its live view and names it, `scrub` runs in it beside its writes
-/// (clean while it writes, then naming a block damaged under it), `fsck` and `format` are
-/// refused naming it and what frees the volume; after it exits the socket is gone and the
-/// volume opens here again.
+/// (clean while it writes, then naming a block damaged under it), `fsck` is made by it
+/// between its calls, `fsck --repair` and `format` are refused naming it and what frees the
+/// volume; after it exits the socket is gone and the volume opens here again.
 #[test]
 fn a_program_through_the_preload_library_answers_for_its_volume() {
     const MARKER: &[u8] = b"the block of /victim that a bit is flipped in, under its program";
@@ -236,6 +236,12 @@ while not select.select([sys.stdin], [], [], 0)[0]:
     data = bytes([n % 251 + 1]) * (700 if n % 3 else 4096)
     os.pwrite(fd, data, off)
     model[off:off + len(data)] = data
+    if n % 4 == 0:
+        # Changes of names and holes too (journal records beside the log's).
+        with open("/locus/scratch-%d" % (n % 3), "wb") as f:
+            f.write(data)
+        if n % 8 == 0:
+            os.unlink("/locus/scratch-%d" % (n % 3))
     n += 1
 assert os.pread(fd, len(model), 0) == bytes(model), "read back differs"
 print(n, flush=True)
@@ -304,7 +310,32 @@ print(n, flush=True)
         "{live}"
     );
 
-    for command in [&["fsck"][..], &["format", "--emulate=8M", "--force"]] {
+    // fsck is made by the program, between two of its calls (the damaged data block is
+    // scrub's to find: fsck checks the structures).
+    for _ in 0..8 {
+        let out = locus(dir.path(), &["fsck"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_says(
+            &out,
+            &format!("(pid {pid}, through the preload library), its writes held"),
+        );
+        assert_says(&out, "file system: ");
+        assert!(
+            !text(&out.stdout).contains("problem"),
+            "{}",
+            text(&out.stdout)
+        );
+    }
+    let out = locus(dir.path(), &["fsck", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("fsck JSON");
+    assert_eq!(report["held_by"]["server"], "preload", "{report}");
+    assert_eq!(report["held_by"]["pid"], pid, "{report}");
+    assert_eq!(report["fs"]["state"], "present", "{report}");
+    for command in [
+        &["fsck", "--repair"][..],
+        &["format", "--emulate=8M", "--force"],
+    ] {
         let out = locus(dir.path(), command);
         assert_eq!(out.status.code(), Some(1), "{command:?}");
         let stderr = text(&out.stderr);

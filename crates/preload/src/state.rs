@@ -149,6 +149,13 @@ pub(crate) fn ordered<G>(rank: Rank, lock: impl FnOnce() -> G) -> Ordered<G> {
 }
 
 static MOUNT: RwLock<Option<Fs>> = RwLock::new(None);
+
+/// Held by a call that changes the file system without going through [`with_fs`] (a
+/// write-back of mapped stores at `msync` or `munmap`), as `with_fs` holds it: so that
+/// `locus fsck`'s check through the control socket finds no change in progress.
+pub(crate) fn calls_held() -> Ordered<parking_lot::RwLockReadGuard<'static, Option<Fs>>> {
+    ordered(rank::MOUNT, || MOUNT.read())
+}
 static REPORTED: AtomicBool = AtomicBool::new(false);
 
 /// Runs `op` on the mounted file system, mounting it first if needed. The mount stays held
@@ -181,6 +188,34 @@ pub(crate) fn with_fs<T>(op: impl FnOnce(&Fs) -> Result<T, c_int>) -> Result<T, 
 /// `MOUNT` (write), and stopped under it before each unmount, so that it never outlives the
 /// file system it answers for; a `fork` or the exit stops it (and a scrub it runs).
 static CONTROL: Mutex<Option<fs::control::Control>> = Mutex::new(None);
+
+/// How long `locus fsck` of the volume waits for the program's locus calls in progress to end
+/// (one may wait itself, for a record lock another thread holds: the check then gives up).
+const CHECK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The control socket's check of the volume (`locus fsck`): with no locus call of the
+/// program in progress — each holds `MOUNT` shared, and the check holds it exclusively, so
+/// the program's threads wait at their next call — and the checkpoint held, the media hold
+/// still while they are read. Stores through shared mappings of a file's blocks go on; they
+/// change data, never what the check reads.
+fn checker(fs: Fs, dir: PathBuf) -> fs::control::Checker {
+    Box::new(move || {
+        let Some(_calls) = MOUNT.try_write_for(CHECK_WAIT) else {
+            return serde_json::json!({
+                "error": format!(
+                    "a locus call of the program stayed in progress for {} s (waiting for a \
+                     lock?); run fsck again",
+                    CHECK_WAIT.as_secs()
+                )
+            });
+        };
+        let topology = fs.volume().topology().clone();
+        fs.quiesced(|| {
+            serde_json::to_value(fs::control::check_held(&dir, &topology))
+                .unwrap_or_else(|e| serde_json::json!({"error": format!("the report: {e}")}))
+        })
+    })
+}
 
 /// Starts answering on the volume's control socket for `fs`, just mounted. A socket that
 /// cannot be made (a volume directory this user cannot write, a path too long for a socket
@@ -216,7 +251,13 @@ fn start_control(fs: &Fs) {
     // The thread (and a scrub thread it starts) inherits this thread's signal mask: every
     // signal blocked, as for the file system's threads (`with_fs`).
     let started = topology::with_signals_blocked(|| {
-        fs::control::Control::start(&config.volume, status, Some(fs.clone()), hooks)
+        fs::control::Control::start(
+            &config.volume,
+            status,
+            Some(fs.clone()),
+            Some(checker(fs.clone(), config.volume.clone())),
+            hooks,
+        )
     });
     if let Ok(control) = started {
         *CONTROL.lock() = Some(control);

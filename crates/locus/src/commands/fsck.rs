@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use serde::{Deserialize, Serialize};
+use fs::control::LiveCheck;
+use serde::Serialize;
 
 use super::volume::FsState;
 
@@ -32,12 +33,12 @@ use crate::output::outln;
 /// the snapshot or the volume is reported and not repaired: nothing could be kept without
 /// guessing.
 ///
-/// A volume that `locus mount` holds is checked by its server: it holds every request and
-/// its checkpoint while it reads the media (milliseconds), so the report is what recovery
-/// would find at that moment. --repair needs the volume unmounted. A volume that `locus
-/// serve` or a program through the preload library holds is not checked while it runs (its
-/// writes go on, with no quiet moment to offer): the error names the holder and what frees
-/// the volume; `locus status` and `locus scrub` work beside it.
+/// A volume that `locus mount`, `locus serve` or a program through the preload library holds
+/// is checked by that process: it holds its writes (every request of a mount, every
+/// export's changes, every locus call of the program) and its checkpoint while it reads the
+/// media (milliseconds), so the report is what recovery would find at that moment, and
+/// names the holder. --repair needs the volume to itself: it is refused, naming the holder
+/// and what frees the volume.
 #[derive(Debug, Args)]
 pub struct FsckArgs {
     #[command(flatten)]
@@ -57,6 +58,11 @@ struct Report {
     /// The `locus mount` server the check was made through (a mounted volume).
     #[serde(skip_serializing_if = "Option::is_none")]
     served_by: Option<ServedBy>,
+    /// The process the check was made by (a volume `locus serve` or a program through the
+    /// preload library holds): its `server` ("serve" or "preload"), `pid` and, for a
+    /// program, its command line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    held_by: Option<serde_json::Value>,
     #[serde(flatten)]
     volume: volume::CheckReport,
     /// Absent when the volume itself has problems (the file system is not looked at then).
@@ -75,40 +81,12 @@ struct ServedBy {
     mountpoint: std::path::PathBuf,
 }
 
-/// What a mount server's check file holds: the check of its volume, made while the file
-/// system held still ([`live_check`]), or why it could not be made.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum Live {
-    Checked {
-        volume: volume::CheckReport,
-        /// Absent when the volume itself has problems.
-        fs: Option<FsState>,
-    },
-    Failed(String),
-}
-
 /// The check a `locus mount` server makes of its own volume for `fsck` (the mount's
 /// checker, run with no request in flight and the checkpoint held): the volume's devices as
 /// `fsck` checks them, then the file system on a second, read-only view of the media —
 /// exactly what recovery would find if the server died now. JSON, read back by [`run`].
 pub fn live_check(dir: &Path, topology: &topology::Topology) -> Vec<u8> {
-    let live = match volume::check_held(dir) {
-        Ok(report) => {
-            let fs =
-                report
-                    .is_clean()
-                    .then(|| match volume::Volume::open_view(dir, topology.clone()) {
-                        Ok(view) => FsState::of(&view),
-                        Err(e) => FsState::Damaged {
-                            error: format!("opening a view of the media: {e}"),
-                        },
-                    });
-            Live::Checked { volume: report, fs }
-        }
-        Err(e) => Live::Failed(format!("{e:#}")),
-    };
-    serde_json::to_vec(&live).unwrap_or_default()
+    serde_json::to_vec(&fs::control::check_held(dir, topology)).unwrap_or_default()
 }
 
 /// Checks a volume that `locus mount` holds, through its check file.
@@ -132,23 +110,75 @@ fn through_mount(dir: &Path, served: &volume::Served, args: &FsckArgs) -> Result
             file.display()
         )
     })?;
-    let live: Live = serde_json::from_slice(&bytes)
+    let live: LiveCheck = serde_json::from_slice(&bytes)
         .with_context(|| format!("the mount server's check in {}", file.display()))?;
     match live {
-        Live::Checked { volume, fs } => Ok(Report {
+        LiveCheck::Checked { volume, fs } => Ok(Report {
             served_by: Some(ServedBy {
                 pid: served.pid,
                 mountpoint: served.mountpoint.clone(),
             }),
+            held_by: None,
             volume,
             fs,
             repaired: None,
             salvaged: None,
             not_repaired: None,
         }),
-        Live::Failed(why) => bail!(
+        LiveCheck::Failed(why) => bail!(
             "the mount server (pid {}) could not check volume {}: {why}",
             served.pid,
+            dir.display()
+        ),
+    }
+}
+
+/// Checks a volume that `locus serve` or a program through the preload library holds
+/// (`status` is what it answered on the control socket): the holder stops its own I/O and
+/// checks it.
+fn through_holder(dir: &Path, status: &serde_json::Value, args: &FsckArgs) -> Result<Report> {
+    use super::serve::control;
+    let held_by = control::held_by(status);
+    if args.repair {
+        bail!(
+            "volume {} is {held_by}: --repair needs the volume to itself; {}, and run fsck \
+             --repair again. Without --repair, fsck checks it through its holder",
+            dir.display(),
+            control::how_to_stop(status)
+        );
+    }
+    let answer = match control::ask_for(dir, control::CHECK_REQUEST) {
+        Some(Ok(answer)) => answer,
+        Some(Err(e)) => bail!(
+            "volume {} is {held_by}, which could not check it ({e:#}); {} for fsck to open \
+             the volume itself",
+            dir.display(),
+            control::how_to_stop(status)
+        ),
+        None => bail!(
+            "volume {} was {held_by}, which stopped answering on its control socket; run \
+             fsck again",
+            dir.display()
+        ),
+    };
+    let live: LiveCheck = serde_json::from_value(answer)
+        .with_context(|| format!("the check of volume {} by its holder", dir.display()))?;
+    match live {
+        LiveCheck::Checked { volume, fs } => Ok(Report {
+            served_by: None,
+            held_by: Some(serde_json::json!({
+                "server": status["server"],
+                "pid": status["server_pid"],
+                "program": status["program"],
+            })),
+            volume,
+            fs,
+            repaired: None,
+            salvaged: None,
+            not_repaired: None,
+        }),
+        LiveCheck::Failed(why) => bail!(
+            "volume {} is {held_by}, which could not check it: {why}",
             dir.display()
         ),
     }
@@ -158,18 +188,11 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
     let mut report = if let Some(served) = volume::find_served(dir) {
         through_mount(dir, &served, args)?
     } else if let Some(Ok(live)) = super::serve::control::ask(dir) {
-        // An NBD server or a program has no quiet moment to offer: their writes go on.
-        bail!(
-            "volume {} is {}: fsck needs the volume to itself; {}, and run fsck again. \
-             `locus status` shows its live view, and `locus scrub` checks the file data beside \
-             it",
-            dir.display(),
-            super::serve::control::held_by(&live),
-            super::serve::control::how_to_stop(&live)
-        );
+        through_holder(dir, &live, args)?
     } else {
         Report {
             served_by: None,
+            held_by: None,
             volume: super::volume::after_stopping_server(dir, || volume::check(dir))?,
             fs: None,
             repaired: None,
@@ -177,7 +200,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
             not_repaired: None,
         }
     };
-    if report.served_by.is_none() && report.volume.is_clean() {
+    if report.served_by.is_none() && report.held_by.is_none() && report.volume.is_clean() {
         let topology = super::volume::read_topology(sysfs)?;
         let volume = super::volume::open(dir, &topology, false)?;
         let mut state = FsState::of(&volume);
@@ -254,6 +277,17 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
                 served.mountpoint.display()
             );
         }
+        if let Some(holder) = &report.held_by {
+            let status = serde_json::json!({
+                "server": holder["server"],
+                "server_pid": holder["pid"],
+                "program": holder["program"],
+            });
+            outln!(
+                "checked by {}, its writes held while the media were read",
+                super::serve::control::holder(&status)
+            );
+        }
         for device in &report.volume.devices {
             let index = device.index.map_or_else(|| "?".into(), |i| i.to_string());
             outln!("  {index:>3}  {}  {}", device.path, device.status);
@@ -266,7 +300,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
         }
         match &report.fs {
             Some(FsState::Damaged { error }) => outln!("problem: file system: {error}"),
-            Some(state) => outln!("{}", state.describe()),
+            Some(state) => outln!("{}", super::volume::describe_fs(state)),
             None => outln!("file system: not checked (the volume has problems)"),
         }
         if let Some(salvage) = &report.salvaged {

@@ -217,7 +217,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
         }
     }
     outln!();
-    outln!("{}", report.fs.describe());
+    outln!("{}", super::volume::describe_fs(&report.fs));
     if let super::volume::FsState::Present(check) = &report.fs {
         outln!(
             "{}",

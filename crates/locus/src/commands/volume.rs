@@ -157,71 +157,30 @@ pub fn format_fs(
 }
 
 /// What a volume's file system looks like to `status` and `fsck`.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-#[serde(tag = "state", rename_all = "snake_case")]
-pub enum FsState {
-    /// It would open; what recovery found.
-    Present(fs::FsCheck),
-    /// The volume carries none.
-    None,
-    /// Recovery refuses it; the error names the structure.
-    Damaged {
-        /// What is wrong, and where.
-        error: String,
-    },
-}
+pub use fs::control::FsState;
 
-impl FsState {
-    /// Checks the file system on a freshly opened `volume` (changes nothing on media; the
-    /// volume's allocator then counts the file system's memory as used).
-    pub fn of(volume: &Volume) -> Self {
-        Self::of_offline(&fs::Fs::offline(volume))
-    }
-
-    /// The same, from a read-only view already loaded (`Fs::offline`), which the caller
-    /// may go on reading files through.
-    pub fn of_offline(offline: &fs::Result<fs::OfflineFs<'_>>) -> Self {
-        let checked = match offline {
-            Ok(offline) => offline.check(),
-            Err(fs::FsError::NoFileSystem) => return Self::None,
-            Err(e) => {
-                return Self::Damaged {
-                    error: e.to_string(),
-                };
+/// One line for people about a file system's state.
+pub fn describe_fs(state: &FsState) -> String {
+    match state {
+        FsState::Present(c) => format!(
+            "file system: {}, {}, {} in files ({} mapped); {} ({}) and {} to replay; root \
+             generation {}{}",
+            count(c.files, "file"),
+            count(c.directories, "directory"),
+            format_bytes(c.file_bytes),
+            format_bytes(c.mapped_bytes),
+            count(c.log_records, "logged write"),
+            format_bytes(c.log_bytes),
+            count(c.journal_records, "journal record"),
+            c.generation,
+            if c.data_checksums {
+                "; data checksums"
+            } else {
+                ""
             }
-        };
-        match checked {
-            Ok(check) => Self::Present(check),
-            Err(fs::FsError::NoFileSystem) => Self::None,
-            Err(e) => Self::Damaged {
-                error: e.to_string(),
-            },
-        }
-    }
-
-    /// One line for people.
-    pub fn describe(&self) -> String {
-        match self {
-            Self::Present(c) => format!(
-                "file system: {}, {}, {} in files ({} mapped); {} ({}) and {} to replay; root \
-                 generation {}{}",
-                count(c.files, "file"),
-                count(c.directories, "directory"),
-                format_bytes(c.file_bytes),
-                format_bytes(c.mapped_bytes),
-                count(c.log_records, "logged write"),
-                format_bytes(c.log_bytes),
-                count(c.journal_records, "journal record"),
-                c.generation,
-                if c.data_checksums {
-                    "; data checksums"
-                } else {
-                    ""
-                }
-            ),
-            Self::None => "file system: none (create one with `locus format --force`)".into(),
-            Self::Damaged { error } => format!("file system: damaged: {error}"),
-        }
+        ),
+        FsState::None => "file system: none (create one with `locus format --force`)".into(),
+        FsState::Damaged { error } => format!("file system: damaged: {error}"),
     }
 }
 

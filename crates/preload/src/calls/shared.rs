@@ -367,7 +367,10 @@ pub(crate) fn msync(addr: *mut c_void, len: size_t, flags: c_int) -> Option<c_in
     if !overlaps(addr as usize, len) {
         return None;
     }
-    let synced = state::run(|| sync_range(&table(), addr as usize, len));
+    let synced = state::run(|| {
+        let _calls = state::calls_held();
+        sync_range(&table(), addr as usize, len)
+    });
     Some(match synced {
         // SAFETY: passed through (the pages are the caller's).
         Ok(()) => unsafe { real::msync(addr, len, flags) },
@@ -391,6 +394,7 @@ pub(crate) fn munmap(addr: *mut c_void, len: size_t) -> Option<c_int> {
     }
     let mut dropped = Vec::new();
     let result = state::run(|| {
+        let _calls = state::calls_held();
         let mut table = table();
         sync_range(&table, from, len)?;
         let mut kept = Vec::with_capacity(table.len() + 1);
@@ -554,7 +558,7 @@ fn privatize(s: &Shared) {
     }
 }
 
-/// At exit: every mapping's stores written back.
+/// At exit and before `exec`: every mapping's stores written back.
 pub(crate) fn sync_all() {
     if COUNT.load(Ordering::Acquire) == 0 {
         return;

@@ -12,7 +12,8 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 
 pub use fs::control::{
-    Control, Hooks, IO_TIMEOUT, SCRUB_REQUEST, SCRUB_STATUS_REQUEST, SOCKET_NAME, STATUS_REQUEST,
+    CHECK_REQUEST, Checker, Control, Hooks, IO_TIMEOUT, SCRUB_REQUEST, SCRUB_STATUS_REQUEST,
+    SOCKET_NAME, STATUS_REQUEST,
 };
 
 /// Whether `path` names the control socket of the volume in `dir` (directories compared
@@ -116,6 +117,7 @@ mod tests {
             dir.path(),
             || serde_json::json!({"answer": 42}),
             None,
+            None,
             Hooks::default(),
         )
         .unwrap();
@@ -141,6 +143,7 @@ mod tests {
         let _control = Control::start(
             dir.path(),
             || serde_json::json!({"fresh": true}),
+            None,
             None,
             Hooks::default(),
         )
@@ -190,8 +193,14 @@ mod tests {
     #[test]
     fn an_unknown_request_gets_an_error_that_names_it() {
         let dir = tempfile::tempdir().unwrap();
-        let _control =
-            Control::start(dir.path(), || serde_json::json!({}), None, Hooks::default()).unwrap();
+        let _control = Control::start(
+            dir.path(),
+            || serde_json::json!({}),
+            None,
+            None,
+            Hooks::default(),
+        )
+        .unwrap();
         let stream = UnixStream::connect(dir.path().join(SOCKET_NAME)).unwrap();
         (&stream).write_all(b"reboot\n").unwrap();
         let mut reply = String::new();

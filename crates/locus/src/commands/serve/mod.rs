@@ -577,6 +577,23 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
     let control = {
         let monitor = server.monitor();
         let (fs, held, scrubbed) = (fs.clone(), Arc::clone(&volume), fs.clone());
+        // `locus fsck`: with every export's changes held and the checkpoint between passes,
+        // the media hold still while they are read (reads of the exports go on).
+        let check: control::Checker = {
+            let (fs, dir, topology) = (fs.clone(), dir.to_owned(), volume.topology().clone());
+            Box::new(move || {
+                let started = Instant::now();
+                let report = exports::held_still(|| {
+                    fs.quiesced(|| fs::control::check_held(&dir, &topology))
+                });
+                tracing::info!(
+                    held_ms = started.elapsed().as_millis() as u64,
+                    "checked the volume for `locus fsck`; writes waited meanwhile"
+                );
+                serde_json::to_value(report)
+                    .unwrap_or_else(|e| serde_json::json!({"error": format!("the report: {e}")}))
+            })
+        };
         control::Control::start(
             dir,
             move || {
@@ -596,6 +613,7 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
                 })
             },
             Some(scrubbed),
+            Some(check),
             control::Hooks::default(),
         )
         .context("starting the control socket")?
