@@ -75,6 +75,21 @@ struct Report {
     not_repaired: Option<String>,
 }
 
+impl Report {
+    /// The report of a check, before any repair.
+    fn of(volume: volume::CheckReport, fs: Option<FsState>) -> Self {
+        Self {
+            served_by: None,
+            held_by: None,
+            volume,
+            fs,
+            repaired: None,
+            salvaged: None,
+            not_repaired: None,
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 struct ServedBy {
     pid: u32,
@@ -118,12 +133,7 @@ fn through_mount(dir: &Path, served: &volume::Served, args: &FsckArgs) -> Result
                 pid: served.pid,
                 mountpoint: served.mountpoint.clone(),
             }),
-            held_by: None,
-            volume,
-            fs,
-            repaired: None,
-            salvaged: None,
-            not_repaired: None,
+            ..Report::of(volume, fs)
         }),
         LiveCheck::Failed(why) => bail!(
             "the mount server (pid {}) could not check volume {}: {why}",
@@ -165,17 +175,12 @@ fn through_holder(dir: &Path, status: &serde_json::Value, args: &FsckArgs) -> Re
         .with_context(|| format!("the check of volume {} by its holder", dir.display()))?;
     match live {
         LiveCheck::Checked { volume, fs } => Ok(Report {
-            served_by: None,
             held_by: Some(serde_json::json!({
                 "server": status["server"],
                 "pid": status["server_pid"],
                 "program": status["program"],
             })),
-            volume,
-            fs,
-            repaired: None,
-            salvaged: None,
-            not_repaired: None,
+            ..Report::of(volume, fs)
         }),
         LiveCheck::Failed(why) => bail!(
             "volume {} is {held_by}, which could not check it: {why}",
@@ -190,15 +195,10 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
     } else if let Some(Ok(live)) = super::serve::control::ask(dir) {
         through_holder(dir, &live, args)?
     } else {
-        Report {
-            served_by: None,
-            held_by: None,
-            volume: super::volume::after_stopping_server(dir, || volume::check(dir))?,
-            fs: None,
-            repaired: None,
-            salvaged: None,
-            not_repaired: None,
-        }
+        Report::of(
+            super::volume::after_stopping_server(dir, || volume::check(dir))?,
+            None,
+        )
     };
     if report.served_by.is_none() && report.held_by.is_none() && report.volume.is_clean() {
         let topology = super::volume::read_topology(sysfs)?;

@@ -50,20 +50,10 @@ fn writer(fd: c_int) -> Result<std::sync::Arc<Desc>, c_int> {
 /// Reads at `offset` into `buf`; short only at the end of the file. A file whose shared
 /// mappings map its copy in memory is read from the copy (it holds their stores).
 fn read_at(file: &fs::File, buf: &mut [u8], offset: u64) -> Result<usize, c_int> {
-    if let Some(copy) = mapped_copy::of(file) {
-        return copy.read(buf, offset);
+    match mapped_copy::of(file) {
+        Some(copy) => copy.read(buf, offset),
+        None => mapped_copy::read_file(file, buf, offset),
     }
-    let mut done = 0;
-    while done < buf.len() {
-        let n = file
-            .read_at(&mut buf[done..], offset + done as u64)
-            .map_err(|e| fs_errno(&e))?;
-        if n == 0 {
-            break;
-        }
-        done += n;
-    }
-    Ok(done)
 }
 
 /// Writes `data` at `offset`: one atomic, durable write (up to 1 GiB; longer writes are

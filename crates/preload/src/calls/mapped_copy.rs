@@ -349,7 +349,7 @@ impl MappedCopy {
 
 /// Reads `buf.len()` bytes of the file at `offset` through the file system (fewer only at
 /// its end).
-fn read_file(file: &fs::File, buf: &mut [u8], offset: u64) -> Result<usize, c_int> {
+pub(crate) fn read_file(file: &fs::File, buf: &mut [u8], offset: u64) -> Result<usize, c_int> {
     let mut done = 0;
     while done < buf.len() {
         let n = file

@@ -120,7 +120,12 @@ fn map_past_end(at: usize, len: usize, prot: c_int) -> Result<(), c_int> {
     if len == 0 {
         return Ok(());
     }
-    let fd = past_end_fd()?;
+    map_fd_at(at, len, prot, past_end_fd()?, 0)
+}
+
+/// Maps `len` bytes of the memory file `fd` from `offset`, shared, over `[at, at + len)` of a
+/// mapping this module owns.
+fn map_fd_at(at: usize, len: usize, prot: c_int, fd: c_int, offset: u64) -> Result<(), c_int> {
     // SAFETY: replaces pages of a mapping this module owns.
     let got = unsafe {
         real::mmap64(
@@ -129,7 +134,7 @@ fn map_past_end(at: usize, len: usize, prot: c_int) -> Result<(), c_int> {
             prot,
             libc::MAP_SHARED | libc::MAP_FIXED,
             fd,
-            0,
+            offset as off_t,
         )
     };
     if got == libc::MAP_FAILED {
@@ -184,21 +189,7 @@ fn place_copy(
     if len == 0 {
         return Ok(());
     }
-    // SAFETY: replaces pages of a mapping this module owns.
-    let got = unsafe {
-        real::mmap64(
-            at as *mut c_void,
-            len,
-            prot,
-            libc::MAP_SHARED | libc::MAP_FIXED,
-            copy.fd(),
-            offset as off_t,
-        )
-    };
-    if got == libc::MAP_FAILED {
-        return Err(errno::get());
-    }
-    Ok(())
+    map_fd_at(at, len, prot, copy.fd(), offset)
 }
 
 /// Bytes of a mapping of `len` bytes from file offset `offset` that are inside a file of
