@@ -963,92 +963,51 @@ fn into_memory_file(
     if memory < 0 {
         return Err(os_error("memfd_create"));
     }
-    let filled = fill_memory_file(memory, &file, size).and_then(|()| {
-        let status = desc.status.load(Ordering::Relaxed);
-        let access = status & libc::O_ACCMODE;
-        // The memory file is read-write; a description that was not gets its own mode
-        // through /proc (the memory file's, as `open` of /proc/self/fd/N gives).
-        let target = if access == libc::O_RDWR {
-            memory
-        } else {
-            let path = std::ffi::CString::new(format!("/proc/self/fd/{memory}"))
-                .expect("no NUL in a number");
-            // SAFETY: a NUL-terminated path; the fd returned is ours.
-            let reopened = unsafe { real::open(path.as_ptr(), access | libc::O_CLOEXEC, 0) };
-            if reopened < 0 {
-                return Err(os_error("reopening the memory file"));
+    let filled = crate::calls::mapped_copy::fill_memory_file(memory, &file)
+        .map_err(|e| format!("copying it: {}", std::io::Error::from_raw_os_error(e)))
+        .and_then(|()| {
+            let status = desc.status.load(Ordering::Relaxed);
+            let access = status & libc::O_ACCMODE;
+            // The memory file is read-write; a description that was not gets its own mode
+            // through /proc (the memory file's, as `open` of /proc/self/fd/N gives).
+            let target = if access == libc::O_RDWR {
+                memory
+            } else {
+                let path = std::ffi::CString::new(format!("/proc/self/fd/{memory}"))
+                    .expect("no NUL in a number");
+                // SAFETY: a NUL-terminated path; the fd returned is ours.
+                let reopened = unsafe { real::open(path.as_ptr(), access | libc::O_CLOEXEC, 0) };
+                if reopened < 0 {
+                    return Err(os_error("reopening the memory file"));
+                }
+                reopened
+            };
+            let pos = *ordered(rank::POSITION, || desc.pos.lock());
+            // SAFETY: `target` is ours; the flags and offset are the description's.
+            let done = unsafe {
+                real::fcntl(
+                    target,
+                    libc::F_SETFL,
+                    (status & libc::O_APPEND) as libc::c_ulong,
+                ) == 0
+                    && real::lseek64(target, pos as libc::off_t, libc::SEEK_SET) >= 0
+                    && real::dup3(target, fd, cloexec) >= 0
+            };
+            let result = if done {
+                Ok(())
+            } else {
+                Err(os_error("giving the fd the memory file"))
+            };
+            if target != memory {
+                // SAFETY: ours, duplicated onto `fd` (or failed) already.
+                unsafe { real::close(target) };
             }
-            reopened
-        };
-        let pos = *ordered(rank::POSITION, || desc.pos.lock());
-        // SAFETY: `target` is ours; the flags and offset are the description's.
-        let done = unsafe {
-            real::fcntl(
-                target,
-                libc::F_SETFL,
-                (status & libc::O_APPEND) as libc::c_ulong,
-            ) == 0
-                && real::lseek64(target, pos as libc::off_t, libc::SEEK_SET) >= 0
-                && real::dup3(target, fd, cloexec) >= 0
-        };
-        let result = if done {
-            Ok(())
-        } else {
-            Err(os_error("giving the fd the memory file"))
-        };
-        if target != memory {
-            // SAFETY: ours, duplicated onto `fd` (or failed) already.
-            unsafe { real::close(target) };
-        }
-        result
-    });
+            result
+        });
     // SAFETY: ours; `fd` holds the description now (or the move failed).
     unsafe { real::close(memory) };
     filled?;
     moved.insert(desc.id, fd);
-    Ok(())
-}
-
-/// Copies `size` bytes of `file` into the memory file `memory`, leaving holes where the file
-/// reads zeros.
-fn fill_memory_file(memory: c_int, file: &fs::File, size: u64) -> Result<(), String> {
-    // SAFETY: `memory` is ours.
-    if unsafe { real::ftruncate64(memory, size as libc::off_t) } < 0 {
-        return Err(format!("ftruncate: {}", std::io::Error::last_os_error()));
-    }
-    let mut buf = vec![0u8; 1 << 20];
-    let mut at = 0;
-    while at < size {
-        let want = (size - at).min(buf.len() as u64) as usize;
-        let got = file
-            .read_at(&mut buf[..want], at)
-            .map_err(|e| format!("reading it: {e}"))?;
-        if got == 0 {
-            break;
-        }
-        if buf[..got].iter().any(|&b| b != 0) {
-            let mut written = 0;
-            while written < got {
-                // SAFETY: the buffer holds `got` bytes; `memory` is ours.
-                let n = unsafe {
-                    real::pwrite64(
-                        memory,
-                        buf[written..got].as_ptr().cast(),
-                        got - written,
-                        (at + written as u64) as libc::off_t,
-                    )
-                };
-                if n <= 0 {
-                    return Err(format!(
-                        "writing the memory file: {}",
-                        std::io::Error::last_os_error()
-                    ));
-                }
-                written += n as usize;
-            }
-        }
-        at += got as u64;
-    }
     Ok(())
 }
 

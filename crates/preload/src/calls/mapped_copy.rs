@@ -57,20 +57,16 @@ impl Drop for MappedCopy {
     }
 }
 
-/// The copy of inode `ino`, if it has one.
-pub(crate) fn find(ino: u64) -> Option<Arc<MappedCopy>> {
+/// The copy of `file`, if it has one (one load when no file in the process has one).
+pub(crate) fn of(file: &fs::File) -> Option<Arc<MappedCopy>> {
     if LIVE.load(Ordering::SeqCst) == 0 {
         return None;
     }
+    let ino = file.ino();
     state::ordered(rank::COPIES, || COPIES.lock())
         .iter()
         .filter_map(Weak::upgrade)
         .find(|c| c.ino == ino)
-}
-
-/// The copy of `file`, if it has one (one load when no file in the process has one).
-pub(crate) fn of(file: &fs::File) -> Option<Arc<MappedCopy>> {
-    find(file.ino())
 }
 
 /// Runs `op`, a change of `file`'s bytes or size that may be repeated (it sets bytes or a
@@ -174,40 +170,13 @@ impl MappedCopy {
         let guard = copy.lock_exclusive();
         // Pairs with the fence in `change`.
         fence(Ordering::SeqCst);
-        copy.fill(file)?;
+        fill_memory_file(copy.fd, file)?;
         drop(guard);
         Ok(copy)
     }
 
     fn lock_exclusive(&self) -> fs::lock_order::Ordered<parking_lot::RwLockWriteGuard<'_, ()>> {
         state::ordered(rank::COPY, || self.lock.write())
-    }
-
-    /// Copies the file's bytes in, leaving holes where it reads zeros (its holes are not
-    /// read at all: a large sparse file costs what it holds).
-    fn fill(&self, file: &fs::File) -> Result<(), c_int> {
-        let size = file.len();
-        self.set_len(size)?;
-        let mut buf = vec![0u8; CHUNK];
-        let ranges = file.data_ranges(0, size).map_err(|e| fs_errno(&e))?;
-        for range in ranges {
-            let mut at = range.start - range.start % PAGE as u64;
-            let end = range.end.min(size);
-            while at < end {
-                let want = (end - at).min(CHUNK as u64) as usize;
-                let got = read_file(file, &mut buf[..want], at)?;
-                if got == 0 {
-                    break;
-                }
-                for (i, page) in buf[..got].chunks(PAGE).enumerate() {
-                    if page.iter().any(|&b| b != 0) {
-                        pwrite_all(self.fd, page, at + (i * PAGE) as u64)?;
-                    }
-                }
-                at += got as u64;
-            }
-        }
-        Ok(())
     }
 
     /// The next stretch of the copy from `at` (before `end`) that holds pages: a hole of the
@@ -345,6 +314,37 @@ impl MappedCopy {
         }
         Ok(())
     }
+}
+
+/// Copies the bytes of `file` into the memory file `fd`, sized to it, leaving holes where it
+/// reads zeros (its holes are not read at all: a large sparse file costs what it holds).
+/// Every block read is checked against its checksum, if the volume keeps them.
+pub(crate) fn fill_memory_file(fd: c_int, file: &fs::File) -> Result<(), c_int> {
+    let size = file.len();
+    // SAFETY: the caller's memory file.
+    if unsafe { real::ftruncate64(fd, size as libc::off_t) } < 0 {
+        return Err(errno::get());
+    }
+    let mut buf = vec![0u8; CHUNK];
+    let ranges = file.data_ranges(0, size).map_err(|e| fs_errno(&e))?;
+    for range in ranges {
+        let mut at = range.start - range.start % PAGE as u64;
+        let end = range.end.min(size);
+        while at < end {
+            let want = (end - at).min(CHUNK as u64) as usize;
+            let got = read_file(file, &mut buf[..want], at)?;
+            if got == 0 {
+                break;
+            }
+            for (i, page) in buf[..got].chunks(PAGE).enumerate() {
+                if page.iter().any(|&b| b != 0) {
+                    pwrite_all(fd, page, at + (i * PAGE) as u64)?;
+                }
+            }
+            at += got as u64;
+        }
+    }
+    Ok(())
 }
 
 /// Reads `buf.len()` bytes of the file at `offset` through the file system (fewer only at
