@@ -181,6 +181,8 @@ real! {
     fn lockf64(fd: c_int, cmd: c_int, len: off_t) -> c_int;
     fn munmap(addr: *mut c_void, len: size_t) -> c_int;
     fn msync(addr: *mut c_void, len: size_t, flags: c_int) -> c_int;
+    fn mprotect(addr: *mut c_void, len: size_t, prot: c_int) -> c_int;
+    fn pkey_mprotect(addr: *mut c_void, len: size_t, prot: c_int, pkey: c_int) -> c_int;
     fn mremap(old: *mut c_void, old_len: size_t, new_len: size_t, flags: c_int, new: *mut c_void) -> *mut c_void;
     fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, offset: off_t) -> *mut c_void;
     fn copy_file_range(fd_in: c_int, off_in: *mut off_t, fd_out: c_int, off_out: *mut off_t, len: size_t, flags: c_uint) -> ssize_t;

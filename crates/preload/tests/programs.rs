@@ -939,6 +939,25 @@ print(peek(m, 4), os.fstat(k).st_size, os.pread(k, 8, 0))
 os.close(t)
 libc.munmap(m, 3 * P)
 os.close(k)
+# mprotect: write access needs a descriptor opened for writing; a mapping made writable
+# stays so where the file grows under it, and a part made read-only stays apart
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+q = os.open(R + "/q", os.O_RDWR | os.O_CREAT, 0o644)
+os.write(q, b"q" * 100)
+ro = os.open(R + "/q", os.O_RDONLY)
+r = smap(ro, P, 0, mmap.PROT_READ)
+print(libc.mprotect(r, P, mmap.PROT_READ | mmap.PROT_WRITE), os.strerror(ctypes.get_errno()))
+libc.munmap(r, P)
+os.close(ro)
+m = smap(q, 3 * P, 0, mmap.PROT_READ)
+print(libc.mprotect(m, 3 * P, mmap.PROT_READ | mmap.PROT_WRITE))
+os.ftruncate(q, 3 * P)
+poke(m + 2 * P, b"writable after growth")
+print(libc.mprotect(m + P, P, mmap.PROT_READ), os.pread(q, 21, 2 * P))
+poke(m, b"first page")
+print(libc.msync(m, 3 * P, 4), os.pread(q, 10, 0), peek(m + P, 2))
+libc.munmap(m, 3 * P)
+os.close(q)
 os.close(fd)
 "#;
     let script = format!("{prelude}{main}");
@@ -946,7 +965,10 @@ os.close(fd)
     assert!(status.success(), "{got}");
     assert_eq!(got, expected);
     assert!(
-        expected.contains("still here") && expected.contains("grown"),
+        expected.contains("still here")
+            && expected.contains("grown")
+            && expected.contains("-1 Permission denied")
+            && expected.contains("writable after growth"),
         "{expected}"
     );
 

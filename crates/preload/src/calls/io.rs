@@ -1050,7 +1050,7 @@ fn map_private(
     let bytes = unsafe { std::slice::from_raw_parts_mut(map.cast::<u8>(), len) };
     let filled = read_at(file, bytes, off as u64).and_then(|_| {
         // SAFETY: our mapping; dropping the temporary write permission.
-        if prot & libc::PROT_WRITE == 0 && unsafe { libc::mprotect(map, len, prot) } != 0 {
+        if prot & libc::PROT_WRITE == 0 && unsafe { real::mprotect(map, len, prot) } != 0 {
             return Err(errno::get());
         }
         Ok(())
@@ -1137,6 +1137,43 @@ pub unsafe extern "C" fn msync(addr: *mut c_void, len: size_t, flags: c_int) -> 
         // SAFETY: passed through.
         None => unsafe { real::msync(addr, len, flags) },
     }
+}
+
+/// `mprotect(2)`: write access to a locus shared mapping needs a descriptor opened for
+/// writing, as the kernel has it for its own files ([`shared::mprotect`]).
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: size_t, prot: c_int) -> c_int {
+    // SAFETY: passed through (after the library's check, for a locus mapping).
+    let libc_call = || unsafe { real::mprotect(addr, len, prot) };
+    protect(addr, len, prot, libc_call)
+}
+
+/// `pkey_mprotect(2)`: as [`mprotect`], the key passed through.
+///
+/// # Safety
+/// C's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pkey_mprotect(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    pkey: c_int,
+) -> c_int {
+    // SAFETY: passed through (after the library's check, for a locus mapping).
+    let libc_call = || unsafe { real::pkey_mprotect(addr, len, prot, pkey) };
+    protect(addr, len, prot, libc_call)
+}
+
+/// `libc_call` (libc's `mprotect` or `pkey_mprotect` of the same range), for a locus
+/// mapping through [`shared::mprotect`].
+fn protect(addr: *mut c_void, len: size_t, prot: c_int, libc_call: impl Fn() -> c_int) -> c_int {
+    if state::inside() {
+        return libc_call();
+    }
+    shared::mprotect(addr, len, prot, &libc_call).unwrap_or_else(libc_call)
 }
 
 /// `mremap(2)` (variadic in C: the new address is read only with `MREMAP_FIXED`, and the

@@ -68,6 +68,8 @@ pub unsafe extern "C" fn syscall(
             libc::SYS_munmap => io::munmap(a as _, b as _).word(),
             libc::SYS_mremap => io::mremap(a as _, b as _, c as _, d as _, e as _).word(),
             libc::SYS_msync => io::msync(a as _, b as _, c as _).word(),
+            libc::SYS_mprotect => io::mprotect(a as _, b as _, c as _).word(),
+            libc::SYS_pkey_mprotect => io::pkey_mprotect(a as _, b as _, c as _, d as _).word(),
             libc::SYS_getdents64 => dir::getdents64(a as _, b as _, c as _).word(),
             libc::SYS_close => fd::close(a as _).word(),
             libc::SYS_close_range => fd::close_range(a as _, b as _, c as _).word(),

@@ -54,6 +54,25 @@ impl Shared {
     fn end(&self) -> usize {
         self.start + self.len
     }
+    /// The piece before `at` (inside the mapping) and the piece from it.
+    fn split(self, at: usize) -> (Shared, Shared) {
+        let cut = at - self.start;
+        let before = Shared {
+            len: cut,
+            valid: self.valid.min(cut),
+            token: Arc::clone(&self.token),
+            copy: self.copy.clone(),
+            ..self
+        };
+        let after = Shared {
+            start: at,
+            len: self.len - cut,
+            offset: self.offset + cut as u64,
+            valid: self.valid.saturating_sub(cut),
+            ..self
+        };
+        (before, after)
+    }
     fn file(&self) -> &fs::File {
         self.token
             .desc
@@ -169,7 +188,7 @@ fn place(runs: &[fs::MappedRun], base: usize, offset: u64, prot: c_int) -> Resul
         }
         if prot != libc::PROT_READ | libc::PROT_WRITE {
             // SAFETY: the pages just placed.
-            if unsafe { libc::mprotect(at as *mut c_void, run.len as usize, prot) } != 0 {
+            if unsafe { real::mprotect(at as *mut c_void, run.len as usize, prot) } != 0 {
                 return Err(errno::get());
             }
         }
@@ -388,36 +407,8 @@ pub(crate) fn munmap(addr: *mut c_void, len: size_t) -> Option<c_int> {
         let _calls = state::calls_held();
         let mut table = table();
         sync_range(&table, from, len)?;
-        let mut kept = Vec::with_capacity(table.len() + 1);
-        for s in table.drain(..) {
-            if s.end() <= from || to <= s.start {
-                kept.push(s);
-                continue;
-            }
-            // What is left before and after the hole, each still holding the token.
-            if s.start < from {
-                kept.push(Shared {
-                    len: from - s.start,
-                    valid: s.valid.min(from - s.start),
-                    token: Arc::clone(&s.token),
-                    copy: s.copy.clone(),
-                    ..s
-                });
-            }
-            if to < s.end() {
-                let cut = to - s.start;
-                kept.push(Shared {
-                    start: to,
-                    len: s.end() - to,
-                    offset: s.offset + cut as u64,
-                    valid: s.valid.saturating_sub(cut),
-                    token: Arc::clone(&s.token),
-                    copy: s.copy.clone(),
-                    ..s
-                });
-            }
-            dropped.push(s);
-        }
+        let (gone, kept) = cut(std::mem::take(&mut *table), from, to);
+        dropped = gone;
         COUNT.store(kept.len(), Ordering::Release);
         *table = kept;
         Ok(())
@@ -432,6 +423,81 @@ pub(crate) fn munmap(addr: *mut c_void, len: size_t) -> Option<c_int> {
     .ok();
     Some(match result {
         Ok(()) => rc,
+        Err(e) => {
+            errno::set(e);
+            -1
+        }
+    })
+}
+
+/// Cuts the mappings of `table` at `from` and `to`: the pieces inside `[from, to)`, then
+/// the pieces outside it (each piece still holding its mapping's token and copy).
+fn cut(table: Vec<Shared>, from: usize, to: usize) -> (Vec<Shared>, Vec<Shared>) {
+    let mut inside = Vec::new();
+    let mut outside = Vec::with_capacity(table.len() + 1);
+    for mut s in table {
+        if s.end() <= from || to <= s.start {
+            outside.push(s);
+            continue;
+        }
+        if s.start < from {
+            let (before, rest) = s.split(from);
+            outside.push(before);
+            s = rest;
+        }
+        if to < s.end() {
+            let (within, after) = s.split(to);
+            outside.push(after);
+            s = within;
+        }
+        inside.push(s);
+    }
+    (inside, outside)
+}
+
+/// `mprotect` (and `pkey_mprotect`, through `apply`) of a range holding locus mappings:
+/// `EACCES` if write access is asked of a mapping whose descriptor was not opened for
+/// writing — the kernel's rule, which it cannot apply itself, since the pages are the
+/// volume's, mapped read-write — before anything changes; otherwise the mappings' pieces in
+/// the range take the new protection, which the library then keeps when it maps pages again
+/// (the file growing or shrinking under them).
+pub(crate) fn mprotect(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    apply: impl FnOnce() -> c_int,
+) -> Option<c_int> {
+    let from = addr as usize;
+    let len = len.checked_next_multiple_of(page())?;
+    if !from.is_multiple_of(page()) || !overlaps(from, len) {
+        return None; // the kernel's answer, EINVAL for an unaligned address
+    }
+    let to = from.saturating_add(len);
+    let result = state::run(|| {
+        let mut table = table();
+        let refused = table.iter().any(|s| {
+            s.start < to
+                && from < s.end()
+                && prot & libc::PROT_WRITE != 0
+                && s.token.desc.status.load(Ordering::Relaxed) & libc::O_ACCMODE != libc::O_RDWR
+        });
+        if refused {
+            return Err(libc::EACCES);
+        }
+        if apply() != 0 {
+            return Err(errno::get());
+        }
+        let (mut changed, mut kept) = cut(std::mem::take(&mut *table), from, to);
+        for s in &mut changed {
+            s.prot = prot;
+        }
+        kept.append(&mut changed);
+        COUNT.store(kept.len(), Ordering::Release);
+        *table = kept;
+        Ok(())
+    });
+    Some(match result {
+        Ok(()) => 0,
         Err(e) => {
             errno::set(e);
             -1
@@ -536,9 +602,9 @@ fn privatize(s: &Shared) {
         if copy == libc::MAP_FAILED {
             return;
         }
-        libc::mprotect(s.start as *mut c_void, s.valid, libc::PROT_READ);
+        real::mprotect(s.start as *mut c_void, s.valid, libc::PROT_READ);
         std::ptr::copy_nonoverlapping(s.start as *const u8, copy.cast::<u8>(), s.valid);
-        libc::mprotect(copy, s.valid, s.prot);
+        real::mprotect(copy, s.valid, s.prot);
         real::mremap(
             copy,
             s.valid,
