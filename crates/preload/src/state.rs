@@ -34,7 +34,14 @@ pub(crate) struct Config {
     pub volume: PathBuf,
     /// `LOCUS_SYSFS` (default `/sys`).
     pub sysfs: PathBuf,
+    /// `LOCUS_BUSY_WAIT` (seconds, default [`DEFAULT_BUSY_WAIT`]): how long a mount waits
+    /// for another process to let go of the volume before the call fails with `EBUSY`.
+    pub busy_wait: std::time::Duration,
 }
+
+/// How long a mount waits for another process to let go of the volume, unless
+/// `LOCUS_BUSY_WAIT` says otherwise.
+pub const DEFAULT_BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The default mount prefix.
 pub const DEFAULT_MOUNT: &str = "/locus";
@@ -78,11 +85,29 @@ fn read_config() -> Result<Config, String> {
     }
     let sysfs =
         std::env::var_os("LOCUS_SYSFS").map_or_else(|| PathBuf::from("/sys"), PathBuf::from);
+    let busy_wait = match std::env::var("LOCUS_BUSY_WAIT") {
+        Err(_) => DEFAULT_BUSY_WAIT,
+        Ok(text) => parse_busy_wait(&text)?,
+    };
     Ok(Config {
         mount,
         volume,
         sysfs,
+        busy_wait,
     })
+}
+
+/// `LOCUS_BUSY_WAIT`: a number of seconds from 0 (fail at once) to an hour.
+fn parse_busy_wait(text: &str) -> Result<std::time::Duration, String> {
+    let seconds: f64 = text.trim().parse().map_err(|_| {
+        format!("LOCUS_BUSY_WAIT={text}: not a number of seconds (such as 1 or 0.5)")
+    })?;
+    if !(0.0..=3600.0).contains(&seconds) {
+        return Err(format!(
+            "LOCUS_BUSY_WAIT={text}: seconds from 0 (do not wait) to 3600"
+        ));
+    }
+    Ok(std::time::Duration::from_secs_f64(seconds))
 }
 
 thread_local! {
@@ -328,12 +353,15 @@ fn mount() -> Result<Fs, c_int> {
             ..Default::default()
         };
         // Right after `umount` of a `locus mount` of the volume, its server may still be
-        // closing it: wait for that rather than fail with EBUSY.
-        let volume = volume::after_stopping_server(
-            &config.volume,
-            || volume::Volume::open(&config.volume, topology.clone(), &options),
-            |_| {},
-        )?;
+        // closing it: wait for that rather than fail with EBUSY. Another process holding
+        // it is waited for up to `LOCUS_BUSY_WAIT` (`while_busy`).
+        let volume = while_busy(config.busy_wait, || {
+            volume::after_stopping_server(
+                &config.volume,
+                || volume::Volume::open(&config.volume, topology.clone(), &options),
+                |_| {},
+            )
+        })?;
         let options = FsOptions {
             on_thread: Some(library_thread),
             ..FsOptions::default()
@@ -352,6 +380,35 @@ fn mount() -> Result<Fs, c_int> {
         }
         errno
     })
+}
+
+/// Runs `open` again while it fails because another process holds the volume (or one of
+/// its devices), for up to `wait`: a process often holds a volume for only a moment. A
+/// shell's child in a locus working directory resolves `.` while it looks its command up
+/// in `PATH` (bash does), which mounts the volume there until the `exec` — so in `ls f |
+/// cat` run in /locus, the child about to become `cat` and the `ls` beside it both mount,
+/// and without the wait one of them failed with `EBUSY` (`ls` did in about a third of the
+/// runs). A holder that keeps the volume longer (a second program really using the
+/// volume, `locus serve`) still gets `EBUSY` to the caller, `wait` later.
+fn while_busy<T>(
+    wait: std::time::Duration,
+    mut open: impl FnMut() -> Result<T, volume::VolumeError>,
+) -> Result<T, volume::VolumeError> {
+    let started = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(1);
+    loop {
+        let result = open();
+        let busy = matches!(
+            &result,
+            Err(volume::VolumeError::InUse { .. } | volume::VolumeError::DeviceInUse { .. })
+        );
+        let left = wait.saturating_sub(started.elapsed());
+        if !busy || left.is_zero() {
+            return result;
+        }
+        std::thread::sleep(pause.min(left));
+        pause = (pause * 2).min(std::time::Duration::from_millis(20));
+    }
 }
 
 /// Unmounts cleanly at process exit (checkpoint, snapshot), unless another thread is busy
@@ -1325,4 +1382,24 @@ fn reopen(h: &Handoff) -> Result<Desc, c_int> {
         *ordered(rank::POSITION, || desc.pos.lock()) = h.pos;
         Ok(desc)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_busy_wait;
+    use std::time::Duration;
+
+    #[test]
+    fn busy_waits_are_seconds_from_zero_to_an_hour() {
+        assert_eq!(parse_busy_wait("0.5"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_busy_wait(" 2 "), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_busy_wait("0"), Ok(Duration::ZERO));
+        for bad in ["-1", "nan", "inf", "3601", "1s", ""] {
+            let problem = parse_busy_wait(bad).unwrap_err();
+            assert!(
+                problem.starts_with(&format!("LOCUS_BUSY_WAIT={bad}:")),
+                "{problem}"
+            );
+        }
+    }
 }

@@ -1308,6 +1308,78 @@ fn a_shell_script_creates_renames_appends_and_reads_back() {
     assert!(fs.stat("/s/log").is_err());
 }
 
+/// Pipelines run in a locus working directory: bash's child resolves `.` while it looks its
+/// command up, which mounts the volume there until its `exec`, so each stage of `ls f |
+/// cat` mounts — and one of them failed with `EBUSY` (`ls` in about a third of the runs,
+/// the other child's lookup every time) until a mount waited for a holder that lets go.
+/// A process that keeps the volume still makes the other fail with `EBUSY`, once the wait
+/// (`LOCUS_BUSY_WAIT`) has passed.
+#[test]
+fn pipelines_in_a_locus_directory_run_as_on_tmpfs() {
+    let vol = volume();
+    let script = r#"
+        set -e
+        mkdir -p /locus/p && cd /locus/p
+        echo data > f
+        for i in $(seq 20); do ls f | cat; done
+        for i in $(seq 5); do cat f | tr a-z A-Z | sort; done
+        echo done
+    "#;
+    let out = preloaded(vol.path(), "bash")
+        .args(["-c", script])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = ok(&out, "pipelines");
+    assert_eq!(
+        stdout,
+        format!("{}{}done\n", "f\n".repeat(20), "DATA\n".repeat(5))
+    );
+    assert_eq!(stderr, "", "nothing failed to mount");
+
+    // A holder that stays: the second program fails once the wait is over, saying who
+    // holds the volume.
+    let mut holder = preloaded(vol.path(), "python3")
+        .args([
+            "-c",
+            "import os, sys\nf = open('/locus/p/f')\nprint('held', flush=True)\nsys.stdin.read()\n",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(holder.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "held\n");
+    let second = preloaded(vol.path(), "cat")
+        .env("LOCUS_BUSY_WAIT", "0.2")
+        .arg("/locus/p/f")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        !second.status.success()
+            && err.contains(&format!("in use by pid {}", holder.id()))
+            && err.contains("Device or resource busy"),
+        "{err}"
+    );
+    drop(holder.stdin.take());
+    assert!(holder.wait().unwrap().success());
+    // A malformed wait is named.
+    let bad = preloaded(vol.path(), "cat")
+        .env("LOCUS_BUSY_WAIT", "soon")
+        .arg("/locus/p/f")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("LOCUS_BUSY_WAIT=soon: not a number of seconds"),
+        "{err}"
+    );
+}
+
 /// Programs that make temporary files beside their target and check streams with
 /// `fstat(fileno(f))`: `sed -i`, `sort -o F F`, `git init`; and libc's `mkstemp`/`mkdtemp`
 /// from a working directory inside /locus — every name is made on the volume, nothing on the
