@@ -113,6 +113,18 @@ fn parse_busy_wait(text: &str) -> Result<std::time::Duration, String> {
 thread_local! {
     /// Set while this thread runs locus code: every call it makes passes straight to libc.
     static INSIDE: Cell<bool> = const { Cell::new(false) };
+    /// Set while a mount on this thread must not wait for another holder of the volume
+    /// ([`without_busy_wait`]).
+    static NO_BUSY_WAIT: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `op` with mounts that fail with `EBUSY` at once, silently, when another process
+/// holds the volume: for a caller that has an answer of its own then.
+pub(crate) fn without_busy_wait<T>(op: impl FnOnce() -> T) -> T {
+    let outer = NO_BUSY_WAIT.with(|w| w.replace(true));
+    let result = op();
+    NO_BUSY_WAIT.with(|w| w.set(outer));
+    result
 }
 
 /// Marks the thread as running locus code until dropped.
@@ -355,7 +367,12 @@ fn mount() -> Result<Fs, c_int> {
         // Right after `umount` of a `locus mount` of the volume, its server may still be
         // closing it: wait for that rather than fail with EBUSY. Another process holding
         // it is waited for up to `LOCUS_BUSY_WAIT` (`while_busy`).
-        let volume = while_busy(config.busy_wait, || {
+        let wait = if NO_BUSY_WAIT.with(Cell::get) {
+            std::time::Duration::ZERO
+        } else {
+            config.busy_wait
+        };
+        let volume = while_busy(wait, || {
             volume::after_stopping_server(
                 &config.volume,
                 || volume::Volume::open(&config.volume, topology.clone(), &options),
@@ -370,8 +387,9 @@ fn mount() -> Result<Fs, c_int> {
     })();
     opened.map_err(|e| {
         let errno = e.errno();
+        let answered = NO_BUSY_WAIT.with(Cell::get) && errno == libc::EBUSY;
         // Once per process: programs then print their usual message for the errno.
-        if !REPORTED.swap(true, Ordering::Relaxed) {
+        if !answered && !REPORTED.swap(true, Ordering::Relaxed) {
             eprintln!(
                 "locus preload: cannot mount {} (volume {}): {e}",
                 String::from_utf8_lossy(config.mount.prefix()),
@@ -1147,6 +1165,27 @@ pub(crate) fn set_cwd(dir: Option<String>) {
     let mut cwd = CWD.write();
     CWD_SET.store(dir.is_some(), Ordering::Relaxed);
     *cwd = dir;
+    *CWD_STAT.lock() = None;
+}
+
+/// What `stat` said of the working directory when this process (or the one it was forked
+/// from) changed into it; see [`cwd_stat`].
+static CWD_STAT: Mutex<Option<libc::stat>> = Mutex::new(None);
+
+/// Records `stat` of the locus working directory just set.
+pub(crate) fn set_cwd_stat(st: libc::stat) {
+    *CWD_STAT.lock() = Some(st);
+}
+
+/// `stat` of the working directory as of the `chdir` into it, if this process image made
+/// it: the answer to `stat(".")` while another process holds the volume (a shell's child
+/// looking its command up in `PATH` resolves `.`, and would otherwise wait for the holder
+/// or fail — and a holder writing into a pipe to that very child waits for it in turn).
+pub(crate) fn cwd_stat() -> Option<libc::stat> {
+    if !CWD_SET.load(Ordering::Relaxed) {
+        return None;
+    }
+    *CWD_STAT.lock()
 }
 
 // ---------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 //! `statfs`/`statvfs`, `access`, `unlink`, `rename`, `mkdir`, `rmdir`, `chmod`, `chown`, time
 //! stamps, extended attributes, links and `chdir`.
 
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
 use fs::{Kind, Stat};
 use libc::{mode_t, size_t, ssize_t};
@@ -58,6 +58,40 @@ unsafe fn names_the_fd(dirfd: c_int, path: *const c_char, flags: c_int) -> bool 
 
 /// `fstatat` for everyone: `AT_EMPTY_PATH` on a locus fd, a locus path, or libc's.
 unsafe fn stat_at(dirfd: c_int, path: *const c_char, buf: *mut libc::stat, flags: c_int) -> c_int {
+    // `stat(".")` in a locus working directory while another process holds the volume: what
+    // it was at the `chdir` (`state::cwd_stat`), rather than a wait for the holder.
+    let is_dot = || {
+        // SAFETY: a NUL-terminated path per C's contract, checked non-null.
+        !path.is_null() && matches!(unsafe { CStr::from_ptr(path) }.to_bytes(), b"." | b"./")
+    };
+    if dirfd == libc::AT_FDCWD
+        && !buf.is_null()
+        && is_dot()
+        && let Some(then) = state::cwd_stat()
+    {
+        // SAFETY: forwarded contract.
+        let rc = state::without_busy_wait(|| unsafe { stat_here(dirfd, path, buf, flags) });
+        if rc != 0 && errno::get() == libc::EBUSY {
+            // SAFETY: the caller's `struct stat *`, checked non-null.
+            unsafe { *buf = then };
+            return 0;
+        }
+        return rc;
+    }
+    // SAFETY: forwarded contract.
+    unsafe { stat_here(dirfd, path, buf, flags) }
+}
+
+/// [`stat_at`] without its answer for `.`.
+///
+/// # Safety
+/// C's contract for `fstatat`.
+unsafe fn stat_here(
+    dirfd: c_int,
+    path: *const c_char,
+    buf: *mut libc::stat,
+    flags: c_int,
+) -> c_int {
     // SAFETY: a NUL-terminated path per C's contract.
     if unsafe { names_the_fd(dirfd, path, flags) } {
         // SAFETY: forwarded contract.
@@ -1235,7 +1269,7 @@ unsafe fn xattr_name<'a>(name: *const c_char) -> Result<&'a str, c_int> {
         return Err(libc::EFAULT);
     }
     // SAFETY: non-null and NUL-terminated per the contract.
-    let bytes = unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes();
+    let bytes = unsafe { CStr::from_ptr(name) }.to_bytes();
     if bytes.is_empty() || bytes.len() > fs::MAX_XATTR_NAME {
         return Err(libc::ERANGE);
     }
@@ -1456,7 +1490,7 @@ unsafe fn fd_link_target(path: *const c_char) -> Option<Vec<u8>> {
         return None;
     }
     // SAFETY: non-null and NUL-terminated per the caller's contract.
-    let bytes = unsafe { std::ffi::CStr::from_ptr(path) }.to_bytes();
+    let bytes = unsafe { CStr::from_ptr(path) }.to_bytes();
     let (fd, own_link, rest) = super::fd_name(bytes)?;
     if !own_link || !rest.is_empty() || !state::is_locus(fd) {
         return None;
@@ -1510,7 +1544,7 @@ pub unsafe extern "C" fn symlinkat(
                 return Err(libc::EFAULT);
             }
             // SAFETY: NUL-terminated per C's contract.
-            let bytes = unsafe { std::ffi::CStr::from_ptr(target) }.to_bytes();
+            let bytes = unsafe { CStr::from_ptr(target) }.to_bytes();
             if bytes.is_empty() {
                 return Err(libc::ENOENT);
             }
@@ -1628,7 +1662,7 @@ unsafe fn locus_fd_named(path: *const c_char) -> Option<c_int> {
         return None;
     }
     // SAFETY: NUL-terminated per the contract.
-    let bytes = unsafe { std::ffi::CStr::from_ptr(path) }.to_bytes();
+    let bytes = unsafe { CStr::from_ptr(path) }.to_bytes();
     let (fd, own_link, rest) = super::fd_name(bytes)?;
     (own_link && rest.is_empty() && state::is_locus(fd)).then_some(fd)
 }
@@ -1681,11 +1715,15 @@ pub unsafe extern "C" fn chdir(path: *const c_char) -> c_int {
             rc
         },
         locus(inner, _slash) => unit(state::run(|| {
-            let st = state::with_fs(|fs| stat_path(fs, &inner, false))?;
+            let (st, dev) = state::with_fs(|fs| Ok((stat_path(fs, &inner, false)?, device(fs))))?;
             if st.kind != Kind::Dir {
                 return Err(libc::ENOTDIR);
             }
             state::set_cwd(Some(inner.clone()));
+            // SAFETY: a plain C struct, for which all zeros is a valid value.
+            let mut then: libc::stat = unsafe { std::mem::zeroed() };
+            fill_stat(&st, dev, &mut then);
+            state::set_cwd_stat(then);
             Ok(())
         })),
     )
