@@ -16,7 +16,12 @@
 //!   until `running` is false;
 //! - [`CHECK_REQUEST`]: what `locus fsck` checks ([`LiveCheck`]), made by the holder with its
 //!   own I/O stopped and the checkpoint held for the few milliseconds it takes, so the media
-//!   hold what recovery would find if the holder died then.
+//!   hold what recovery would find if the holder died then;
+//! - [`RELEASE_REQUEST`]: asks a holder that can let go of the volume between its calls (a
+//!   program through the preload library, [`Release`]) to do so now, for another process
+//!   that wants it: `{"releasing": true}` when it is idle (it then closes the volume on a
+//!   thread of its own, which stops this socket), else `{"releasing": false, "why": ...}`.
+//!   `locus serve` never lets go (an error).
 //!
 //! A failed request is answered `{"error": "..."}`. The thread that answers sleeps in
 //! `poll(2)` until a client connects or [`Control`] is dropped (an eventfd wakes it): it
@@ -49,6 +54,26 @@ pub const CHECK_REQUEST: &str = "check";
 /// What a holder runs for [`CHECK_REQUEST`]: stops its own I/O, then (usually through
 /// [`check_held`]) checks the volume; the answer, or `{"error": ...}`.
 pub type Checker = Box<dyn Fn() -> serde_json::Value + Send>;
+
+/// The request that asks the holder to let go of the volume now, if it is idle.
+pub const RELEASE_REQUEST: &str = "release";
+
+/// How a holder lets go of its volume when another process asks ([`RELEASE_REQUEST`]).
+pub struct Release {
+    /// On the control thread: whether the holder is idle now (`Ok`), or why it cannot let
+    /// go (files open, a call in progress).
+    pub idle: Box<dyn Fn() -> Result<(), String> + Send>,
+    /// After an idle answer was sent, on a thread of its own (marked by
+    /// [`Hooks::on_thread`]): closes the volume if the holder is still idle, stopping the
+    /// [`Control`] first (dropping it joins the control thread, which has answered by then).
+    pub release: fn(),
+}
+
+impl std::fmt::Debug for Release {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Release").finish_non_exhaustive()
+    }
+}
 
 /// What a volume's file system looks like to `status` and `fsck`.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -184,6 +209,7 @@ impl Control {
         status: impl Fn() -> serde_json::Value + Send + 'static,
         scrubbed: Option<Fs>,
         check: Option<Checker>,
+        release: Option<Release>,
         hooks: Hooks,
     ) -> io::Result<Self> {
         let path = dir.join(SOCKET_NAME);
@@ -223,6 +249,7 @@ impl Control {
                         let answers = Answers {
                             status: &status,
                             check,
+                            release,
                             scrubbed,
                             // Dropped with the thread: a running scrub stops, and is waited
                             // for.
@@ -283,6 +310,7 @@ impl Drop for Control {
 struct Answers<'a> {
     status: &'a dyn Fn() -> serde_json::Value,
     check: Option<Checker>,
+    release: Option<Release>,
     scrubbed: Option<Fs>,
     scrubber: ScrubRunner,
 }
@@ -303,10 +331,18 @@ impl Answers<'_> {
                 Some(check) => check(),
                 None => serde_json::json!({"error": "this holder does not check its volume"}),
             },
+            RELEASE_REQUEST => match &self.release {
+                Some(release) => match (release.idle)() {
+                    Ok(()) => serde_json::json!({"releasing": true}),
+                    Err(why) => serde_json::json!({"releasing": false, "why": why}),
+                },
+                None => serde_json::json!({"error": "this holder keeps its volume"}),
+            },
             other => serde_json::json!({
                 "error": format!(
                     "unknown request {other:?}; the requests are {STATUS_REQUEST:?}, \
-                     {SCRUB_REQUEST:?}, {SCRUB_STATUS_REQUEST:?} and {CHECK_REQUEST:?}"
+                     {SCRUB_REQUEST:?}, {SCRUB_STATUS_REQUEST:?}, {CHECK_REQUEST:?} and \
+                     {RELEASE_REQUEST:?}"
                 )
             }),
         }
@@ -371,7 +407,7 @@ fn accept_loop(listener: &UnixListener, woken: &OwnedFd, answers: &Answers<'_>, 
                 let stream = UnixStream::from((hooks.keep_fd)(OwnedFd::from(stream)));
                 // One connection at a time, each bounded by the timeouts: a client that says
                 // nothing delays the next by at most IO_TIMEOUT and never the data path.
-                if let Err(e) = answer(&stream, answers) {
+                if let Err(e) = answer(&stream, answers, hooks) {
                     tracing::warn!(error = %e, "control socket request failed");
                 }
             }
@@ -381,7 +417,7 @@ fn accept_loop(listener: &UnixListener, woken: &OwnedFd, answers: &Answers<'_>, 
     }
 }
 
-fn answer(stream: &UnixStream, answers: &Answers<'_>) -> io::Result<()> {
+fn answer(stream: &UnixStream, answers: &Answers<'_>, hooks: Hooks) -> io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(IO_TIMEOUT))?;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
@@ -391,5 +427,35 @@ fn answer(stream: &UnixStream, answers: &Answers<'_>) -> io::Result<()> {
     let mut bytes = serde_json::to_vec(&reply)?;
     bytes.push(b'\n');
     let mut out = stream;
-    out.write_all(&bytes)
+    out.write_all(&bytes)?;
+    if let Some(release) = &answers.release
+        && reply["releasing"] == true
+    {
+        // Not on this thread: closing the volume stops the control socket, which joins it.
+        let finish = release.release;
+        let on_thread = hooks.on_thread;
+        std::thread::Builder::new()
+            .name("locus-release".into())
+            .spawn(move || {
+                on_thread();
+                finish();
+            })?;
+    }
+    Ok(())
+}
+
+/// Sends `request` to the holder of the volume in `dir` and returns its JSON answer as
+/// sent (an `error` key included): `None` when nobody answers there (no socket, a killed
+/// holder's, another user's).
+pub fn ask(dir: &Path, request: &str) -> Option<io::Result<serde_json::Value>> {
+    let stream = UnixStream::connect(dir.join(SOCKET_NAME)).ok()?;
+    let asked = (|| {
+        stream.set_read_timeout(Some(IO_TIMEOUT))?;
+        stream.set_write_timeout(Some(IO_TIMEOUT))?;
+        (&stream).write_all(format!("{request}\n").as_bytes())?;
+        let mut bytes = Vec::new();
+        (&stream).read_to_end(&mut bytes)?;
+        Ok(serde_json::from_slice(&bytes)?)
+    })();
+    Some(asked)
 }

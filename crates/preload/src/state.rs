@@ -216,6 +216,7 @@ pub(crate) fn with_fs<T>(op: impl FnOnce(&Fs) -> Result<T, c_int>) -> Result<T, 
             let fs = topology::with_signals_blocked(mount)?;
             start_control(&fs);
             *mounted = Some(fs);
+            *MOUNTED_AT.lock() = Some(std::time::Instant::now());
         }
     }
 }
@@ -252,6 +253,65 @@ fn checker(fs: Fs, dir: PathBuf) -> fs::control::Checker {
                 .unwrap_or_else(|e| serde_json::json!({"error": format!("the report: {e}")}))
         })
     })
+}
+
+/// When this process last mounted the volume (`None` while it is not mounted).
+static MOUNTED_AT: Mutex<Option<std::time::Instant>> = Mutex::new(None);
+
+/// How long a mount is kept at least before another process's request makes the library
+/// let go of it: each process that waited for the volume gets to use it.
+const HOLD_AT_LEAST: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Whether the program holds nothing of the volume between its calls — no locus file or
+/// directory open, no shared mapping — and has held the mount for [`HOLD_AT_LEAST`]: then
+/// it can let go of the volume for another process ([`release_now`]) and mount it again at
+/// its next locus call, as after a `fork`. Files it keeps open keep the volume.
+fn idle() -> Result<(), String> {
+    let open = OPEN.load(Ordering::Relaxed);
+    if open > 0 {
+        return Err(format!("the program has {open} locus file(s) open"));
+    }
+    if crate::calls::shared::any() {
+        return Err("the program has shared mappings of locus files".into());
+    }
+    if STREAM_COUNT.load(Ordering::Relaxed) > 0 {
+        return Err("the program has locus directories open".into());
+    }
+    if MOUNTED_AT
+        .lock()
+        .is_some_and(|at| at.elapsed() < HOLD_AT_LEAST)
+    {
+        return Err("the program mounted the volume just now".into());
+    }
+    Ok(())
+}
+
+/// The control socket's answer to a release request: idle, and no locus call in progress.
+fn idle_now() -> Result<(), String> {
+    let Some(_calls) = MOUNT.try_write() else {
+        return Err("a locus call of the program is in progress".into());
+    };
+    idle()
+}
+
+/// Lets go of the volume for the process that asked (`fs::control::RELEASE_REQUEST`), on a
+/// thread of the library's own: with no locus call in progress and the program still idle,
+/// stops the control socket and unmounts cleanly, as before a `fork`. The program mounts
+/// again at its next locus call (waiting, in turn, for the other to let go).
+fn release_now() {
+    let Some(mut mounted) = MOUNT.try_write_for(std::time::Duration::from_millis(100)) else {
+        return;
+    };
+    if mounted.is_none() || idle().is_err() {
+        return;
+    }
+    stop_control();
+    *MOUNTED_AT.lock() = None;
+    if let Some(fs) = mounted.take()
+        && let Err(e) = fs.unmount()
+    {
+        eprintln!("locus preload: letting go of the volume for another process: {e}");
+    }
 }
 
 /// Starts answering on the volume's control socket for `fs`, just mounted. A socket that
@@ -293,6 +353,10 @@ fn start_control(fs: &Fs) {
             status,
             Some(fs.clone()),
             Some(checker(fs.clone(), config.volume.clone())),
+            Some(fs::control::Release {
+                idle: Box::new(idle_now),
+                release: release_now,
+            }),
             hooks,
         )
     });
@@ -372,7 +436,7 @@ fn mount() -> Result<Fs, c_int> {
         } else {
             config.busy_wait
         };
-        let volume = while_busy(wait, || {
+        let volume = while_busy(wait, &config.volume, || {
             volume::after_stopping_server(
                 &config.volume,
                 || volume::Volume::open(&config.volume, topology.clone(), &options),
@@ -410,6 +474,7 @@ fn mount() -> Result<Fs, c_int> {
 /// volume, `locus serve`) still gets `EBUSY` to the caller, `wait` later.
 fn while_busy<T>(
     wait: std::time::Duration,
+    dir: &std::path::Path,
     mut open: impl FnMut() -> Result<T, volume::VolumeError>,
 ) -> Result<T, volume::VolumeError> {
     let started = std::time::Instant::now();
@@ -422,6 +487,14 @@ fn while_busy<T>(
         );
         let left = wait.saturating_sub(started.elapsed());
         if !busy || left.is_zero() {
+            return result;
+        }
+        // A program through this library lets go between its calls when asked (`release_now`
+        // there); a holder that never does (`locus serve`) says so, and is not waited for.
+        if let Err(volume::VolumeError::InUse { .. }) = &result
+            && let Some(Ok(reply)) = fs::control::ask(dir, fs::control::RELEASE_REQUEST)
+            && reply.get("error").is_some_and(|e| !e.is_null())
+        {
             return result;
         }
         std::thread::sleep(pause.min(left));

@@ -1389,6 +1389,88 @@ fn pipelines_in_a_locus_directory_run_as_on_tmpfs() {
     );
 }
 
+/// Processes take turns: a program through the library that holds nothing of the volume
+/// between its calls lets go of it when another process asks (over the volume's control
+/// socket), and mounts it again at its next call. So `make -j2` builds in a locus
+/// directory (make holds the volume while it waits for its compilers, which need it, and
+/// each compiler for the other: before, one of them failed with `EBUSY`), and an idle
+/// program does not keep a second one out.
+#[test]
+fn processes_take_turns_with_the_volume() {
+    let vol = volume();
+    let script = r#"
+        set -e
+        mkdir -p /locus/mk && cd /locus/mk
+        cat > main.c <<'EOF'
+#include <stdio.h>
+int f(int);
+int main(void) { printf("%d\n", f(20)); return 0; }
+EOF
+        echo 'int f(int x) { return x < 2 ? x : f(x - 1) + f(x - 2); }' > f.c
+        objs="main.o f.o"
+        for i in 1 2 3 4 5 6; do
+            echo "int g$i(int x) { return x * $i; }" > g$i.c
+            objs="$objs g$i.o"
+        done
+        {
+            echo "prog: $objs"
+            printf '\t$(CC) -o $@ $^\n'
+            echo '%.o: %.c'
+            printf '\t$(CC) -O2 -c -o $@ $<\n'
+        } > Makefile
+        make -s -j2
+        ./prog
+        ls *.o | wc -l
+    "#;
+    let out = ok(
+        &preloaded(vol.path(), "bash")
+            .args(["-c", script])
+            .output()
+            .unwrap(),
+        "make -j2 in a locus directory",
+    );
+    assert_eq!(out, "6765\n8\n");
+
+    // An idle holder lets a second program in, and goes on afterwards.
+    let mut holder = preloaded(vol.path(), "python3")
+        .args([
+            "-c",
+            r#"
+import sys
+with open('/locus/first', 'w') as f:
+    f.write('from the first\n')
+print('idle', flush=True)
+sys.stdin.readline()
+with open('/locus/first', 'a') as f:
+    f.write('and again\n')
+print(open('/locus/second').read(), end='', flush=True)
+"#,
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(holder.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "idle");
+    let second = ok(
+        &preloaded(vol.path(), "bash")
+            .args([
+                "-c",
+                "cat /locus/first && echo 'from the second' > /locus/second",
+            ])
+            .output()
+            .unwrap(),
+        "a second program beside an idle one",
+    );
+    assert_eq!(second, "from the first\n");
+    use std::io::Write;
+    holder.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    assert_eq!(lines.next().unwrap().unwrap(), "from the second");
+    assert!(holder.wait().unwrap().success());
+    let fs = open_fs(vol.path());
+    assert_eq!(read_all(&fs, "/first"), b"from the first\nand again\n");
+}
+
 /// Programs that make temporary files beside their target and check streams with
 /// `fstat(fileno(f))`: `sed -i`, `sort -o F F`, `git init`; and libc's `mkstemp`/`mkdtemp`
 /// from a working directory inside /locus — every name is made on the volume, nothing on the

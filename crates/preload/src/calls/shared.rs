@@ -560,6 +560,11 @@ pub(crate) fn after_growth(ino: u64, size: u64) -> Result<(), c_int> {
     Ok(())
 }
 
+/// Whether the process has any shared mapping of a locus file.
+pub(crate) fn any() -> bool {
+    COUNT.load(Ordering::Acquire) > 0
+}
+
 /// Whether `desc`'s file has shared mappings (cheap: one load when none exist anywhere).
 pub(crate) fn is_mapped(file: &fs::File) -> bool {
     COUNT.load(Ordering::Acquire) > 0 && (file.is_mapped() || mapped_copy::of(file).is_some())

@@ -5,15 +5,13 @@
 //! A holder killed with SIGKILL leaves the socket file behind; nobody answers on it then
 //! ([`ask`] reports no holder), and the next holder of the volume replaces it.
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 
 pub use fs::control::{
-    CHECK_REQUEST, Checker, Control, Hooks, IO_TIMEOUT, SCRUB_REQUEST, SCRUB_STATUS_REQUEST,
-    SOCKET_NAME, STATUS_REQUEST,
+    CHECK_REQUEST, Checker, Control, Hooks, SCRUB_REQUEST, SCRUB_STATUS_REQUEST, SOCKET_NAME,
+    STATUS_REQUEST,
 };
 
 /// Whether `path` names the control socket of the volume in `dir` (directories compared
@@ -81,33 +79,25 @@ pub fn how_to_stop(status: &serde_json::Value) -> &'static str {
 /// [`ask`] with another request (`SCRUB_REQUEST`, `SCRUB_STATUS_REQUEST`).
 pub fn ask_for(dir: &Path, request: &str) -> Option<Result<serde_json::Value>> {
     let path = dir.join(SOCKET_NAME);
-    let stream = UnixStream::connect(&path).ok()?;
-    Some(self::request(&stream, &path, request))
-}
-
-fn request(stream: &UnixStream, path: &Path, request: &str) -> Result<serde_json::Value> {
-    stream.set_read_timeout(Some(IO_TIMEOUT))?;
-    stream.set_write_timeout(Some(IO_TIMEOUT))?;
-    (&*stream)
-        .write_all(format!("{request}\n").as_bytes())
-        .with_context(|| format!("asking the server through {}", path.display()))?;
-    let mut bytes = Vec::new();
-    (&*stream)
-        .read_to_end(&mut bytes)
-        .with_context(|| format!("reading the server's reply through {}", path.display()))?;
-    let reply: serde_json::Value = serde_json::from_slice(&bytes)
-        .with_context(|| format!("the server's reply through {}", path.display()))?;
-    if let Some(error) = reply.get("error").filter(|e| !e.is_null()) {
-        bail!("the server through {} said: {error}", path.display());
-    }
-    Ok(reply)
+    let reply = fs::control::ask(dir, request)?;
+    Some((|| {
+        let reply =
+            reply.with_context(|| format!("asking the server through {}", path.display()))?;
+        if let Some(error) = reply.get("error").filter(|e| !e.is_null()) {
+            bail!("the server through {} said: {error}", path.display());
+        }
+        Ok(reply)
+    })())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fs::control::IO_TIMEOUT;
+    use std::io::{Read, Write};
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::net::UnixListener;
+    use std::os::unix::net::UnixStream;
 
     #[test]
     fn status_is_answered_and_the_socket_goes_with_the_server() {
@@ -116,6 +106,7 @@ mod tests {
         let control = Control::start(
             dir.path(),
             || serde_json::json!({"answer": 42}),
+            None,
             None,
             None,
             Hooks::default(),
@@ -143,6 +134,7 @@ mod tests {
         let _control = Control::start(
             dir.path(),
             || serde_json::json!({"fresh": true}),
+            None,
             None,
             None,
             Hooks::default(),
@@ -191,11 +183,71 @@ mod tests {
     }
 
     #[test]
+    fn a_release_request_is_answered_by_the_holders_idleness() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static RELEASED: AtomicUsize = AtomicUsize::new(0);
+        static IDLE: AtomicUsize = AtomicUsize::new(0);
+        let dir = tempfile::tempdir().unwrap();
+        let _control = Control::start(
+            dir.path(),
+            || serde_json::json!({}),
+            None,
+            None,
+            Some(fs::control::Release {
+                idle: Box::new(|| match IDLE.load(Ordering::SeqCst) {
+                    0 => Err("2 locus file(s) open".into()),
+                    _ => Ok(()),
+                }),
+                release: || {
+                    RELEASED.fetch_add(1, Ordering::SeqCst);
+                },
+            }),
+            Hooks::default(),
+        )
+        .unwrap();
+        let busy = fs::control::ask(dir.path(), fs::control::RELEASE_REQUEST)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            busy,
+            serde_json::json!({"releasing": false, "why": "2 locus file(s) open"})
+        );
+        IDLE.store(1, Ordering::SeqCst);
+        let idle = fs::control::ask(dir.path(), fs::control::RELEASE_REQUEST)
+            .unwrap()
+            .unwrap();
+        assert_eq!(idle, serde_json::json!({"releasing": true}));
+        let waited = std::time::Instant::now();
+        while RELEASED.load(Ordering::SeqCst) == 0 {
+            assert!(waited.elapsed() < IO_TIMEOUT, "release never ran");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(RELEASED.load(Ordering::SeqCst), 1, "released once");
+
+        // A holder without a way to let go says so.
+        let other = tempfile::tempdir().unwrap();
+        let _server = Control::start(
+            other.path(),
+            || serde_json::json!({}),
+            None,
+            None,
+            None,
+            Hooks::default(),
+        )
+        .unwrap();
+        let kept = fs::control::ask(other.path(), fs::control::RELEASE_REQUEST)
+            .unwrap()
+            .unwrap();
+        assert_eq!(kept["error"], "this holder keeps its volume");
+    }
+
+    #[test]
     fn an_unknown_request_gets_an_error_that_names_it() {
         let dir = tempfile::tempdir().unwrap();
         let _control = Control::start(
             dir.path(),
             || serde_json::json!({}),
+            None,
             None,
             None,
             Hooks::default(),

@@ -614,6 +614,8 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
             },
             Some(scrubbed),
             Some(check),
+            // A server keeps its volume: its clients come and go.
+            None,
             control::Hooks::default(),
         )
         .context("starting the control socket")?

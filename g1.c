@@ -1,0 +1,1 @@
+int g1(int x) { return x * 1; }

@@ -1,0 +1,1 @@
+int g2(int x) { return x * 2; }

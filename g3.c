@@ -1,0 +1,1 @@
+int g3(int x) { return x * 3; }

@@ -1,0 +1,1 @@
+int g4(int x) { return x * 4; }

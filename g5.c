@@ -1,0 +1,1 @@
+int g5(int x) { return x * 5; }

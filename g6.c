@@ -1,0 +1,1 @@
+int g6(int x) { return x * 6; }
