@@ -119,7 +119,8 @@ fn run_loop(inner: &Inner) -> Result<()> {
                     .seal_all(&inner.volume)?;
             }
             inner.recycled.drain(&inner.volume)?;
-            snapshot(inner)?;
+            // The last snapshot: nothing is journaled after it, so the journals are sealed.
+            snapshot_sealing(inner, true)?;
             inner.progress.pass_done();
             return Ok(());
         }
@@ -604,6 +605,12 @@ fn remap(
 /// Writes the whole metadata to a fresh extent, names it in a new root (a new epoch), and
 /// empties every journal.
 pub(crate) fn snapshot(inner: &Inner) -> Result<()> {
+    snapshot_sealing(inner, false)
+}
+
+/// [`snapshot`], sealing the emptied journals when `seal` (the unmount's last snapshot:
+/// `Journal::reset`).
+fn snapshot_sealing(inner: &Inner, seal: bool) -> Result<()> {
     let _gate = inner.gate_exclusive();
     let table: Vec<_> = inner
         .inodes
@@ -687,7 +694,7 @@ pub(crate) fn snapshot(inner: &Inner) -> Result<()> {
     next.snapshot_len = written.named_len;
     next.write(&inner.owner)?;
     for slot in created_slots(inner) {
-        slot.journal().reset(next.epoch)?;
+        slot.journal().reset(next.epoch, seal)?;
     }
     *root = next;
     drop(root);

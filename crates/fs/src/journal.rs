@@ -805,11 +805,17 @@ pub struct JournalRecord {
 /// on (evidence, for recovery, of which root generation the journals follow).
 const EPOCH_MARKER: u8 = 10;
 
-/// The epoch marker record: a header and 8 zero bytes.
-fn encode_marker(epoch: u64) -> Vec<u8> {
+/// The epoch marker's payload when the file system was unmounted cleanly right after
+/// writing it ([`Journal::reset`] with `sealed`): nothing follows it in this epoch.
+const MARKER_SEALED: u64 = 1;
+
+/// The epoch marker record: a header and 8 payload bytes, [`MARKER_SEALED`] or 0.
+fn encode_marker(epoch: u64, sealed: bool) -> Vec<u8> {
     let mut e = Encoder::default();
     e.u32(0).u32(0).u8(EPOCH_MARKER).u8(0).u16(0).u32(0);
-    e.u64(epoch).u64(0).u64(0);
+    e.u64(epoch)
+        .u64(0)
+        .u64(if sealed { MARKER_SEALED } else { 0 });
     finish(e)
 }
 
@@ -880,6 +886,9 @@ pub struct Journal {
     region: Region,
     epoch: u64,
     tail: u64,
+    /// The marker at byte 0 is sealed (the file system was unmounted cleanly after it): the
+    /// first append unseals it before it writes.
+    sealed: bool,
 }
 
 impl Journal {
@@ -887,9 +896,11 @@ impl Journal {
     /// Scanning stops at the first record that is torn, of another epoch, or empty: records
     /// are appended by one thread, each persisted before the next, so only the last can be
     /// torn. A whole record of `epoch` anywhere after that point means the stop was damage,
-    /// not a torn append, and is reported as such.
+    /// not a torn append, and is reported as such — except after a sealed marker alone
+    /// (a clean unmount wrote it, and every append unseals it first): nothing of the epoch
+    /// can follow it, and the rest of the journal is not read.
     pub fn recover(region: Region, slot: u32, epoch: u64) -> Result<(Self, Vec<JournalRecord>)> {
-        let (tail, records, damage) = Self::scan(&region, slot, epoch)?;
+        let (tail, records, damage, sealed) = Self::scan_sealed(&region, slot, epoch, true)?;
         if let Some((_, damage)) = damage {
             return Err(damage);
         }
@@ -898,6 +909,7 @@ impl Journal {
                 region,
                 epoch,
                 tail,
+                sealed,
             },
             records.into_iter().map(|(_, r)| r).collect(),
         ))
@@ -944,6 +956,20 @@ impl Journal {
         slot: u32,
         epoch: u64,
     ) -> Result<(u64, Vec<(u64, JournalRecord)>, Option<(u64, FsError)>)> {
+        let (tail, records, damage, _) = Self::scan_sealed(region, slot, epoch, false)?;
+        Ok((tail, records, damage))
+    }
+
+    /// [`Self::scan`], which, when `trust_seal`, skips the search for whole records past the
+    /// end of a journal that holds a sealed marker and nothing else; and whether it did.
+    #[allow(clippy::type_complexity)]
+    fn scan_sealed(
+        region: &Region,
+        slot: u32,
+        epoch: u64,
+        trust_seal: bool,
+    ) -> Result<(u64, Vec<(u64, JournalRecord)>, Option<(u64, FsError)>, bool)> {
+        let mut sealed_marker = false;
         let mut records = Vec::new();
         let mut tail = 0u64;
         let mut header = [0u8; HEADER];
@@ -966,9 +992,13 @@ impl Journal {
                 break;
             }
             if bytes[8] == EPOCH_MARKER {
+                sealed_marker = tail == 0
+                    && u64::from_le_bytes(bytes[HEADER..HEADER + 8].try_into().expect("8"))
+                        == MARKER_SEALED;
                 tail += len;
                 continue;
             }
+            sealed_marker = false;
             let structure = format!("journal of slot {slot}, record at byte {tail}");
             let mut d = Decoder::new(&bytes[HEADER..], &structure);
             let decoded = MetaOp::decode_payload(bytes[8], &mut d).and_then(|op| {
@@ -981,13 +1011,19 @@ impl Journal {
             let op = match decoded {
                 Ok(op) => op,
                 Err(damage @ FsError::Corrupt { .. }) => {
-                    return Ok((tail, records, Some((tail, damage))));
+                    return Ok((tail, records, Some((tail, damage)), false));
                 }
                 Err(other) => return Err(other),
             };
             let order = u64::from_le_bytes(bytes[24..32].try_into().expect("8"));
             records.push((tail, JournalRecord { order, op }));
             tail += len;
+        }
+        // A sealed marker alone: the epoch ended with it (a clean unmount), so nothing of
+        // it follows — and the search, the bulk of a mount's reading, is skipped.
+        let sealed = trust_seal && sealed_marker && records.is_empty();
+        if sealed {
+            return Ok((tail, records, None, true));
         }
         if let Some(later) = whole_record_after(region, tail, epoch)? {
             let problem = format!(
@@ -996,9 +1032,9 @@ impl Journal {
                 records.len()
             );
             let damage = FsError::corrupt(format!("journal of slot {slot}"), problem);
-            return Ok((tail, records, Some((tail, damage))));
+            return Ok((tail, records, Some((tail, damage)), false));
         }
-        Ok((tail, records, None))
+        Ok((tail, records, None, sealed))
     }
 
     /// A new, empty journal of `epoch` (a freshly allocated area needs no clearing: records
@@ -1008,6 +1044,7 @@ impl Journal {
             region,
             epoch,
             tail: 0,
+            sealed: false,
         }
     }
 
@@ -1056,6 +1093,14 @@ impl Journal {
             }
             return Ok(None);
         }
+        if self.sealed {
+            // Unsealed before anything follows it: recovery reads a sealed marker as the end
+            // of the epoch, and would not look past a damaged record for whole ones.
+            let marker = encode_marker(self.epoch, false);
+            self.region.write(0, &marker)?;
+            self.region.persist(0, marker.len() as u64)?;
+            self.sealed = false;
+        }
         // Zero the header after the record first, so a stale record of this epoch can never
         // follow it (the area may hold anything when it was allocated).
         let end = self.tail + bytes.len() as u64;
@@ -1070,9 +1115,12 @@ impl Journal {
     /// Starts `epoch` at byte 0 (after a snapshot made every earlier record redundant).
     /// The marker at byte 0 says the journal is of `epoch` from now on (records of older
     /// epochs after it end the scan).
-    pub fn reset(&mut self, epoch: u64) -> Result<()> {
+    /// `sealed` when nothing will be appended before the file system is closed (its
+    /// unmount): recovery then does not read the rest of the journal (see [`Self::recover`]).
+    pub fn reset(&mut self, epoch: u64, sealed: bool) -> Result<()> {
         self.epoch = epoch;
-        let marker = encode_marker(epoch);
+        self.sealed = sealed;
+        let marker = encode_marker(epoch, sealed);
         let end = marker.len() as u64;
         self.region.fill(end, HEADER as u64, 0)?;
         self.region.write(0, &marker)?;
@@ -1368,6 +1416,45 @@ mod tests {
                 "{at}: {error}"
             );
         }
+    }
+
+    /// A journal sealed at a clean unmount is not read past its marker; its first append
+    /// unseals it, so damage to what follows is still found.
+    #[test]
+    fn a_sealed_journal_ends_at_its_marker_until_appended_to() {
+        let tracer = pmem::Tracer::new();
+        let region = tracer.region(1 << 20);
+        let mut journal = Journal::new(region.clone(), 3);
+        journal.reset(3, true).unwrap();
+        // A whole record of the epoch far past the marker: only damage could put one there,
+        // and a sealed journal is not searched for it (an unsealed one is).
+        let stray = encode(3, 9, &ops()[0]);
+        region.write(64 << 10, &stray).unwrap();
+        let (journal, records) = Journal::recover(region.clone(), 1, 3).unwrap();
+        assert!(records.is_empty() && journal.sealed);
+        let mut unsealed = Journal::new(region.clone(), 3);
+        unsealed.reset(3, false).unwrap();
+        assert!(Journal::recover(region.clone(), 1, 3).is_err());
+        unsealed.reset(3, true).unwrap();
+        region.fill(64 << 10, stray.len() as u64, 0).unwrap();
+
+        // Appended to after the mount: unsealed first, so a damaged first record with a
+        // whole one after it is damage again, not the end of the epoch.
+        let (mut journal, _) = Journal::recover(region.clone(), 1, 3).unwrap();
+        journal.append(10, &ops()[0]).unwrap().unwrap();
+        journal.append(11, &ops()[1]).unwrap().unwrap();
+        let (reopened, records) = Journal::recover(region.clone(), 1, 3).unwrap();
+        assert_eq!(records.len(), 2);
+        assert!(!reopened.sealed);
+        let marker = encode_marker(3, false).len() as u64;
+        let mut b = [0u8; 1];
+        region.read(marker + 40, &mut b).unwrap();
+        region.write(marker + 40, &[b[0] ^ 1]).unwrap();
+        let error = Journal::recover(region, 1, 3).unwrap_err().to_string();
+        assert!(
+            error.contains(&format!("the record at byte {marker} is damaged")),
+            "{error}"
+        );
     }
 
     /// A create as written before owners were kept (kind 1) still reads, unowned.

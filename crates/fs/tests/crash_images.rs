@@ -397,6 +397,45 @@ fn unmount_snapshot_and_root_switch() {
     every_image_is("unmount", &tracer, first, last, &expect);
 }
 
+/// After a clean unmount every journal is sealed (recovery reads it no further than its
+/// epoch marker); the first operation after the next mount unseals the journal it appends
+/// to before its record. A crash anywhere in it leaves the file system as before or as
+/// after it.
+#[test]
+fn the_first_operations_after_a_clean_unmount() {
+    let tracer = Tracer::new();
+    busy(&tracer).unmount().unwrap();
+    let again = Tracer::new();
+    let region = again.region_with(tracer.contents()[0].clone());
+    let fs = Fs::open(volume_over(vec![region]).unwrap(), options()).unwrap();
+    let before = state(&fs);
+    let first = again.fence_count();
+    fs.mkdir("/d/e", 0o700).unwrap();
+    let last = again.fence_count();
+    let after = state(&fs);
+    let images = check_crash_images(
+        "after a clean unmount",
+        &again,
+        (first, last),
+        IMAGES_PER_POINT,
+        &before,
+        &after,
+        |point, image| {
+            let recovered = recover(image.regions[0].clone())
+                .unwrap_or_else(|e| panic!("point {point} ({}): {e}", image.description));
+            let got = state(&recovered);
+            recovered.abandon();
+            got
+        },
+        |got| format!("{:?}", got.keys().collect::<Vec<_>>()),
+    );
+    eprintln!(
+        "after a clean unmount: {} fences, {images} images",
+        last - first
+    );
+    fs.abandon();
+}
+
 /// A crash during recovery (and the unmount after it): recovery replays the logs and
 /// journals, the checkpoint moves the live records, a snapshot is written. Crashing anywhere
 /// in that and recovering again gives the same file system.

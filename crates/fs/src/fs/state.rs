@@ -1037,7 +1037,7 @@ impl Inner {
         journal_region.fill(0, journal_len, 0)?;
         journal_region.persist(0, journal_len)?;
         let mut journal = Journal::new(journal_region, root.epoch);
-        journal.reset(root.epoch)?;
+        journal.reset(root.epoch, false)?;
         let mut next = root.clone();
         next.generation += 1;
         let areas = SlotAreas {
