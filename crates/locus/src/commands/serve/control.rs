@@ -103,15 +103,7 @@ mod tests {
     fn status_is_answered_and_the_socket_goes_with_the_server() {
         let dir = tempfile::tempdir().unwrap();
         assert!(ask(dir.path()).is_none(), "no server yet");
-        let control = Control::start(
-            dir.path(),
-            || serde_json::json!({"answer": 42}),
-            None,
-            None,
-            None,
-            Hooks::default(),
-        )
-        .unwrap();
+        let control = answering(dir.path(), || serde_json::json!({"answer": 42}));
         let mode = std::fs::metadata(dir.path().join(SOCKET_NAME))
             .unwrap()
             .permissions()
@@ -131,15 +123,7 @@ mod tests {
         drop(UnixListener::bind(dir.path().join(SOCKET_NAME)).unwrap());
         assert!(dir.path().join(SOCKET_NAME).exists());
         assert!(ask(dir.path()).is_none());
-        let _control = Control::start(
-            dir.path(),
-            || serde_json::json!({"fresh": true}),
-            None,
-            None,
-            None,
-            Hooks::default(),
-        )
-        .unwrap();
+        let _control = answering(dir.path(), || serde_json::json!({"fresh": true}));
         assert_eq!(ask(dir.path()).unwrap().unwrap()["fresh"], true);
     }
 
@@ -180,6 +164,11 @@ mod tests {
         let file = dir.path().join("file");
         std::fs::write(&file, b"x").unwrap();
         assert!(ask(&file.join("vol")).is_none());
+    }
+
+    /// A control socket that answers status requests with `status`, and nothing else.
+    fn answering(dir: &Path, status: impl Fn() -> serde_json::Value + Send + 'static) -> Control {
+        Control::start(dir, status, None, None, None, Hooks::default()).unwrap()
     }
 
     #[test]
@@ -226,15 +215,7 @@ mod tests {
 
         // A holder without a way to let go says so.
         let other = tempfile::tempdir().unwrap();
-        let _server = Control::start(
-            other.path(),
-            || serde_json::json!({}),
-            None,
-            None,
-            None,
-            Hooks::default(),
-        )
-        .unwrap();
+        let _server = answering(other.path(), || serde_json::json!({}));
         let kept = fs::control::ask(other.path(), fs::control::RELEASE_REQUEST)
             .unwrap()
             .unwrap();
@@ -244,15 +225,7 @@ mod tests {
     #[test]
     fn an_unknown_request_gets_an_error_that_names_it() {
         let dir = tempfile::tempdir().unwrap();
-        let _control = Control::start(
-            dir.path(),
-            || serde_json::json!({}),
-            None,
-            None,
-            None,
-            Hooks::default(),
-        )
-        .unwrap();
+        let _control = answering(dir.path(), || serde_json::json!({}));
         let stream = UnixStream::connect(dir.path().join(SOCKET_NAME)).unwrap();
         (&stream).write_all(b"reboot\n").unwrap();
         let mut reply = String::new();

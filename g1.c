@@ -1,1 +1,0 @@
-int g1(int x) { return x * 1; }

@@ -1,1 +1,0 @@
-int g2(int x) { return x * 2; }

@@ -1,1 +1,0 @@
-int g3(int x) { return x * 3; }

@@ -1,1 +1,0 @@
-int g4(int x) { return x * 4; }

@@ -1,1 +1,0 @@
-int g5(int x) { return x * 5; }

@@ -1,1 +1,0 @@
-int g6(int x) { return x * 6; }
