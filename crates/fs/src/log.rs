@@ -251,30 +251,41 @@ impl LogArea {
             ));
         }
         let mut live = Vec::new();
-        let mut slot = [0u8; RECORD_BYTES as usize];
-        for index in 0..capacity {
-            region.read(RECORD_BYTES * (index + 1), &mut slot)?;
-            let Some(record) = LogRecord::decode(&slot) else {
-                continue;
-            };
-            // Before groups the bytes were reserved: a record with them set is not one.
-            if version < LOG_VERSION && (record.part, record.parts) != (0, 0) {
-                continue;
+        // Read a window of slots at a time; a slot whose sequence number is 0 (never
+        // written) or retired is skipped before its CRC is computed — it would be skipped
+        // after it anyway, valid or not — so the areas of a cleanly unmounted file system,
+        // all retired, cost a mount a read and no checksums.
+        const WINDOW: u64 = 1024;
+        let mut window = vec![0u8; (WINDOW * RECORD_BYTES) as usize];
+        for first in (0..capacity).step_by(WINDOW as usize) {
+            let count = WINDOW.min(capacity - first);
+            let bytes = &mut window[..(count * RECORD_BYTES) as usize];
+            region.read(RECORD_BYTES * (first + 1), bytes)?;
+            for (index, slot) in (first..).zip(bytes.chunks_exact(RECORD_BYTES as usize)) {
+                let sequence = u64::from_le_bytes(slot[..8].try_into().expect("8 bytes"));
+                if sequence == 0 || sequence <= retired {
+                    continue;
+                }
+                let slot: &[u8; RECORD_BYTES as usize] = slot.try_into().expect("one slot");
+                let Some(record) = LogRecord::decode(slot) else {
+                    continue;
+                };
+                // Before groups the bytes were reserved: a record with them set is not one.
+                if version < LOG_VERSION && (record.part, record.parts) != (0, 0) {
+                    continue;
+                }
+                if (record.sequence - 1) % capacity != index {
+                    return Err(FsError::DamagedLog {
+                        area: id,
+                        problem: format!(
+                            "record {} sits in slot {index}, not slot {}",
+                            record.sequence,
+                            (record.sequence - 1) % capacity
+                        ),
+                    });
+                }
+                live.push(record);
             }
-            if record.sequence <= retired {
-                continue;
-            }
-            if (record.sequence - 1) % capacity != index {
-                return Err(FsError::DamagedLog {
-                    area: id,
-                    problem: format!(
-                        "record {} sits in slot {index}, not slot {}",
-                        record.sequence,
-                        (record.sequence - 1) % capacity
-                    ),
-                });
-            }
-            live.push(record);
         }
         live.sort_by_key(|r| r.sequence);
         if live.len() as u64 > capacity {
