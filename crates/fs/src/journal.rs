@@ -900,7 +900,7 @@ impl Journal {
     /// (a clean unmount wrote it, and every append unseals it first): nothing of the epoch
     /// can follow it, and the rest of the journal is not read.
     pub fn recover(region: Region, slot: u32, epoch: u64) -> Result<(Self, Vec<JournalRecord>)> {
-        let (tail, records, damage, sealed) = Self::scan_sealed(&region, slot, epoch, true)?;
+        let (tail, records, damage, sealed) = Self::scan(&region, slot, epoch, true)?;
         if let Some((_, damage)) = damage {
             return Err(damage);
         }
@@ -928,7 +928,7 @@ impl Journal {
         Vec<(u64, JournalRecord)>,
         Option<(u64, FsError, Vec<Option<MetaOp>>)>,
     )> {
-        let (_, records, damage) = Self::scan(region, slot, epoch)?;
+        let (_, records, damage, _) = Self::scan(region, slot, epoch, false)?;
         let Some((at, error)) = damage else {
             return Ok((records, None));
         };
@@ -947,23 +947,12 @@ impl Journal {
         Ok((records, Some((at, error, after))))
     }
 
-    /// Scans from byte 0: the tail, the records (with their offsets), and the damage that
-    /// ends them (a record that does not decode, or a whole record of the epoch after the
-    /// first that fails).
+    /// Scans from byte 0: the tail, the records (with their offsets), the damage that ends
+    /// them (a record that does not decode, or a whole record of the epoch after the first
+    /// that fails), and whether the journal holds a sealed marker alone — then, when
+    /// `trust_seal`, the search for whole records past the end is skipped.
     #[allow(clippy::type_complexity)]
     fn scan(
-        region: &Region,
-        slot: u32,
-        epoch: u64,
-    ) -> Result<(u64, Vec<(u64, JournalRecord)>, Option<(u64, FsError)>)> {
-        let (tail, records, damage, _) = Self::scan_sealed(region, slot, epoch, false)?;
-        Ok((tail, records, damage))
-    }
-
-    /// [`Self::scan`], which, when `trust_seal`, skips the search for whole records past the
-    /// end of a journal that holds a sealed marker and nothing else; and whether it did.
-    #[allow(clippy::type_complexity)]
-    fn scan_sealed(
         region: &Region,
         slot: u32,
         epoch: u64,
@@ -1021,7 +1010,8 @@ impl Journal {
         }
         // A sealed marker alone: the epoch ended with it (a clean unmount), so nothing of
         // it follows — and the search, the bulk of a mount's reading, is skipped.
-        let sealed = trust_seal && sealed_marker && records.is_empty();
+        // (Any record after the marker cleared `sealed_marker`.)
+        let sealed = trust_seal && sealed_marker;
         if sealed {
             return Ok((tail, records, None, true));
         }

@@ -470,8 +470,9 @@ fn mount() -> Result<Fs, c_int> {
 /// in `PATH` (bash does), which mounts the volume there until the `exec` — so in `ls f |
 /// cat` run in /locus, the child about to become `cat` and the `ls` beside it both mount,
 /// and without the wait one of them failed with `EBUSY` (`ls` did in about a third of the
-/// runs). A holder that keeps the volume longer (a second program really using the
-/// volume, `locus serve`) still gets `EBUSY` to the caller, `wait` later.
+/// runs). A holder through this library is asked to let go (`release_now` there); one
+/// that keeps files open past `wait` gets the caller `EBUSY` then, and `locus serve`,
+/// which never lets go, at once.
 fn while_busy<T>(
     wait: std::time::Duration,
     dir: &std::path::Path,

@@ -74,6 +74,18 @@ fn ok(output: &Output, what: &str) -> String {
     stdout
 }
 
+/// Runs `program -c script` under the preload library on `vol` and returns its stdout
+/// (failing the test, with both outputs, if the program fails).
+fn run_c(vol: &Path, program: &str, script: &str, what: &str) -> String {
+    ok(
+        &preloaded(vol, program)
+            .args(["-c", script])
+            .output()
+            .unwrap(),
+        what,
+    )
+}
+
 /// Opens the volume in the test process and returns the file system.
 fn open_fs(vol: &Path) -> fs::Fs {
     let topology = topology::Topology::read_live().expect("topology");
@@ -1292,13 +1304,7 @@ fn a_shell_script_creates_renames_appends_and_reads_back() {
         wc -l < /locus/s/log.1
         [ "$(head -c 5 /locus/s/log.1)" = first ] && echo head ok
     "#;
-    let out = ok(
-        &preloaded(vol.path(), "bash")
-            .args(["-c", script])
-            .output()
-            .unwrap(),
-        "bash script",
-    );
+    let out = run_c(vol.path(), "bash", script, "bash script");
     assert_eq!(
         out,
         "renamed\nread: first\nread: second\nread: third\nfirst\nsecond\nthird\n4\nhead ok\n"
@@ -1422,13 +1428,7 @@ EOF
         ./prog
         ls *.o | wc -l
     "#;
-    let out = ok(
-        &preloaded(vol.path(), "bash")
-            .args(["-c", script])
-            .output()
-            .unwrap(),
-        "make -j2 in a locus directory",
-    );
+    let out = run_c(vol.path(), "bash", script, "make -j2 in a locus directory");
     assert_eq!(out, "6765\n8\n");
 
     // An idle holder lets a second program in, and goes on afterwards.
@@ -1564,13 +1564,7 @@ os.write(fd, b"made")
 os.close(fd)
 print(os.stat("etc", dir_fd=root).st_mode & 0o170000 == 0o040000)
 "#;
-    let out = ok(
-        &preloaded(vol.path(), "python3")
-            .args(["-c", script])
-            .output()
-            .unwrap(),
-        "python at calls",
-    );
+    let out = run_c(vol.path(), "python3", script, "python at calls");
     assert_eq!(out, "2\n['x']\nTrue True\nTrue\n");
     let fs = open_fs(vol.path());
     assert_eq!(read_all(&fs, "/x/g"), b"made");
@@ -1965,13 +1959,7 @@ for f in [fd, a, g, dfd]:
     os.close(f)
 print("python ok")
 "#;
-    let out = ok(
-        &preloaded(vol.path(), "python3")
-            .args(["-c", script])
-            .output()
-            .unwrap(),
-        "python script",
-    );
+    let out = run_c(vol.path(), "python3", script, "python script");
     assert_eq!(out, "python ok\n");
     let fs = open_fs(vol.path());
     assert_eq!(&read_all(&fs, "/p")[..12], b"HELLO world!");
