@@ -120,7 +120,11 @@ fn run_loop(inner: &Inner) -> Result<()> {
             }
             inner.recycled.drain(&inner.volume)?;
             // The last snapshot: nothing is journaled after it, so the journals are sealed.
-            snapshot_sealing(inner, true)?;
+            // None when the sealed snapshot the file system was opened from is still
+            // current (a program that only looked): an unmount then writes nothing.
+            if !inner.unchanged_since_sealed() {
+                snapshot_sealing(inner, true)?;
+            }
             inner.progress.pass_done();
             return Ok(());
         }
@@ -612,6 +616,8 @@ pub(crate) fn snapshot(inner: &Inner) -> Result<()> {
 /// `Journal::reset`).
 fn snapshot_sealing(inner: &Inner, seal: bool) -> Result<()> {
     let _gate = inner.gate_exclusive();
+    // Cleared before the times are read: a read that moves one after this is noted again.
+    inner.snapshot_owed.store(false, Ordering::Release);
     let table: Vec<_> = inner
         .inodes
         .read()

@@ -185,13 +185,17 @@ impl Inode {
     }
 
     /// A read: the access time moves to now when it is older than the last modification
-    /// or change, so "read since written" stays answerable at one store per write.
-    pub(crate) fn accessed(&self) {
+    /// or change, so "read since written" stays answerable at one store per write. Whether
+    /// it moved (callers go through [`crate::fs::Inner::accessed`], which notes it for the
+    /// next snapshot).
+    pub(crate) fn accessed(&self) -> bool {
         let atime = self.atime.load(Ordering::Relaxed);
         if atime < self.mtime.load(Ordering::Relaxed) || atime < self.ctime.load(Ordering::Relaxed)
         {
             self.atime.fetch_max(crate::fs::now_ns(), Ordering::AcqRel);
+            return true;
         }
+        false
     }
 
     /// The directory's entries, locked (rank [`FS_DIRECTORY`]).

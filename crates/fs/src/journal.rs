@@ -1102,6 +1102,12 @@ impl Journal {
         Ok(Some(bytes.len() as u64 + HEADER as u64))
     }
 
+    /// Whether the journal holds only the sealed marker of a clean unmount: nothing was
+    /// appended since.
+    pub fn is_sealed(&self) -> bool {
+        self.sealed
+    }
+
     /// Starts `epoch` at byte 0 (after a snapshot made every earlier record redundant).
     /// The marker at byte 0 says the journal is of `epoch` from now on (records of older
     /// epochs after it end the scan).

@@ -445,6 +445,7 @@ impl Fs {
             snapshot_bytes,
             checksums,
             journal_records,
+            damaged_root_copy,
             ..
         } = load(&volume)?;
         let replayed = crate::fs::ReplaySummary {
@@ -495,6 +496,7 @@ impl Fs {
                     .collect(),
                 checksums,
                 replayed,
+                damaged_root_copy: damaged_root_copy.is_some(),
             },
             options,
             crate::checkpoint::spawn,
@@ -664,7 +666,7 @@ struct Loaded {
     journal_records: u64,
     logs: Vec<LogArea>,
     live: Vec<(u32, LogRecord)>,
-    owned: Vec<(u64, u64, String)>,
+    owned: Vec<(u64, u64, Holder)>,
     buffer_runs: Vec<(u64, u64)>,
     /// The pieces the snapshot is in, when the root names an index (else empty).
     snapshot_pieces: Vec<Extent>,
@@ -1166,33 +1168,29 @@ fn load_salvaging(
     check_tree(&inodes)?;
 
     // 5. Ownership.
-    let mut owned: Vec<(u64, u64, String)> = Vec::new();
+    let mut owned: Vec<(u64, u64, Holder)> = Vec::new();
     owned.push((
         root.snapshot_addr,
         root.snapshot_len.next_multiple_of(BLOCK),
         if snapshot_pieces.is_empty() {
-            "the snapshot".into()
+            Holder::Snapshot
         } else {
-            "the snapshot index".into()
+            Holder::SnapshotIndex
         },
     ));
     for (i, piece) in snapshot_pieces.iter().enumerate() {
-        owned.push((
-            piece.start.raw(),
-            piece.len_bytes,
-            format!("snapshot piece {i}"),
-        ));
+        owned.push((piece.start.raw(), piece.len_bytes, Holder::SnapshotPiece(i)));
     }
     for (i, areas) in root.slots.iter().enumerate() {
         owned.push((
             areas.log_addr,
             areas.log_len.next_multiple_of(BLOCK),
-            format!("log area of slot {i}"),
+            Holder::LogArea(i),
         ));
         owned.push((
             areas.journal_addr,
             areas.journal_len.next_multiple_of(BLOCK),
-            format!("journal of slot {i}"),
+            Holder::Journal(i),
         ));
     }
     if let Some(checksums) = &checksums {
@@ -1200,10 +1198,9 @@ fn load_salvaging(
             owned.push((
                 area.start.raw(),
                 area.len_bytes,
-                if i == 0 {
-                    "the data-checksum directory".into()
-                } else {
-                    format!("the data-checksum table of device {}", i - 1)
+                match i.checked_sub(1) {
+                    None => Holder::ChecksumDirectory,
+                    Some(device) => Holder::ChecksumTable(device),
                 },
             ));
         }
@@ -1213,13 +1210,16 @@ fn load_salvaging(
             owned.push((
                 run.addr,
                 run.blocks * BLOCK,
-                format!("file {ino} block {}", run.file_block),
+                Holder::File {
+                    ino: *ino,
+                    block: run.file_block,
+                },
             ));
         }
     }
     let buffer_runs = merge_pages(live.iter().map(|(_, r)| (r.buffer, r.length)));
     for &(start, len) in &buffer_runs {
-        owned.push((start, len, "buffers of live log records".into()));
+        owned.push((start, len, Holder::LiveBuffers));
     }
     owned.sort_by_key(|o| o.0);
     for pair in owned.windows(2) {
@@ -1252,6 +1252,40 @@ fn load_salvaging(
         snapshot_bytes,
         checksums,
     })
+}
+
+/// What owns a range of the volume's memory, named only when two claim the same pages (a
+/// label per file run, formatted at every open, was a tenth of a mount's time on a volume
+/// of many small files).
+#[derive(Debug, Clone, Copy)]
+enum Holder {
+    Snapshot,
+    SnapshotIndex,
+    SnapshotPiece(usize),
+    LogArea(usize),
+    Journal(usize),
+    ChecksumDirectory,
+    ChecksumTable(usize),
+    File { ino: u64, block: u64 },
+    LiveBuffers,
+}
+
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Holder::Snapshot => write!(f, "the snapshot"),
+            Holder::SnapshotIndex => write!(f, "the snapshot index"),
+            Holder::SnapshotPiece(i) => write!(f, "snapshot piece {i}"),
+            Holder::LogArea(i) => write!(f, "log area of slot {i}"),
+            Holder::Journal(i) => write!(f, "journal of slot {i}"),
+            Holder::ChecksumDirectory => write!(f, "the data-checksum directory"),
+            Holder::ChecksumTable(device) => {
+                write!(f, "the data-checksum table of device {device}")
+            }
+            Holder::File { ino, block } => write!(f, "file {ino} block {block}"),
+            Holder::LiveBuffers => write!(f, "buffers of live log records"),
+        }
+    }
 }
 
 /// Page runs covering every `(address, length)`, merged.

@@ -765,3 +765,49 @@ fn unnamed_files_stay_only_once_named() {
     let after = Fs::check(&open_volume(&shm.dir)).unwrap();
     assert_eq!(after.mapped_bytes, 0, "{after:?}");
 }
+
+/// An unmount writes a snapshot only when there is something to keep: after a session that
+/// only looked (stat, readdir, reads that leave the access times) the sealed snapshot the
+/// file system was opened from stays current, and the root is not rewritten. A read that
+/// moves an access time — kept in DRAM, never journaled — still gets its snapshot.
+#[test]
+fn an_unmount_after_only_looking_writes_nothing() {
+    let shm = shm_volume("look", 256 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    fs.mkdir("/d", 0o755).unwrap();
+    fs.create("/d/f").unwrap().write_at(b"data", 0).unwrap();
+    fs.unmount().unwrap();
+    let generation = || Fs::check(&open_volume(&shm.dir)).unwrap().generation;
+    let written = generation();
+    let read = |fs: &Fs| {
+        let mut b = [0u8; 4];
+        fs.open_read("/d/f").unwrap().read_at(&mut b, 0).unwrap();
+        assert_eq!(&b, b"data");
+    };
+
+    // The first read since the write moves the access time: a snapshot keeps it.
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    read(&fs);
+    let atime = fs.stat("/d/f").unwrap().atime_ns;
+    fs.unmount().unwrap();
+    let after_read = generation();
+    assert!(after_read > written, "{after_read} after {written}");
+
+    // Now the access time is newer than the change: reading, listing and stat write nothing.
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    assert_eq!(fs.stat("/d/f").unwrap().atime_ns, atime);
+    read(&fs);
+    assert_eq!(fs.readdir("/d").unwrap().len(), 1);
+    fs.unmount().unwrap();
+    assert_eq!(generation(), after_read);
+
+    // A change after such a session is kept as ever, and its unmount writes a snapshot.
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    fs.create("/d/g").unwrap().write_at(b"more", 0).unwrap();
+    fs.unmount().unwrap();
+    assert!(generation() > after_read);
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    assert_eq!(fs.stat("/d/g").unwrap().size, 4);
+    assert_eq!(fs.stat("/d/f").unwrap().atime_ns, atime);
+    fs.unmount().unwrap();
+}

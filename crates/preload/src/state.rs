@@ -520,7 +520,7 @@ extern "C" fn unmount_at_exit() {
         control.abandon();
     }
     if let Some(fs) = mounted.take()
-        && let Err(e) = fs.unmount()
+        && let Err(e) = fs.unmount_at_exit()
     {
         eprintln!("locus preload: unmounting at exit: {e}");
     }

@@ -690,6 +690,17 @@ impl Fs {
     pub fn unmount(self) -> Result<()> {
         self.mount.stop(false)
     }
+
+    /// [`Fs::unmount`] for a process about to exit: the same final checkpoint and snapshot,
+    /// but the in-memory tables (an inode, its names and extent map per file) are left for
+    /// the exit to reclaim instead of being freed one by one — on a volume of 30,000 files
+    /// that was a twentieth of a short program's run. Open files and other clones of this
+    /// handle fail with `Shutdown` afterwards, as after `unmount`.
+    pub fn unmount_at_exit(self) -> Result<()> {
+        let stopped = self.mount.stop(false);
+        std::mem::forget(self);
+        stopped
+    }
 }
 
 /// An open file. Reads and writes are positional; every write is atomic and durable when it
@@ -763,7 +774,7 @@ impl File {
                 "the file is not open for reading".into(),
             ));
         }
-        self.inode.accessed();
+        self.fs.inner.accessed(&self.inode);
         let size = self.inode.size.load(Ordering::Acquire);
         if offset >= size || buf.is_empty() {
             return Ok(0);
@@ -798,7 +809,7 @@ impl File {
                 "the file is not open for reading".into(),
             ));
         }
-        self.inode.accessed();
+        self.fs.inner.accessed(&self.inode);
         let size = self.inode.size.load(Ordering::Acquire);
         let n = len.min(size.saturating_sub(offset)).min(MAX_IO);
         if n == 0 {

@@ -71,6 +71,15 @@ pub(crate) struct Inner {
     /// How much larger than the current snapshot the next may be: the metadata added since
     /// it was written, counted as it is added ([`Inner::grow_snapshot`]).
     pub(crate) snapshot_growth: AtomicU64,
+    /// The global order when the file system was opened: an unmount that finds it unmoved
+    /// (and every journal sealed, no access time moved) has nothing to write
+    /// ([`crate::checkpoint`]'s last snapshot is skipped).
+    pub(crate) opened_at_order: u64,
+    /// The media lag behind DRAM in something no journal holds — a read moved an access
+    /// time ([`Inner::accessed`]), or the root's other copy is damaged and only a root
+    /// update rewrites it — so the unmount's snapshot is owed even when nothing was ordered.
+    /// Cleared when a snapshot starts.
+    pub(crate) snapshot_owed: AtomicBool,
     pub(crate) options: FsOptions,
     pub(crate) inodes: RwLock<HashMap<u64, Arc<Inode>>>,
     pub(crate) next_ino: AtomicU64,
@@ -280,6 +289,9 @@ pub(crate) struct Recovered {
     pub(crate) slots: Vec<(LogArea, Journal, VecDeque<Pending>)>,
     pub(crate) checksums: Option<Checksums>,
     pub(crate) replayed: ReplaySummary,
+    /// The root's other copy is damaged: the unmount's root update rewrites it, so the
+    /// unmount writes a snapshot even when nothing changed.
+    pub(crate) damaged_root_copy: bool,
 }
 
 /// What recovery replayed at open ([`crate::Fs::replayed`]).
@@ -513,6 +525,7 @@ impl Inner {
             slots,
             checksums,
             replayed,
+            damaged_root_copy,
         } = recovered;
         let slot_limit = root.slot_limit as usize;
         let slots_made = root.slots.len() as u64;
@@ -547,6 +560,8 @@ impl Inner {
             snapshot_bytes: AtomicU64::new(snapshot_bytes),
             // What replaying the journals added to the snapshot's metadata.
             snapshot_growth: AtomicU64::new(next_snapshot.saturating_sub(snapshot_bytes)),
+            opened_at_order: next_order,
+            snapshot_owed: AtomicBool::new(damaged_root_copy),
             options,
             symlinks: AtomicBool::new(inodes.values().any(|i| i.kind == Kind::Symlink)),
             inodes: RwLock::new(inodes),
@@ -577,6 +592,28 @@ impl Inner {
             inner.slots[index].set(slot).expect("each slot once");
         }
         inner
+    }
+
+    /// A read of `inode`: its access time may move ([`crate::inode::Inode::accessed`]), and
+    /// then the next snapshot has it to keep.
+    pub(crate) fn accessed(&self, inode: &Inode) {
+        if inode.accessed() {
+            self.snapshot_owed.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether the media already hold everything this file system knows: nothing was
+    /// ordered (written, journaled) since it was opened, every journal still holds only the
+    /// sealed marker of a clean unmount, and no snapshot is owed ([`Inner::snapshot_owed`]).
+    /// Its unmount then writes nothing: the sealed snapshot it was opened from is current.
+    pub(crate) fn unchanged_since_sealed(&self) -> bool {
+        self.progress.current_order() == self.opened_at_order
+            && !self.snapshot_owed.load(Ordering::Acquire)
+            && self
+                .slots
+                .iter()
+                .map_while(|s| s.get())
+                .all(|slot| slot.journal().is_sealed())
     }
 
     pub(crate) fn region_at(&self, addr: u64) -> Result<(&Region, u64)> {
