@@ -26,6 +26,7 @@
 pub mod calls;
 pub(crate) mod errno;
 pub mod locks;
+pub(crate) mod offsets;
 pub mod path;
 pub(crate) mod real;
 pub mod stat;

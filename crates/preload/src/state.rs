@@ -519,6 +519,7 @@ extern "C" fn unmount_at_exit() {
     if let Some(control) = CONTROL.lock().take() {
         control.abandon();
     }
+
     if let Some(fs) = mounted.take()
         && let Err(e) = fs.unmount_at_exit()
     {
@@ -563,7 +564,63 @@ pub(crate) struct Desc {
     /// Access mode and status flags (`O_APPEND`, `O_NONBLOCK`, `O_DIRECT`, ...).
     pub status: AtomicI32,
     /// The file offset (held across a `read`/`write` that uses it).
-    pub pos: Mutex<u64>,
+    pub pos: Offset,
+}
+
+/// A description's file offset and, once the description has crossed a `fork` or an
+/// `exec`, its cell in the table processes share ([`crate::offsets`]). A change made under
+/// the lock reaches the cell when the lock is let go: a process that ends without its exit
+/// handlers (dash ends with `_exit`) has left its offsets for the next process all the same.
+#[derive(Debug)]
+pub(crate) struct Offset {
+    value: Mutex<u64>,
+    /// 0: no cell (yet).
+    cell: std::sync::atomic::AtomicU32,
+}
+
+impl Offset {
+    fn new(value: u64, cell: Option<u32>) -> Self {
+        Self {
+            value: Mutex::new(value),
+            cell: std::sync::atomic::AtomicU32::new(cell.unwrap_or(0)),
+        }
+    }
+
+    /// The offset, locked (rank [`rank::POSITION`], through [`ordered`]).
+    pub(crate) fn lock(&self) -> OffsetGuard<'_> {
+        OffsetGuard {
+            value: self.value.lock(),
+            cell: &self.cell,
+        }
+    }
+}
+
+/// The locked offset; letting go of it stores it into its cell, if it has one.
+pub(crate) struct OffsetGuard<'a> {
+    value: parking_lot::MutexGuard<'a, u64>,
+    cell: &'a std::sync::atomic::AtomicU32,
+}
+
+impl std::ops::Deref for OffsetGuard<'_> {
+    type Target = u64;
+    fn deref(&self) -> &u64 {
+        &self.value
+    }
+}
+
+impl std::ops::DerefMut for OffsetGuard<'_> {
+    fn deref_mut(&mut self) -> &mut u64 {
+        &mut self.value
+    }
+}
+
+impl Drop for OffsetGuard<'_> {
+    fn drop(&mut self) {
+        let cell = self.cell.load(Ordering::Relaxed);
+        if cell != 0 {
+            crate::offsets::store(cell, *self.value);
+        }
+    }
 }
 
 impl Desc {
@@ -575,7 +632,36 @@ impl Desc {
             path,
             ino,
             status: AtomicI32::new(status),
-            pos: Mutex::new(0),
+            pos: Offset::new(0, None),
+        }
+    }
+
+    /// A description reopened for one handed over: at `pos`, sharing `cell` with the
+    /// processes that hold the same description.
+    fn reopened(node: Node, h: &Handoff, pos: u64) -> Self {
+        Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            epoch: EPOCH.load(Ordering::Relaxed),
+            node,
+            path: h.path.clone(),
+            ino: h.ino,
+            status: AtomicI32::new(h.status),
+            pos: Offset::new(pos, h.cell),
+        }
+    }
+
+    /// The description's offset cell, taken now (holding the offset) if it has none, for
+    /// the description to cross a `fork` or an `exec`; `None` when the table is full or
+    /// cannot be made (the offset then crosses by value).
+    fn share_offset(&self) -> Option<u32> {
+        let pos = ordered(rank::POSITION, || self.pos.lock());
+        match self.pos.cell.load(Ordering::Relaxed) {
+            0 => {
+                let cell = crate::offsets::allocate(*pos)?;
+                self.pos.cell.store(cell, Ordering::Relaxed);
+                Some(cell)
+            }
+            cell => Some(cell),
         }
     }
 
@@ -1039,13 +1125,17 @@ fn suspend_all(
             keep_in_memory(fd, &slot, &mut moved);
             dropped.push(slot);
         } else if slot.desc.usable().is_ok() {
+            let cell = slot.desc.share_offset();
+            let pos = *ordered(rank::POSITION, || slot.desc.pos.lock());
             pending.push(Handoff {
                 fd,
                 ino: slot.desc.ino,
-                pos: *ordered(rank::POSITION, || slot.desc.pos.lock()),
+                pos,
                 status: slot.desc.status.load(Ordering::Relaxed),
                 path: slot.desc.path.clone(),
                 cloexec: slot.cloexec,
+                group: slot.desc.id,
+                cell,
             });
             dropped.push(slot);
         } else {
@@ -1281,10 +1371,15 @@ pub const HANDOFF_ENV: &str = "LOCUS_PRELOAD_HANDOFF";
 struct Handoff {
     fd: c_int,
     ino: u64,
+    /// The offset when handed over; the cell's, when there is one, is newer.
     pos: u64,
     status: c_int,
     path: String,
     cloexec: bool,
+    /// The fds of one description share a group (and are reopened as one description).
+    group: u64,
+    /// The description's offset cell ([`crate::offsets`]).
+    cell: Option<u32>,
 }
 
 static PENDING: Mutex<Vec<Handoff>> = Mutex::new(Vec::new());
@@ -1317,12 +1412,15 @@ pub(crate) fn handoff_for_exec() -> Option<(String, Vec<c_int>)> {
                 continue;
             }
             let desc = &slot.desc;
+            let cell = desc.share_offset();
+            let pos = *ordered(rank::POSITION, || desc.pos.lock());
             lines.push(format!(
-                "fd {fd} {} {} {} {}",
+                "fd {fd} {} {pos} {} {} {} {}",
                 desc.ino,
-                *ordered(rank::POSITION, || desc.pos.lock()),
                 desc.status.load(Ordering::Relaxed),
-                hex(desc.path.as_bytes())
+                hex(desc.path.as_bytes()),
+                desc.id,
+                cell.unwrap_or(0)
             ));
             fds.push(fd);
         }
@@ -1332,14 +1430,22 @@ pub(crate) fn handoff_for_exec() -> Option<(String, Vec<c_int>)> {
         .filter(|h| !h.cloexec)
     {
         lines.push(format!(
-            "fd {} {} {} {} {}",
+            "fd {} {} {} {} {} {} {}",
             h.fd,
             h.ino,
             h.pos,
             h.status,
-            hex(h.path.as_bytes())
+            hex(h.path.as_bytes()),
+            h.group,
+            h.cell.unwrap_or(0)
         ));
         fds.push(h.fd);
+    }
+    if !lines.is_empty()
+        && let Some(table) = crate::offsets::handover_fd()
+    {
+        lines.push(format!("offsets {table}"));
+        fds.push(table);
     }
     if let Some(dir) = cwd() {
         lines.push(format!("cwd {}", hex(dir.as_bytes())));
@@ -1386,11 +1492,15 @@ fn receive_handoff() {
     unsafe { libc::unsetenv(c"LOCUS_PRELOAD_HANDOFF".as_ptr()) };
     let text = text.to_string_lossy();
     let mut pending = Vec::new();
+    // The handing image's description ids, renumbered into this image's.
+    let mut groups: HashMap<u64, u64> = HashMap::new();
+    let mut cells = false;
     for item in text.split(';') {
         let fields: Vec<&str> = item.split(' ').collect();
         match fields.as_slice() {
-            ["fd", fd, ino, pos, status, path] => {
+            ["fd", fd, ino, pos, status, path, group, cell] => {
                 let parsed = (|| {
+                    let group = group.parse::<u64>().ok()?;
                     Some(Handoff {
                         fd: fd.parse().ok()?,
                         ino: ino.parse().ok()?,
@@ -1398,11 +1508,29 @@ fn receive_handoff() {
                         status: status.parse().ok()?,
                         path: unhex(path)?,
                         cloexec: false,
+                        group: *groups
+                            .entry(group)
+                            .or_insert_with(|| NEXT_ID.fetch_add(1, Ordering::Relaxed)),
+                        cell: Some(cell.parse::<u32>().ok()?).filter(|&c| c != 0),
                     })
                 })();
                 match parsed {
-                    Some(h) if h.fd >= 0 => pending.push(h),
+                    Some(h) if h.fd >= 0 => {
+                        cells |= h.cell.is_some();
+                        pending.push(h);
+                    }
                     _ => eprintln!("locus preload: ignoring a malformed handed-over fd: {item}"),
+                }
+            }
+            ["offsets", fd] => {
+                let received = fd
+                    .parse::<c_int>()
+                    .map_err(|e| format!("{fd}: {e}"))
+                    .and_then(crate::offsets::receive);
+                if let Err(problem) = received {
+                    eprintln!(
+                        "locus preload: ignoring the handed-over table of offsets: {problem}"
+                    );
                 }
             }
             ["cwd", path] => match unhex(path) {
@@ -1410,6 +1538,12 @@ fn receive_handoff() {
                 None => eprintln!("locus preload: ignoring a malformed working directory"),
             },
             _ => eprintln!("locus preload: ignoring a malformed handover entry: {item}"),
+        }
+    }
+    if cells && crate::offsets::handover_fd().is_none() {
+        // Without the table the cells name nothing: the offsets handed over by value serve.
+        for h in &mut pending {
+            h.cell = None;
         }
     }
     for h in &pending {
@@ -1431,13 +1565,20 @@ fn adopt_suspended() -> Result<(), c_int> {
     with_fs(|_| Ok(()))?;
     let list = std::mem::take(&mut *ordered(rank::PENDING, || PENDING.lock()));
     PENDING_COUNT.store(0, Ordering::Relaxed);
+    // The fds that shared a description share the one reopened (`2>&1`).
+    let mut reopened: HashMap<u64, Arc<Desc>> = HashMap::new();
     for h in list {
-        match reopen(&h) {
+        let desc = match reopened.get(&h.group) {
+            Some(desc) => Ok(Arc::clone(desc)),
+            None => reopen(&h).map(Arc::new),
+        };
+        match desc {
             Ok(desc) => {
+                reopened.insert(h.group, Arc::clone(&desc));
                 install(
                     h.fd,
                     FdEntry {
-                        desc: Arc::new(desc),
+                        desc,
                         cloexec: h.cloexec,
                     },
                 );
@@ -1491,9 +1632,9 @@ fn reopen(h: &Handoff) -> Result<Desc, c_int> {
                 Node::File(file)
             }
         };
-        let desc = Desc::new(node, h.path.clone(), h.ino, h.status);
-        *ordered(rank::POSITION, || desc.pos.lock()) = h.pos;
-        Ok(desc)
+        // Where the last process to use the description left it.
+        let pos = h.cell.and_then(crate::offsets::load).unwrap_or(h.pos);
+        Ok(Desc::reopened(node, h, pos))
     })
 }
 

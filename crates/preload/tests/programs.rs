@@ -1314,6 +1314,47 @@ fn a_shell_script_creates_renames_appends_and_reads_back() {
     assert!(fs.stat("/s/log").is_err());
 }
 
+/// An fd a shell opens once and its children inherit shares one offset between them, as a
+/// kernel file's open description does: `cmd > log 2>&1` keeps stdout and stderr in order,
+/// commands a group or loop starts write after each other and after the group's own lines
+/// (`./build.sh > log 2>&1`), and a child that reads
+/// a line of the group's input leaves the group the line after it. The same script on tmpfs
+/// and on locus, the second with dash (which ends with `_exit`, without exit handlers) and
+/// bash as the children.
+#[test]
+fn inherited_fds_share_their_offset_with_children_as_on_tmpfs() {
+    let vol = volume();
+    let tmp = tempfile::tempdir().unwrap();
+    let script = r#"
+        set -e
+        export LC_ALL=C
+        cd "$1"
+        for sh in sh bash; do
+            $sh -c 'echo a; echo b >&2; echo c' > both 2>&1
+            ( echo one; ls ./missing; echo three ) > sub 2>&1 || true
+            { echo start; for i in 1 2 3; do $sh -c 'echo out $0; echo err $0 >&2' $i; done; echo end; } > loop 2>&1
+            printf '1\n2\n3\n4\n' > in
+            { read a; $sh -c 'read b; echo "child $b"'; read c; echo "group $a $c"; } < in > read
+            cat both sub loop read
+        done
+    "#;
+    let run = |dir: &str, preload: bool| {
+        let (out, err) = shell(
+            preload.then_some(vol.path()),
+            "bash",
+            script,
+            &[dir.as_ref()],
+        );
+        assert_eq!(err, "", "{dir}");
+        out
+    };
+    let on_tmpfs = run(tmp.path().to_str().unwrap(), false);
+    let once = "a\nb\nc\none\nls: cannot access './missing': No such file or directory\nthree\n\
+                start\nout 1\nerr 1\nout 2\nerr 2\nout 3\nerr 3\nend\nchild 2\ngroup 1 3\n";
+    assert_eq!(on_tmpfs, once.repeat(2), "the script itself");
+    assert_eq!(run(MOUNT, true), on_tmpfs);
+}
+
 /// Pipelines run in a locus working directory: bash's child resolves `.` while it looks its
 /// command up, which mounts the volume there until its `exec`, so each stage of `ls f |
 /// cat` mounts — and one of them failed with `EBUSY` (`ls` in about a third of the runs,
