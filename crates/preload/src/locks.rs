@@ -151,6 +151,11 @@ impl Locks {
         self.released.notify_all();
     }
 
+    /// Whether the process holds no lock at all.
+    pub fn is_empty(&self) -> bool {
+        crate::state::ordered(crate::state::rank::LOCK_TABLE, || self.held.lock()).is_empty()
+    }
+
     /// Forgets every lock (a forked child: they belong to the parent).
     pub fn clear(&self) {
         crate::state::ordered(crate::state::rank::LOCK_TABLE, || self.held.lock()).clear();

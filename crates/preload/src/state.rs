@@ -262,24 +262,50 @@ static MOUNTED_AT: Mutex<Option<std::time::Instant>> = Mutex::new(None);
 /// let go of it: each process that waited for the volume gets to use it.
 const HOLD_AT_LEAST: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// Whether the program holds nothing of the volume between its calls — no locus file or
-/// directory open, no shared mapping — and has held the mount for [`HOLD_AT_LEAST`]: then
-/// it can let go of the volume for another process ([`release_now`]) and mount it again at
-/// its next locus call, as after a `fork`. Files it keeps open keep the volume.
+/// How many times its mount's cost a process keeps the volume at least before it lets go:
+/// two programs that take turns spend at most a fifth of their time mounting (a mount
+/// reads the whole snapshot: about 3 µs per file).
+const HOLD_PER_MOUNT_COST: u32 = 4;
+
+/// What this process's last mount cost (the file system's open, not the wait before it).
+static MOUNT_COST_NS: AtomicU64 = AtomicU64::new(0);
+
+/// How long a mount is kept at least: [`HOLD_AT_LEAST`], or [`HOLD_PER_MOUNT_COST`] times
+/// what it cost, whichever is longer.
+fn hold_at_least() -> std::time::Duration {
+    let cost = std::time::Duration::from_nanos(MOUNT_COST_NS.load(Ordering::Relaxed));
+    HOLD_AT_LEAST.max(cost * HOLD_PER_MOUNT_COST)
+}
+
+/// Whether the program can let go of the volume for another process between its calls
+/// ([`release_now`]) and mount it again at its next locus call, as after a `fork`: it has
+/// held the mount for [`hold_at_least`], and holds nothing that could not be taken up again
+/// as it was — no shared mapping, no directory stream, no record or `flock` lock (another
+/// process could take the same lock meanwhile), no open file without a name (it could not
+/// be reopened). Open files are suspended and reopened by path at their next use, with
+/// their offsets, as across a fork; one another process renamed or removed meanwhile is
+/// closed then, with a message.
 fn idle() -> Result<(), String> {
-    let open = OPEN.load(Ordering::Relaxed);
-    if open > 0 {
-        return Err(format!("the program has {open} locus file(s) open"));
-    }
     if crate::calls::shared::any() {
         return Err("the program has shared mappings of locus files".into());
     }
     if STREAM_COUNT.load(Ordering::Relaxed) > 0 {
         return Err("the program has locus directories open".into());
     }
+    if OPEN.load(Ordering::Relaxed) > 0 {
+        if !locks().is_empty() {
+            return Err("the program holds locks on locus files".into());
+        }
+        let nameless = ordered(rank::FDS, || FDS.read())
+            .as_ref()
+            .is_some_and(|table| table.values().any(FdEntry::is_nameless));
+        if nameless {
+            return Err("the program has a locus file without a name open".into());
+        }
+    }
     if MOUNTED_AT
         .lock()
-        .is_some_and(|at| at.elapsed() < HOLD_AT_LEAST)
+        .is_some_and(|at| at.elapsed() < hold_at_least())
     {
         return Err("the program mounted the volume just now".into());
     }
@@ -296,8 +322,9 @@ fn idle_now() -> Result<(), String> {
 
 /// Lets go of the volume for the process that asked (`fs::control::RELEASE_REQUEST`), on a
 /// thread of the library's own: with no locus call in progress and the program still idle,
-/// stops the control socket and unmounts cleanly, as before a `fork`. The program mounts
-/// again at its next locus call (waiting, in turn, for the other to let go).
+/// stops the control socket, suspends the program's open locus fds and unmounts cleanly, as
+/// before a `fork`. The program mounts again at its next locus call (waiting, in turn, for
+/// the other to let go), and reopens a suspended fd at its first use.
 fn release_now() {
     let Some(mut mounted) = MOUNT.try_write_for(std::time::Duration::from_millis(100)) else {
         return;
@@ -306,6 +333,14 @@ fn release_now() {
         return;
     }
     stop_control();
+    let suspended = {
+        let mut pending = ordered(rank::PENDING, || PENDING.lock());
+        let mut fds = ordered(rank::FDS, || FDS.write());
+        suspend_all(&mut fds, &mut pending)
+    };
+    table_changed();
+    // Dropping descriptions closes their files: before the unmount.
+    drop(suspended);
     *MOUNTED_AT.lock() = None;
     if let Some(fs) = mounted.take()
         && let Err(e) = fs.unmount()
@@ -447,7 +482,10 @@ fn mount() -> Result<Fs, c_int> {
             on_thread: Some(library_thread),
             ..FsOptions::default()
         };
-        Fs::open(Arc::new(volume), options)
+        let started = std::time::Instant::now();
+        let fs = Fs::open(Arc::new(volume), options)?;
+        MOUNT_COST_NS.store(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        Ok(fs)
     })();
     opened.map_err(|e| {
         let errno = e.errno();
