@@ -25,8 +25,9 @@ use parking_lot::Mutex;
 
 use crate::{errno, real, state};
 
-/// Cells in a table: 32 KiB of memory; cell 0 counts the cells handed out.
-const CELLS: usize = 4096;
+/// Cells in a table: 512 KiB of memory, of which only the pages of cells handed out are
+/// ever touched; cell 0 counts the cells handed out.
+const CELLS: usize = 1 << 16;
 const TABLE_BYTES: usize = CELLS * 8;
 
 struct Table {

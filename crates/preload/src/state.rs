@@ -557,7 +557,6 @@ extern "C" fn unmount_at_exit() {
     if let Some(control) = CONTROL.lock().take() {
         control.abandon();
     }
-
     if let Some(fs) = mounted.take()
         && let Err(e) = fs.unmount_at_exit()
     {
@@ -677,15 +676,9 @@ impl Desc {
     /// A description reopened for one handed over: at `pos`, sharing `cell` with the
     /// processes that hold the same description.
     fn reopened(node: Node, h: &Handoff, pos: u64) -> Self {
-        Self {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            epoch: EPOCH.load(Ordering::Relaxed),
-            node,
-            path: h.path.clone(),
-            ino: h.ino,
-            status: AtomicI32::new(h.status),
-            pos: Offset::new(pos, h.cell),
-        }
+        let mut desc = Self::new(node, h.path.clone(), h.ino, h.status);
+        desc.pos = Offset::new(pos, h.cell);
+        desc
     }
 
     /// The description's offset cell, taken now (holding the offset) if it has none, for

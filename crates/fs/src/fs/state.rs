@@ -72,8 +72,8 @@ pub(crate) struct Inner {
     /// it was written, counted as it is added ([`Inner::grow_snapshot`]).
     pub(crate) snapshot_growth: AtomicU64,
     /// The global order when the file system was opened: an unmount that finds it unmoved
-    /// (and every journal sealed, no access time moved) has nothing to write
-    /// ([`crate::checkpoint`]'s last snapshot is skipped).
+    /// (and every journal sealed, no snapshot owed) has nothing to write
+    /// ([`Inner::unchanged_since_sealed`]).
     pub(crate) opened_at_order: u64,
     /// The media lag behind DRAM in something no journal holds — a read moved an access
     /// time ([`Inner::accessed`]), or the root's other copy is damaged and only a root
