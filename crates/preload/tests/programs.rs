@@ -1474,80 +1474,79 @@ EOF
     assert_eq!(out, "6765\n8\n");
 
     // An idle holder lets a second program in, and goes on afterwards.
-    let mut holder = preloaded(vol.path(), "python3")
-        .args([
-            "-c",
-            r#"
+    let (second, rest) = beside_an_idle_holder(
+        vol.path(),
+        r#"
 import sys
 with open('/locus/first', 'w') as f:
     f.write('from the first\n')
-print('idle', flush=True)
+print('ready', flush=True)
 sys.stdin.readline()
 with open('/locus/first', 'a') as f:
     f.write('and again\n')
 print(open('/locus/second').read(), end='', flush=True)
 "#,
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(holder.stdout.take().unwrap()).lines();
-    assert_eq!(lines.next().unwrap().unwrap(), "idle");
-    let second = ok(
-        &preloaded(vol.path(), "bash")
-            .args([
-                "-c",
-                "cat /locus/first && echo 'from the second' > /locus/second",
-            ])
-            .output()
-            .unwrap(),
+        "cat /locus/first && echo 'from the second' > /locus/second",
         "a second program beside an idle one",
     );
     assert_eq!(second, "from the first\n");
-    use std::io::Write;
-    holder.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
-    assert_eq!(lines.next().unwrap().unwrap(), "from the second");
-    assert!(holder.wait().unwrap().success());
+    assert_eq!(rest, ["from the second"]);
 
     // A holder with files open lets go too: they are suspended and reopened at their next
     // use, where they were (a file read half way, a file written half way).
-    let mut holder = preloaded(vol.path(), "python3")
-        .args([
-            "-c",
-            r#"
+    let (second, rest) = beside_an_idle_holder(
+        vol.path(),
+        r#"
 import os, sys
 r = os.open('/locus/first', os.O_RDONLY)
 w = os.open('/locus/log', os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
 os.write(w, os.read(r, 5))
-print('idle with files open', flush=True)
+print('ready', flush=True)
 sys.stdin.readline()
 os.write(w, os.read(r, 100))
 os.close(w)
 print(open('/locus/log').read(), end='', flush=True)
 "#,
-        ])
+        "cat /locus/log; echo 'from the third' > /locus/third",
+        "a second program beside one with files open",
+    );
+    assert_eq!(second, "from ");
+    assert_eq!(rest, ["from the first", "and again"]);
+    let fs = open_fs(vol.path());
+    assert_eq!(read_all(&fs, "/first"), b"from the first\nand again\n");
+    assert_eq!(read_all(&fs, "/third"), b"from the third\n");
+}
+
+/// Runs the Python script `holder` under the library until it prints `ready` (idle between
+/// its locus calls, waiting for a line on its stdin), then the bash script `second` beside
+/// it; then lets the holder go on to its end. The second's stdout, and the holder's lines
+/// after `ready`.
+fn beside_an_idle_holder(
+    vol: &Path,
+    holder: &str,
+    second: &str,
+    what: &str,
+) -> (String, Vec<String>) {
+    use std::io::Write;
+    let mut child = preloaded(vol, "python3")
+        .args(["-c", holder])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(holder.stdout.take().unwrap()).lines();
-    assert_eq!(lines.next().unwrap().unwrap(), "idle with files open");
-    let second = ok(
-        &preloaded(vol.path(), "bash")
-            .args(["-c", "cat /locus/log; echo 'from the third' > /locus/third"])
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "ready", "{what}");
+    let out = ok(
+        &preloaded(vol, "bash")
+            .args(["-c", second])
             .output()
             .unwrap(),
-        "a second program beside one with files open",
+        what,
     );
-    assert_eq!(second, "from ");
-    holder.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
-    assert_eq!(lines.next().unwrap().unwrap(), "from the first");
-    assert_eq!(lines.next().unwrap().unwrap(), "and again");
-    assert!(holder.wait().unwrap().success());
-    let fs = open_fs(vol.path());
-    assert_eq!(read_all(&fs, "/first"), b"from the first\nand again\n");
-    assert_eq!(read_all(&fs, "/third"), b"from the third\n");
+    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let rest = lines.map(Result::unwrap).collect();
+    assert!(child.wait().unwrap().success(), "{what}: the holder");
+    (out, rest)
 }
 
 /// Programs that make temporary files beside their target and check streams with
