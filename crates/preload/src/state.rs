@@ -332,13 +332,24 @@ fn release_now() {
     if mounted.is_none() || idle().is_err() {
         return;
     }
-    stop_control();
     let suspended = {
         let mut pending = ordered(rank::PENDING, || PENDING.lock());
         let mut fds = ordered(rank::FDS, || FDS.write());
-        suspend_all(&mut fds, &mut pending)
+        // Reads and writes of open fds run without `MOUNT`: one in progress holds its
+        // description, which the program keeps the volume for. Lookups threads remember
+        // are void from here on, and the fence pairs with the one in `desc`: a call that
+        // takes a remembered description either shows here as one more holder of it, or
+        // finds the generation moved and looks again (and waits for the table).
+        table_changed();
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if fds.as_ref().is_some_and(descriptions_in_use) {
+            return;
+        }
+        let suspended = suspend_all(&mut fds, &mut pending);
+        table_changed();
+        suspended
     };
-    table_changed();
+    stop_control();
     // Dropping descriptions closes their files: before the unmount.
     drop(suspended);
     *MOUNTED_AT.lock() = None;
@@ -347,6 +358,39 @@ fn release_now() {
     {
         eprintln!("locus preload: letting go of the volume for another process: {e}");
     }
+    *RELEASED_AT.lock() = Some(std::time::Instant::now());
+}
+
+/// When this process last let go of the volume for another that asked ([`release_now`]).
+static RELEASED_AT: Mutex<Option<std::time::Instant>> = Mutex::new(None);
+
+/// How long a process that let go of the volume for another keeps from mounting it again:
+/// the one that asked polls for it every millisecond once told, and must get to it first
+/// (a program busy with its open files otherwise took the volume back at once, and a
+/// `cat` beside it failed with `EBUSY` in 26 runs of 40).
+const GIVE_WAY: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// Before a mount: waits out what is left of [`GIVE_WAY`] after this process let go.
+fn give_way_after_release() {
+    let Some(at) = RELEASED_AT.lock().take() else {
+        return;
+    };
+    let left = GIVE_WAY.saturating_sub(at.elapsed());
+    if !left.is_zero() {
+        std::thread::sleep(left);
+    }
+}
+
+/// Whether a description in the fd `table` is held by more than the table's entries: a
+/// call of the program is using it.
+fn descriptions_in_use(table: &HashMap<c_int, FdEntry>) -> bool {
+    let mut entries: HashMap<*const Desc, usize> = HashMap::new();
+    for slot in table.values() {
+        *entries.entry(Arc::as_ptr(&slot.desc)).or_default() += 1;
+    }
+    table
+        .values()
+        .any(|slot| Arc::strong_count(&slot.desc) > entries[&Arc::as_ptr(&slot.desc)])
 }
 
 /// Starts answering on the volume's control socket for `fs`, just mounted. A socket that
@@ -442,6 +486,7 @@ pub(crate) fn served_mount() -> Option<&'static [u8]> {
 
 fn mount() -> Result<Fs, c_int> {
     let config = config().ok_or(libc::EIO)?;
+    give_way_after_release();
     let opened = (|| -> Result<Fs, FsError> {
         let topology = topology::Topology::read_from(&config.sysfs)
             .map_err(|e| FsError::Invalid(format!("reading the NUMA topology: {e}")))?;
@@ -530,14 +575,23 @@ fn while_busy<T>(
         }
         // A program through this library lets go between its calls when asked (`release_now`
         // there); a holder that never does (`locus serve`) says so, and is not waited for.
+        let mut releasing = false;
         if let Err(volume::VolumeError::InUse { .. }) = &result
             && let Some(Ok(reply)) = fs::control::ask(dir, fs::control::RELEASE_REQUEST)
-            && reply.get("error").is_some_and(|e| !e.is_null())
         {
-            return result;
+            if reply.get("error").is_some_and(|e| !e.is_null()) {
+                return result;
+            }
+            releasing = reply.get("releasing") == Some(&serde_json::Value::Bool(true));
+        }
+        // A holder that is letting go gives way for a moment (`GIVE_WAY`): look often.
+        if releasing {
+            pause = std::time::Duration::from_millis(1);
         }
         std::thread::sleep(pause.min(left));
-        pause = (pause * 2).min(std::time::Duration::from_millis(20));
+        if !releasing {
+            pause = (pause * 2).min(std::time::Duration::from_millis(20));
+        }
     }
 }
 
@@ -840,13 +894,25 @@ fn mark(fd: c_int, on: bool) {
 /// The entry of a locus fd; a suspended one (see "Suspending fds") is reopened first, and
 /// if that cannot happen now (the volume is busy), its error is returned.
 pub(crate) fn entry(fd: c_int) -> Result<FdEntry, c_int> {
-    if PENDING_COUNT.load(Ordering::Relaxed) > 0 {
-        adopt_suspended()?;
+    loop {
+        if PENDING_COUNT.load(Ordering::Relaxed) > 0 {
+            adopt_suspended()?;
+        }
+        let found = ordered(rank::FDS, || FDS.read())
+            .as_ref()
+            .and_then(|t| t.get(&fd).cloned());
+        if let Some(entry) = found {
+            return Ok(entry);
+        }
+        // Suspended between the two looks (the program let go of the volume for another
+        // process, on the library's thread): reopened at the next turn of the loop.
+        let suspended = ordered(rank::PENDING, || PENDING.lock())
+            .iter()
+            .any(|h| h.fd == fd);
+        if !suspended {
+            return Err(libc::EBADF);
+        }
     }
-    ordered(rank::FDS, || FDS.read())
-        .as_ref()
-        .and_then(|t| t.get(&fd).cloned())
-        .ok_or(libc::EBADF)
 }
 
 /// Raised after every change of the fd table (`install`, `uninstall`, `fork`): a thread's
@@ -879,7 +945,12 @@ pub(crate) fn desc(fd: c_int) -> Result<Arc<Desc>, c_int> {
         .ok()
         .flatten();
     if let Some(desc) = remembered {
-        return Ok(desc);
+        // Pairs with the fence in `release_now`: a release that checked this description's
+        // holders before this thread took it has moved the generation by now.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if FD_GENERATION.load(Ordering::Relaxed) == generation {
+            return Ok(desc);
+        }
     }
     let desc = entry(fd)?.desc;
     // Remembered with the generation read before the lookup: a change in between makes the

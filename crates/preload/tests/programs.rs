@@ -1517,6 +1517,69 @@ print(open('/locus/log').read(), end='', flush=True)
     assert_eq!(read_all(&fs, "/third"), b"from the third\n");
 }
 
+/// A program whose thread reads and writes its open locus file without pause still lets
+/// others in between its calls, and none of its calls fails for it: a release checks that no
+/// call holds one of the descriptions it suspends (one did: `ESHUTDOWN` from a write that
+/// ran into the unmount), a call that finds its fd suspended under it reopens it (`EBADF`
+/// before), and the holder gives way for a moment after it let go (it took the volume back
+/// at once before: most of the other programs failed with `EBUSY`).
+#[test]
+fn a_busy_holder_lets_others_in_without_failing_a_call() {
+    let vol = volume();
+    let setup = "import os\nfd = os.open('/locus/data', os.O_WRONLY | os.O_CREAT)\n\
+                 for i in range(64):\n    os.write(fd, bytes([i]) * 4096)\n\
+                 open('/locus/small', 'w').write('small\\n')\n";
+    ok(
+        &preloaded(vol.path(), "python3")
+            .args(["-c", setup])
+            .output()
+            .unwrap(),
+        "setup",
+    );
+    let (cats, rest) = beside_an_idle_holder_while(
+        vol.path(),
+        r#"
+import os, sys, threading
+fd = os.open('/locus/data', os.O_RDWR)
+errors, calls, stop = [], [0], [False]
+def work():
+    i = 0
+    while not stop[0]:
+        off = (i * 7 % 64) * 4096
+        want = bytes([off // 4096]) * 4096
+        try:
+            os.pwrite(fd, want, off)
+            if os.pread(fd, 4096, off) != want:
+                errors.append('wrong bytes at %d' % off)
+        except OSError as e:
+            errors.append('%s at %d' % (e, off))
+        i += 1
+        calls[0] += 1
+t = threading.Thread(target=work)
+t.start()
+print('ready', flush=True)
+sys.stdin.readline()
+stop[0] = True
+t.join()
+print('calls', 'many' if calls[0] > 100 else calls[0], 'errors', errors[:3], flush=True)
+"#,
+        || {
+            (0..40)
+                .map(|_| {
+                    preloaded(vol.path(), "cat")
+                        .arg("/locus/small")
+                        .output()
+                        .unwrap()
+                })
+                .collect::<Vec<_>>()
+        },
+    );
+    for (i, cat) in cats.iter().enumerate() {
+        assert_eq!(ok(cat, &format!("cat {i} beside a busy holder")), "small\n");
+    }
+    assert_eq!(rest, ["calls many errors []"]);
+}
+
 /// Runs the Python script `holder` under the library until it prints `ready` (idle between
 /// its locus calls, waiting for a line on its stdin), then the bash script `second` beside
 /// it; then lets the holder go on to its end. The second's stdout, and the holder's lines
@@ -1527,6 +1590,24 @@ fn beside_an_idle_holder(
     second: &str,
     what: &str,
 ) -> (String, Vec<String>) {
+    beside_an_idle_holder_while(vol, holder, || {
+        ok(
+            &preloaded(vol, "bash")
+                .args(["-c", second])
+                .output()
+                .unwrap(),
+            what,
+        )
+    })
+}
+
+/// [`beside_an_idle_holder`] with `meanwhile` run while the holder waits: its result, and
+/// the holder's lines after `ready`.
+fn beside_an_idle_holder_while<T>(
+    vol: &Path,
+    holder: &str,
+    meanwhile: impl FnOnce() -> T,
+) -> (T, Vec<String>) {
     use std::io::Write;
     let mut child = preloaded(vol, "python3")
         .args(["-c", holder])
@@ -1535,18 +1616,12 @@ fn beside_an_idle_holder(
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    assert_eq!(lines.next().unwrap().unwrap(), "ready", "{what}");
-    let out = ok(
-        &preloaded(vol, "bash")
-            .args(["-c", second])
-            .output()
-            .unwrap(),
-        what,
-    );
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    let result = meanwhile();
     child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
     let rest = lines.map(Result::unwrap).collect();
-    assert!(child.wait().unwrap().success(), "{what}: the holder");
-    (out, rest)
+    assert!(child.wait().unwrap().success(), "the holder");
+    (result, rest)
 }
 
 /// Programs that make temporary files beside their target and check streams with
