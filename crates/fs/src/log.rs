@@ -117,6 +117,11 @@ impl LogRecord {
     }
 
     /// `None` for an empty or torn slot (CRC mismatch), which recovery skips.
+    /// The sequence number a record's bytes say, unchecked (0: a slot never written).
+    fn sequence_in(bytes: &[u8]) -> u64 {
+        u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"))
+    }
+
     fn decode(bytes: &[u8; RECORD_BYTES as usize]) -> Option<Self> {
         let crc = u32::from_le_bytes(bytes[60..64].try_into().expect("4 bytes"));
         if crc != crc32c::crc32c(&bytes[..60]) {
@@ -125,7 +130,7 @@ impl LogRecord {
         let word =
             |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
         let record = Self {
-            sequence: word(0),
+            sequence: Self::sequence_in(bytes),
             inode: word(1),
             offset: word(2),
             length: word(3),
@@ -262,7 +267,7 @@ impl LogArea {
             let bytes = &mut window[..(count * RECORD_BYTES) as usize];
             region.read(RECORD_BYTES * (first + 1), bytes)?;
             for (index, slot) in (first..).zip(bytes.chunks_exact(RECORD_BYTES as usize)) {
-                let sequence = u64::from_le_bytes(slot[..8].try_into().expect("8 bytes"));
+                let sequence = LogRecord::sequence_in(slot);
                 if sequence == 0 || sequence <= retired {
                     continue;
                 }

@@ -1227,18 +1227,7 @@ fn suspend_all(
             keep_in_memory(fd, &slot, &mut moved);
             dropped.push(slot);
         } else if slot.desc.usable().is_ok() {
-            let cell = slot.desc.share_offset();
-            let pos = *ordered(rank::POSITION, || slot.desc.pos.lock());
-            pending.push(Handoff {
-                fd,
-                ino: slot.desc.ino,
-                pos,
-                status: slot.desc.status.load(Ordering::Relaxed),
-                path: slot.desc.path.clone(),
-                cloexec: slot.cloexec,
-                group: slot.desc.id,
-                cell,
-            });
+            pending.push(Handoff::of(fd, &slot));
             dropped.push(slot);
         } else {
             mark(fd, false);
@@ -1484,6 +1473,40 @@ struct Handoff {
     cell: Option<u32>,
 }
 
+impl Handoff {
+    /// The handoff of the open locus fd `fd` (`slot`, usable in this image): its offset
+    /// shared from now on ([`Desc::share_offset`]), its description's id as the group.
+    fn of(fd: c_int, slot: &FdEntry) -> Self {
+        let desc = &slot.desc;
+        let cell = desc.share_offset();
+        let pos = *ordered(rank::POSITION, || desc.pos.lock());
+        Self {
+            fd,
+            ino: desc.ino,
+            pos,
+            status: desc.status.load(Ordering::Relaxed),
+            path: desc.path.clone(),
+            cloexec: slot.cloexec,
+            group: desc.id,
+            cell,
+        }
+    }
+
+    /// Its line in `LOCUS_PRELOAD_HANDOFF` (read back by [`receive_handoff`]).
+    fn line(&self) -> String {
+        format!(
+            "fd {} {} {} {} {} {} {}",
+            self.fd,
+            self.ino,
+            self.pos,
+            self.status,
+            hex(self.path.as_bytes()),
+            self.group,
+            self.cell.unwrap_or(0)
+        )
+    }
+}
+
 static PENDING: Mutex<Vec<Handoff>> = Mutex::new(Vec::new());
 static PENDING_COUNT: AtomicUsize = AtomicUsize::new(0);
 
@@ -1513,17 +1536,7 @@ pub(crate) fn handoff_for_exec() -> Option<(String, Vec<c_int>)> {
             if slot.cloexec || slot.desc.usable().is_err() {
                 continue;
             }
-            let desc = &slot.desc;
-            let cell = desc.share_offset();
-            let pos = *ordered(rank::POSITION, || desc.pos.lock());
-            lines.push(format!(
-                "fd {fd} {} {pos} {} {} {} {}",
-                desc.ino,
-                desc.status.load(Ordering::Relaxed),
-                hex(desc.path.as_bytes()),
-                desc.id,
-                cell.unwrap_or(0)
-            ));
+            lines.push(Handoff::of(fd, slot).line());
             fds.push(fd);
         }
     }
@@ -1531,16 +1544,7 @@ pub(crate) fn handoff_for_exec() -> Option<(String, Vec<c_int>)> {
         .iter()
         .filter(|h| !h.cloexec)
     {
-        lines.push(format!(
-            "fd {} {} {} {} {} {} {}",
-            h.fd,
-            h.ino,
-            h.pos,
-            h.status,
-            hex(h.path.as_bytes()),
-            h.group,
-            h.cell.unwrap_or(0)
-        ));
+        lines.push(h.line());
         fds.push(h.fd);
     }
     if !lines.is_empty()
