@@ -933,3 +933,52 @@ fn a_stopped_file_system_reads_offline_as_recovery_would() {
     f.read_at(&mut again, 0).unwrap();
     assert!(again == model);
 }
+
+/// A file opened by inode number is the file that number was given to, whatever its names
+/// became — across renames, with no name left while open, and across a remount (numbers are
+/// never reused) — and a number whose file is gone opens nothing.
+#[test]
+fn files_open_by_number_whatever_their_names() {
+    let shm = shm_volume("by-number", 256 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    fs.mkdir("/d", 0o755).unwrap();
+    let f = fs.create("/d/log").unwrap();
+    f.write_at(b"first", 0).unwrap();
+    let ino = f.ino();
+    drop(f);
+    fs.rename("/d/log", "/log.1").unwrap();
+    fs.create("/d/log").unwrap().write_at(b"new", 0).unwrap();
+    let rw = OpenOptions::read_write();
+    let again = fs.open_ino(ino, rw).unwrap();
+    let mut buf = [0u8; 8];
+    let n = again.read_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf[..n], b"first");
+    again.write_at(b"!", 5).unwrap();
+    assert_eq!(fs.stat("/log.1").unwrap().size, 6);
+
+    // Held open, its last name removed: still reachable by number until closed.
+    fs.unlink("/log.1").unwrap();
+    let third = fs.open_ino(ino, OpenOptions::default()).unwrap();
+    drop(again);
+    let n = third.read_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf[..n], b"first!");
+    drop(third);
+    assert!(matches!(fs.open_ino(ino, rw), Err(FsError::NotFound(_))));
+
+    // Not a regular file, or never given out.
+    let dir = fs.stat("/d").unwrap().ino;
+    assert!(matches!(fs.open_ino(dir, rw), Err(FsError::IsDir(_))));
+    assert!(matches!(
+        fs.open_ino(1 << 40, rw),
+        Err(FsError::NotFound(_))
+    ));
+
+    // A new file after a remount gets a number never seen before.
+    let kept = fs.stat("/d/log").unwrap().ino;
+    fs.unmount().unwrap();
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    let n = fs.open_ino(kept, rw).unwrap().read_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf[..n], b"new");
+    assert!(fs.create("/fresh").unwrap().ino() > ino.max(kept));
+    assert!(matches!(fs.open_ino(ino, rw), Err(FsError::NotFound(_))));
+}

@@ -215,6 +215,9 @@ pub(crate) fn with_fs<T>(op: impl FnOnce(&Fs) -> Result<T, c_int>) -> Result<T, 
             // its default action, often the end of the process — by a thread of ours.)
             let fs = topology::with_signals_blocked(mount)?;
             start_control(&fs);
+            let id = volume_id(&fs);
+            MOUNTED_VOLUME[0].store((id >> 64) as u64, Ordering::Relaxed);
+            MOUNTED_VOLUME[1].store(id as u64, Ordering::Relaxed);
             *mounted = Some(fs);
             *MOUNTED_AT.lock() = Some(std::time::Instant::now());
         }
@@ -258,6 +261,20 @@ fn checker(fs: Fs, dir: PathBuf) -> fs::control::Checker {
 /// When this process last mounted the volume (`None` while it is not mounted).
 static MOUNTED_AT: Mutex<Option<std::time::Instant>> = Mutex::new(None);
 
+/// The uuid of the volume this process mounted last, halves high then low (0: none yet):
+/// handed over with the fds over `exec`, so that an image that mounts another volume (a
+/// different `LOCUS_VOLUME`) does not take one of that volume's files for the fd's.
+static MOUNTED_VOLUME: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+fn mounted_volume() -> u128 {
+    (u128::from(MOUNTED_VOLUME[0].load(Ordering::Relaxed)) << 64)
+        | u128::from(MOUNTED_VOLUME[1].load(Ordering::Relaxed))
+}
+
+fn volume_id(fs: &Fs) -> u128 {
+    u128::from_be_bytes(fs.volume().uuid())
+}
+
 /// How long a mount is kept at least before another process's request makes the library
 /// let go of it: each process that waited for the volume gets to use it.
 const HOLD_AT_LEAST: std::time::Duration = std::time::Duration::from_millis(20);
@@ -282,9 +299,9 @@ fn hold_at_least() -> std::time::Duration {
 /// held the mount for [`hold_at_least`], and holds nothing that could not be taken up again
 /// as it was — no shared mapping, no directory stream, no record or `flock` lock (another
 /// process could take the same lock meanwhile), no open file without a name (it could not
-/// be reopened). Open files are suspended and reopened by path at their next use, with
-/// their offsets, as across a fork; one another process renamed or removed meanwhile is
-/// closed then, with a message.
+/// be reopened). Open files are suspended and reopened at their next use, by inode number,
+/// with their offsets, as across a fork ([`reopen`]); one another process removed meanwhile
+/// is closed then, with a message.
 fn idle() -> Result<(), String> {
     if crate::calls::shared::any() {
         return Err("the program has shared mappings of locus files".into());
@@ -1448,12 +1465,12 @@ pub(crate) fn cwd_stat() -> Option<libc::stat> {
 //
 // `exec` replaces the process image and with it the mount, so a locus fd the program meant
 // to keep (no `FD_CLOEXEC`) — a shell's `cmd < /locus/f` — would be lost. Before `exec` the
-// library describes each such fd (number, inode, offset, status flags, path) and the locus
-// working directory in `LOCUS_PRELOAD_HANDOFF`, and lets the fd's kernel reservation survive
-// the exec. The new image's copy of the library reads the description at load and reopens
-// the files by path on first use, checking the inode (a file renamed over in between is not
-// silently swapped in: its fd is closed instead). The old image's mount simply ends with
-// the exec; every acknowledged write is durable, and the next mount recovers the rest.
+// library describes each such fd (number, inode, offset, status flags, path), the volume's
+// uuid and the locus working directory in `LOCUS_PRELOAD_HANDOFF`, and lets the fd's kernel
+// reservation survive the exec. The new image's copy of the library reads the description
+// at load and reopens the files on first use ([`reopen`]: by inode number, on the volume
+// the uuid names). The old image's mount simply ends with the exec; every acknowledged
+// write is durable, and the next mount recovers the rest.
 
 /// The environment variable carrying the description.
 pub const HANDOFF_ENV: &str = "LOCUS_PRELOAD_HANDOFF";
@@ -1471,6 +1488,8 @@ struct Handoff {
     group: u64,
     /// The description's offset cell ([`crate::offsets`]).
     cell: Option<u32>,
+    /// The uuid of the volume the file is on (0: not known).
+    volume: u128,
 }
 
 impl Handoff {
@@ -1489,6 +1508,7 @@ impl Handoff {
             cloexec: slot.cloexec,
             group: desc.id,
             cell,
+            volume: mounted_volume(),
         }
     }
 
@@ -1553,6 +1573,9 @@ pub(crate) fn handoff_for_exec() -> Option<(String, Vec<c_int>)> {
         lines.push(format!("offsets {table}"));
         fds.push(table);
     }
+    if !lines.is_empty() && mounted_volume() != 0 {
+        lines.push(format!("volume {:032x}", mounted_volume()));
+    }
     if let Some(dir) = cwd() {
         lines.push(format!("cwd {}", hex(dir.as_bytes())));
     }
@@ -1601,6 +1624,7 @@ fn receive_handoff() {
     // The handing image's description ids, renumbered into this image's.
     let mut groups: HashMap<u64, u64> = HashMap::new();
     let mut cells = false;
+    let mut volume = 0;
     for item in text.split(';') {
         let fields: Vec<&str> = item.split(' ').collect();
         match fields.as_slice() {
@@ -1618,6 +1642,7 @@ fn receive_handoff() {
                             .entry(group)
                             .or_insert_with(|| NEXT_ID.fetch_add(1, Ordering::Relaxed)),
                         cell: Some(cell.parse::<u32>().ok()?).filter(|&c| c != 0),
+                        volume: 0,
                     })
                 })();
                 match parsed {
@@ -1639,6 +1664,10 @@ fn receive_handoff() {
                     );
                 }
             }
+            ["volume", id] => match u128::from_str_radix(id, 16) {
+                Ok(parsed) if id.len() == 32 => volume = parsed,
+                _ => eprintln!("locus preload: ignoring a malformed volume id: {id}"),
+            },
             ["cwd", path] => match unhex(path) {
                 Some(dir) => set_cwd(Some(dir)),
                 None => eprintln!("locus preload: ignoring a malformed working directory"),
@@ -1652,7 +1681,8 @@ fn receive_handoff() {
             h.cell = None;
         }
     }
-    for h in &pending {
+    for h in &mut pending {
+        h.volume = volume;
         mark(h.fd, true);
     }
     PENDING_COUNT.store(pending.len(), Ordering::Relaxed);
@@ -1676,7 +1706,8 @@ fn adopt_suspended() -> Result<(), c_int> {
     for h in list {
         let desc = match reopened.get(&h.group) {
             Some(desc) => Ok(Arc::clone(desc)),
-            None => reopen(&h).map(Arc::new),
+            None => with_fs(|fs| Ok(reopen(fs, &h).map(Arc::new)))
+                .unwrap_or_else(|e| Err(std::io::Error::from_raw_os_error(e).to_string())),
         };
         match desc {
             Ok(desc) => {
@@ -1693,12 +1724,11 @@ fn adopt_suspended() -> Result<(), c_int> {
                 // SAFETY: our reservation fd.
                 unsafe { real::fcntl(h.fd, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_ulong) };
             }
-            Err(e) => {
+            Err(why) => {
                 eprintln!(
-                    "locus preload: fd {} ({}) cannot be reopened after fork or exec: {}",
-                    h.fd,
-                    h.path,
-                    std::io::Error::from_raw_os_error(e)
+                    "locus preload: fd {} ({}) cannot be reopened after the volume was let go \
+                     (a fork, an exec, or another process's turn): {why}; closed",
+                    h.fd, h.path,
                 );
                 mark(h.fd, false);
                 // SAFETY: the reservation left for this fd.
@@ -1709,39 +1739,39 @@ fn adopt_suspended() -> Result<(), c_int> {
     Ok(())
 }
 
-fn reopen(h: &Handoff) -> Result<Desc, c_int> {
-    with_fs(|fs| {
-        let st = fs.stat(&h.path).map_err(|e| e.errno())?;
-        if st.ino != h.ino {
-            return Err(libc::ESTALE);
+/// The description `h` names, opened again on `fs`: a file by its inode number, so that a
+/// file another process renamed meanwhile (`mv`, a log rotated) is still the fd's file, as
+/// with a kernel file system; a directory by its path, checked to be the same inode
+/// (directory descriptions read and resolve names by path). Why not, when it cannot be.
+fn reopen(fs: &Fs, h: &Handoff) -> Result<Desc, String> {
+    let here = volume_id(fs);
+    if h.volume != 0 && h.volume != here {
+        return Err(format!(
+            "it was open on the volume with uuid {:032x}, this process mounted the one with \
+             uuid {here:032x} (LOCUS_VOLUME changed)",
+            h.volume
+        ));
+    }
+    let access = h.status & libc::O_ACCMODE;
+    let options = fs::OpenOptions {
+        read: access != libc::O_WRONLY,
+        write: access != libc::O_RDONLY,
+        ..Default::default()
+    };
+    let node = match fs.open_ino(h.ino, options) {
+        Ok(file) => Node::File(file),
+        Err(FsError::NotFound(_)) => {
+            return Err("another process removed the file meanwhile".into());
         }
-        let node = match st.kind {
-            fs::Kind::Dir => Node::Dir(Mutex::new(None)),
-            // The path named a file when the fd was handed over: replaced since.
-            fs::Kind::Symlink
-            | fs::Kind::Fifo
-            | fs::Kind::Socket
-            | fs::Kind::CharDevice
-            | fs::Kind::BlockDevice => return Err(libc::ESTALE),
-            fs::Kind::File => {
-                let access = h.status & libc::O_ACCMODE;
-                let file = fs
-                    .open_file(
-                        &h.path,
-                        fs::OpenOptions {
-                            read: access != libc::O_WRONLY,
-                            write: access != libc::O_RDONLY,
-                            ..Default::default()
-                        },
-                    )
-                    .map_err(|e| e.errno())?;
-                Node::File(file)
-            }
-        };
-        // Where the last process to use the description left it.
-        let pos = h.cell.and_then(crate::offsets::load).unwrap_or(h.pos);
-        Ok(Desc::reopened(node, h, pos))
-    })
+        Err(FsError::IsDir(_)) => match fs.stat(&h.path) {
+            Ok(st) if st.ino == h.ino => Node::Dir(Mutex::new(None)),
+            _ => return Err("another process moved or removed the directory meanwhile".into()),
+        },
+        Err(e) => return Err(e.to_string()),
+    };
+    // Where the last process to use the description left it.
+    let pos = h.cell.and_then(crate::offsets::load).unwrap_or(h.pos);
+    Ok(Desc::reopened(node, h, pos))
 }
 
 #[cfg(test)]

@@ -1580,6 +1580,72 @@ print('calls', 'many' if calls[0] > 100 else calls[0], 'errors', errors[:3], flu
     assert_eq!(rest, ["calls many errors []"]);
 }
 
+/// A file another process renames while this one's fd of it is suspended (across a fork, an
+/// exec, or the other process's turn with the volume) is still the fd's file, as on tmpfs: a
+/// shell reading a log that `mv` rotates reads on in the renamed file, a writer appends to
+/// it, and an idle holder reads the rest of it. (Before, the fd was reopened by its path,
+/// which named another file or none: it was closed with a message.)
+#[test]
+fn renamed_files_stay_open_across_turns_as_on_tmpfs() {
+    let vol = volume();
+    let tmp = tempfile::tempdir().unwrap();
+    let script = r#"
+        set -e
+        export LC_ALL=C
+        mkdir -p "$1" && cd "$1"
+        printf 'one\ntwo\nthree\n' > log
+        exec 3< log
+        read -r first <&3
+        mv log log.1
+        echo four >> log.1
+        echo new > log
+        cat <&3
+        exec 3<&-
+        exec 4>> out
+        echo a >&4
+        mv out out.old
+        echo b >&4
+        exec 4>&-
+        echo "$first"; cat out.old log; ls
+    "#;
+    let run = |dir: &str, preload: bool| {
+        let (out, err) = shell(
+            preload.then_some(vol.path()),
+            "bash",
+            script,
+            &[dir.as_ref()],
+        );
+        assert_eq!(err, "", "{dir}");
+        out
+    };
+    let on_tmpfs = run(tmp.path().to_str().unwrap(), false);
+    assert_eq!(
+        on_tmpfs, "two\nthree\nfour\none\na\nb\nnew\nlog\nlog.1\nout.old\n",
+        "the script itself"
+    );
+    assert_eq!(run(&format!("{MOUNT}/d"), true), on_tmpfs);
+
+    let (_, rest) = beside_an_idle_holder(
+        vol.path(),
+        r#"
+import os, sys
+open('/locus/rot', 'w').write('0123456789')
+fd = os.open('/locus/rot', os.O_RDWR)
+os.read(fd, 4)
+print('ready', flush=True)
+sys.stdin.readline()
+os.write(fd, b'ab')
+print(os.read(fd, 100).decode(), end='', flush=True)
+"#,
+        "mv /locus/rot /locus/rot.1 && echo more >> /locus/rot.1 && echo new > /locus/rot",
+        "renaming the file an idle holder has open",
+    );
+    assert_eq!(rest, ["6789more"]);
+    let fs = open_fs(vol.path());
+    assert_eq!(read_all(&fs, "/rot.1"), b"0123ab6789more\n");
+    assert_eq!(read_all(&fs, "/rot"), b"new\n");
+}
+
 /// Runs the Python script `holder` under the library until it prints `ready` (idle between
 /// its locus calls, waiting for a line on its stdin), then the bash script `second` beside
 /// it; then lets the holder go on to its end. The second's stdout, and the holder's lines

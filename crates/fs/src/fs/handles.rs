@@ -215,13 +215,7 @@ impl Fs {
                 inode.kind
             )));
         }
-        inode.opens.fetch_add(1, Ordering::AcqRel);
-        let file = File {
-            fs: self.clone(),
-            inode,
-            read: options.read,
-            write: options.write,
-        };
+        let file = self.opened(inode, &options);
         if options.truncate {
             if !options.write {
                 return Err(FsError::BadHandle(format!(
@@ -231,6 +225,43 @@ impl Fs {
             file.set_len(0)?;
         }
         Ok(file)
+    }
+
+    /// Opens the regular file whose inode number is `ino`, whatever its names are now:
+    /// renamed since it was looked up, or left with no name while this process holds it
+    /// open. Inode numbers are never reused, so a number names one file for the volume's
+    /// life (the preload library reopens by number the files another process may have
+    /// renamed while its own were suspended). `NotFound` when no such file lives; only
+    /// `read` and `write` of `options` apply — nothing is created or truncated.
+    pub fn open_ino(&self, ino: u64, options: OpenOptions) -> Result<File> {
+        let gone = || FsError::NotFound(format!("inode {ino}"));
+        let inode = self.inner.inode(ino).ok_or_else(gone)?;
+        match inode.kind {
+            Kind::File => {}
+            Kind::Dir => return Err(FsError::IsDir(format!("inode {ino}"))),
+            kind => {
+                return Err(FsError::NotSupported(format!(
+                    "inode {ino} is a {kind:?}, not a regular file"
+                )));
+            }
+        }
+        let file = self.opened(inode, &options);
+        // Destroyed between the look-up and the count: never hand out a freed file.
+        if file.inode.dead.load(Ordering::Acquire) {
+            return Err(gone());
+        }
+        Ok(file)
+    }
+
+    /// A handle of `inode`, counted open.
+    fn opened(&self, inode: Arc<Inode>, options: &OpenOptions) -> File {
+        inode.opens.fetch_add(1, Ordering::AcqRel);
+        File {
+            fs: self.clone(),
+            inode,
+            read: options.read,
+            write: options.write,
+        }
     }
 
     /// Opens an existing file for reading.
