@@ -31,6 +31,7 @@ pub mod path;
 pub(crate) mod real;
 pub mod stat;
 pub mod state;
+pub(crate) mod suspended;
 
 /// Runs when the library is loaded: registers the fork and exit handlers.
 extern "C" fn init() {

@@ -214,6 +214,7 @@ pub(crate) fn with_fs<T>(op: impl FnOnce(&Fs) -> Result<T, c_int>) -> Result<T, 
             // with `sigwait` or a signalfd would otherwise see it taken — and acted on with
             // its default action, often the end of the process — by a thread of ours.)
             let fs = topology::with_signals_blocked(mount)?;
+            crate::suspended::sweep(&fs);
             start_control(&fs);
             let id = volume_id(&fs);
             MOUNTED_VOLUME[0].store((id >> 64) as u64, Ordering::Relaxed);
@@ -628,6 +629,13 @@ extern "C" fn unmount_at_exit() {
     if let Some(control) = CONTROL.lock().take() {
         control.abandon();
     }
+    if PENDING_COUNT.load(Ordering::Relaxed) > 0 {
+        let inos: Vec<u64> = ordered(rank::PENDING, || PENDING.lock())
+            .iter()
+            .map(|h| h.ino)
+            .collect();
+        crate::suspended::forget(inos);
+    }
     if let Some(fs) = mounted.take()
         && let Err(e) = fs.unmount_at_exit()
     {
@@ -1006,9 +1014,12 @@ pub(crate) fn uninstall(fd: c_int) -> Option<FdEntry> {
     if PENDING_COUNT.load(Ordering::Relaxed) > 0 {
         let mut pending = ordered(rank::PENDING, || PENDING.lock());
         if let Some(i) = pending.iter().position(|h| h.fd == fd) {
-            pending.swap_remove(i);
+            let closed = pending.swap_remove(i);
             PENDING_COUNT.store(pending.len(), Ordering::Relaxed);
             mark(fd, false);
+            if !pending.iter().any(|h| h.ino == closed.ino) {
+                crate::suspended::forget([closed.ino]);
+            }
             return None;
         }
     }
@@ -1252,6 +1263,7 @@ fn suspend_all(
         }
     }
     PENDING_COUNT.store(pending.len(), Ordering::Relaxed);
+    crate::suspended::note(pending.iter().map(|h| h.ino));
     dropped
 }
 
@@ -1400,6 +1412,11 @@ extern "C" fn after_fork_child() {
     unlock_all();
     // The child is single-threaded now: nobody can take the table between these two lines.
     locks().clear();
+    // The child holds the suspended files too, and may outlive the parent.
+    if PENDING_COUNT.load(Ordering::Relaxed) > 0 {
+        let inos: Vec<u64> = PENDING.lock().iter().map(|h| h.ino).collect();
+        crate::suspended::note(inos);
+    }
 }
 
 /// Registers the fork and exit handlers (run once, from the library's constructor).
@@ -1556,7 +1573,9 @@ pub(crate) fn handoff_for_exec() -> Option<(String, Vec<c_int>)> {
             if slot.cloexec || slot.desc.usable().is_err() {
                 continue;
             }
-            lines.push(Handoff::of(fd, slot).line());
+            let handoff = Handoff::of(fd, slot);
+            crate::suspended::note([handoff.ino]);
+            lines.push(handoff.line());
             fds.push(fd);
         }
     }
@@ -1685,6 +1704,7 @@ fn receive_handoff() {
         h.volume = volume;
         mark(h.fd, true);
     }
+    crate::suspended::hold_only(&pending.iter().map(|h| h.ino).collect());
     PENDING_COUNT.store(pending.len(), Ordering::Relaxed);
     let std_fds: Vec<c_int> = pending.iter().map(|h| h.fd).filter(|fd| *fd <= 2).collect();
     *ordered(rank::PENDING, || PENDING.lock()) = pending;
@@ -1701,6 +1721,8 @@ fn adopt_suspended() -> Result<(), c_int> {
     with_fs(|_| Ok(()))?;
     let list = std::mem::take(&mut *ordered(rank::PENDING, || PENDING.lock()));
     PENDING_COUNT.store(0, Ordering::Relaxed);
+    // Open again from here on (or gone): no longer held suspended.
+    crate::suspended::forget(list.iter().map(|h| h.ino));
     // The fds that shared a description share the one reopened (`2>&1`).
     let mut reopened: HashMap<u64, Arc<Desc>> = HashMap::new();
     for h in list {

@@ -1580,13 +1580,16 @@ print('calls', 'many' if calls[0] > 100 else calls[0], 'errors', errors[:3], flu
     assert_eq!(rest, ["calls many errors []"]);
 }
 
-/// A file another process renames while this one's fd of it is suspended (across a fork, an
-/// exec, or the other process's turn with the volume) is still the fd's file, as on tmpfs: a
-/// shell reading a log that `mv` rotates reads on in the renamed file, a writer appends to
-/// it, and an idle holder reads the rest of it. (Before, the fd was reopened by its path,
-/// which named another file or none: it was closed with a message.)
+/// A file another process renames or removes while this one's fd of it is suspended (across
+/// a fork, an exec, or the other process's turn with the volume) is still the fd's file, as
+/// on tmpfs: a shell reading a log that `mv` rotates reads on in the renamed file, a writer
+/// appends to it, a file `rm` removed or `sed -i` replaced reads as it was, and an idle
+/// holder reads the rest of such files. (Before, the fd was reopened by its path, which
+/// named another file or none: it was closed with a message.) Removed files are kept only
+/// while a live process holds them: once the holders are done — or killed — the next mount
+/// frees them.
 #[test]
-fn renamed_files_stay_open_across_turns_as_on_tmpfs() {
+fn renamed_and_removed_files_stay_open_across_turns_as_on_tmpfs() {
     let vol = volume();
     let tmp = tempfile::tempdir().unwrap();
     let script = r#"
@@ -1606,6 +1609,15 @@ fn renamed_files_stay_open_across_turns_as_on_tmpfs() {
         mv out out.old
         echo b >&4
         exec 4>&-
+        printf 'kept\n' > gone
+        exec 5< gone
+        rm gone
+        cat <&5
+        printf 'old\n' > edited
+        exec 6< edited
+        sed -i s/old/new/ edited
+        cat - edited <&6
+        exec 5<&- 6<&-
         echo "$first"; cat out.old log; ls
     "#;
     let run = |dir: &str, preload: bool| {
@@ -1620,7 +1632,7 @@ fn renamed_files_stay_open_across_turns_as_on_tmpfs() {
     };
     let on_tmpfs = run(tmp.path().to_str().unwrap(), false);
     assert_eq!(
-        on_tmpfs, "two\nthree\nfour\none\na\nb\nnew\nlog\nlog.1\nout.old\n",
+        on_tmpfs, "two\nthree\nfour\nkept\nold\nnew\none\na\nb\nnew\nedited\nlog\nlog.1\nout.old\n",
         "the script itself"
     );
     assert_eq!(run(&format!("{MOUNT}/d"), true), on_tmpfs);
@@ -1644,6 +1656,78 @@ print(os.read(fd, 100).decode(), end='', flush=True)
     let fs = open_fs(vol.path());
     assert_eq!(read_all(&fs, "/rot.1"), b"0123ab6789more\n");
     assert_eq!(read_all(&fs, "/rot"), b"new\n");
+    fs.unmount().unwrap();
+
+    let setup = "printf 'old text' > /locus/edited; printf 'doomed' > /locus/removed";
+    ok(
+        &preloaded(vol.path(), "bash")
+            .args(["-c", setup])
+            .output()
+            .unwrap(),
+        "setup",
+    );
+    let orphans = "ls -a /locus; ls -a /locus/.locus-orphans 2>/dev/null | wc -l";
+    let (second, rest) = beside_an_idle_holder(
+        vol.path(),
+        r#"
+import os, sys
+a = os.open('/locus/edited', os.O_RDONLY)
+b = os.open('/locus/removed', os.O_RDWR)
+first = os.read(a, 4).decode() + '|' + os.read(b, 4).decode()
+print('ready', flush=True)
+sys.stdin.readline()
+os.write(b, b'!')
+print(first, os.read(a, 100).decode(), os.pread(b, 100, 0).decode(), flush=True)
+"#,
+        &format!(
+            "sed -i s/old/new/ /locus/edited && rm /locus/removed && cat /locus/edited; {orphans}"
+        ),
+        "replacing and removing files an idle holder has open",
+    );
+    // Meanwhile the two files wait in the orphans' directory, out of the way.
+    let names = "d\nedited\nrot\nrot.1\n";
+    assert_eq!(second, format!("new text.\n..\n.locus-orphans\n{names}4\n"));
+    assert_eq!(rest, ["old |doom text doom!d"]);
+    let run = |script: &str, what: &str| {
+        ok(
+            &preloaded(vol.path(), "bash")
+                .args(["-c", script])
+                .output()
+                .unwrap(),
+            what,
+        )
+    };
+    assert_eq!(
+        run(orphans, "after the holder"),
+        format!(".\n..\n{names}0\n")
+    );
+
+    // A holder killed while it holds a removed file leaves nothing behind either.
+    let mut holder = preloaded(vol.path(), "python3")
+        .args([
+            "-c",
+            "import os, sys\nfd = os.open('/locus/edited', os.O_RDONLY)\n\
+             print('ready', flush=True)\nsys.stdin.readline()\n",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(holder.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    assert_eq!(
+        run(
+            &format!("rm /locus/edited; {orphans}"),
+            "rm beside a holder"
+        ),
+        ".\n..\n.locus-orphans\nd\nrot\nrot.1\n3\n"
+    );
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert_eq!(
+        run(orphans, "after the holder's kill"),
+        ".\n..\nd\nrot\nrot.1\n0\n"
+    );
 }
 
 /// Runs the Python script `holder` under the library until it prints `ready` (idle between

@@ -470,6 +470,14 @@ pub unsafe extern "C" fn eaccess(path: *const c_char, mode: c_int) -> c_int {
     unsafe { euidaccess(path, mode) }
 }
 
+/// Where the file `st` describes is to keep a name instead of losing its last one, when a
+/// process that let go of the volume holds it suspended ([`crate::suspended`]).
+fn keep_for_suspended(fs: &fs::Fs, st: &Stat) -> Option<String> {
+    (st.kind == Kind::File && st.nlink == 1)
+        .then(|| crate::suspended::keep_for_holders(fs, st.ino))
+        .flatten()
+}
+
 fn remove(path: &str, slash: bool, dir: bool) -> Result<(), c_int> {
     if path == "/" {
         return Err(if dir { libc::EBUSY } else { libc::EISDIR });
@@ -481,7 +489,14 @@ fn remove(path: &str, slash: bool, dir: bool) -> Result<(), c_int> {
             (kind, true) if kind != Kind::Dir => return Err(libc::ENOTDIR),
             _ => {}
         }
-        let removed = if dir { fs.rmdir(path) } else { fs.unlink(path) };
+        let removed = if dir {
+            fs.rmdir(path)
+        } else if let Some(orphan) = keep_for_suspended(fs, &st) {
+            // Its last name: moved where the process that holds it suspended finds it.
+            fs.rename(path, &orphan)
+        } else {
+            fs.unlink(path)
+        };
         removed.map_err(|e| fs_errno(&e))
     })
 }
@@ -784,7 +799,22 @@ pub unsafe extern "C" fn renameat2(
                 if from == to {
                     return Ok(());
                 }
-                fs.rename(from, to).map_err(|e| fs_errno(&e))
+                // A file whose last name the rename replaces, held by a suspended process,
+                // keeps a name where that process finds it (made first, so the rename
+                // itself stays one atomic step).
+                let kept = match fs.lstat(to) {
+                    Ok(old) if old.ino != st.ino => {
+                        keep_for_suspended(fs, &old).filter(|orphan| fs.link(to, orphan).is_ok())
+                    }
+                    _ => None,
+                };
+                let renamed = fs.rename(from, to);
+                if renamed.is_err()
+                    && let Some(orphan) = kept
+                {
+                    let _ = fs.unlink(&orphan);
+                }
+                renamed.map_err(|e| fs_errno(&e))
             })
         })),
         (Side::Locus(..), _) | (_, Side::Locus(..)) => {
