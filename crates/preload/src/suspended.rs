@@ -78,14 +78,14 @@ fn parse(name: &str) -> Option<(u64, u32, u64)> {
 /// (a volume directory this user cannot write) leaves that file as before: removed by
 /// another process, it is gone when this one reopens it.
 pub(crate) fn note(inos: impl IntoIterator<Item = u64>) {
-    let _inside = Guard::enter();
-    let (Some(dir), Some(me)) = (dir(), me()) else {
-        return;
-    };
     let mut inos = inos.into_iter().peekable();
     if inos.peek().is_none() {
         return;
     }
+    let _inside = Guard::enter();
+    let (Some(dir), Some(me)) = (dir(), me()) else {
+        return;
+    };
     if !dir.is_dir() {
         // Every user of the volume leaves markers here, as in /tmp.
         if std::fs::DirBuilder::new().mode(0o777).create(&dir).is_ok() {
@@ -99,6 +99,10 @@ pub(crate) fn note(inos: impl IntoIterator<Item = u64>) {
 
 /// Notes that this process no longer holds the files `inos` suspended.
 pub(crate) fn forget(inos: impl IntoIterator<Item = u64>) {
+    let mut inos = inos.into_iter().peekable();
+    if inos.peek().is_none() {
+        return;
+    }
     let _inside = Guard::enter();
     let (Some(dir), Some(me)) = (dir(), me()) else {
         return;
