@@ -25,7 +25,7 @@
 
 pub mod calls;
 pub(crate) mod errno;
-pub mod locks;
+pub(crate) mod locks;
 pub(crate) mod offsets;
 pub mod path;
 pub(crate) mod real;

@@ -1,275 +1,165 @@
-//! Advisory locks on locus files: `fcntl` record locks (process-owned, the classic POSIX
-//! kind), open-file-description locks (`F_OFD_*`) and `flock`. One process owns a volume at a
-//! time (the volume lock), so every lock lives in this process's table: process-owned record
-//! locks never conflict with each other (POSIX: a process's own locks replace one another),
-//! description-owned ones conflict between descriptions, and the two kinds conflict with each
-//! other as in Linux. `flock` locks are a separate space, as in Linux.
+//! Advisory locks on locus files — `fcntl` record locks (process-owned, the classic POSIX
+//! kind), open-file-description locks (`F_OFD_*`) and `flock` — kept by the kernel, on a
+//! host lock file per inode: `locks/INO` in the volume directory.
+//!
+//! Processes take turns with a volume (one mounts it at a time, the others' files suspended),
+//! but locks must hold across the turns: a program that holds a lock and lets go of the
+//! volume still holds the lock, and another program asking for it waits or fails as with a
+//! kernel file system. So no lock lives in the library's memory. A process-owned lock is
+//! taken on the process's own fd of the inode's lock file (one per inode, [`process_fd`]);
+//! a description-owned one on the description's own fd of it (opened at its first lock,
+//! [`open_for_description`]), which moves with the description when it is suspended (a
+//! `fork`, an `exec`, another process's turn) and comes back with it, so that a forked
+//! child shares its parent's `flock` and OFD locks as with a kernel file. The kernel then
+//! gives the semantics as they are: conflicts between processes and between descriptions,
+//! `EDEADLK`, the holder's pid in `F_GETLK`, release when the last fd of a description
+//! closes or the process ends (killed or not).
+//!
+//! Every lock fd is one of the library's own (above half the fd limit, protected from the
+//! program's closes) and close-on-exec except while handed over an `exec`. The library
+//! drops the process's record locks on an inode whenever one of the file's fds closes
+//! ([`release_process`], POSIX's rule), and never closes a lock fd otherwise before the
+//! description or process it belongs to ends — closing any fd of a lock file drops the
+//! process's record locks on it.
 
 use std::collections::HashMap;
+use std::ffi::c_int;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
-/// Which lock space.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Space {
-    /// `fcntl` record locks (process-owned and OFD).
-    Record,
-    /// `flock`.
-    Flock,
-}
+use crate::state::{self, Guard, ordered, rank};
+use crate::{errno, real};
 
-/// Who holds a lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Owner {
-    /// This process (`F_SETLK`, `F_SETLKW`, `lockf`).
-    Process,
-    /// One open file description (`F_OFD_SETLK`, `flock`), by id.
-    Description(u64),
-}
+/// The process's fd of each inode's lock file, for its process-owned record locks.
+static PROCESS: Mutex<Option<HashMap<u64, c_int>>> = Mutex::new(None);
 
-/// What to do with a range.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// A read lock.
-    Shared,
-    /// A write lock.
-    Exclusive,
-    /// Remove the owner's locks on the range.
-    Unlock,
-}
-
-/// A held lock: `[start, end)` in bytes, `end == u64::MAX` meaning "to the end, however far".
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Held {
-    /// Holder.
-    pub owner: Owner,
-    /// First byte.
-    pub start: u64,
-    /// One past the last byte.
-    pub end: u64,
-    /// Write lock.
-    pub exclusive: bool,
-}
-
-impl Held {
-    fn conflicts(&self, owner: Owner, start: u64, end: u64, exclusive: bool) -> bool {
-        let others = match (self.owner, owner) {
-            (Owner::Process, Owner::Process) => false,
-            (a, b) => a != b,
-        };
-        others && (self.exclusive || exclusive) && self.start < end && start < self.end
+/// Opens the lock file of inode `ino` (made if missing, readable and writable by every user
+/// of the volume) as an internal fd.
+fn open_lock_file(ino: u64) -> Result<c_int, c_int> {
+    let _inside = Guard::enter();
+    let config = state::config().ok_or(libc::EIO)?;
+    let dir = config.volume.join("locks");
+    if !dir.is_dir() && std::fs::DirBuilder::new().mode(0o777).create(&dir).is_ok() {
+        // Every user of the volume locks files here, as in /tmp.
+        let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777));
     }
-}
-
-/// The process's lock table.
-#[derive(Debug, Default)]
-pub struct Locks {
-    held: Mutex<HashMap<(u64, Space), Vec<Held>>>,
-    released: Condvar,
-}
-
-impl Locks {
-    /// The first lock another owner holds that conflicts with the request.
-    pub fn test(
-        &self,
-        ino: u64,
-        space: Space,
-        owner: Owner,
-        range: (u64, u64),
-        exclusive: bool,
-    ) -> Option<Held> {
-        let held = crate::state::ordered(crate::state::rank::LOCK_TABLE, || self.held.lock());
-        first_conflict(held.get(&(ino, space)), owner, range, exclusive)
-    }
-
-    /// Locks or unlocks `range` for `owner`; with `wait`, sleeps until no conflict remains,
-    /// otherwise returns the conflicting lock.
-    pub fn set(
-        &self,
-        ino: u64,
-        space: Space,
-        owner: Owner,
-        range: (u64, u64),
-        kind: Kind,
-        wait: bool,
-    ) -> Result<(), Held> {
-        let (start, end) = range;
-        let mut held = crate::state::ordered(crate::state::rank::LOCK_TABLE, || self.held.lock());
-        if kind != Kind::Unlock {
-            let exclusive = kind == Kind::Exclusive;
-            loop {
-                match first_conflict(held.get(&(ino, space)), owner, range, exclusive) {
-                    None => break,
-                    Some(conflict) if !wait => return Err(conflict),
-                    Some(_) => self.released.wait(held.guard_mut()),
-                }
-            }
-        }
-        let list = held.entry((ino, space)).or_default();
-        // Take the owner's coverage of the range away, keeping what sticks out either side.
-        let mut kept = Vec::with_capacity(list.len() + 2);
-        for lock in list.drain(..) {
-            if lock.owner != owner || lock.end <= start || end <= lock.start {
-                kept.push(lock);
-                continue;
-            }
-            if lock.start < start {
-                kept.push(Held { end: start, ..lock });
-            }
-            if end < lock.end {
-                kept.push(Held { start: end, ..lock });
-            }
-        }
-        if kind != Kind::Unlock {
-            kept.push(Held {
-                owner,
-                start,
-                end,
-                exclusive: kind == Kind::Exclusive,
-            });
-        }
-        if kept.is_empty() {
-            held.remove(&(ino, space));
-        } else {
-            *list = kept;
-        }
-        drop(held);
-        self.released.notify_all();
-        Ok(())
-    }
-
-    /// Drops every lock of `owner` on `ino` in `space`.
-    pub fn release(&self, ino: u64, space: Space, owner: Owner) {
-        let mut held = crate::state::ordered(crate::state::rank::LOCK_TABLE, || self.held.lock());
-        if let Some(list) = held.get_mut(&(ino, space)) {
-            list.retain(|l| l.owner != owner);
-            if list.is_empty() {
-                held.remove(&(ino, space));
-            }
-        }
-        drop(held);
-        self.released.notify_all();
-    }
-
-    /// Whether the process holds no lock at all.
-    pub fn is_empty(&self) -> bool {
-        crate::state::ordered(crate::state::rank::LOCK_TABLE, || self.held.lock()).is_empty()
-    }
-
-    /// Forgets every lock (a forked child: they belong to the parent).
-    pub fn clear(&self) {
-        crate::state::ordered(crate::state::rank::LOCK_TABLE, || self.held.lock()).clear();
-    }
-
-    /// The table's mutex, for the fork handlers.
-    pub(crate) fn mutex(&self) -> &Mutex<HashMap<(u64, Space), Vec<Held>>> {
-        &self.held
-    }
-}
-
-fn first_conflict(
-    list: Option<&Vec<Held>>,
-    owner: Owner,
-    (start, end): (u64, u64),
-    exclusive: bool,
-) -> Option<Held> {
-    list?
-        .iter()
-        .find(|l| l.conflicts(owner, start, end, exclusive))
-        .copied()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const A: Owner = Owner::Description(1);
-    const B: Owner = Owner::Description(2);
-    const P: Owner = Owner::Process;
-
-    #[test]
-    fn descriptions_conflict_and_the_process_never_with_itself() {
-        let locks = Locks::default();
-        locks
-            .set(7, Space::Record, A, (0, 100), Kind::Exclusive, false)
-            .unwrap();
-        let conflict = locks
-            .set(7, Space::Record, B, (50, 60), Kind::Shared, false)
-            .unwrap_err();
-        assert_eq!(conflict.owner, A);
-        assert!(
-            locks
-                .set(7, Space::Record, P, (99, 200), Kind::Shared, false)
-                .is_err()
+    let path = std::ffi::CString::new(format!("{}/{ino}", dir.display())).map_err(|_| libc::EIO)?;
+    // SAFETY: a NUL-terminated path; plain system calls.
+    let fd = unsafe {
+        real::open(
+            path.as_ptr(),
+            libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
+            0o666,
+        )
+    };
+    if fd < 0 {
+        let e = errno::get();
+        eprintln!(
+            "locus preload: cannot open the lock file {}: {}",
+            path.to_string_lossy(),
+            std::io::Error::from_raw_os_error(e)
         );
-        locks
-            .set(7, Space::Record, B, (100, 200), Kind::Shared, false)
-            .unwrap();
-        // Other space, other inode: free.
-        locks
-            .set(7, Space::Flock, B, (0, u64::MAX), Kind::Exclusive, false)
-            .unwrap();
-        locks
-            .set(8, Space::Record, B, (0, 100), Kind::Exclusive, false)
-            .unwrap();
-        locks
-            .set(9, Space::Record, P, (0, 10), Kind::Exclusive, false)
-            .unwrap();
-        locks
-            .set(9, Space::Record, P, (5, 20), Kind::Exclusive, false)
-            .unwrap();
+        return Err(e);
     }
+    // SAFETY: our fd. (The mode under the creator's umask would keep other users out.)
+    unsafe { libc::fchmod(fd, 0o666) };
+    Ok(state::move_internal(fd))
+}
 
-    #[test]
-    fn unlocking_the_middle_splits_a_lock() {
-        let locks = Locks::default();
-        locks
-            .set(1, Space::Record, A, (0, 100), Kind::Exclusive, false)
-            .unwrap();
-        locks
-            .set(1, Space::Record, A, (40, 60), Kind::Unlock, false)
-            .unwrap();
-        assert!(locks.test(1, Space::Record, B, (40, 60), true).is_none());
-        assert_eq!(
-            locks.test(1, Space::Record, B, (30, 45), true).unwrap().end,
-            40
-        );
-        assert_eq!(
-            locks
-                .test(1, Space::Record, B, (59, 70), true)
-                .unwrap()
-                .start,
-            60
-        );
-        locks.release(1, Space::Record, A);
-        assert!(
-            locks
-                .test(1, Space::Record, B, (0, u64::MAX), true)
-                .is_none()
-        );
+/// The file of inode `ino` is gone (its last name removed): so is its lock file. Whoever
+/// holds a lock on it keeps it (on its open fd of the lock file), and no one can open the
+/// file by a name again — a file made under the same name is a new inode, with a lock file
+/// of its own.
+pub(crate) fn forget_inode(ino: u64) {
+    let _inside = Guard::enter();
+    if let Some(config) = state::config() {
+        let _ = std::fs::remove_file(config.volume.join("locks").join(ino.to_string()));
     }
+}
 
-    #[test]
-    fn a_waiter_gets_the_lock_when_it_is_released() {
-        let locks = std::sync::Arc::new(Locks::default());
-        locks
-            .set(1, Space::Flock, A, (0, u64::MAX), Kind::Exclusive, false)
-            .unwrap();
-        let waiter = {
-            let locks = locks.clone();
-            std::thread::spawn(move || {
-                locks
-                    .set(1, Space::Flock, B, (0, u64::MAX), Kind::Exclusive, true)
-                    .unwrap();
-            })
-        };
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        assert!(!waiter.is_finished());
-        locks.release(1, Space::Flock, A);
-        waiter.join().unwrap();
-        assert_eq!(
-            locks.test(1, Space::Flock, A, (0, 1), false).unwrap().owner,
-            B
-        );
+/// Closes a lock fd this library opened.
+pub(crate) fn close(fd: c_int) {
+    state::forget_internal(fd);
+    // SAFETY: an internal fd no one else uses.
+    unsafe { real::close(fd) };
+}
+
+/// A new fd of inode `ino`'s lock file, its own open file description, for a locus
+/// description's OFD and `flock` locks.
+pub(crate) fn open_for_description(ino: u64) -> Result<c_int, c_int> {
+    open_lock_file(ino)
+}
+
+/// The process's fd of inode `ino`'s lock file (opened at the first use).
+pub(crate) fn process_fd(ino: u64) -> Result<c_int, c_int> {
+    let mut fds = ordered(rank::LOCK_TABLE, || PROCESS.lock());
+    let fds = fds.get_or_insert_with(HashMap::new);
+    if let Some(&fd) = fds.get(&ino) {
+        return Ok(fd);
     }
+    let fd = open_lock_file(ino)?;
+    fds.insert(ino, fd);
+    Ok(fd)
+}
+
+/// One of the fds of inode `ino`'s file closed: the process's record locks on it go
+/// (POSIX). The lock file's fd stays open — closing it would do the same, but another
+/// thread may be waiting on it.
+pub(crate) fn release_process(ino: u64) {
+    let fd = ordered(rank::LOCK_TABLE, || PROCESS.lock())
+        .as_ref()
+        .and_then(|fds| fds.get(&ino).copied());
+    if let Some(fd) = fd {
+        // SAFETY: plain data; all-zero is valid (and a whole-file range).
+        let mut all: libc::flock = unsafe { std::mem::zeroed() };
+        all.l_type = libc::F_UNLCK as i16;
+        all.l_whence = libc::SEEK_SET as i16;
+        // SAFETY: our fd and a valid struct.
+        unsafe { real::fcntl(fd, libc::F_SETLK, &raw mut all as libc::c_ulong) };
+    }
+}
+
+/// The process's lock fds, to hand over an `exec` (record locks outlive an `exec`).
+pub(crate) fn process_fds() -> Vec<(u64, c_int)> {
+    ordered(rank::LOCK_TABLE, || PROCESS.lock())
+        .as_ref()
+        .map(|fds| fds.iter().map(|(&ino, &fd)| (ino, fd)).collect())
+        .unwrap_or_default()
+}
+
+/// In a new image: the lock fd `fd` of inode `ino` handed over by the one before.
+pub(crate) fn adopt_process_fd(ino: u64, fd: c_int) {
+    adopt(fd);
+    ordered(rank::LOCK_TABLE, || PROCESS.lock())
+        .get_or_insert_with(HashMap::new)
+        .insert(ino, fd);
+}
+
+/// In a new image: `fd`, a lock fd handed over, is the library's own again (close-on-exec,
+/// protected from the program's closes).
+pub(crate) fn adopt(fd: c_int) {
+    // SAFETY: an fd handed over to this image.
+    unsafe { real::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_ulong) };
+    state::move_internal(fd);
+}
+
+/// The table's mutex, for the fork handlers.
+pub(crate) fn mutex() -> &'static Mutex<Option<HashMap<u64, c_int>>> {
+    &PROCESS
+}
+
+/// A record-lock command of `fcntl` on the lock fd `fd`, with `lock` already made absolute
+/// (`SEEK_SET`); the kernel's answer as it gives it. A waiting command waits in the kernel.
+pub(crate) fn record(fd: c_int, cmd: c_int, lock: &mut libc::flock) -> Result<(), c_int> {
+    // SAFETY: our fd and a valid struct.
+    let r = unsafe { real::fcntl(fd, cmd, std::ptr::from_mut(lock) as libc::c_ulong) };
+    if r < 0 { Err(errno::get()) } else { Ok(()) }
+}
+
+/// `flock(2)` on the lock fd `fd`.
+pub(crate) fn flock(fd: c_int, operation: c_int) -> Result<(), c_int> {
+    // SAFETY: our fd.
+    let r = unsafe { real::flock(fd, operation) };
+    if r < 0 { Err(errno::get()) } else { Ok(()) }
 }

@@ -20,7 +20,6 @@ use fs::lock_order::{Ordered, Rank};
 use fs::{Fs, FsError, FsOptions};
 use parking_lot::{Mutex, RwLock};
 
-use crate::locks::{Locks, Owner, Space};
 use crate::path::{MountPrefix, Target};
 use crate::{errno, real};
 
@@ -298,11 +297,10 @@ fn hold_at_least() -> std::time::Duration {
 /// Whether the program can let go of the volume for another process between its calls
 /// ([`release_now`]) and mount it again at its next locus call, as after a `fork`: it has
 /// held the mount for [`hold_at_least`], and holds nothing that could not be taken up again
-/// as it was — no shared mapping, no directory stream, no record or `flock` lock (another
-/// process could take the same lock meanwhile), no open file without a name (it could not
-/// be reopened). Open files are suspended and reopened at their next use, by inode number,
-/// with their offsets, as across a fork ([`reopen`]); one another process removed meanwhile
-/// is closed then, with a message.
+/// as it was — no shared mapping, no directory stream, no open file without a name (it
+/// could not be reopened). Open files are suspended and reopened at their next use, by inode
+/// number, with their offsets, as across a fork ([`reopen`]); the kernel keeps their locks
+/// meanwhile ([`crate::locks`]).
 fn idle() -> Result<(), String> {
     if crate::calls::shared::any() {
         return Err("the program has shared mappings of locus files".into());
@@ -311,9 +309,6 @@ fn idle() -> Result<(), String> {
         return Err("the program has locus directories open".into());
     }
     if OPEN.load(Ordering::Relaxed) > 0 {
-        if !locks().is_empty() {
-            return Err("the program holds locks on locus files".into());
-        }
         let nameless = ordered(rank::FDS, || FDS.read())
             .as_ref()
             .is_some_and(|table| table.values().any(FdEntry::is_nameless));
@@ -650,12 +645,6 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// Bumped in a forked child: descriptions from before belong to the parent.
 static EPOCH: AtomicU64 = AtomicU64::new(0);
 
-/// The process's advisory locks.
-pub(crate) static LOCKS: OnceLock<Locks> = OnceLock::new();
-pub(crate) fn locks() -> &'static Locks {
-    LOCKS.get_or_init(Locks::default)
-}
-
 /// Serializes `O_APPEND` writes (find the end, write there) within the process.
 pub(crate) static APPEND: Mutex<()> = Mutex::new(());
 
@@ -681,6 +670,9 @@ pub(crate) struct Desc {
     pub status: AtomicI32,
     /// The file offset (held across a `read`/`write` that uses it).
     pub pos: Offset,
+    /// Its own fd of the inode's lock file, for its OFD and `flock` locks ([`crate::locks`]),
+    /// opened at its first such lock; moved into the handoff when it is suspended.
+    lock_fd: Mutex<Option<c_int>>,
 }
 
 /// A description's file offset and, once the description has crossed a `fork` or an
@@ -749,14 +741,27 @@ impl Desc {
             ino,
             status: AtomicI32::new(status),
             pos: Offset::new(0, None),
+            lock_fd: Mutex::new(None),
         }
+    }
+
+    /// The description's fd of its inode's lock file, opened at the first call.
+    pub(crate) fn lock_fd(&self) -> Result<c_int, c_int> {
+        let mut fd = self.lock_fd.lock();
+        if let Some(fd) = *fd {
+            return Ok(fd);
+        }
+        let opened = crate::locks::open_for_description(self.ino)?;
+        *fd = Some(opened);
+        Ok(opened)
     }
 
     /// A description reopened for one handed over: at `pos`, sharing `cell` with the
     /// processes that hold the same description.
-    fn reopened(node: Node, h: &Handoff, pos: u64) -> Self {
+    fn reopened(node: Node, h: &Handoff, pos: u64, lock_fd: Option<c_int>) -> Self {
         let mut desc = Self::new(node, h.path.clone(), h.ino, h.status);
         desc.pos = Offset::new(pos, h.cell);
+        desc.lock_fd = Mutex::new(lock_fd);
         desc
     }
 
@@ -795,10 +800,10 @@ impl Desc {
 }
 
 impl Drop for Desc {
+    /// The description's last fd closed: its OFD and `flock` locks go with its lock fd.
     fn drop(&mut self) {
-        if let Some(locks) = LOCKS.get() {
-            locks.release(self.ino, Space::Record, Owner::Description(self.id));
-            locks.release(self.ino, Space::Flock, Owner::Description(self.id));
+        if let Some(fd) = self.lock_fd.get_mut().take() {
+            crate::locks::close(fd);
         }
     }
 }
@@ -1020,6 +1025,14 @@ pub(crate) fn uninstall(fd: c_int) -> Option<FdEntry> {
             if !pending.iter().any(|h| h.ino == closed.ino) {
                 crate::suspended::forget([closed.ino]);
             }
+            // The description's lock fd goes to another of its fds, or with the last one.
+            if closed.lock >= 0 {
+                match pending.iter_mut().find(|h| h.group == closed.group) {
+                    Some(sibling) => sibling.lock = closed.lock,
+                    None => crate::locks::close(closed.lock),
+                }
+            }
+            crate::locks::release_process(closed.ino);
             return None;
         }
     }
@@ -1223,7 +1236,7 @@ extern "C" fn before_fork() {
     // Dropping descriptions releases their locks: before the lock table is taken.
     drop(dropped);
     std::mem::forget(STREAMS.lock());
-    std::mem::forget(locks().mutex().lock());
+    std::mem::forget(crate::locks::mutex().lock());
     std::mem::forget(APPEND.lock());
     // SAFETY: we hold MOUNT exclusively (forgotten guard above).
     let mounted = unsafe { &mut *MOUNT.data_ptr() };
@@ -1255,7 +1268,7 @@ fn suspend_all(
             keep_in_memory(fd, &slot, &mut moved);
             dropped.push(slot);
         } else if slot.desc.usable().is_ok() {
-            pending.push(Handoff::of(fd, &slot));
+            pending.push(Handoff::of(fd, &slot, true));
             dropped.push(slot);
         } else {
             mark(fd, false);
@@ -1374,7 +1387,7 @@ fn unlock_all() {
     // SAFETY: `before_fork` took each of these locks in this thread and forgot the guards.
     unsafe {
         APPEND.force_unlock();
-        locks().mutex().force_unlock();
+        crate::locks::mutex().force_unlock();
         STREAMS.force_unlock();
         FDS.force_unlock_write();
         PENDING.force_unlock();
@@ -1410,8 +1423,6 @@ extern "C" fn after_fork_child() {
         std::mem::forget(fs);
     }
     unlock_all();
-    // The child is single-threaded now: nobody can take the table between these two lines.
-    locks().clear();
     // The child holds the suspended files too, and may outlive the parent.
     if PENDING_COUNT.load(Ordering::Relaxed) > 0 {
         let inos: Vec<u64> = PENDING.lock().iter().map(|h| h.ino).collect();
@@ -1507,15 +1518,24 @@ struct Handoff {
     cell: Option<u32>,
     /// The uuid of the volume the file is on (0: not known).
     volume: u128,
+    /// The description's lock fd ([`Desc::lock_fd`]; -1: none), kept open meanwhile.
+    lock: c_int,
 }
 
 impl Handoff {
     /// The handoff of the open locus fd `fd` (`slot`, usable in this image): its offset
-    /// shared from now on ([`Desc::share_offset`]), its description's id as the group.
-    fn of(fd: c_int, slot: &FdEntry) -> Self {
+    /// shared from now on ([`Desc::share_offset`]), its description's id as the group, its
+    /// lock fd — taken from the description when it is being suspended (`take_lock`: the
+    /// description is dropped next, and must not close it), else only named (an `exec`).
+    fn of(fd: c_int, slot: &FdEntry, take_lock: bool) -> Self {
         let desc = &slot.desc;
         let cell = desc.share_offset();
         let pos = *ordered(rank::POSITION, || desc.pos.lock());
+        let lock = if take_lock {
+            desc.lock_fd.lock().take()
+        } else {
+            *desc.lock_fd.lock()
+        };
         Self {
             fd,
             ino: desc.ino,
@@ -1526,20 +1546,22 @@ impl Handoff {
             group: desc.id,
             cell,
             volume: mounted_volume(),
+            lock: lock.unwrap_or(-1),
         }
     }
 
     /// Its line in `LOCUS_PRELOAD_HANDOFF` (read back by [`receive_handoff`]).
     fn line(&self) -> String {
         format!(
-            "fd {} {} {} {} {} {} {}",
+            "fd {} {} {} {} {} {} {} {}",
             self.fd,
             self.ino,
             self.pos,
             self.status,
             hex(self.path.as_bytes()),
             self.group,
-            self.cell.unwrap_or(0)
+            self.cell.unwrap_or(0),
+            self.lock
         )
     }
 }
@@ -1573,18 +1595,36 @@ pub(crate) fn handoff_for_exec() -> Option<(String, Vec<c_int>)> {
             if slot.cloexec || slot.desc.usable().is_err() {
                 continue;
             }
-            let handoff = Handoff::of(fd, slot);
+            let handoff = Handoff::of(fd, slot, false);
             crate::suspended::note([handoff.ino]);
             lines.push(handoff.line());
             fds.push(fd);
+            if handoff.lock >= 0 {
+                fds.push(handoff.lock);
+            }
         }
     }
-    for h in ordered(rank::PENDING, || PENDING.lock())
-        .iter()
-        .filter(|h| !h.cloexec)
     {
-        lines.push(h.line());
-        fds.push(h.fd);
+        let pending = ordered(rank::PENDING, || PENDING.lock());
+        // A suspended description's lock fd rides with one of its fds, maybe one not kept.
+        let group_locks: HashMap<u64, c_int> = pending
+            .iter()
+            .filter(|h| h.lock >= 0)
+            .map(|h| (h.group, h.lock))
+            .collect();
+        for h in pending.iter().filter(|h| !h.cloexec) {
+            let mut h = h.clone();
+            h.lock = group_locks.get(&h.group).copied().unwrap_or(-1);
+            lines.push(h.line());
+            fds.push(h.fd);
+            if h.lock >= 0 {
+                fds.push(h.lock);
+            }
+        }
+    }
+    for (ino, fd) in crate::locks::process_fds() {
+        lines.push(format!("plock {ino} {fd}"));
+        fds.push(fd);
     }
     if !lines.is_empty()
         && let Some(table) = crate::offsets::handover_fd()
@@ -1598,6 +1638,8 @@ pub(crate) fn handoff_for_exec() -> Option<(String, Vec<c_int>)> {
     if let Some(dir) = cwd() {
         lines.push(format!("cwd {}", hex(dir.as_bytes())));
     }
+    fds.sort_unstable();
+    fds.dedup();
     (!lines.is_empty()).then(|| (lines.join(";"), fds))
 }
 
@@ -1647,7 +1689,7 @@ fn receive_handoff() {
     for item in text.split(';') {
         let fields: Vec<&str> = item.split(' ').collect();
         match fields.as_slice() {
-            ["fd", fd, ino, pos, status, path, group, cell] => {
+            ["fd", fd, ino, pos, status, path, group, cell, lock] => {
                 let parsed = (|| {
                     let group = group.parse::<u64>().ok()?;
                     Some(Handoff {
@@ -1662,6 +1704,7 @@ fn receive_handoff() {
                             .or_insert_with(|| NEXT_ID.fetch_add(1, Ordering::Relaxed)),
                         cell: Some(cell.parse::<u32>().ok()?).filter(|&c| c != 0),
                         volume: 0,
+                        lock: lock.parse::<c_int>().ok().filter(|&l| l >= -1)?,
                     })
                 })();
                 match parsed {
@@ -1683,6 +1726,10 @@ fn receive_handoff() {
                     );
                 }
             }
+            ["plock", ino, fd] => match (ino.parse::<u64>(), fd.parse::<c_int>()) {
+                (Ok(ino), Ok(fd)) if fd >= 0 => crate::locks::adopt_process_fd(ino, fd),
+                _ => eprintln!("locus preload: ignoring a malformed handed-over lock: {item}"),
+            },
             ["volume", id] => match u128::from_str_radix(id, 16) {
                 Ok(parsed) if id.len() == 32 => volume = parsed,
                 _ => eprintln!("locus preload: ignoring a malformed volume id: {id}"),
@@ -1700,9 +1747,13 @@ fn receive_handoff() {
             h.cell = None;
         }
     }
+    let mut adopted = HashSet::new();
     for h in &mut pending {
         h.volume = volume;
         mark(h.fd, true);
+        if h.lock >= 0 && adopted.insert(h.lock) {
+            crate::locks::adopt(h.lock);
+        }
     }
     crate::suspended::hold_only(&pending.iter().map(|h| h.ino).collect());
     PENDING_COUNT.store(pending.len(), Ordering::Relaxed);
@@ -1723,14 +1774,30 @@ fn adopt_suspended() -> Result<(), c_int> {
     PENDING_COUNT.store(0, Ordering::Relaxed);
     // Open again from here on (or gone): no longer held suspended.
     crate::suspended::forget(list.iter().map(|h| h.ino));
-    // The fds that shared a description share the one reopened (`2>&1`).
+    // The fds that shared a description share the one reopened (`2>&1`), and its lock fd,
+    // which rides with one of them.
     let mut reopened: HashMap<u64, Arc<Desc>> = HashMap::new();
+    let mut group_locks: HashMap<u64, c_int> = HashMap::new();
+    for h in list.iter().filter(|h| h.lock >= 0) {
+        if let Some(&other) = group_locks.get(&h.group)
+            && other != h.lock
+        {
+            crate::locks::close(h.lock);
+        } else {
+            group_locks.insert(h.group, h.lock);
+        }
+    }
     for h in list {
         let desc = match reopened.get(&h.group) {
             Some(desc) => Ok(Arc::clone(desc)),
-            None => with_fs(|fs| Ok(reopen(fs, &h).map(Arc::new)))
-                .unwrap_or_else(|e| Err(std::io::Error::from_raw_os_error(e).to_string())),
+            None => {
+                with_fs(|fs| Ok(reopen(fs, &h, group_locks.get(&h.group).copied()).map(Arc::new)))
+                    .unwrap_or_else(|e| Err(std::io::Error::from_raw_os_error(e).to_string()))
+            }
         };
+        if desc.is_ok() {
+            group_locks.remove(&h.group);
+        }
         match desc {
             Ok(desc) => {
                 reopened.insert(h.group, Arc::clone(&desc));
@@ -1755,8 +1822,13 @@ fn adopt_suspended() -> Result<(), c_int> {
                 mark(h.fd, false);
                 // SAFETY: the reservation left for this fd.
                 unsafe { real::close(h.fd) };
+                crate::locks::release_process(h.ino);
             }
         }
+    }
+    // Descriptions that could not be reopened: their locks go.
+    for (_, fd) in group_locks {
+        crate::locks::close(fd);
     }
     Ok(())
 }
@@ -1765,7 +1837,7 @@ fn adopt_suspended() -> Result<(), c_int> {
 /// file another process renamed meanwhile (`mv`, a log rotated) is still the fd's file, as
 /// with a kernel file system; a directory by its path, checked to be the same inode
 /// (directory descriptions read and resolve names by path). Why not, when it cannot be.
-fn reopen(fs: &Fs, h: &Handoff) -> Result<Desc, String> {
+fn reopen(fs: &Fs, h: &Handoff, lock_fd: Option<c_int>) -> Result<Desc, String> {
     let here = volume_id(fs);
     if h.volume != 0 && h.volume != here {
         return Err(format!(
@@ -1793,7 +1865,7 @@ fn reopen(fs: &Fs, h: &Handoff) -> Result<Desc, String> {
     };
     // Where the last process to use the description left it.
     let pos = h.cell.and_then(crate::offsets::load).unwrap_or(h.pos);
-    Ok(Desc::reopened(node, h, pos))
+    Ok(Desc::reopened(node, h, pos, lock_fd))
 }
 
 #[cfg(test)]

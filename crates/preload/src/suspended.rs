@@ -136,35 +136,73 @@ pub(crate) fn hold_only(inos: &HashSet<u64>) {
 
 /// Whether some live process (this one included) holds the file `ino` suspended. Markers of
 /// processes that are gone are removed on the way.
+///
+/// Asked before every removal of a file's last name (`rm`, SQLite deleting its rollback
+/// journal at each transaction), so the answer comes from the set found at the last look
+/// while the marker directory has not changed since (its modification time and size): one
+/// `stat` instead of reading the directory. A marker made within the clock tick of the last
+/// look could be missed; its file is then freed as before markers were (its holder finds it
+/// gone).
 pub(crate) fn held(ino: u64) -> bool {
-    held_of(Some(ino)).contains(&ino)
+    static LAST: parking_lot::Mutex<Option<(Stamp, HashSet<u64>)>> = parking_lot::Mutex::new(None);
+    let stamp = {
+        let _inside = Guard::enter();
+        let Some(dir) = dir() else {
+            return false;
+        };
+        match std::fs::metadata(&dir) {
+            Ok(meta) => stamp_of(&meta),
+            Err(_) => return false,
+        }
+    };
+    let mut last = LAST.lock();
+    if let Some((seen, live)) = last.as_ref()
+        && *seen == stamp
+    {
+        return live.contains(&ino);
+    }
+    let (live, removed) = scan();
+    let found = live.contains(&ino);
+    // A look that removed dead markers changed the directory: the next one looks again.
+    *last = (!removed).then_some((stamp, live));
+    found
 }
 
-/// The inode numbers live processes hold suspended, among `only` (every one with `None`).
-fn held_of(only: Option<u64>) -> HashSet<u64> {
+/// When and how the marker directory last changed: modification time (ns) and size.
+type Stamp = (i64, i64, u64);
+
+fn stamp_of(meta: &std::fs::Metadata) -> Stamp {
+    use std::os::unix::fs::MetadataExt;
+    (meta.mtime(), meta.mtime_nsec(), meta.size())
+}
+
+/// The inode numbers live processes hold suspended, and whether markers of dead processes
+/// were removed on the way.
+fn scan() -> (HashSet<u64>, bool) {
     let _inside = Guard::enter();
     let mut live = HashSet::new();
+    let mut removed = false;
     let Some(dir) = dir() else {
-        return live;
+        return (live, removed);
     };
     let Ok(entries) = std::fs::read_dir(&dir) else {
-        return live;
+        return (live, removed);
     };
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some((ino, pid, start)) = name.to_str().and_then(parse) else {
             continue;
         };
-        if only.is_some_and(|o| o != ino) || live.contains(&ino) {
+        if live.contains(&ino) {
             continue;
         }
         if start_time(pid) == Some(start) {
             live.insert(ino);
         } else {
-            let _ = std::fs::remove_file(entry.path());
+            removed |= std::fs::remove_file(entry.path()).is_ok();
         }
     }
-    live
+    (live, removed)
 }
 
 /// Where the name of `ino` goes instead of being removed, while a suspended process holds it.
@@ -196,7 +234,7 @@ pub(crate) fn keep_for_holders(fs: &fs::Fs, ino: u64) -> Option<String> {
 /// suspended any more (and their directory, once empty): their holders reopened them
 /// meanwhile, or let them go.
 pub(crate) fn sweep(fs: &fs::Fs) {
-    let live = held_of(None);
+    let (live, _) = scan();
     let Ok(entries) = fs.readdir(ORPHANS) else {
         return;
     };
@@ -209,6 +247,8 @@ pub(crate) fn sweep(fs: &fs::Fs) {
         let path = format!("{ORPHANS}/{}", entry.name);
         if keep || fs.unlink(&path).is_err() {
             left += 1;
+        } else if let Ok(ino) = entry.name.parse::<u64>() {
+            crate::locks::forget_inode(ino);
         }
     }
     if left == 0 {

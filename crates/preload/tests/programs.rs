@@ -1393,12 +1393,13 @@ fn pipelines_in_a_locus_directory_run_as_on_tmpfs() {
     );
     assert_eq!(stderr, "", "nothing failed to mount");
 
-    // A holder that stays (a lock on a locus file keeps the volume): the second program
-    // fails once the wait is over, saying who holds the volume.
+    // A holder that stays (a directory stream of the volume, which could not be taken up
+    // again as it was): the second program fails once the wait is over, saying who holds
+    // the volume.
     let mut holder = preloaded(vol.path(), "python3")
         .args([
             "-c",
-            "import fcntl, sys\nf = open('/locus/p/f')\nfcntl.flock(f, fcntl.LOCK_SH)\n\
+            "import os, sys\nd = os.scandir('/locus/p')\nnext(d)\n\
              print('held', flush=True)\nsys.stdin.read()\n",
         ])
         .stdin(Stdio::piped())
@@ -1435,6 +1436,99 @@ fn pipelines_in_a_locus_directory_run_as_on_tmpfs() {
         err.contains("LOCUS_BUSY_WAIT=soon: not a number of seconds"),
         "{err}"
     );
+}
+
+/// Locks hold across processes as on tmpfs: a program holding a `flock` and a record lock
+/// lets go of the volume between its calls (the kernel keeps its locks, on the inode's lock
+/// file), and other programs find them — a non-blocking attempt fails, `F_GETLK` names the
+/// holder's pid, a blocking one waits until the holder unlocks — a forked child shares its
+/// parent's `flock` (unlocking it there releases it), and closing any fd of the file drops
+/// the process's record locks. (Before, a program holding a lock kept the volume: the others
+/// failed with `EBUSY` instead of seeing the lock.)
+#[test]
+fn locks_hold_across_processes_as_on_tmpfs() {
+    let vol = volume();
+    let tmp = tempfile::tempdir().unwrap();
+    let driver = r#"
+import fcntl, os, struct, subprocess, sys, time
+p = os.path.join(sys.argv[1], 'f')
+open(p, 'w').write('data')
+os.environ['HOLDER'] = str(os.getpid())
+probe = """
+import fcntl, os, struct, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+out = []
+for name, call in [('flock', lambda: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)),
+                   ('lockf 5+5', lambda: fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 5, 5)),
+                   ('lockf 20+5', lambda: fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 5, 20))]:
+    try:
+        call()
+        out.append(name + ' ok')
+    except OSError:
+        out.append(name + ' busy')
+got = fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack('hhqqixxxx', fcntl.F_WRLCK, 0, 0, 1, 0))
+kind, _, start, length, pid = struct.unpack('hhqqixxxx', got)
+holder = 'holder' if pid == int(os.environ['HOLDER']) else pid
+out.append('getlk ' + ('none' if kind == fcntl.F_UNLCK else '%d+%d by %s' % (start, length, holder)))
+print(', '.join(out))
+"""
+def other():
+    r = subprocess.run([sys.executable, '-c', probe, p], capture_output=True, text=True)
+    return (r.stdout + r.stderr).strip()
+fd = os.open(p, os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+fcntl.lockf(fd, fcntl.LOCK_EX, 10, 0)
+print('held:', other())
+waiter = subprocess.Popen([sys.executable, '-c',
+    'import fcntl, sys\nf = open(sys.argv[1])\nfcntl.flock(f, fcntl.LOCK_SH)\nprint("waited")', p],
+    stdout=subprocess.PIPE, text=True)
+time.sleep(0.5)
+print('waiter before the unlock:', 'done' if waiter.poll() is not None else 'waiting')
+fcntl.flock(fd, fcntl.LOCK_UN)
+print('waiter after:', waiter.communicate()[0].strip())
+fcntl.flock(fd, fcntl.LOCK_EX)
+child = os.fork()
+if child == 0:
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os._exit(0)
+os.waitpid(child, 0)
+print('after the child unlocked:', other())
+os.close(os.open(p, os.O_RDONLY))
+print('after a close:', other())
+os.remove(p)
+"#;
+    let run = |dir: &str, preload: bool| {
+        let mut cmd = match preload {
+            true => preloaded(vol.path(), "python3"),
+            false => Command::new("python3"),
+        };
+        ok(
+            &cmd.args(["-c", driver, dir]).output().unwrap(),
+            &format!("locks in {dir}"),
+        )
+    };
+    let on_tmpfs = run(tmp.path().to_str().unwrap(), false);
+    assert_eq!(
+        on_tmpfs,
+        "held: flock busy, lockf 5+5 busy, lockf 20+5 ok, getlk 0+10 by holder\n\
+         waiter before the unlock: waiting\n\
+         waiter after: waited\n\
+         after the child unlocked: flock ok, lockf 5+5 busy, lockf 20+5 ok, getlk 0+10 by holder\n\
+         after a close: flock ok, lockf 5+5 ok, lockf 20+5 ok, getlk none\n",
+        "the script itself"
+    );
+    assert_eq!(run(MOUNT, true), on_tmpfs);
+    // The file's lock file went with the file: kept while the driver held it (suspended
+    // while its children ran), gone with the next mount after it.
+    ok(
+        &preloaded(vol.path(), "ls").arg(MOUNT).output().unwrap(),
+        "a mount after the driver",
+    );
+    let lock_files: Vec<_> = std::fs::read_dir(vol.path().join("locks"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(lock_files.is_empty(), "{lock_files:?}");
 }
 
 /// Processes take turns: a program through the library that holds nothing of the volume

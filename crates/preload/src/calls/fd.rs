@@ -2,13 +2,11 @@
 //! `ioctl`.
 
 use std::ffi::{c_char, c_int, c_uint, c_ulong};
-use std::sync::Arc;
 
 use fs::{FsError, Kind, OpenOptions};
 use libc::{mode_t, off_t};
 
 use super::{fs_errno, int, route, unit};
-use crate::locks::{Kind as LockKind, Owner, Space};
 use crate::state::{self, Desc, FdEntry, Node};
 use crate::{errno, real};
 
@@ -277,7 +275,7 @@ fn close_locus(fd: c_int) -> Result<(), c_int> {
         return Ok(());
     };
     if slot.desc.usable().is_ok() {
-        state::locks().release(slot.desc.ino, Space::Record, Owner::Process);
+        crate::locks::release_process(slot.desc.ino);
     }
     // SAFETY: `fd` is the reservation we made for this locus fd.
     unsafe { real::close(fd) };
@@ -430,7 +428,7 @@ fn dup_onto(oldfd: c_int, newfd: c_int, cloexec: bool) -> Result<c_int, c_int> {
     };
     if let Some(replaced) = replaced {
         if replaced.desc.usable().is_ok() {
-            state::locks().release(replaced.desc.ino, Space::Record, Owner::Process);
+            crate::locks::release_process(replaced.desc.ino);
         }
         state::release(replaced);
     }
@@ -502,13 +500,19 @@ fn lock_range(desc: &Desc, lock: &libc::flock) -> Result<(u64, u64), c_int> {
     Ok((start as u64, end.min(i128::from(u64::MAX)) as u64))
 }
 
-/// `fcntl`'s lock commands.
-fn fcntl_lock(desc: &Arc<Desc>, cmd: c_int, lock: *mut libc::flock) -> Result<c_int, c_int> {
-    if lock.is_null() {
-        return Err(libc::EFAULT);
-    }
-    // SAFETY: the caller passes a `struct flock *` with the lock commands.
-    let lock = unsafe { &mut *lock };
+/// A record-lock command of `fcntl`, ready for the kernel: the lock fd it goes to (the
+/// description's for OFD commands, the process's otherwise) and the lock with an absolute
+/// range. Made while the caller holds the description; run ([`run_record_lock`]) after it
+/// let go of it, so that a command that waits for another process's lock never keeps this
+/// one from letting go of the volume meanwhile.
+struct RecordLock {
+    fd: c_int,
+    cmd: c_int,
+    lock: libc::flock,
+}
+
+/// Checks a record-lock command and makes it ready ([`RecordLock`]).
+fn record_lock(desc: &Desc, cmd: c_int, lock: &libc::flock) -> Result<RecordLock, c_int> {
     let ofd = matches!(
         cmd,
         libc::F_OFD_GETLK | libc::F_OFD_SETLK | libc::F_OFD_SETLKW
@@ -516,65 +520,53 @@ fn fcntl_lock(desc: &Arc<Desc>, cmd: c_int, lock: *mut libc::flock) -> Result<c_
     if ofd && lock.l_pid != 0 {
         return Err(libc::EINVAL);
     }
-    let owner = if ofd {
-        Owner::Description(desc.id)
-    } else {
-        Owner::Process
-    };
-    let range = lock_range(desc, lock)?;
-    let kind = match c_int::from(lock.l_type) {
-        libc::F_RDLCK => LockKind::Shared,
-        libc::F_WRLCK => LockKind::Exclusive,
-        libc::F_UNLCK => LockKind::Unlock,
-        _ => return Err(libc::EINVAL),
-    };
+    let (start, end) = lock_range(desc, lock)?;
+    let test = matches!(cmd, libc::F_GETLK | libc::F_OFD_GETLK);
     let access = desc.status.load(std::sync::atomic::Ordering::Relaxed) & libc::O_ACCMODE;
-    let locks = state::locks();
-    if matches!(cmd, libc::F_GETLK | libc::F_OFD_GETLK) {
-        if kind == LockKind::Unlock {
-            return Err(libc::EINVAL);
-        }
-        match locks.test(
-            desc.ino,
-            Space::Record,
-            owner,
-            range,
-            kind == LockKind::Exclusive,
-        ) {
-            None => lock.l_type = libc::F_UNLCK as i16,
-            Some(held) => {
-                lock.l_type = if held.exclusive {
-                    libc::F_WRLCK
-                } else {
-                    libc::F_RDLCK
-                } as i16;
-                lock.l_whence = libc::SEEK_SET as i16;
-                lock.l_start = held.start as i64;
-                lock.l_len = if held.end == u64::MAX {
-                    0
-                } else {
-                    (held.end - held.start) as i64
-                };
-                // SAFETY: getpid cannot fail.
-                lock.l_pid = match held.owner {
-                    // SAFETY: getpid cannot fail.
-                    Owner::Process => unsafe { libc::getpid() },
-                    Owner::Description(_) => -1,
-                };
-            }
-        }
-        return Ok(0);
+    match c_int::from(lock.l_type) {
+        libc::F_UNLCK if test => return Err(libc::EINVAL),
+        libc::F_RDLCK if !test && access == libc::O_WRONLY => return Err(libc::EBADF),
+        libc::F_WRLCK if !test && access == libc::O_RDONLY => return Err(libc::EBADF),
+        libc::F_RDLCK | libc::F_WRLCK | libc::F_UNLCK => {}
+        _ => return Err(libc::EINVAL),
     }
-    match kind {
-        LockKind::Shared if access == libc::O_WRONLY => return Err(libc::EBADF),
-        LockKind::Exclusive if access == libc::O_RDONLY => return Err(libc::EBADF),
-        _ => {}
+    let fd = if ofd {
+        desc.lock_fd()?
+    } else {
+        crate::locks::process_fd(desc.ino)?
+    };
+    // SAFETY: plain data; all-zero is valid.
+    let mut absolute: libc::flock = unsafe { std::mem::zeroed() };
+    absolute.l_type = lock.l_type;
+    absolute.l_whence = libc::SEEK_SET as i16;
+    absolute.l_start = i64::try_from(start).map_err(|_| libc::EOVERFLOW)?;
+    absolute.l_len = if end == u64::MAX {
+        0
+    } else {
+        i64::try_from(end - start).map_err(|_| libc::EOVERFLOW)?
+    };
+    Ok(RecordLock {
+        fd,
+        cmd,
+        lock: absolute,
+    })
+}
+
+/// Runs a record-lock command in the kernel; a test (`F_GETLK`) writes the conflicting lock
+/// (or `F_UNLCK`) into the caller's `lock`.
+fn run_record_lock(mut request: RecordLock, lock: &mut libc::flock) -> Result<c_int, c_int> {
+    crate::locks::record(request.fd, request.cmd, &mut request.lock)?;
+    if matches!(request.cmd, libc::F_GETLK | libc::F_OFD_GETLK) {
+        let found = request.lock;
+        lock.l_type = found.l_type;
+        if c_int::from(found.l_type) != libc::F_UNLCK {
+            lock.l_whence = libc::SEEK_SET as i16;
+            lock.l_start = found.l_start;
+            lock.l_len = found.l_len;
+            lock.l_pid = found.l_pid;
+        }
     }
-    let wait = matches!(cmd, libc::F_SETLKW | libc::F_OFD_SETLKW);
-    locks
-        .set(desc.ino, Space::Record, owner, range, kind, wait)
-        .map(|()| 0)
-        .map_err(|_| libc::EAGAIN)
+    Ok(0)
 }
 
 fn fcntl_locus(fd: c_int, cmd: c_int, arg: c_ulong) -> Result<c_int, c_int> {
@@ -604,7 +596,16 @@ fn fcntl_locus(fd: c_int, cmd: c_int, arg: c_ulong) -> Result<c_int, c_int> {
         | libc::F_OFD_SETLK
         | libc::F_OFD_SETLKW => {
             desc.file()?;
-            fcntl_lock(desc, cmd, arg as *mut libc::flock)
+            let lock = arg as *mut libc::flock;
+            if lock.is_null() {
+                return Err(libc::EFAULT);
+            }
+            // SAFETY: the caller passes a `struct flock *` with the lock commands.
+            let lock = unsafe { &mut *lock };
+            let request = record_lock(desc, cmd, lock)?;
+            // Waiting holds nothing of the program's files (see `RecordLock`).
+            drop(slot);
+            run_record_lock(request, lock)
         }
         // Leases, notifications, seals, pipe sizes, owners: not for locus files.
         _ => Err(libc::EINVAL),
@@ -645,25 +646,19 @@ pub unsafe extern "C" fn flock(fd: c_int, operation: c_int) -> c_int {
         return unsafe { real::flock(fd, operation) };
     }
     unit(state::run(|| {
-        let desc = state::desc(fd)?;
-        desc.usable()?;
-        let kind = match operation & !libc::LOCK_NB {
-            libc::LOCK_SH => LockKind::Shared,
-            libc::LOCK_EX => LockKind::Exclusive,
-            libc::LOCK_UN => LockKind::Unlock,
-            _ => return Err(libc::EINVAL),
+        if !matches!(
+            operation & !libc::LOCK_NB,
+            libc::LOCK_SH | libc::LOCK_EX | libc::LOCK_UN
+        ) {
+            return Err(libc::EINVAL);
+        }
+        let lock_fd = {
+            let desc = state::desc(fd)?;
+            desc.usable()?;
+            desc.lock_fd()?
         };
-        let wait = operation & libc::LOCK_NB == 0;
-        state::locks()
-            .set(
-                desc.ino,
-                Space::Flock,
-                Owner::Description(desc.id),
-                (0, u64::MAX),
-                kind,
-                wait,
-            )
-            .map_err(|_| libc::EWOULDBLOCK)
+        // Waiting holds nothing of the program's files (see `RecordLock`).
+        crate::locks::flock(lock_fd, operation)
     }))
 }
 
@@ -692,7 +687,9 @@ pub unsafe extern "C" fn lockf(fd: c_int, cmd: c_int, len: off_t) -> c_int {
             _ => return Err(libc::EINVAL),
         };
         lock.l_type = kind as i16;
-        fcntl_lock(&desc, command, &mut lock)?;
+        let request = record_lock(&desc, command, &lock)?;
+        drop(desc);
+        run_record_lock(request, &mut lock)?;
         if cmd == libc::F_TEST && c_int::from(lock.l_type) != libc::F_UNLCK {
             return Err(libc::EACCES);
         }

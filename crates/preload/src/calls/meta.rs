@@ -495,7 +495,11 @@ fn remove(path: &str, slash: bool, dir: bool) -> Result<(), c_int> {
             // Its last name: moved where the process that holds it suspended finds it.
             fs.rename(path, &orphan)
         } else {
-            fs.unlink(path)
+            fs.unlink(path).inspect(|()| {
+                if st.nlink == 1 {
+                    crate::locks::forget_inode(st.ino);
+                }
+            })
         };
         removed.map_err(|e| fs_errno(&e))
     })
@@ -802,17 +806,19 @@ pub unsafe extern "C" fn renameat2(
                 // A file whose last name the rename replaces, held by a suspended process,
                 // keeps a name where that process finds it (made first, so the rename
                 // itself stays one atomic step).
-                let kept = match fs.lstat(to) {
-                    Ok(old) if old.ino != st.ino => {
-                        keep_for_suspended(fs, &old).filter(|orphan| fs.link(to, orphan).is_ok())
-                    }
-                    _ => None,
-                };
+                let replaced = fs.lstat(to).ok().filter(|old| old.ino != st.ino);
+                let kept = replaced.as_ref().and_then(|old| {
+                    keep_for_suspended(fs, old).filter(|orphan| fs.link(to, orphan).is_ok())
+                });
                 let renamed = fs.rename(from, to);
-                if renamed.is_err()
-                    && let Some(orphan) = kept
-                {
-                    let _ = fs.unlink(&orphan);
+                match (&renamed, kept, replaced) {
+                    (Err(_), Some(orphan), _) => {
+                        let _ = fs.unlink(&orphan);
+                    }
+                    (Ok(()), None, Some(old)) if old.kind == Kind::File && old.nlink == 1 => {
+                        crate::locks::forget_inode(old.ino);
+                    }
+                    _ => {}
                 }
                 renamed.map_err(|e| fs_errno(&e))
             })
