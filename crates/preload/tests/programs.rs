@@ -1187,6 +1187,41 @@ db.close()
     scrubs_clean(vol.path(), checksums);
 }
 
+/// Two SQLite processes at once, each with its own database (rollback journal, so `fcntl`
+/// locks and no shared memory): `sqlite3 a.db .dump | sqlite3 b.db`, the example of a
+/// pipeline with /locus in two busy stages. The stages take turns with the volume, each
+/// stalled on the pipe in its turn, and b.db ends as a.db (before, the second failed with
+/// `EBUSY` and b.db was left empty: the first held locks, and a lock kept the volume).
+#[test]
+fn a_sqlite_dump_piped_into_another_sqlite_copies_the_database() {
+    assert!(
+        have("sqlite3"),
+        "sqlite3 is not installed (.ci/run installs it)"
+    );
+    let vol = volume();
+    let script = r#"
+        set -e
+        mkdir -p /locus/db
+        {
+            echo 'BEGIN; CREATE TABLE t(k INTEGER PRIMARY KEY, v TEXT);'
+            for i in $(seq 3000); do echo "INSERT INTO t(v) VALUES (printf('%0200d', $i));"; done
+            echo 'COMMIT;'
+        } | sqlite3 /locus/db/a.db
+        sqlite3 /locus/db/a.db .dump | sqlite3 /locus/db/b.db
+        for db in a b; do
+            sqlite3 /locus/db/$db.db 'SELECT count(*), sum(k), sum(length(v)) FROM t; PRAGMA integrity_check;'
+        done
+    "#;
+    let out = preloaded(vol.path(), "bash")
+        .args(["-c", script])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = ok(&out, "a dump piped into a second sqlite3");
+    assert_eq!(stdout, "3000|4501500|600000\nok\n".repeat(2));
+    assert_eq!(stderr, "", "nothing failed to mount");
+}
+
 /// On a volume with data checksums: every block of every file matches its checksum.
 fn scrubs_clean(vol: &Path, checksums: bool) {
     if checksums {
