@@ -453,7 +453,7 @@ impl Fs {
             log_bytes: live.iter().map(|(_, r)| r.length).sum(),
             journal_records,
         };
-        volume.mark_owned(owned.iter().map(|&(start, len, _)| extent_of(start, len)))?;
+        volume.mark_owned(owned_extents(&owned))?;
 
         // Build the running file system.
         let devices = (0..volume.device_count())
@@ -525,12 +525,7 @@ impl OfflineFs<'_> {
     /// outside the volume).
     pub fn check(&self) -> Result<FsCheck> {
         let loaded = &self.loaded;
-        self.volume.mark_owned(
-            loaded
-                .owned
-                .iter()
-                .map(|&(start, len, _)| extent_of(start, len)),
-        )?;
+        loaded.mark_owned(self.volume)?;
         let files = loaded.inodes.values().filter(|i| i.kind == Kind::File);
         Ok(FsCheck {
             generation: loaded.root.generation,
@@ -679,13 +674,32 @@ struct Loaded {
 impl Loaded {
     /// Marks what the file system owns as allocated in `volume` (before allocating in it).
     fn mark_owned(&self, volume: &Volume) -> Result<()> {
-        volume.mark_owned(
-            self.owned
-                .iter()
-                .map(|&(start, len, _)| extent_of(start, len)),
-        )?;
+        volume.mark_owned(owned_extents(&self.owned))?;
         Ok(())
     }
+}
+
+/// The extents of the ownership list (sorted by address), each run of claims that follow
+/// one another without a gap on one device as one extent: the allocator then reserves a
+/// volume of many small files in a few large steps, not a block at a time (files written
+/// one after another lie side by side). Claims that share a block stay apart, so that the
+/// allocator refuses the second as before.
+fn owned_extents(owned: &[(u64, u64, Holder)]) -> impl Iterator<Item = Extent> + '_ {
+    let mut claims = owned
+        .iter()
+        .map(|&(start, len, _)| extent_of(start, len))
+        .peekable();
+    std::iter::from_fn(move || {
+        let mut extent = claims.next()?;
+        while let Some(next) = claims.peek()
+            && next.start.device() == extent.start.device()
+            && next.start.raw() == extent.start.raw() + extent.len_bytes
+        {
+            extent.len_bytes += next.len_bytes;
+            claims.next();
+        }
+        Some(extent)
+    })
 }
 
 /// Settings [`Fs::tune`] changes; `None` leaves one as it is.
@@ -1861,5 +1875,34 @@ mod tests {
         let b = GlobalAddress::new(1, 0).raw();
         let merged = merge_pages([(a + 100, 50), (a + 1000, 4000), (b, 1)].into_iter());
         assert_eq!(merged, vec![(a, 2 * BLOCK), (b, BLOCK)]);
+    }
+
+    #[test]
+    fn claims_side_by_side_are_reserved_as_one_extent() {
+        let file = |block| Holder::File { ino: 9, block };
+        let a = GlobalAddress::new(0, 1 << 21).raw();
+        let b = GlobalAddress::new(1, 0).raw();
+        let owned = [
+            (a, BLOCK, file(0)),
+            (a + BLOCK, 3 * BLOCK, file(1)),
+            (a + 4 * BLOCK, 100, Holder::LiveBuffers),
+            // A gap of one block.
+            (a + 6 * BLOCK, BLOCK, file(4)),
+            // In the block the last claim rounds up to: kept apart (the allocator refuses it).
+            (a + 6 * BLOCK + 100, BLOCK, file(5)),
+            (b, BLOCK, Holder::Snapshot),
+        ];
+        let extents: Vec<(u64, u64)> = owned_extents(&owned)
+            .map(|e| (e.start.raw(), e.len_bytes))
+            .collect();
+        assert_eq!(
+            extents,
+            vec![
+                (a, 5 * BLOCK),
+                (a + 6 * BLOCK, BLOCK),
+                (a + 6 * BLOCK + 100, BLOCK),
+                (b, BLOCK),
+            ]
+        );
     }
 }
