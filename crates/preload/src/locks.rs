@@ -15,6 +15,10 @@
 //! `EDEADLK`, the holder's pid in `F_GETLK`, release when the last fd of a description
 //! closes or the process ends (killed or not).
 //!
+//! Where the volume directory's lock files cannot be made (a directory this user cannot
+//! write), a memory file of the process's own per inode stands in ([`private_lock_file`]):
+//! locks then hold within the program and its forked children, and the program says so.
+//!
 //! Every lock fd is one of the library's own (above half the fd limit, protected from the
 //! program's closes) and close-on-exec except while handed over an `exec`. The library
 //! drops the process's record locks on an inode whenever one of the file's fds closes
@@ -55,15 +59,52 @@ fn open_lock_file(ino: u64) -> Result<c_int, c_int> {
     };
     if fd < 0 {
         let e = errno::get();
-        eprintln!(
-            "locus preload: cannot open the lock file {}: {}",
-            path.to_string_lossy(),
-            std::io::Error::from_raw_os_error(e)
-        );
-        return Err(e);
+        return private_lock_file(ino, &path.to_string_lossy(), e);
     }
     // SAFETY: our fd. (The mode under the creator's umask would keep other users out.)
     unsafe { libc::fchmod(fd, 0o666) };
+    Ok(state::move_internal(fd))
+}
+
+/// The lock files this process made for itself, by inode, when the volume directory's could
+/// not be used (a directory this user cannot write).
+static PRIVATE: Mutex<Option<HashMap<u64, c_int>>> = Mutex::new(None);
+
+/// A new open file description of this process's own lock file of inode `ino` (a memory
+/// file, made at the first call): locks then hold among the process's descriptions and its
+/// forked children, as they did before they were the kernel's, but other programs do not see
+/// them. Said once on stderr, with why the volume's lock file `path` could not be opened.
+fn private_lock_file(ino: u64, path: &str, e: c_int) -> Result<c_int, c_int> {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        eprintln!(
+            "locus preload: cannot open the lock file {path}: {}; locks on locus files hold \
+             within this program only",
+            std::io::Error::from_raw_os_error(e)
+        );
+    }
+    let mut private = PRIVATE.lock();
+    let files = private.get_or_insert_with(HashMap::new);
+    let base = match files.get(&ino) {
+        Some(&fd) => fd,
+        None => {
+            // SAFETY: a literal name; plain system call.
+            let fd = unsafe { libc::memfd_create(c"locus-lock".as_ptr(), libc::MFD_CLOEXEC) };
+            if fd < 0 {
+                return Err(errno::get());
+            }
+            let fd = state::move_internal(fd);
+            files.insert(ino, fd);
+            fd
+        }
+    };
+    // Another open file description of the same memory file.
+    let again = std::ffi::CString::new(format!("/proc/self/fd/{base}")).map_err(|_| libc::EIO)?;
+    // SAFETY: a NUL-terminated path; plain system call.
+    let fd = unsafe { real::open(again.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(errno::get());
+    }
     Ok(state::move_internal(fd))
 }
 

@@ -1566,6 +1566,54 @@ os.remove(p)
     assert!(lock_files.is_empty(), "{lock_files:?}");
 }
 
+/// Where the volume directory's lock files cannot be made (here a file stands where their
+/// directory goes; in use, a volume directory the user cannot write), locks still hold
+/// among a program's own descriptions, on a lock file of the program's own, and it says so
+/// once.
+#[test]
+fn locks_hold_within_a_program_without_the_volumes_lock_files() {
+    let vol = volume();
+    ok(
+        &preloaded(vol.path(), "sh")
+            .args(["-c", "echo data > /locus/f"])
+            .output()
+            .unwrap(),
+        "setup",
+    );
+    std::fs::write(vol.path().join("locks"), b"not a directory").unwrap();
+    let script = r#"
+import fcntl, os
+a = os.open('/locus/f', os.O_RDWR)
+b = os.open('/locus/f', os.O_RDWR)
+fcntl.flock(a, fcntl.LOCK_EX)
+try:
+    fcntl.flock(b, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    print('second flock taken')
+except BlockingIOError:
+    print('second flock refused')
+fcntl.flock(a, fcntl.LOCK_UN)
+fcntl.flock(b, fcntl.LOCK_EX | fcntl.LOCK_NB)
+fcntl.lockf(a, fcntl.LOCK_EX, 10, 0)
+print('done')
+"#;
+    let out = preloaded(vol.path(), "python3")
+        .args(["-c", script])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(
+        ok(&out, "locks without lock files"),
+        "second flock refused\ndone\n"
+    );
+    assert_eq!(
+        stderr
+            .matches("locks on locus files hold within this program only")
+            .count(),
+        1,
+        "{stderr}"
+    );
+}
+
 /// Processes take turns: a program through the library that holds nothing of the volume
 /// between its calls lets go of it when another process asks (over the volume's control
 /// socket), and mounts it again at its next call. So `make -j2` builds in a locus
