@@ -28,7 +28,6 @@
 
 use std::collections::HashMap;
 use std::ffi::c_int;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 
 use parking_lot::Mutex;
 
@@ -44,10 +43,7 @@ fn open_lock_file(ino: u64) -> Result<c_int, c_int> {
     let _inside = Guard::enter();
     let config = state::config().ok_or(libc::EIO)?;
     let dir = config.volume.join("locks");
-    if !dir.is_dir() && std::fs::DirBuilder::new().mode(0o777).create(&dir).is_ok() {
-        // Every user of the volume locks files here, as in /tmp.
-        let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777));
-    }
+    crate::suspended::shared_dir(&dir);
     let path = std::ffi::CString::new(format!("{}/{ino}", dir.display())).map_err(|_| libc::EIO)?;
     // SAFETY: a NUL-terminated path; plain system calls.
     let fd = unsafe {

@@ -21,7 +21,7 @@
 
 use std::collections::HashSet;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::state::Guard;
@@ -78,27 +78,21 @@ fn parse(name: &str) -> Option<(u64, u32, u64)> {
 /// (a volume directory this user cannot write) leaves that file as before: removed by
 /// another process, it is gone when this one reopens it.
 pub(crate) fn note(inos: impl IntoIterator<Item = u64>) {
-    let mut inos = inos.into_iter().peekable();
-    if inos.peek().is_none() {
-        return;
-    }
-    let _inside = Guard::enter();
-    let (Some(dir), Some(me)) = (dir(), me()) else {
-        return;
-    };
-    if !dir.is_dir() {
-        // Every user of the volume leaves markers here, as in /tmp.
-        if std::fs::DirBuilder::new().mode(0o777).create(&dir).is_ok() {
-            let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777));
-        }
-    }
-    for ino in inos {
-        let _ = std::fs::File::create(dir.join(marker(ino, me)));
-    }
+    each_marker(inos, true, |path| {
+        let _ = std::fs::File::create(path);
+    });
 }
 
 /// Notes that this process no longer holds the files `inos` suspended.
 pub(crate) fn forget(inos: impl IntoIterator<Item = u64>) {
+    each_marker(inos, false, |path| {
+        let _ = std::fs::remove_file(path);
+    });
+}
+
+/// Runs `act` on the path of this process's marker of each of `inos` (nothing when there
+/// are none: no system call then), the marker directory made first if `make`.
+fn each_marker(inos: impl IntoIterator<Item = u64>, make: bool, mut act: impl FnMut(&Path)) {
     let mut inos = inos.into_iter().peekable();
     if inos.peek().is_none() {
         return;
@@ -107,8 +101,19 @@ pub(crate) fn forget(inos: impl IntoIterator<Item = u64>) {
     let (Some(dir), Some(me)) = (dir(), me()) else {
         return;
     };
+    if make {
+        shared_dir(&dir);
+    }
     for ino in inos {
-        let _ = std::fs::remove_file(dir.join(marker(ino, me)));
+        act(&dir.join(marker(ino, me)));
+    }
+}
+
+/// Makes `dir` if it is missing, as a directory every user of the volume can add to and
+/// remove their own entries from (mode 1777, as /tmp). Failing leaves it missing.
+pub(crate) fn shared_dir(dir: &Path) {
+    if !dir.is_dir() && std::fs::DirBuilder::new().mode(0o777).create(dir).is_ok() {
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777));
     }
 }
 

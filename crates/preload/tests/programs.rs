@@ -148,6 +148,14 @@ fn shell(
     )
 }
 
+/// Runs the bash script `script` with `dir` as its `$1`, through the library on `vol` or
+/// (`None`) without it; its stdout, after checking that it wrote nothing on stderr.
+fn bash_in(vol: Option<&Path>, script: &str, dir: &str) -> String {
+    let (out, err) = shell(vol, "bash", script, &[dir.as_ref()]);
+    assert_eq!(err, "", "{dir}");
+    out
+}
+
 /// Whether the tests run as root (changing effective ids, `trusted.` attributes).
 fn is_root() -> bool {
     Command::new("id")
@@ -1373,16 +1381,7 @@ fn inherited_fds_share_their_offset_with_children_as_on_tmpfs() {
             cat both sub loop read
         done
     "#;
-    let run = |dir: &str, preload: bool| {
-        let (out, err) = shell(
-            preload.then_some(vol.path()),
-            "bash",
-            script,
-            &[dir.as_ref()],
-        );
-        assert_eq!(err, "", "{dir}");
-        out
-    };
+    let run = |dir: &str, preload: bool| bash_in(preload.then_some(vol.path()), script, dir);
     let on_tmpfs = run(tmp.path().to_str().unwrap(), false);
     let once = "a\nb\nc\none\nls: cannot access './missing': No such file or directory\nthree\n\
                 start\nout 1\nerr 1\nout 2\nerr 2\nout 3\nerr 3\nend\nchild 2\ngroup 1 3\n";
@@ -1797,16 +1796,7 @@ fn renamed_and_removed_files_stay_open_across_turns_as_on_tmpfs() {
         exec 5<&- 6<&-
         echo "$first"; cat out.old log; ls
     "#;
-    let run = |dir: &str, preload: bool| {
-        let (out, err) = shell(
-            preload.then_some(vol.path()),
-            "bash",
-            script,
-            &[dir.as_ref()],
-        );
-        assert_eq!(err, "", "{dir}");
-        out
-    };
+    let run = |dir: &str, preload: bool| bash_in(preload.then_some(vol.path()), script, dir);
     let on_tmpfs = run(tmp.path().to_str().unwrap(), false);
     assert_eq!(
         on_tmpfs, "two\nthree\nfour\nkept\nold\nnew\none\na\nb\nnew\nedited\nlog\nlog.1\nout.old\n",
