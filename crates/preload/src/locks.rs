@@ -181,9 +181,10 @@ pub(crate) fn adopt(fd: c_int) {
     state::move_internal(fd);
 }
 
-/// The table's mutex, for the fork handlers.
-pub(crate) fn mutex() -> &'static Mutex<Option<HashMap<u64, c_int>>> {
-    &PROCESS
+/// The tables' mutexes (the process's lock fds, then its own lock files), for the fork
+/// handlers: a child must not inherit one another thread held.
+pub(crate) fn mutexes() -> [&'static Mutex<Option<HashMap<u64, c_int>>>; 2] {
+    [&PROCESS, &PRIVATE]
 }
 
 /// A record-lock command of `fcntl` on the lock fd `fd`, with `lock` already made absolute

@@ -1252,7 +1252,9 @@ extern "C" fn before_fork() {
     // Dropping descriptions releases their locks: before the lock table is taken.
     drop(dropped);
     std::mem::forget(STREAMS.lock());
-    std::mem::forget(crate::locks::mutex().lock());
+    for table in crate::locks::mutexes() {
+        std::mem::forget(table.lock());
+    }
     std::mem::forget(APPEND.lock());
     // SAFETY: we hold MOUNT exclusively (forgotten guard above).
     let mounted = unsafe { &mut *MOUNT.data_ptr() };
@@ -1403,7 +1405,9 @@ fn unlock_all() {
     // SAFETY: `before_fork` took each of these locks in this thread and forgot the guards.
     unsafe {
         APPEND.force_unlock();
-        crate::locks::mutex().force_unlock();
+        for table in crate::locks::mutexes() {
+            table.force_unlock();
+        }
         STREAMS.force_unlock();
         FDS.force_unlock_write();
         PENDING.force_unlock();
