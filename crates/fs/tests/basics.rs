@@ -982,3 +982,25 @@ fn files_open_by_number_whatever_their_names() {
     assert!(fs.create("/fresh").unwrap().ino() > ino.max(kept));
     assert!(matches!(fs.open_ino(ino, rw), Err(FsError::NotFound(_))));
 }
+
+/// A directory's path is found from its number however it was renamed since, and a number
+/// that is not a live directory's finds none.
+#[test]
+fn a_directory_path_is_found_by_its_number() {
+    let shm = shm_volume("dir-by-number", 256 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    for dir in ["/a", "/a/b", "/a/b/c", "/a/x"] {
+        fs.mkdir(dir, 0o755).unwrap();
+    }
+    let c = fs.stat("/a/b/c").unwrap().ino;
+    assert_eq!(fs.dir_path(c).unwrap(), "/a/b/c");
+    fs.rename("/a", "/z").unwrap();
+    fs.rename("/z/b", "/z/x/y").unwrap();
+    assert_eq!(fs.dir_path(c).unwrap(), "/z/x/y/c");
+    assert_eq!(fs.dir_path(fs::ROOT_INO).unwrap(), "/");
+    fs.create("/z/f").unwrap();
+    let f = fs.stat("/z/f").unwrap().ino;
+    assert!(matches!(fs.dir_path(f), Err(FsError::NotDir(_))));
+    fs.rmdir("/z/x/y/c").unwrap();
+    assert!(matches!(fs.dir_path(c), Err(FsError::NotFound(_))));
+}

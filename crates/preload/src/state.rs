@@ -219,6 +219,7 @@ pub(crate) fn with_fs<T>(op: impl FnOnce(&Fs) -> Result<T, c_int>) -> Result<T, 
             // its default action, often the end of the process — by a thread of ours.)
             let fs = topology::with_signals_blocked(mount)?;
             crate::suspended::sweep(&fs);
+            follow_cwd(&fs);
             start_control(&fs);
             let id = volume_id(&fs);
             MOUNTED_VOLUME[0].store((id >> 64) as u64, Ordering::Relaxed);
@@ -774,8 +775,8 @@ impl Desc {
 
     /// A description reopened for one handed over: at `pos`, sharing `cell` with the
     /// processes that hold the same description.
-    fn reopened(node: Node, h: &Handoff, pos: u64, lock_fd: Option<c_int>) -> Self {
-        let mut desc = Self::new(node, h.path.clone(), h.ino, h.status);
+    fn reopened(node: Node, h: &Handoff, path: String, pos: u64, lock_fd: Option<c_int>) -> Self {
+        let mut desc = Self::new(node, path, h.ino, h.status);
         desc.pos = Offset::new(pos, h.cell);
         desc.lock_fd = Mutex::new(lock_fd);
         desc
@@ -1486,6 +1487,49 @@ pub(crate) fn set_cwd(dir: Option<String>) {
     CWD_SET.store(dir.is_some(), Ordering::Relaxed);
     *cwd = dir;
     *CWD_STAT.lock() = None;
+    CWD_INO.store(0, Ordering::Relaxed);
+}
+
+/// The working directory's inode number (0: not known yet), so that it follows its
+/// directory when another process renames it while this one has let go of the volume.
+static CWD_INO: AtomicU64 = AtomicU64::new(0);
+
+/// Records the inode number of the locus working directory just set.
+pub(crate) fn set_cwd_ino(ino: u64) {
+    CWD_INO.store(ino, Ordering::Relaxed);
+}
+
+/// The working directory, after mounting the volume if it was let go (each mount lets the
+/// working directory follow its directory, [`follow_cwd`]); `None` when it is not a locus
+/// directory, or was mounted already (nothing can have moved it then).
+pub(crate) fn cwd_after_mount() -> Result<Option<String>, c_int> {
+    if ordered(rank::MOUNT, || MOUNT.read()).is_some() {
+        return Ok(None);
+    }
+    run(|| with_fs(|_| Ok(())))?;
+    Ok(cwd())
+}
+
+/// At a mount: the working directory follows its directory if another process renamed it
+/// while this process had let go of the volume, as the kernel's follows a renamed
+/// directory; its inode number is learned at the first mount that finds it by path (after
+/// an `exec` that did not hand it over).
+fn follow_cwd(fs: &Fs) {
+    let Some(path) = cwd() else {
+        return;
+    };
+    let known = CWD_INO.load(Ordering::Relaxed);
+    if let Ok(st) = fs.stat(&path)
+        && (known == 0 || st.ino == known)
+    {
+        CWD_INO.store(st.ino, Ordering::Relaxed);
+        return;
+    }
+    if known != 0
+        && let Ok(moved) = fs.dir_path(known)
+    {
+        *CWD.write() = Some(moved);
+    }
 }
 
 /// What `stat` said of the working directory when this process (or the one it was forked
@@ -1495,6 +1539,7 @@ static CWD_STAT: Mutex<Option<libc::stat>> = Mutex::new(None);
 /// Records `stat` of the locus working directory just set.
 pub(crate) fn set_cwd_stat(st: libc::stat) {
     *CWD_STAT.lock() = Some(st);
+    set_cwd_ino(st.st_ino);
 }
 
 /// `stat` of the working directory as of the `chdir` into it, if this process image made
@@ -1656,7 +1701,11 @@ pub(crate) fn handoff_for_exec() -> Option<(String, Vec<c_int>)> {
         lines.push(format!("volume {:032x}", mounted_volume()));
     }
     if let Some(dir) = cwd() {
-        lines.push(format!("cwd {}", hex(dir.as_bytes())));
+        lines.push(format!(
+            "cwd {} {}",
+            hex(dir.as_bytes()),
+            CWD_INO.load(Ordering::Relaxed)
+        ));
     }
     fds.sort_unstable();
     fds.dedup();
@@ -1754,9 +1803,12 @@ fn receive_handoff() {
                 Ok(parsed) if id.len() == 32 => volume = parsed,
                 _ => eprintln!("locus preload: ignoring a malformed volume id: {id}"),
             },
-            ["cwd", path] => match unhex(path) {
-                Some(dir) => set_cwd(Some(dir)),
-                None => eprintln!("locus preload: ignoring a malformed working directory"),
+            ["cwd", path, ino] => match (unhex(path), ino.parse::<u64>()) {
+                (Some(dir), Ok(ino)) => {
+                    set_cwd(Some(dir));
+                    set_cwd_ino(ino);
+                }
+                _ => eprintln!("locus preload: ignoring a malformed working directory: {item}"),
             },
             _ => eprintln!("locus preload: ignoring a malformed handover entry: {item}"),
         }
@@ -1853,10 +1905,10 @@ fn adopt_suspended() -> Result<(), c_int> {
     Ok(())
 }
 
-/// The description `h` names, opened again on `fs`: a file by its inode number, so that a
-/// file another process renamed meanwhile (`mv`, a log rotated) is still the fd's file, as
-/// with a kernel file system; a directory by its path, checked to be the same inode
-/// (directory descriptions read and resolve names by path). Why not, when it cannot be.
+/// The description `h` names, opened again on `fs` by its inode number, so that a file or
+/// directory another process renamed meanwhile (`mv`, a log rotated) is still the fd's, as
+/// with a kernel file system (a directory's description takes its path as it is now). Why
+/// not, when it cannot be.
 fn reopen(fs: &Fs, h: &Handoff, lock_fd: Option<c_int>) -> Result<Desc, String> {
     let here = volume_id(fs);
     if h.volume != 0 && h.volume != here {
@@ -1872,20 +1924,21 @@ fn reopen(fs: &Fs, h: &Handoff, lock_fd: Option<c_int>) -> Result<Desc, String> 
         write: access != libc::O_RDONLY,
         ..Default::default()
     };
-    let node = match fs.open_ino(h.ino, options) {
-        Ok(file) => Node::File(file),
+    let (node, path) = match fs.open_ino(h.ino, options) {
+        Ok(file) => (Node::File(file), h.path.clone()),
         Err(FsError::NotFound(_)) => {
             return Err("another process removed the file meanwhile".into());
         }
-        Err(FsError::IsDir(_)) => match fs.stat(&h.path) {
-            Ok(st) if st.ino == h.ino => Node::Dir(Mutex::new(None)),
-            _ => return Err("another process moved or removed the directory meanwhile".into()),
+        // Its path as it is now: directory descriptions read and resolve names by path.
+        Err(FsError::IsDir(_)) => match fs.dir_path(h.ino) {
+            Ok(path) => (Node::Dir(Mutex::new(None)), path),
+            Err(_) => return Err("another process removed the directory meanwhile".into()),
         },
         Err(e) => return Err(e.to_string()),
     };
     // Where the last process to use the description left it.
     let pos = h.cell.and_then(crate::offsets::load).unwrap_or(h.pos);
-    Ok(Desc::reopened(node, h, pos, lock_fd))
+    Ok(Desc::reopened(node, h, path, pos, lock_fd))
 }
 
 #[cfg(test)]

@@ -1759,8 +1759,9 @@ print('calls', 'many' if calls[0] > 100 else calls[0], 'errors', errors[:3], flu
 /// A file another process renames or removes while this one's fd of it is suspended (across
 /// a fork, an exec, or the other process's turn with the volume) is still the fd's file, as
 /// on tmpfs: a shell reading a log that `mv` rotates reads on in the renamed file, a writer
-/// appends to it, a file `rm` removed or `sed -i` replaced reads as it was, and an idle
-/// holder reads the rest of such files. (Before, the fd was reopened by its path, which
+/// appends to it, a file `rm` removed or `sed -i` replaced reads as it was, a directory fd
+/// and the working directory follow their directory's rename, and an idle holder reads the
+/// rest of such files. (Before, the fd was reopened by its path, which
 /// named another file or none: it was closed with a message.) Removed files are kept only
 /// while a live process holds them: once the holders are done — or killed — the next mount
 /// frees them.
@@ -1794,12 +1795,22 @@ fn renamed_and_removed_files_stay_open_across_turns_as_on_tmpfs() {
         sed -i s/old/new/ edited
         cat - edited <&6
         exec 5<&- 6<&-
+        mkdir -p sub/inner && echo deep > sub/inner/f
+        cd sub
+        exec 7< inner
+        mv ../sub ../moved
+        cat inner/f
+        ls /dev/fd/7/
+        exec 7<&-
+        cd ..
         echo "$first"; cat out.old log; ls
     "#;
     let run = |dir: &str, preload: bool| bash_in(preload.then_some(vol.path()), script, dir);
     let on_tmpfs = run(tmp.path().to_str().unwrap(), false);
     assert_eq!(
-        on_tmpfs, "two\nthree\nfour\nkept\nold\nnew\none\na\nb\nnew\nedited\nlog\nlog.1\nout.old\n",
+        on_tmpfs,
+        "two\nthree\nfour\nkept\nold\nnew\ndeep\nf\none\na\nb\nnew\nedited\nlog\nlog.1\nmoved\n\
+         out.old\n",
         "the script itself"
     );
     assert_eq!(run(&format!("{MOUNT}/d"), true), on_tmpfs);

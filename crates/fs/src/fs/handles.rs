@@ -253,6 +253,36 @@ impl Fs {
         Ok(file)
     }
 
+    /// The path the directory whose inode number is `ino` has now (a directory has one name:
+    /// its parent's entry), found by walking up its parents — what reopening a directory
+    /// another process may have renamed needs. `NotFound` when no such directory lives,
+    /// `NotDir` when `ino` is not one.
+    pub fn dir_path(&self, ino: u64) -> Result<String> {
+        let gone = || FsError::NotFound(format!("directory inode {ino}"));
+        let mut at = self.inner.inode(ino).ok_or_else(gone)?;
+        if at.kind != Kind::Dir {
+            return Err(FsError::NotDir(format!("inode {ino}")));
+        }
+        let mut names = Vec::new();
+        while at.ino != super::ROOT_INO {
+            let parent = self.inner.inode(at.attr().parent).ok_or_else(gone)?;
+            let name = parent
+                .entries()
+                .iter()
+                .find(|&(_, &child)| child == at.ino)
+                .map(|(name, _)| name.clone())
+                .ok_or_else(gone)?;
+            names.push(name);
+            // Deeper than any path can be: a cycle, which a live tree never has.
+            if names.len() > crate::path::MAX_PATH {
+                return Err(gone());
+            }
+            at = parent;
+        }
+        names.reverse();
+        Ok(format!("/{}", names.join("/")))
+    }
+
     /// A handle of `inode`, counted open.
     fn opened(&self, inode: Arc<Inode>, options: &OpenOptions) -> File {
         inode.opens.fetch_add(1, Ordering::AcqRel);

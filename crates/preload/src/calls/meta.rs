@@ -1785,6 +1785,7 @@ pub unsafe extern "C" fn fchdir(fd: c_int) -> c_int {
         match desc.node {
             Node::Dir(_) => {
                 state::set_cwd(Some(desc.path.clone()));
+                state::set_cwd_ino(desc.ino);
                 Ok(())
             }
             Node::File(_) => Err(libc::ENOTDIR),

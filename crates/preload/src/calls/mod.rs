@@ -304,7 +304,17 @@ unsafe fn resolve_names(
     if bytes.is_empty() {
         return Err(libc::ENOENT);
     }
-    let (target, full) = config.mount.join(&base, bytes);
+    let (mut target, mut full) = config.mount.join(&base, bytes);
+    // A locus name relative to the working directory, with the volume let go: mounted now
+    // (the name needs it anyway), so that the working directory follows a rename another
+    // process made meanwhile (`state::follow_cwd`).
+    if dirfd == libc::AT_FDCWD
+        && matches!(target, Target::Locus { .. })
+        && let Some(now) = state::cwd_after_mount()?
+        && now != base
+    {
+        (target, full) = config.mount.join(&now, bytes);
+    }
     Ok(match target {
         Target::Locus {
             path,
