@@ -265,7 +265,9 @@ impl Fs {
         }
         let mut names = Vec::new();
         while at.ino != super::ROOT_INO {
-            let parent = self.inner.inode(at.attr().parent).ok_or_else(gone)?;
+            // Its own statement: the attributes' guard is let go before the table is taken.
+            let parent_ino = at.attr().parent;
+            let parent = self.inner.inode(parent_ino).ok_or_else(gone)?;
             let name = parent
                 .entries()
                 .iter()
