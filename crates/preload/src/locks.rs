@@ -8,7 +8,7 @@
 //! kernel file system. So no lock lives in the library's memory. A process-owned lock is
 //! taken on the process's own fd of the inode's lock file (one per inode, [`process_fd`]);
 //! a description-owned one on the description's own fd of it (opened at its first lock,
-//! [`open_for_description`]), which moves with the description when it is suspended (a
+//! [`open_lock_file`]), which moves with the description when it is suspended (a
 //! `fork`, an `exec`, another process's turn) and comes back with it, so that a forked
 //! child shares its parent's `flock` and OFD locks as with a kernel file. The kernel then
 //! gives the semantics as they are: conflicts between processes and between descriptions,
@@ -38,8 +38,9 @@ use crate::{errno, real};
 static PROCESS: Mutex<Option<HashMap<u64, c_int>>> = Mutex::new(None);
 
 /// Opens the lock file of inode `ino` (made if missing, readable and writable by every user
-/// of the volume) as an internal fd.
-fn open_lock_file(ino: u64) -> Result<c_int, c_int> {
+/// of the volume) as an internal fd: its own open file description, as a locus
+/// description's OFD and `flock` locks need.
+pub(crate) fn open_lock_file(ino: u64) -> Result<c_int, c_int> {
     let _inside = Guard::enter();
     let config = state::config().ok_or(libc::EIO)?;
     let dir = config.volume.join("locks");
@@ -120,12 +121,6 @@ pub(crate) fn close(fd: c_int) {
     state::forget_internal(fd);
     // SAFETY: an internal fd no one else uses.
     unsafe { real::close(fd) };
-}
-
-/// A new fd of inode `ino`'s lock file, its own open file description, for a locus
-/// description's OFD and `flock` locks.
-pub(crate) fn open_for_description(ino: u64) -> Result<c_int, c_int> {
-    open_lock_file(ino)
 }
 
 /// The process's fd of inode `ino`'s lock file (opened at the first use).

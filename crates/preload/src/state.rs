@@ -768,7 +768,7 @@ impl Desc {
         if let Some(fd) = *fd {
             return Ok(fd);
         }
-        let opened = crate::locks::open_for_description(self.ino)?;
+        let opened = crate::locks::open_lock_file(self.ino)?;
         *fd = Some(opened);
         Ok(opened)
     }

@@ -211,7 +211,7 @@ fn scan() -> (HashSet<u64>, bool) {
 }
 
 /// Where the name of `ino` goes instead of being removed, while a suspended process holds it.
-pub(crate) fn orphan_path(ino: u64) -> String {
+fn orphan_path(ino: u64) -> String {
     format!("{ORPHANS}/{ino}")
 }
 
@@ -245,15 +245,12 @@ pub(crate) fn sweep(fs: &fs::Fs) {
     };
     let mut left = 0;
     for entry in entries {
-        let keep = entry
-            .name
-            .parse::<u64>()
-            .is_ok_and(|ino| live.contains(&ino));
-        let path = format!("{ORPHANS}/{}", entry.name);
-        if keep || fs.unlink(&path).is_err() {
-            left += 1;
-        } else if let Ok(ino) = entry.name.parse::<u64>() {
-            crate::locks::forget_inode(ino);
+        // Only numbers are put there; anything else is left alone.
+        match entry.name.parse::<u64>() {
+            Ok(ino) if !live.contains(&ino) && fs.unlink(&orphan_path(ino)).is_ok() => {
+                crate::locks::forget_inode(ino);
+            }
+            _ => left += 1,
         }
     }
     if left == 0 {
