@@ -182,6 +182,7 @@ pub(crate) mod rank {
     pub(crate) const MAPS: Rank = Rank::new(8, "the table of shared mappings");
     pub(crate) const COPY: Rank = Rank::new(9, "a mapped file's copy in memory");
     pub(crate) const COPIES: Rank = Rank::new(10, "the list of mapped files' copies");
+    pub(crate) const DAMAGE: Rank = Rank::new(11, "a mapped file's list of damaged pages");
 }
 
 /// Takes `lock` with its rank.

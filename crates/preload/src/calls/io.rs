@@ -64,10 +64,10 @@ fn write_at(file: &fs::File, data: &[u8], offset: u64) -> Result<usize, c_int> {
     mapped_copy::change(
         file,
         || file.write_at(data, offset).map_err(|e| fs_errno(&e)),
-        |copy| copy.write(data, offset),
+        |copy| copy.write(file, data, offset),
     )?;
     if shared::is_mapped(file) {
-        shared::after_growth(file.ino(), file.len())?;
+        shared::after_change(file.ino(), file.len())?;
     }
     Ok(data.len())
 }
@@ -84,7 +84,7 @@ pub(crate) fn resize(file: &fs::File, size: u64) -> Result<(), c_int> {
         |copy| copy.set_len(size),
     )?;
     if shared::is_mapped(file) {
-        shared::after_growth(file.ino(), size)?;
+        shared::after_change(file.ino(), size)?;
     }
     Ok(())
 }
@@ -741,7 +741,7 @@ pub unsafe extern "C" fn truncate(path: *const c_char, len: off_t) -> c_int {
 
 /// `fallocate` for a locus file: the modes as `File::fallocate` reads them (allocation,
 /// with or without keeping the size; a punched hole; a zeroed range; others
-/// `EOPNOTSUPP`); a mapped file that grows has its mappings told.
+/// `EOPNOTSUPP`); a mapped file's mappings are told of the change.
 fn allocate(fd: c_int, mode: c_int, off: off_t, len: off_t) -> Result<(), c_int> {
     let desc = state::desc(fd)?;
     let file = match writable(&desc) {
@@ -751,8 +751,7 @@ fn allocate(fd: c_int, mode: c_int, off: off_t, len: off_t) -> Result<(), c_int>
     if off < 0 || len <= 0 {
         return Err(libc::EINVAL);
     }
-    let end = (off as u64).checked_add(len as u64).ok_or(libc::EFBIG)?;
-    let grows = mode & libc::FALLOC_FL_KEEP_SIZE == 0 && end > file.len();
+    (off as u64).checked_add(len as u64).ok_or(libc::EFBIG)?;
     mapped_copy::change(
         file,
         || {
@@ -762,13 +761,14 @@ fn allocate(fd: c_int, mode: c_int, off: off_t, len: off_t) -> Result<(), c_int>
         |copy| {
             copy.set_len(file.len())?;
             if mode & (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE) != 0 {
-                copy.zero(off as u64, len as u64)?;
+                copy.zero(file, off as u64, len as u64)?;
             }
             Ok(())
         },
     )?;
-    if grows && shared::is_mapped(file) {
-        shared::after_growth(file.ino(), end)?;
+    // Also when the size stayed: a punched hole may have replaced a damaged block.
+    if shared::is_mapped(file) {
+        shared::after_change(file.ino(), file.len())?;
     }
     Ok(())
 }

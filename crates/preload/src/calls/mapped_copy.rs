@@ -19,7 +19,16 @@
 //! The copy holds the whole file in memory (a hole stays a hole of the memory file) while it
 //! is mapped: mapping a large file on such a volume costs its size in memory and one read
 //! of it.
+//!
+//! A page of the file that cannot be read (a block that fails its checksum) is left out of
+//! the copy and listed in its [`Damage`]: the mappings map it to the empty file, so touching
+//! it is `SIGBUS` — what a kernel file system's mapping does with a page it cannot read —
+//! while the rest of the file maps as usual; a `read` of it fails with `EIO` as the file's
+//! own does, and a write-back never writes it. A change that replaces the block (a write of
+//! the whole page, a punched hole) gives the page back to the copy and the mappings
+//! ([`crate::calls::shared::after_change`]).
 
+use std::collections::BTreeSet;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering, fence};
 use std::sync::{Arc, Weak};
@@ -41,6 +50,20 @@ pub(crate) struct MappedCopy {
     fd: c_int,
     /// Held shared to read the copy, exclusively to change it together with the file.
     lock: RwLock<()>,
+    /// Pages left out of the copy because the file's blocks there cannot be read. Changed
+    /// only under `lock` held exclusively.
+    damage: Mutex<Damage>,
+}
+
+/// The pages of a copy the file could not fill (page numbers: file offset / 4 KiB).
+#[derive(Default)]
+struct Damage {
+    /// Unreadable now: left out of the copy, `SIGBUS` through the mappings.
+    pages: BTreeSet<u64>,
+    /// Readable again since the mappings last looked (a change replaced the block): the
+    /// copy holds their bytes, and the mappings map them to it next
+    /// ([`MappedCopy::take_healed`]).
+    healed: Vec<u64>,
 }
 
 /// Every copy alive (dead entries are dropped when a copy is made).
@@ -161,6 +184,7 @@ impl MappedCopy {
                 ino: file.ino(),
                 fd,
                 lock: RwLock::new(()),
+                damage: Mutex::new(Damage::default()),
             });
             copies.retain(|c| c.strong_count() > 0);
             copies.push(Arc::downgrade(&copy));
@@ -170,9 +194,68 @@ impl MappedCopy {
         let guard = copy.lock_exclusive();
         // Pairs with the fence in `change`.
         fence(Ordering::SeqCst);
-        fill_memory_file(copy.fd, file)?;
+        let damaged = fill_around_damage(copy.fd, file)?;
+        if !damaged.is_empty() {
+            const NAMED: usize = 8;
+            let mut offsets: Vec<String> = damaged
+                .iter()
+                .take(NAMED)
+                .map(|p| (p * PAGE as u64).to_string())
+                .collect();
+            if damaged.len() > NAMED {
+                offsets.push(format!("{} more", damaged.len() - NAMED));
+            }
+            eprintln!(
+                "locus preload: mapping file {} (inode number), whose 4 KiB pages at offsets {} \
+                 cannot be read (damaged: they fail their checksum); touching them through \
+                 the mapping is SIGBUS, reading them EIO",
+                file.ino(),
+                offsets.join(", ")
+            );
+        }
+        copy.damage().pages = damaged;
         drop(guard);
         Ok(copy)
+    }
+
+    fn damage(&self) -> fs::lock_order::Ordered<parking_lot::MutexGuard<'_, Damage>> {
+        state::ordered(rank::DAMAGE, || self.damage.lock())
+    }
+
+    /// The damaged pages among the file's pages `[first, end)`.
+    pub(crate) fn damaged_pages(&self, first: u64, end: u64) -> Vec<u64> {
+        if first >= end {
+            return Vec::new();
+        }
+        self.damage().pages.range(first..end).copied().collect()
+    }
+
+    /// Pages made readable since the last call, for the mappings to map them to the copy.
+    pub(crate) fn take_healed(&self) -> Vec<u64> {
+        std::mem::take(&mut self.damage().healed)
+    }
+
+    /// After a change of `[from, to)` of the file: each damaged page there is read again
+    /// through the file system; one the change replaced (the whole block written, or
+    /// punched to a hole) goes back into the copy with its bytes, one still unreadable (a
+    /// write of part of it) stays out. Under the copy's exclusive lock.
+    fn recheck(&self, file: &fs::File, from: u64, to: u64) -> Result<(), c_int> {
+        let pages = self.damaged_pages(from / PAGE as u64, to.div_ceil(PAGE as u64));
+        let mut page = vec![0u8; PAGE];
+        for number in pages {
+            let at = number * PAGE as u64;
+            match read_file(file, &mut page, at) {
+                Ok(n) => {
+                    pwrite_all(self.fd, &page[..n], at)?;
+                    let mut damage = self.damage();
+                    damage.pages.remove(&number);
+                    damage.healed.push(number);
+                }
+                Err(libc::EIO) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     fn lock_exclusive(&self) -> fs::lock_order::Ordered<parking_lot::RwLockWriteGuard<'_, ()>> {
@@ -204,11 +287,12 @@ impl MappedCopy {
         Ok(Some(data..(hole as u64).min(end)))
     }
 
-    /// The file's size, read while no change of it is under way (one that follows sees the
-    /// mapping being made, see `shared::map_copy`).
-    pub(crate) fn size(&self, file: &fs::File) -> u64 {
+    /// The file's size and its damaged pages, read while no change of it is under way (one
+    /// that follows sees the mapping being made, see `shared::map_copy`).
+    pub(crate) fn layout(&self, file: &fs::File) -> (u64, Vec<u64>) {
         let _copy = state::ordered(rank::COPY, || self.lock.read());
-        file.len()
+        let size = file.len();
+        (size, self.damaged_pages(0, size.div_ceil(PAGE as u64)))
     }
 
     /// The memory file, for mapping its pages.
@@ -216,28 +300,40 @@ impl MappedCopy {
         self.fd
     }
 
-    /// Reads the file's bytes at `offset` (short only at its end).
+    /// Reads the file's bytes at `offset` (short only at its end). A read that touches a
+    /// damaged page fails with `EIO`, as the file system's read of the file does.
     pub(crate) fn read(&self, buf: &mut [u8], offset: u64) -> Result<usize, c_int> {
         let _copy = state::ordered(rank::COPY, || self.lock.read());
+        let end = offset.saturating_add(buf.len() as u64);
+        if !self
+            .damaged_pages(offset / PAGE as u64, end.div_ceil(PAGE as u64))
+            .is_empty()
+        {
+            return Err(libc::EIO);
+        }
         pread_all(self.fd, buf, offset)
     }
 
-    /// The copy's part of a write of `data` at `offset`.
-    pub(crate) fn write(&self, data: &[u8], offset: u64) -> Result<(), c_int> {
-        pwrite_all(self.fd, data, offset)
+    /// The copy's part of a write of `data` at `offset` of `file`.
+    pub(crate) fn write(&self, file: &fs::File, data: &[u8], offset: u64) -> Result<(), c_int> {
+        pwrite_all(self.fd, data, offset)?;
+        self.recheck(file, offset, offset + data.len() as u64)
     }
 
-    /// The copy's part of a size change.
+    /// The copy's part of a size change: damaged pages wholly past the new end are gone.
     pub(crate) fn set_len(&self, size: u64) -> Result<(), c_int> {
         // SAFETY: our memory file.
         if unsafe { real::ftruncate64(self.fd, size as libc::off_t) } < 0 {
             return Err(errno::get());
         }
+        let kept = size.div_ceil(PAGE as u64);
+        self.damage().pages.retain(|&page| page < kept);
         Ok(())
     }
 
-    /// The copy's part of zeroing `[offset, offset + len)` (a punched hole, a zeroed range).
-    pub(crate) fn zero(&self, offset: u64, len: u64) -> Result<(), c_int> {
+    /// The copy's part of zeroing `[offset, offset + len)` of `file` (a punched hole, a
+    /// zeroed range).
+    pub(crate) fn zero(&self, file: &fs::File, offset: u64, len: u64) -> Result<(), c_int> {
         // SAFETY: our memory file; punching keeps its size.
         let punched = unsafe {
             real::fallocate64(
@@ -250,13 +346,14 @@ impl MappedCopy {
         if punched < 0 {
             return Err(errno::get());
         }
-        Ok(())
+        self.recheck(file, offset, offset.saturating_add(len))
     }
 
     /// Writes the stores made through the mappings to `[from, to)` of the file: each run of
     /// the copy's pages there that differ from the file's is one write (atomic and durable
     /// when it returns). A part of the file that cannot be read (a damaged block) is written
-    /// from the copy whole: the copy holds what the program sees.
+    /// from the copy whole: the copy holds what the program sees — except the damaged pages
+    /// the copy could not be filled with, which no store reached (they are `SIGBUS`).
     pub(crate) fn write_back(&self, file: &fs::File, from: u64, to: u64) -> Result<(), c_int> {
         let _copy = self.lock_exclusive();
         let end = to.min(file.len());
@@ -287,7 +384,7 @@ impl MappedCopy {
             let got = pread_all(self.fd, &mut ours[..want], at)?;
             // The memory file is never shorter than the file; zeros if it were.
             ours[got..want].fill(0);
-            let differ: Vec<bool> = match read_file(file, &mut theirs[..want], at) {
+            let mut differ: Vec<bool> = match read_file(file, &mut theirs[..want], at) {
                 Ok(n) => ours[..want]
                     .chunks(PAGE)
                     .zip(theirs[..want].chunks(PAGE))
@@ -296,6 +393,10 @@ impl MappedCopy {
                     .collect(),
                 Err(_) => vec![true; want.div_ceil(PAGE)],
             };
+            let first = at / PAGE as u64;
+            for page in self.damaged_pages(first, first + differ.len() as u64) {
+                differ[(page - first) as usize] = false;
+            }
             let mut page = 0;
             while page < differ.len() {
                 if !differ[page] {
@@ -318,8 +419,20 @@ impl MappedCopy {
 
 /// Copies the bytes of `file` into the memory file `fd`, sized to it, leaving holes where it
 /// reads zeros (its holes are not read at all: a large sparse file costs what it holds).
-/// Every block read is checked against its checksum, if the volume keeps them.
+/// Every block read is checked against its checksum, if the volume keeps them; a damaged
+/// one fails the copy with `EIO`.
 pub(crate) fn fill_memory_file(fd: c_int, file: &fs::File) -> Result<(), c_int> {
+    match fill_around_damage(fd, file)?.is_empty() {
+        true => Ok(()),
+        false => Err(libc::EIO),
+    }
+}
+
+/// [`fill_memory_file`], leaving out (as holes) the pages whose bytes cannot be read: a
+/// piece of the file that fails with `EIO` is read again a page at a time. Returns those
+/// pages' numbers.
+fn fill_around_damage(fd: c_int, file: &fs::File) -> Result<BTreeSet<u64>, c_int> {
+    let mut damaged = BTreeSet::new();
     let size = file.len();
     // SAFETY: the caller's memory file.
     if unsafe { real::ftruncate64(fd, size as libc::off_t) } < 0 {
@@ -332,16 +445,55 @@ pub(crate) fn fill_memory_file(fd: c_int, file: &fs::File) -> Result<(), c_int> 
         let end = range.end.min(size);
         while at < end {
             let want = (end - at).min(CHUNK as u64) as usize;
-            let got = read_file(file, &mut buf[..want], at)?;
+            let got = match read_file(file, &mut buf[..want], at) {
+                Err(libc::EIO) => {
+                    fill_pages(fd, file, at, want, &mut buf, &mut damaged)?;
+                    at += want as u64;
+                    continue;
+                }
+                got => got?,
+            };
             if got == 0 {
                 break;
             }
-            for (i, page) in buf[..got].chunks(PAGE).enumerate() {
-                if page.iter().any(|&b| b != 0) {
-                    pwrite_all(fd, page, at + (i * PAGE) as u64)?;
-                }
-            }
+            store_pages(fd, &buf[..got], at)?;
             at += got as u64;
+        }
+    }
+    Ok(damaged)
+}
+
+/// The pages of `[at, at + len)` one at a time: a page that fails with `EIO` is added to
+/// `damaged` and left a hole.
+fn fill_pages(
+    fd: c_int,
+    file: &fs::File,
+    at: u64,
+    len: usize,
+    buf: &mut [u8],
+    damaged: &mut BTreeSet<u64>,
+) -> Result<(), c_int> {
+    let mut pos = at;
+    while pos < at + len as u64 {
+        let want = PAGE.min((at + len as u64 - pos) as usize);
+        match read_file(file, &mut buf[..want], pos) {
+            Ok(0) => break,
+            Ok(got) => store_pages(fd, &buf[..got], pos)?,
+            Err(libc::EIO) => {
+                damaged.insert(pos / PAGE as u64);
+            }
+            Err(e) => return Err(e),
+        }
+        pos += want as u64;
+    }
+    Ok(())
+}
+
+/// Writes the pages of `data` (read at `at`) that are not all zeros into the memory file.
+fn store_pages(fd: c_int, data: &[u8], at: u64) -> Result<(), c_int> {
+    for (i, page) in data.chunks(PAGE).enumerate() {
+        if page.iter().any(|&b| b != 0) {
+            pwrite_all(fd, page, at + (i * PAGE) as u64)?;
         }
     }
     Ok(())

@@ -211,6 +211,33 @@ fn place_copy(
     map_fd_at(at, len, prot, copy.fd(), offset)
 }
 
+/// Maps the pages of `damaged` (page numbers of the file) that fall in the `valid` bytes of
+/// a mapping at `base` of file offset `offset` to the empty file: a page the file's copy
+/// could not be filled with is `SIGBUS`, the rest of the mapping maps the copy.
+fn map_damaged(
+    base: usize,
+    offset: u64,
+    valid: usize,
+    damaged: &[u64],
+    prot: c_int,
+) -> Result<(), c_int> {
+    for at in pages_within(damaged, offset, valid) {
+        map_past_end(base + at, page(), prot)?;
+    }
+    Ok(())
+}
+
+/// Where in a mapping of `valid` bytes from file offset `offset` the file's pages `pages`
+/// are (bytes from its start).
+fn pages_within(pages: &[u64], offset: u64, valid: usize) -> impl Iterator<Item = usize> + '_ {
+    let page = page() as u64;
+    pages
+        .iter()
+        .map(move |&p| p * page)
+        .filter(move |&at| at >= offset && at < offset + valid as u64)
+        .map(move |at| (at - offset) as usize)
+}
+
 /// Bytes of a mapping of `len` bytes from file offset `offset` that are inside a file of
 /// `size` bytes (whole pages, up to the page holding its last byte).
 fn inside(offset: u64, len: usize, size: u64) -> usize {
@@ -300,9 +327,11 @@ fn map_copy(
             None => MappedCopy::make(file)?,
         };
         let base = reserve(addr, len, flags)?;
-        let valid = inside(offset, len, copy.size(file));
+        let (size, damaged) = copy.layout(file);
+        let valid = inside(offset, len, size);
         let placed = place_copy(&copy, base, valid, offset, prot)
-            .and_then(|()| map_past_end(base + valid, len - valid, prot));
+            .and_then(|()| map_past_end(base + valid, len - valid, prot))
+            .and_then(|()| map_damaged(base, offset, valid, &damaged, prot));
         if let Err(e) = placed {
             // SAFETY: the range reserved above.
             unsafe { real::munmap(base as *mut c_void, len) };
@@ -530,13 +559,26 @@ pub(crate) fn before_shrink(ino: u64, size: u64) -> Result<(), c_int> {
     Ok(())
 }
 
-/// After file `ino` may have grown: its mappings' pages now inside the file map its blocks.
-pub(crate) fn after_growth(ino: u64, size: u64) -> Result<(), c_int> {
+/// After a change of file `ino` (now `size` bytes): its mappings' pages now inside the file
+/// map its blocks, and pages of its copy that were damaged until the change replaced them
+/// map the copy.
+pub(crate) fn after_change(ino: u64, size: u64) -> Result<(), c_int> {
     if COUNT.load(Ordering::Acquire) == 0 {
         return Ok(());
     }
     let mut table = table();
+    let healed = table
+        .iter()
+        .find(|s| s.token.desc.ino == ino)
+        .and_then(|s| s.copy.as_ref())
+        .map(|copy| copy.take_healed())
+        .unwrap_or_default();
     for s in table.iter_mut().filter(|s| s.token.desc.ino == ino) {
+        if let Some(copy) = &s.copy {
+            for at in pages_within(&healed, s.offset, s.valid) {
+                place_copy(copy, s.start + at, page(), s.offset + at as u64, s.prot)?;
+            }
+        }
         let mapped_to = s.offset + s.valid as u64;
         if s.valid == s.len || mapped_to >= size {
             continue;
@@ -608,7 +650,26 @@ fn privatize(s: &Shared) {
             return;
         }
         real::mprotect(s.start as *mut c_void, s.valid, libc::PROT_READ);
-        std::ptr::copy_nonoverlapping(s.start as *const u8, copy.cast::<u8>(), s.valid);
+        // The pages of a copy that could not be filled are `SIGBUS`: not copied, and made
+        // so again after the move.
+        let page = page();
+        let damaged = match &s.copy {
+            Some(c) => c.damaged_pages(
+                s.offset / page as u64,
+                (s.offset + s.valid as u64).div_ceil(page as u64),
+            ),
+            None => Vec::new(),
+        };
+        let skipped: Vec<usize> = pages_within(&damaged, s.offset, s.valid).collect();
+        let mut at = 0;
+        for &end in skipped.iter().chain(std::iter::once(&s.valid)) {
+            std::ptr::copy_nonoverlapping(
+                (s.start + at) as *const u8,
+                copy.cast::<u8>().add(at),
+                end - at,
+            );
+            at = (end + page).min(s.valid);
+        }
         real::mprotect(copy, s.valid, s.prot);
         real::mremap(
             copy,
@@ -617,6 +678,9 @@ fn privatize(s: &Shared) {
             libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
             s.start as *mut c_void,
         );
+        for at in skipped {
+            let _ = map_past_end(s.start + at, page, s.prot);
+        }
     }
 }
 
