@@ -1,15 +1,53 @@
 //! Inodes in DRAM: attributes, directory entries, extent map, overlay; and
 //! what `stat` and `readdir` report of them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use crate::extent_map::ExtentMap;
 use crate::journal::Kind;
 use crate::lock_order::{FS_DIRECTORY, Ordered};
 use crate::overlay::Overlay;
 use crate::xattr::Xattrs;
+
+/// The inodes by number.
+pub(crate) type InodeTable = HashMap<u64, Arc<Inode>, ByIno>;
+
+/// Hashing for maps keyed by inode number: one multiplication and a fold. Inode numbers
+/// are handed out by the file system in order (never chosen by a client, so no one can
+/// aim keys at one bucket); SipHash's keyed rounds, the default, were the larger part of
+/// each look-up, and a mount looks every inode up several times.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct ByIno;
+
+impl BuildHasher for ByIno {
+    type Hasher = InoHasher;
+    fn build_hasher(&self) -> InoHasher {
+        InoHasher(0)
+    }
+}
+
+/// See [`ByIno`].
+#[derive(Debug)]
+pub(crate) struct InoHasher(u64);
+
+impl Hasher for InoHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        // An odd constant (2^64 / golden ratio): consecutive numbers land in different
+        // buckets by the low bits, and the fold brings high bits down for strided ones.
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 >> 32)
+    }
+}
 
 /// Who owns an inode: a user and a group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

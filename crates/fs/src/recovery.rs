@@ -31,7 +31,7 @@ use crate::fs::{
     FormatOptions, Fs, FsOptions, ROOT_INO, Recovered, check_format, check_options,
     check_slot_limit, now_ns,
 };
-use crate::inode::{Attr, Inode, Owner};
+use crate::inode::{Attr, ByIno, Inode, Owner};
 use crate::journal::{Journal, JournalRecord, Kind, MetaOp};
 use crate::log::{LogArea, LogRecord};
 use crate::progress::Pending;
@@ -40,7 +40,7 @@ use crate::snapshot::{INDEX_MAGIC, InodeImage, MAX_PIECES, Snapshot, SnapshotInd
 
 /// The inodes while the logs are replayed: the running file system's own, built from the
 /// snapshot and changed by the same [`apply`] functions the live path calls.
-type Table = HashMap<u64, Arc<Inode>>;
+type Table = crate::inode::InodeTable;
 
 /// What [`Fs::check`] found on a file system that would open.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -977,7 +977,7 @@ fn load_salvaging(
         }
         bytes = joined;
     }
-    let snapshot = Snapshot::decode(&bytes)?;
+    let mut snapshot = Snapshot::decode(&bytes)?;
     let snapshot_bytes = bytes.len() as u64;
     if snapshot.epoch != root.epoch {
         return Err(FsError::corrupt(
@@ -985,7 +985,7 @@ fn load_salvaging(
             format!("epoch {} but the root is at {}", snapshot.epoch, root.epoch),
         ));
     }
-    let mut inodes = load_snapshot(&snapshot)?;
+    let mut inodes = load_snapshot(&mut snapshot)?;
     let mut next_ino = snapshot.next_ino;
     let mut next_order = snapshot.next_order;
 
@@ -1147,7 +1147,7 @@ fn load_salvaging(
     }
     let mut live: Vec<(u32, LogRecord)> = Vec::new();
     let mut last_replayed = none_kept;
-    let mut times_set = TimesSet::new();
+    let mut times_set = TimesSet::default();
     for step in steps {
         let order = step.order();
         let replayed = replay_step(&mut inodes, &mut times_set, &mut next_ino, &mut live, step);
@@ -1220,7 +1220,7 @@ fn load_salvaging(
         }
     }
     for (ino, inode) in &inodes {
-        for run in inode.extents.read().expect("extent map").runs() {
+        inode.extents.read().expect("extent map").each_run(|run| {
             owned.push((
                 run.addr,
                 run.blocks * BLOCK,
@@ -1229,7 +1229,7 @@ fn load_salvaging(
                     block: run.file_block,
                 },
             ));
-        }
+        });
     }
     let buffer_runs = merge_pages(live.iter().map(|(_, r)| (r.buffer, r.length)));
     for &(start, len) in &buffer_runs {
@@ -1383,20 +1383,29 @@ fn merge_pages(spans: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
     merged.into_iter().map(|(s, e)| (s, e - s)).collect()
 }
 
-fn load_snapshot(snapshot: &Snapshot) -> Result<Table> {
-    let mut inodes = Table::with_capacity(snapshot.inodes.len());
-    for image in &snapshot.inodes {
-        let mut extents = ExtentMap::new();
-        let mut replaced = Vec::new();
-        for run in &image.runs {
-            extents.map(run.file_block, run.blocks, run.addr, &mut replaced);
-            if !replaced.is_empty() {
-                return Err(FsError::corrupt(
-                    "file-system snapshot",
-                    format!("file {} maps block {} twice", image.ino, run.file_block),
-                ));
+fn load_snapshot(snapshot: &mut Snapshot) -> Result<Table> {
+    let images = std::mem::take(&mut snapshot.inodes);
+    let mut inodes = Table::with_capacity_and_hasher(images.len(), ByIno);
+    for image in images {
+        // A snapshot lists each file's runs in order (built in one pass); runs in another
+        // order are mapped one by one, which finds a block mapped twice.
+        let extents = match ExtentMap::from_sorted_runs(&image.runs) {
+            Some(extents) => extents,
+            None => {
+                let mut extents = ExtentMap::new();
+                let mut replaced = Vec::new();
+                for run in &image.runs {
+                    extents.map(run.file_block, run.blocks, run.addr, &mut replaced);
+                    if !replaced.is_empty() {
+                        return Err(FsError::corrupt(
+                            "file-system snapshot",
+                            format!("file {} maps block {} twice", image.ino, run.file_block),
+                        ));
+                    }
+                }
+                extents
             }
-        }
+        };
         let attr = Attr {
             mode: image.mode,
             uid: image.uid,
@@ -1409,11 +1418,11 @@ fn load_snapshot(snapshot: &Snapshot) -> Result<Table> {
             never_named: false,
         };
         let inode = Inode::new(image.ino, image.kind, attr, image.mtime)
-            .with_contents(image.size, image.entries.iter().cloned().collect(), extents)
+            .with_contents(image.size, image.entries.into_iter().collect(), extents)
             .with_times(image.atime, image.ctime)
             .with_target(&image.target)
             .with_rdev(image.rdev)
-            .with_xattrs(image.xattrs.iter().cloned().collect());
+            .with_xattrs(image.xattrs.into_iter().collect());
         if inodes.insert(image.ino, Arc::new(inode)).is_some() {
             return Err(FsError::corrupt(
                 "file-system snapshot",
@@ -1445,7 +1454,8 @@ fn load_snapshot(snapshot: &Snapshot) -> Result<Table> {
 /// and its parent names it; the root is not named; every file and symbolic link is named as
 /// many times as its link count says.
 fn check_tree(inodes: &Table) -> Result<()> {
-    let mut named: HashMap<u64, u64> = HashMap::with_capacity(inodes.len());
+    let mut named: HashMap<u64, u64, ByIno> =
+        HashMap::with_capacity_and_hasher(inodes.len(), ByIno);
     for (&dir, inode) in inodes {
         let mut subdirs = 0;
         for (name, &ino) in inode.entries.lock().expect("directory").iter() {
@@ -1505,7 +1515,7 @@ fn existing(inodes: &Table, ino: u64) -> Result<Arc<Inode>, Problem> {
 
 /// Per inode, the order of the last replayed `SetTimes` that set its modification time: a
 /// checkpoint batch logged later may carry the time of a write from before it.
-type TimesSet = HashMap<u64, u64>;
+type TimesSet = HashMap<u64, u64, ByIno>;
 
 /// Replays one journaled operation with the live path's [`apply`] function. An operation
 /// that cannot apply can only come from damage (dependent operations are logged in order).

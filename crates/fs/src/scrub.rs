@@ -101,7 +101,7 @@ impl std::fmt::Display for HeldBy {
 pub(crate) fn scrub(
     volume: &Volume,
     checksums: &Checksums,
-    inodes: &HashMap<u64, Arc<Inode>>,
+    inodes: &crate::inode::InodeTable,
 ) -> Result<ScrubReport> {
     let paths = paths(inodes);
     let files = files(inodes.values());
@@ -285,7 +285,7 @@ fn blocks_of(
 pub(crate) fn fill_entries(
     volume: &Volume,
     checksums: &Checksums,
-    inodes: &HashMap<u64, Arc<Inode>>,
+    inodes: &crate::inode::InodeTable,
 ) -> Result<u64> {
     let held = distinct_blocks(&files(inodes.values()));
     per_device(volume, &held, |blocks| {
@@ -312,7 +312,7 @@ fn read_block(volume: &Volume, physical: u64, block: &mut [u8]) -> Result<()> {
 }
 
 /// Every linked inode's path.
-pub(crate) fn paths(inodes: &HashMap<u64, Arc<Inode>>) -> HashMap<u64, String> {
+pub(crate) fn paths(inodes: &crate::inode::InodeTable) -> HashMap<u64, String> {
     let mut paths = HashMap::from([(ROOT_INO, "/".to_owned())]);
     let mut queue = vec![ROOT_INO];
     while let Some(dir) = queue.pop() {

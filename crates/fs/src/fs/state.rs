@@ -81,7 +81,7 @@ pub(crate) struct Inner {
     /// Cleared when a snapshot starts.
     pub(crate) snapshot_owed: AtomicBool,
     pub(crate) options: FsOptions,
-    pub(crate) inodes: RwLock<HashMap<u64, Arc<Inode>>>,
+    pub(crate) inodes: RwLock<crate::inode::InodeTable>,
     pub(crate) next_ino: AtomicU64,
     /// Set once the file system holds (or held, since it was opened) a symbolic link: until
     /// then no path can meet one, and callers skip looking.
@@ -283,7 +283,7 @@ pub(crate) struct Recovered {
     pub(crate) root: Root,
     pub(crate) snapshot_pieces: Vec<Extent>,
     pub(crate) snapshot_bytes: u64,
-    pub(crate) inodes: HashMap<u64, Arc<Inode>>,
+    pub(crate) inodes: crate::inode::InodeTable,
     pub(crate) next_ino: u64,
     pub(crate) next_order: u64,
     pub(crate) slots: Vec<(LogArea, Journal, VecDeque<Pending>)>,
@@ -373,7 +373,7 @@ thread_local! {
 }
 
 /// What a snapshot of `inodes` would take (an upper bound: the fixed fields as written).
-fn snapshot_size(inodes: &HashMap<u64, Arc<Inode>>, slots: usize) -> u64 {
+fn snapshot_size(inodes: &crate::inode::InodeTable, slots: usize) -> u64 {
     let header = 8 + 4 + 4 + 8 + 8 + 8 + 4 + 8 + 4;
     let per_inode: u64 = inodes
         .values()
