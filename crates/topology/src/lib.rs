@@ -82,8 +82,8 @@ impl Topology {
         let nodes = node::read_nodes(sysfs)?;
         let pmem = pmem::read_pmem(sysfs)?;
         let nics = nic::read_nics(sysfs)?;
-        let all_cpus: Vec<CpuId> = nodes.iter().flat_map(|n| n.cpus.iter().copied()).collect();
-        let last_level_cache_bytes = cache::largest_cache_bytes(sysfs, &all_cpus)?;
+        let node_cpus: Vec<&[CpuId]> = nodes.iter().map(|n| n.cpus.as_slice()).collect();
+        let last_level_cache_bytes = cache::largest_cache_bytes(sysfs, &node_cpus)?;
         Ok(Self {
             nodes,
             pmem,

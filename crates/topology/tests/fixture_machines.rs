@@ -237,3 +237,18 @@ fn four_nodes_with_a_cpu_less_cxl_node_hmat_and_scrambled_pmem_numbering() {
         ]
     );
 }
+
+/// The largest cache is read from one CPU per node — the first that reports caches — not
+/// from every CPU (which cost each process that mounts a volume ~8 sysfs reads per CPU):
+/// a garbled size on a node's second CPU is never read, and a node whose first CPU reports
+/// no caches is read from its next one.
+#[test]
+fn the_largest_cache_is_read_from_one_cpu_per_node() {
+    let (_dir, root) = common::fixture_copy("two-socket");
+    let cpu = root.join("devices/system/cpu");
+    std::fs::write(cpu.join("cpu1/cache/index3/size"), "garbage\n").unwrap();
+    std::fs::remove_dir_all(cpu.join("cpu4/cache")).unwrap();
+    std::fs::write(cpu.join("cpu5/cache/index3/size"), "65536K\n").unwrap();
+    let topology = Topology::read_from(&root).expect("the garbled size is not read");
+    assert_eq!(topology.last_level_cache_bytes, Some(65_536 * KIB));
+}
