@@ -875,9 +875,10 @@ fn shared_mappings_of_a_checksummed_volume_behave_as_on_tmpfs() {
     shared_mappings_on(true);
 }
 
-fn shared_mappings_on(checksums: bool) {
-    let vol = volume_with(checksums);
-    let prelude = r#"
+/// Python helpers for the mapping tests: libc's `mmap` through ctypes (`smap`, which
+/// raises `OSError` as `mmap` fails; Python's own `mmap` refuses to map past the end),
+/// `peek` and `poke` at an address; `R` is the directory the script works in.
+const MAPPING_PRELUDE: &str = r#"
 import ctypes, mmap, os, signal, sys
 R = sys.argv[1]
 libc = ctypes.CDLL(None, use_errno=True)
@@ -896,6 +897,10 @@ def peek(a, n):
 def poke(a, data):
     ctypes.memmove(a, data, len(data))
 "#;
+
+fn shared_mappings_on(checksums: bool) {
+    let vol = volume_with(checksums);
+    let prelude = MAPPING_PRELUDE;
     let main = r#"
 fd = os.open(R + "/f", os.O_RDWR | os.O_CREAT, 0o644)
 os.write(fd, b"a" * 10000)
@@ -1271,23 +1276,8 @@ fn a_damaged_block_of_a_mapped_file_faults_only_there() {
         dev.write_all_at(&[MARKER[3] ^ 0x20], (at + 3) as u64)
             .unwrap();
     }
-    let prelude = r#"
-import ctypes, mmap, os, sys
-R = sys.argv[1]
-libc = ctypes.CDLL(None, use_errno=True)
-libc.mmap.restype = ctypes.c_void_p
-libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-libc.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-P = 4096
-fd = os.open(R + "/d", os.O_RDWR)
-a = libc.mmap(None, 4 * P, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
-assert a not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
-def peek(a, n):
-    return ctypes.string_at(a, n)
-def poke(a, data):
-    ctypes.memmove(a, data, len(data))
-"#;
+    let prelude =
+        format!("{MAPPING_PRELUDE}fd = os.open(R + '/d', os.O_RDWR)\na = smap(fd, 4 * P)\n");
     // Touching the damaged page: SIGBUS, after the pages beside it read — also in a child
     // and in the parent after a fork (whose mappings become private copies).
     let touch = format!(
@@ -1336,7 +1326,7 @@ def poke(a, data):
          os.pwrite(fd, b'x' * 10, P + 5)\n\
          print(libc.msync(a, 4 * P, 4), libc.munmap(a, 4 * P))\n\
          try:\n    os.pread(fd, 1, P)\nexcept OSError as e:\n    print('after a partial write and a sync:', os.strerror(e.errno))\n\
-         a = libc.mmap(None, 4 * P, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)\n\
+         a = smap(fd, 4 * P)\n\
          os.pwrite(fd, b'B' * P, P)\n\
          print(peek(a + P, 3), os.pread(fd, 3, P))\n\
          poke(a + P, b'b')\n\
