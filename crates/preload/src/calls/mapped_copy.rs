@@ -230,6 +230,12 @@ impl MappedCopy {
         self.damage().pages.range(first..end).copied().collect()
     }
 
+    /// Whether any of the file's pages `[first, end)` is damaged (no list made: `read`
+    /// asks on every call).
+    fn any_damaged(&self, first: u64, end: u64) -> bool {
+        first < end && self.damage().pages.range(first..end).next().is_some()
+    }
+
     /// Pages made readable since the last call, for the mappings to map them to the copy.
     pub(crate) fn take_healed(&self) -> Vec<u64> {
         std::mem::take(&mut self.damage().healed)
@@ -241,6 +247,9 @@ impl MappedCopy {
     /// write of part of it) stays out. Under the copy's exclusive lock.
     fn recheck(&self, file: &fs::File, from: u64, to: u64) -> Result<(), c_int> {
         let pages = self.damaged_pages(from / PAGE as u64, to.div_ceil(PAGE as u64));
+        if pages.is_empty() {
+            return Ok(());
+        }
         let mut page = vec![0u8; PAGE];
         for number in pages {
             let at = number * PAGE as u64;
@@ -305,10 +314,7 @@ impl MappedCopy {
     pub(crate) fn read(&self, buf: &mut [u8], offset: u64) -> Result<usize, c_int> {
         let _copy = state::ordered(rank::COPY, || self.lock.read());
         let end = offset.saturating_add(buf.len() as u64);
-        if !self
-            .damaged_pages(offset / PAGE as u64, end.div_ceil(PAGE as u64))
-            .is_empty()
-        {
+        if self.any_damaged(offset / PAGE as u64, end.div_ceil(PAGE as u64)) {
             return Err(libc::EIO);
         }
         pread_all(self.fd, buf, offset)
