@@ -1214,12 +1214,13 @@ fn grow_checks_every_device_before_growing_any() {
     fs.unmount().unwrap();
 }
 
-/// A grow whose allocation fails (an ordinary-file device on a file system without the room)
-/// is an error that leaves the device file at its old length: the volume opens at its old
-/// size, `fsck` has nothing to warn about, and no unallocated tail is left for `locus extend`
-/// to record. (Mounts a small tmpfs: root only.)
+/// Devices that do not fit the file system their files are on are refused before any is
+/// made, counted together: a format of two devices that fit one by one but not both leaves
+/// neither file, nor the volume; a grow past the room leaves the device file at its old
+/// length: the volume opens at its old size, `fsck` has nothing to warn about, and no
+/// unallocated tail is left for `locus extend` to record. (Mounts a small tmpfs: root only.)
 #[test]
-fn a_grow_that_cannot_allocate_changes_nothing() {
+fn devices_that_do_not_fit_their_file_system_change_nothing() {
     let dir = tempfile::tempdir_in("/dev/shm").unwrap();
     let small = tempfile::tempdir_in("/dev/shm").unwrap();
     let mounted = Command::new("mount")
@@ -1237,12 +1238,35 @@ fn a_grow_that_cannot_allocate_changes_nothing() {
     let _unmount = Unmount(small.path());
     let device = small.path().join("d0");
     let spec = format!("{},kind=file,size=32M", device.display());
+    let other = small.path().join("d1");
+    let volume = dir.path().join("volume");
+    for devices in [
+        &[
+            spec.clone(),
+            format!("{},kind=file,size=32M", other.display()),
+        ][..],
+        &[format!("{},kind=file,size=1T", device.display())],
+    ] {
+        let mut args = vec!["format"];
+        for d in devices {
+            args.extend(["--device", d]);
+        }
+        let refused = locus(&volume, &args);
+        assert_eq!(refused.status.code(), Some(1), "{devices:?}");
+        assert!(
+            text(&refused.stderr).contains("more than they hold, and it has"),
+            "{}",
+            text(&refused.stderr)
+        );
+        assert!(!device.exists() && !other.exists(), "{devices:?}");
+        assert!(!volume.exists(), "{devices:?}");
+    }
     let formatted = locus(dir.path(), &["format", "--device", &spec]);
     assert!(formatted.status.success(), "{}", text(&formatted.stderr));
     let refused = locus(dir.path(), &["extend", "--grow", "0,size=+32M"]);
     assert!(!refused.status.success());
     assert!(
-        text(&refused.stderr).contains("fallocate"),
+        text(&refused.stderr).contains("need 33554432 bytes more than they hold"),
         "{}",
         text(&refused.stderr)
     );

@@ -26,6 +26,20 @@ pub enum PmemError {
         problem: String,
     },
 
+    /// A device file needs more room than its file system has free.
+    #[error(
+        "{path}: needs {lacking} more bytes and its file system has {free} free; give a \
+         smaller size, or free room there"
+    )]
+    NoRoom {
+        /// The device path.
+        path: PathBuf,
+        /// Bytes the file lacks of the size asked for.
+        lacking: u64,
+        /// Bytes free for an unprivileged user on the file system.
+        free: u64,
+    },
+
     /// An access fell outside its region. Offsets that come from media are checked against
     /// this before use, so corrupt metadata yields this error rather than a wild access.
     #[error("access of {len} bytes at offset {offset} is outside a region of {region_len} bytes")]

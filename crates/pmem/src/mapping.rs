@@ -195,7 +195,27 @@ impl Drop for Mapping {
 
 /// Reserves the blocks of `[0, len)` (so a full file system cannot fault later with SIGBUS)
 /// and, on tmpfs, allocates the pages under the mapping's memory policy.
+///
+/// Refused before anything is allocated when the file system has fewer free bytes than the
+/// file still lacks: `fallocate` on a file system too small for the request (ext4, tmpfs)
+/// allocates until the file system is full, fails, and keeps what it allocated — a device
+/// too large for its disk would leave the disk full for every other program.
 pub(crate) fn allocate(file: &File, len: u64, path: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let held = file
+        .metadata()
+        .map_or(0, |m| m.blocks().saturating_mul(512));
+    let lacking = len.saturating_sub(held);
+    if lacking > 0
+        && let Ok(free) = fstatfs_available(file)
+        && lacking > free
+    {
+        return Err(PmemError::NoRoom {
+            path: path.to_owned(),
+            lacking,
+            free,
+        });
+    }
     let len = libc::off_t::try_from(len).map_err(|_| PmemError::WrongKind {
         path: path.to_owned(),
         problem: format!("size {len} does not fit in off_t"),
@@ -210,6 +230,18 @@ pub(crate) fn allocate(file: &File, len: u64, path: &Path) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// Bytes an unprivileged user may still allocate on the file system holding `file`.
+fn fstatfs_available(file: &File) -> std::io::Result<u64> {
+    // SAFETY: statfs is plain old data; zeroed is a valid value.
+    let mut stats: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: the descriptor is open for the call and `stats` is a valid out-pointer.
+    let rc = unsafe { libc::fstatfs(file.as_raw_fd(), &mut stats) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(stats.f_bavail.saturating_mul(stats.f_bsize as u64))
 }
 
 /// The file system type of the file system holding `path` (`f_type` of statfs).

@@ -83,6 +83,96 @@ fn ordinary_file_uses_msync_and_dax_is_refused_off_a_dax_mount() {
     assert!(error.to_string().contains("-o dax"), "{error}");
 }
 
+/// A DAX file that cannot be mapped with `MAP_SYNC` (not on a DAX mount) fails after the
+/// file was made and its blocks allocated: the file is given back — removed when the call
+/// made it, emptied when it existed — instead of left holding its size on the disk.
+#[test]
+fn a_device_file_whose_creation_fails_is_given_back() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = dir.path().join("dax.pmem");
+    let dax = spec(path.clone(), DeviceKind::DaxFile, None);
+    let error = Device::create(&dax, 4 << 20).unwrap_err();
+    assert!(error.to_string().contains("-o dax"), "{error}");
+    assert!(!path.exists(), "a file the failed call made is removed");
+    std::fs::write(&path, vec![1u8; 1 << 20]).unwrap();
+    let error = Device::create(&dax, 4 << 20).unwrap_err();
+    assert!(error.to_string().contains("-o dax"), "{error}");
+    let left = std::fs::metadata(&path).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        (left.len(), left.blocks()),
+        (0, 0),
+        "an existing file is emptied"
+    );
+}
+
+/// A small tmpfs mounted for a test, unmounted when dropped (mounting needs root).
+struct SmallTmpfs(tempfile::TempDir);
+
+impl SmallTmpfs {
+    fn mount(size: &str) -> Self {
+        let dir = shm_dir();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(status.success(), "mounting a tmpfs (root only)");
+        Self(dir)
+    }
+
+    fn free_bytes(&self) -> u64 {
+        pmem::available_bytes(self.0.path()).unwrap()
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+/// A device larger than the free room of its file system is refused before anything is
+/// allocated, naming both numbers, and leaves no file: `fallocate` there would fill the file
+/// system first (and ext4 keeps what a failed one allocated). A device that fits is made, and
+/// one more that does not fit beside it is refused the same way.
+#[test]
+fn a_device_larger_than_the_room_of_its_file_system_is_refused_before_allocating() {
+    let small = SmallTmpfs::mount("48M");
+    let free = small.free_bytes();
+    for (name, kind, node) in [
+        ("file.pmem", DeviceKind::File, None),
+        ("emulated.pmem", DeviceKind::Emulated, Some(0)),
+    ] {
+        let path = small.0.path().join(name);
+        let error = Device::create(&spec(path.clone(), kind, node), 64 << 20).unwrap_err();
+        assert!(
+            matches!(error, PmemError::NoRoom { .. }),
+            "{kind:?}: {error:?}"
+        );
+        assert!(
+            error.to_string().contains("needs 67108864 more bytes"),
+            "{error}"
+        );
+        assert!(!path.exists(), "{kind:?}: no file is left");
+        assert_eq!(
+            small.free_bytes(),
+            free,
+            "{kind:?}: nothing stays allocated"
+        );
+    }
+    let first = small.0.path().join("a.pmem");
+    let device = Device::create(&spec(first, DeviceKind::File, None), 32 << 20).unwrap();
+    let second = small.0.path().join("b.pmem");
+    let error =
+        Device::create(&spec(second.clone(), DeviceKind::File, None), 32 << 20).unwrap_err();
+    assert!(matches!(error, PmemError::NoRoom { .. }), "{error:?}");
+    assert!(!second.exists());
+    drop(device);
+}
+
 #[test]
 fn kinds_are_detected_from_the_path() {
     let dir = shm_dir();

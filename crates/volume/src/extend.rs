@@ -35,7 +35,7 @@ use crate::config::{CONFIG_FILE, DeviceConfig, VolumeConfig};
 use crate::error::{Result, VolumeError};
 use crate::lock::VolumeLock;
 use crate::superblock::{MIN_DEVICE_BYTES, Superblock};
-use crate::volume::{DeviceSource, Volume, check_emulated, hex, missing_size};
+use crate::volume::{DeviceSource, Volume, check_emulated, check_room, hex, missing_size};
 
 /// What [`Volume::extend`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,6 +100,7 @@ impl Volume {
             }
         }
         check_emulated(dir, &full)?;
+        check_room(dir, &full)?;
         lock.lock_devices(&full)?;
         let flush = config.flush_policy().expect("validated");
         let mut volume = Self::open_listed(&config, topology)?;
@@ -343,6 +344,7 @@ impl Volume {
             plan.push((index, kind, superblock, after));
         }
         check_emulated(dir, &grown_config)?;
+        check_room(dir, &grown_config)?;
         drop(volume);
 
         let mut grown = Vec::with_capacity(plan.len());

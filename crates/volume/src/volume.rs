@@ -334,6 +334,7 @@ impl Volume {
             }
         }
         check_emulated(dir, config)?;
+        check_room(dir, config)?;
         let mut lock = VolumeLock::acquire(dir)?;
         // Devices that exist already may belong to a volume open elsewhere.
         lock.lock_devices(config)?;
@@ -816,11 +817,60 @@ fn device_orders(
     Ok(orders)
 }
 
+/// Devices kept in files (emulated, DAX files, ordinary files), before any of them is
+/// allocated: the bytes each file still lacks of its size, added up per file system, fit in
+/// what that file system has free (blocks a device file already holds count as free:
+/// formatting reuses them). A file system too small would otherwise be filled by the
+/// allocation of one device and left full, or a later device of the same volume refused
+/// after the earlier ones took their room.
+pub(crate) fn check_room(dir: &Path, config: &VolumeConfig) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    // Per file system (device number): the bytes lacking, the free bytes, a place to name.
+    let mut per_fs: std::collections::BTreeMap<u64, (u64, u64, PathBuf)> = Default::default();
+    for device in &config.devices {
+        if matches!(device.kind(), Ok(DeviceKind::DevDax) | Err(_)) {
+            continue;
+        }
+        let Some(size) = device.size_bytes else {
+            continue; // named by the size check that follows (missing or existing device)
+        };
+        let held = std::fs::metadata(&device.path).map_or(0, |m| m.blocks() * 512);
+        // The directory may not exist yet (the volume directory is made by the format): its
+        // nearest existing ancestor is on the file system it will be on.
+        let Some(existing) = device.parent_dir().ancestors().find(|p| p.is_dir()) else {
+            continue;
+        };
+        let (Ok(meta), Ok(free)) = (std::fs::metadata(existing), pmem::available_bytes(existing))
+        else {
+            continue;
+        };
+        let entry = per_fs
+            .entry(meta.dev())
+            .or_insert_with(|| (0, free, existing.to_owned()));
+        entry.0 += size.saturating_sub(held);
+        if entry.0 > entry.1 {
+            return Err(VolumeError::Config {
+                path: dir.join(crate::config::CONFIG_FILE),
+                problem: format!(
+                    "device {}: the device files on the file system at {} need {} bytes more \
+                     than they hold, and it has {} free; give a smaller size (the size= of the \
+                     device or of the grow), or free room there",
+                    device.path.display(),
+                    entry.2.display(),
+                    entry.0,
+                    entry.1
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Emulated devices, before any page of them is allocated: each names its node, and the
-/// devices of each node fit in that node's free memory and in the tmpfs that holds them
-/// (pages a device file already holds count as free: formatting reuses them). Without this
-/// a device larger than its node's memory gets the process killed by the OOM killer,
-/// halfway through allocating it.
+/// devices of each node fit in that node's free memory (pages a device file already holds
+/// count as free: formatting reuses them). Without this a device larger than its node's
+/// memory gets the process killed by the OOM killer, halfway through allocating it. That
+/// the files fit their tmpfs is [`check_room`]'s.
 pub(crate) fn check_emulated(dir: &Path, config: &VolumeConfig) -> Result<()> {
     let problem = |problem: String| VolumeError::Config {
         path: dir.join(crate::config::CONFIG_FILE),
@@ -878,16 +928,6 @@ pub(crate) fn check_emulated(dir: &Path, config: &VolumeConfig) -> Result<()> {
                  memory and the node has {available} ({free} free, {} in caches the kernel \
                  can drop); give a smaller size (the size= of the device or of the grow)",
                 found.memory_reclaimable_bytes
-            )));
-        }
-        let parent = device.path.parent().unwrap_or(Path::new("/"));
-        if let Ok(available) = pmem::available_bytes(parent)
-            && size.saturating_sub(held) > available
-        {
-            return Err(problem(format!(
-                "device {shown}: {size} bytes do not fit the {available} bytes free in the \
-                 tmpfs at {}; give a smaller size (the size= of the device or of the grow)",
-                parent.display()
             )));
         }
     }

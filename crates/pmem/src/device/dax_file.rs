@@ -15,10 +15,10 @@ pub(super) fn create(
     size_bytes: u64,
     flush: FlushPolicy,
 ) -> Result<(Mapping, PersistenceMode)> {
-    let file = super::open_rw(path, true)?;
-    super::set_len(&file, size_bytes, path)?;
-    mapping::allocate(&file, size_bytes, path)?;
-    map(file, size_bytes, path, flush)
+    super::create_file(path, size_bytes, |file| {
+        mapping::allocate(file, size_bytes, path)?;
+        map(super::dup(file, path)?, size_bytes, path, flush)
+    })
 }
 
 /// Lengthens the file to `size_bytes` and reserves its blocks, as [`create`] does.

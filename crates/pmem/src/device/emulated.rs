@@ -19,9 +19,9 @@ pub(super) fn create(
     node: Option<u32>,
 ) -> Result<(Mapping, PersistenceMode)> {
     check_tmpfs(path)?;
-    let file = super::open_rw(path, true)?;
-    super::set_len(&file, size_bytes, path)?;
-    map_bound_and_allocated(&file, size_bytes, node, path)
+    super::create_file(path, size_bytes, |file| {
+        map_bound_and_allocated(file, size_bytes, node, path)
+    })
 }
 
 /// Lengthens the device file to `size_bytes` and allocates it under the node binding, as

@@ -9,9 +9,9 @@ use crate::mapping::{self, Mapping};
 use crate::region::PersistenceMode;
 
 pub(super) fn create(path: &Path, size_bytes: u64) -> Result<(Mapping, PersistenceMode)> {
-    let file = super::open_rw(path, true)?;
-    super::set_len(&file, size_bytes, path)?;
-    allocated_and_mapped(&file, size_bytes, path)
+    super::create_file(path, size_bytes, |file| {
+        allocated_and_mapped(file, size_bytes, path)
+    })
 }
 
 /// Lengthens the file to `size_bytes` and reserves its blocks, as [`create`] does.

@@ -337,6 +337,32 @@ pub(crate) fn grow_file<T>(
     })
 }
 
+/// Creates the device file at `path` anew (an existing file is cut to nothing), `size_bytes`
+/// long, and hands it to `finish` (which allocates and maps it). When `finish` fails — no room
+/// to allocate the file, say — the file is given back: removed when this call created it,
+/// emptied when it existed, so the blocks a failed allocation took do not stay taken (ext4 and
+/// tmpfs keep what a failed `fallocate` allocated).
+pub(crate) fn create_file<T>(
+    path: &Path,
+    size_bytes: u64,
+    finish: impl FnOnce(&File) -> Result<T>,
+) -> Result<T> {
+    let existed = path.exists();
+    let file = open_rw(path, true)?;
+    set_len(&file, size_bytes, path)
+        .and_then(|()| finish(&file))
+        .inspect_err(|_| {
+            let given_back = if existed {
+                file.set_len(0)
+            } else {
+                std::fs::remove_file(path)
+            };
+            if let Err(error) = given_back {
+                tracing::warn!(path = %path.display(), %error, "could not give back a device file whose creation failed");
+            }
+        })
+}
+
 /// A shared mapping of the first `len` bytes of `file` (which the mapping keeps).
 pub(crate) fn map_shared(file: File, len: u64, path: &Path) -> Result<Mapping> {
     Mapping::new(file, usize_len(len, path)?, MapFlags::Shared, path)
