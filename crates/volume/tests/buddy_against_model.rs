@@ -1,6 +1,7 @@
-//! The buddy allocator against a model of which pages are in use: random allocations and
-//! frees never overlap, freeing everything coalesces fully, and an allocation fails only
-//! when the model has no run of free pages the allocator could have used.
+//! The buddy allocator against a model of which pages are in use: random allocations,
+//! frees and reservations never overlap, freeing everything coalesces fully, an allocation
+//! fails only when the model has no run of free pages the allocator could have used, and a
+//! reservation succeeds exactly when every page of it is free.
 
 use proptest::prelude::*;
 use volume::buddy::{BuddyAllocator, MAX_BLOCK_PAGES};
@@ -11,6 +12,9 @@ enum Op {
     Free(usize),
     /// Free a range that holds at least one free page: must be refused, changing nothing.
     DoubleFree(u64, u64),
+    /// Reserve a range (as an owner's extents are at open): done when all of it is free,
+    /// refused and changing nothing otherwise.
+    Reserve(u64, u64),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -19,6 +23,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (1u64..=(3 * MAX_BLOCK_PAGES)).prop_map(Op::Alloc),
         3 => any::<usize>().prop_map(Op::Free),
         1 => (any::<u64>(), 1u64..=70).prop_map(|(at, pages)| Op::DoubleFree(at, pages)),
+        1 => (any::<u64>(), 1u64..=70).prop_map(|(at, pages)| Op::Reserve(at, pages)),
+        1 => (any::<u64>(), 1u64..=(6 * MAX_BLOCK_PAGES)).prop_map(|(at, pages)| Op::Reserve(at, pages)),
     ]
 }
 
@@ -41,7 +47,10 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
     #[test]
-    fn allocations_match_the_model(total in 1u64..(5 * MAX_BLOCK_PAGES), ops in prop::collection::vec(op(), 1..120)) {
+    fn allocations_match_the_model(
+        total in prop_oneof![1u64..(5 * MAX_BLOCK_PAGES), 1u64..(40 * MAX_BLOCK_PAGES)],
+        ops in prop::collection::vec(op(), 1..120),
+    ) {
         let mut buddy = BuddyAllocator::new(total);
         let mut used = vec![false; total as usize];
         let mut live: Vec<(u64, u64)> = Vec::new();
@@ -79,6 +88,28 @@ proptest! {
                             buddy.free(start, pages).is_err(),
                             "freeing {pages} pages at {start} that include a free page was accepted"
                         );
+                        prop_assert_eq!(buddy.free_pages(), before);
+                    }
+                }
+                Op::Reserve(at, pages) => {
+                    let start = at % total;
+                    let pages = pages.min(total - start);
+                    let range = start as usize..(start + pages) as usize;
+                    let all_free = used[range.clone()].iter().all(|u| !u);
+                    let before = buddy.free_pages();
+                    let reserved = buddy.reserve(start, pages);
+                    prop_assert_eq!(
+                        reserved.is_ok(),
+                        all_free,
+                        "reserving {} pages at {}: {:?}",
+                        pages,
+                        start,
+                        reserved
+                    );
+                    if all_free {
+                        used[range].iter_mut().for_each(|u| *u = true);
+                        live.push((start, pages));
+                    } else {
                         prop_assert_eq!(buddy.free_pages(), before);
                     }
                 }
