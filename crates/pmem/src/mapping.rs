@@ -232,7 +232,7 @@ pub(crate) fn allocate(file: &File, len: u64, path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Bytes an unprivileged user may still allocate on the file system holding `file`.
+/// [`available_bytes`] of the file system holding `file`.
 fn fstatfs_available(file: &File) -> std::io::Result<u64> {
     // SAFETY: statfs is plain old data; zeroed is a valid value.
     let mut stats: libc::statfs = unsafe { std::mem::zeroed() };
@@ -241,7 +241,7 @@ fn fstatfs_available(file: &File) -> std::io::Result<u64> {
     if rc != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(stats.f_bavail.saturating_mul(stats.f_bsize as u64))
+    Ok(unprivileged_free(&stats))
 }
 
 /// The file system type of the file system holding `path` (`f_type` of statfs).
@@ -249,10 +249,19 @@ pub(crate) fn filesystem_magic(path: &Path) -> std::io::Result<i64> {
     statfs(path).map(|stats| stats.f_type)
 }
 
-/// Bytes an unprivileged user may still allocate on the file system holding `path`.
+/// Bytes an unprivileged user may still allocate on the file system holding `path`;
+/// `u64::MAX` for a file system that reports no size (a tmpfs mounted with `size=0` has
+/// no limit and reports 0 blocks, all of them taken).
 pub fn available_bytes(path: &Path) -> std::io::Result<u64> {
-    let stats = statfs(path)?;
-    Ok(stats.f_bavail.saturating_mul(stats.f_bsize as u64))
+    statfs(path).map(|stats| unprivileged_free(&stats))
+}
+
+/// What [`available_bytes`] reports, from a file system's counts.
+fn unprivileged_free(stats: &libc::statfs) -> u64 {
+    if stats.f_blocks == 0 {
+        return u64::MAX;
+    }
+    stats.f_bavail.saturating_mul(stats.f_bsize as u64)
 }
 
 fn statfs(path: &Path) -> std::io::Result<libc::statfs> {

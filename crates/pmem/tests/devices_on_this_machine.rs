@@ -171,6 +171,12 @@ fn a_device_larger_than_the_room_of_its_file_system_is_refused_before_allocating
     assert!(matches!(error, PmemError::NoRoom { .. }), "{error:?}");
     assert!(!second.exists());
     drop(device);
+    // A tmpfs without a limit (`size=0`) reports no blocks at all: not "no room".
+    let unlimited = SmallTmpfs::mount("0");
+    assert_eq!(unlimited.free_bytes(), u64::MAX);
+    let path = unlimited.0.path().join("emulated.pmem");
+    let device = Device::create(&spec(path, DeviceKind::Emulated, Some(0)), 8 << 20).unwrap();
+    assert_eq!(device.size_bytes(), 8 << 20);
 }
 
 #[test]
