@@ -125,6 +125,12 @@ fn run_loop(inner: &Inner) -> Result<()> {
             if !inner.unchanged_since_sealed() {
                 snapshot_sealing(inner, true)?;
             }
+            // Every record is retired, and the metadata saying so is durable: the log areas
+            // are sealed, so the next mount reads none of their slots (an area already sealed
+            // is not written again).
+            for slot in &slots {
+                slot.log().seal()?;
+            }
             inner.progress.pass_done();
             return Ok(());
         }

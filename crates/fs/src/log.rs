@@ -14,6 +14,12 @@
 //! dropped: its write never returned. Because one writer persists each record before the
 //! next, the kept sequences must be contiguous; a gap means damage and is reported, never
 //! guessed around.
+//!
+//! A clean unmount, with every record retired, leaves a *seal* in the slot the next record
+//! would take ([`LogArea::seal`]); the first append after it zeroes that slot, durably,
+//! before it writes. Recovery finding the seal of the watermark's next sequence knows no
+//! record followed, and reads two slots instead of the whole area — what every mount, and
+//! so every program run through the preload library, paid for each thread slot.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,6 +47,22 @@ pub const MAX_RECORDS: u64 = 1 << 24;
 // exactly, so that one flush of one line makes it durable and it cannot tear across lines.
 const _: () =
     assert!(7 * 8 + 4 + 4 == RECORD_BYTES as usize && RECORD_BYTES == pmem::CACHE_LINE as u64);
+
+/// XORed into a seal's CRC: a reader that does not know seals takes one for a torn slot and
+/// skips it, and a seal can never pass for a record.
+const SEAL_CRC_XOR: u32 = 0x5EA1_5EA1;
+/// Bytes 8..16 of a seal.
+const SEAL_MAGIC: u64 = u64::from_le_bytes(*b"LOGSEAL\0");
+
+/// The seal for `sequence`: no record of the area follows `sequence - 1`.
+fn encode_seal(sequence: u64) -> [u8; RECORD_BYTES as usize] {
+    let mut bytes = [0u8; RECORD_BYTES as usize];
+    bytes[..8].copy_from_slice(&sequence.to_le_bytes());
+    bytes[8..16].copy_from_slice(&SEAL_MAGIC.to_le_bytes());
+    let crc = crc32c::crc32c(&bytes[..60]) ^ SEAL_CRC_XOR;
+    bytes[60..64].copy_from_slice(&crc.to_le_bytes());
+    bytes
+}
 
 /// Where part of a write's data is: `length` bytes for file offset `offset`, at the global
 /// address `buffer`.
@@ -160,6 +182,9 @@ pub struct LogArea {
     capacity: u64,
     next_sequence: u64,
     retired: Arc<AtomicU64>,
+    /// A seal of `next_sequence` is in its slot (which `stale` then lists, to be zeroed
+    /// before the next append).
+    sealed: bool,
 }
 
 impl LogArea {
@@ -203,6 +228,7 @@ impl LogArea {
             capacity,
             next_sequence: 1,
             retired: Arc::new(AtomicU64::new(0)),
+            sealed: false,
         })
     }
 
@@ -253,6 +279,29 @@ impl LogArea {
                     "{capacity} records do not fit the area's {} bytes",
                     region.len()
                 ),
+            ));
+        }
+        // Sealed at a clean unmount right after `retired`: nothing follows, and the slots
+        // need not be read. (A seal of another sequence is stale — the metadata's watermark
+        // is older than the unmount that wrote it — and the slots are read.)
+        let next = retired + 1;
+        let seal_at = RECORD_BYTES * (retired % capacity + 1);
+        let mut slot = [0u8; RECORD_BYTES as usize];
+        region.read(seal_at, &mut slot)?;
+        if slot == encode_seal(next) {
+            return Ok((
+                Self {
+                    region,
+                    version,
+                    times: version >= LOG_VERSION_WITHOUT_GROUPS,
+                    stale: vec![seal_at],
+                    id,
+                    capacity,
+                    next_sequence: next,
+                    retired: Arc::new(AtomicU64::new(retired)),
+                    sealed: true,
+                },
+                Vec::new(),
             ));
         }
         let mut live = Vec::new();
@@ -362,6 +411,7 @@ impl LogArea {
                 capacity,
                 next_sequence,
                 retired: Arc::new(AtomicU64::new(retired)),
+                sealed: false,
             },
             live,
         ))
@@ -541,15 +591,37 @@ impl LogArea {
         Ok(records)
     }
 
-    /// Zeroes the slots of a group a crash cut short (recovery found them), before anything
-    /// is appended after the live records.
+    /// Zeroes the slots of a group a crash cut short (recovery found them), and a seal,
+    /// before anything is appended after the live records: durably, so that no record of
+    /// the append can be durable beside a seal that says nothing follows.
     fn clear_stale(&mut self) -> Result<()> {
         for &at in &self.stale {
             self.region.fill(at, RECORD_BYTES, 0)?;
             self.region.persist(at, RECORD_BYTES)?;
         }
         self.stale.clear();
+        self.sealed = false;
         Ok(())
+    }
+
+    /// Seals the area when every record in it is retired (a clean unmount, after the
+    /// metadata that retires them is durable): the seal of the next sequence goes into the
+    /// slot that sequence takes, so the next recovery from that metadata reads two slots,
+    /// not the whole area. Returns whether the area is sealed now; one already sealed is
+    /// not written again. Records appended later zero the seal first.
+    pub fn seal(&mut self) -> Result<bool> {
+        if self.sealed {
+            return Ok(true);
+        }
+        if self.pending() > 0 || !self.stale.is_empty() {
+            return Ok(false);
+        }
+        let at = RECORD_BYTES * ((self.next_sequence - 1) % self.capacity + 1);
+        self.region.write(at, &encode_seal(self.next_sequence))?;
+        self.region.persist(at, RECORD_BYTES)?;
+        self.stale.push(at);
+        self.sealed = true;
+        Ok(true)
     }
 
     /// Raises an area of an older version to the current one (its records read the same).
