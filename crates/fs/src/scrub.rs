@@ -313,10 +313,19 @@ fn read_block(volume: &Volume, physical: u64, block: &mut [u8]) -> Result<()> {
 
 /// Every linked inode's path.
 pub(crate) fn paths(inodes: &crate::inode::InodeTable) -> HashMap<u64, String> {
+    paths_of(|ino| inodes.get(&ino).cloned())
+}
+
+/// Every linked inode's path, each directory found with `inode`. A running file system's
+/// table must not stay locked while a directory's entries are read: a removal holds its
+/// directory's entries and then takes the table to forget the inode, so holding the table
+/// here while waiting for the entries deadlocks with it (a live scrub that found damage hung
+/// beside a program unlinking files).
+pub(crate) fn paths_of(inode: impl Fn(u64) -> Option<Arc<Inode>>) -> HashMap<u64, String> {
     let mut paths = HashMap::from([(ROOT_INO, "/".to_owned())]);
     let mut queue = vec![ROOT_INO];
     while let Some(dir) = queue.pop() {
-        let Some(inode) = inodes.get(&dir) else {
+        let Some(inode) = inode(dir) else {
             continue;
         };
         if inode.kind != Kind::Dir {
@@ -452,7 +461,7 @@ impl Fs {
         let paths = if found.is_empty() {
             HashMap::new()
         } else {
-            paths(&inner.inodes.read().expect("inode table"))
+            paths_of(|ino| inner.inodes.read().expect("inode table").get(&ino).cloned())
         };
         let damaged = found
             .into_iter()

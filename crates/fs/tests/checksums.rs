@@ -290,28 +290,7 @@ fn a_live_scrub_beside_writers_names_real_damage_and_nothing_else() {
     assert_eq!(read(&fs, "/still", 0, 1 << 20).unwrap(), still);
     // One bit of /still's block 100, flipped in the device file under the running file
     // system (the file is the memory it maps).
-    let device = std::fs::read_dir(&shm.dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|e| e == "pmem"))
-        .expect("the emulated device's file");
-    let bytes = std::fs::read(&device).unwrap();
-    let at = bytes
-        .windows(MARKER.len())
-        .position(|w| w == MARKER)
-        .expect("/still's data is on the device");
-    drop(bytes);
-    {
-        use std::os::unix::fs::FileExt;
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&device)
-            .unwrap();
-        let mut byte = [0u8];
-        file.read_exact_at(&mut byte, at as u64).unwrap();
-        file.write_all_at(&[byte[0] ^ 0x04], at as u64).unwrap();
-    }
+    flip_under(&shm.dir, MARKER);
     let report = fs.scrub_live(&progress).unwrap();
     stop.store(true, Ordering::Relaxed);
     let writes = overwriter.join().unwrap();
@@ -332,6 +311,84 @@ fn a_live_scrub_beside_writers_names_real_damage_and_nothing_else() {
     );
     let error = read(&fs, "/still", 100 * 4096, 10).unwrap_err();
     assert!(matches!(error, FsError::DataChecksum { .. }), "{error}");
+    fs.unmount().unwrap();
+}
+
+/// Flips one bit of the first copy of `marker` in the emulated device file of the volume in
+/// `dir`, under a running file system (the file is the memory it maps).
+fn flip_under(dir: &std::path::Path, marker: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let device = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "pmem"))
+        .expect("the emulated device's file");
+    let bytes = std::fs::read(&device).unwrap();
+    let at = bytes
+        .windows(marker.len())
+        .position(|w| w == marker)
+        .expect("the marker is on the device");
+    drop(bytes);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&device)
+        .unwrap();
+    let mut byte = [0u8];
+    file.read_exact_at(&mut byte, at as u64).unwrap();
+    file.write_all_at(&[byte[0] ^ 0x04], at as u64).unwrap();
+}
+
+/// A live scrub that finds damage names the damaged file by its path, walking the
+/// directories while another thread makes and removes files in them. (The walk held the
+/// inode table while it waited for a directory's entries, which a removal holds while it
+/// takes the table: the two hung, each waiting for the other.)
+#[test]
+fn a_live_scrub_that_finds_damage_beside_removals_names_it() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let (shm, fs) = running("live-scrub-removals", true);
+    const MARKER: &[u8] = b"the block of /d/still whose bit is flipped while files come and go";
+    let mut still = pattern(3, 0, 64 << 10);
+    still[4 * 4096 + 64..][..MARKER.len()].copy_from_slice(MARKER);
+    fs.mkdir("/d", 0o755).unwrap();
+    fs.create("/d/still").unwrap().write_at(&still, 0).unwrap();
+    fs.checkpoint().unwrap();
+    flip_under(&shm.dir, MARKER);
+    let stop = Arc::new(AtomicBool::new(false));
+    let churner = {
+        let (fs, stop) = (fs.clone(), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut round = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let path = format!("/d/churn{}", round % 8);
+                fs.create(&path).unwrap().write_at(b"x", 0).unwrap();
+                fs.unlink(&path).unwrap();
+                round += 1;
+            }
+            round
+        })
+    };
+    let progress = fs::ScrubProgress::default();
+    let begun = std::time::Instant::now();
+    let mut scrubs = 0;
+    while scrubs < 50 || begun.elapsed() < std::time::Duration::from_secs(2) {
+        scrubs += 1;
+        let report = fs.scrub_live(&progress).unwrap();
+        let found: Vec<_> = report
+            .damaged
+            .iter()
+            .map(|d| (d.path.as_str(), d.offset))
+            .collect();
+        assert_eq!(
+            found,
+            [("/d/still", 4 * 4096)],
+            "scrub {scrubs}: {report:?}"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert!(churner.join().unwrap() > 0);
     fs.unmount().unwrap();
 }
 
