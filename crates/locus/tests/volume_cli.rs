@@ -217,8 +217,8 @@ fn a_program_through_the_preload_library_answers_for_its_volume() {
     let dir = tempfile::tempdir_in("/dev/shm").unwrap();
     let formatted = locus(dir.path(), &["format", "--emulate=64M", "--data-checksums"]);
     assert!(formatted.status.success(), "{}", text(&formatted.stderr));
-    // Writes /victim (its second block holds MARKER), says so, then writes and checks
-    // another file until its stdin closes, and prints how many writes it made.
+    // Writes /victim (its second block holds MARKER) and 4 MiB of /busy, says so, then
+    // writes and checks /busy until its stdin closes, and prints how many writes it made.
     let script = r#"
 import os, select, sys
 marker = sys.argv[1].encode()
@@ -226,10 +226,10 @@ victim = bytearray(b"\x11" * 3 * 4096)
 victim[4096 + 100:4096 + 100 + len(marker)] = marker
 with open("/locus/victim", "wb") as f:
     f.write(victim)
-print("ready", flush=True)
 fd = os.open("/locus/busy", os.O_RDWR | os.O_CREAT, 0o644)
 model = bytearray(4 << 20)
 os.pwrite(fd, bytes(model), 0)
+print("ready", flush=True)
 n = 0
 while not select.select([sys.stdin], [], [], 0)[0]:
     off = (n * 7919 % 1024) * 4096 + (n % 5) * 100
@@ -1283,6 +1283,37 @@ fn devices_that_do_not_fit_their_file_system_change_nothing() {
     let grown = locus(dir.path(), &["extend", "--grow", "0,size=40M"]);
     assert!(grown.status.success(), "{}", text(&grown.stderr));
     assert_says(&grown, "32.00 MiB -> 40.00 MiB");
+}
+
+/// A format that fails after making some devices — here the second, a DAX file on a file
+/// system without DAX, fails only when it is mapped — gives back the files it made: the
+/// first device's file is gone, as is the second's, and no volume is left.
+#[test]
+fn a_format_that_fails_part_way_leaves_no_device_file() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let disk = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let volume = dir.path().join("volume");
+    let first = dir.path().join("d0");
+    let second = disk.path().join("d1");
+    let refused = locus(
+        &volume,
+        &[
+            "format",
+            "--device",
+            &format!("{},node=0,size=32M", first.display()),
+            "--device",
+            &format!("{},kind=daxfile,size=8M", second.display()),
+        ],
+    );
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        text(&refused.stderr).contains("-o dax"),
+        "{}",
+        text(&refused.stderr)
+    );
+    assert!(!first.exists(), "the first device's file is given back");
+    assert!(!second.exists());
+    assert!(!volume.join("locus.toml").exists());
 }
 
 /// A volume of one device (`spec`) with data checksums holding a checkpointed file `/a` and

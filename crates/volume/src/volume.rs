@@ -344,8 +344,27 @@ impl Volume {
             });
         }
         config.validate(&dir.join(crate::config::CONFIG_FILE))?;
-        let flush = config.flush_policy().expect("validated");
         let mut written = config.clone();
+        // Device files this call made (and whether each existed before): given back when the
+        // format fails after making them, so a refused format does not keep their room.
+        let mut made: Vec<(PathBuf, bool)> = Vec::new();
+        let formatted = Self::make_and_format(dir, config, &mut written, &mut made, &mut lock);
+        if formatted.is_err() {
+            give_back(&made);
+        }
+        formatted
+    }
+
+    /// [`Volume::format`] once the devices are checked and locked: makes each device (noting
+    /// in `made` the files it made), writes the superblocks and `locus.toml`.
+    fn make_and_format(
+        dir: &Path,
+        config: &VolumeConfig,
+        written: &mut VolumeConfig,
+        made: &mut Vec<(PathBuf, bool)>,
+        lock: &mut VolumeLock,
+    ) -> Result<[u8; 16]> {
+        let flush = config.flush_policy().expect("validated");
         let mut sources = Vec::new();
         for (device, entry) in config.devices.iter().zip(&mut written.devices) {
             let kind = device.kind()?;
@@ -360,7 +379,10 @@ impl Volume {
                         problem: missing_size(&device.path),
                     });
                 };
-                pmem::Device::create(&spec, size)?
+                let existed = device.path.exists();
+                let created = pmem::Device::create(&spec, size)?;
+                made.push((device.path.clone(), existed));
+                created
             };
             entry.size_bytes = Some(opened.size_bytes());
             let node = device.node.or_else(|| opened.numa_node());
@@ -815,6 +837,24 @@ fn device_orders(
         orders[node.id as usize] = order;
     }
     Ok(orders)
+}
+
+/// Gives back the device files a failed format made: removes those that did not exist
+/// before, empties those that did (making them had cut them to nothing already).
+fn give_back(made: &[(PathBuf, bool)]) {
+    for (path, existed) in made {
+        let outcome = if *existed {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .and_then(|file| file.set_len(0))
+        } else {
+            std::fs::remove_file(path)
+        };
+        if let Err(error) = outcome {
+            tracing::warn!(path = %path.display(), %error, "could not give back a device file of a failed format");
+        }
+    }
 }
 
 /// Devices kept in files (emulated, DAX files, ordinary files), before any of them is
