@@ -288,21 +288,19 @@ impl LogArea {
         let seal_at = RECORD_BYTES * (retired % capacity + 1);
         let mut slot = [0u8; RECORD_BYTES as usize];
         region.read(seal_at, &mut slot)?;
+        let opened = |region, stale, next_sequence, sealed| Self {
+            region,
+            version,
+            times: version >= LOG_VERSION_WITHOUT_GROUPS,
+            stale,
+            id,
+            capacity,
+            next_sequence,
+            retired: Arc::new(AtomicU64::new(retired)),
+            sealed,
+        };
         if slot == encode_seal(next) {
-            return Ok((
-                Self {
-                    region,
-                    version,
-                    times: version >= LOG_VERSION_WITHOUT_GROUPS,
-                    stale: vec![seal_at],
-                    id,
-                    capacity,
-                    next_sequence: next,
-                    retired: Arc::new(AtomicU64::new(retired)),
-                    sealed: true,
-                },
-                Vec::new(),
-            ));
+            return Ok((opened(region, vec![seal_at], next, true), Vec::new()));
         }
         let mut live = Vec::new();
         // Read a window of slots at a time; a slot whose sequence number is 0 (never
@@ -401,20 +399,7 @@ impl LogArea {
             .collect();
         live.truncate(complete);
         let next_sequence = live.last().map_or(retired + 1, |r| r.sequence + 1);
-        Ok((
-            Self {
-                region,
-                version,
-                times: version >= LOG_VERSION_WITHOUT_GROUPS,
-                stale,
-                id,
-                capacity,
-                next_sequence,
-                retired: Arc::new(AtomicU64::new(retired)),
-                sealed: false,
-            },
-            live,
-        ))
+        Ok((opened(region, stale, next_sequence, false), live))
     }
 
     /// For `Fs::salvage` of a damaged area: the records [`LogArea::recover`] refuses over, cut

@@ -27,7 +27,7 @@ mod region;
 mod trace;
 
 pub use cpu::{CACHE_LINE, FlushInstruction, prefetch};
-pub use device::{Device, DeviceKind, DeviceSpec, FlushPolicy};
+pub use device::{Device, DeviceKind, DeviceSpec, FlushPolicy, give_back};
 pub use error::{PmemError, Result};
 pub use mapping::{MsyncRecorder, available_bytes};
 pub use region::{PersistenceMode, Region, fence_all};

@@ -350,7 +350,9 @@ impl Volume {
         let mut made: Vec<(PathBuf, bool)> = Vec::new();
         let formatted = Self::make_and_format(dir, config, &mut written, &mut made, &mut lock);
         if formatted.is_err() {
-            give_back(&made);
+            for (path, existed) in &made {
+                pmem::give_back(path, *existed);
+            }
         }
         formatted
     }
@@ -837,24 +839,6 @@ fn device_orders(
         orders[node.id as usize] = order;
     }
     Ok(orders)
-}
-
-/// Gives back the device files a failed format made: removes those that did not exist
-/// before, empties those that did (making them had cut them to nothing already).
-fn give_back(made: &[(PathBuf, bool)]) {
-    for (path, existed) in made {
-        let outcome = if *existed {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(path)
-                .and_then(|file| file.set_len(0))
-        } else {
-            std::fs::remove_file(path)
-        };
-        if let Err(error) = outcome {
-            tracing::warn!(path = %path.display(), %error, "could not give back a device file of a failed format");
-        }
-    }
 }
 
 /// Devices kept in files (emulated, DAX files, ordinary files), before any of them is

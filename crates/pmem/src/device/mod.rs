@@ -351,16 +351,24 @@ pub(crate) fn create_file<T>(
     let file = open_rw(path, true)?;
     set_len(&file, size_bytes, path)
         .and_then(|()| finish(&file))
-        .inspect_err(|_| {
-            let given_back = if existed {
-                file.set_len(0)
-            } else {
-                std::fs::remove_file(path)
-            };
-            if let Err(error) = given_back {
-                tracing::warn!(path = %path.display(), %error, "could not give back a device file whose creation failed");
-            }
-        })
+        .inspect_err(|_| give_back(path, existed))
+}
+
+/// Gives back a device file whose making failed (here, or in a format that made it and then
+/// failed on another device): removed when it did not exist before, emptied when it did
+/// (making it cut it to nothing already), so the blocks it took do not stay taken.
+pub fn give_back(path: &Path, existed: bool) {
+    let given_back = if existed {
+        OpenOptions::new()
+            .write(true)
+            .open(path)
+            .and_then(|file| file.set_len(0))
+    } else {
+        std::fs::remove_file(path)
+    };
+    if let Err(error) = given_back {
+        tracing::warn!(path = %path.display(), %error, "could not give back a device file whose making failed");
+    }
 }
 
 /// A shared mapping of the first `len` bytes of `file` (which the mapping keeps).
