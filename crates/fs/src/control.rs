@@ -127,8 +127,9 @@ pub enum LiveCheck {
     /// view of the media.
     Checked {
         volume: volume::CheckReport,
-        /// Absent when the volume itself has problems.
-        fs: Option<FsState>,
+        /// Absent when the volume itself has problems (boxed: a report is far larger than
+        /// the failure's message).
+        fs: Option<Box<FsState>>,
     },
     Failed(String),
 }
@@ -149,7 +150,10 @@ pub fn check_held(dir: &Path, topology: &topology::Topology) -> LiveCheck {
                             error: format!("opening a view of the media: {e}"),
                         },
                     });
-            LiveCheck::Checked { volume: report, fs }
+            LiveCheck::Checked {
+                volume: report,
+                fs: fs.map(Box::new),
+            }
         }
         Err(e) => LiveCheck::Failed(format!("{e}")),
     }

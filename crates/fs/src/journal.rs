@@ -806,7 +806,9 @@ pub struct JournalRecord {
 const EPOCH_MARKER: u8 = 10;
 
 /// The epoch marker's payload when the file system was unmounted cleanly right after
-/// writing it ([`Journal::reset`] with `sealed`): nothing follows it in this epoch.
+/// writing it: nothing follows it in this epoch. At byte 0 a reset wrote it
+/// ([`Journal::reset`] with `sealed`); after the records, an unmount that kept them
+/// ([`Journal::seal`]).
 const MARKER_SEALED: u64 = 1;
 
 /// The epoch marker record: a header and 8 payload bytes, [`MARKER_SEALED`] or 0.
@@ -886,9 +888,11 @@ pub struct Journal {
     region: Region,
     epoch: u64,
     tail: u64,
-    /// The marker at byte 0 is sealed (the file system was unmounted cleanly after it): the
-    /// first append unseals it before it writes.
-    sealed: bool,
+    /// Where a sealed marker ends the journal (the file system was unmounted cleanly after
+    /// it), if one does: at byte 0 (a reset's), which the first append rewrites unsealed
+    /// before it writes, or at `tail` (after records an unmount kept, [`Journal::seal`]),
+    /// which the first append writes over.
+    sealed: Option<u64>,
 }
 
 impl Journal {
@@ -896,14 +900,21 @@ impl Journal {
     /// Scanning stops at the first record that is torn, of another epoch, or empty: records
     /// are appended by one thread, each persisted before the next, so only the last can be
     /// torn. A whole record of `epoch` anywhere after that point means the stop was damage,
-    /// not a torn append, and is reported as such — except after a sealed marker alone
-    /// (a clean unmount wrote it, and every append unseals it first): nothing of the epoch
-    /// can follow it, and the rest of the journal is not read.
+    /// not a torn append, and is reported as such — except when the last record is a sealed
+    /// marker (a clean unmount wrote it, and no append follows one: the first unseals it or
+    /// writes over it): nothing of the epoch can follow it, and the rest of the journal is
+    /// not read.
     pub fn recover(region: Region, slot: u32, epoch: u64) -> Result<(Self, Vec<JournalRecord>)> {
-        let (tail, records, damage, sealed) = Self::scan(&region, slot, epoch, true)?;
+        let (end, records, damage, sealed) = Self::scan(&region, slot, epoch, true)?;
         if let Some((_, damage)) = damage {
             return Err(damage);
         }
+        // A seal after records is written over by the next append; one at byte 0 is the
+        // epoch's marker, which stays.
+        let tail = match sealed {
+            Some(at) if at > 0 => at,
+            _ => end,
+        };
         Ok((
             Self {
                 region,
@@ -947,18 +958,25 @@ impl Journal {
         Ok((records, Some((at, error, after))))
     }
 
-    /// Scans from byte 0: the tail, the records (with their offsets), the damage that ends
-    /// them (a record that does not decode, or a whole record of the epoch after the first
-    /// that fails), and whether the journal holds a sealed marker alone — then, when
-    /// `trust_seal`, the search for whole records past the end is skipped.
+    /// Scans from byte 0: the end of the last whole record, the records (with their
+    /// offsets), the damage that ends them (a record that does not decode, or a whole
+    /// record of the epoch after the first that fails), and — when `trust_seal` and the last
+    /// record is a sealed marker — where that marker is; the search for whole records past
+    /// the end is then skipped.
     #[allow(clippy::type_complexity)]
     fn scan(
         region: &Region,
         slot: u32,
         epoch: u64,
         trust_seal: bool,
-    ) -> Result<(u64, Vec<(u64, JournalRecord)>, Option<(u64, FsError)>, bool)> {
-        let mut sealed_marker = false;
+    ) -> Result<(
+        u64,
+        Vec<(u64, JournalRecord)>,
+        Option<(u64, FsError)>,
+        Option<u64>,
+    )> {
+        // The last record read, when it is a sealed marker.
+        let mut sealed_marker = None;
         let mut records = Vec::new();
         let mut tail = 0u64;
         let mut header = [0u8; HEADER];
@@ -981,13 +999,14 @@ impl Journal {
                 break;
             }
             if bytes[8] == EPOCH_MARKER {
-                sealed_marker = tail == 0
-                    && u64::from_le_bytes(bytes[HEADER..HEADER + 8].try_into().expect("8"))
-                        == MARKER_SEALED;
+                sealed_marker =
+                    (u64::from_le_bytes(bytes[HEADER..HEADER + 8].try_into().expect("8"))
+                        == MARKER_SEALED)
+                        .then_some(tail);
                 tail += len;
                 continue;
             }
-            sealed_marker = false;
+            sealed_marker = None;
             let structure = format!("journal of slot {slot}, record at byte {tail}");
             let mut d = Decoder::new(&bytes[HEADER..], &structure);
             let decoded = MetaOp::decode_payload(bytes[8], &mut d).and_then(|op| {
@@ -1000,7 +1019,7 @@ impl Journal {
             let op = match decoded {
                 Ok(op) => op,
                 Err(damage @ FsError::Corrupt { .. }) => {
-                    return Ok((tail, records, Some((tail, damage)), false));
+                    return Ok((tail, records, Some((tail, damage)), None));
                 }
                 Err(other) => return Err(other),
             };
@@ -1008,12 +1027,12 @@ impl Journal {
             records.push((tail, JournalRecord { order, op }));
             tail += len;
         }
-        // A sealed marker alone: the epoch ended with it (a clean unmount), so nothing of
-        // it follows — and the search, the bulk of a mount's reading, is skipped.
-        // (Any record after the marker cleared `sealed_marker`.)
-        let sealed = trust_seal && sealed_marker;
-        if sealed {
-            return Ok((tail, records, None, true));
+        // A sealed marker last: the epoch ended with it (a clean unmount), so nothing of it
+        // follows — and the search, the bulk of a mount's reading, is skipped. (Any record
+        // after the marker cleared `sealed_marker`.)
+        let sealed = sealed_marker.filter(|_| trust_seal);
+        if sealed.is_some() {
+            return Ok((tail, records, None, sealed));
         }
         if let Some(later) = whole_record_after(region, tail, epoch)? {
             let problem = format!(
@@ -1022,9 +1041,9 @@ impl Journal {
                 records.len()
             );
             let damage = FsError::corrupt(format!("journal of slot {slot}"), problem);
-            return Ok((tail, records, Some((tail, damage)), false));
+            return Ok((tail, records, Some((tail, damage)), None));
         }
-        Ok((tail, records, None, sealed))
+        Ok((tail, records, None, None))
     }
 
     /// A new, empty journal of `epoch` (a freshly allocated area needs no clearing: records
@@ -1034,7 +1053,7 @@ impl Journal {
             region,
             epoch,
             tail: 0,
-            sealed: false,
+            sealed: None,
         }
     }
 
@@ -1083,14 +1102,17 @@ impl Journal {
             }
             return Ok(None);
         }
-        if self.sealed {
-            // Unsealed before anything follows it: recovery reads a sealed marker as the end
-            // of the epoch, and would not look past a damaged record for whole ones.
+        // Nothing may follow a sealed marker: recovery reads one as the end of the epoch,
+        // and would not look past a damaged record for whole ones. The marker at byte 0 is
+        // rewritten unsealed first; one at the tail is written over by this record (torn, it
+        // ends the scan as any torn append does; a record is never shorter than a marker, so
+        // none of the marker is left after it).
+        if self.sealed == Some(0) {
             let marker = encode_marker(self.epoch, false);
             self.region.write(0, &marker)?;
             self.region.persist(0, marker.len() as u64)?;
-            self.sealed = false;
         }
+        self.sealed = None;
         // Zero the header after the record first, so a stale record of this epoch can never
         // follow it (the area may hold anything when it was allocated).
         let end = self.tail + bytes.len() as u64;
@@ -1102,10 +1124,32 @@ impl Journal {
         Ok(Some(bytes.len() as u64 + HEADER as u64))
     }
 
-    /// Whether the journal holds only the sealed marker of a clean unmount: nothing was
+    /// Whether the journal ends with the sealed marker of a clean unmount: nothing was
     /// appended since.
     pub fn is_sealed(&self) -> bool {
-        self.sealed
+        self.sealed.is_some()
+    }
+
+    /// Seals the journal where it ends, keeping its records (a clean unmount that writes no
+    /// snapshot): a sealed epoch marker after the last record, so that recovery replays the
+    /// records and reads nothing past it. Returns `false` when the marker does not fit,
+    /// writing nothing (the caller writes a snapshot instead); a journal sealed already
+    /// stays as it is.
+    pub fn seal(&mut self) -> Result<bool> {
+        if self.sealed.is_some() {
+            return Ok(true);
+        }
+        let marker = encode_marker(self.epoch, true);
+        if !self.fits(marker.len()) {
+            return Ok(false);
+        }
+        let end = self.tail + marker.len() as u64;
+        self.region.fill(end, HEADER as u64, 0)?;
+        self.region.write(self.tail, &marker)?;
+        self.region
+            .persist(self.tail, marker.len() as u64 + HEADER as u64)?;
+        self.sealed = Some(self.tail);
+        Ok(true)
     }
 
     /// Starts `epoch` at byte 0 (after a snapshot made every earlier record redundant).
@@ -1115,7 +1159,7 @@ impl Journal {
     /// unmount): recovery then does not read the rest of the journal (see [`Self::recover`]).
     pub fn reset(&mut self, epoch: u64, sealed: bool) -> Result<()> {
         self.epoch = epoch;
-        self.sealed = sealed;
+        self.sealed = sealed.then_some(0);
         let marker = encode_marker(epoch, sealed);
         let end = marker.len() as u64;
         self.region.fill(end, HEADER as u64, 0)?;
@@ -1427,7 +1471,7 @@ mod tests {
         let stray = encode(3, 9, &ops()[0]);
         region.write(64 << 10, &stray).unwrap();
         let (journal, records) = Journal::recover(region.clone(), 1, 3).unwrap();
-        assert!(records.is_empty() && journal.sealed);
+        assert!(records.is_empty() && journal.sealed == Some(0));
         let mut unsealed = Journal::new(region.clone(), 3);
         unsealed.reset(3, false).unwrap();
         assert!(Journal::recover(region.clone(), 1, 3).is_err());
@@ -1441,7 +1485,7 @@ mod tests {
         journal.append(11, &ops()[1]).unwrap().unwrap();
         let (reopened, records) = Journal::recover(region.clone(), 1, 3).unwrap();
         assert_eq!(records.len(), 2);
-        assert!(!reopened.sealed);
+        assert!(reopened.sealed.is_none());
         let marker = encode_marker(3, false).len() as u64;
         let mut b = [0u8; 1];
         region.read(marker + 40, &mut b).unwrap();
@@ -1451,6 +1495,118 @@ mod tests {
             error.contains(&format!("the record at byte {marker} is damaged")),
             "{error}"
         );
+    }
+
+    /// A journal sealed after its records (a clean unmount that kept them instead of writing
+    /// a snapshot) replays them and is not read past its seal; the next append writes over
+    /// the seal, so the search past the end is back and a damaged record is found again.
+    #[test]
+    fn a_journal_sealed_after_its_records_replays_them_and_reads_no_further() {
+        let tracer = pmem::Tracer::new();
+        let region = tracer.region(1 << 20);
+        let mut journal = Journal::new(region.clone(), 3);
+        journal.reset(3, false).unwrap();
+        journal.append(10, &ops()[0]).unwrap().unwrap();
+        journal.append(11, &ops()[1]).unwrap().unwrap();
+        let end = journal.used();
+        assert!(journal.seal().unwrap());
+        assert!(journal.seal().unwrap(), "sealed already: nothing written");
+        assert_eq!(journal.used(), end, "the seal is not counted as used");
+        // A whole record of the epoch far past the end: a scan takes it for damage, a sealed
+        // journal is not searched.
+        let stray = encode(3, 9, &ops()[2]);
+        region.write(64 << 10, &stray).unwrap();
+        let (sealed, records) = Journal::recover(region.clone(), 1, 3).unwrap();
+        assert_eq!(
+            records.iter().map(|r| r.order).collect::<Vec<_>>(),
+            [10, 11]
+        );
+        assert!(sealed.is_sealed());
+        assert_eq!(sealed.used(), end, "the next append goes where the seal is");
+
+        // Appended to: the record takes the seal's place, so when it is damaged the journal
+        // is searched past it again (a seal left before it would end the scan there, and
+        // the record and the one after it would be lost unreported).
+        let (mut journal, _) = Journal::recover(region.clone(), 1, 3).unwrap();
+        journal.append(12, &ops()[3]).unwrap().unwrap();
+        assert!(!journal.is_sealed());
+        let mut b = [0u8; 1];
+        region.read(end + 40, &mut b).unwrap();
+        region.write(end + 40, &[b[0] ^ 1]).unwrap();
+        let error = Journal::recover(region.clone(), 1, 3)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains(&format!(
+                "the record at byte {end} is damaged, and a whole record of the same epoch \
+                 follows at byte 65536"
+            )),
+            "{error}"
+        );
+        region.write(end + 40, &b).unwrap();
+        region.fill(64 << 10, stray.len() as u64, 0).unwrap();
+        let (reopened, records) = Journal::recover(region.clone(), 1, 3).unwrap();
+        assert_eq!(
+            records.iter().map(|r| r.order).collect::<Vec<_>>(),
+            [10, 11, 12]
+        );
+        assert!(!reopened.is_sealed());
+
+        // A journal with no room for the seal is left as it is.
+        let small = tracer.region(256);
+        let mut full = Journal::new(small.clone(), 3);
+        full.reset(3, false).unwrap();
+        while full.append(20, &ops()[0]).unwrap().is_some() {}
+        let before = tracer.contents()[1].clone();
+        if !full.fits(encode_marker(3, true).len()) {
+            assert!(!full.seal().unwrap());
+            assert_eq!(tracer.contents()[1], before);
+        }
+    }
+
+    /// Every crash image of appends after a seal that ended records recovers the records
+    /// before the seal and a prefix of those appended after it — every acknowledged one —
+    /// and never reports damage nor a seal beside a record that followed it.
+    #[test]
+    fn every_crash_image_after_a_seal_at_the_end_recovers_what_was_appended() {
+        let written = pmem::Tracer::new();
+        let region = written.region(64 << 10);
+        let mut journal = Journal::new(region, 3);
+        journal.reset(3, false).unwrap();
+        journal.append(10, &ops()[0]).unwrap().unwrap();
+        assert!(journal.seal().unwrap());
+        let replay = pmem::Tracer::new();
+        let region = replay.region_with(written.contents()[0].clone());
+        let (mut journal, _) = Journal::recover(region, 1, 3).unwrap();
+        let mut acknowledged = vec![replay.fence_count()];
+        for (order, op) in (11..).zip(&ops()[1..4]) {
+            journal.append(order, op).unwrap().unwrap();
+            acknowledged.push(replay.fence_count());
+        }
+        let mut images = 0;
+        for point in acknowledged[0]..replay.crash_points() {
+            for image in replay.crash_images(point, 64, point as u64) {
+                images += 1;
+                let region = pmem::Tracer::new().region_with(image.regions[0].clone());
+                let (reopened, records) = Journal::recover(region, 1, 3)
+                    .unwrap_or_else(|e| panic!("{e} at {}", image.description));
+                let orders: Vec<u64> = records.iter().map(|r| r.order).collect();
+                // Appends whose fence came before this point are durable.
+                let durable = acknowledged[1..].iter().filter(|&&f| f < point).count();
+                assert!(
+                    orders.len() > durable
+                        && orders.iter().copied().eq(10..10 + orders.len() as u64),
+                    "recovered {orders:?} (at least {durable} appended) at {}",
+                    image.description
+                );
+                assert!(
+                    !reopened.is_sealed() || orders == [10],
+                    "sealed beside an appended record at {}",
+                    image.description
+                );
+            }
+        }
+        assert!(images > 5, "only {images} images");
     }
 
     /// A create as written before owners were kept (kind 1) still reads, unowned.

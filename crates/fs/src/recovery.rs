@@ -65,8 +65,16 @@ pub struct FsCheck {
     pub file_bytes: u64,
     /// Bytes of blocks mapped into files.
     pub mapped_bytes: u64,
-    /// Journal records written since the snapshot (replayed at open).
+    /// Journal records written since the snapshot (replayed at open): left by a crash, or
+    /// kept by a clean unmount that found replaying them cheaper than a new snapshot.
     pub journal_records: u64,
+    /// Bytes the journals hold (records and epoch markers): what a clean unmount weighs
+    /// against `snapshot_bytes`.
+    #[serde(default)]
+    pub journal_bytes: u64,
+    /// The snapshot's length.
+    #[serde(default)]
+    pub snapshot_bytes: u64,
     /// Logged writes not yet checkpointed (replayed at open).
     pub log_records: u64,
     /// Bytes those writes carry.
@@ -445,13 +453,15 @@ impl Fs {
             snapshot_bytes,
             checksums,
             journal_records,
+            kept_records,
             damaged_root_copy,
             ..
         } = load(&volume)?;
         let replayed = crate::fs::ReplaySummary {
             log_records: live.len() as u64,
             log_bytes: live.iter().map(|(_, r)| r.length).sum(),
-            journal_records,
+            journal_records: journal_records - kept_records,
+            kept_records,
         };
         volume.mark_owned(owned_extents(&owned))?;
 
@@ -544,6 +554,8 @@ impl OfflineFs<'_> {
                 .map(|i| i.extents.read().expect("extent map").mapped_blocks() * BLOCK)
                 .sum(),
             journal_records: loaded.journal_records,
+            journal_bytes: loaded.journals.iter().map(Journal::used).sum(),
+            snapshot_bytes: loaded.snapshot_bytes,
             log_records: loaded.live.len() as u64,
             log_bytes: loaded.live.iter().map(|(_, r)| r.length).sum(),
             owned_bytes: loaded.owned.iter().map(|o| o.1).sum(),
@@ -659,6 +671,9 @@ struct Loaded {
     next_order: u64,
     journals: Vec<Journal>,
     journal_records: u64,
+    /// Of `journal_records`, those in journals a clean unmount sealed where they ended
+    /// (kept instead of folded into a snapshot).
+    kept_records: u64,
     logs: Vec<LogArea>,
     live: Vec<(u32, LogRecord)>,
     owned: Vec<(u64, u64, Holder)>,
@@ -995,6 +1010,8 @@ fn load_salvaging(
         .collect();
     let mut steps: Vec<Step> = Vec::new();
     let mut journal_records = 0u64;
+    // Of those, in journals a clean unmount sealed where they ended.
+    let mut kept_records = 0u64;
     let mut journals = Vec::new();
     // Before the first record of the journals and logs: nothing after the snapshot.
     let none_kept = snapshot.next_order.saturating_sub(1);
@@ -1073,6 +1090,7 @@ fn load_salvaging(
                 }
             }
             journal_records += 1;
+            kept_records += u64::from(journal.is_sealed());
             steps.push(Step::Meta(index as u32, record));
         }
         journals.push(journal);
@@ -1258,6 +1276,7 @@ fn load_salvaging(
         next_order,
         journals,
         journal_records,
+        kept_records,
         logs,
         live,
         owned,

@@ -1004,3 +1004,131 @@ fn a_directory_path_is_found_by_its_number() {
     fs.rmdir("/z/x/y/c").unwrap();
     assert!(matches!(fs.dir_path(c), Err(FsError::NotFound(_))));
 }
+
+/// Every name under `dir` with its `lstat`, depth first in name order (reads no contents, so
+/// no access time moves).
+fn tree(fs: &Fs, dir: &str) -> Vec<(String, fs::Stat)> {
+    let mut out = Vec::new();
+    let mut entries = fs.readdir(dir).unwrap();
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    for entry in entries {
+        let path = format!("{}/{}", dir.trim_end_matches('/'), entry.name);
+        out.push((path.clone(), fs.lstat(&path).unwrap()));
+        if entry.kind == Kind::Dir {
+            out.extend(tree(fs, &path));
+        }
+    }
+    out
+}
+
+/// A clean unmount after a small change to a file system of many files keeps the change in
+/// the journals (sealed where they end) instead of writing a snapshot of every file: the
+/// root is not rewritten, and the next open replays the kept records to the same tree —
+/// names, sizes, modes, times, link counts, contents — without reporting a crash. Past an
+/// eighth of the snapshot in the journals, an unmount writes a snapshot again; so does
+/// every unmount of a file system whose snapshot is small, and one asked to fold.
+#[test]
+fn a_small_change_to_many_files_is_kept_in_the_journals_at_unmount() {
+    let shm = shm_volume("keep-journals", 256 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    for d in 0..20 {
+        fs.mkdir(&format!("/d{d}"), 0o755).unwrap();
+        for f in 0..100u64 {
+            let file = fs.create(&format!("/d{d}/f{f}")).unwrap();
+            file.write_at(&pattern(d * 100 + f, 0, 100), 0).unwrap();
+        }
+    }
+    fs.unmount().unwrap();
+    let check = || Fs::check(&open_volume(&shm.dir)).unwrap();
+    let snapshotted = check();
+    assert_eq!(snapshotted.journal_records, 0);
+
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    assert!(!fs.replayed().any() && fs.replayed().kept_records == 0);
+    fs.create("/d3/new")
+        .unwrap()
+        .write_at(b"kept in the journal", 7)
+        .unwrap();
+    fs.rename("/d4/f1", "/d5/moved").unwrap();
+    fs.chmod("/d6/f2", 0o600).unwrap();
+    fs.unlink("/d7/f3").unwrap();
+    fs.link("/d8/f4", "/d8/second").unwrap();
+    fs.create("/d9/f5").unwrap().write_at(b"over", 50).unwrap();
+    let before = tree(&fs, "/");
+    fs.unmount().unwrap();
+    let kept = check();
+    assert_eq!(
+        kept.generation, snapshotted.generation,
+        "an unmount that kept the journals writes no root"
+    );
+    assert!(kept.journal_records >= 6, "{kept:?}");
+    assert!(kept.journal_bytes <= kept.snapshot_bytes / 8, "{kept:?}");
+
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    let replayed = fs.replayed();
+    assert!(
+        !replayed.any(),
+        "a clean unmount is not a crash: {replayed:?}"
+    );
+    assert_eq!(replayed.kept_records, kept.journal_records);
+    assert_eq!(tree(&fs, "/"), before);
+    let read = |path: &str| {
+        let f = fs.open_read(path).unwrap();
+        let mut buf = vec![0u8; f.stat().size as usize];
+        f.read_at(&mut buf, 0).unwrap();
+        buf
+    };
+    assert_eq!(&read("/d3/new")[7..], b"kept in the journal");
+    assert_eq!(read("/d5/moved"), pattern(401, 0, 100));
+    let mut over = pattern(905, 0, 100);
+    over[50..54].copy_from_slice(b"over");
+    assert_eq!(read("/d9/f5"), over);
+    assert_eq!(read("/d8/second"), read("/d8/f4"));
+    // Those reads moved access times (each file was written after it was last read),
+    // which only a snapshot keeps.
+    fs.unmount().unwrap();
+    let after_reads = check();
+    assert!(
+        after_reads.generation > kept.generation,
+        "owed access times are snapshotted"
+    );
+    assert_eq!(after_reads.journal_records, 0);
+
+    // Changes past an eighth of the snapshot (each directory 72 to 96 bytes of journal, and
+    // fewer than the writer's journal holds before the checkpoint would snapshot): the
+    // unmount writes one.
+    let fs = Fs::open(open_volume(&shm.dir), small_options()).unwrap();
+    let dirs = after_reads.snapshot_bytes / 8 / 72 + 1;
+    assert!(dirs * 96 < 48 << 10, "{dirs} directories fill the journal");
+    for i in 0..dirs {
+        fs.mkdir(&format!("/many{i}"), 0o755).unwrap();
+    }
+    fs.unmount().unwrap();
+    let folded = check();
+    assert!(folded.generation > after_reads.generation, "{folded:?}");
+    assert_eq!(folded.journal_records, 0);
+
+    // Asked to fold: a snapshot whatever the size.
+    let fold = fs::FsOptions {
+        fold_at_unmount: true,
+        ..small_options()
+    };
+    let fs = Fs::open(open_volume(&shm.dir), fold).unwrap();
+    fs.mkdir("/one-more", 0o755).unwrap();
+    fs.unmount().unwrap();
+    let asked = check();
+    assert!(asked.generation > folded.generation);
+    assert_eq!(asked.journal_records, 0);
+
+    // A small file system: its snapshot is cheaper than replaying what changed.
+    let small = shm_volume("keep-journals-small", 64 << 20);
+    let fs = Fs::format(open_volume(&small.dir), &small_format(), small_options()).unwrap();
+    fs.unmount().unwrap();
+    let empty = Fs::check(&open_volume(&small.dir)).unwrap();
+    let fs = Fs::open(open_volume(&small.dir), small_options()).unwrap();
+    fs.create("/f").unwrap().write_at(b"x", 0).unwrap();
+    fs.unmount().unwrap();
+    let one = Fs::check(&open_volume(&small.dir)).unwrap();
+    assert!(one.generation > empty.generation);
+    assert_eq!(one.journal_records, 0);
+}

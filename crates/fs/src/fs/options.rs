@@ -82,6 +82,11 @@ pub struct FsOptions {
     /// scrub), so that a host can mark them as its own: the preload library makes their
     /// calls go straight to the C library, as its own threads' do.
     pub on_thread: Option<fn()>,
+    /// Write a snapshot at unmount whenever anything changed. Without it (the default), an
+    /// unmount after a small change on a file system with many files seals the journals
+    /// where they end instead, and the next mount replays their records: cheaper than
+    /// encoding every inode again. `locus fsck --repair` sets it, to fold what it replayed.
+    pub fold_at_unmount: bool,
 }
 
 impl FsOptions {
@@ -134,6 +139,7 @@ impl Default for FsOptions {
             checkpoint_boost: 10,
             defrag: true,
             on_thread: None,
+            fold_at_unmount: false,
         }
     }
 }

@@ -301,12 +301,17 @@ pub struct ReplaySummary {
     pub log_records: u64,
     /// Bytes they carry.
     pub log_bytes: u64,
-    /// Metadata operations replayed from the journals.
+    /// Metadata operations replayed from journals a crash (or kill) left.
     pub journal_records: u64,
+    /// Metadata operations replayed from journals a clean unmount sealed where they ended:
+    /// kept there instead of folded into a new snapshot, when writing one would have cost
+    /// more than replaying them (`crate::checkpoint`). Nothing to report.
+    pub kept_records: u64,
 }
 
 impl ReplaySummary {
-    /// True when there was anything to replay: the file system was not unmounted cleanly.
+    /// True when there was anything to replay that a clean unmount would not have left:
+    /// the file system was not unmounted cleanly.
     pub fn any(&self) -> bool {
         self.log_records + self.journal_records > 0
     }

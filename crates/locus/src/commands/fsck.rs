@@ -133,7 +133,7 @@ fn through_mount(dir: &Path, served: &volume::Served, args: &FsckArgs) -> Result
                 pid: served.pid,
                 mountpoint: served.mountpoint.clone(),
             }),
-            ..Report::of(volume, fs)
+            ..Report::of(volume, fs.map(|fs| *fs))
         }),
         LiveCheck::Failed(why) => bail!(
             "the mount server (pid {}) could not check volume {}: {why}",
@@ -180,7 +180,7 @@ fn through_holder(dir: &Path, status: &serde_json::Value, args: &FsckArgs) -> Re
                 "pid": status["server_pid"],
                 "program": status["program"],
             })),
-            ..Report::of(volume, fs)
+            ..Report::of(volume, fs.map(|fs| *fs))
         }),
         LiveCheck::Failed(why) => bail!(
             "volume {} is {held_by}, which could not check it: {why}",
@@ -366,6 +366,8 @@ pub fn run(dir: &Path, sysfs: &Path, args: &FsckArgs) -> Result<()> {
 fn checking_options() -> fs::FsOptions {
     fs::FsOptions {
         defrag: false,
+        // A repair folds what it replayed into a new snapshot, whatever its size.
+        fold_at_unmount: true,
         ..fs::FsOptions::default()
     }
 }
