@@ -718,7 +718,9 @@ impl ExtentMap {
 /// [`ExtentMap::from_sorted_runs`]'s entries, appended in chunk order.
 #[derive(Default)]
 struct Build {
-    chunks: Vec<(u64, Chunk)>,
+    /// Inline for one: most files of a large file system are small, and a mount builds every
+    /// file's map (a vector here was an allocation and a free per file).
+    chunks: smallvec::SmallVec<[(u64, Chunk); 1]>,
     /// The chunk being filled block by block, appended once the runs move past it.
     table: Option<(u64, Box<Table>)>,
 }

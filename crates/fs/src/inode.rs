@@ -174,24 +174,23 @@ impl Inode {
         }
     }
 
-    /// The inode with a size, directory entries and an extent map (recovery, from a
-    /// snapshot).
-    pub(crate) fn with_contents(
-        mut self,
+    /// Gives a new inode its size, directory entries and extent map (recovery, from a
+    /// snapshot). Setters in place rather than builders by value: recovery fills an inode
+    /// already in its allocation, so that each of a large file system's inodes is moved once.
+    pub(crate) fn set_contents(
+        &mut self,
         size: u64,
         entries: BTreeMap<String, u64>,
         extents: ExtentMap,
-    ) -> Self {
+    ) {
         *self.size.get_mut() = size;
         *self.entries.get_mut().expect("directory") = entries;
         *self.extents.get_mut().expect("extent map") = extents;
-        self
     }
 
-    /// The inode with extended attributes (recovery, from a snapshot).
-    pub(crate) fn with_xattrs(mut self, xattrs: Xattrs) -> Self {
+    /// Gives a new inode its extended attributes (recovery, from a snapshot).
+    pub(crate) fn set_xattrs(&mut self, xattrs: Xattrs) {
         *self.xattrs.get_mut().expect("extended attributes") = xattrs;
-        self
     }
 
     /// The inode as a device node of number `rdev`.
@@ -203,18 +202,22 @@ impl Inode {
     /// The inode as a symbolic link to `target` (its size is the target's length); an
     /// empty target changes nothing.
     pub(crate) fn with_target(mut self, target: &str) -> Self {
+        self.set_target(target);
+        self
+    }
+
+    /// [`Inode::with_target`] in place.
+    pub(crate) fn set_target(&mut self, target: &str) {
         if !target.is_empty() {
             self.target = target.into();
             *self.size.get_mut() = target.len() as u64;
         }
-        self
     }
 
-    /// The inode with its access and change times (recovery, from a snapshot).
-    pub(crate) fn with_times(mut self, atime: u64, ctime: u64) -> Self {
+    /// Gives a new inode its access and change times (recovery, from a snapshot).
+    pub(crate) fn set_times(&mut self, atime: u64, ctime: u64) {
         *self.atime.get_mut() = atime;
         *self.ctime.get_mut() = ctime;
-        self
     }
 
     /// A change of the inode at `time` (ns).

@@ -992,7 +992,10 @@ fn load_salvaging(
         }
         bytes = joined;
     }
-    let mut snapshot = Snapshot::decode(&bytes)?;
+    // The table is built as the inodes are decoded (each from its bytes, without a vector
+    // of images in between); a snapshot of another epoch is refused before it is used.
+    let mut loading = Loading::with_capacity_for(bytes.len() as u64);
+    let snapshot = Snapshot::decode_each(&bytes, |image| loading.add(image))?;
     let snapshot_bytes = bytes.len() as u64;
     if snapshot.epoch != root.epoch {
         return Err(FsError::corrupt(
@@ -1000,7 +1003,7 @@ fn load_salvaging(
             format!("epoch {} but the root is at {}", snapshot.epoch, root.epoch),
         ));
     }
-    let mut inodes = load_snapshot(&mut snapshot)?;
+    let mut inodes = loading.finish()?;
     let mut next_ino = snapshot.next_ino;
     let mut next_order = snapshot.next_order;
 
@@ -1253,7 +1256,8 @@ fn load_salvaging(
     for &(start, len) in &buffer_runs {
         owned.push((start, len, Holder::LiveBuffers));
     }
-    owned.sort_by_key(|o| o.0);
+    // Two claims of one start overlap whichever comes first.
+    owned.sort_unstable_by_key(|o| o.0);
     for pair in owned.windows(2) {
         if pair[0].0 + pair[0].1 > pair[1].0 {
             return Err(FsError::corrupt(
@@ -1402,10 +1406,24 @@ fn merge_pages(spans: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
     merged.into_iter().map(|(s, e)| (s, e - s)).collect()
 }
 
-fn load_snapshot(snapshot: &mut Snapshot) -> Result<Table> {
-    let images = std::mem::take(&mut snapshot.inodes);
-    let mut inodes = Table::with_capacity_and_hasher(images.len(), ByIno);
-    for image in images {
+/// The inode table as a snapshot's inodes are decoded into it ([`Snapshot::decode_each`]).
+struct Loading {
+    inodes: Table,
+}
+
+impl Loading {
+    /// Room for the inodes a snapshot of `bytes` can hold (each takes at least
+    /// [`crate::snapshot::INODE_BYTES`]), so the table does not grow while it loads.
+    fn with_capacity_for(bytes: u64) -> Self {
+        let most = bytes / crate::snapshot::INODE_BYTES;
+        Self {
+            inodes: Table::with_capacity_and_hasher(most.min(1 << 24) as usize, ByIno),
+        }
+    }
+
+    /// One inode, made in place from its image.
+    fn add(&mut self, image: InodeImage) -> Result<()> {
+        let unnamed = image.is_unnamed();
         // A snapshot lists each file's runs in order (built in one pass); runs in another
         // order are mapped one by one, which finds a block mapped twice.
         let extents = match ExtentMap::from_sorted_runs(&image.runs) {
@@ -1429,43 +1447,56 @@ fn load_snapshot(snapshot: &mut Snapshot) -> Result<Table> {
             mode: image.mode,
             uid: image.uid,
             gid: image.gid,
-            parent: if image.is_unnamed() { 0 } else { image.parent },
-            // Counted from the entries below, once every inode is in.
+            parent: if unnamed { 0 } else { image.parent },
+            // Counted from the entries in `finish`, once every inode is in.
             links: 0,
-            unlinked: image.is_unnamed(),
-            unnamed: image.is_unnamed(),
+            unlinked: unnamed,
+            unnamed,
             never_named: false,
         };
-        let inode = Inode::new(image.ino, image.kind, attr, image.mtime)
-            .with_contents(image.size, image.entries.into_iter().collect(), extents)
-            .with_times(image.atime, image.ctime)
-            .with_target(&image.target)
-            .with_rdev(image.rdev)
-            .with_xattrs(image.xattrs.into_iter().collect());
-        if inodes.insert(image.ino, Arc::new(inode)).is_some() {
-            return Err(FsError::corrupt(
+        let mut inode = Arc::new(Inode::new(image.ino, image.kind, attr, image.mtime));
+        // Filled in place: the inode is moved once, into its allocation.
+        let fill = Arc::get_mut(&mut inode).expect("a new inode is not shared");
+        fill.set_contents(image.size, image.entries.into_iter().collect(), extents);
+        fill.set_times(image.atime, image.ctime);
+        fill.set_target(&image.target);
+        fill.rdev = image.rdev;
+        if !image.xattrs.is_empty() {
+            fill.set_xattrs(image.xattrs.into_iter().collect());
+        }
+        match self.inodes.entry(image.ino) {
+            std::collections::hash_map::Entry::Occupied(_) => Err(FsError::corrupt(
                 "file-system snapshot",
                 format!("inode {} appears twice", image.ino),
-            ));
-        }
-    }
-    // Each inode's names (an entry naming no inode is left to `check_tree`).
-    for dir in inodes.values() {
-        for ino in dir.entries.lock().expect("directory").values() {
-            if let Some(named) = inodes.get(ino) {
-                named.attr().links += 1;
+            )),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(inode);
+                Ok(())
             }
         }
     }
-    match inodes.get(&ROOT_INO) {
-        Some(root) if root.kind == Kind::Dir => {
-            root.attr().links = 1;
-            Ok(inodes)
+
+    /// The table, with each inode's link count counted from the entries naming it (an
+    /// entry naming no inode is left to [`check_tree`]).
+    fn finish(self) -> Result<Table> {
+        let inodes = self.inodes;
+        for dir in inodes.values().filter(|i| i.kind == Kind::Dir) {
+            for ino in dir.entries.lock().expect("directory").values() {
+                if let Some(named) = inodes.get(ino) {
+                    named.attr().links += 1;
+                }
+            }
         }
-        _ => Err(FsError::corrupt(
-            "file-system snapshot",
-            "the root directory (inode 1) is missing",
-        )),
+        match inodes.get(&ROOT_INO) {
+            Some(root) if root.kind == Kind::Dir => {
+                root.attr().links = 1;
+                Ok(inodes)
+            }
+            _ => Err(FsError::corrupt(
+                "file-system snapshot",
+                "the root directory (inode 1) is missing",
+            )),
+        }
     }
 }
 
@@ -1492,14 +1523,16 @@ fn check_tree(inodes: &Table) -> Result<()> {
                     format!("directory {ino} has more than one name"),
                 ));
             }
-            let parent = child.attr().parent;
-            if child.kind == Kind::Dir && parent != dir {
-                return Err(FsError::corrupt(
-                    "file-system namespace",
-                    format!("directory {ino} is in {dir} but says its parent is {parent}"),
-                ));
+            if child.kind == Kind::Dir {
+                let parent = child.attr().parent;
+                if parent != dir {
+                    return Err(FsError::corrupt(
+                        "file-system namespace",
+                        format!("directory {ino} is in {dir} but says its parent is {parent}"),
+                    ));
+                }
+                subdirs += 1;
             }
-            subdirs += u64::from(child.kind == Kind::Dir);
         }
         // The count the namespace operations keep from here on ([`Inode::subdirs`]).
         inode.subdirs.store(subdirs, Ordering::Relaxed);

@@ -273,8 +273,27 @@ impl Snapshot {
         e.0
     }
 
-    /// Decodes and checks a snapshot; every failure names what is wrong.
+    /// Decodes and checks a snapshot; every failure names what is wrong. (Recovery uses
+    /// [`Snapshot::decode_each`].)
+    #[cfg(test)]
     pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let mut inodes = Vec::new();
+        let mut snapshot = Self::decode_each(bytes, |image| {
+            inodes.push(image);
+            Ok(())
+        })?;
+        snapshot.inodes = inodes;
+        Ok(snapshot)
+    }
+
+    /// [`Snapshot::decode`], handing each inode to `each` as it is decoded instead of
+    /// collecting them (the returned snapshot's `inodes` is empty): recovery builds its
+    /// table straight from them, without a vector of images for the whole file system to
+    /// grow and move. An error of `each` stops the decoding and is returned.
+    pub fn decode_each(
+        bytes: &[u8],
+        mut each: impl FnMut(InodeImage) -> Result<()>,
+    ) -> Result<Self> {
         let structure = "file-system snapshot";
         let mut d = Decoder::new(bytes, structure);
         if bytes.len() < 48 {
@@ -307,7 +326,6 @@ impl Snapshot {
         for _ in 0..slots {
             retired.push(d.u64("retired")?);
         }
-        let mut inodes = Vec::new();
         for _ in 0..count {
             let ino = d.u64("ino")?;
             let code = d.u8("kind")?;
@@ -390,7 +408,7 @@ impl Snapshot {
                     )));
                 }
             }
-            inodes.push(InodeImage {
+            each(InodeImage {
                 ino,
                 kind,
                 mode,
@@ -406,7 +424,7 @@ impl Snapshot {
                 entries,
                 runs,
                 xattrs,
-            });
+            })?;
         }
         if d.remaining() != 0 {
             return Err(d.error(format!("{} bytes left after the last inode", d.remaining())));
@@ -416,7 +434,7 @@ impl Snapshot {
             next_ino,
             next_order,
             retired,
-            inodes,
+            inodes: Vec::new(),
         })
     }
 }
