@@ -36,7 +36,7 @@ use crate::pieces::{Piece, alloc_halving};
 use crate::progress::{GATHER_RECORDS, Pending, Queue, Until};
 use crate::range_lock::LockMode;
 use crate::snapshot::{
-    INDEX_PAGE_BYTES, INDEX_PAGE_PIECES, InodeImage, RUN_BYTES, Snapshot, SnapshotIndex,
+    INDEX_PAGE_BYTES, INDEX_PAGE_PIECES, InodeHead, RUN_BYTES, SnapshotIndex, SnapshotWriter,
     write_growth_bound,
 };
 
@@ -668,21 +668,25 @@ fn snapshot_sealing(inner: &Inner, seal: bool) -> Result<()> {
     let _gate = inner.gate_exclusive();
     // Cleared before the times are read: a read that moves one after this is noted again.
     inner.snapshot_owed.store(false, Ordering::Release);
-    let table: Vec<_> = inner
+    let mut table: Vec<_> = inner
         .inodes
         .read()
         .expect("inode table")
         .values()
         .cloned()
         .collect();
-    let mut inodes = Vec::with_capacity(table.len());
+    table.sort_unstable_by_key(|i| i.ino);
+    // Each inode encoded from its locks, one at a time (on a volume of 100,000 small files,
+    // an image of each — names and runs copied, then dropped — was most of the snapshot's
+    // time, and the gate holds every metadata operation off meanwhile).
+    let mut writer = SnapshotWriter::default();
     for inode in table {
         let attr = inode.attr.lock().expect("inode attributes").clone();
         // An unnamed file stays: later journal records may name it.
         if attr.unlinked && !attr.unnamed {
             continue;
         }
-        inodes.push(InodeImage {
+        writer.inode(&InodeHead {
             ino: inode.ino,
             kind: inode.kind,
             mode: attr.mode,
@@ -691,46 +695,41 @@ fn snapshot_sealing(inner: &Inner, seal: bool) -> Result<()> {
             mtime: inode.mtime.load(Ordering::Acquire),
             atime: inode.atime.load(Ordering::Acquire),
             ctime: inode.ctime.load(Ordering::Acquire),
-            target: inode.target.to_string(),
-            rdev: inode.rdev,
             size: inode.size.load(Ordering::Acquire),
             parent: if attr.unnamed {
                 crate::snapshot::UNNAMED
             } else {
                 attr.parent
             },
-            entries: inode
-                .entries()
-                .iter()
-                .map(|(n, i)| (n.clone(), *i))
-                .collect(),
-            runs: inode.extents.read().expect("extent map").runs().collect(),
-            xattrs: inode
-                .xattrs
-                .lock()
-                .expect("extended attributes")
-                .iter()
-                .map(|(n, v)| (n.clone(), v.clone()))
-                .collect(),
+            target: &inode.target,
+            rdev: inode.rdev,
         });
+        for (name, ino) in inode.entries().iter() {
+            writer.entry(name, *ino);
+        }
+        inode
+            .extents
+            .read()
+            .expect("extent map")
+            .each_run(|run| writer.run(run));
+        for (name, value) in inode.xattrs.lock().expect("extended attributes").iter() {
+            writer.xattr(name, value);
+        }
     }
-    inodes.sort_unstable_by_key(|i| i.ino);
     let mut root = inner.root.lock().expect("root");
-    let retired = (0..root.slots.len())
+    let retired: Vec<u64> = (0..root.slots.len())
         .map(|i| {
             inner.slots[i]
                 .get()
                 .map_or(0, |s| s.retired.load(Ordering::Acquire))
         })
         .collect();
-    let image = Snapshot {
-        epoch: root.epoch + 1,
-        next_ino: inner.next_ino.load(Ordering::Acquire),
-        next_order: inner.progress.current_order(),
-        retired,
-        inodes,
-    };
-    let bytes = image.encode();
+    let bytes = writer.finish(
+        root.epoch + 1,
+        inner.next_ino.load(Ordering::Acquire),
+        inner.progress.current_order(),
+        &retired,
+    );
     let written = write_snapshot(inner, &bytes)?;
     inner
         .snapshot_bytes

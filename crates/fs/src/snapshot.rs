@@ -220,57 +220,176 @@ pub struct Snapshot {
     pub inodes: Vec<InodeImage>,
 }
 
-impl Snapshot {
-    /// Encodes it, checksum last.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut e = Encoder::default();
-        let version = if self.inodes.iter().any(InodeImage::is_unnamed) {
+/// An inode's fixed fields and the strings that follow them, for [`SnapshotWriter::inode`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct InodeHead<'a> {
+    pub(crate) ino: u64,
+    pub(crate) kind: Kind,
+    pub(crate) mode: u32,
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+    pub(crate) mtime: u64,
+    pub(crate) atime: u64,
+    pub(crate) ctime: u64,
+    pub(crate) size: u64,
+    pub(crate) parent: u64,
+    pub(crate) target: &'a str,
+    pub(crate) rdev: u64,
+}
+
+/// Writes a snapshot an inode at a time — its entries, runs and extended attributes given
+/// one by one and counted as they come — with the header and checksum added at the end:
+/// the checkpoint encodes the running file system's inodes straight from their locks, with
+/// no image of each (every name and run copied, then dropped) in between, and no count it
+/// must know before it has walked them. [`Snapshot::encode`] is this over its images.
+#[derive(Debug, Default)]
+pub(crate) struct SnapshotWriter {
+    body: Encoder,
+    inodes: u64,
+    unnamed: bool,
+    /// Where the inode being written keeps its counts, and the counts so far.
+    open: Option<OpenInode>,
+}
+
+#[derive(Debug)]
+struct OpenInode {
+    counts_at: usize,
+    entries: u64,
+    runs: u64,
+    xattrs: u32,
+}
+
+impl SnapshotWriter {
+    /// Starts the next inode (inodes go in increasing number).
+    pub(crate) fn inode(&mut self, head: &InodeHead<'_>) {
+        self.close_inode();
+        self.inodes += 1;
+        self.unnamed |= head.parent == UNNAMED;
+        let e = &mut self.body;
+        e.u64(head.ino)
+            .u8(head.kind.code())
+            .u32(head.mode)
+            .u32(head.uid)
+            .u32(head.gid)
+            .u64(head.mtime)
+            .u64(head.atime)
+            .u64(head.ctime)
+            .u64(head.size)
+            .u64(head.parent);
+        let counts_at = e.0.len();
+        // Entry, run and extended-attribute counts, filled in when the inode is closed.
+        e.u64(0).u64(0).u32(0);
+        if head.kind == Kind::Symlink {
+            e.text(head.target);
+        }
+        if head.kind.is_device() {
+            e.u64(head.rdev);
+        }
+        self.open = Some(OpenInode {
+            counts_at,
+            entries: 0,
+            runs: 0,
+            xattrs: 0,
+        });
+    }
+
+    fn current(&mut self) -> &mut OpenInode {
+        self.open
+            .as_mut()
+            .expect("entries, runs and attributes follow their inode")
+    }
+
+    /// A directory entry of the current inode (in name order).
+    pub(crate) fn entry(&mut self, name: &str, ino: u64) {
+        self.current().entries += 1;
+        self.body.name(name).u64(ino);
+    }
+
+    /// A run of the current inode's extent map (in file order).
+    pub(crate) fn run(&mut self, run: Run) {
+        self.current().runs += 1;
+        self.body.u64(run.file_block).u64(run.blocks).u64(run.addr);
+    }
+
+    /// An extended attribute of the current inode (in name order).
+    pub(crate) fn xattr(&mut self, name: &str, value: &[u8]) {
+        self.current().xattrs += 1;
+        crate::xattr::encode(&mut self.body, name, value);
+    }
+
+    fn close_inode(&mut self) {
+        if let Some(open) = self.open.take() {
+            let at = open.counts_at;
+            let counts = &mut self.body.0[at..at + 20];
+            counts[0..8].copy_from_slice(&open.entries.to_le_bytes());
+            counts[8..16].copy_from_slice(&open.runs.to_le_bytes());
+            counts[16..20].copy_from_slice(&open.xattrs.to_le_bytes());
+        }
+    }
+
+    /// The snapshot: header, the inodes written, checksum. Version 4 only when an inode
+    /// is unnamed, so that a volume without one stays readable by builds that read 3.
+    pub(crate) fn finish(
+        mut self,
+        epoch: u64,
+        next_ino: u64,
+        next_order: u64,
+        retired: &[u64],
+    ) -> Vec<u8> {
+        self.close_inode();
+        let version = if self.unnamed {
             SNAPSHOT_VERSION
         } else {
             SNAPSHOT_VERSION_OWNERS
         };
+        let header = 8 + 4 + 4 + 8 + 8 + 8 + 4 + 8 + 8 * retired.len();
+        let mut e = Encoder(Vec::with_capacity(header + self.body.0.len() + 4));
         e.u64(SNAPSHOT_MAGIC).u32(version).u32(0);
-        e.u64(self.epoch)
-            .u64(self.next_ino)
-            .u64(self.next_order)
-            .u32(self.retired.len() as u32)
-            .u64(self.inodes.len() as u64);
-        for r in &self.retired {
+        e.u64(epoch)
+            .u64(next_ino)
+            .u64(next_order)
+            .u32(retired.len() as u32)
+            .u64(self.inodes);
+        for r in retired {
             e.u64(*r);
         }
-        for inode in &self.inodes {
-            e.u64(inode.ino)
-                .u8(inode.kind.code())
-                .u32(inode.mode)
-                .u32(inode.uid)
-                .u32(inode.gid)
-                .u64(inode.mtime)
-                .u64(inode.atime)
-                .u64(inode.ctime)
-                .u64(inode.size)
-                .u64(inode.parent)
-                .u64(inode.entries.len() as u64)
-                .u64(inode.runs.len() as u64)
-                .u32(inode.xattrs.len() as u32);
-            if inode.kind == Kind::Symlink {
-                e.text(&inode.target);
-            }
-            if inode.kind.is_device() {
-                e.u64(inode.rdev);
-            }
-            for (name, ino) in &inode.entries {
-                e.name(name).u64(*ino);
-            }
-            for run in &inode.runs {
-                e.u64(run.file_block).u64(run.blocks).u64(run.addr);
-            }
-            for (name, value) in &inode.xattrs {
-                crate::xattr::encode(&mut e, name, value);
-            }
-        }
+        e.0.extend_from_slice(&self.body.0);
         let crc = crc32c::crc32c(&e.0);
         e.u32(crc);
         e.0
+    }
+}
+
+impl Snapshot {
+    /// Encodes it, checksum last.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = SnapshotWriter::default();
+        for inode in &self.inodes {
+            w.inode(&InodeHead {
+                ino: inode.ino,
+                kind: inode.kind,
+                mode: inode.mode,
+                uid: inode.uid,
+                gid: inode.gid,
+                mtime: inode.mtime,
+                atime: inode.atime,
+                ctime: inode.ctime,
+                size: inode.size,
+                parent: inode.parent,
+                target: &inode.target,
+                rdev: inode.rdev,
+            });
+            for (name, ino) in &inode.entries {
+                w.entry(name, *ino);
+            }
+            for run in &inode.runs {
+                w.run(*run);
+            }
+            for (name, value) in &inode.xattrs {
+                w.xattr(name, value);
+            }
+        }
+        w.finish(self.epoch, self.next_ino, self.next_order, &self.retired)
     }
 
     /// Decodes and checks a snapshot; every failure names what is wrong. (Recovery uses

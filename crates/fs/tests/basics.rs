@@ -1056,6 +1056,8 @@ fn a_small_change_to_many_files_is_kept_in_the_journals_at_unmount() {
     fs.unlink("/d7/f3").unwrap();
     fs.link("/d8/f4", "/d8/second").unwrap();
     fs.create("/d9/f5").unwrap().write_at(b"over", 50).unwrap();
+    // Moved into the files first: a block still in a log is not counted as allocated.
+    fs.checkpoint().unwrap();
     let before = tree(&fs, "/");
     fs.unmount().unwrap();
     let kept = check();
@@ -1073,7 +1075,19 @@ fn a_small_change_to_many_files_is_kept_in_the_journals_at_unmount() {
         "a clean unmount is not a crash: {replayed:?}"
     );
     assert_eq!(replayed.kept_records, kept.journal_records);
-    assert_eq!(tree(&fs, "/"), before);
+    let after = tree(&fs, "/");
+    let differ: Vec<_> = before
+        .iter()
+        .zip(&after)
+        .filter(|(b, a)| b != a)
+        .take(3)
+        .collect();
+    assert!(
+        differ.is_empty() && before.len() == after.len(),
+        "the replayed tree differs: {differ:?} ({} names before, {} after)",
+        before.len(),
+        after.len()
+    );
     let read = |path: &str| {
         let f = fs.open_read(path).unwrap();
         let mut buf = vec![0u8; f.stat().size as usize];
