@@ -172,18 +172,33 @@ fn run_loop(inner: &Inner) -> Result<()> {
 /// most this share instead of a whole snapshot.
 const KEEP_JOURNALS_BELOW: u64 = 8;
 
+/// Bytes of a journal record that keeps an access time a read moved (`SetTimes`: header
+/// and four times).
+const ACCESS_RECORD_BYTES: u64 = 32 + 4 * 8;
+
 /// At a clean unmount (every record checkpointed, the batches durable in slot 0's journal):
 /// seals every journal where it ends, keeping the records, when that is cheaper than a
-/// snapshot — no snapshot owed (an access time only a snapshot keeps, a damaged root copy
-/// it rewrites), not asked to fold ([`crate::FsOptions::fold_at_unmount`]), no journal past
-/// the mark where the checkpoint would write one anyway, and all of them together under
-/// [`KEEP_JOURNALS_BELOW`] of the snapshot. Returns whether it sealed them all; when not, the
-/// caller writes the snapshot (a journal sealed here is reset by it like the others).
+/// snapshot — not asked to fold ([`crate::FsOptions::fold_at_unmount`]), no damaged root
+/// copy to rewrite, no journal past the mark where the checkpoint would write one anyway,
+/// and all of them together, with a `SetTimes` record for each access time a read moved
+/// (which only a snapshot kept before), under [`KEEP_JOURNALS_BELOW`] of the snapshot.
+/// Those records go into slot 0's journal first. Returns whether it sealed them all; when
+/// not, the caller writes the snapshot (a journal sealed or appended to here is reset by it
+/// like the others, and the snapshot holds the times).
 fn seal_journals_where_they_end(inner: &Inner, slots: &[Arc<Slot>]) -> Result<bool> {
-    if inner.options.fold_at_unmount || inner.snapshot_owed.load(Ordering::Acquire) {
+    if inner.options.fold_at_unmount || inner.damaged_root_copy {
         return Ok(false);
     }
-    let mut held = 0;
+    let _gate = inner.gate_exclusive();
+    let mut accessed = std::mem::take(
+        &mut *inner
+            .accessed_since_snapshot
+            .lock()
+            .expect("accessed inodes"),
+    );
+    accessed.sort_unstable();
+    accessed.dedup();
+    let mut held = accessed.len() as u64 * ACCESS_RECORD_BYTES;
     for slot in slots {
         let journal = slot.journal();
         if journal.past_snapshot_mark(slot.index) {
@@ -194,6 +209,24 @@ fn seal_journals_where_they_end(inner: &Inner, slots: &[Arc<Slot>]) -> Result<bo
     if held > inner.snapshot_bytes.load(Ordering::Relaxed) / KEEP_JOURNALS_BELOW {
         return Ok(false);
     }
+    let mut journal = slots[0].journal();
+    for ino in accessed {
+        // A file removed since has no time to keep.
+        let Some(inode) = inner.inode(ino) else {
+            continue;
+        };
+        let op = MetaOp::SetTimes {
+            ino,
+            atime: inode.atime.load(Ordering::Acquire),
+            // Unchanged; and the change time as it is (replay only raises it).
+            mtime: 0,
+            ctime: inode.ctime.load(Ordering::Acquire),
+        };
+        if journal.append(inner.progress.next_order(), &op)?.is_none() {
+            return Ok(false);
+        }
+    }
+    drop(journal);
     for slot in slots {
         if !slot.journal().seal()? {
             return Ok(false);
@@ -668,6 +701,11 @@ fn snapshot_sealing(inner: &Inner, seal: bool) -> Result<()> {
     let _gate = inner.gate_exclusive();
     // Cleared before the times are read: a read that moves one after this is noted again.
     inner.snapshot_owed.store(false, Ordering::Release);
+    inner
+        .accessed_since_snapshot
+        .lock()
+        .expect("accessed inodes")
+        .clear();
     let mut table: Vec<_> = inner
         .inodes
         .read()

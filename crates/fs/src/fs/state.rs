@@ -80,6 +80,14 @@ pub(crate) struct Inner {
     /// update rewrites it — so the unmount's snapshot is owed even when nothing was ordered.
     /// Cleared when a snapshot starts.
     pub(crate) snapshot_owed: AtomicBool,
+    /// The inodes whose access time a read moved since the last snapshot (once each while
+    /// it stays ahead of their other times): an unmount that keeps the journals records
+    /// their times there instead of writing a snapshot for them. Cleared when a snapshot
+    /// starts.
+    pub(crate) accessed_since_snapshot: Mutex<Vec<u64>>,
+    /// The root's other copy was damaged when the file system was opened: the unmount
+    /// writes a snapshot (whose root update rewrites it) rather than keep the journals.
+    pub(crate) damaged_root_copy: bool,
     pub(crate) options: FsOptions,
     pub(crate) inodes: RwLock<crate::inode::InodeTable>,
     pub(crate) next_ino: AtomicU64,
@@ -567,6 +575,8 @@ impl Inner {
             snapshot_growth: AtomicU64::new(next_snapshot.saturating_sub(snapshot_bytes)),
             opened_at_order: next_order,
             snapshot_owed: AtomicBool::new(damaged_root_copy),
+            accessed_since_snapshot: Mutex::default(),
+            damaged_root_copy,
             options,
             symlinks: AtomicBool::new(inodes.values().any(|i| i.kind == Kind::Symlink)),
             inodes: RwLock::new(inodes),
@@ -603,6 +613,10 @@ impl Inner {
     /// then the next snapshot has it to keep.
     pub(crate) fn accessed(&self, inode: &Inode) {
         if inode.accessed() {
+            self.accessed_since_snapshot
+                .lock()
+                .expect("accessed inodes")
+                .push(inode.ino);
             self.snapshot_owed.store(true, Ordering::Release);
         }
     }
