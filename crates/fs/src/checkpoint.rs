@@ -706,13 +706,7 @@ fn snapshot_sealing(inner: &Inner, seal: bool) -> Result<()> {
         .lock()
         .expect("accessed inodes")
         .clear();
-    let mut table: Vec<_> = inner
-        .inodes
-        .read()
-        .expect("inode table")
-        .values()
-        .cloned()
-        .collect();
+    let mut table: Vec<_> = inner.table().values().cloned().collect();
     table.sort_unstable_by_key(|i| i.ino);
     // Each inode encoded from its locks, one at a time (on a volume of 100,000 small files,
     // an image of each — names and runs copied, then dropped — was most of the snapshot's

@@ -55,6 +55,11 @@ pub const FS_DIRECTORY: Rank = Rank {
 pub const FS_JOURNAL: Rank = Rank::new(FS_FIRST + 5, "a journal");
 /// A thread slot's log area.
 pub const FS_LOG: Rank = Rank::new(FS_FIRST + 6, "a log area");
+/// `Inner::inodes`, the inode table: innermost — looked up or changed with any of the above
+/// held, and nothing of them taken while it is held (a live scrub that walked directories
+/// holding it, taking their entries, deadlocked with a removal that holds its directory's
+/// entries and then takes the table to drop the inode).
+pub const FS_TABLE: Rank = Rank::new(FS_FIRST + 7, "the inode table");
 
 /// Proof that the thread holds a lock of a rank (in debug builds, counted until dropped).
 /// Not `Send`: a lock is released by the thread that took it.
@@ -234,6 +239,22 @@ mod tests {
         let _r = enter(FS_RENAME);
         let _d = enter(FS_DIRECTORY);
         let _e = enter(FS_DIRECTORY);
+    }
+
+    #[test]
+    #[should_panic(expected = "taking a directory's entries while holding the inode table")]
+    fn directories_are_not_walked_under_the_inode_table() {
+        let _t = enter(FS_TABLE);
+        let _d = enter(FS_DIRECTORY);
+    }
+
+    #[test]
+    fn the_inode_table_is_looked_up_under_every_other_rank() {
+        let _held: Vec<Held> = [FS_BATCH, FS_RANGE, FS_GATE, FS_RENAME, FS_DIRECTORY]
+            .into_iter()
+            .chain([FS_JOURNAL, FS_LOG, FS_TABLE])
+            .map(enter)
+            .collect();
     }
 
     #[test]

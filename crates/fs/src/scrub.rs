@@ -411,10 +411,7 @@ impl Fs {
             return Err(no_checksums());
         }
         // The files only: a table of a million inodes is not copied.
-        let files: Vec<Arc<Inode>> = files(inner.inodes.read().expect("inode table").values())
-            .into_iter()
-            .cloned()
-            .collect();
+        let files: Vec<Arc<Inode>> = files(inner.table().values()).into_iter().cloned().collect();
         progress
             .files_total
             .store(files.len() as u64, Ordering::Relaxed);
@@ -461,7 +458,7 @@ impl Fs {
         let paths = if found.is_empty() {
             HashMap::new()
         } else {
-            paths_of(|ino| inner.inodes.read().expect("inode table").get(&ino).cloned())
+            paths_of(|ino| inner.table().get(&ino).cloned())
         };
         let damaged = found
             .into_iter()

@@ -691,7 +691,7 @@ impl Fs {
     /// back at their last close (what `df` counts and no listing shows). One pass over the
     /// inode table: for a report, not a hot path.
     pub fn nameless(&self) -> Nameless {
-        let inodes = self.inner.inodes.read().expect("inode table");
+        let inodes = self.inner.table();
         let mut nameless = Nameless::default();
         for inode in inodes.values() {
             if inode.attr().unlinked {

@@ -156,10 +156,7 @@ impl Inner {
                 owner,
             };
             let inode = applied(apply::create(&parent, &mut entries, &new));
-            fs.inodes
-                .write()
-                .expect("inode table")
-                .insert(ino, Arc::clone(&inode));
+            fs.table_mut().insert(ino, Arc::clone(&inode));
             let target_bytes = if target.is_empty() {
                 0
             } else {
@@ -214,10 +211,7 @@ impl Inner {
             inode.attr().never_named = exclusive;
             // Open from the start: a close before the caller has it drops it.
             inode.opens.fetch_add(1, Ordering::AcqRel);
-            fs.inodes
-                .write()
-                .expect("inode table")
-                .insert(ino, Arc::clone(&inode));
+            fs.table_mut().insert(ino, Arc::clone(&inode));
             fs.grow_snapshot(INODE_BYTES);
             Ok(Some(inode))
         })?;
@@ -388,13 +382,7 @@ impl Inner {
     /// Drops an unlinked, closed inode and frees its blocks. Its removal is durable already,
     /// so after a crash nothing owns these blocks either.
     pub(crate) fn destroy(&self, inode: &Arc<Inode>) -> Result<()> {
-        if self
-            .inodes
-            .write()
-            .expect("inode table")
-            .remove(&inode.ino)
-            .is_none()
-        {
+        if self.table_mut().remove(&inode.ino).is_none() {
             return Ok(());
         }
         let mut extents = inode.extents.write().expect("extent map");

@@ -18,7 +18,9 @@ use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
 use crate::inode::Inode;
 use crate::journal::{Journal, Kind, MetaOp};
-use crate::lock_order::{FS_BATCH, FS_GATE, FS_JOURNAL, FS_LOG, FS_RANGE, FS_RENAME, Ordered};
+use crate::lock_order::{
+    FS_BATCH, FS_GATE, FS_JOURNAL, FS_LOG, FS_RANGE, FS_RENAME, FS_TABLE, Ordered,
+};
 use crate::log::LogArea;
 use crate::progress::{Pending, Progress, Queue};
 use crate::range_lock::{LockMode, RangeGuard, RangeLocks};
@@ -508,6 +510,17 @@ impl Inner {
         })
     }
 
+    /// The inode table, for looking up (rank [`FS_TABLE`]: take nothing ranked while it
+    /// is held).
+    pub(crate) fn table(&self) -> Ordered<RwLockReadGuard<'_, crate::inode::InodeTable>> {
+        Ordered::take(FS_TABLE, || self.inodes.read().expect("inode table"))
+    }
+
+    /// The inode table, for adding or dropping an inode (rank [`FS_TABLE`]).
+    pub(crate) fn table_mut(&self) -> Ordered<RwLockWriteGuard<'_, crate::inode::InodeTable>> {
+        Ordered::take(FS_TABLE, || self.inodes.write().expect("inode table"))
+    }
+
     /// The metadata gate, shared (rank [`FS_GATE`]).
     pub(crate) fn gate_shared(&self) -> Ordered<RwLockReadGuard<'_, ()>> {
         Ordered::take(FS_GATE, || self.gate.read().expect("metadata gate"))
@@ -836,7 +849,7 @@ impl Inner {
     }
 
     pub(crate) fn inode(&self, ino: u64) -> Option<Arc<Inode>> {
-        self.inodes.read().expect("inode table").get(&ino).cloned()
+        self.table().get(&ino).cloned()
     }
 
     pub(crate) fn check_running(&self) -> Result<()> {
@@ -1289,7 +1302,7 @@ impl Inner {
             checkpoint_cpu_ns: c.checkpoint_cpu_ns.load(Ordering::Relaxed),
             checkpoint_nice: c.checkpoint_priority.get().map(|&(nice, _)| nice),
             checkpoint_priority_raised: c.checkpoint_priority.get().map_or(0, |&(_, by)| by),
-            inodes: self.inodes.read().expect("inode table").len() as u64,
+            inodes: self.table().len() as u64,
             slots: c.slots.load(Ordering::Relaxed),
             slot_bytes: c.slot_bytes.load(Ordering::Relaxed),
             slot_limit: self.slots.len() as u64,
