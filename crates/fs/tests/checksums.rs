@@ -290,7 +290,7 @@ fn a_live_scrub_beside_writers_names_real_damage_and_nothing_else() {
     assert_eq!(read(&fs, "/still", 0, 1 << 20).unwrap(), still);
     // One bit of /still's block 100, flipped in the device file under the running file
     // system (the file is the memory it maps).
-    flip_under(&shm.dir, MARKER);
+    damage_marked_block(&shm.dir, MARKER);
     let report = fs.scrub_live(&progress).unwrap();
     stop.store(true, Ordering::Relaxed);
     let writes = overwriter.join().unwrap();
@@ -314,31 +314,6 @@ fn a_live_scrub_beside_writers_names_real_damage_and_nothing_else() {
     fs.unmount().unwrap();
 }
 
-/// Flips one bit of the first copy of `marker` in the emulated device file of the volume in
-/// `dir`, under a running file system (the file is the memory it maps).
-fn flip_under(dir: &std::path::Path, marker: &[u8]) {
-    use std::os::unix::fs::FileExt;
-    let device = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|e| e == "pmem"))
-        .expect("the emulated device's file");
-    let bytes = std::fs::read(&device).unwrap();
-    let at = bytes
-        .windows(marker.len())
-        .position(|w| w == marker)
-        .expect("the marker is on the device");
-    drop(bytes);
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&device)
-        .unwrap();
-    let mut byte = [0u8];
-    file.read_exact_at(&mut byte, at as u64).unwrap();
-    file.write_all_at(&[byte[0] ^ 0x04], at as u64).unwrap();
-}
-
 /// A live scrub that finds damage names the damaged file by its path, walking the
 /// directories while another thread makes and removes files in them. (The walk held the
 /// inode table while it waited for a directory's entries, which a removal holds while it
@@ -355,7 +330,7 @@ fn a_live_scrub_that_finds_damage_beside_removals_names_it() {
     fs.mkdir("/d", 0o755).unwrap();
     fs.create("/d/still").unwrap().write_at(&still, 0).unwrap();
     fs.checkpoint().unwrap();
-    flip_under(&shm.dir, MARKER);
+    damage_marked_block(&shm.dir, MARKER);
     let stop = Arc::new(AtomicBool::new(false));
     let churner = {
         let (fs, stop) = (fs.clone(), Arc::clone(&stop));

@@ -1256,26 +1256,7 @@ fn a_damaged_block_of_a_mapped_file_faults_only_there() {
         fs.create("/d").unwrap().write_at(&data, 0).unwrap();
     }
     // A bit of the marked block flipped on the device.
-    let device = std::fs::read_dir(vol.path())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|e| e == "pmem"))
-        .expect("an emulated device file");
-    let image = std::fs::read(&device).unwrap();
-    let at = image
-        .windows(MARKER.len())
-        .position(|w| w == MARKER)
-        .expect("the marked block is on the device");
-    drop(image);
-    {
-        use std::os::unix::fs::FileExt;
-        let dev = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&device)
-            .unwrap();
-        dev.write_all_at(&[MARKER[3] ^ 0x20], (at + 3) as u64)
-            .unwrap();
-    }
+    testkit::damage_marked_block(vol.path(), MARKER);
     let prelude =
         format!("{MAPPING_PRELUDE}fd = os.open(R + '/d', os.O_RDWR)\na = smap(fd, 4 * P)\n");
     // Touching the damaged page: SIGBUS, after the pages beside it read — also in a child

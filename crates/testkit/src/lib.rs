@@ -246,3 +246,47 @@ pub fn check_crash_images<S: PartialEq>(
     assert!(saw_before, "{name}: no image shows the operation not done");
     images
 }
+
+/// The one emulated device file of the volume in `volume`.
+///
+/// # Panics
+/// When the volume directory has none.
+pub fn emulated_device(volume: &Path) -> PathBuf {
+    std::fs::read_dir(volume)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "pmem"))
+        .expect("an emulated device file")
+}
+
+/// Flips a bit of the 4th byte of `marker` where it first lies on the one emulated device of
+/// the volume in `volume` (the device file, under whatever process has it mapped): damage to
+/// the block of a file written with `marker` in it.
+///
+/// # Panics
+/// When the marker is not on the device.
+pub fn damage_marked_block(volume: &Path, marker: &[u8]) {
+    let device = emulated_device(volume);
+    let image = std::fs::read(&device).unwrap();
+    let at = image
+        .windows(marker.len())
+        .position(|w| w == marker)
+        .expect("the marked block is on the device");
+    drop(image);
+    poke(&device, (at + 3) as u64, marker[3] ^ 0x20);
+}
+
+/// Writes `byte` at `offset` of the file at `path`: damage to a device file, made under
+/// whatever process has it mapped (the file is the memory it maps).
+///
+/// # Panics
+/// When the file cannot be written.
+pub fn poke(path: &Path, offset: u64, byte: u8) {
+    use std::os::unix::fs::FileExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .write_all_at(&[byte], offset)
+        .unwrap();
+}

@@ -116,20 +116,21 @@ impl Volume {
         let mut written = config.clone();
         let mut sources = Vec::with_capacity(added.len());
         let mut added_out = Vec::with_capacity(added.len());
-        let mut made: Vec<&Path> = Vec::new();
+        // The files this call made or remade (and whether each existed), given back when a
+        // later device fails, as a failed format gives back its own.
+        let mut made: Vec<(&Path, bool)> = Vec::new();
         let created = added.iter().try_for_each(|device| {
             let kind = device.kind()?;
             let spec = device.spec(kind, flush);
             let existed = device.path.exists();
             let opened = match device.size_bytes {
                 Some(size) if kind != pmem::DeviceKind::DevDax => {
-                    pmem::Device::create(&spec, size)?
+                    let created = pmem::Device::create(&spec, size)?;
+                    made.push((&device.path, existed));
+                    created
                 }
                 _ => pmem::Device::open(&spec)?,
             };
-            if !existed {
-                made.push(&device.path);
-            }
             let label = device.path.display().to_string();
             if opened.size_bytes() < MIN_DEVICE_BYTES {
                 return Err(problem(format!(
@@ -152,8 +153,8 @@ impl Volume {
             Ok(())
         });
         if let Err(e) = created {
-            for path in made {
-                let _ = std::fs::remove_file(path);
+            for (path, existed) in made {
+                pmem::give_back(path, existed);
             }
             return Err(e);
         }

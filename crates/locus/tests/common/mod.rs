@@ -123,37 +123,7 @@ pub fn preload_library() -> std::path::PathBuf {
     })
 }
 
-/// The device file of the one-device emulated volume in `volume`.
-pub fn emulated_device(volume: &Path) -> std::path::PathBuf {
-    std::fs::read_dir(volume)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|e| e == "pmem"))
-        .expect("an emulated device file")
-}
-
-/// Flips a bit of the 4th byte of `marker` where it lies on the one emulated device of the
-/// volume in `volume` (the device file, under whatever process has it mapped): damage to
-/// the block of a file written with `marker` in it.
-pub fn damage_marked_block(volume: &Path, marker: &[u8]) {
-    let device = emulated_device(volume);
-    let image = std::fs::read(&device).unwrap();
-    let at = image
-        .windows(marker.len())
-        .position(|w| w == marker)
-        .expect("the marked block is on the device");
-    drop(image);
-    poke(&device, (at + 3) as u64, marker[3] ^ 0x20);
-}
-
-/// Writes `byte` at `offset` of the file at `path`: damage to a device file, made under
-/// the server that has it mapped (the file is the memory it maps).
-pub fn poke(path: &Path, offset: u64, byte: u8) {
-    use std::os::unix::fs::FileExt;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(path)
-        .unwrap()
-        .write_all_at(&[byte], offset)
-        .unwrap();
-}
+// The device-damage helpers are testkit's, shared with the file system's and the preload
+// library's tests.
+#[allow(unused_imports, reason = "each test binary uses a different subset")]
+pub use testkit::{damage_marked_block, emulated_device, poke};
