@@ -456,6 +456,9 @@ fn apply_record(inner: &Inner, inode: &Inode, record: &Pending, work: &mut Work)
         ));
     }
     let _range = inner.lock_range(inode, record.offset, record.len, LockMode::Exclusive)?;
+    // The pieces leave the overlay and enter the map under the map's lock: `stat`, which
+    // counts both under it, sees each block in one of them.
+    let mut extents = inode.extents.write().expect("extent map");
     let pieces = inode
         .overlay
         .take_record(record.offset, record.len, record.order);
@@ -469,7 +472,6 @@ fn apply_record(inner: &Inner, inode: &Inode, record: &Pending, work: &mut Work)
         }
         return Ok(());
     }
-    let mut extents = inode.extents.write().expect("extent map");
     if inode.dead.load(Ordering::Acquire) {
         return Ok(());
     }

@@ -490,6 +490,13 @@ impl ExtentMap {
         out
     }
 
+    /// Mapped blocks inside `[from, to)` (file blocks).
+    pub fn mapped_in(&self, from: u64, to: u64) -> u64 {
+        let mut blocks = 0;
+        self.visit(from, to, &mut |run| blocks += run.blocks);
+        blocks
+    }
+
     /// Calls `f` with every run, in file order, coalesced — [`ExtentMap::runs`] without
     /// collecting them (a mount walks every file's).
     pub fn each_run(&self, mut f: impl FnMut(Run)) {

@@ -130,6 +130,14 @@ impl PieceMap {
         self.settle();
     }
 
+    /// Every piece, in file order.
+    fn each(&self, f: impl FnMut(&Piece)) {
+        match self {
+            Self::Small(v) => v.iter().for_each(f),
+            Self::Large(m) => m.values().for_each(f),
+        }
+    }
+
     /// Cuts `[from, to)` out of every piece, keeping the parts outside.
     fn cut(&mut self, from: u64, to: u64) {
         self.replace(from, to, None);
@@ -300,6 +308,31 @@ impl Overlay {
         }
     }
 
+    /// Blocks of `block` bytes that pending pieces touch and `mapped` does not count: what
+    /// the file will hold once they are checkpointed, beyond the blocks it holds now.
+    /// `mapped(from, to)` counts the blocks of `[from, to)` the file already has.
+    pub fn unmapped_blocks(&self, block: u64, mut mapped: impl FnMut(u64, u64) -> u64) -> u64 {
+        let Some(shards) = self.shards.get() else {
+            return 0;
+        };
+        let mut total = 0;
+        // Pieces never cross a stretch edge, a whole number of blocks: the blocks one
+        // shard's pieces touch are no other shard's, and within a shard, in file order,
+        // only neighbours can share one.
+        for shard in shards.iter() {
+            let mut counted_to = 0;
+            lock(shard).each(|piece| {
+                let from = (piece.start / block).max(counted_to);
+                let to = piece.end.div_ceil(block);
+                if from < to {
+                    total += (to - from) - mapped(from, to);
+                    counted_to = to;
+                }
+            });
+        }
+        total
+    }
+
     /// True when no piece is pending.
     #[cfg(test)]
     pub fn is_empty(&self) -> bool {
@@ -312,6 +345,27 @@ impl Overlay {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Blocks shared by neighbouring pieces count once, blocks in different stretches each,
+    /// and blocks the file already has not at all.
+    #[test]
+    fn pending_blocks_are_counted_once_and_only_outside_the_file() {
+        let overlay = Overlay::default();
+        assert_eq!(overlay.unmapped_blocks(4096, |_, _| 0), 0);
+        // Block 0 twice (two partial writes), blocks 2..4, and block 512 (the next stretch).
+        overlay.insert(10, 100, 1 << 20, 1);
+        overlay.insert(3000, 100, 2 << 20, 2);
+        overlay.insert(2 * 4096, 2 * 4096, 3 << 20, 3);
+        overlay.insert(STRETCH + 5, 10, 4 << 20, 4);
+        assert_eq!(overlay.unmapped_blocks(4096, |_, _| 0), 4);
+        // The file has blocks 0..3: blocks 0 and 2 are not counted again.
+        let have = |from: u64, to: u64| (from..to).filter(|b| *b < 3).count() as u64;
+        assert_eq!(overlay.unmapped_blocks(4096, have), 2);
+        // A piece across a block edge touches both blocks.
+        let overlay = Overlay::default();
+        overlay.insert(4000, 200, 1 << 20, 1);
+        assert_eq!(overlay.unmapped_blocks(4096, |_, _| 0), 2);
+    }
 
     #[test]
     fn newer_writes_shadow_older_ones_and_checkpoint_takes_only_what_is_left() {

@@ -47,7 +47,11 @@ fn allocated_holes_get_zeroed_blocks_and_data_stays() {
         model[(5 * B + 10) as usize..(5 * B + 110) as usize].fill(0x55);
         model[6 * B as usize..7 * B as usize].fill(0x66);
         let before = f.stat();
-        assert_eq!(before.allocated, B, "only block 2 is the file's yet");
+        assert_eq!(
+            before.allocated,
+            3 * B,
+            "block 2 in the file's blocks, blocks 5 and 6 logged"
+        );
         let free_before = volume.free_bytes();
         std::thread::sleep(std::time::Duration::from_millis(2));
 
@@ -105,6 +109,83 @@ fn allocated_holes_get_zeroed_blocks_and_data_stays() {
         drop(f);
         fs.unmount().unwrap();
     }
+}
+
+/// A file's allocated size counts the blocks its logged writes will add, before the
+/// checkpoint places them: random whole and partial writes, overwrites, into holes and past
+/// the end, a truncation and a punched hole, and the size is the same before and after each
+/// checkpoint (which only moves data) — and matches the blocks that hold data.
+#[test]
+fn the_allocated_size_counts_logged_writes() {
+    let shm = shm_volume("allocate-logged", 64 << 20);
+    let lazy = fs::FsOptions {
+        checkpoint: fs::CheckpointMode::OnDemand,
+        ..small_options()
+    };
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), lazy).unwrap();
+    let f = fs.create("/f").unwrap();
+    let f2 = fs.create("/g").unwrap();
+    let mut seed = 0x5eed_u64;
+    let mut next = |below: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % below
+    };
+    // A fresh file written and not yet checkpointed has its blocks.
+    f2.write_at(&[1; 3 * B as usize + 1], 0).unwrap();
+    assert_eq!(f2.stat().allocated, 4 * B, "four blocks touched");
+    // Cutting a file inside a hole keeps the hole; inside a block with data, the block.
+    f2.set_len(10 * B).unwrap();
+    f2.set_len(5 * B + 10).unwrap();
+    assert_eq!(f2.stat().allocated, 4 * B, "a truncation into a hole");
+    f2.set_len(2 * B + 5).unwrap();
+    assert_eq!(
+        f2.stat().allocated,
+        3 * B,
+        "a truncation into a logged block"
+    );
+    let mut touched = std::collections::BTreeSet::new();
+    for round in 0..6 {
+        for _ in 0..40 {
+            // Up to 1,000 blocks into a 4 MiB stretch of 1,024 blocks, so the writes cross
+            // the overlay's 2 MiB shard edge.
+            let (offset, len) = if next(2) == 0 {
+                (next(1000) * B, (1 + next(3)) * B)
+            } else {
+                (next(1000 * B), 1 + next(3 * B))
+            };
+            f.write_at(&vec![round as u8 + 1; len as usize], offset)
+                .unwrap();
+            touched.extend(offset / B..(offset + len).div_ceil(B));
+        }
+        if round == 3 {
+            f.set_len(600 * B + 10).unwrap();
+            touched.retain(|&b| b < 601);
+        }
+        if round == 4 {
+            f.punch_hole(100 * B, 50 * B).unwrap();
+            touched.retain(|&b| !(100..150).contains(&b));
+        }
+        let logged = f.stat().allocated;
+        assert_eq!(
+            logged,
+            touched.len() as u64 * B,
+            "round {round}: the blocks written, before the checkpoint"
+        );
+        fs.checkpoint().unwrap();
+        assert_eq!(
+            f.stat().allocated,
+            logged,
+            "round {round}: the checkpoint places the blocks it counted"
+        );
+    }
+    assert_eq!(f2.stat().allocated, 3 * B);
+    let mut back = vec![0u8; 2 * B as usize + 5];
+    assert_eq!(f2.read_at(&mut back, 0).unwrap(), back.len());
+    assert!(back.iter().all(|&b| b == 1), "the kept bytes");
+    drop((f, f2));
+    fs.unmount().unwrap();
 }
 
 /// An allocation beyond the volume's free memory is `ENOSPC` and changes nothing; one

@@ -836,7 +836,8 @@ impl Inner {
                 let (region, at) = fs.region_at(addr)?;
                 region.write_nt(at + within, &ZEROS[..(BLOCK - within) as usize])?;
                 fs.volume.fence();
-            } else if size < old && !size.is_multiple_of(BLOCK) {
+            } else if size < old && !size.is_multiple_of(BLOCK) && kept_bytes_in_block(inode, size)
+            {
                 let block = size / BLOCK;
                 let mut bytes = vec![0u8; BLOCK as usize];
                 fs.read_into(inode, block * BLOCK, &mut bytes[..(size % BLOCK) as usize])?;
@@ -1186,12 +1187,24 @@ impl Inner {
             }
             _ => (inode.size.load(Ordering::Acquire), links(attr.links)),
         };
+        // The blocks the file has and those its logged writes will add (a write into a hole
+        // takes a block at the checkpoint), as kernel file systems count blocks written and
+        // not yet placed: a freshly written file never shows no blocks (which archivers read
+        // as a file of holes). The checkpoint moves pieces into the map under its write
+        // lock, so no block is missed or counted twice while one moves.
+        let allocated = {
+            let extents = inode.extents.read().expect("extent map");
+            let pending = inode
+                .overlay
+                .unmapped_blocks(BLOCK, |from, to| extents.mapped_in(from, to));
+            (extents.mapped_blocks() + pending) * BLOCK
+        };
         Stat {
             ino: inode.ino,
             kind: inode.kind,
             mode: attr.mode,
             size,
-            allocated: inode.extents.read().expect("extent map").mapped_blocks() * BLOCK,
+            allocated,
             mtime_ns: inode.mtime.load(Ordering::Acquire),
             atime_ns: inode.atime.load(Ordering::Acquire),
             ctime_ns: inode.ctime.load(Ordering::Acquire),
@@ -1201,6 +1214,20 @@ impl Inner {
             gid,
         }
     }
+}
+
+/// True when the block a truncation to `size` cuts into has data before `size` — in the
+/// file's blocks or logged — which its tail page must keep; a hole there stays a hole. The
+/// caller holds the whole file's range lock (no write or checkpoint moves data meanwhile).
+fn kept_bytes_in_block(inode: &Inode, size: u64) -> bool {
+    let block = size / BLOCK;
+    inode
+        .extents
+        .read()
+        .expect("extent map")
+        .get(block)
+        .is_some()
+        || !inode.overlay.lookup(block * BLOCK, size).is_empty()
 }
 
 /// Two directories' entries, locked in inode order (once when they are one directory).
