@@ -199,12 +199,17 @@ fn lock(shard: &Mutex<PieceMap>) -> MutexGuard<'_, PieceMap> {
     shard.lock().expect("overlay shard")
 }
 
-/// The overlay of one file. Its shards are made by the file's first logged write: a
+/// The overlay of one file. Its shards are made by the file's first logged write in them: a
 /// directory, or a file never written since the file system was opened, holds none (they
-/// were half a KiB of every inode's DRAM).
+/// were half a KiB of every inode's DRAM), and a file under 2 MiB — whose every byte is in
+/// shard 0's first stretch — only that one (the sixteen were 0.6 KiB of each small file
+/// written since the open, a long-running mount's or a file-making program's).
 #[derive(Debug, Default)]
 pub struct Overlay {
-    shards: OnceLock<Box<[Mutex<PieceMap>; SHARDS]>>,
+    /// Shard 0: stretches 0, 16, 32, …
+    first: OnceLock<Box<Mutex<PieceMap>>>,
+    /// Shards 1 to 15, made together by the first write to any of them.
+    rest: OnceLock<Box<[Mutex<PieceMap>; SHARDS - 1]>>,
 }
 
 /// `[from, to)` cut at stretch edges, with the shard of each part.
@@ -222,13 +227,43 @@ fn stretches(from: u64, to: u64) -> impl Iterator<Item = (usize, u64, u64)> {
 }
 
 impl Overlay {
+    /// Shard `i`, if a write made it.
+    fn shard(&self, i: usize) -> Option<&Mutex<PieceMap>> {
+        match i {
+            0 => self.first.get().map(|first| &**first),
+            _ => self.rest.get().map(|rest| &rest[i - 1]),
+        }
+    }
+
+    /// Shard `i`, made if no write made it yet.
+    fn shard_made(&self, i: usize) -> &Mutex<PieceMap> {
+        match i {
+            0 => self.first.get_or_init(Box::default),
+            _ => &self
+                .rest
+                .get_or_init(|| Box::new(std::array::from_fn(|_| Mutex::default())))[i - 1],
+        }
+    }
+
+    /// Every shard made.
+    fn shards(&self) -> impl Iterator<Item = &Mutex<PieceMap>> {
+        let rest = self.rest.get().into_iter().flat_map(|rest| rest.iter());
+        self.first
+            .get()
+            .map(|first| &**first)
+            .into_iter()
+            .chain(rest)
+    }
+
+    /// True when no write made any shard.
+    fn unwritten(&self) -> bool {
+        self.first.get().is_none() && self.rest.get().is_none()
+    }
+
     /// Records that `[offset, offset + len)` now reads from `src` (written by `order`).
     pub fn insert(&self, offset: u64, len: u64, src: u64, order: u64) {
-        let shards = self
-            .shards
-            .get_or_init(|| Box::new(std::array::from_fn(|_| Mutex::default())));
         for (shard, start, end) in stretches(offset, offset + len) {
-            lock(&shards[shard]).insert(Piece {
+            lock(self.shard_made(shard)).insert(Piece {
                 start,
                 end,
                 src: src + (start - offset),
@@ -240,12 +275,15 @@ impl Overlay {
     /// The pieces inside `[from, to)`, clipped, in file order.
     pub fn lookup(&self, from: u64, to: u64) -> Vec<Piece> {
         let mut out = Vec::new();
-        let Some(shards) = self.shards.get() else {
+        if self.unwritten() {
             return out;
-        };
+        }
         for (shard, start, end) in stretches(from, to) {
+            let Some(shard) = self.shard(shard) else {
+                continue;
+            };
             out.extend(
-                lock(&shards[shard])
+                lock(shard)
                     .overlapping(start, end)
                     .into_iter()
                     .filter_map(|p| p.clip(start, end)),
@@ -259,11 +297,11 @@ impl Overlay {
     pub fn take_record(&self, offset: u64, len: u64, order: u64) -> SmallVec<[Piece; 1]> {
         // Mostly one piece: inline, no allocation per record.
         let mut out = SmallVec::new();
-        let Some(shards) = self.shards.get() else {
-            return out;
-        };
         for (shard, start, end) in stretches(offset, offset + len) {
-            let mut map = lock(&shards[shard]);
+            let Some(shard) = self.shard(shard) else {
+                continue;
+            };
+            let mut map = lock(shard);
             // Mostly the record's piece is still whole: one search takes it.
             if let Some(whole) = map.take_whole(start, end, order) {
                 out.push(whole);
@@ -285,26 +323,28 @@ impl Overlay {
 
     /// Drops every piece at or beyond `size` (truncation).
     pub fn truncate(&self, size: u64) {
-        for shard in self.shards.get().into_iter().flat_map(|s| s.iter()) {
+        for shard in self.shards() {
             lock(shard).cut(size, u64::MAX);
         }
     }
 
     /// Drops every piece inside `[from, to)` (a hole punched), keeping the parts outside.
     pub fn punch(&self, from: u64, to: u64) {
-        let Some(shards) = self.shards.get() else {
+        if self.unwritten() {
             return;
-        };
+        }
         if to - from >= STRETCH * SHARDS as u64 {
             // Every shard is touched: cut each once over the whole range (pieces never
             // cross a stretch edge, so each shard holds only its own stretches).
-            for shard in shards.iter() {
+            for shard in self.shards() {
                 lock(shard).cut(from, to);
             }
             return;
         }
         for (shard, start, end) in stretches(from, to) {
-            lock(&shards[shard]).cut(start, end);
+            if let Some(shard) = self.shard(shard) {
+                lock(shard).cut(start, end);
+            }
         }
     }
 
@@ -312,14 +352,11 @@ impl Overlay {
     /// the file will hold once they are checkpointed, beyond the blocks it holds now.
     /// `mapped(from, to)` counts the blocks of `[from, to)` the file already has.
     pub fn unmapped_blocks(&self, block: u64, mut mapped: impl FnMut(u64, u64) -> u64) -> u64 {
-        let Some(shards) = self.shards.get() else {
-            return 0;
-        };
         let mut total = 0;
         // Pieces never cross a stretch edge, a whole number of blocks: the blocks one
         // shard's pieces touch are no other shard's, and within a shard, in file order,
         // only neighbours can share one.
-        for shard in shards.iter() {
+        for shard in self.shards() {
             let mut counted_to = 0;
             lock(shard).each(|piece| {
                 let from = (piece.start / block).max(counted_to);
@@ -336,9 +373,7 @@ impl Overlay {
     /// True when no piece is pending.
     #[cfg(test)]
     pub fn is_empty(&self) -> bool {
-        self.shards
-            .get()
-            .is_none_or(|shards| shards.iter().all(|s| lock(s).is_empty()))
+        self.shards().all(|s| lock(s).is_empty())
     }
 }
 
@@ -390,10 +425,23 @@ mod tests {
         assert!(overlay.take_record(0, 4096, 1).is_empty());
         overlay.truncate(0);
         overlay.punch(0, 1 << 40);
-        assert!(overlay.shards.get().is_none(), "reads and cuts made shards");
+        assert!(overlay.unwritten(), "reads and cuts made shards");
+        // A file under 2 MiB is all in shard 0: the others are not made.
         overlay.insert(4096, 10, 1 << 20, 1);
-        assert!(overlay.shards.get().is_some());
-        assert_eq!(overlay.lookup(0, 1 << 30).len(), 1);
+        overlay.insert(STRETCH - 10, 10, 2 << 20, 2);
+        assert_eq!(overlay.shards().count(), 1);
+        assert_eq!(overlay.lookup(0, 1 << 30).len(), 2);
+        // Past it, the rest are made together; shard 16 stretches on is shard 0 again.
+        overlay.insert(STRETCH * SHARDS as u64, 10, 3 << 20, 3);
+        assert_eq!(overlay.shards().count(), 1);
+        overlay.insert(STRETCH - 10, 20, 4 << 20, 4);
+        assert_eq!(overlay.shards().count(), SHARDS);
+        assert_eq!(overlay.lookup(0, 1 << 40).len(), 4);
+        // Only the shards a write made: a piece in shard 0 alone is found and taken.
+        let overlay = Overlay::default();
+        overlay.insert(100, 10, 1 << 20, 1);
+        assert_eq!(overlay.take_record(0, 3 * STRETCH, 1).len(), 1);
+        assert!(overlay.is_empty());
     }
 
     #[test]
@@ -514,7 +562,7 @@ mod tests {
         for i in 0..count {
             overlay.insert(i * 8192, 4096, (i + 1) << 32, i + 1);
         }
-        let form = |o: &Overlay| match &*lock(&o.shards.get().expect("written")[0]) {
+        let form = |o: &Overlay| match &*lock(o.shard(0).expect("written")) {
             PieceMap::Small(v) => ("vector", v.len()),
             PieceMap::Large(m) => ("tree", m.len()),
         };
