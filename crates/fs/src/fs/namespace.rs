@@ -848,16 +848,8 @@ impl Inner {
                 // lock). A shrinking truncate must work on a full volume: freeing room
                 // starts with one (sqlite cuts its `-shm` file to 3 bytes as it opens a
                 // database, and could not open one to delete from it).
-                let replaces = || {
-                    inode
-                        .extents
-                        .read()
-                        .expect("extent map")
-                        .get(block)
-                        .is_some()
-                };
                 let extent = match fs.alloc_buffer(BLOCK) {
-                    Err(e) if e.kind() == crate::ErrorKind::NoSpace && replaces() => {
+                    Err(e) if e.kind() == crate::ErrorKind::NoSpace && has_block(inode, block) => {
                         fs.alloc_local(BLOCK)?
                     }
                     other => other?,
@@ -1221,13 +1213,17 @@ impl Inner {
 /// caller holds the whole file's range lock (no write or checkpoint moves data meanwhile).
 fn kept_bytes_in_block(inode: &Inode, size: u64) -> bool {
     let block = size / BLOCK;
+    has_block(inode, block) || !inode.overlay.lookup(block * BLOCK, size).is_empty()
+}
+
+/// True when the file's block table maps block `block`.
+fn has_block(inode: &Inode, block: u64) -> bool {
     inode
         .extents
         .read()
         .expect("extent map")
         .get(block)
         .is_some()
-        || !inode.overlay.lookup(block * BLOCK, size).is_empty()
 }
 
 /// Two directories' entries, locked in inode order (once when they are one directory).
