@@ -847,8 +847,9 @@ struct GrownJournal {
 /// thousand operations, and the cost of an operation grew with the files there were
 /// (creating files through the preload library: 19 µs each on an empty volume, 44 µs on one
 /// of 320,000 files, with stalls of 200 ms). A writer's journal is grown to a quarter of the
-/// snapshot just written (a power of two, up to [`MAX_GROWN_JOURNAL`]), so that snapshots
-/// come after a share of metadata operations proportional to what they cost. Each new area
+/// snapshot just written (a power of two, up to [`MAX_GROWN_JOURNAL`]; all writers'
+/// journals together within a 32nd of the volume), so that snapshots come after a share of
+/// metadata operations proportional to what they cost. Each new area
 /// is zeroed and starts the next epoch before the root names it (`next`, written by the
 /// caller): a crash before that write leaves the old journal named and this area unowned;
 /// after it, the new one. A journal is never shrunk. Growth is skipped, never an error,
@@ -874,8 +875,13 @@ fn grown_journals(
         if areas.journal_len >= want {
             continue;
         }
-        // Room for it eight times over beside the checkpoint's reserve, or none is grown.
-        if inner.volume.free_bytes() < inner.reserve_bytes() + 8 * want {
+        // Room for it eight times over beside the checkpoint's reserve, and writers'
+        // journals within a 32nd of the volume (many threads on a large file system), or
+        // none is grown.
+        let journals: u64 = next.slots[1..].iter().map(|a| a.journal_len).sum();
+        if inner.volume.free_bytes() < inner.reserve_bytes() + 8 * want
+            || journals + (want - areas.journal_len) > inner.volume.data_bytes() / 32
+        {
             break;
         }
         let Ok(extent) = inner.volume.alloc_local(want) else {
