@@ -790,29 +790,32 @@ fn snapshot_sealing(inner: &Inner, seal: bool) -> Result<()> {
     next.snapshot_addr = written.named.start.raw();
     next.snapshot_len = written.named_len;
     let slots = created_slots(inner);
-    let mut grown = grown_journals(inner, &slots, &mut next, bytes.len() as u64, seal);
+    // An unmount's snapshot grows none: the next open starts from it with the journals it
+    // finds.
+    let mut grown = if seal {
+        Vec::new()
+    } else {
+        grown_journals(inner, &slots, &mut next, bytes.len() as u64)
+    };
     next.write(&inner.owner)?;
-    let mut replaced = Vec::new();
     for slot in &slots {
-        match grown.iter_mut().find(|g| g.slot == slot.index) {
-            Some(g) => {
-                let journal = g.journal.take().expect("each slot once");
-                replaced.push(std::mem::replace(&mut *slot.journal(), journal));
+        match grown.iter().position(|g| g.slot == slot.index) {
+            Some(at) => {
+                let g = grown.swap_remove(at);
+                let added = g.journal.capacity() - g.old.len_bytes;
+                *slot.journal() = g.journal;
+                // The root no longer names the area it replaced.
+                inner.volume.free(g.old)?;
+                inner
+                    .counters
+                    .slot_bytes
+                    .fetch_add(added, Ordering::Relaxed);
             }
             None => slot.journal().reset(next.epoch, seal)?,
         }
     }
     *root = next;
     drop(root);
-    // The journals a larger one replaced are no longer named by the root.
-    for g in grown {
-        inner
-            .counters
-            .slot_bytes
-            .fetch_add(g.len - g.old.len_bytes, Ordering::Relaxed);
-        inner.volume.free(g.old)?;
-    }
-    drop(replaced);
     let old_pieces = std::mem::replace(
         &mut *inner.snapshot_pieces.lock().expect("snapshot pieces"),
         written.pieces,
@@ -836,8 +839,7 @@ const MAX_GROWN_JOURNAL: u64 = 64 << 20;
 /// root that names it is written.
 struct GrownJournal {
     slot: u32,
-    journal: Option<Journal>,
-    len: u64,
+    journal: Journal,
     old: Extent,
 }
 
@@ -860,16 +862,11 @@ fn grown_journals(
     slots: &[Arc<Slot>],
     next: &mut crate::root::Root,
     snapshot_len: u64,
-    seal: bool,
 ) -> Vec<GrownJournal> {
     let want = (snapshot_len / 4)
         .next_power_of_two()
         .clamp(next.journal_bytes, MAX_GROWN_JOURNAL);
     let mut grown = Vec::new();
-    if seal {
-        // An unmount's snapshot: the next open starts from it with the journals it finds.
-        return grown;
-    }
     for slot in slots.iter().filter(|s| s.index != 0) {
         let areas = &next.slots[slot.index as usize];
         if areas.journal_len >= want {
@@ -887,14 +884,11 @@ fn grown_journals(
         let Ok(extent) = inner.volume.alloc_local(want) else {
             break;
         };
-        let made = (|| -> Result<Journal> {
-            let region = inner.volume.region(&extent)?;
-            region.fill(0, want, 0)?;
-            region.persist(0, want)?;
-            let mut journal = Journal::new(region, next.epoch);
-            journal.reset(next.epoch, false)?;
-            Ok(journal)
-        })();
+        let made = inner
+            .volume
+            .region(&extent)
+            .map_err(FsError::from)
+            .and_then(|region| Journal::fresh(region, next.epoch));
         let journal = match made {
             Ok(journal) => journal,
             Err(error) => {
@@ -912,8 +906,7 @@ fn grown_journals(
         areas.journal_len = want;
         grown.push(GrownJournal {
             slot: slot.index,
-            journal: Some(journal),
-            len: want,
+            journal,
             old,
         });
     }

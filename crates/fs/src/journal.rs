@@ -1057,6 +1057,18 @@ impl Journal {
         }
     }
 
+    /// A journal of `epoch` in an area that may have held anything — even a journal image
+    /// of this epoch inside a file, which recovery would take for records after a damaged
+    /// one: zeroed whole and persisted, then started with the epoch's marker.
+    pub fn fresh(region: Region, epoch: u64) -> Result<Self> {
+        let len = region.len();
+        region.fill(0, len, 0)?;
+        region.persist(0, len)?;
+        let mut journal = Self::new(region, epoch);
+        journal.reset(epoch, false)?;
+        Ok(journal)
+    }
+
     /// Past the mark where the checkpoint writes a snapshot, so that metadata operations
     /// rarely find the journal full: half of slot 0's (the checkpoint's own, whose batch
     /// records must always fit), three quarters of a writer's.

@@ -1100,13 +1100,7 @@ impl Inner {
         };
         let (log_len, journal_len) = (log_extent.len_bytes, journal_extent.len_bytes);
         let log = LogArea::format(self.volume.region(&log_extent)?, index)?;
-        // Zeroed: the memory may have held anything, even a journal image of this epoch
-        // (inside a file), which recovery would take for records after a damaged one.
-        let journal_region = self.volume.region(&journal_extent)?;
-        journal_region.fill(0, journal_len, 0)?;
-        journal_region.persist(0, journal_len)?;
-        let mut journal = Journal::new(journal_region, root.epoch);
-        journal.reset(root.epoch, false)?;
+        let journal = Journal::fresh(self.volume.region(&journal_extent)?, root.epoch)?;
         let mut next = root.clone();
         next.generation += 1;
         let areas = SlotAreas {
