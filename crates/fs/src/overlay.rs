@@ -294,31 +294,55 @@ impl Overlay {
 
     /// Takes out the pieces of `[offset, offset + len)` still written by `order` (the parts
     /// no newer write replaced) and returns them: what the checkpoint must move into the file.
+    #[cfg(test)]
     pub fn take_record(&self, offset: u64, len: u64, order: u64) -> SmallVec<[Piece; 1]> {
-        // Mostly one piece: inline, no allocation per record.
-        let mut out = SmallVec::new();
-        for (shard, start, end) in stretches(offset, offset + len) {
-            let Some(shard) = self.shard(shard) else {
-                continue;
-            };
-            let mut map = lock(shard);
-            // Mostly the record's piece is still whole: one search takes it.
-            if let Some(whole) = map.take_whole(start, end, order) {
-                out.push(whole);
-            } else {
-                for piece in map.overlapping(start, end) {
-                    if piece.order != order {
-                        continue;
+        let mut out = Vec::with_capacity(1);
+        self.take_records([(offset, len, order)], &mut out);
+        out.pop().unwrap_or_default()
+    }
+
+    /// [`Overlay::take_record`] for each `(offset, len, order)` of `records` in turn, its
+    /// pieces pushed to `out`: records of one stretch (the checkpoint's groups of
+    /// neighbouring records) take its shard's lock once between them, never two shards'
+    /// locks at a time.
+    pub fn take_records(
+        &self,
+        records: impl IntoIterator<Item = (u64, u64, u64)>,
+        out: &mut Vec<SmallVec<[Piece; 1]>>,
+    ) {
+        let mut held: Option<(usize, MutexGuard<'_, PieceMap>)> = None;
+        for (offset, len, order) in records {
+            // Mostly one piece: inline, no allocation per record.
+            let mut taken = SmallVec::new();
+            for (index, start, end) in stretches(offset, offset + len) {
+                let map = match &mut held {
+                    Some((i, map)) if *i == index => map,
+                    _ => {
+                        held = None;
+                        let Some(shard) = self.shard(index) else {
+                            continue;
+                        };
+                        &mut held.insert((index, lock(shard))).1
                     }
-                    let Some(taken) = piece.clip(start, end) else {
-                        continue;
-                    };
-                    map.cut(taken.start, taken.end);
-                    out.push(taken);
+                };
+                // Mostly the record's piece is still whole: one search takes it.
+                if let Some(whole) = map.take_whole(start, end, order) {
+                    taken.push(whole);
+                } else {
+                    for piece in map.overlapping(start, end) {
+                        if piece.order != order {
+                            continue;
+                        }
+                        let Some(part) = piece.clip(start, end) else {
+                            continue;
+                        };
+                        map.cut(part.start, part.end);
+                        taken.push(part);
+                    }
                 }
             }
+            out.push(taken);
         }
-        out
     }
 
     /// Drops every piece at or beyond `size` (truncation).
@@ -540,6 +564,48 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// Records taken in groups (the checkpoint's), across stretch edges and shards,
+        /// return exactly the bytes each still owns, as taken one at a time.
+        #[test]
+        fn records_taken_in_groups_return_what_each_owns(
+            writes in proptest::collection::vec((0u64..4, 0u64..18_000, 1u64..9000), 1..40),
+            group in 1usize..9,
+        ) {
+            let overlay = Overlay::default();
+            let mut model = std::collections::HashMap::new();
+            let records: Vec<(u64, u64, u64)> = writes
+                .iter()
+                .enumerate()
+                .map(|(i, &(edge, delta, len))| {
+                    // Around the edge before stretch `edge` (stretch 17 shares shard 1).
+                    let offset = (edge * 17 * STRETCH).saturating_sub(9000) + delta;
+                    (offset, len, i as u64 + 1)
+                })
+                .collect();
+            for &(offset, len, order) in &records {
+                overlay.insert(offset, len, order << 32, order);
+                for b in offset..offset + len {
+                    model.insert(b, order);
+                }
+            }
+            let mut taken = Vec::new();
+            for chunk in records.chunks(group) {
+                taken.clear();
+                overlay.take_records(chunk.iter().copied(), &mut taken);
+                proptest::prop_assert_eq!(taken.len(), chunk.len());
+                for (&(offset, _, order), pieces) in chunk.iter().zip(&taken) {
+                    for p in pieces {
+                        proptest::prop_assert_eq!(p.src - (order << 32), p.start - offset);
+                        for b in p.start..p.end {
+                            proptest::prop_assert_eq!(model.remove(&b), Some(order));
+                        }
+                    }
+                }
+            }
+            proptest::prop_assert!(model.is_empty(), "{} bytes not taken", model.len());
+            proptest::prop_assert!(overlay.is_empty());
+        }
+
         #[test]
         fn agrees_with_a_byte_model(writes in proptest::collection::vec((0u64..40_000, 1u64..9000), 1..30)) {
             check_against_a_byte_model(&writes, 50_000)?;

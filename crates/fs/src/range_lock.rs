@@ -223,10 +223,13 @@ impl RangeLocks {
         let end = offset.checked_add(len).filter(|_| len > 0).ok_or_else(|| {
             FsError::BadRange(format!("{len} bytes at {offset} is empty or overflows"))
         })?;
+        // The granule is a power of two: masks, not divisions (two `div`s were an eighth of
+        // a lock's samples).
+        let mask = self.granule - 1;
         Ok(Held {
             ino,
-            start: offset - offset % self.granule,
-            end: end.div_ceil(self.granule).saturating_mul(self.granule),
+            start: offset & !mask,
+            end: end.checked_add(mask).map_or(u64::MAX, |e| e & !mask),
             mode,
         })
     }
