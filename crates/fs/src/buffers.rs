@@ -206,25 +206,43 @@ impl Recycled {
     /// Frees `runs` (blocks a committed batch replaced): the pages of runs shorter than
     /// [`RECYCLE_RUN_BLOCKS`] into their device's list while it has room, everything else
     /// back to `volume`.
+    ///
+    /// Each list's lock is held for one look at its room and one copy of the pages, not
+    /// while the runs are sorted out or the volume frees the rest: writers take a page from
+    /// these lists on every single-block write, and a batch's worth of runs under the lock
+    /// made them sleep on it. Only this (the checkpoint) adds pages; writers and
+    /// [`Recycled::drain`] only take them, so the room seen first can only have grown by
+    /// the time the pages go in.
     pub(crate) fn free(&self, volume: &Volume, runs: &[Run]) -> Result<()> {
-        let mut locked: Option<(usize, std::sync::MutexGuard<'_, Pages>)> = None;
+        let mut room: Vec<usize> = self
+            .devices
+            .iter()
+            .map(|list| {
+                self.cap
+                    .saturating_sub(list.lock().expect("recycled pages").free.len())
+            })
+            .collect();
+        let mut pages: Vec<Vec<u64>> = self.devices.iter().map(|_| Vec::new()).collect();
+        let mut rest: Vec<&Run> = Vec::new();
         for run in runs {
-            if run.blocks < RECYCLE_RUN_BLOCKS {
-                let device = GlobalAddress::from_raw(run.addr).device() as usize;
-                if locked.as_ref().is_none_or(|(d, _)| *d != device)
-                    && let Some(list) = self.devices.get(device)
-                {
-                    locked = Some((device, list.lock().expect("recycled pages")));
+            let device = GlobalAddress::from_raw(run.addr).device() as usize;
+            match room.get_mut(device) {
+                Some(left) if run.blocks < RECYCLE_RUN_BLOCKS && run.blocks as usize <= *left => {
+                    *left -= run.blocks as usize;
+                    pages[device].extend((0..run.blocks).map(|i| run.addr + i * BLOCK));
                 }
-                if let Some((d, list)) = locked.as_mut()
-                    && *d == device
-                    && list.free.len() + run.blocks as usize <= self.cap
-                {
-                    list.free
-                        .extend((0..run.blocks).map(|i| run.addr + i * BLOCK));
-                    continue;
-                }
+                _ => rest.push(run),
             }
+        }
+        for (list, pages) in self.devices.iter().zip(&pages) {
+            if !pages.is_empty() {
+                list.lock()
+                    .expect("recycled pages")
+                    .free
+                    .extend_from_slice(pages);
+            }
+        }
+        for run in rest {
             volume.free(Extent {
                 start: GlobalAddress::from_raw(run.addr),
                 len_bytes: run.blocks * BLOCK,
@@ -657,6 +675,52 @@ mod tests {
         assert!(pool.trim(&volume).unwrap());
         assert_eq!(free_bytes(&volume), all_back);
         assert!(!pool.trim(&volume).unwrap(), "nothing left to seal");
+    }
+
+    /// Freed runs: short ones into the list while whole runs fit under its cap (a run that
+    /// does not fit goes to the volume whole, a later one that fits still into the list),
+    /// long ones to the volume; every page taken back is one that went in.
+    #[test]
+    fn recycled_lists_keep_short_runs_up_to_their_cap() {
+        let shm = testkit::shm_volume("recycled-free", 16 << 20);
+        let volume = testkit::open_volume(&shm.dir);
+        let node = volume.current_node();
+        let nodes = (0..volume.stats().len() as u32)
+            .map(|d| volume.device_node(d))
+            .collect();
+        let recycled = Recycled::new(nodes, 6);
+        let run = |blocks: u64| {
+            let e = volume.alloc_local(blocks * BLOCK).unwrap();
+            Run {
+                file_block: 0,
+                blocks,
+                addr: e.start.raw(),
+            }
+        };
+        let runs = [run(4), run(3), run(RECYCLE_RUN_BLOCKS), run(2), run(1)];
+        let before = free_bytes(&volume);
+        recycled.free(&volume, &runs).unwrap();
+        assert_eq!(
+            recycled.held(),
+            6,
+            "4 + 2 fit; the run of 3 and the long one do not"
+        );
+        assert_eq!(
+            free_bytes(&volume),
+            before + (3 + RECYCLE_RUN_BLOCKS + 1) * BLOCK,
+            "what did not fit went back to the volume"
+        );
+        assert_eq!(recycled.room(), 0);
+        let mut taken: Vec<u64> = std::iter::from_fn(|| recycled.take(node)).collect();
+        taken.sort_unstable();
+        let mut expected: Vec<u64> = [&runs[0], &runs[3]]
+            .iter()
+            .flat_map(|r| (0..r.blocks).map(move |i| r.addr + i * BLOCK))
+            .collect();
+        expected.sort_unstable();
+        assert_eq!(taken, expected);
+        assert_eq!(recycled.used(), 6);
+        assert_eq!(recycled.room(), 6);
     }
 
     #[test]

@@ -14,6 +14,8 @@ use smallvec::SmallVec;
 
 /// Bytes per shard stretch.
 const STRETCH: u64 = 2 << 20;
+/// Whole pieces [`Overlay::take_records`] finds before it removes them together.
+const GROUP_TAKES: usize = 16;
 /// Shards per file.
 const SHARDS: usize = 16;
 
@@ -167,6 +169,43 @@ impl PieceMap {
         taken
     }
 
+    /// In a vector shard, the index of the piece that is exactly `[start, end)` written by
+    /// `order`, if there is one (left in place: [`PieceMap::remove_all`]).
+    fn whole_at(&self, start: u64, end: u64, order: u64) -> Option<usize> {
+        match self {
+            Self::Small(v) => {
+                let at = v.binary_search_by_key(&start, |p| p.start).ok()?;
+                (v[at].end == end && v[at].order == order).then_some(at)
+            }
+            Self::Large(_) => None,
+        }
+    }
+
+    /// Removes the pieces at `gone` (distinct indices, from [`PieceMap::whole_at`], in any
+    /// order) from a vector shard in one pass, and empties `gone`: one shift of the pieces
+    /// after the first, where removing them one by one shifted the tail once per piece.
+    fn remove_all(&mut self, gone: &mut SmallVec<[usize; GROUP_TAKES]>) {
+        if gone.is_empty() {
+            return;
+        }
+        if let Self::Small(v) = self {
+            gone.sort_unstable();
+            let mut kept = gone[0];
+            let mut next = 0;
+            for at in gone[0]..v.len() {
+                if next < gone.len() && gone[next] == at {
+                    next += 1;
+                    continue;
+                }
+                v[kept] = v[at];
+                kept += 1;
+            }
+            v.truncate(kept);
+        }
+        gone.clear();
+        self.settle();
+    }
+
     /// Switches form across the thresholds; an emptied shard gives its memory back (a file
     /// written once and checkpointed would hold it for good).
     fn settle(&mut self) {
@@ -311,6 +350,9 @@ impl Overlay {
         out: &mut Vec<SmallVec<[Piece; 1]>>,
     ) {
         let mut held: Option<(usize, MutexGuard<'_, PieceMap>)> = None;
+        // Whole pieces found in the held vector shard, removed together before the shard
+        // changes form, is let go, or is searched some other way.
+        let mut gone: SmallVec<[usize; GROUP_TAKES]> = SmallVec::new();
         for (offset, len, order) in records {
             // Mostly one piece: inline, no allocation per record.
             let mut taken = SmallVec::new();
@@ -318,6 +360,9 @@ impl Overlay {
                 let map = match &mut held {
                     Some((i, map)) if *i == index => map,
                     _ => {
+                        if let Some((_, map)) = &mut held {
+                            map.remove_all(&mut gone);
+                        }
                         held = None;
                         let Some(shard) = self.shard(index) else {
                             continue;
@@ -325,7 +370,17 @@ impl Overlay {
                         &mut held.insert((index, lock(shard))).1
                     }
                 };
-                // Mostly the record's piece is still whole: one search takes it.
+                // Mostly the record's piece is still whole: one search finds it.
+                if gone.len() < GROUP_TAKES
+                    && let Some(at) = map.whole_at(start, end, order)
+                {
+                    if let PieceMap::Small(v) = &**map {
+                        taken.push(v[at]);
+                    }
+                    gone.push(at);
+                    continue;
+                }
+                map.remove_all(&mut gone);
                 if let Some(whole) = map.take_whole(start, end, order) {
                     taken.push(whole);
                 } else {
@@ -342,6 +397,9 @@ impl Overlay {
                 }
             }
             out.push(taken);
+        }
+        if let Some((_, map)) = &mut held {
+            map.remove_all(&mut gone);
         }
     }
 

@@ -414,16 +414,23 @@ impl Progress {
                 first_left = first_left.min(queued[take].order);
             }
             runs += usize::from(take > 0);
-            if take > 0 && take == queued.len() {
-                // The whole queue (the common case): swapped for the spare, so that its
-                // writer waits for the lock no longer than a swap, and the records move
-                // into the batch after the lock is dropped.
-                let mut spare = self.spare.lock().expect("spare queue");
-                std::mem::swap(&mut *queued, &mut *spare);
-                drop(queued);
-                records.extend(spare.drain(..));
-            } else {
-                records.extend(queued.drain(..take));
+            if take == 0 {
+                continue;
+            }
+            // The whole queue is swapped for the spare, so that its writer waits for the
+            // lock no longer than a swap (records moved out under it made the writer
+            // sleep on it), and the records move into the batch after the lock is
+            // dropped; what stays (mostly nothing, else a few records above the
+            // watermark) goes back to the front, older than anything queued meanwhile.
+            let mut spare = self.spare.lock().expect("spare queue");
+            std::mem::swap(&mut *queued, &mut *spare);
+            drop(queued);
+            records.extend(spare.drain(..take));
+            if !spare.is_empty() {
+                let mut queued = queue.records();
+                for p in spare.drain(..).rev() {
+                    queued.push_front(p);
+                }
             }
         }
         if records.is_empty() {
@@ -785,7 +792,15 @@ mod tests {
             first.done_below, 4,
             "orders 4..8 are still queued in slot 0, behind what the batch took"
         );
-        assert_eq!(queues[0].records().len(), 4);
+        assert_eq!(
+            queues[0]
+                .records()
+                .iter()
+                .map(|p| p.order)
+                .collect::<Vec<_>>(),
+            [4, 5, 6, 7],
+            "what the batch left is back in its queue, in order"
+        );
         progress.finish_batch(&first);
         let second = progress.take_batch(progress.mark(), &all, 4);
         assert_eq!(orders(&second), [4, 5, 6, 7]);
