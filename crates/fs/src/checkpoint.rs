@@ -265,6 +265,57 @@ struct Scratch {
     freed: Vec<Run>,
     /// (file, offset, index in the batch): the order records are applied in.
     order: Vec<(u64, u64, u32)>,
+    /// Room for [`in_file_order`]'s counting sort.
+    sorted: Vec<(u64, u64, u32)>,
+    counts: Vec<u32>,
+}
+
+/// Most 2 MiB stretches (8 GiB of a file) whose records [`in_file_order`] puts in order by
+/// counting; a batch spread wider is sorted.
+const COUNTED_STRETCHES: u64 = 4096;
+
+/// Puts `order` (file, offset, index) in file order as far as applying needs it: by file,
+/// then by 2 MiB stretch, the records of one stretch in log order (a group's range lock
+/// spans its records whatever their order, and [`crate::overlay::Overlay::take_records`]
+/// takes them in any
+/// order). The common batch — one file's records over at most [`COUNTED_STRETCHES`]
+/// stretches — is put in that order by counting, in two passes; others are sorted. Sorting
+/// every batch by offset was a tenth of the checkpoint's time with random 4 KiB writes.
+fn in_file_order(
+    order: &mut Vec<(u64, u64, u32)>,
+    sorted: &mut Vec<(u64, u64, u32)>,
+    counts: &mut Vec<u32>,
+) {
+    let Some(&(ino, _, _)) = order.first() else {
+        return;
+    };
+    let (low, high) = order
+        .iter()
+        .fold((u64::MAX, 0), |(low, high), &(_, offset, _)| {
+            let stretch = offset / GROUP_STRETCH;
+            (low.min(stretch), high.max(stretch))
+        });
+    if high - low >= COUNTED_STRETCHES || order.iter().any(|&(i, _, _)| i != ino) {
+        order.sort_unstable();
+        return;
+    }
+    let bucket = |offset: u64| (offset / GROUP_STRETCH - low) as usize;
+    counts.clear();
+    counts.resize((high - low) as usize + 2, 0);
+    for &(_, offset, _) in order.iter() {
+        counts[bucket(offset) + 1] += 1;
+    }
+    for i in 1..counts.len() {
+        counts[i] += counts[i - 1];
+    }
+    sorted.clear();
+    sorted.resize(order.len(), (0, 0, 0));
+    for &record in order.iter() {
+        let at = &mut counts[bucket(record.1)];
+        sorted[*at as usize] = record;
+        *at += 1;
+    }
+    std::mem::swap(order, sorted);
 }
 
 /// One batch. Returns the records moved.
@@ -303,9 +354,9 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
     // copied and their buffers go back whole — remapped in file order, every buffer would
     // go back with holes, and free memory would end in pieces.
     let remappable: u64 = batch.records.iter().map(|p| p.len / BLOCK).sum();
-    let in_file_order = &mut scratch.order;
-    in_file_order.clear();
-    in_file_order.extend(
+    let mut order = std::mem::take(&mut scratch.order);
+    order.clear();
+    order.extend(
         batch
             .records
             .iter()
@@ -313,14 +364,14 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
             .map(|(i, p)| (p.ino, p.offset, i as u32)),
     );
     if remappable <= work.room {
-        in_file_order.sort_unstable();
+        in_file_order(&mut order, &mut scratch.sorted, &mut scratch.counts);
     }
     let mut inode: Option<Arc<Inode>> = None;
     let mut k = 0;
-    while k < in_file_order.len() {
-        let first = &batch.records[in_file_order[k].2 as usize];
+    while k < order.len() {
+        let first = &batch.records[order[k].2 as usize];
         let stretch = first.offset / GROUP_STRETCH;
-        let group = in_file_order[k..]
+        let group = order[k..]
             .iter()
             .take(GROUP_RECORDS)
             .take_while(|&&(ino, offset, _)| ino == first.ino && offset / GROUP_STRETCH == stretch)
@@ -330,17 +381,11 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
         }
         // A file removed since has nothing left to move.
         if let Some(inode) = &inode {
-            apply_group(
-                inner,
-                inode,
-                &batch.records,
-                &in_file_order[k..],
-                group,
-                &mut work,
-            )?;
+            apply_group(inner, inode, &batch.records, &order[k..], group, &mut work)?;
         }
         k += group;
     }
+    scratch.order = order;
     // Partial copies were non-temporal: one fence makes them durable before the commit.
     inner.volume.fence();
     let mut retired: Vec<(u32, u64)> = Vec::new();
@@ -1097,4 +1142,64 @@ fn write_snapshot(inner: &Inner, bytes: &[u8]) -> Result<Written> {
             .collect(),
         pieces_bytes: len + more_pages,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What applying needs of the order: a permutation of the batch, files and their
+    /// stretches each together and ascending; counted, a stretch's records in log order.
+    fn check_file_order(
+        records: &[(u64, u64)],
+    ) -> Result<(), proptest::test_runner::TestCaseError> {
+        let mut order: Vec<(u64, u64, u32)> = records
+            .iter()
+            .enumerate()
+            .map(|(i, &(ino, offset))| (ino, offset, i as u32))
+            .collect();
+        let (mut sorted, mut counts) = (Vec::new(), Vec::new());
+        in_file_order(&mut order, &mut sorted, &mut counts);
+        let mut seen: Vec<u32> = order.iter().map(|&(_, _, i)| i).collect();
+        seen.sort_unstable();
+        proptest::prop_assert_eq!(seen, (0..records.len() as u32).collect::<Vec<_>>());
+        for &(ino, offset, i) in &order {
+            proptest::prop_assert_eq!(records[i as usize], (ino, offset));
+        }
+        let stretches = order.iter().map(|r| r.1 / GROUP_STRETCH);
+        let span = stretches.clone().max().unwrap_or(0) - stretches.min().unwrap_or(0);
+        let counted = span < COUNTED_STRETCHES && order.iter().all(|r| r.0 == records[0].0);
+        for pair in order.windows(2) {
+            let key = |&(ino, offset, _): &(u64, u64, u32)| (ino, offset / GROUP_STRETCH);
+            proptest::prop_assert!(key(&pair[0]) <= key(&pair[1]), "{:?}", pair);
+            if counted && key(&pair[0]) == key(&pair[1]) {
+                proptest::prop_assert!(
+                    pair[0].2 < pair[1].2,
+                    "log order within a stretch: {:?}",
+                    pair
+                );
+            }
+        }
+        Ok(())
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn one_files_batch_is_counted_into_stretch_order(
+            offsets in proptest::collection::vec(0u64..(64 * GROUP_STRETCH), 0..300),
+        ) {
+            let records: Vec<(u64, u64)> = offsets.iter().map(|&o| (7, o)).collect();
+            check_file_order(&records)?;
+        }
+
+        #[test]
+        fn batches_of_several_files_or_wide_spans_are_sorted(
+            records in proptest::collection::vec(
+                (1u64..4, proptest::prop_oneof![0u64..(4 * GROUP_STRETCH), 0u64..u64::MAX / 2]),
+                0..300,
+            ),
+        ) {
+            check_file_order(&records)?;
+        }
+    }
 }
