@@ -21,9 +21,9 @@ use crate::range_lock::LockMode;
 use crate::snapshot::write_growth_bound;
 
 /// Logged records the checkpoint may have to catch up on before writers give way to it
-/// ([`Inner::give_way_to_checkpoint`]): four of its gathering thresholds, a few hundred
-/// microseconds of its work.
-const GIVE_WAY_BACKLOG: u64 = 1024;
+/// ([`Inner::give_way_to_checkpoint`]): four of its gathering thresholds, about a
+/// millisecond of its work.
+const GIVE_WAY_BACKLOG: u64 = 4 * crate::progress::GATHER_RECORDS as u64;
 /// A writer past [`GIVE_WAY_BACKLOG`] gives way on one write in this many (its own count).
 const GIVE_WAY_EVERY: u64 = 16;
 
