@@ -277,10 +277,10 @@ const COUNTED_STRETCHES: u64 = 4096;
 /// Puts `order` (file, offset, index) in file order as far as applying needs it: by file,
 /// then by 2 MiB stretch, the records of one stretch in log order (a group's range lock
 /// spans its records whatever their order, and [`crate::overlay::Overlay::take_records`]
-/// takes them in any
-/// order). The common batch — one file's records over at most [`COUNTED_STRETCHES`]
-/// stretches — is put in that order by counting, in two passes; others are sorted. Sorting
-/// every batch by offset was a tenth of the checkpoint's time with random 4 KiB writes.
+/// takes them in any order). The common batch — one file's records over at most
+/// [`COUNTED_STRETCHES`] stretches — is put in that order by counting, in two passes;
+/// others are sorted. Sorting every batch by offset was a tenth of the checkpoint's time
+/// with random 4 KiB writes.
 fn in_file_order(
     order: &mut Vec<(u64, u64, u32)>,
     sorted: &mut Vec<(u64, u64, u32)>,

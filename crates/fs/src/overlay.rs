@@ -340,10 +340,11 @@ impl Overlay {
         out.pop().unwrap_or_default()
     }
 
-    /// [`Overlay::take_record`] for each `(offset, len, order)` of `records` in turn, its
-    /// pieces pushed to `out`: records of one stretch (the checkpoint's groups of
-    /// neighbouring records) take its shard's lock once between them, never two shards'
-    /// locks at a time.
+    /// For each `(offset, len, order)` of `records` in turn, takes out the pieces of that
+    /// range still written by `order` (the parts no newer write replaced: what the
+    /// checkpoint must move into the file) and pushes them to `out`. Records of one stretch
+    /// (the checkpoint's groups of neighbouring records) take its shard's lock once between
+    /// them, never two shards' locks at a time.
     pub fn take_records(
         &self,
         records: impl IntoIterator<Item = (u64, u64, u64)>,
