@@ -214,14 +214,7 @@ impl Recycled {
     /// [`Recycled::drain`] only take them, so the room seen first can only have grown by
     /// the time the pages go in.
     pub(crate) fn free(&self, volume: &Volume, runs: &[Run]) -> Result<()> {
-        let mut room: Vec<usize> = self
-            .devices
-            .iter()
-            .map(|list| {
-                self.cap
-                    .saturating_sub(list.lock().expect("recycled pages").free.len())
-            })
-            .collect();
+        let mut room: Vec<usize> = self.devices.iter().map(|list| self.room_in(list)).collect();
         let mut pages: Vec<Vec<u64>> = self.devices.iter().map(|_| Vec::new()).collect();
         let mut rest: Vec<&Run> = Vec::new();
         for run in runs {
@@ -263,12 +256,14 @@ impl Recycled {
     pub(crate) fn room(&self) -> u64 {
         self.devices
             .iter()
-            .map(|list| {
-                self.cap
-                    .saturating_sub(list.lock().expect("recycled pages").free.len())
-                    as u64
-            })
+            .map(|list| self.room_in(list) as u64)
             .sum()
+    }
+
+    /// Pages one device's list can still take.
+    fn room_in(&self, list: &Mutex<Pages>) -> usize {
+        self.cap
+            .saturating_sub(list.lock().expect("recycled pages").free.len())
     }
 
     /// A page on a device of `node`, if there is one.

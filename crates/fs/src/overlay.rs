@@ -149,36 +149,32 @@ impl PieceMap {
         self.replace(piece.start, piece.end, Some(piece));
     }
 
-    /// Takes out the piece that is exactly `[start, end)` written by `order`, if there is one.
-    fn take_whole(&mut self, start: u64, end: u64, order: u64) -> Option<Piece> {
-        let taken = match self {
-            Self::Small(v) => {
-                let at = v.binary_search_by_key(&start, |p| p.start).ok()?;
-                (v[at].end == end && v[at].order == order).then(|| v.remove(at))
+    /// In a B-tree shard, takes out the piece that is exactly `[start, end)` written by
+    /// `order`, if there is one (a vector shard finds it with [`PieceMap::whole_at`]).
+    fn take_whole_from_tree(&mut self, start: u64, end: u64, order: u64) -> Option<Piece> {
+        let Self::Large(m) = self else {
+            return None;
+        };
+        let taken = match m.entry(start) {
+            std::collections::btree_map::Entry::Occupied(whole)
+                if whole.get().end == end && whole.get().order == order =>
+            {
+                Some(whole.remove())
             }
-            Self::Large(m) => match m.entry(start) {
-                std::collections::btree_map::Entry::Occupied(whole)
-                    if whole.get().end == end && whole.get().order == order =>
-                {
-                    Some(whole.remove())
-                }
-                _ => None,
-            },
+            _ => None,
         };
         self.settle();
         taken
     }
 
-    /// In a vector shard, the index of the piece that is exactly `[start, end)` written by
-    /// `order`, if there is one (left in place: [`PieceMap::remove_all`]).
-    fn whole_at(&self, start: u64, end: u64, order: u64) -> Option<usize> {
-        match self {
-            Self::Small(v) => {
-                let at = v.binary_search_by_key(&start, |p| p.start).ok()?;
-                (v[at].end == end && v[at].order == order).then_some(at)
-            }
-            Self::Large(_) => None,
-        }
+    /// In a vector shard, the piece that is exactly `[start, end)` written by `order` and
+    /// its index, if there is one (left in place: [`PieceMap::remove_all`]).
+    fn whole_at(&self, start: u64, end: u64, order: u64) -> Option<(usize, Piece)> {
+        let Self::Small(v) = self else {
+            return None;
+        };
+        let at = v.binary_search_by_key(&start, |p| p.start).ok()?;
+        (v[at].end == end && v[at].order == order).then_some((at, v[at]))
     }
 
     /// Removes the pieces at `gone` (distinct indices, from [`PieceMap::whole_at`], in any
@@ -351,8 +347,8 @@ impl Overlay {
         out: &mut Vec<SmallVec<[Piece; 1]>>,
     ) {
         let mut held: Option<(usize, MutexGuard<'_, PieceMap>)> = None;
-        // Whole pieces found in the held vector shard, removed together before the shard
-        // changes form, is let go, or is searched some other way.
+        // Whole pieces found in the held vector shard, removed together when it is let go,
+        // is searched some other way, or holds GROUP_TAKES of them.
         let mut gone: SmallVec<[usize; GROUP_TAKES]> = SmallVec::new();
         for (offset, len, order) in records {
             // Mostly one piece: inline, no allocation per record.
@@ -372,17 +368,16 @@ impl Overlay {
                     }
                 };
                 // Mostly the record's piece is still whole: one search finds it.
-                if gone.len() < GROUP_TAKES
-                    && let Some(at) = map.whole_at(start, end, order)
-                {
-                    if let PieceMap::Small(v) = &**map {
-                        taken.push(v[at]);
-                    }
+                if gone.len() == GROUP_TAKES {
+                    map.remove_all(&mut gone);
+                }
+                if let Some((at, whole)) = map.whole_at(start, end, order) {
+                    taken.push(whole);
                     gone.push(at);
                     continue;
                 }
                 map.remove_all(&mut gone);
-                if let Some(whole) = map.take_whole(start, end, order) {
+                if let Some(whole) = map.take_whole_from_tree(start, end, order) {
                     taken.push(whole);
                 } else {
                     for piece in map.overlapping(start, end) {

@@ -417,11 +417,16 @@ impl Progress {
             if take == 0 {
                 continue;
             }
-            // The whole queue is swapped for the spare, so that its writer waits for the
-            // lock no longer than a swap (records moved out under it made the writer
-            // sleep on it), and the records move into the batch after the lock is
-            // dropped; what stays (mostly nothing, else a few records above the
-            // watermark) goes back to the front, older than anything queued meanwhile.
+            // Whichever moves fewer records under the lock its writer waits for (records
+            // moved out under it made the writer sleep on it): those taken, or — mostly
+            // nothing, else a few records above the watermark — those that stay. For the
+            // second the whole queue is swapped for the spare, the records move into the
+            // batch after the lock is dropped, and what stays goes back to the front,
+            // older than anything queued meanwhile.
+            if queued.len() - take > take {
+                records.extend(queued.drain(..take));
+                continue;
+            }
             let mut spare = self.spare.lock().expect("spare queue");
             std::mem::swap(&mut *queued, &mut *spare);
             drop(queued);
