@@ -549,11 +549,11 @@ struct Work {
     maps: Vec<MapEntry>,
     sizes: std::collections::BTreeMap<u64, SizeEntry>,
     freed: Vec<Run>,
-    /// The block of the next record to apply, when it is in the same file: its table entry
-    /// is fetched into the cache while this record is applied.
-    next_block: Option<u64>,
     /// A group's records' pieces, taken from the overlay together (kept for its buffer).
     taken: Vec<SmallVec<[OverlayPiece; 1]>>,
+    /// A group's whole-block remaps (file block, blocks, page), entered into the file's
+    /// map together at the group's end ([`ExtentMap::map_all`]).
+    remaps: Vec<(u64, u64, u64)>,
     remapped: u64,
     copied: u64,
 }
@@ -609,6 +609,14 @@ fn apply_group(
         dead: inode.dead.load(Ordering::Acquire),
         mapped: inode.mapped.load(Ordering::Acquire) > 0,
     };
+    // The records' block-table entries, fetched while their pieces leave the overlay (the
+    // load of an entry was the checkpoint's largest single stall, ~16 % of its samples
+    // with random 4 KiB overwrites).
+    extents.prefetch_all(
+        order[..group]
+            .iter()
+            .map(|&(_, _, at)| records[at as usize].offset / BLOCK),
+    );
     let mut taken = std::mem::take(&mut work.taken);
     taken.clear();
     inode.overlay.take_records(
@@ -618,17 +626,9 @@ fn apply_group(
         }),
         &mut taken,
     );
-    for (k, (&(_, _, at), pieces)) in order[..group].iter().zip(taken.drain(..)).enumerate() {
-        // The next record's block-table entry, if it is this file's: fetched while this
-        // record is applied (the load of that entry was the checkpoint's largest single
-        // stall, ~16 % of its samples with random 4 KiB overwrites). Measured, `bench fs
-        // --bs 4K --threads 2`, 16 alternated pairs of runs: checkpoint 0.425 and 0.445
-        // µs per record (medians of 8) against 0.505 and 0.495 without, IOPS +6 %.
-        work.next_block = order
-            .get(k + 1)
-            .filter(|&&(ino, _, _)| ino == inode.ino)
-            .map(|&(_, offset, _)| offset / BLOCK);
-        apply_record(
+    let mut applied = Ok(());
+    for (&(_, _, at), pieces) in order[..group].iter().zip(taken.drain(..)) {
+        applied = apply_record(
             inner,
             inode,
             &file,
@@ -636,10 +636,19 @@ fn apply_group(
             &records[at as usize],
             pieces,
             work,
-        )?;
+        );
+        if applied.is_err() {
+            break;
+        }
     }
+    // The group's whole-block remaps, entered together (one chunk look-up for those of a
+    // chunk). Deferring them to here changes nothing the records above saw: a block that
+    // one record remaps whole holds no byte of any other record of the batch (what each
+    // moves is what the overlay still held of it), so none of them looked it up.
+    extents.map_all(&work.remaps, &mut work.freed);
+    work.remaps.clear();
     work.taken = taken;
-    Ok(())
+    applied
 }
 
 /// What [`apply_group`] reads of a file once for its records.
@@ -673,9 +682,6 @@ fn apply_record(
     if file.dead {
         return Ok(());
     }
-    if let Some(next) = work.next_block {
-        extents.prefetch(next);
-    }
     let mut end = reached;
     // With data checksums no block a file or record names is ever stored to: whole blocks
     // are always remapped and partial ones rebuilt in fresh pages (`crate::checksums`).
@@ -696,7 +702,7 @@ fn apply_record(
                     if small {
                         work.room = work.room.saturating_sub(blocks);
                     }
-                    remap(inode.ino, extents, record, block, blocks, src, work);
+                    remap(inode.ino, record, block, blocks, src, work);
                 } else {
                     // A mapped file (whose blocks stay where the mappings point), a
                     // nearly full volume, or no room to recycle what a small overwrite
@@ -713,15 +719,7 @@ fn apply_record(
                         let holes = (i..blocks)
                             .take_while(|&j| extents.get(block + j).is_none())
                             .count() as u64;
-                        remap(
-                            inode.ino,
-                            extents,
-                            record,
-                            block + i,
-                            holes,
-                            src + i * BLOCK,
-                            work,
-                        );
+                        remap(inode.ino, record, block + i, holes, src + i * BLOCK, work);
                         i += holes;
                     }
                 }
@@ -859,17 +857,10 @@ fn note_size(work: &mut Work, ino: u64, size: u64, record: &Pending) {
 }
 
 /// Makes `blocks` whole blocks of a record's buffer at `src` the file's blocks from `block`
-/// on (no copy); the blocks they replace are freed once the batch is committed.
-fn remap(
-    ino: u64,
-    extents: &mut ExtentMap,
-    record: &Pending,
-    block: u64,
-    blocks: u64,
-    src: u64,
-    work: &mut Work,
-) {
-    extents.map(block, blocks, src, &mut work.freed);
+/// on (no copy), entered into the file's map at the end of the record's group
+/// ([`apply_group`]); the blocks they replace are freed once the batch is committed.
+fn remap(ino: u64, record: &Pending, block: u64, blocks: u64, src: u64, work: &mut Work) {
+    work.remaps.push((block, blocks, src));
     record.set.take_pages(src, blocks);
     work.maps.push(MapEntry {
         ino,

@@ -404,6 +404,46 @@ impl ExtentMap {
         self.replace(file_block, file_block + blocks, Some(addr), replaced);
     }
 
+    /// Maps each `(file_block, blocks, addr)` of `maps` as [`ExtentMap::map`] would, one
+    /// after another, appending what they replaced to `replaced` in that order. Neighbours
+    /// in `maps` that each lie inside one chunk, the same one, are entered under one search
+    /// of the chunk map and one settling of its table: the checkpoint's groups of small
+    /// overwrites (one stretch of a file each) looked their chunk up once per record, a
+    /// tenth of its time with random 4 KiB writes.
+    pub fn map_all(&mut self, maps: &[(u64, u64, u64)], replaced: &mut Vec<Run>) {
+        // Part of chunk `c` (a whole chunk becomes a run entry, not a table entry).
+        let within = |c: u64| {
+            move |&&(block, blocks, _): &&(u64, u64, u64)| {
+                (1..CHUNK_BLOCKS).contains(&blocks)
+                    && block / CHUNK_BLOCKS == c
+                    && (block + blocks - 1) / CHUNK_BLOCKS == c
+            }
+        };
+        let mut k = 0;
+        while k < maps.len() {
+            let (block, blocks, addr) = maps[k];
+            let c = block / CHUNK_BLOCKS;
+            let n = maps[k..].iter().take_while(within(c)).count();
+            if n == 0 {
+                self.map(block, blocks, addr, replaced);
+                k += 1;
+                continue;
+            }
+            let base = c * CHUNK_BLOCKS;
+            self.edit(c, |table| {
+                for &(block, blocks, addr) in &maps[k..k + n] {
+                    for i in 0..blocks {
+                        let at = (block + i - base) as usize;
+                        if let Some(old) = table.set(at, Some(addr + i * BLOCK)) {
+                            push_run(replaced, Run::block(block + i, old));
+                        }
+                    }
+                }
+            });
+            k += n;
+        }
+    }
+
     /// The map of `runs` — in file order, none overlapping another — built in one pass: the
     /// map that mapping them one by one ([`ExtentMap::map`]) gives, without its searches
     /// and edits (a mount builds one per file of the snapshot: mapped one by one, that was a
@@ -457,15 +497,26 @@ impl ExtentMap {
         removed
     }
 
-    /// Asks the CPU to bring the cache line of one block's table entry in (a hint: nothing
-    /// changes). The checkpoint calls it for the next record while it applies one, so that
-    /// the entry's cache miss overlaps that work instead of stalling the next remap.
-    pub fn prefetch(&self, file_block: u64) {
-        let c = file_block / CHUNK_BLOCKS;
-        if let Some(Chunk::Table(t)) = self.chunks.get(c)
-            && let Some(entry) = t.entries.get((file_block % CHUNK_BLOCKS) as usize)
-        {
-            pmem::prefetch(std::ptr::from_ref(entry));
+    /// Asks the CPU to bring in the cache lines of these blocks' table entries (a hint:
+    /// nothing changes), looking each chunk up once for neighbours in it. The checkpoint
+    /// calls it for a group of records before it takes their pieces from the overlay, so
+    /// that the entries' cache misses overlap that work instead of stalling the remaps.
+    pub fn prefetch_all(&self, file_blocks: impl IntoIterator<Item = u64>) {
+        let mut table: Option<(u64, Option<&Table>)> = None;
+        for block in file_blocks {
+            let c = block / CHUNK_BLOCKS;
+            if table.is_none_or(|(at, _)| at != c) {
+                let found = match self.chunks.get(c) {
+                    Some(Chunk::Table(t)) => Some(&**t),
+                    _ => None,
+                };
+                table = Some((c, found));
+            }
+            if let Some((_, Some(t))) = table
+                && let Some(entry) = t.entries.get((block % CHUNK_BLOCKS) as usize)
+            {
+                pmem::prefetch(std::ptr::from_ref(entry));
+            }
         }
     }
 
@@ -1022,6 +1073,48 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// Mapping a list at once is mapping it one by one: the same map, entry for entry
+        /// (tables, run entries and counters), and the same pages handed back in the same
+        /// order — from maps of whatever shape over whatever the file held, small ones
+        /// within a chunk most of all, overlapping or not.
+        #[test]
+        fn mapping_a_list_at_once_is_mapping_it_one_by_one(
+            before in proptest::collection::vec((0u64..1600, 1u64..1100), 0..6),
+            maps in proptest::collection::vec(
+                (
+                    proptest::prop_oneof![0u64..1600, 500u64..540, 1020u64..1030],
+                    proptest::prop_oneof![3 => 1u64..4, 1 => 0u64..1100, 1 => proptest::strategy::Just(CHUNK_BLOCKS)],
+                    0u8..3,
+                ),
+                0..40,
+            ),
+        ) {
+            let mut one_by_one = ExtentMap::new();
+            let mut addr = 1u64 << 30;
+            for (start, len) in before {
+                mapped(&mut one_by_one, start, len, addr);
+                addr += len * BLOCK;
+            }
+            let mut at_once = one_by_one.clone();
+            // Some maps continue the pages of the one before: runs form and merge.
+            let list: Vec<(u64, u64, u64)> = maps
+                .into_iter()
+                .map(|(block, blocks, kind)| {
+                    let page = if kind == 0 { addr } else { addr + 7 * BLOCK };
+                    addr = page + blocks * BLOCK;
+                    (block, blocks, page)
+                })
+                .collect();
+            let mut expect = Vec::new();
+            for &(block, blocks, page) in &list {
+                one_by_one.map(block, blocks, page, &mut expect);
+            }
+            let mut got = Vec::new();
+            at_once.map_all(&list, &mut got);
+            proptest::prop_assert_eq!(got, expect);
+            proptest::prop_assert_eq!(at_once, one_by_one);
+        }
+
         /// Random maps, punches and truncations across chunk edges agree with a per-block
         /// model; every page handed back is one the model held; runs are coalesced and cover
         /// exactly the mapped blocks.
