@@ -881,6 +881,8 @@ pub(crate) fn snapshot(inner: &Inner) -> Result<()> {
 /// `Journal::reset`).
 fn snapshot_sealing(inner: &Inner, seal: bool) -> Result<()> {
     let _gate = inner.gate_exclusive();
+    // Dropped before the gate (declared after it): times the hold, failures included.
+    let _pause = PauseTimer::start(&inner.counters);
     // Cleared before the times are read: a read that moves one after this is noted again.
     inner.snapshot_owed.store(false, Ordering::Release);
     inner
@@ -1010,6 +1012,32 @@ fn snapshot_sealing(inner: &Inner, seal: bool) -> Result<()> {
     );
     inner.counters.snapshots.fetch_add(1, Ordering::Relaxed);
     Ok(())
+}
+
+/// Counts how long a snapshot held the gate, when dropped
+/// ([`crate::FsStats::snapshot_pause_last_ns`] and the two beside it).
+struct PauseTimer<'a> {
+    counters: &'a crate::fs::FsCounters,
+    started: std::time::Instant,
+}
+
+impl<'a> PauseTimer<'a> {
+    fn start(counters: &'a crate::fs::FsCounters) -> Self {
+        Self {
+            counters,
+            started: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Drop for PauseTimer<'_> {
+    fn drop(&mut self) {
+        let ns = u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let c = self.counters;
+        c.snapshot_pause_last_ns.store(ns, Ordering::Relaxed);
+        c.snapshot_pause_max_ns.fetch_max(ns, Ordering::Relaxed);
+        c.snapshot_pause_total_ns.fetch_add(ns, Ordering::Relaxed);
+    }
 }
 
 /// Largest journal a writer's slot grows to ([`grown_journals`]).

@@ -1220,3 +1220,54 @@ fn writers_journals_grow_with_the_file_system() {
     let check = Fs::check(&open_volume(&shm.dir)).unwrap();
     assert_eq!(check.files as usize, files + 2_000, "{check:?}");
 }
+
+/// Each snapshot counts how long it held metadata operations off: the last pause, the
+/// longest and their sum, which an operator reads to see the stalls a file system of many
+/// files has (none before the first snapshot).
+#[test]
+fn snapshots_count_how_long_they_held_metadata_operations_off() {
+    let shm = shm_volume("snapshot-pauses", 64 << 20);
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), small_options()).unwrap();
+    let fresh = fs.stats();
+    assert_eq!(
+        (
+            fresh.snapshot_pause_last_ns,
+            fresh.snapshot_pause_max_ns,
+            fresh.snapshot_pause_total_ns
+        ),
+        (0, 0, 0),
+        "{fresh:?}"
+    );
+    for i in 0..200 {
+        fs.create(&format!("/f{i}")).unwrap();
+    }
+    let mut pauses = Vec::new();
+    for _ in 0..2 {
+        let before = fs.stats().snapshots;
+        let mut changes = 0;
+        while fs.stats().snapshots == before {
+            assert!(changes < 100_000, "no snapshot after {changes} changes");
+            fs.chmod(
+                &format!("/f{}", changes % 200),
+                0o600 + (changes % 2) as u32,
+            )
+            .unwrap();
+            changes += 1;
+        }
+        let stats = fs.stats();
+        assert!(stats.snapshot_pause_last_ns > 0, "{stats:?}");
+        pauses.push(stats.snapshot_pause_last_ns);
+    }
+    let stats = fs.stats();
+    assert!(stats.snapshot_bytes > 0, "{stats:?}");
+    assert!(
+        stats.snapshot_pause_max_ns >= *pauses.iter().max().unwrap(),
+        "{stats:?} after pauses {pauses:?}"
+    );
+    assert!(
+        stats.snapshot_pause_total_ns >= pauses.iter().sum::<u64>()
+            && stats.snapshot_pause_total_ns >= stats.snapshot_pause_max_ns,
+        "{stats:?} after pauses {pauses:?}"
+    );
+    fs.unmount().unwrap();
+}

@@ -1930,6 +1930,17 @@ h.flush()
         value("gauge", "locus_fs_defrag_windows{state=deferred}"),
         0.0
     );
+    // The snapshots' pauses: the sum at least the longest, the longest at least the last,
+    // none without a snapshot.
+    let snapshots = value("counter", "locus_fs_snapshots_total{}");
+    let total = value("counter", "locus_fs_snapshot_pause_seconds_total{}");
+    let longest = value("gauge", "locus_fs_snapshot_pause_max_seconds{}");
+    let last = value("gauge", "locus_fs_snapshot_pause_last_seconds{}");
+    assert!(value("gauge", "locus_fs_snapshot_bytes{}") > 0.0);
+    assert!(
+        total >= longest && longest >= last && (snapshots > 0.0 || total == 0.0),
+        "{snapshots} snapshots, pauses {total} s in all, {longest} s at most, {last} s last"
+    );
     // Anything but /metrics is a 404.
     let other = run_unchecked("curl", &["-sSf", &format!("http://{address}/other")]);
     assert!(!other.status.success());
@@ -1977,12 +1988,28 @@ fn status_of_a_served_volume_is_the_servers_live_view() {
     assert!(sum("written_bytes") >= 1 << 20, "{live}");
     assert!(live["fs_live"]["writes"].as_u64().unwrap() >= 1, "{live}");
     assert!(!live["devices"].as_array().unwrap().is_empty(), "{live}");
+    // The snapshots' pauses: every counter there, the sum at least the longest, the
+    // longest at least the last.
+    let fs_live = &live["fs_live"];
+    let count = |key: &str| {
+        fs_live[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no {key}: {live}"))
+    };
+    assert!(count("snapshot_bytes") > 0, "{live}");
+    assert!(
+        count("snapshot_pause_total_ns") >= count("snapshot_pause_max_ns")
+            && count("snapshot_pause_max_ns") >= count("snapshot_pause_last_ns")
+            && (count("snapshots") > 0 || count("snapshot_pause_total_ns") == 0),
+        "{live}"
+    );
     let output = locus(&["status"]);
     assert!(output.status.success(), "{}", text(&output.stderr));
+    let out = text(&output.stdout);
     assert!(
-        text(&output.stdout).contains(&format!("served by `locus serve` (pid {pid})")),
-        "{}",
-        text(&output.stdout)
+        out.contains(&format!("served by `locus serve` (pid {pid})"))
+            && out.contains("snapshots: "),
+        "{out}"
     );
 
     // fsck through the server, while a client writes.

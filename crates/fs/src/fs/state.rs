@@ -139,6 +139,11 @@ pub(crate) struct FsCounters {
     pub(crate) copied_bytes: AtomicU64,
     pub(crate) metadata_bytes: AtomicU64,
     pub(crate) snapshots: AtomicU64,
+    /// How long snapshots held metadata operations off (the gate held exclusively), in
+    /// nanoseconds: the last one's, the longest one's, and all of them together.
+    pub(crate) snapshot_pause_last_ns: AtomicU64,
+    pub(crate) snapshot_pause_max_ns: AtomicU64,
+    pub(crate) snapshot_pause_total_ns: AtomicU64,
     /// 2 MiB windows of files rewritten into one extent ([`crate::defrag`]).
     pub(crate) defragmented_windows: AtomicU64,
     /// Writers' waits for the checkpoint, by [`Wait`] reason.
@@ -207,6 +212,17 @@ pub struct FsStats {
     pub recycled_blocks: u64,
     /// Snapshots written.
     pub snapshots: u64,
+    /// Bytes of the newest snapshot (what the next one will cost, about).
+    pub snapshot_bytes: u64,
+    /// How long the last snapshot held every metadata operation off, in nanoseconds: a
+    /// snapshot is encoded and written while the file system's metadata gate is held
+    /// (writes are still logged meanwhile; the checkpoint moves them into their files once
+    /// the snapshot is done).
+    pub snapshot_pause_last_ns: u64,
+    /// The longest such pause since the file system was opened.
+    pub snapshot_pause_max_ns: u64,
+    /// All such pauses since it was opened, together.
+    pub snapshot_pause_total_ns: u64,
     /// 2 MiB windows of files that small overwrites had scattered, rewritten into one
     /// extent while the file system was idle (their bytes count in `media_bytes`).
     pub defragmented_windows: u64,
@@ -229,8 +245,8 @@ pub struct FsStats {
     pub waits_for_space: u64,
     /// ... because a metadata journal was full until the checkpoint wrote a snapshot.
     pub waits_for_journal: u64,
-    /// Times a writer found the background checkpoint more than a thousand records behind
-    /// and gave up the rest of its time slice (`sched_yield`) so that the checkpoint, if it
+    /// Times a writer found the background checkpoint more than 4096 records behind and
+    /// gave up the rest of its time slice (`sched_yield`) so that the checkpoint, if it
     /// waited for a CPU, ran: what keeps the backlog small where writers and the checkpoint
     /// share too few CPUs and the checkpoint's priority could not be raised.
     pub writer_give_ways: u64,
@@ -1283,6 +1299,10 @@ impl Inner {
             copied_bytes: c.copied_bytes.load(Ordering::Relaxed),
             recycled_blocks: self.recycled.used(),
             snapshots: c.snapshots.load(Ordering::Relaxed),
+            snapshot_bytes: self.snapshot_bytes.load(Ordering::Relaxed),
+            snapshot_pause_last_ns: c.snapshot_pause_last_ns.load(Ordering::Relaxed),
+            snapshot_pause_max_ns: c.snapshot_pause_max_ns.load(Ordering::Relaxed),
+            snapshot_pause_total_ns: c.snapshot_pause_total_ns.load(Ordering::Relaxed),
             defragmented_windows: c.defragmented_windows.load(Ordering::Relaxed),
             defragmented_for_reads: self.defrag.earned_by_reads.load(Ordering::Relaxed),
             defrag_windows_noted: self.defrag.noted() as u64,

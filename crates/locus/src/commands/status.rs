@@ -539,6 +539,15 @@ fn print_live_volume(dir: &Path, live: &serde_json::Value, held_by: &str) -> Res
     );
     outln!(
         "{}",
+        snapshots_line(
+            count("snapshots"),
+            count("snapshot_bytes"),
+            count("snapshot_pause_last_ns"),
+            count("snapshot_pause_max_ns")
+        )
+    );
+    outln!(
+        "{}",
         slots_line(count("slots"), count("slot_limit"), count("slot_bytes"))
     );
     if let Some(turns) = turns_line(count("slot_turns"), count("slot_turn_waits")) {
@@ -572,6 +581,30 @@ fn turns_line(turns: u64, waits: u64) -> Option<String> {
              (`locus tune --thread-slots` raises the limit while the volume is not in use)"
         )
     })
+}
+
+/// How many snapshots the server wrote, how large the newest is, and how long they held
+/// metadata operations off (the stall a file system of many files sees now and then).
+fn snapshots_line(count: u64, bytes: u64, last_ns: u64, max_ns: u64) -> String {
+    let size = format!("the newest {}", format_bytes(bytes));
+    if count == 0 {
+        return format!("snapshots: none written since the volume was opened ({size})");
+    }
+    format!(
+        "snapshots: {count} written since the volume was opened, {size}; metadata operations \
+         waited {} for the last, {} at most",
+        format_pause(last_ns),
+        format_pause(max_ns)
+    )
+}
+
+/// A pause in the unit that reads best: µs below a millisecond, ms below a second.
+fn format_pause(ns: u64) -> String {
+    match ns {
+        0..1_000_000 => format!("{:.0} µs", ns as f64 / 1e3),
+        1_000_000..1_000_000_000 => format!("{:.1} ms", ns as f64 / 1e6),
+        _ => format!("{:.2} s", ns as f64 / 1e9),
+    }
 }
 
 /// Where the memory of thread slots goes, which `df` counts as used on an empty volume.

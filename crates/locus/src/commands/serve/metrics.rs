@@ -407,9 +407,41 @@ pub fn render(sources: &Sources) -> String {
         (
             "locus_fs_writer_give_ways_total",
             "counter",
-            "Times a writer found the checkpoint more than a thousand records behind and gave \
-             up its time slice to it.",
+            "Times a writer found the checkpoint more than 4096 records behind and gave up \
+             its time slice to it.",
             fs.writer_give_ways as f64,
+        ),
+        (
+            "locus_fs_snapshots_total",
+            "counter",
+            "Snapshots of the file system's metadata written (each holds metadata operations \
+             off while it is written).",
+            fs.snapshots as f64,
+        ),
+        (
+            "locus_fs_snapshot_bytes",
+            "gauge",
+            "Bytes of the newest snapshot.",
+            fs.snapshot_bytes as f64,
+        ),
+        (
+            "locus_fs_snapshot_pause_seconds_total",
+            "counter",
+            "Time snapshots held metadata operations off, all together.",
+            fs.snapshot_pause_total_ns as f64 / 1e9,
+        ),
+        (
+            "locus_fs_snapshot_pause_last_seconds",
+            "gauge",
+            "How long the last snapshot held metadata operations off.",
+            fs.snapshot_pause_last_ns as f64 / 1e9,
+        ),
+        (
+            "locus_fs_snapshot_pause_max_seconds",
+            "gauge",
+            "The longest time a snapshot held metadata operations off since the volume was \
+             opened.",
+            fs.snapshot_pause_max_ns as f64 / 1e9,
         ),
         (
             "locus_fs_slot_turns_total",
