@@ -903,7 +903,12 @@ fn snapshot_sealing(inner: &Inner, seal: bool) -> Result<()> {
     // Each inode encoded from its locks, one at a time (on a volume of 100,000 small files,
     // an image of each — names and runs copied, then dropped — was most of the snapshot's
     // time, and the gate holds every metadata operation off meanwhile).
-    let mut writer = SnapshotWriter::default();
+    // Room for the last snapshot and what the metadata may have grown since (a bound, often
+    // loose: capped at twice the last).
+    let last = inner.snapshot_bytes.load(Ordering::Relaxed);
+    let grown = inner.snapshot_growth.load(Ordering::Relaxed);
+    let room = last + grown.min(last + (1 << 20)) + 4096;
+    let mut writer = SnapshotWriter::with_capacity(usize::try_from(room).unwrap_or(usize::MAX));
     for inode in table {
         let attr = inode.attr.lock().expect("inode attributes").clone();
         // An unnamed file stays: later journal records may name it.

@@ -260,6 +260,18 @@ struct OpenInode {
 }
 
 impl SnapshotWriter {
+    /// A writer with room for a snapshot of about `bytes`, reserved up front: grown by
+    /// doubling, the buffer of a snapshot of 200,000 files (16 MiB) was copied and its new
+    /// pages faulted in at each step, and copied once more behind the header at the end —
+    /// three quarters of the time the snapshot held metadata operations off. Room reserved
+    /// and not used is address space only: its pages are never touched.
+    pub(crate) fn with_capacity(bytes: usize) -> Self {
+        Self {
+            body: Encoder(Vec::with_capacity(bytes)),
+            ..Self::default()
+        }
+    }
+
     /// Starts the next inode (inodes go in increasing number).
     pub(crate) fn inode(&mut self, head: &InodeHead<'_>) {
         self.close_inode();
@@ -342,18 +354,22 @@ impl SnapshotWriter {
         } else {
             SNAPSHOT_VERSION_OWNERS
         };
-        let header = 8 + 4 + 4 + 8 + 8 + 8 + 4 + 8 + 8 * retired.len();
-        let mut e = Encoder(Vec::with_capacity(header + self.body.0.len() + 4));
-        e.u64(SNAPSHOT_MAGIC).u32(version).u32(0);
-        e.u64(epoch)
+        let mut header = Encoder(Vec::with_capacity(52 + 8 * retired.len()));
+        header.u64(SNAPSHOT_MAGIC).u32(version).u32(0);
+        header
+            .u64(epoch)
             .u64(next_ino)
             .u64(next_order)
             .u32(retired.len() as u32)
             .u64(self.inodes);
         for r in retired {
-            e.u64(*r);
+            header.u64(*r);
         }
-        e.0.extend_from_slice(&self.body.0);
+        // The header goes in front of the body in the body's own buffer: one move of the
+        // body within it (when it has the room), not a copy into fresh memory.
+        let mut e = self.body;
+        e.0.reserve(header.0.len() + 4);
+        e.0.splice(0..0, header.0);
         let crc = crc32c::crc32c(&e.0);
         e.u32(crc);
         e.0
