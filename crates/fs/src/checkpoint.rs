@@ -877,6 +877,11 @@ pub(crate) fn snapshot(inner: &Inner) -> Result<()> {
     snapshot_sealing(inner, false)
 }
 
+/// How many inodes ahead a snapshot prefetches the one it will encode. Measured on 200,000
+/// files made in one process, six snapshots of 22 MiB a run, three alternated runs each:
+/// 30–65 ms (mean 39.9) held with it, 37–65 ms (mean 45.9) without; 16 ahead no better.
+const SNAPSHOT_PREFETCH_AHEAD: usize = 8;
+
 /// [`snapshot`], sealing the emptied journals when `seal` (the unmount's last snapshot:
 /// `Journal::reset`).
 fn snapshot_sealing(inner: &Inner, seal: bool) -> Result<()> {
@@ -899,17 +904,25 @@ fn snapshot_sealing(inner: &Inner, seal: bool) -> Result<()> {
         .map(|(&ino, inode)| (ino, Arc::clone(inode)))
         .collect();
     table.sort_unstable_by_key(|&(ino, _)| ino);
-    let table = table.into_iter().map(|(_, inode)| inode);
-    // Each inode encoded from its locks, one at a time (on a volume of 100,000 small files,
-    // an image of each — names and runs copied, then dropped — was most of the snapshot's
-    // time, and the gate holds every metadata operation off meanwhile).
     // Room for the last snapshot and what the metadata may have grown since (a bound, often
     // loose: capped at twice the last).
     let last = inner.snapshot_bytes.load(Ordering::Relaxed);
     let grown = inner.snapshot_growth.load(Ordering::Relaxed);
     let room = last + grown.min(last + (1 << 20)) + 4096;
     let mut writer = SnapshotWriter::with_capacity(usize::try_from(room).unwrap_or(usize::MAX));
-    for inode in table {
+    // Each inode encoded from its locks, one at a time (on a volume of 100,000 small files,
+    // an image of each — names and runs copied, then dropped — was most of the snapshot's
+    // time, and the gate holds every metadata operation off meanwhile). Inodes lie
+    // scattered over the heap: each one a few inodes ahead is fetched into the cache while
+    // this one is encoded.
+    for k in 0..table.len() {
+        if let Some((_, ahead)) = table.get(k + SNAPSHOT_PREFETCH_AHEAD) {
+            let at = Arc::as_ptr(ahead).cast::<u8>();
+            for line in (0..size_of::<Inode>()).step_by(pmem::CACHE_LINE) {
+                pmem::prefetch(at.wrapping_add(line));
+            }
+        }
+        let inode = &table[k].1;
         let attr = inode.attr.lock().expect("inode attributes").clone();
         // An unnamed file stays: later journal records may name it.
         if attr.unlinked && !attr.unnamed {
