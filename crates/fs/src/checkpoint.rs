@@ -282,8 +282,18 @@ struct Counting {
     counts: Vec<u32>,
     /// Each record's file, as an index into `files`.
     file_of: Vec<u16>,
-    /// (file, lowest stretch, highest stretch, first bucket) of each file seen.
-    files: Vec<(u64, u64, u64, u32)>,
+    /// Each file seen, in the order seen.
+    files: Vec<CountedFile>,
+}
+
+/// A file of a batch [`in_file_order`] counts: its stretches and where their buckets begin.
+#[derive(Clone, Copy)]
+struct CountedFile {
+    ino: u64,
+    lowest: u64,
+    highest: u64,
+    /// Its lowest stretch's bucket (files take buckets in ascending order).
+    first: u32,
 }
 
 /// Puts `order` (file, offset, index) in file order as far as applying needs it: by file,
@@ -306,8 +316,8 @@ fn in_file_order(order: &mut Vec<(u64, u64, u32)>, room: &mut Counting) {
         files,
     } = room;
     let bucket = |file: u16, offset: u64| {
-        let (_, low, _, first) = files[file as usize];
-        first as usize + (offset / GROUP_STRETCH - low) as usize
+        let file = files[file as usize];
+        file.first as usize + (offset / GROUP_STRETCH - file.lowest) as usize
     };
     for (&(_, offset, _), &file) in order.iter().zip(file_of.iter()) {
         counts[bucket(file, offset) + 1] += 1;
@@ -340,30 +350,35 @@ fn count_files(order: &[(u64, u64, u32)], room: &mut Counting) -> bool {
     let mut last = 0;
     for &(ino, offset, _) in order {
         let stretch = offset / GROUP_STRETCH;
-        if files.get(last).is_none_or(|f| f.0 != ino) {
-            match files.iter().position(|f| f.0 == ino) {
+        if files.get(last).is_none_or(|f| f.ino != ino) {
+            match files.iter().position(|f| f.ino == ino) {
                 Some(i) => last = i,
                 None if files.len() == COUNTED_FILES => return false,
                 None => {
                     last = files.len();
-                    files.push((ino, stretch, stretch, 0));
+                    files.push(CountedFile {
+                        ino,
+                        lowest: stretch,
+                        highest: stretch,
+                        first: 0,
+                    });
                 }
             }
         }
         let file = &mut files[last];
-        file.1 = file.1.min(stretch);
-        file.2 = file.2.max(stretch);
+        file.lowest = file.lowest.min(stretch);
+        file.highest = file.highest.max(stretch);
         file_of.push(last as u16);
     }
     // Buckets go to the files in ascending order; `file_of` keeps naming them by the
     // order they were seen in.
     let mut ascending: SmallVec<[u16; COUNTED_FILES]> = (0..files.len() as u16).collect();
-    ascending.sort_unstable_by_key(|&i| files[i as usize].0);
+    ascending.sort_unstable_by_key(|&i| files[i as usize].ino);
     let mut buckets = 0u64;
     for i in ascending {
         let file = &mut files[i as usize];
-        file.3 = buckets as u32;
-        buckets += file.2 - file.1 + 1;
+        file.first = buckets as u32;
+        buckets += file.highest - file.lowest + 1;
         if buckets > COUNTED_STRETCHES {
             return false;
         }
@@ -904,11 +919,10 @@ fn snapshot_sealing(inner: &Inner, seal: bool) -> Result<()> {
         .map(|(&ino, inode)| (ino, Arc::clone(inode)))
         .collect();
     table.sort_unstable_by_key(|&(ino, _)| ino);
-    // Room for the last snapshot and what the metadata may have grown since (a bound, often
-    // loose: capped at twice the last).
+    // Room for what the snapshot may take (a bound, often loose: capped at twice the last
+    // snapshot and 1 MiB).
     let last = inner.snapshot_bytes.load(Ordering::Relaxed);
-    let grown = inner.snapshot_growth.load(Ordering::Relaxed);
-    let room = last + grown.min(last + (1 << 20)) + 4096;
+    let room = inner.next_snapshot_bound().min(2 * last + (1 << 20));
     let mut writer = SnapshotWriter::with_capacity(usize::try_from(room).unwrap_or(usize::MAX));
     // Each inode encoded from its locks, one at a time (on a volume of 100,000 small files,
     // an image of each — names and runs copied, then dropped — was most of the snapshot's

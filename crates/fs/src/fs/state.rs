@@ -763,17 +763,22 @@ impl Inner {
     /// however much the metadata grew since the last, and for fresh pages under partial
     /// writes into holes — at least 1 MiB, and 1/512 of the volume.
     pub(crate) fn reserve_bytes(&self) -> u64 {
-        let next_snapshot = self.snapshot_bytes.load(Ordering::Relaxed)
+        2 * self.next_snapshot_bound().next_multiple_of(BLOCK)
+            + self.pending_pages.load(Ordering::Relaxed)
+            + reserve_floor(self.volume.data_bytes())
+    }
+
+    /// The most bytes the next snapshot may take: the last one's, what the metadata grew
+    /// since, and what the logged writes not yet checkpointed may add.
+    pub(crate) fn next_snapshot_bound(&self) -> u64 {
+        self.snapshot_bytes.load(Ordering::Relaxed)
             + self.snapshot_growth.load(Ordering::Relaxed)
             + self
                 .slots
                 .iter()
                 .map_while(OnceLock::get)
                 .map(|s| s.counters.pending_growth.load(Ordering::Relaxed))
-                .sum::<u64>();
-        2 * next_snapshot.next_multiple_of(BLOCK)
-            + self.pending_pages.load(Ordering::Relaxed)
-            + reserve_floor(self.volume.data_bytes())
+                .sum::<u64>()
     }
 
     /// Free memory beyond the checkpoint's reserve (the published figure: within 1/256 of
