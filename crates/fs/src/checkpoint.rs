@@ -112,7 +112,7 @@ fn run_loop(inner: &Inner) -> Result<()> {
         let queues: Vec<&Queue> = slots.iter().map(|s| &s.queue).collect();
         if asked.stop
             && moved == 0
-            && inner.progress.pending() == 0
+            && inner.progress.pending(queues.iter().copied()) == 0
             && inner.progress.all_quiet(&queues)
         {
             for slot in &slots {

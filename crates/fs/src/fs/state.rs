@@ -572,7 +572,6 @@ impl Inner {
         let slot_limit = root.slot_limit as usize;
         let slots_made = root.slots.len() as u64;
         let slot_bytes = root.slots.iter().map(SlotAreas::bytes).sum();
-        let pending = slots.iter().map(|s| s.2.len() as u64).sum();
         let next_snapshot = snapshot_size(&inodes, root.slots.len());
         let pending_pages = if checksums.is_some() {
             slots
@@ -610,7 +609,7 @@ impl Inner {
             symlinks: AtomicBool::new(inodes.values().any(|i| i.kind == Kind::Symlink)),
             inodes: RwLock::new(inodes),
             next_ino: AtomicU64::new(next_ino),
-            progress: Progress::new(next_order, pending),
+            progress: Progress::new(next_order),
             gate: RwLock::new(()),
             rename: Mutex::new(()),
             batch: Mutex::new(()),
@@ -711,9 +710,11 @@ impl Inner {
     /// would only ever add to the lists: once they are full the checkpoint copies small
     /// overwrites in place instead of remapping them ([`crate::buffers::Recycled`]), twice
     /// the media writes, and every write costs an allocation and a free.
-    pub(crate) fn alloc_lent_buffer(&self, len: u64) -> Result<Extent> {
+    pub(crate) fn alloc_lent_buffer(self: &Arc<Self>, len: u64) -> Result<Extent> {
         if len <= BLOCK
-            && let Some(page) = self.recycled.take(self.volume.current_node())
+            && let Some(page) = self
+                .recycled
+                .take(self.volume.current_node(), self.slot()?.index)
         {
             return Ok(Extent {
                 start: GlobalAddress::from_raw(page),
@@ -816,9 +817,7 @@ impl Inner {
         loop {
             let finished = self.progress.batches_finished();
             match f() {
-                Err(FsError::Volume(volume::VolumeError::NoSpace { .. }))
-                    if self.progress.pending() > 0 =>
-                {
+                Err(FsError::Volume(volume::VolumeError::NoSpace { .. })) if self.pending() > 0 => {
                     self.wait_for_progress(Wait::Space)?;
                 }
                 Err(FsError::Volume(volume::VolumeError::NoSpace { .. }))
@@ -837,6 +836,12 @@ impl Inner {
                 other => return other,
             }
         }
+    }
+
+    /// Logged writes not yet moved into their files ([`Progress::pending`]).
+    pub(crate) fn pending(&self) -> u64 {
+        self.progress
+            .pending(self.slots.iter().map_while(OnceLock::get).map(|s| &s.queue))
     }
 
     /// Seals the buffer each thread slot is filling where it has unused room
@@ -1292,7 +1297,7 @@ impl Inner {
                 media_bytes as f64 / caller_bytes as f64
             },
             writes,
-            records_pending: self.progress.pending(),
+            records_pending: self.pending(),
             idle: false,
             checkpoint_lag: self
                 .progress

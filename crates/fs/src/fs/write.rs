@@ -256,7 +256,7 @@ impl Inner {
                 .writes
                 .load(Ordering::Relaxed)
                 .is_multiple_of(GIVE_WAY_EVERY)
-            && self.progress.pending() > GIVE_WAY_BACKLOG
+            && self.pending() > GIVE_WAY_BACKLOG
         {
             self.counters.gave_way.fetch_add(1, Ordering::Relaxed);
             std::thread::yield_now();
@@ -285,7 +285,7 @@ impl Inner {
                 len,
                 &spare,
                 &|bytes| self.alloc_write_buffer(bytes),
-                &|| self.recycled.take(self.volume.current_node()),
+                &|| self.recycled.take(self.volume.current_node(), slot.index),
             )
         };
         loop {
