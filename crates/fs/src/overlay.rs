@@ -16,8 +16,16 @@ use smallvec::SmallVec;
 const STRETCH: u64 = 2 << 20;
 /// Whole pieces [`Overlay::take_records`] finds before it removes them together.
 const GROUP_TAKES: usize = 16;
-/// Shards per file.
-const SHARDS: usize = 16;
+/// Shards per file: a file's stretches up to 512 MiB each have their own. With 16, random
+/// writes to a 256 MiB file while the checkpoint kept a thousand or two records pending left
+/// a hundred pieces and more in each shard (some of them B-trees), and finding and shifting
+/// them was a quarter of the checkpoint's samples; with 256 a fifth
+/// (`bench fs --bs 4K --threads 2`).
+const SHARDS: usize = 256;
+/// Where each tier of shards past shard 0 ends: a tier is made by the first write to any of
+/// its shards, so a file holds shards in proportion to its size (a file under 32 MiB at most
+/// the first sixteen, as many as it held before there were more).
+const TIER_ENDS: [usize; 3] = [16, 64, SHARDS];
 
 /// Newest data for `[start, end)` of a file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -237,14 +245,21 @@ fn lock(shard: &Mutex<PieceMap>) -> MutexGuard<'_, PieceMap> {
 /// The overlay of one file. Its shards are made by the file's first logged write in them: a
 /// directory, or a file never written since the file system was opened, holds none (they
 /// were half a KiB of every inode's DRAM), and a file under 2 MiB — whose every byte is in
-/// shard 0's first stretch — only that one (the sixteen were 0.6 KiB of each small file
-/// written since the open, a long-running mount's or a file-making program's).
+/// shard 0's first stretch — only that one (sixteen were 0.6 KiB of each small file
+/// written since the open, a long-running mount's or a file-making program's). Past shard
+/// 0 they come in tiers ([`TIER_ENDS`]), each made whole by the first write into it.
 #[derive(Debug, Default)]
 pub struct Overlay {
-    /// Shard 0: stretches 0, 16, 32, …
+    /// Shard 0: stretches 0, 256, 512, …
     first: OnceLock<Box<Mutex<PieceMap>>>,
-    /// Shards 1 to 15, made together by the first write to any of them.
-    rest: OnceLock<Box<[Mutex<PieceMap>; SHARDS - 1]>>,
+    /// Shards 1 to 15, 16 to 63 and 64 to 255.
+    tiers: [OnceLock<Box<[Mutex<PieceMap>]>>; TIER_ENDS.len()],
+}
+
+/// The tier of shard `i` (past 0) and where the tier starts.
+fn tier_of(i: usize) -> (usize, usize) {
+    let tier = TIER_ENDS.partition_point(|&end| end <= i);
+    (tier, if tier == 0 { 1 } else { TIER_ENDS[tier - 1] })
 }
 
 /// `[from, to)` cut at stretch edges, with the shard of each part.
@@ -264,35 +279,40 @@ fn stretches(from: u64, to: u64) -> impl Iterator<Item = (usize, u64, u64)> {
 impl Overlay {
     /// Shard `i`, if a write made it.
     fn shard(&self, i: usize) -> Option<&Mutex<PieceMap>> {
-        match i {
-            0 => self.first.get().map(|first| &**first),
-            _ => self.rest.get().map(|rest| &rest[i - 1]),
+        if i == 0 {
+            return self.first.get().map(|first| &**first);
         }
+        let (tier, start) = tier_of(i);
+        self.tiers[tier].get().map(|shards| &shards[i - start])
     }
 
-    /// Shard `i`, made if no write made it yet.
+    /// Shard `i`, made (with its tier) if no write made it yet.
     fn shard_made(&self, i: usize) -> &Mutex<PieceMap> {
-        match i {
-            0 => self.first.get_or_init(Box::default),
-            _ => &self
-                .rest
-                .get_or_init(|| Box::new(std::array::from_fn(|_| Mutex::default())))[i - 1],
+        if i == 0 {
+            return self.first.get_or_init(Box::default);
         }
+        let (tier, start) = tier_of(i);
+        &self.tiers[tier]
+            .get_or_init(|| (start..TIER_ENDS[tier]).map(|_| Mutex::default()).collect())[i - start]
     }
 
     /// Every shard made.
     fn shards(&self) -> impl Iterator<Item = &Mutex<PieceMap>> {
-        let rest = self.rest.get().into_iter().flat_map(|rest| rest.iter());
+        let tiers = self
+            .tiers
+            .iter()
+            .filter_map(OnceLock::get)
+            .flat_map(|shards| shards.iter());
         self.first
             .get()
             .map(|first| &**first)
             .into_iter()
-            .chain(rest)
+            .chain(tiers)
     }
 
     /// True when no write made any shard.
     fn unwritten(&self) -> bool {
-        self.first.get().is_none() && self.rest.get().is_none()
+        self.first.get().is_none() && self.tiers.iter().all(|t| t.get().is_none())
     }
 
     /// Records that `[offset, offset + len)` now reads from `src` (written by `order`).
@@ -509,11 +529,24 @@ mod tests {
         overlay.insert(STRETCH - 10, 10, 2 << 20, 2);
         assert_eq!(overlay.shards().count(), 1);
         assert_eq!(overlay.lookup(0, 1 << 30).len(), 2);
-        // Past it, the rest are made together; shard 16 stretches on is shard 0 again.
+        // Past it, a tier is made whole by its first write; SHARDS stretches on is shard 0
+        // again.
         overlay.insert(STRETCH * SHARDS as u64, 10, 3 << 20, 3);
         assert_eq!(overlay.shards().count(), 1);
         overlay.insert(STRETCH - 10, 20, 4 << 20, 4);
+        assert_eq!(overlay.shards().count(), 16);
+        overlay.insert(STRETCH * 70, 10, 5 << 20, 5);
+        assert_eq!(
+            overlay.shards().count(),
+            16 + (SHARDS - 64),
+            "the third tier alone"
+        );
+        overlay.insert(STRETCH * 63, 10, 6 << 20, 6);
         assert_eq!(overlay.shards().count(), SHARDS);
+        assert_eq!(overlay.lookup(0, 1 << 40).len(), 6);
+        for (at, order) in [(STRETCH * 70, 5), (STRETCH * 63, 6)] {
+            assert_eq!(overlay.take_record(at, 10, order).len(), 1);
+        }
         assert_eq!(overlay.lookup(0, 1 << 40).len(), 4);
         // Only the shards a write made: a piece in shard 0 alone is found and taken.
         let overlay = Overlay::default();
@@ -622,7 +655,7 @@ mod tests {
         /// return exactly the bytes each still owns, as taken one at a time.
         #[test]
         fn records_taken_in_groups_return_what_each_owns(
-            writes in proptest::collection::vec((0u64..4, 0u64..18_000, 1u64..9000), 1..40),
+            writes in proptest::collection::vec((0usize..5, 0u64..18_000, 1u64..9000), 1..40),
             group in 1usize..9,
         ) {
             let overlay = Overlay::default();
@@ -631,8 +664,11 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, &(edge, delta, len))| {
-                    // Around the edge before stretch `edge` (stretch 17 shares shard 1).
-                    let offset = (edge * 17 * STRETCH).saturating_sub(9000) + delta;
+                    // Around a stretch edge: the file's start, where the second and the
+                    // third tier of shards begin, and past the last shard (stretches 257
+                    // and 320 share shards 1 and 64 with stretches 1 and 64).
+                    let edge = [0, 16, 64, 257, 320][edge];
+                    let offset = (edge * STRETCH).saturating_sub(9000) + delta;
                     (offset, len, i as u64 + 1)
                 })
                 .collect();
