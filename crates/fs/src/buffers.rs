@@ -32,6 +32,10 @@ pub(crate) struct BufferSet {
     /// Pages remapped into files: theirs now, not ours to free (inline: most sets of
     /// one write's buffer have their one page taken).
     taken: Mutex<SmallVec<[u64; 1]>>,
+    /// Pages the set can hold: the room `taken` gets at its first page, so that it is
+    /// allocated once (grown page by page, a 64-page set of recycled pages was reallocated
+    /// six times, 2.6 % of the checkpoint's samples with two writers of 4 KiB blocks).
+    pages: u64,
     /// Records still pointing here, plus [`SEALED`] once no more will be added.
     state: AtomicU64,
     reclaimed: AtomicBool,
@@ -39,9 +43,17 @@ pub(crate) struct BufferSet {
 
 impl BufferSet {
     pub(crate) fn new(extents: Extents) -> Self {
+        let pages = extents.iter().map(|e| e.len_bytes / BLOCK).sum();
+        Self::holding(extents, pages)
+    }
+
+    /// A set of `extents` that will hold `pages` pages (a set of recycled pages gets them one
+    /// by one).
+    fn holding(extents: Extents, pages: u64) -> Self {
         Self {
             extents: Mutex::new(extents),
             taken: Mutex::default(),
+            pages,
             state: AtomicU64::new(0),
             reclaimed: AtomicBool::new(false),
         }
@@ -69,10 +81,11 @@ impl BufferSet {
 
     /// The `pages` pages from `addr` now belong to a file.
     pub(crate) fn take_pages(&self, addr: u64, pages: u64) {
-        self.taken
-            .lock()
-            .expect("buffer set")
-            .extend((0..pages).map(|i| addr + i * BLOCK));
+        let mut taken = self.taken.lock().expect("buffer set");
+        if taken.is_empty() {
+            taken.reserve_exact((self.pages as usize).max(pages as usize));
+        }
+        taken.extend((0..pages).map(|i| addr + i * BLOCK));
     }
 
     /// No more records will point here. Returns true if the caller must reclaim it now.
@@ -208,18 +221,23 @@ struct Pages {
 }
 
 /// How many of `pages` new pages each list gets so that the lists, holding `lens` now,
-/// come out as even as they can: the shortest list gets the next page.
+/// come out as even as they can: the shortest lists are filled to a common level.
 fn share_out(lens: [usize; RECYCLED_SHARDS], pages: usize) -> [usize; RECYCLED_SHARDS] {
-    let mut level = lens;
+    let mut order: [usize; RECYCLED_SHARDS] = std::array::from_fn(|i| i);
+    order.sort_by_key(|&i| lens[i]);
+    // The `filled` shortest lists reach `(sum + pages) / filled`: one more joins them
+    // while that level is above its length.
+    let mut filled = 1;
+    let mut sum = lens[order[0]];
+    while filled < RECYCLED_SHARDS && (sum + pages) / filled > lens[order[filled]] {
+        sum += lens[order[filled]];
+        filled += 1;
+    }
+    let level = (sum + pages) / filled;
+    let odd = (sum + pages) % filled;
     let mut give = [0; RECYCLED_SHARDS];
-    for _ in 0..pages {
-        let (shortest, _) = level
-            .iter()
-            .enumerate()
-            .min_by_key(|&(_, len)| *len)
-            .expect("lists");
-        level[shortest] += 1;
-        give[shortest] += 1;
+    for (j, &i) in order[..filled].iter().enumerate() {
+        give[i] = level - lens[i] + usize::from(j < odd);
     }
     give
 }
@@ -554,7 +572,8 @@ impl Pool {
             // it, and the memory is allocated once (the checkpoint frees it, and a
             // free into another thread's malloc arena takes that arena's lock).
             let pages = Extents::with_capacity(RECYCLED_SET_PAGES);
-            (std::sync::Arc::new(BufferSet::new(pages)), 0)
+            let set = BufferSet::holding(pages, RECYCLED_SET_PAGES as u64);
+            (std::sync::Arc::new(set), 0)
         });
         set.add_page(addr);
         set.add_record();
@@ -837,6 +856,30 @@ mod tests {
         assert_eq!(recycled.room(), 56);
         assert!(recycled.drain(&volume).unwrap());
         assert_eq!(recycled.held(), 0);
+    }
+
+    /// New pages even the lists out as far as they go, and every page goes somewhere.
+    #[test]
+    fn pages_are_shared_out_to_the_shortest_lists() {
+        assert_eq!(share_out([0, 0, 0, 0], 8), [2, 2, 2, 2]);
+        assert_eq!(share_out([2, 0, 1, 2], 3), [0, 2, 1, 0]);
+        assert_eq!(share_out([9, 0, 5, 1], 4), [0, 3, 0, 1]);
+        assert_eq!(share_out([9, 0, 5, 1], 0), [0, 0, 0, 0]);
+        for lens in [[3, 1, 4, 1], [0, 7, 7, 2], [5, 5, 5, 5]] {
+            for pages in 0..40 {
+                let give = share_out(lens, pages);
+                assert_eq!(give.iter().sum::<usize>(), pages);
+                let after: Vec<usize> = lens.iter().zip(give).map(|(l, g)| l + g).collect();
+                let low = *after.iter().min().unwrap();
+                // A list that got pages is at most one above the lowest.
+                for (i, &g) in give.iter().enumerate() {
+                    assert!(
+                        g == 0 || after[i] <= low + 1,
+                        "{lens:?} + {pages}: {give:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
