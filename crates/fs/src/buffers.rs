@@ -112,10 +112,35 @@ impl BufferSet {
     pub(crate) fn reclaim(&self, volume: &Volume) -> Result<()> {
         let mut taken = std::mem::take(&mut *self.taken.lock().expect("buffer set"));
         taken.sort_unstable();
-        for extent in self.extents.lock().expect("buffer set").iter() {
-            for run in untaken_runs(extent, &taken) {
+        // Both in address order, walked together: a set of recycled pages has an extent
+        // per page, and a search of the taken pages for each was 6 % of the checkpoint's
+        // samples with two writers of 4 KiB blocks.
+        //
+        // A recycled page can be in one set more than once: a file took it, a newer write
+        // replaced it, and the checkpoint recycled it into the set still being filled. Every
+        // use but the last was taken (else the page would not have come back), so the page
+        // is the set's to free when it was taken fewer times than used: each single-page
+        // extent answers for one taking of its page.
+        let mut extents = self.extents.lock().expect("buffer set");
+        extents.sort_unstable_by_key(|e| e.start.raw());
+        let mut rest: &[u64] = &taken;
+        for extent in extents.iter() {
+            let start = extent.start.raw();
+            let before = rest.iter().take_while(|&&p| p < start).count();
+            rest = &rest[before..];
+            let inside = rest
+                .iter()
+                .take_while(|&&p| p < start + extent.len_bytes)
+                .count();
+            let mine = if extent.len_bytes == BLOCK {
+                inside.min(1)
+            } else {
+                inside
+            };
+            for run in untaken_runs(extent, &rest[..mine]) {
                 volume.free(run)?;
             }
+            rest = &rest[mine..];
         }
         self.reclaimed.store(true, Ordering::Release);
         Ok(())
@@ -856,6 +881,87 @@ mod tests {
         assert_eq!(recycled.room(), 56);
         assert!(recycled.drain(&volume).unwrap());
         assert_eq!(recycled.held(), 0);
+    }
+
+    /// A reclaimed set frees exactly the pages no file took, whatever order its extents
+    /// joined it in (recycled pages join one by one, anywhere on the volume).
+    #[test]
+    fn a_reclaimed_set_frees_exactly_its_untaken_pages() {
+        let shm = testkit::shm_volume("reclaim-walk", 16 << 20);
+        let volume = testkit::open_volume(&shm.dir);
+        let extents: Vec<Extent> = [1, 1, 4, 1, 2, 1]
+            .iter()
+            .map(|&pages| volume.alloc_local(pages * BLOCK).unwrap())
+            .collect();
+        // Scrambled: neither the order allocated nor address order.
+        let mut scrambled: Extents = [3, 0, 5, 2, 4, 1].iter().map(|&i| extents[i]).collect();
+        scrambled.swap(1, 4);
+        let set = BufferSet::new(scrambled);
+        // Files took the second and fourth pages of the 4-page extent, the 2-page extent's
+        // first page and two single pages.
+        let four = extents[2].start.raw();
+        set.take_pages(extents[5].start.raw(), 1);
+        set.take_pages(four + BLOCK, 1);
+        set.take_pages(extents[4].start.raw(), 1);
+        set.take_pages(four + 3 * BLOCK, 1);
+        set.take_pages(extents[0].start.raw(), 1);
+        let before = free_bytes(&volume);
+        assert!(set.seal());
+        set.reclaim(&volume).unwrap();
+        assert_eq!(free_bytes(&volume), before + 5 * BLOCK, "10 pages, 5 taken");
+        // The untaken pages are free again; the taken ones are not.
+        for (page, free) in [
+            (extents[1].start.raw(), true),
+            (extents[3].start.raw(), true),
+            (four, true),
+            (four + 2 * BLOCK, true),
+            (extents[4].start.raw() + BLOCK, true),
+            (extents[0].start.raw(), false),
+            (four + BLOCK, false),
+            (four + 3 * BLOCK, false),
+        ] {
+            let extent = Extent {
+                start: GlobalAddress::from_raw(page),
+                len_bytes: BLOCK,
+            };
+            let refused = volume.free(extent).is_err();
+            assert_eq!(
+                refused, free,
+                "page {page:#x}: freed by the reclaim: {free}"
+            );
+        }
+    }
+
+    /// A page recycled into the set it was used in before: taken both times, it is a file's
+    /// (not freed); taken the first time only, the set frees it once.
+    #[test]
+    fn a_page_used_twice_in_a_set_is_freed_only_if_its_last_use_was_not_taken() {
+        let shm = testkit::shm_volume("reclaim-twice", 16 << 20);
+        let volume = testkit::open_volume(&shm.dir);
+        for taken_again in [true, false] {
+            let page = volume.alloc_local(BLOCK).unwrap();
+            let other = volume.alloc_local(BLOCK).unwrap();
+            let set = BufferSet::holding(Extents::new(), 3);
+            set.add_page(page.start.raw());
+            set.add_page(other.start.raw());
+            set.take_pages(page.start.raw(), 1);
+            // The file gave the page back (an overwrite), and the writer used it again.
+            set.add_page(page.start.raw());
+            if taken_again {
+                set.take_pages(page.start.raw(), 1);
+            }
+            let before = free_bytes(&volume);
+            assert!(set.seal());
+            set.reclaim(&volume).unwrap();
+            let freed = if taken_again { 1 } else { 2 };
+            assert_eq!(
+                free_bytes(&volume),
+                before + freed * BLOCK,
+                "taken again: {taken_again}"
+            );
+            let page_freed = volume.free(page).is_err();
+            assert_eq!(page_freed, !taken_again, "taken again: {taken_again}");
+        }
     }
 
     /// New pages even the lists out as far as they go, and every page goes somewhere.
