@@ -782,6 +782,24 @@ mod tests {
         assert!(!pool.trim(&volume).unwrap(), "nothing left to seal");
     }
 
+    /// Recycled lists for `volume`'s devices, of `cap` pages per device.
+    fn recycled_lists(volume: &Volume, cap: usize) -> Recycled {
+        let nodes = (0..volume.stats().len() as u32)
+            .map(|d| volume.device_node(d))
+            .collect();
+        Recycled::new(nodes, cap)
+    }
+
+    /// A run of `blocks` blocks allocated on `volume`, as a batch frees it.
+    fn freed_run(volume: &Volume, blocks: u64) -> Run {
+        let e = volume.alloc_local(blocks * BLOCK).unwrap();
+        Run {
+            file_block: 0,
+            blocks,
+            addr: e.start.raw(),
+        }
+    }
+
     /// Freed runs: short ones into the list while whole runs fit under its cap (a run that
     /// does not fit goes to the volume whole, a later one that fits still into the list),
     /// long ones to the volume; every page taken back is one that went in.
@@ -790,18 +808,8 @@ mod tests {
         let shm = testkit::shm_volume("recycled-free", 16 << 20);
         let volume = testkit::open_volume(&shm.dir);
         let node = volume.current_node();
-        let nodes = (0..volume.stats().len() as u32)
-            .map(|d| volume.device_node(d))
-            .collect();
-        let recycled = Recycled::new(nodes, 6);
-        let run = |blocks: u64| {
-            let e = volume.alloc_local(blocks * BLOCK).unwrap();
-            Run {
-                file_block: 0,
-                blocks,
-                addr: e.start.raw(),
-            }
-        };
+        let recycled = recycled_lists(&volume, 6);
+        let run = |blocks: u64| freed_run(&volume, blocks);
         let runs = [run(4), run(3), run(RECYCLE_RUN_BLOCKS), run(2), run(1)];
         let before = free_bytes(&volume);
         recycled.free(&volume, &runs).unwrap();
@@ -835,18 +843,8 @@ mod tests {
         let shm = testkit::shm_volume("recycled-shards", 16 << 20);
         let volume = testkit::open_volume(&shm.dir);
         let node = volume.current_node();
-        let nodes = (0..volume.stats().len() as u32)
-            .map(|d| volume.device_node(d))
-            .collect();
-        let recycled = Recycled::new(nodes, 64);
-        let run = |blocks: u64| {
-            let e = volume.alloc_local(blocks * BLOCK).unwrap();
-            Run {
-                file_block: 0,
-                blocks,
-                addr: e.start.raw(),
-            }
-        };
+        let recycled = recycled_lists(&volume, 64);
+        let run = |blocks: u64| freed_run(&volume, blocks);
         let device = |r: &Run| GlobalAddress::from_raw(r.addr).device() as usize;
         let first = run(8);
         recycled.free(&volume, &[first]).unwrap();
