@@ -501,9 +501,7 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
     }
     for (slot, bound) in slots.iter().zip(bounds) {
         if bound > 0 {
-            slot.counters
-                .pending_growth
-                .fetch_sub(bound, Ordering::Relaxed);
+            slot.counters.move_growth(bound);
         }
     }
     if inner.checksums.is_some() {

@@ -561,9 +561,7 @@ impl Inner {
             return Err(e);
         }
         let bytes = ranges.iter().map(|&(_, len)| len).sum();
-        slot.counters
-            .media_bytes
-            .fetch_add(bytes, Ordering::Relaxed);
+        slot.counters.count_media(bytes);
         self.counters
             .defragmented_windows
             .fetch_add(1, Ordering::Relaxed);

@@ -858,9 +858,7 @@ impl Inner {
                 region.write_nt(offset, &bytes)?;
                 fs.note_filled(extent.start.raw(), &bytes)?;
                 fs.volume.fence();
-                slot.counters
-                    .media_bytes
-                    .fetch_add(BLOCK, Ordering::Relaxed);
+                slot.counters.count_media(BLOCK);
                 tail = extent.start.raw();
             }
             let time = now_ns();

@@ -34,10 +34,56 @@ pub(crate) struct SlotCounters {
     pub(crate) caller_bytes: AtomicU64,
     pub(crate) media_bytes: AtomicU64,
     pub(crate) writes: AtomicU64,
-    /// What the slot's logged writes the checkpoint has not moved yet may still add to the
-    /// metadata ([`write_growth_bound`] of each): raised by the slot's writer, lowered by
-    /// the checkpoint — per slot, so that writers never share the counter's cache line.
-    pub(crate) pending_growth: AtomicU64,
+    /// What the slot's logged writes may add to the metadata ([`write_growth_bound`] of
+    /// each) until the checkpoint moves them: the writer adds to `growth_logged` what it
+    /// logs, the checkpoint (under the batch lock) to `growth_moved` what it moved — per
+    /// slot, so that writers never share the counters' cache line, and each stored by one
+    /// thread at a time, so neither needs a locked instruction.
+    growth_logged: AtomicU64,
+    growth_moved: AtomicU64,
+}
+
+impl SlotCounters {
+    /// Counts `bytes` written to the media through this slot.
+    pub(crate) fn count_media(&self, bytes: u64) {
+        add_own(&self.media_bytes, bytes);
+    }
+
+    /// Counts a caller's write of `bytes`.
+    pub(crate) fn count_write(&self, bytes: u64) {
+        add_own(&self.writes, 1);
+        add_own(&self.caller_bytes, bytes);
+    }
+
+    /// The slot's writer logged records that may add `bytes` to the metadata.
+    pub(crate) fn log_growth(&self, bytes: u64) {
+        add_own(&self.growth_logged, bytes);
+    }
+
+    /// The checkpoint moved records whose growth [`SlotCounters::log_growth`] counted as
+    /// `bytes`.
+    pub(crate) fn move_growth(&self, bytes: u64) {
+        add_own(&self.growth_moved, bytes);
+    }
+
+    /// What the slot's logged, unmoved records may still add to the metadata. The count
+    /// moved is read first: a batch that finishes meanwhile can make the figure high, never
+    /// low (it bounds a reserve).
+    pub(crate) fn pending_growth(&self) -> u64 {
+        let moved = self.growth_moved.load(Ordering::Acquire);
+        self.growth_logged
+            .load(Ordering::Acquire)
+            .saturating_sub(moved)
+    }
+}
+
+/// Adds `n` to a counter only one thread at a time stores to (the thread using its slot,
+/// handed over under the lease's or the turn's lock; the checkpoint, under the batch lock),
+/// so a load and a store do it, with no locked instruction (a 4 KiB write made five locked
+/// adds to these, each waiting for the stores before it to drain). Readers see each store
+/// whole.
+fn add_own(counter: &AtomicU64, n: u64) {
+    counter.store(counter.load(Ordering::Relaxed) + n, Ordering::Release);
 }
 
 /// One thread slot: a data log area, a metadata journal, a pool of preliminary buffers.
@@ -778,7 +824,7 @@ impl Inner {
                 .slots
                 .iter()
                 .map_while(OnceLock::get)
-                .map(|s| s.counters.pending_growth.load(Ordering::Relaxed))
+                .map(|s| s.counters.pending_growth())
                 .sum::<u64>()
     }
 
@@ -1183,12 +1229,11 @@ impl Inner {
         pending: VecDeque<Pending>,
     ) -> Arc<Slot> {
         let counters = SlotCounters::default();
-        counters.pending_growth.store(
+        counters.log_growth(
             pending
                 .iter()
                 .map(|p| write_growth_bound(p.offset, p.len))
                 .sum(),
-            Ordering::Relaxed,
         );
         Arc::new(Slot {
             index,
@@ -1217,9 +1262,7 @@ impl Inner {
         let was_filling = journal.past_snapshot_mark(slot.index);
         match journal.append(order, op)? {
             Some(bytes) => {
-                slot.counters
-                    .media_bytes
-                    .fetch_add(bytes, Ordering::Relaxed);
+                slot.counters.count_media(bytes);
                 if !was_filling && journal.past_snapshot_mark(slot.index) {
                     drop(journal);
                     self.progress.request_snapshot();
@@ -1350,4 +1393,29 @@ pub(crate) fn partial_pages(offset: u64, len: u64) -> u64 {
     let head = !offset.is_multiple_of(BLOCK) || (first == last && !end.is_multiple_of(BLOCK));
     let tail = last > first && !end.is_multiple_of(BLOCK);
     (u64::from(head) + u64::from(tail)) * BLOCK
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A slot's pending growth is what its writer logged less what the checkpoint moved,
+    /// and never below nothing.
+    #[test]
+    fn a_slots_pending_growth_is_logged_less_moved() {
+        let counters = SlotCounters::default();
+        counters.log_growth(100);
+        counters.log_growth(20);
+        assert_eq!(counters.pending_growth(), 120);
+        counters.move_growth(50);
+        assert_eq!(counters.pending_growth(), 70);
+        counters.move_growth(70);
+        assert_eq!(counters.pending_growth(), 0);
+        counters.count_write(4096);
+        counters.count_write(512);
+        counters.count_media(8192);
+        assert_eq!(counters.writes.load(Ordering::Relaxed), 2);
+        assert_eq!(counters.caller_bytes.load(Ordering::Relaxed), 4608);
+        assert_eq!(counters.media_bytes.load(Ordering::Relaxed), 8192);
+    }
 }

@@ -162,12 +162,11 @@ impl Inner {
                 inode, r.offset, r.length, r.buffer, r.order, touched,
             ));
         }
-        slot.counters.pending_growth.fetch_add(
+        slot.counters.log_growth(
             records
                 .iter()
                 .map(|r| write_growth_bound(r.offset, r.length))
                 .sum(),
-            Ordering::Relaxed,
         );
         if self.checksums.is_some() {
             self.pending_pages.fetch_add(
@@ -189,12 +188,9 @@ impl Inner {
             mtime: r.mtime,
         }));
         if caller {
-            slot.counters.writes.fetch_add(1, Ordering::Relaxed);
-            slot.counters.caller_bytes.fetch_add(len, Ordering::Relaxed);
+            slot.counters.count_write(len);
         }
-        slot.counters
-            .media_bytes
-            .fetch_add(crate::log::RECORD_BYTES * count, Ordering::Relaxed);
+        slot.counters.count_media(crate::log::RECORD_BYTES * count);
         Ok(())
     }
 
@@ -232,7 +228,7 @@ impl Inner {
         // newest write, measured no faster on DRAM: the record's fence then waits for the
         // data's stores, and the time is theirs, not the fence's.)
         self.volume.fence();
-        slot.counters.media_bytes.fetch_add(len, Ordering::Relaxed);
+        slot.counters.count_media(len);
         self.commit_pieces(&slot, inode, offset, len, pieces, time)
     }
 
@@ -362,7 +358,7 @@ impl Inner {
         // files): the fence makes the whole buffer durable before its record is written.
         self.note_filled_in_place(extent.start.raw(), len)?;
         self.volume.fence();
-        slot.counters.media_bytes.fetch_add(len, Ordering::Relaxed);
+        slot.counters.count_media(len);
         let set = Arc::new(BufferSet::sealed_with(smallvec![extent], 1));
         self.commit(slot, inode, offset, len, extent.start.raw(), set)
     }
