@@ -236,6 +236,11 @@ impl Shard {
     }
 }
 
+/// How many pages each of a device's lists holds.
+fn lens(shards: &[Shard; RECYCLED_SHARDS]) -> [usize; RECYCLED_SHARDS] {
+    std::array::from_fn(|i| shards[i].lock().free.len())
+}
+
 /// One list's recycled pages, and how many it handed to writers: counted under the lock
 /// a writer takes anyway (a shared counter would be one more cache line bouncing between
 /// writers on every write).
@@ -297,11 +302,7 @@ impl Recycled {
     /// [`Recycled::drain`] only take them, so the room seen first can only have grown by
     /// the time the pages go in. The pages go to the lists holding fewest.
     pub(crate) fn free(&self, volume: &Volume, runs: &[Run]) -> Result<()> {
-        let lens: Vec<[usize; RECYCLED_SHARDS]> = self
-            .devices
-            .iter()
-            .map(|shards| std::array::from_fn(|i| shards[i].lock().free.len()))
-            .collect();
+        let lens: Vec<[usize; RECYCLED_SHARDS]> = self.devices.iter().map(lens).collect();
         let mut room: Vec<usize> = lens
             .iter()
             .map(|lens| self.cap.saturating_sub(lens.iter().sum()))
@@ -352,10 +353,7 @@ impl Recycled {
     pub(crate) fn room(&self) -> u64 {
         self.devices
             .iter()
-            .map(|shards| {
-                let held: usize = shards.iter().map(|shard| shard.lock().free.len()).sum();
-                self.cap.saturating_sub(held) as u64
-            })
+            .map(|shards| self.cap.saturating_sub(lens(shards).iter().sum()) as u64)
             .sum()
     }
 
@@ -375,15 +373,6 @@ impl Recycled {
                     Some(page)
                 })
             })
-    }
-
-    /// Each device's lists' lengths.
-    #[cfg(test)]
-    fn lens(&self) -> Vec<[usize; RECYCLED_SHARDS]> {
-        self.devices
-            .iter()
-            .map(|shards| std::array::from_fn(|i| shards[i].lock().free.len()))
-            .collect()
     }
 
     /// Gives every page back to `volume` (neighbours as one extent); true if there was any.
@@ -848,7 +837,7 @@ mod tests {
         let device = |r: &Run| GlobalAddress::from_raw(r.addr).device() as usize;
         let first = run(8);
         recycled.free(&volume, &[first]).unwrap();
-        assert_eq!(recycled.lens()[device(&first)], [2, 2, 2, 2]);
+        assert_eq!(lens(&recycled.devices[device(&first)]), [2, 2, 2, 2]);
         let shard_of = |page: u64| {
             recycled.devices[device(&first)]
                 .iter()
@@ -857,10 +846,10 @@ mod tests {
         // Slot 5's list is list 1.
         let a = recycled.take(node, 5).unwrap();
         let b = recycled.take(node, 5).unwrap();
-        assert_eq!(recycled.lens()[device(&first)], [2, 0, 2, 2]);
+        assert_eq!(lens(&recycled.devices[device(&first)]), [2, 0, 2, 2]);
         let c = recycled.take(node, 5).unwrap();
         assert_eq!(
-            recycled.lens()[device(&first)],
+            lens(&recycled.devices[device(&first)]),
             [2, 0, 1, 2],
             "an empty list sends the writer to the next"
         );
@@ -870,7 +859,7 @@ mod tests {
         let second = run(3);
         recycled.free(&volume, &[second]).unwrap();
         assert_eq!(
-            recycled.lens()[device(&second)],
+            lens(&recycled.devices[device(&second)]),
             [2, 2, 2, 2],
             "new pages fill the shortest lists"
         );

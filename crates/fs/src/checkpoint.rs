@@ -240,7 +240,7 @@ fn seal_journals_where_they_end(inner: &Inner, slots: &[Arc<Slot>]) -> Result<bo
 
 /// The slots created so far, indexed by slot number (they are created in index order).
 fn created_slots(inner: &Inner) -> Vec<Arc<Slot>> {
-    let slots: Vec<Arc<Slot>> = inner.slots.iter().map_while(|s| s.get().cloned()).collect();
+    let slots: Vec<Arc<Slot>> = inner.made_slots().cloned().collect();
     debug_assert!(
         inner.slots[slots.len()..].iter().all(|s| s.get().is_none()),
         "slots are created in index order"

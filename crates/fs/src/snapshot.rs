@@ -354,7 +354,9 @@ impl SnapshotWriter {
         } else {
             SNAPSHOT_VERSION_OWNERS
         };
-        let mut header = Encoder(Vec::with_capacity(52 + 8 * retired.len()));
+        // Magic, version, flags, epoch, next inode, next order, retired count, inode count.
+        let fixed = 8 + 4 + 4 + 8 + 8 + 8 + 4 + 8;
+        let mut header = Encoder(Vec::with_capacity(fixed + 8 * retired.len()));
         header.u64(SNAPSHOT_MAGIC).u32(version).u32(0);
         header
             .u64(epoch)

@@ -702,11 +702,7 @@ impl Inner {
     pub(crate) fn unchanged_since_sealed(&self) -> bool {
         self.progress.current_order() == self.opened_at_order
             && !self.snapshot_owed.load(Ordering::Acquire)
-            && self
-                .slots
-                .iter()
-                .map_while(|s| s.get())
-                .all(|slot| slot.journal().is_sealed())
+            && self.made_slots().all(|slot| slot.journal().is_sealed())
     }
 
     pub(crate) fn region_at(&self, addr: u64) -> Result<(&Region, u64)> {
@@ -821,9 +817,7 @@ impl Inner {
         self.snapshot_bytes.load(Ordering::Relaxed)
             + self.snapshot_growth.load(Ordering::Relaxed)
             + self
-                .slots
-                .iter()
-                .map_while(OnceLock::get)
+                .made_slots()
                 .map(|s| s.counters.pending_growth())
                 .sum::<u64>()
     }
@@ -886,8 +880,12 @@ impl Inner {
 
     /// Logged writes not yet moved into their files ([`Progress::pending`]).
     pub(crate) fn pending(&self) -> u64 {
-        self.progress
-            .pending(self.slots.iter().map_while(OnceLock::get).map(|s| &s.queue))
+        self.progress.pending(self.made_slots().map(|s| &s.queue))
+    }
+
+    /// The slots made so far (they are made in index order).
+    pub(crate) fn made_slots(&self) -> impl Iterator<Item = &Arc<Slot>> {
+        self.slots.iter().map_while(OnceLock::get)
     }
 
     /// Seals the buffer each thread slot is filling where it has unused room
@@ -895,7 +893,7 @@ impl Inner {
     /// turn, so the caller holds none.
     pub(crate) fn trim_buffers(&self) -> Result<bool> {
         let mut trimmed = false;
-        for slot in self.slots.iter().map_while(OnceLock::get) {
+        for slot in self.made_slots() {
             trimmed |= slot.pool.lock().expect("buffer pool").trim(&self.volume)?;
         }
         Ok(trimmed)
@@ -904,9 +902,7 @@ impl Inner {
     /// Bytes of the buffers being filled that no write has taken yet, over every slot
     /// ([`crate::buffers::Pool::unused_bytes`]).
     pub(crate) fn unused_buffer_bytes(&self) -> u64 {
-        self.slots
-            .iter()
-            .map_while(OnceLock::get)
+        self.made_slots()
             .map(|slot| slot.pool.lock().expect("buffer pool").unused_bytes())
             .sum()
     }
@@ -1302,9 +1298,7 @@ impl Inner {
 impl Inner {
     /// A slot counter summed over the slots that exist.
     fn slot_sum(&self, counter: impl Fn(&SlotCounters) -> &AtomicU64) -> u64 {
-        self.slots
-            .iter()
-            .filter_map(OnceLock::get)
+        self.made_slots()
             .map(|slot| counter(&slot.counters).load(Ordering::Relaxed))
             .sum()
     }
