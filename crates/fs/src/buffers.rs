@@ -110,7 +110,28 @@ impl BufferSet {
 
     /// Frees every page not taken by a file.
     pub(crate) fn reclaim(&self, volume: &Volume) -> Result<()> {
+        self.reclaim_with(|run| Ok(volume.free(run)?))
+    }
+
+    /// Hands every run of pages not taken by a file to `free` (the checkpoint gives the
+    /// short ones to the recycled lists: pages of records a newer write made void, which
+    /// went back to the volume as 4 KiB holes, and then a writer found the lists short).
+    pub(crate) fn reclaim_with(&self, mut free: impl FnMut(Extent) -> Result<()>) -> Result<()> {
         let mut taken = std::mem::take(&mut *self.taken.lock().expect("buffer set"));
+        let mut extents = self.extents.lock().expect("buffer set");
+        // Every use of a page is taken at most once (a record's whole blocks are its own
+        // bytes), so when files took as many pages as the set's extents hold, nothing is
+        // left to free, and nothing needs sorting: a set of small overwrites that no newer
+        // write made void before the checkpoint moved them.
+        let used: u64 = extents.iter().map(|e| e.len_bytes / BLOCK).sum();
+        debug_assert!(
+            taken.len() as u64 <= used,
+            "a buffer set's pages were taken more often than used"
+        );
+        if taken.len() as u64 >= used {
+            self.reclaimed.store(true, Ordering::Release);
+            return Ok(());
+        }
         taken.sort_unstable();
         // Both in address order, walked together: a set of recycled pages has an extent
         // per page, and a search of the taken pages for each was 6 % of the checkpoint's
@@ -121,7 +142,6 @@ impl BufferSet {
         // use but the last was taken (else the page would not have come back), so the page
         // is the set's to free when it was taken fewer times than used: each single-page
         // extent answers for one taking of its page.
-        let mut extents = self.extents.lock().expect("buffer set");
         extents.sort_unstable_by_key(|e| e.start.raw());
         let mut rest: &[u64] = &taken;
         for extent in extents.iter() {
@@ -138,12 +158,20 @@ impl BufferSet {
                 inside
             };
             for run in untaken_runs(extent, &rest[..mine]) {
-                volume.free(run)?;
+                free(run)?;
             }
             rest = &rest[mine..];
         }
         self.reclaimed.store(true, Ordering::Release);
         Ok(())
+    }
+}
+
+/// The pages of `run`, a file's blocks.
+pub(crate) fn extent_of(run: &Run) -> Extent {
+    Extent {
+        start: GlobalAddress::from_raw(run.addr),
+        len_bytes: run.blocks * BLOCK,
     }
 }
 
@@ -291,7 +319,8 @@ impl Recycled {
             .sum()
     }
 
-    /// Frees `runs` (blocks a committed batch replaced): the pages of runs shorter than
+    /// Frees `runs` (blocks a committed batch replaced, pages of its retired buffers no file
+    /// took): the pages of runs shorter than
     /// [`RECYCLE_RUN_BLOCKS`] into their device's lists while they have room, everything
     /// else back to `volume`.
     ///
@@ -301,20 +330,26 @@ impl Recycled {
     /// made them sleep on it. Only this (the checkpoint) adds pages; writers and
     /// [`Recycled::drain`] only take them, so the room seen first can only have grown by
     /// the time the pages go in. The pages go to the lists holding fewest.
-    pub(crate) fn free(&self, volume: &Volume, runs: &[Run]) -> Result<()> {
+    pub(crate) fn free(
+        &self,
+        volume: &Volume,
+        runs: impl IntoIterator<Item = Extent>,
+    ) -> Result<()> {
         let lens: Vec<[usize; RECYCLED_SHARDS]> = self.devices.iter().map(lens).collect();
         let mut room: Vec<usize> = lens
             .iter()
             .map(|lens| self.cap.saturating_sub(lens.iter().sum()))
             .collect();
         let mut pages: Vec<Vec<u64>> = self.devices.iter().map(|_| Vec::new()).collect();
-        let mut rest: Vec<&Run> = Vec::new();
+        let mut rest: Vec<Extent> = Vec::new();
         for run in runs {
-            let device = GlobalAddress::from_raw(run.addr).device() as usize;
+            let blocks = run.len_bytes / BLOCK;
+            let device = run.start.device() as usize;
             match room.get_mut(device) {
-                Some(left) if run.blocks < RECYCLE_RUN_BLOCKS && run.blocks as usize <= *left => {
-                    *left -= run.blocks as usize;
-                    pages[device].extend((0..run.blocks).map(|i| run.addr + i * BLOCK));
+                Some(left) if blocks < RECYCLE_RUN_BLOCKS && blocks as usize <= *left => {
+                    *left -= blocks as usize;
+                    let addr = run.start.raw();
+                    pages[device].extend((0..blocks).map(|i| addr + i * BLOCK));
                 }
                 _ => rest.push(run),
             }
@@ -332,10 +367,7 @@ impl Recycled {
             }
         }
         for run in rest {
-            volume.free(Extent {
-                start: GlobalAddress::from_raw(run.addr),
-                len_bytes: run.blocks * BLOCK,
-            })?;
+            volume.free(run)?;
         }
         Ok(())
     }
@@ -801,7 +833,7 @@ mod tests {
         let run = |blocks: u64| freed_run(&volume, blocks);
         let runs = [run(4), run(3), run(RECYCLE_RUN_BLOCKS), run(2), run(1)];
         let before = free_bytes(&volume);
-        recycled.free(&volume, &runs).unwrap();
+        recycled.free(&volume, runs.iter().map(extent_of)).unwrap();
         assert_eq!(
             recycled.held(),
             6,
@@ -836,7 +868,7 @@ mod tests {
         let run = |blocks: u64| freed_run(&volume, blocks);
         let device = |r: &Run| GlobalAddress::from_raw(r.addr).device() as usize;
         let first = run(8);
-        recycled.free(&volume, &[first]).unwrap();
+        recycled.free(&volume, [extent_of(&first)]).unwrap();
         assert_eq!(lens(&recycled.devices[device(&first)]), [2, 2, 2, 2]);
         let shard_of = |page: u64| {
             recycled.devices[device(&first)]
@@ -857,7 +889,7 @@ mod tests {
             assert_eq!(shard_of(page), None, "a page is handed out once");
         }
         let second = run(3);
-        recycled.free(&volume, &[second]).unwrap();
+        recycled.free(&volume, [extent_of(&second)]).unwrap();
         assert_eq!(
             lens(&recycled.devices[device(&second)]),
             [2, 2, 2, 2],
@@ -948,6 +980,53 @@ mod tests {
             );
             let page_freed = volume.free(page).is_err();
             assert_eq!(page_freed, !taken_again, "taken again: {taken_again}");
+        }
+    }
+
+    /// A set whose every page use a file took frees nothing, whatever the order of the
+    /// takings and even when a page was used (and taken) twice; one untaken use among them
+    /// frees exactly that page.
+    #[test]
+    fn a_set_taken_whole_frees_nothing() {
+        let shm = testkit::shm_volume("reclaim-whole", 16 << 20);
+        let volume = testkit::open_volume(&shm.dir);
+        for leave_one in [false, true] {
+            let pool = volume.alloc_local(4 * BLOCK).unwrap();
+            let single = volume.alloc_local(BLOCK).unwrap();
+            let set = BufferSet::holding(std::iter::once(pool).collect(), 6);
+            set.add_page(single.start.raw());
+            set.take_pages(single.start.raw(), 1);
+            // The file gave the single page back and the writer used it again.
+            set.add_page(single.start.raw());
+            set.take_pages(single.start.raw(), 1);
+            let base = pool.start.raw();
+            set.take_pages(base + 2 * BLOCK, 2);
+            set.take_pages(base + BLOCK, 1);
+            if !leave_one {
+                set.take_pages(base, 1);
+            }
+            let before = free_bytes(&volume);
+            assert!(set.seal());
+            set.reclaim(&volume).unwrap();
+            let freed = u64::from(leave_one);
+            assert_eq!(
+                free_bytes(&volume),
+                before + freed * BLOCK,
+                "one left: {leave_one}"
+            );
+            let first = Extent {
+                start: pool.start,
+                len_bytes: BLOCK,
+            };
+            assert_eq!(
+                volume.free(first).is_ok(),
+                !leave_one,
+                "one left: {leave_one}"
+            );
+            assert!(
+                volume.free(single).is_ok(),
+                "the single page stays a file's"
+            );
         }
     }
 

@@ -28,7 +28,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use volume::Extent;
 
-use crate::buffers::RECYCLE_RUN_BLOCKS;
+use crate::buffers::{RECYCLE_RUN_BLOCKS, extent_of};
 use crate::error::{FsError, Result};
 use crate::extent_map::{BLOCK, ExtentMap, Run};
 use crate::fs::{CheckpointMode, Inner, Slot, now_ns};
@@ -263,6 +263,8 @@ fn journals_filling(inner: &Inner) -> bool {
 struct Scratch {
     maps: Vec<MapEntry>,
     freed: Vec<Run>,
+    /// Pages of the batch's retired buffers that no file took.
+    untaken: Vec<Extent>,
     /// (file, offset, index in the batch): the order records are applied in.
     order: Vec<(u64, u64, u32)>,
     counting: Counting,
@@ -524,14 +526,27 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
     for run in work.freed.iter().filter(|r| r.blocks < RECYCLE_RUN_BLOCKS) {
         inner.populate(run.addr, run.blocks * BLOCK);
     }
-    inner.recycled.free(&inner.volume, &work.freed)?;
-    work.freed.clear();
-    scratch.freed = work.freed;
+    // Retired buffers' pages no file took (records a newer write made void, partial blocks
+    // copied) go with them: a page of a recycled set left untaken went back to the volume
+    // as a 4 KiB hole (the volume's frees were 5–7 % of the checkpoint's samples with two
+    // writers of random 4 KiB blocks), and the lists came up that page short, so a writer
+    // later took a page of a pool buffer instead (1.5 % of those writes, 0.3 % now).
+    let mut untaken = std::mem::take(&mut scratch.untaken);
     for p in &batch.records {
         if p.set.release() {
-            p.set.reclaim(&inner.volume)?;
+            p.set.reclaim_with(|run| {
+                untaken.push(run);
+                Ok(())
+            })?;
         }
     }
+    let freed = work.freed.iter().map(extent_of);
+    inner
+        .recycled
+        .free(&inner.volume, freed.chain(untaken.drain(..)))?;
+    scratch.untaken = untaken;
+    work.freed.clear();
+    scratch.freed = work.freed;
     let c = &inner.counters;
     c.checkpoint_batches.fetch_add(1, Ordering::Relaxed);
     c.checkpointed_records

@@ -439,6 +439,57 @@ fn random_overwrites_do_not_cut_free_memory_into_pages() {
     fs.unmount().unwrap();
 }
 
+/// A page a writer took from the recycled lists and whose record a newer write made void
+/// (the block written twice before a checkpoint) goes back to the lists with its set, not to
+/// the volume: the next writes find as many recycled pages as the overwrites freed.
+#[test]
+fn a_void_records_recycled_page_is_recycled_again() {
+    let shm = shm_volume("void-recycle", 128 << 20);
+    let options = fs::FsOptions {
+        checkpoint: fs::CheckpointMode::OnDemand,
+        checkpoint_batch: 4096,
+        defrag: false,
+        ..small_options()
+    };
+    let fs = Fs::format(open_volume(&shm.dir), &small_format(), options).unwrap();
+    let f = fs.create("/f").unwrap();
+    f.write_at(&vec![0x11u8; 1 << 20], 0).unwrap();
+    fs.checkpoint().unwrap();
+    let page = vec![0x22u8; 4096];
+    // Every other block: the blocks an overwrite replaces are never neighbours, so each goes
+    // to the lists alone (a run of 16 replaced blocks would go back to the volume).
+    let block = |i: u64| i * 2 * 4096;
+    // 64 overwrites from the pool: the blocks they replace fill the lists.
+    for i in 0..64 {
+        f.write_at(&page, block(i)).unwrap();
+    }
+    fs.checkpoint().unwrap();
+    let taken = |fs: &Fs| fs.stats().recycled_blocks;
+    assert_eq!(taken(&fs), 0, "the lists were empty before");
+    // A set's worth of writes from the lists, one block written twice: its first record is
+    // void, and its page no file takes.
+    let odd = |i: u64| block(i) + 4096;
+    f.write_at(&page, odd(0)).unwrap();
+    for i in 0..63 {
+        f.write_at(&page, odd(i)).unwrap();
+    }
+    fs.checkpoint().unwrap();
+    assert_eq!(taken(&fs), 64, "{:?}", fs.stats());
+    // 64 pages came back: the 63 blocks replaced and the void record's page.
+    for i in 64..128 {
+        f.write_at(&page, odd(i)).unwrap();
+    }
+    fs.checkpoint().unwrap();
+    assert_eq!(taken(&fs), 128, "every write found a recycled page");
+    let mut back = vec![0u8; 4096];
+    for at in [block(0), odd(0), odd(62), odd(64), odd(127)] {
+        f.read_at(&mut back, at).unwrap();
+        assert_eq!(back, page, "at {at}");
+    }
+    drop(f);
+    fs.unmount().unwrap();
+}
+
 /// Random 4 KiB overwrites committed from caller-filled buffers (`Fs::buffer` +
 /// `File::write_buffer`, how the NBD server writes), far more of them than the recycled lists
 /// hold: each buffer takes a page an earlier overwrite replaced, so the lists never fill up
