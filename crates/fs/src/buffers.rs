@@ -95,7 +95,13 @@ impl BufferSet {
 
     /// A record pointing here retired. Returns true if the caller must reclaim the set now.
     pub(crate) fn release(&self) -> bool {
-        self.state.fetch_sub(1, Ordering::AcqRel) == SEALED | 1
+        self.release_many(1)
+    }
+
+    /// `records` records pointing here retired (one atomic subtraction for them all).
+    /// Returns true if the caller must reclaim the set now.
+    pub(crate) fn release_many(&self, records: u64) -> bool {
+        self.state.fetch_sub(records, Ordering::AcqRel) == SEALED | records
     }
 
     /// True once sealed: no record will be added.
@@ -335,10 +341,21 @@ impl Recycled {
         volume: &Volume,
         runs: impl IntoIterator<Item = Extent>,
     ) -> Result<()> {
+        self.free_up_to(volume, runs, self.cap)
+    }
+
+    /// [`Recycled::free`], with each device's lists filled only up to `level` pages.
+    pub(crate) fn free_up_to(
+        &self,
+        volume: &Volume,
+        runs: impl IntoIterator<Item = Extent>,
+        level: usize,
+    ) -> Result<()> {
+        let level = level.min(self.cap);
         let lens: Vec<[usize; RECYCLED_SHARDS]> = self.devices.iter().map(lens).collect();
         let mut room: Vec<usize> = lens
             .iter()
-            .map(|lens| self.cap.saturating_sub(lens.iter().sum()))
+            .map(|lens| level.saturating_sub(lens.iter().sum()))
             .collect();
         let mut pages: Vec<Vec<u64>> = self.devices.iter().map(|_| Vec::new()).collect();
         let mut rest: Vec<Extent> = Vec::new();
@@ -370,6 +387,11 @@ impl Recycled {
             volume.free(run)?;
         }
         Ok(())
+    }
+
+    /// Pages each device's lists hold at most.
+    pub(crate) fn cap(&self) -> usize {
+        self.cap
     }
 
     /// Pages the lists hold (free memory the volume's allocator counts as used).
@@ -855,6 +877,31 @@ mod tests {
         assert_eq!(taken, expected);
         assert_eq!(recycled.used(), 6);
         assert_eq!(recycled.room(), 6);
+    }
+
+    /// Freed up to a level below the cap: the lists fill to that level (what they held
+    /// counts), the rest goes back to the volume, and a later free up to the cap still fills
+    /// them.
+    #[test]
+    fn recycled_lists_fill_only_up_to_the_level_asked() {
+        let shm = testkit::shm_volume("recycled-level", 16 << 20);
+        let volume = testkit::open_volume(&shm.dir);
+        let recycled = recycled_lists(&volume, 8);
+        let pages = |n: usize| -> Vec<Run> { (0..n).map(|_| freed_run(&volume, 1)).collect() };
+        recycled
+            .free(&volume, pages(2).iter().map(extent_of))
+            .unwrap();
+        let five = pages(5);
+        let before = free_bytes(&volume);
+        recycled
+            .free_up_to(&volume, five.iter().map(extent_of), 4)
+            .unwrap();
+        assert_eq!(recycled.held(), 4, "2 held + 2 up to the level");
+        assert_eq!(free_bytes(&volume), before + 3 * BLOCK, "3 to the volume");
+        recycled
+            .free(&volume, pages(5).iter().map(extent_of))
+            .unwrap();
+        assert_eq!(recycled.held(), 8, "then up to the cap");
     }
 
     /// A batch's pages go to the lists holding fewest; a writer takes from its slot's list
