@@ -120,8 +120,8 @@ impl BufferSet {
     }
 
     /// Hands every run of pages not taken by a file to `free` (the checkpoint gives the
-    /// short ones to the recycled lists: pages of records a newer write made void, which
-    /// went back to the volume as 4 KiB holes, and then a writer found the lists short).
+    /// short ones to the recycled lists while they are under half full: mostly pages of
+    /// records a newer write made void, which would go back to the volume as 4 KiB holes).
     pub(crate) fn reclaim_with(&self, mut free: impl FnMut(Extent) -> Result<()>) -> Result<()> {
         let mut taken = std::mem::take(&mut *self.taken.lock().expect("buffer set"));
         let mut extents = self.extents.lock().expect("buffer set");
