@@ -16,7 +16,7 @@ use smallvec::SmallVec;
 use volume::{Extent, GlobalAddress, Volume};
 
 use crate::error::Result;
-use crate::extent_map::{BLOCK, Run};
+use crate::extent_map::BLOCK;
 
 const SEALED: u64 = 1 << 63;
 
@@ -173,14 +173,6 @@ impl BufferSet {
     }
 }
 
-/// The pages of `run`, a file's blocks.
-pub(crate) fn extent_of(run: &Run) -> Extent {
-    Extent {
-        start: GlobalAddress::from_raw(run.addr),
-        len_bytes: run.blocks * BLOCK,
-    }
-}
-
 /// The parts of `extent` not covered by the sorted page addresses in `taken`.
 fn untaken_runs(extent: &Extent, taken: &[u64]) -> SmallVec<[Extent; 2]> {
     let start = extent.start.raw();
@@ -326,9 +318,8 @@ impl Recycled {
     }
 
     /// Frees `runs` (blocks a committed batch replaced, pages of its retired buffers no file
-    /// took): the pages of runs shorter than
-    /// [`RECYCLE_RUN_BLOCKS`] into their device's lists while they have room, everything
-    /// else back to `volume`.
+    /// took): the pages of runs shorter than [`RECYCLE_RUN_BLOCKS`] into their device's
+    /// lists while they have room, everything else back to `volume`.
     ///
     /// Each list's lock is held for one look at its length and one copy of pages, not
     /// while the runs are sorted out or the volume frees the rest: writers take a page from
@@ -741,6 +732,7 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::extent_map::Run;
 
     #[test]
     fn untaken_runs_skip_taken_pages() {
@@ -855,7 +847,7 @@ mod tests {
         let run = |blocks: u64| freed_run(&volume, blocks);
         let runs = [run(4), run(3), run(RECYCLE_RUN_BLOCKS), run(2), run(1)];
         let before = free_bytes(&volume);
-        recycled.free(&volume, runs.iter().map(extent_of)).unwrap();
+        recycled.free(&volume, runs.iter().map(Run::pages)).unwrap();
         assert_eq!(
             recycled.held(),
             6,
@@ -889,17 +881,17 @@ mod tests {
         let recycled = recycled_lists(&volume, 8);
         let pages = |n: usize| -> Vec<Run> { (0..n).map(|_| freed_run(&volume, 1)).collect() };
         recycled
-            .free(&volume, pages(2).iter().map(extent_of))
+            .free(&volume, pages(2).iter().map(Run::pages))
             .unwrap();
         let five = pages(5);
         let before = free_bytes(&volume);
         recycled
-            .free_up_to(&volume, five.iter().map(extent_of), 4)
+            .free_up_to(&volume, five.iter().map(Run::pages), 4)
             .unwrap();
         assert_eq!(recycled.held(), 4, "2 held + 2 up to the level");
         assert_eq!(free_bytes(&volume), before + 3 * BLOCK, "3 to the volume");
         recycled
-            .free(&volume, pages(5).iter().map(extent_of))
+            .free(&volume, pages(5).iter().map(Run::pages))
             .unwrap();
         assert_eq!(recycled.held(), 8, "then up to the cap");
     }
@@ -915,7 +907,7 @@ mod tests {
         let run = |blocks: u64| freed_run(&volume, blocks);
         let device = |r: &Run| GlobalAddress::from_raw(r.addr).device() as usize;
         let first = run(8);
-        recycled.free(&volume, [extent_of(&first)]).unwrap();
+        recycled.free(&volume, [first.pages()]).unwrap();
         assert_eq!(lens(&recycled.devices[device(&first)]), [2, 2, 2, 2]);
         let shard_of = |page: u64| {
             recycled.devices[device(&first)]
@@ -936,7 +928,7 @@ mod tests {
             assert_eq!(shard_of(page), None, "a page is handed out once");
         }
         let second = run(3);
-        recycled.free(&volume, [extent_of(&second)]).unwrap();
+        recycled.free(&volume, [second.pages()]).unwrap();
         assert_eq!(
             lens(&recycled.devices[device(&second)]),
             [2, 2, 2, 2],

@@ -28,7 +28,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use volume::Extent;
 
-use crate::buffers::{BufferSet, RECYCLE_RUN_BLOCKS, extent_of};
+use crate::buffers::{BufferSet, RECYCLE_RUN_BLOCKS};
 use crate::error::{FsError, Result};
 use crate::extent_map::{BLOCK, ExtentMap, Run};
 use crate::fs::{CheckpointMode, Inner, Slot, now_ns};
@@ -536,7 +536,7 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
     // pages), so each slot's run of records in one set releases them with one subtraction:
     // the set's count is on a line its writer last wrote, and an atomic subtraction per
     // record was a tenth of this function's own samples.
-    let mut runs: Vec<Option<(&Arc<BufferSet>, u64)>> = vec![None; slots.len()];
+    let mut in_set: Vec<Option<(&Arc<BufferSet>, u64)>> = vec![None; slots.len()];
     let mut release = |set: &Arc<BufferSet>, records: u64| {
         if set.release_many(records) {
             set.reclaim_with(|run| {
@@ -547,21 +547,21 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
         Ok::<_, FsError>(())
     };
     for p in &batch.records {
-        match &mut runs[p.slot as usize] {
+        match &mut in_set[p.slot as usize] {
             Some((set, records)) if Arc::ptr_eq(set, &p.set) => *records += 1,
-            run => {
-                if let Some((set, records)) = run.replace((&p.set, 1)) {
+            last => {
+                if let Some((set, records)) = last.replace((&p.set, 1)) {
                     release(set, records)?;
                 }
             }
         }
     }
-    for (set, records) in runs.into_iter().flatten() {
+    for (set, records) in in_set.into_iter().flatten() {
         release(set, records)?;
     }
     inner
         .recycled
-        .free(&inner.volume, work.freed.iter().map(extent_of))?;
+        .free(&inner.volume, work.freed.iter().map(Run::pages))?;
     // Only while the lists are less than half full, though. Pages enter the circulation
     // when a writer finds the lists empty (a pool page) and leave it only when the lists
     // overflow: with every void record's page kept as well, the lists crept up to their

@@ -41,6 +41,14 @@ impl Run {
         self.file_block + self.blocks
     }
 
+    /// The run's pages, as the volume names them.
+    pub(crate) fn pages(&self) -> volume::Extent {
+        volume::Extent {
+            start: volume::GlobalAddress::from_raw(self.addr),
+            len_bytes: self.blocks * BLOCK,
+        }
+    }
+
     /// One block.
     fn block(file_block: u64, addr: u64) -> Self {
         Self {

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 
-use volume::{Extent, GlobalAddress};
+use volume::Extent;
 
 use super::handles::Masking;
 use super::state::{Inner, Slot};
@@ -395,10 +395,7 @@ impl Inner {
 
     pub(crate) fn free_runs(&self, runs: &[Run]) -> Result<()> {
         for run in runs {
-            self.volume.free(Extent {
-                start: GlobalAddress::from_raw(run.addr),
-                len_bytes: run.blocks * BLOCK,
-            })?;
+            self.volume.free(run.pages())?;
         }
         Ok(())
     }
