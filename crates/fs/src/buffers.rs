@@ -20,6 +20,9 @@ use crate::extent_map::BLOCK;
 
 const SEALED: u64 = 1 << 63;
 
+/// A record's page in a set of recycled pages when it is in none ([`Placement::page`]).
+pub(crate) const NO_PAGE: u32 = u32::MAX;
+
 /// A buffer set's extents: one for nearly every set (a write's own buffer, a pool buffer),
 /// kept inline so that a set costs one allocation, the `Arc`'s.
 pub(crate) type Extents = SmallVec<[Extent; 1]>;
@@ -36,6 +39,12 @@ pub(crate) struct BufferSet {
     /// allocated once (grown page by page, a 64-page set of recycled pages was reallocated
     /// six times, 2.6 % of the checkpoint's samples with two writers of 4 KiB blocks).
     pages: u64,
+    /// A set of recycled pages: its records each name their page by its place in the set
+    /// ([`Placement::page`]), and the pages files took are bits here
+    /// ([`BufferSet::take_page`]) instead of addresses in `taken`.
+    indexed: bool,
+    /// Of an `indexed` set, bit `i` set: extent `i` (one page) was taken by a file.
+    taken_pages: AtomicU64,
     /// Records still pointing here, plus [`SEALED`] once no more will be added.
     state: AtomicU64,
     reclaimed: AtomicBool,
@@ -54,8 +63,22 @@ impl BufferSet {
             extents: Mutex::new(extents),
             taken: Mutex::default(),
             pages,
+            indexed: false,
+            taken_pages: AtomicU64::new(0),
             state: AtomicU64::new(0),
             reclaimed: AtomicBool::new(false),
+        }
+    }
+
+    /// An empty set for [`RECYCLED_SET_PAGES`] recycled pages, added one per record
+    /// ([`BufferSet::add_page`]) and taken by their place in it.
+    fn of_recycled_pages() -> Self {
+        Self {
+            indexed: true,
+            ..Self::holding(
+                Extents::with_capacity(RECYCLED_SET_PAGES),
+                RECYCLED_SET_PAGES as u64,
+            )
         }
     }
 
@@ -66,12 +89,21 @@ impl BufferSet {
         set
     }
 
-    /// A page joins the set (a recycled page, before the record placed in it is added).
-    fn add_page(&self, page: u64) {
-        self.extents.lock().expect("buffer set").push(Extent {
+    /// A page joins the set (a recycled page, before the record placed in it is added);
+    /// returns its place in the set.
+    fn add_page(&self, page: u64) -> u32 {
+        let mut extents = self.extents.lock().expect("buffer set");
+        extents.push(Extent {
             start: GlobalAddress::from_raw(page),
             len_bytes: BLOCK,
         });
+        (extents.len() - 1) as u32
+    }
+
+    /// The page at `page` in a set of recycled pages now belongs to a file.
+    pub(crate) fn take_page(&self, page: u32) {
+        debug_assert!(self.indexed && (page as usize) < RECYCLED_SET_PAGES);
+        self.taken_pages.fetch_or(1 << page, Ordering::Relaxed);
     }
 
     /// One more record points here.
@@ -125,6 +157,28 @@ impl BufferSet {
     pub(crate) fn reclaim_with(&self, mut free: impl FnMut(Extent) -> Result<()>) -> Result<()> {
         let mut taken = std::mem::take(&mut *self.taken.lock().expect("buffer set"));
         let mut extents = self.extents.lock().expect("buffer set");
+        // A set of recycled pages whose every taking was by place: the pages whose bits are
+        // clear are the ones to free, in a pass without sorting (sorting its pages and the
+        // taken ones, for the four sets in ten with a page a newer write made void, was
+        // 7 % of the checkpoint's samples with two writers of random 4 KiB blocks).
+        let by_place = self.taken_pages.load(Ordering::Acquire);
+        if self.indexed && taken.is_empty() {
+            for (i, extent) in extents.iter().enumerate() {
+                if by_place & (1 << i) == 0 {
+                    free(*extent)?;
+                }
+            }
+            self.reclaimed.store(true, Ordering::Release);
+            return Ok(());
+        }
+        // Takings by address as well (none are made today): the bits join them.
+        taken.extend(
+            extents
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| i < 64 && by_place & (1 << i) != 0)
+                .map(|(_, e)| e.start.raw()),
+        );
         // Every use of a page is taken at most once (a record's whole blocks are its own
         // bytes), so when files took as many pages as the set's extents hold, nothing is
         // left to free, and nothing needs sorting: a set of small overwrites that no newer
@@ -452,6 +506,9 @@ impl Recycled {
 pub(crate) struct Placement {
     pub(crate) set: std::sync::Arc<BufferSet>,
     pub(crate) addr: u64,
+    /// In a set of recycled pages, the page's place in it ([`BufferSet::take_page`]);
+    /// [`NO_PAGE`] otherwise.
+    pub(crate) page: u32,
 }
 
 /// One thread slot's pool of preliminary buffers (the paper's "# preliminary buffers"). The
@@ -557,6 +614,7 @@ impl Pool {
                         return Ok(Reserve::Placed(Placement {
                             set: std::sync::Arc::clone(set),
                             addr: base + at,
+                            page: NO_PAGE,
                         }));
                     }
                     // Full: seal it and move on to the next buffer.
@@ -630,11 +688,9 @@ impl Pool {
             // Room for every page it will get: the writer adds them without growing
             // it, and the memory is allocated once (the checkpoint frees it, and a
             // free into another thread's malloc arena takes that arena's lock).
-            let pages = Extents::with_capacity(RECYCLED_SET_PAGES);
-            let set = BufferSet::holding(pages, RECYCLED_SET_PAGES as u64);
-            (std::sync::Arc::new(set), 0)
+            (std::sync::Arc::new(BufferSet::of_recycled_pages()), 0)
         });
-        set.add_page(addr);
+        let page = set.add_page(addr);
         set.add_record();
         *used += 1;
         let set = std::sync::Arc::clone(set);
@@ -644,7 +700,7 @@ impl Pool {
                 set.reclaim(volume)?;
             }
         }
-        Ok(Some(Placement { set, addr }))
+        Ok(Some(Placement { set, addr, page }))
     }
 
     /// Bytes of the buffer being filled that no write has taken yet, in whole blocks: free
@@ -1019,6 +1075,45 @@ mod tests {
             );
             let page_freed = volume.free(page).is_err();
             assert_eq!(page_freed, !taken_again, "taken again: {taken_again}");
+        }
+    }
+
+    /// A set of recycled pages frees the pages at the places no file took — a page used
+    /// twice once for its untaken use — by place, without looking at addresses.
+    #[test]
+    fn a_set_of_recycled_pages_frees_the_places_not_taken() {
+        let shm = testkit::shm_volume("reclaim-places", 16 << 20);
+        let volume = testkit::open_volume(&shm.dir);
+        for taken_again in [true, false] {
+            let page = volume.alloc_local(BLOCK).unwrap();
+            let others: Vec<Extent> = (0..5).map(|_| volume.alloc_local(BLOCK).unwrap()).collect();
+            let set = BufferSet::of_recycled_pages();
+            let first = set.add_page(page.start.raw());
+            let places: Vec<u32> = others.iter().map(|e| set.add_page(e.start.raw())).collect();
+            set.take_page(first);
+            // The file gave the page back (an overwrite), and the writer used it again.
+            let again = set.add_page(page.start.raw());
+            assert_eq!((first, again), (0, 6));
+            if taken_again {
+                set.take_page(again);
+            }
+            // Of the others, the records of 0, 2 and 4 were made void by newer writes.
+            set.take_page(places[1]);
+            set.take_page(places[3]);
+            let before = free_bytes(&volume);
+            assert!(set.seal());
+            set.reclaim(&volume).unwrap();
+            let freed = 3 + u64::from(!taken_again);
+            assert_eq!(
+                free_bytes(&volume),
+                before + freed * BLOCK,
+                "taken again: {taken_again}"
+            );
+            for (i, other) in others.iter().enumerate() {
+                let refused = volume.free(*other).is_err();
+                assert_eq!(refused, i % 2 == 0, "page {i}: freed by the reclaim");
+            }
+            assert_eq!(volume.free(page).is_err(), !taken_again);
         }
     }
 

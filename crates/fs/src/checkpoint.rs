@@ -28,7 +28,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use volume::Extent;
 
-use crate::buffers::{BufferSet, RECYCLE_RUN_BLOCKS};
+use crate::buffers::{BufferSet, NO_PAGE, RECYCLE_RUN_BLOCKS};
 use crate::error::{FsError, Result};
 use crate::extent_map::{BLOCK, ExtentMap, Run};
 use crate::fs::{CheckpointMode, Inner, Slot, now_ns};
@@ -917,7 +917,13 @@ fn note_size(work: &mut Work, ino: u64, size: u64, record: &Pending) {
 /// ([`apply_group`]); the blocks they replace are freed once the batch is committed.
 fn remap(ino: u64, record: &Pending, block: u64, blocks: u64, src: u64, work: &mut Work) {
     work.remaps.push((block, blocks, src));
-    record.set.take_pages(src, blocks);
+    if record.page == NO_PAGE {
+        record.set.take_pages(src, blocks);
+    } else {
+        // A single-block write in a recycled page: remapped whole, from its start.
+        debug_assert_eq!(blocks, 1);
+        record.set.take_page(record.page);
+    }
     work.maps.push(MapEntry {
         ino,
         file_block: block,

@@ -69,6 +69,9 @@ const WAITING_FOR_REQUESTS: u8 = 3;
 #[derive(Debug)]
 pub(crate) struct Pending {
     pub(crate) slot: u32,
+    /// The record's page in a set of recycled pages ([`crate::buffers::NO_PAGE`]: its
+    /// buffer is not one; beside `slot`, it costs no room).
+    pub(crate) page: u32,
     pub(crate) seq: u64,
     pub(crate) order: u64,
     pub(crate) ino: u64,
@@ -707,6 +710,7 @@ mod tests {
     fn record(slot: u32, order: u64) -> Pending {
         Pending {
             slot,
+            page: crate::buffers::NO_PAGE,
             seq: order,
             order,
             ino: 2,

@@ -478,6 +478,7 @@ impl Fs {
         for (slot, r) in &live {
             pending[*slot as usize].push_back(Pending {
                 slot: *slot,
+                page: crate::buffers::NO_PAGE,
                 seq: r.sequence,
                 order: r.order,
                 ino: r.inode,

@@ -10,7 +10,7 @@ use volume::Extent;
 use super::state::{Inner, Slot, Wait, partial_pages};
 use super::{MAX_FILE_SIZE, MAX_IO, now_ns};
 use crate::apply::{self, applied};
-use crate::buffers::{BufferSet, Reserve};
+use crate::buffers::{BufferSet, NO_PAGE, Reserve};
 use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
 use crate::inode::Inode;
@@ -34,19 +34,23 @@ struct Placed {
     len: u64,
     addr: u64,
     set: Arc<BufferSet>,
+    /// The page's place in a set of recycled pages, or [`NO_PAGE`].
+    page: u32,
 }
 
 /// Where a write's data goes: nearly always one piece, kept inline (no allocation per
 /// write on the hot path).
 type Placement = SmallVec<[Placed; 1]>;
 
-/// All `len` bytes of a write in one buffer, at `addr` in `set`.
-fn whole(len: u64, addr: u64, set: Arc<BufferSet>) -> Placement {
+/// All `len` bytes of a write in one buffer, at `addr` in `set` (its page `page` of a set
+/// of recycled pages, or [`NO_PAGE`]).
+fn whole(len: u64, addr: u64, set: Arc<BufferSet>, page: u32) -> Placement {
     smallvec![Placed {
         at: 0,
         len,
         addr,
-        set
+        set,
+        page,
     }]
 }
 
@@ -76,7 +80,14 @@ impl Inner {
         buffer: u64,
         set: Arc<BufferSet>,
     ) -> Result<()> {
-        self.commit_pieces(slot, inode, offset, len, whole(len, buffer, set), now_ns())
+        self.commit_pieces(
+            slot,
+            inode,
+            offset,
+            len,
+            whole(len, buffer, set, NO_PAGE),
+            now_ns(),
+        )
     }
 
     /// Commits a write of `[offset, offset + len)` of `inode` whose data is already
@@ -121,6 +132,7 @@ impl Inner {
                 len,
                 addr: buffer + at,
                 set: Arc::clone(set),
+                page: NO_PAGE,
             })
             .collect();
         let len = ranges.iter().map(|&(_, len)| len).sum();
@@ -179,6 +191,7 @@ impl Inner {
         }
         ticket.queue_all(records.iter().zip(pieces).map(|(r, p)| Pending {
             slot: slot.index,
+            page: p.page,
             seq: r.sequence,
             order: r.order,
             ino: inode.ino,
@@ -271,6 +284,7 @@ impl Inner {
                 len,
                 addr,
                 Arc::new(BufferSet::sealed_with(smallvec![extent], 1)),
+                NO_PAGE,
             ));
         }
         let reserve = || {
@@ -301,7 +315,7 @@ impl Inner {
             };
             match reserved {
                 Reserve::Placed(p) => {
-                    return Ok(whole(len, p.addr, p.set));
+                    return Ok(whole(len, p.addr, p.set, p.page));
                 }
                 Reserve::Wait => self.wait_for_progress(Wait::Buffers)?,
             }
@@ -337,6 +351,7 @@ impl Inner {
                         len: p.at + p.len - from,
                         addr: p.item.start.raw() + (from - p.at),
                         set: Arc::new(BufferSet::sealed_with(smallvec![p.item], 1)),
+                        page: NO_PAGE,
                     }
                 })
                 .collect())
