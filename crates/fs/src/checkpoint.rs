@@ -475,7 +475,7 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
     }
     let op = MetaOp::Batch {
         maps: work.maps,
-        sizes: work.sizes.into_values().collect(),
+        sizes: merged_sizes(work.sizes),
         retired: retired.clone(),
     };
     let order = inner.progress.next_order();
@@ -603,7 +603,8 @@ struct Work {
     /// what they free fits ([`crate::buffers::Recycled`]).
     room: u64,
     maps: Vec<MapEntry>,
-    sizes: std::collections::BTreeMap<u64, SizeEntry>,
+    /// Sizes reached, an entry per run of records of one file ([`note_size`]).
+    sizes: Vec<SizeEntry>,
     freed: Vec<Run>,
     /// A group's records' pieces, taken from the overlay together (kept for its buffer).
     taken: Vec<SmallVec<[OverlayPiece; 1]>>,
@@ -896,20 +897,47 @@ fn map_fresh_page(
 /// The batch records that file `ino` is at least `size` bytes, modified at the latest of its
 /// records' times (now, for records of areas that did not record times), and that record's
 /// order (so replay knows whether a later `SetTimes` overrides the time).
+///
+/// Records mostly come in file order, so a record of the file the last one noted raises
+/// that entry; another file's starts a new one ([`merged_sizes`] folds a file's entries
+/// together). A map from file to entry cost a search per record: 3 % of the checkpoint's
+/// samples with two writers of random 4 KiB blocks.
 fn note_size(work: &mut Work, ino: u64, size: u64, record: &Pending) {
-    let entry = work.sizes.entry(ino).or_insert(SizeEntry {
-        ino,
-        size: 0,
-        mtime: 0,
-        order: 0,
-    });
-    entry.size = entry.size.max(size);
-    entry.mtime = entry.mtime.max(if record.mtime == 0 {
+    let mtime = if record.mtime == 0 {
         now_ns()
     } else {
         record.mtime
+    };
+    let noted = SizeEntry {
+        ino,
+        size,
+        mtime,
+        order: record.order,
+    };
+    match work.sizes.last_mut() {
+        Some(last) if last.ino == ino => raise(last, &noted),
+        _ => work.sizes.push(noted),
+    }
+}
+
+/// `entry` raised to `by` in size, time and order.
+fn raise(entry: &mut SizeEntry, by: &SizeEntry) {
+    entry.size = entry.size.max(by.size);
+    entry.mtime = entry.mtime.max(by.mtime);
+    entry.order = entry.order.max(by.order);
+}
+
+/// [`note_size`]'s entries as the batch records them: one per file, in inode order.
+fn merged_sizes(mut sizes: Vec<SizeEntry>) -> Vec<SizeEntry> {
+    sizes.sort_by_key(|s| s.ino);
+    sizes.dedup_by(|later, kept| {
+        let same = later.ino == kept.ino;
+        if same {
+            raise(kept, later);
+        }
+        same
     });
-    entry.order = entry.order.max(record.order);
+    sizes
 }
 
 /// Makes `blocks` whole blocks of a record's buffer at `src` the file's blocks from `block`
@@ -1320,6 +1348,30 @@ fn write_snapshot(inner: &Inner, bytes: &[u8]) -> Result<Written> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Entries noted per run of a file's records (files interleaved, as records in log
+    /// order are) come out one per file, in inode order, each at its runs' largest size,
+    /// time and order.
+    #[test]
+    fn sizes_noted_per_run_merge_to_one_entry_per_file() {
+        let e = |ino, size, mtime, order| SizeEntry {
+            ino,
+            size,
+            mtime,
+            order,
+        };
+        let noted = vec![
+            e(7, 100, 5, 1),
+            e(3, 10, 9, 2),
+            e(7, 50, 8, 3),
+            e(3, 20, 1, 4),
+            e(5, 1, 1, 5),
+        ];
+        assert_eq!(
+            merged_sizes(noted),
+            vec![e(3, 20, 9, 4), e(5, 1, 1, 5), e(7, 100, 8, 3)]
+        );
+    }
 
     /// What applying needs of the order: a permutation of the batch, files and their
     /// stretches each together and ascending; counted (few files over few stretches), a
