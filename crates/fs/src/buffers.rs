@@ -262,6 +262,8 @@ const MAX_POOL_BUFFERS: usize = 256;
 /// Recycled pages in one set: records of the same set retire together, so the set is
 /// reclaimed (any page whose record a newer write made void returned) in one go.
 const RECYCLED_SET_PAGES: usize = 64;
+// Each page's taking is a bit of one word (`BufferSet::taken_pages`).
+const _: () = assert!(RECYCLED_SET_PAGES <= u64::BITS as usize);
 
 /// Pages the checkpoint freed in small runs — file blocks that small overwrites replaced —
 /// kept for the writers' single-block writes instead of going back to the volume. A 4 KiB
