@@ -137,6 +137,7 @@ impl Mapping {
     /// [`Mapping::populate`] for the [`POPULATE_CHUNK`]s that `[offset, offset + len)`
     /// touches (within the mapping), each once: a chunk populated before, or a mapping
     /// populated whole, costs a bit test.
+    #[inline]
     pub(crate) fn populate_range(&self, offset: usize, len: usize) -> std::io::Result<()> {
         if self.populated.load(Ordering::Relaxed) || len == 0 || offset >= self.len {
             return Ok(());

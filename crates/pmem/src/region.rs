@@ -375,6 +375,7 @@ impl Region {
     /// the whole device was mapped at open. A hint: a kernel without the call (before 5.14)
     /// leaves the pages to fault in as they are written, and a range past the region's end
     /// stops at it.
+    #[inline]
     pub fn populate_for_writes(&self, offset: u64, len: u64) {
         if !matches!(self.inner.mode, PersistenceMode::Emulated(_)) {
             return;
