@@ -111,8 +111,13 @@ impl BufferSet {
         self.state.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// The `pages` pages from `addr` now belong to a file.
+    /// The `pages` pages from `addr` now belong to a file (of a set not of recycled pages:
+    /// those are taken by place, [`BufferSet::take_page`]).
     pub(crate) fn take_pages(&self, addr: u64, pages: u64) {
+        assert!(
+            !self.indexed,
+            "a page of a set of recycled pages taken by address"
+        );
         let mut taken = self.taken.lock().expect("buffer set");
         if taken.is_empty() {
             taken.reserve_exact((self.pages as usize).max(pages as usize));
@@ -157,12 +162,12 @@ impl BufferSet {
     pub(crate) fn reclaim_with(&self, mut free: impl FnMut(Extent) -> Result<()>) -> Result<()> {
         let mut taken = std::mem::take(&mut *self.taken.lock().expect("buffer set"));
         let mut extents = self.extents.lock().expect("buffer set");
-        // A set of recycled pages whose every taking was by place: the pages whose bits are
-        // clear are the ones to free, in a pass without sorting (sorting its pages and the
-        // taken ones, for the four sets in ten with a page a newer write made void, was
-        // 7 % of the checkpoint's samples with two writers of random 4 KiB blocks).
-        let by_place = self.taken_pages.load(Ordering::Acquire);
-        if self.indexed && taken.is_empty() {
+        // A set of recycled pages, taken by place: the pages whose bits are clear are the ones
+        // to free, in a pass without sorting (sorting its pages and the taken ones, for the
+        // four sets in ten with a page a newer write made void, was 7 % of the checkpoint's
+        // samples with two writers of random 4 KiB blocks).
+        if self.indexed {
+            let by_place = self.taken_pages.load(Ordering::Acquire);
             for (i, extent) in extents.iter().enumerate() {
                 if by_place & (1 << i) == 0 {
                     free(*extent)?;
@@ -171,14 +176,6 @@ impl BufferSet {
             self.reclaimed.store(true, Ordering::Release);
             return Ok(());
         }
-        // Takings by address as well (none are made today): the bits join them.
-        taken.extend(
-            extents
-                .iter()
-                .enumerate()
-                .filter(|&(i, _)| i < 64 && by_place & (1 << i) != 0)
-                .map(|(_, e)| e.start.raw()),
-        );
         // Every use of a page is taken at most once (a record's whole blocks are its own
         // bytes), so when files took as many pages as the set's extents hold, nothing is
         // left to free, and nothing needs sorting: a set of small overwrites that no newer

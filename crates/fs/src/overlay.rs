@@ -268,8 +268,34 @@ fn large_overlapping(m: &BTreeMap<u64, Piece>, from: u64, to: u64) -> SmallVec<[
     out
 }
 
-fn lock(shard: &Mutex<PieceMap>) -> MutexGuard<'_, PieceMap> {
-    shard.lock().expect("overlay shard")
+/// A shard, locked. Shard 0, let go empty, gives its vector's memory back
+/// ([`KEPT_PIECES`]): one rule wherever pieces leave a shard (the checkpoint, truncation,
+/// holes punched).
+struct Locked<'a> {
+    map: MutexGuard<'a, PieceMap>,
+    first: bool,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = PieceMap;
+
+    fn deref(&self) -> &PieceMap {
+        &self.map
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut PieceMap {
+        &mut self.map
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        if self.first {
+            self.map.release();
+        }
+    }
 }
 
 /// The overlay of one file. Its shards are made by the file's first logged write in them: a
@@ -326,6 +352,17 @@ impl Overlay {
             .get_or_init(|| (start..TIER_ENDS[tier]).map(|_| Mutex::default()).collect())[i - start]
     }
 
+    /// `shard` (one of this overlay's), locked.
+    fn lock<'a>(&'a self, shard: &'a Mutex<PieceMap>) -> Locked<'a> {
+        Locked {
+            map: shard.lock().expect("overlay shard"),
+            first: self
+                .first
+                .get()
+                .is_some_and(|first| std::ptr::eq(&**first, shard)),
+        }
+    }
+
     /// Every shard made.
     fn shards(&self) -> impl Iterator<Item = &Mutex<PieceMap>> {
         let tiers = self
@@ -348,7 +385,7 @@ impl Overlay {
     /// Records that `[offset, offset + len)` now reads from `src` (written by `order`).
     pub fn insert(&self, offset: u64, len: u64, src: u64, order: u64) {
         for (shard, start, end) in stretches(offset, offset + len) {
-            lock(self.shard_made(shard)).insert(Piece {
+            self.lock(self.shard_made(shard)).insert(Piece {
                 start,
                 end,
                 src: src + (start - offset),
@@ -368,7 +405,7 @@ impl Overlay {
                 continue;
             };
             out.extend(
-                lock(shard)
+                self.lock(shard)
                     .overlapping(start, end)
                     .into_iter()
                     .filter_map(|p| p.clip(start, end)),
@@ -396,7 +433,7 @@ impl Overlay {
         records: impl IntoIterator<Item = (u64, u64, u64)>,
         out: &mut Vec<SmallVec<[Piece; 1]>>,
     ) {
-        let mut held: Option<(usize, MutexGuard<'_, PieceMap>)> = None;
+        let mut held: Option<(usize, Locked<'_>)> = None;
         // Whole pieces found in the held vector shard, removed together when it is let go,
         // is searched some other way, or holds GROUP_TAKES of them.
         let mut gone: SmallVec<[usize; GROUP_TAKES]> = SmallVec::new();
@@ -407,17 +444,14 @@ impl Overlay {
                 let map = match &mut held {
                     Some((i, map)) if *i == index => map,
                     _ => {
-                        if let Some((i, map)) = &mut held {
+                        if let Some((_, map)) = &mut held {
                             map.remove_all(&mut gone);
-                            if *i == 0 {
-                                map.release();
-                            }
                         }
                         held = None;
                         let Some(shard) = self.shard(index) else {
                             continue;
                         };
-                        &mut held.insert((index, lock(shard))).1
+                        &mut held.insert((index, self.lock(shard))).1
                     }
                 };
                 // Mostly the record's piece is still whole: one search finds it.
@@ -447,27 +481,16 @@ impl Overlay {
             }
             out.push(taken);
         }
-        if let Some((i, map)) = &mut held {
+        if let Some((_, map)) = &mut held {
             map.remove_all(&mut gone);
-            if *i == 0 {
-                map.release();
-            }
-        }
-    }
-
-    /// Shard 0 gives back the memory of an emptied vector ([`KEPT_PIECES`]).
-    fn release_first(&self) {
-        if let Some(first) = self.first.get() {
-            lock(first).release();
         }
     }
 
     /// Drops every piece at or beyond `size` (truncation).
     pub fn truncate(&self, size: u64) {
         for shard in self.shards() {
-            lock(shard).cut(size, u64::MAX);
+            self.lock(shard).cut(size, u64::MAX);
         }
-        self.release_first();
     }
 
     /// Drops every piece inside `[from, to)` (a hole punched), keeping the parts outside.
@@ -479,16 +502,15 @@ impl Overlay {
             // Every shard is touched: cut each once over the whole range (pieces never
             // cross a stretch edge, so each shard holds only its own stretches).
             for shard in self.shards() {
-                lock(shard).cut(from, to);
+                self.lock(shard).cut(from, to);
             }
-        } else {
-            for (shard, start, end) in stretches(from, to) {
-                if let Some(shard) = self.shard(shard) {
-                    lock(shard).cut(start, end);
-                }
+            return;
+        }
+        for (shard, start, end) in stretches(from, to) {
+            if let Some(shard) = self.shard(shard) {
+                self.lock(shard).cut(start, end);
             }
         }
-        self.release_first();
     }
 
     /// Blocks of `block` bytes that pending pieces touch and `mapped` does not count: what
@@ -501,7 +523,7 @@ impl Overlay {
         // only neighbours can share one.
         for shard in self.shards() {
             let mut counted_to = 0;
-            lock(shard).each(|piece| {
+            self.lock(shard).each(|piece| {
                 let from = (piece.start / block).max(counted_to);
                 let to = piece.end.div_ceil(block);
                 if from < to {
@@ -516,7 +538,7 @@ impl Overlay {
     /// True when no piece is pending.
     #[cfg(test)]
     pub fn is_empty(&self) -> bool {
-        self.shards().all(|s| lock(s).is_empty())
+        self.shards().all(|s| self.lock(s).is_empty())
     }
 }
 
@@ -550,7 +572,7 @@ mod tests {
     #[test]
     fn emptied_shards_past_the_first_keep_a_little_room() {
         let overlay = Overlay::default();
-        let room = |i: usize| lock(overlay.shard(i).unwrap()).room();
+        let room = |i: usize| overlay.lock(overlay.shard(i).unwrap()).room();
         let pieces = |shard: u64, n: u64| {
             (0..n).map(move |k| (shard * STRETCH + k * 8192, 4096, shard * 1000 + k + 1))
         };
@@ -793,7 +815,7 @@ mod tests {
         for i in 0..count {
             overlay.insert(i * 8192, 4096, (i + 1) << 32, i + 1);
         }
-        let form = |o: &Overlay| match &*lock(o.shard(0).expect("written")) {
+        let form = |o: &Overlay| match &*o.lock(o.shard(0).expect("written")) {
             PieceMap::Small(v) => ("vector", v.len()),
             PieceMap::Large(m) => ("tree", m.len()),
         };
