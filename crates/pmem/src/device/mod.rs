@@ -207,11 +207,12 @@ impl Device {
         &self.spec
     }
 
-    /// Maps every page of an emulated device now (`MADV_POPULATE_WRITE`): no page faults on
-    /// the data path later, and placement queries see every page — worth it for a
-    /// long-running server, not for a short command (a 4 GiB device takes ~0.3 s and maps
-    /// 4 GiB into the process). Other kinds are left to fault on first use. Older kernels
-    /// lack the call; the pages then fault in on first use as well.
+    /// Maps every page of an emulated device now, writable (`MADV_POPULATE_READ` on tmpfs:
+    /// `mapping::populate_advice`): no page faults on the data path later, and placement
+    /// queries see every page — worth it for a long-running server, not for a short command
+    /// (a 4 GiB device takes ~0.3 s and maps 4 GiB into the process). Other kinds are left
+    /// to fault on first use. Older kernels lack the call; the pages then fault in on first
+    /// use as well.
     pub fn prefault(&self) {
         if self.spec.kind != DeviceKind::Emulated {
             return;
