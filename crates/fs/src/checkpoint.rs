@@ -268,6 +268,8 @@ struct Scratch {
     /// (file, offset, index in the batch): the order records are applied in.
     order: Vec<(u64, u64, u32)>,
     counting: Counting,
+    /// The last batch's record vector, emptied ([`crate::progress::Progress::take_batch_into`]).
+    records: Vec<Pending>,
 }
 
 /// Most 2 MiB stretches (8 GiB, summed over the batch's files) whose records
@@ -397,10 +399,14 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
     let mark = inner.progress.mark();
     let slots = created_slots(inner);
     let queues: Vec<&Queue> = slots.iter().map(|s| &s.queue).collect();
-    let batch = inner
-        .progress
-        .take_batch(mark, &queues, inner.options.checkpoint_batch);
+    let batch = inner.progress.take_batch_into(
+        mark,
+        &queues,
+        inner.options.checkpoint_batch,
+        std::mem::take(&mut scratch.records),
+    );
     if batch.records.is_empty() {
+        scratch.records = batch.records;
         return Ok(0);
     }
     if !checkpoint_slot.journal().fits(MAX_RECORD) {
@@ -583,7 +589,11 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
         .fetch_add(work.remapped, Ordering::Relaxed);
     c.copied_bytes.fetch_add(work.copied, Ordering::Relaxed);
     inner.progress.finish_batch(&batch);
-    Ok(batch.records.len())
+    let mut records = batch.records;
+    let moved = records.len();
+    records.clear();
+    scratch.records = records;
+    Ok(moved)
 }
 
 /// Below this much spare memory the checkpoint copies whole-block overwrites into the
