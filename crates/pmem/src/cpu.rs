@@ -174,18 +174,29 @@ unsafe fn copy_nontemporal_sse2(dst: *mut u8, src: *const u8, len: usize) -> [(u
         }
         done += 64;
     }
+    // SAFETY: `dst + done` is 16-byte aligned; the caller's contract.
+    let tail = unsafe { copy_rest(dst, src, len, done) };
+    [(0, head), (tail, len - tail)]
+}
+
+/// The copy's end from `done` (`dst + done` 16-byte aligned): 16-byte non-temporal stores
+/// while 16 bytes are left, then ordinary ones. Returns where the ordinary stores began.
+///
+/// # Safety
+/// As [`copy_nontemporal`], with `done <= len` and `dst + done` 16-byte aligned.
+unsafe fn copy_rest(dst: *mut u8, src: *const u8, len: usize, mut done: usize) -> usize {
     while len - done >= 16 {
-        // SAFETY: as above, for one aligned 16-byte chunk.
+        // SAFETY: `dst + done` is 16-byte aligned and the 16 bytes from `done` lie within
+        // both ranges; the load is unaligned-tolerant.
         unsafe {
             let value = _mm_loadu_si128(src.add(done).cast::<__m128i>());
             _mm_stream_si128(dst.add(done).cast::<__m128i>(), value);
         }
         done += 16;
     }
-    let tail = len - done;
     // SAFETY: the tail lies within the caller's ranges.
-    unsafe { std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), tail) };
-    [(0, head), (done, tail)]
+    unsafe { std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), len - done) };
+    done
 }
 
 /// [`copy_nontemporal`] with 32-byte stores.
@@ -218,19 +229,9 @@ unsafe fn copy_nontemporal_avx2(dst: *mut u8, src: *const u8, len: usize) -> [(u
         }
         done += 32;
     }
-    if len - done >= 16 {
-        // SAFETY: `dst + done` is 32-byte aligned, so 16-byte aligned, and the 16 bytes
-        // lie within both ranges.
-        unsafe {
-            let value = _mm_loadu_si128(src.add(done).cast::<__m128i>());
-            _mm_stream_si128(dst.add(done).cast::<__m128i>(), value);
-        }
-        done += 16;
-    }
-    let tail = len - done;
-    // SAFETY: the tail lies within the caller's ranges.
-    unsafe { std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), tail) };
-    [(0, head), (done, tail)]
+    // SAFETY: `dst + done` is 32-byte aligned, so 16-byte aligned; the caller's contract.
+    let tail = unsafe { copy_rest(dst, src, len, done) };
+    [(0, head), (tail, len - tail)]
 }
 
 #[cfg(test)]
