@@ -160,7 +160,6 @@ impl BufferSet {
     /// short ones to the recycled lists while they are under half full: mostly pages of
     /// records a newer write made void, which would go back to the volume as 4 KiB holes).
     pub(crate) fn reclaim_with(&self, mut free: impl FnMut(Extent) -> Result<()>) -> Result<()> {
-        let mut taken = std::mem::take(&mut *self.taken.lock().expect("buffer set"));
         let mut extents = self.extents.lock().expect("buffer set");
         // A set of recycled pages, taken by place: the pages whose bits are clear are the ones
         // to free, in a pass without sorting (sorting its pages and the taken ones, for the
@@ -176,6 +175,7 @@ impl BufferSet {
             self.reclaimed.store(true, Ordering::Release);
             return Ok(());
         }
+        let mut taken = std::mem::take(&mut *self.taken.lock().expect("buffer set"));
         // Every use of a page is taken at most once (a record's whole blocks are its own
         // bytes), so when files took as many pages as the set's extents hold, nothing is
         // left to free, and nothing needs sorting: a set of small overwrites that no newer

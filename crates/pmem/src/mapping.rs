@@ -248,19 +248,19 @@ pub(crate) fn allocate(file: &File, len: u64, path: &Path) -> Result<()> {
 /// Elsewhere a read fault maps the page read-only (the file system tracks dirty pages
 /// through write faults), so the first store would fault all the same: `MADV_POPULATE_WRITE`.
 fn populate_advice(file: &File) -> libc::c_int {
-    // SAFETY: statfs is plain old data; zeroed is a valid value.
-    let mut stats: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: the descriptor is open for the call and `stats` is a valid out-pointer.
-    let rc = unsafe { libc::fstatfs(file.as_raw_fd(), &mut stats) };
-    if rc == 0 && stats.f_type == libc::TMPFS_MAGIC {
-        MADV_POPULATE_READ
-    } else {
-        MADV_POPULATE_WRITE
+    match fstatfs(file) {
+        Ok(stats) if stats.f_type == libc::TMPFS_MAGIC => MADV_POPULATE_READ,
+        _ => MADV_POPULATE_WRITE,
     }
 }
 
 /// [`available_bytes`] of the file system holding `file`.
 fn fstatfs_available(file: &File) -> std::io::Result<u64> {
+    fstatfs(file).map(|stats| unprivileged_free(&stats))
+}
+
+/// `fstatfs` of `file`'s file system.
+fn fstatfs(file: &File) -> std::io::Result<libc::statfs> {
     // SAFETY: statfs is plain old data; zeroed is a valid value.
     let mut stats: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: the descriptor is open for the call and `stats` is a valid out-pointer.
@@ -268,7 +268,7 @@ fn fstatfs_available(file: &File) -> std::io::Result<u64> {
     if rc != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(unprivileged_free(&stats))
+    Ok(stats)
 }
 
 /// The file system type of the file system holding `path` (`f_type` of statfs).
