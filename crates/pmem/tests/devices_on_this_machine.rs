@@ -277,3 +277,79 @@ fn populating_for_writes_maps_the_stretches_asked_for_and_only_on_emulated_devic
     device.region().populate_for_writes(0, 2 << 20);
     assert!(faults_writing(device.region(), 0) >= 400);
 }
+
+/// The `ShmemPmdMapped` kilobytes `/proc/self/smaps` reports for the mapping starting at
+/// `start`.
+fn huge_mapped_kib(start: usize) -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut in_mapping = false;
+    for line in smaps.lines() {
+        if let Some((range, _)) = line.split_once(' ')
+            && let Some((from, _)) = range.split_once('-')
+            && let Ok(from) = usize::from_str_radix(from, 16)
+        {
+            in_mapping = from == start;
+            continue;
+        }
+        if in_mapping && let Some(kib) = line.strip_prefix("ShmemPmdMapped:") {
+            return kib.trim().trim_end_matches("kB").trim().parse().unwrap();
+        }
+    }
+    panic!("no mapping at {start:#x} in /proc/self/smaps");
+}
+
+/// Whether this kernel makes huge pages of a tmpfs file on request (`MADV_COLLAPSE`, 6.1+),
+/// unless its administrator denied them to every tmpfs.
+fn kernel_collapses_tmpfs() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut numbers = release.split(|c: char| !c.is_ascii_digit());
+    let major: u32 = numbers.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+    let minor: u32 = numbers.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+    let denied = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+        .map_or(true, |s| s.contains("[deny]"));
+    (major, minor) >= (6, 1) && !denied
+}
+
+#[test]
+fn a_prefaulted_emulated_device_is_mapped_in_huge_pages_with_its_bytes_kept() {
+    let dir = shm_dir();
+    let emulated = spec(dir.path().join("node0.pmem"), DeviceKind::Emulated, Some(0));
+    // Not a whole number of huge pages: the tail keeps small ones.
+    drop(Device::create(&emulated, (8 << 20) + (64 << 10)).unwrap());
+    let written: Vec<u8> = (0..3 << 20)
+        .map(|i: u32| (i * 7 + i / 4096) as u8)
+        .collect();
+    {
+        let device = Device::open(&emulated).unwrap();
+        device.region().write(1 << 20, &written).unwrap();
+    }
+    let device = Device::open(&emulated).unwrap();
+    let region = device.region();
+    let start = region.address_of(0).unwrap();
+    assert_eq!(start % (2 << 20), 0, "mapping at {start:#x}");
+    if !kernel_collapses_tmpfs() {
+        eprintln!("skipped: this kernel does not collapse tmpfs pages into huge pages");
+        return;
+    }
+    assert_eq!(huge_mapped_kib(start), 0, "before prefaulting");
+    device.prefault();
+    assert_eq!(huge_mapped_kib(start), 8 << 10, "after prefaulting");
+    let mut read = vec![0u8; written.len()];
+    region.read(1 << 20, &mut read).unwrap();
+    assert!(read == written, "bytes changed by the collapse");
+    // Another mapping of the same file maps the huge pages as they are.
+    let again = Device::open(&emulated).unwrap();
+    again.prefault();
+    assert_eq!(
+        huge_mapped_kib(again.region().address_of(0).unwrap()),
+        8 << 10
+    );
+
+    // An ordinary file's mapping is left as it is.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let file = spec(dir.path().join("disk.pmem"), DeviceKind::File, None);
+    drop(Device::create(&file, 4 << 20).unwrap());
+    let device = Device::open(&file).unwrap();
+    device.prefault();
+    assert_eq!(huge_mapped_kib(device.region().address_of(0).unwrap()), 0);
+}
