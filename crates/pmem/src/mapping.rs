@@ -73,7 +73,16 @@ impl Mapping {
             MapFlags::Shared => libc::MAP_SHARED,
             MapFlags::SharedSync => libc::MAP_SHARED_VALIDATE | MAP_SYNC,
         };
-        let address = map_aligned(&file, len, flags).map_err(|source| PmemError::Io {
+        let on_tmpfs = on_tmpfs(&file);
+        // The kernel places a DAX mapping on the device's alignment itself (a device-DAX
+        // device with 1 GiB alignment refuses any other), and an ordinary file's pages are
+        // never huge: only a tmpfs mapping is placed here.
+        let address = if on_tmpfs {
+            map_aligned(&file, len, flags)
+        } else {
+            map_anywhere(&file, len, flags)
+        }
+        .map_err(|source| PmemError::Io {
             path: path.to_owned(),
             action: if flags & MAP_SYNC != 0 {
                 "mmap with MAP_SYNC"
@@ -83,7 +92,6 @@ impl Mapping {
             source,
         })?;
         let base = NonNull::new(address.cast::<u8>()).expect("mmap never returns null on success");
-        let on_tmpfs = on_tmpfs(&file);
         Ok(Self {
             base,
             len,
@@ -241,20 +249,33 @@ impl Drop for Mapping {
     }
 }
 
-/// Maps `len` bytes of `file` shared (`flags`), from a huge-page boundary when `len` holds a
-/// huge page: the kernel maps a huge page only where the mapping has a whole one, and left to
-/// choose it places a tmpfs file's mapping wherever a gap is.
+/// Maps `len` bytes of `file` shared (`flags`) where the kernel chooses.
+fn map_anywhere(file: &File, len: usize, flags: libc::c_int) -> std::io::Result<*mut libc::c_void> {
+    // SAFETY: a fresh mapping at an address of the kernel's choosing aliases no Rust object;
+    // `file` is open for reading and writing.
+    let address = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if address == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(address)
+}
+
+/// Maps `len` bytes of a tmpfs `file` shared (`flags`) from a huge-page boundary when `len`
+/// holds a huge page: the kernel maps a huge page only where the mapping has a whole one,
+/// and left to choose it places the mapping of a file on a tmpfs mounted without `huge=`
+/// wherever a gap is.
 fn map_aligned(file: &File, len: usize, flags: libc::c_int) -> std::io::Result<*mut libc::c_void> {
-    let prot = libc::PROT_READ | libc::PROT_WRITE;
     if len < HUGE_PAGE {
-        // SAFETY: a fresh mapping at an address of the kernel's choosing aliases no Rust
-        // object; `file` is open for reading and writing.
-        let address =
-            unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, file.as_raw_fd(), 0) };
-        if address == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        return Ok(address);
+        return map_anywhere(file, len, flags);
     }
     // A reservation a huge page longer, no memory behind it; the file goes over its first
     // boundary and the rest is given back.
@@ -281,7 +302,7 @@ fn map_aligned(file: &File, len: usize, flags: libc::c_int) -> std::io::Result<*
         libc::mmap(
             aligned as *mut libc::c_void,
             len,
-            prot,
+            libc::PROT_READ | libc::PROT_WRITE,
             flags | libc::MAP_FIXED,
             file.as_raw_fd(),
             0,
