@@ -51,10 +51,9 @@ pub(crate) struct Mapping {
     /// One bit per [`POPULATE_CHUNK`] of the mapping: set once its pages were populated
     /// ([`Mapping::populate_range`]).
     chunks: Box<[AtomicU64]>,
-    /// The `madvise` advice that populates pages for writing ([`populate_advice`]).
-    populate_advice: libc::c_int,
-    /// The file is on tmpfs (an emulated device): populated whole, its pages are made huge
-    /// pages ([`Mapping::collapse`]).
+    /// The file is on tmpfs (an emulated device): how its pages are populated
+    /// ([`populate_advice`]), and populated whole, they are made huge pages
+    /// ([`Mapping::collapse`]).
     on_tmpfs: bool,
     /// Kept open for `msync` and so the mapping's file stays the one we checked.
     _file: File,
@@ -99,7 +98,6 @@ impl Mapping {
             chunks: (0..len.div_ceil(POPULATE_CHUNK).div_ceil(64))
                 .map(|_| AtomicU64::new(0))
                 .collect(),
-            populate_advice: populate_advice(on_tmpfs),
             on_tmpfs,
             _file: file,
         })
@@ -147,9 +145,10 @@ impl Mapping {
         // Whole huge pages only: the mapping starts on a huge-page boundary
         // ([`map_aligned`]), so these are the file's own.
         let end = self.len / HUGE_PAGE * HUGE_PAGE;
-        if !self.on_tmpfs || end == 0 || !(self.base.as_ptr() as usize).is_multiple_of(HUGE_PAGE) {
+        if !self.on_tmpfs || end == 0 {
             return;
         }
+        debug_assert!((self.base.as_ptr() as usize).is_multiple_of(HUGE_PAGE));
         let started = std::time::Instant::now();
         // SAFETY: the range lies within this mapping; collapsing keeps every byte as it was
         // (the kernel copies the pages, and accesses meanwhile wait for it).
@@ -180,7 +179,7 @@ impl Mapping {
             libc::madvise(
                 self.base.as_ptr().add(start).cast(),
                 bytes,
-                self.populate_advice,
+                populate_advice(self.on_tmpfs),
             )
         };
         if rc != 0 {
