@@ -2716,3 +2716,53 @@ fn serving_threads_taking_turns_on_one_shared_slot(transport: &'static str) {
     );
     kill_9_loses_no_acknowledged_write(&mut mount, transport);
 }
+
+/// `locus bench mount` measures the FUSE round trip with calls the server really serves: its
+/// own request counters show one request per call, a call through the mount costs more than
+/// the same call on tmpfs, and every column of the fio table is there with its numbers.
+#[test]
+fn bench_mount_measures_a_round_trip_per_call_that_the_server_counts() {
+    assert!(have("fio"), "fio is not installed (.ci/run installs it)");
+    let output = locus()
+        .args([
+            "bench",
+            "mount",
+            "--bs",
+            "4K",
+            "--numjobs",
+            "1",
+            "--seconds",
+            "0.2",
+            "--size",
+            "16M",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let stdout = ok(&output, "bench mount");
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    for engine in ["tmpfs", "mount", "mount-wb"] {
+        let case = lines
+            .iter()
+            .find(|c| c["engine"] == engine)
+            .unwrap_or_else(|| panic!("no {engine} case in:\n{stdout}"));
+        assert!(case["iops"].as_f64().unwrap() > 0.0, "{case}");
+    }
+    let trip = lines
+        .iter()
+        .find(|c| c["op"] == "round-trip")
+        .unwrap_or_else(|| panic!("no round trip in:\n{stdout}"));
+    let per_call = trip["requests_per_call"].as_f64().unwrap();
+    assert!(
+        (per_call - 1.0).abs() < 0.01,
+        "the probe's calls were not one request each: {trip}"
+    );
+    assert!(trip["calls"].as_u64().unwrap() >= 256, "{trip}");
+    assert!(
+        trip["mount_ns"].as_f64().unwrap() > trip["tmpfs_ns"].as_f64().unwrap(),
+        "a round trip through the mount cost no more than a call on tmpfs: {trip}"
+    );
+}

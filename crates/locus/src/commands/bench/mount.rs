@@ -21,6 +21,12 @@ use crate::size::{format_bytes, parse_size};
 /// Every write through `mount` and the library is atomic and durable when `pwrite` returns;
 /// through `mount-wb` it is durable once written back (at `fsync` or `close` at the latest);
 /// tmpfs writes are never durable. The volumes live in /dev/shm and are removed after.
+///
+/// Then the FUSE round trip, the least any request through the mount costs: a `pread` past the
+/// end of a file, which the server answers at once with no data, in a loop on one thread
+/// pinned to one CPU, through the durable mount and on tmpfs. The server's request counters
+/// show that each call reached it. A durable write through the mount takes at least one round
+/// trip, so the bench also prints how close to tmpfs a one-job write can come at all.
 #[derive(Debug, Args)]
 pub struct MountBenchArgs {
     /// Print one JSON object per case instead of a table.
@@ -215,10 +221,13 @@ pub fn run(sysfs: &Path, args: &MountBenchArgs) -> Result<()> {
         Ok(())
     };
     measure(&tmpfs_target, &mut cases)?;
-    {
+    let round_trip = {
         let _server = Server::start(volume.path(), point.path(), &[])?;
         measure(&mount_target, &mut cases)?;
-    }
+        bar.set_message("FUSE round trip");
+        let seconds = args.seconds.min(ROUND_TRIP_SECONDS);
+        RoundTrip::measure(point.path(), tmpfs.path(), seconds).context("FUSE round trip")?
+    };
     {
         let _server = Server::start(volume.path(), point.path(), &["--writeback-cache"])?;
         measure(&writeback_target, &mut cases)?;
@@ -236,8 +245,154 @@ pub fn run(sysfs: &Path, args: &MountBenchArgs) -> Result<()> {
     bar.finish_and_clear();
     if args.json {
         super::print_json(&cases)?;
+        super::print_json(&[round_trip])?;
     } else {
         print_table(&cases, args)?;
+        print_round_trip(&round_trip, &cases)?;
+    }
+    Ok(())
+}
+
+/// Longest the round-trip loop runs on each side.
+const ROUND_TRIP_SECONDS: f64 = 1.0;
+/// Where the round-trip probe reads: far past the end of its one-block file.
+const PAST_THE_END: u64 = 1 << 40;
+
+/// What one request through the mount costs at the least, against the same call on tmpfs.
+#[derive(Debug, serde::Serialize)]
+struct RoundTrip {
+    suite: &'static str,
+    op: &'static str,
+    /// The CPU the probing thread was pinned to.
+    cpu: u32,
+    /// Mean time of one call through the mount, and on tmpfs.
+    mount_ns: f64,
+    tmpfs_ns: f64,
+    /// Calls made through the mount.
+    calls: u64,
+    /// Requests the server counted per call (1: every call was a round trip).
+    requests_per_call: f64,
+}
+
+impl RoundTrip {
+    /// Probes a file of the mount at `point` and one in the tmpfs directory `tmpfs`, for up
+    /// to `seconds` each, from a thread pinned to the CPU this one runs on.
+    fn measure(point: &Path, tmpfs: &Path, seconds: f64) -> Result<RoundTrip> {
+        let status = point.join(mount::STATUS_NAME);
+        let cpu = topology::current_cpu().context("finding this thread's CPU")?;
+        let mount_file = probe_file(&point.join("round-trip"))?;
+        let tmpfs_file = probe_file(&tmpfs.join("round-trip"))?;
+        let (mount_ns, tmpfs_ns, calls, requests) =
+            std::thread::scope(|scope| -> Result<(f64, f64, u64, u64)> {
+                scope
+                    .spawn(|| {
+                        topology::pin_current_thread(&[cpu])
+                            .with_context(|| format!("pinning the probe to CPU {cpu}"))?;
+                        // Read twice before: the difference is what one reading of the
+                        // status file adds, taken off the count after.
+                        let first = served_requests(&status)?;
+                        let before = served_requests(&status)?;
+                        let (mount_ns, calls) = probe(&mount_file, seconds)?;
+                        let after = served_requests(&status)?;
+                        let (tmpfs_ns, _) = probe(&tmpfs_file, seconds)?;
+                        let reading = before.saturating_sub(first);
+                        let requests = after.saturating_sub(before).saturating_sub(reading);
+                        Ok((mount_ns, tmpfs_ns, calls, requests))
+                    })
+                    .join()
+                    .map_err(|_| anyhow::anyhow!("the round-trip probe panicked"))?
+            })?;
+        Ok(RoundTrip {
+            suite: "mount",
+            op: "round-trip",
+            cpu,
+            mount_ns,
+            tmpfs_ns,
+            calls,
+            requests_per_call: requests as f64 / calls.max(1) as f64,
+        })
+    }
+}
+
+/// A file of one block at `path`, open for reading.
+fn probe_file(path: &Path) -> Result<std::fs::File> {
+    std::fs::write(path, [0u8; 4096]).with_context(|| format!("writing {}", path.display()))?;
+    std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))
+}
+
+/// Reads past the end of `file` for `seconds`: the mean time per call, and the calls made.
+fn probe(file: &std::fs::File, seconds: f64) -> Result<(f64, u64)> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 4096];
+    let limit = Duration::from_secs_f64(seconds);
+    let started = Instant::now();
+    let mut calls = 0u64;
+    // Checking the clock every call would add its cost to the tmpfs side's third of a
+    // microsecond: in rounds of 256.
+    while started.elapsed() < limit {
+        for _ in 0..256 {
+            let read = file
+                .read_at(&mut buf, PAST_THE_END)
+                .context("reading past the end of the probe file")?;
+            anyhow::ensure!(read == 0, "a read past the end returned {read} bytes");
+        }
+        calls += 256;
+    }
+    Ok((started.elapsed().as_nanos() as f64 / calls as f64, calls))
+}
+
+/// Requests the mount's server has served, from its status file (counting those of this
+/// reading that came before the file's contents were made: lookup, open, read).
+fn served_requests(status: &Path) -> Result<u64> {
+    let text =
+        std::fs::read_to_string(status).with_context(|| format!("reading {}", status.display()))?;
+    let doc: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", status.display()))?;
+    let fuse = &doc["fuse"];
+    let queued: u64 = fuse["queue_requests"]
+        .as_array()
+        .map(|q| q.iter().filter_map(serde_json::Value::as_u64).sum())
+        .unwrap_or(0);
+    let read = fuse["dev_requests"].as_u64().with_context(|| {
+        format!(
+            "{} has no request counts (fuse.dev_requests)",
+            status.display()
+        )
+    })?;
+    Ok(queued + read)
+}
+
+fn print_round_trip(trip: &RoundTrip, cases: &[Case]) -> Result<()> {
+    outln!(
+        "FUSE round trip: a read past the end of a file, which the server answers at once, took \
+         {:.2} us through the mount ({:.2} server requests per call) and {:.2} us on tmpfs, one thread \
+         pinned to CPU {}.",
+        trip.mount_ns / 1000.0,
+        trip.requests_per_call,
+        trip.tmpfs_ns / 1000.0,
+        trip.cpu,
+    );
+    // A durable write through the mount is at least one round trip. A one-job case's time
+    // per write on tmpfs is fio's own part (between its calls) plus the call: through the
+    // mount it is at least that part plus a round trip. The bound for the smallest block
+    // size measured with one job, where it bites.
+    if let Some(tmpfs) = cases
+        .iter()
+        .filter(|c| c.engine == "tmpfs" && c.numjobs == 1 && c.iops > 0.0)
+        .min_by_key(|c| c.bs_bytes)
+        && trip.mount_ns > 0.0
+    {
+        let per_write = 1e9 / tmpfs.iops;
+        let outside = (per_write - tmpfs.latency_mean_ns).max(0.0);
+        outln!(
+            "A durable write through the mount takes at least one: with one job at {}, where \
+             a write took {:.2} us on tmpfs ({:.2} us of it in the call), the mount can reach \
+             at most {:.2}x tmpfs here.",
+            super::short_size(tmpfs.bs_bytes),
+            per_write / 1000.0,
+            tmpfs.latency_mean_ns / 1000.0,
+            per_write / (outside + trip.mount_ns),
+        );
     }
     Ok(())
 }
