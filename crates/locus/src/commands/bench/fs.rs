@@ -33,6 +33,10 @@ use crate::size::parse_size;
 /// the file system is idle (checkpoint and idle-time defragmentation done), so that this
 /// work never runs during a tmpfs case and its writes count in the case's amplification.
 /// Every page of the scratch volume is mapped before the first case, as in a volume in use.
+/// With 1 and 2 threads, each case's two-thread/one-thread ratio follows the table; for writes
+/// on fewer than three CPUs, with the most two writers could make of one there given the
+/// checkpoint's CPU time per write (two writers and the checkpoint share the CPUs, where one
+/// writer had a CPU to itself).
 #[derive(Debug, Args)]
 pub struct FsBenchArgs {
     /// Print one JSON object per case and engine instead of a table.
@@ -595,6 +599,7 @@ fn report(cases: &[Case], args: &FsBenchArgs) -> Result<()> {
                 );
             }
         }
+        let cpus = topology::current_affinity().map_or(0, |c| c.len());
         for op in ["randwrite", "seqwrite", "randread", "seqread"] {
             let one: Vec<_> = pairs
                 .iter()
@@ -606,9 +611,15 @@ fn report(cases: &[Case], args: &FsBenchArgs) -> Result<()> {
                     .find(|(l, _)| l.op == op && l.threads == 2 && l.bs_bytes == l1.bs_bytes)
                 {
                     outln!(
-                        "  {op} {}: 2 threads / 1 thread = {:.2}x",
+                        "  {op} {}: 2 threads / 1 thread = {:.2}x{}",
                         bs_name(l1.bs_bytes),
-                        l2.iops / l1.iops.max(1e-9)
+                        l2.iops / l1.iops.max(1e-9),
+                        scaling_ceiling(l1, l2, cpus)
+                            .map(|(c, most)| format!(
+                                " (on {cpus} CPUs, with the checkpoint's {c:.2} us a write, at \
+                                 most {most:.2}x)"
+                            ))
+                            .unwrap_or_default()
                     );
                 }
             }
@@ -635,4 +646,16 @@ fn report(cases: &[Case], args: &FsBenchArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The most two writer threads can make of one on `cpus` CPUs when the two and the checkpoint
+/// thread need more CPUs than there are: each write then costs a CPU its writer's time plus
+/// the checkpoint's share, so two writers make at most `cpus / (w + c)` writes a second where
+/// one made `1 / w` (`w`: a writer's CPU time per write alone, `c`: the checkpoint's per write
+/// with two; contention between the two writers only lowers it). `None` for reads, for
+/// engines without a checkpoint and where the CPUs suffice. Returns `c` and the ceiling.
+fn scaling_ceiling(one: &Case, two: &Case, cpus: usize) -> Option<(f64, f64)> {
+    let c = two.checkpoint_us_per_op?;
+    let w = one.cpu_us_per_op;
+    (cpus > 0 && cpus < 3 && w > 0.0).then(|| (c, (cpus as f64 * w / (w + c)).min(2.0)))
 }
