@@ -34,9 +34,9 @@ use crate::size::parse_size;
 /// work never runs during a tmpfs case and its writes count in the case's amplification.
 /// Every page of the scratch volume is mapped before the first case, as in a volume in use.
 /// With 1 and 2 threads, each case's two-thread/one-thread ratio follows the table; for writes
-/// on fewer than three CPUs, with the most two writers could make of one there given the
-/// checkpoint's CPU time per write (two writers and the checkpoint share the CPUs, where one
-/// writer had a CPU to itself).
+/// on two CPUs, with the most two writers could make of one there given the checkpoint's CPU
+/// time per write (two writers and the checkpoint share the CPUs, where one writer had a CPU
+/// to itself).
 #[derive(Debug, Args)]
 pub struct FsBenchArgs {
     /// Print one JSON object per case and engine instead of a table.
@@ -648,14 +648,16 @@ fn report(cases: &[Case], args: &FsBenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// The most two writer threads can make of one on `cpus` CPUs when the two and the checkpoint
-/// thread need more CPUs than there are: each write then costs a CPU its writer's time plus
-/// the checkpoint's share, so two writers make at most `cpus / (w + c)` writes a second where
-/// one made `1 / w` (`w`: a writer's CPU time per write alone, `c`: the checkpoint's per write
-/// with two; contention between the two writers only lowers it). `None` for reads, for
-/// engines without a checkpoint and where the CPUs suffice. Returns `c` and the ceiling.
+/// The most two writer threads can make of one on a machine of two CPUs, where the two and
+/// the checkpoint thread need three: each write then costs a CPU its writer's time plus the
+/// checkpoint's share, so two writers make at most `2 / (w + c)` writes a second where one,
+/// with a CPU to itself and the checkpoint on the other, made `1 / w` (`w`: a writer's CPU
+/// time per write alone, `c`: the checkpoint's per write with two; contention between the two
+/// writers only lowers it). `None` for reads, for engines without a checkpoint and on other
+/// CPU counts (with one, one writer shares its CPU too; with three or more, the CPUs
+/// suffice). Returns `c` and the ceiling.
 fn scaling_ceiling(one: &Case, two: &Case, cpus: usize) -> Option<(f64, f64)> {
     let c = two.checkpoint_us_per_op?;
     let w = one.cpu_us_per_op;
-    (cpus > 0 && cpus < 3 && w > 0.0).then(|| (c, (cpus as f64 * w / (w + c)).min(2.0)))
+    (cpus == 2 && w > 0.0).then(|| (c, (2.0 * w / (w + c)).min(2.0)))
 }
