@@ -285,14 +285,20 @@ pub fn run(dir: &Path, sysfs: &Path, args: &StatusArgs) -> Result<()> {
     Ok(())
 }
 
+/// The live status a `locus mount` server publishes in its mount at `mountpoint` (the
+/// `.locus-status` file): devices, space, file system and request counters.
+pub(crate) fn mount_server_status(mountpoint: &Path) -> Result<serde_json::Value> {
+    let file = mountpoint.join(mount::STATUS_NAME);
+    let text = std::fs::read_to_string(&file)
+        .with_context(|| format!("reading the mount server's status from {}", file.display()))?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("the mount server's status in {}", file.display()))
+}
+
 /// The status of a volume a `locus mount` server holds, read through its mount (the
 /// server's live view: devices, space, file system counters).
 fn served_status(dir: &Path, served: &volume::Served, args: &StatusArgs) -> Result<()> {
-    let file = served.mountpoint.join(mount::STATUS_NAME);
-    let text = std::fs::read_to_string(&file)
-        .with_context(|| format!("reading the mount server's status from {}", file.display()))?;
-    let live: serde_json::Value = serde_json::from_str(&text)
-        .with_context(|| format!("the mount server's status in {}", file.display()))?;
+    let live = mount_server_status(&served.mountpoint)?;
     if args.json {
         let served_by = serde_json::json!({ "pid": served.pid, "mountpoint": served.mountpoint });
         return print_live_json(dir, &live, &served_by, &["fuse", "nameless", "scrub"]);

@@ -659,5 +659,5 @@ fn report(cases: &[Case], args: &FsBenchArgs) -> Result<()> {
 fn scaling_ceiling(one: &Case, two: &Case, cpus: usize) -> Option<(f64, f64)> {
     let c = two.checkpoint_us_per_op?;
     let w = one.cpu_us_per_op;
-    (cpus == 2 && w > 0.0).then(|| (c, (2.0 * w / (w + c)).min(2.0)))
+    (cpus == 2 && w > 0.0).then(|| (c, 2.0 * w / (w + c)))
 }

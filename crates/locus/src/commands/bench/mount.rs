@@ -278,7 +278,6 @@ impl RoundTrip {
     /// Probes a file of the mount at `point` and one in the tmpfs directory `tmpfs`, for up
     /// to `seconds` each, from a thread pinned to the CPU this one runs on.
     fn measure(point: &Path, tmpfs: &Path, seconds: f64) -> Result<RoundTrip> {
-        let status = point.join(mount::STATUS_NAME);
         let cpu = topology::current_cpu().context("finding this thread's CPU")?;
         let mount_file = probe_file(&point.join("round-trip"))?;
         let tmpfs_file = probe_file(&tmpfs.join("round-trip"))?;
@@ -290,10 +289,10 @@ impl RoundTrip {
                             .with_context(|| format!("pinning the probe to CPU {cpu}"))?;
                         // Read twice before: the difference is what one reading of the
                         // status file adds, taken off the count after.
-                        let first = served_requests(&status)?;
-                        let before = served_requests(&status)?;
+                        let first = served_requests(point)?;
+                        let before = served_requests(point)?;
                         let (mount_ns, calls) = probe(&mount_file, seconds)?;
-                        let after = served_requests(&status)?;
+                        let after = served_requests(point)?;
                         let (tmpfs_ns, _) = probe(&tmpfs_file, seconds)?;
                         let reading = before.saturating_sub(first);
                         let requests = after.saturating_sub(before).saturating_sub(reading);
@@ -341,24 +340,18 @@ fn probe(file: &std::fs::File, seconds: f64) -> Result<(f64, u64)> {
     Ok((started.elapsed().as_nanos() as f64 / calls as f64, calls))
 }
 
-/// Requests the mount's server has served, from its status file (counting those of this
-/// reading that came before the file's contents were made: lookup, open, read).
-fn served_requests(status: &Path) -> Result<u64> {
-    let text =
-        std::fs::read_to_string(status).with_context(|| format!("reading {}", status.display()))?;
-    let doc: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", status.display()))?;
-    let fuse = &doc["fuse"];
+/// Requests the server of the mount at `point` has served, from its status file (counting
+/// those of this reading that came before the file's contents were made: lookup, open, read).
+fn served_requests(point: &Path) -> Result<u64> {
+    let status = crate::commands::status::mount_server_status(point)?;
+    let fuse = &status["fuse"];
     let queued: u64 = fuse["queue_requests"]
         .as_array()
         .map(|q| q.iter().filter_map(serde_json::Value::as_u64).sum())
         .unwrap_or(0);
-    let read = fuse["dev_requests"].as_u64().with_context(|| {
-        format!(
-            "{} has no request counts (fuse.dev_requests)",
-            status.display()
-        )
-    })?;
+    let read = fuse["dev_requests"]
+        .as_u64()
+        .context("the mount server's status has no request counts (fuse.dev_requests)")?;
     Ok(queued + read)
 }
 
