@@ -544,13 +544,32 @@ pub(crate) fn write(
 ) -> Result<(), Problem> {
     file(inode, "a write")?;
     inode.overlay.insert(offset, len, buffer, order);
+    written(inode, offset, len, mtime);
+    Ok(())
+}
+
+/// A data record whose block its writer remapped into the file
+/// (`crate::overlay::Overlay::remap_block`): its size and times.
+pub(crate) fn file_written(
+    inode: &Inode,
+    offset: u64,
+    len: u64,
+    mtime: u64,
+) -> Result<(), Problem> {
+    file(inode, "a write")?;
+    written(inode, offset, len, mtime);
+    Ok(())
+}
+
+/// The size and times of a write of `[offset, offset + len)` at `mtime` whose data is in
+/// place already (in the overlay, or remapped into the file by its writer).
+fn written(inode: &Inode, offset: u64, len: u64, mtime: u64) {
     // An overwrite leaves the size as it is: no locked instruction for it.
     if inode.size.load(Ordering::Acquire) < offset + len {
         inode.size.fetch_max(offset + len, Ordering::AcqRel);
     }
     inode.mtime.fetch_max(mtime, Ordering::AcqRel);
     inode.changed(mtime);
-    Ok(())
 }
 
 /// A checkpoint `Batch`: maps `maps` into their files and raises sizes and times. Entries of

@@ -17,12 +17,18 @@
 //! the recycled lists have no room for the blocks they would free (which would otherwise
 //! go back to the volume as 4 KiB holes in its free memory).
 //!
+//! A single-block overwrite whose writer remapped it into the file itself (a chunk the
+//! checkpoint shared with the writers once small overwrites remapped blocks there:
+//! [`crate::extent_map::ExtentMap::share_chunk`], [`crate::overlay::Overlay::remap_block`])
+//! leaves only its mapping to record and the block it replaced to free ([`Cuts`] names
+//! the ones a later hole or truncation took back out of the file).
+//!
 //! Then one journal record commits the batch: every map change, the sizes reached, and the
 //! retirement of the records. Until it is durable nothing is freed, so a crash before it
 //! leaves the records live, and replaying them redoes the same in-place copies.
 
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use smallvec::SmallVec;
@@ -30,13 +36,13 @@ use volume::Extent;
 
 use crate::buffers::{BufferSet, NO_PAGE, RECYCLE_RUN_BLOCKS};
 use crate::error::{FsError, Result};
-use crate::extent_map::{BLOCK, ExtentMap, Run};
+use crate::extent_map::{BLOCK, CHUNK_BLOCKS, ExtentMap, Run};
 use crate::fs::{CheckpointMode, Inner, Slot, now_ns};
 use crate::inode::Inode;
 use crate::journal::{Journal, Kind, MAX_RECORD, MapEntry, MetaOp, SizeEntry};
 use crate::overlay::Piece as OverlayPiece;
 use crate::pieces::{Piece, alloc_halving};
-use crate::progress::{GATHER_RECORDS, Pending, Queue, Until};
+use crate::progress::{GATHER_RECORDS, Pending, Queue, Remapped, Until};
 use crate::range_lock::LockMode;
 use crate::snapshot::{
     INDEX_PAGE_BYTES, INDEX_PAGE_PIECES, InodeHead, RUN_BYTES, SnapshotIndex, SnapshotWriter,
@@ -47,6 +53,72 @@ use crate::snapshot::{
 /// many records) for more, so that the per-batch work (the journal record, its flush and
 /// fence, the wake-ups) is shared by more records.
 const GATHER_WAIT: Duration = Duration::from_micros(500);
+
+/// Blocks cut out of files (holes punched, truncations) that records of writers' own remaps
+/// ([`crate::overlay::Overlay::remap_block`]) logged before the cut may still name.
+///
+/// Such a record's block is in the file from the moment its writer remapped it, so a cut
+/// after it (which holds the block's range lock, so comes after the write) frees the
+/// record's page at once. The checkpoint must then not record the record's mapping: its
+/// batch is journaled after the cut, and replay would map the freed page back into the
+/// file. It still frees the page the record replaced, which only the record names. A cut
+/// is kept with the order the next record would take when it was made (records below it
+/// came before it), until every record below that is checkpointed.
+#[derive(Debug, Default)]
+pub(crate) struct Cuts {
+    /// Whether `list` holds any (read per remapped record; the list's lock only then).
+    any: AtomicBool,
+    list: Mutex<Vec<Cut>>,
+}
+
+#[derive(Debug)]
+struct Cut {
+    ino: u64,
+    /// File blocks `[from, to)`.
+    from: u64,
+    to: u64,
+    /// Records below this order were logged before the cut.
+    order: u64,
+}
+
+impl Cuts {
+    /// Notes that blocks `[from, to)` of file `ino` are cut, before records of order
+    /// `order` and above. Called under the batch lock (no batch is half done) and the range
+    /// lock of the blocks, before they are freed.
+    pub(crate) fn note(&self, ino: u64, from: u64, to: u64, order: u64) {
+        self.list.lock().expect("cuts").push(Cut {
+            ino,
+            from,
+            to,
+            order,
+        });
+        self.any.store(true, Ordering::Release);
+    }
+
+    /// Whether block `block` of file `ino` was cut after the record of order `order`.
+    fn cut_after(&self, ino: u64, block: u64, order: u64) -> bool {
+        self.any.load(Ordering::Acquire)
+            && self
+                .list
+                .lock()
+                .expect("cuts")
+                .iter()
+                .any(|c| c.ino == ino && c.order > order && (c.from..c.to).contains(&block))
+    }
+
+    /// Forgets the cuts that no pending record precedes (every record below `done_below`
+    /// is checkpointed).
+    fn prune(&self, done_below: u64) {
+        if !self.any.load(Ordering::Acquire) {
+            return;
+        }
+        let mut list = self.list.lock().expect("cuts");
+        list.retain(|c| c.order > done_below);
+        if list.is_empty() {
+            self.any.store(false, Ordering::Release);
+        }
+    }
+}
 
 /// Starts the checkpoint thread.
 pub(crate) fn spawn(inner: Arc<Inner>) -> Result<std::thread::JoinHandle<()>> {
@@ -420,6 +492,18 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
         freed: std::mem::take(&mut scratch.freed),
         ..Work::default()
     };
+    // Writers remap single-block overwrites themselves while space is not tight and the
+    // lists have room for a gathered batch of the blocks those replace — the conditions
+    // under which this batch remaps them ([`apply_record`]); what overflows the lists
+    // goes back to the volume. (Room for a whole batch, 4096 records, was too much to ask:
+    // with two writers of random 4 KiB blocks, whose every write takes a page from the
+    // lists as the checkpoint puts one back, the room hovered at 3000-4800 pages and the
+    // writers remapped under half their writes themselves.)
+    let room_needed = inner.options.checkpoint_batch.min(GATHER_RECORDS) as u64;
+    inner.writers_remap.store(
+        !work.copy_overwrites && work.room >= room_needed,
+        Ordering::Relaxed,
+    );
     // What a record moves is what the overlay still holds of it, which no other record's
     // move changes, so the records may be applied in file order: then the range-lock
     // tables, overlay shards and extent-map nodes of neighbouring records are still in this
@@ -448,15 +532,27 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
     let mut k = 0;
     while k < order.len() {
         let first = &batch.records[order[k].2 as usize];
+        if inode.as_ref().is_none_or(|i| i.ino != first.ino) {
+            inode = inner.inode(first.ino);
+        }
+        // A record its writer remapped needs no lock: only its mapping is left to record.
+        // Records before and after it in this order are applied before and after it, so the
+        // batch's mappings of any one block stay in log order.
+        if let Some(remapped) = first.remapped {
+            apply_remapped(inner, inode.as_deref(), first, remapped, &mut work);
+            k += 1;
+            continue;
+        }
         let stretch = first.offset / GROUP_STRETCH;
         let group = order[k..]
             .iter()
             .take(GROUP_RECORDS)
-            .take_while(|&&(ino, offset, _)| ino == first.ino && offset / GROUP_STRETCH == stretch)
+            .take_while(|&&(ino, offset, at)| {
+                ino == first.ino
+                    && offset / GROUP_STRETCH == stretch
+                    && batch.records[at as usize].remapped.is_none()
+            })
             .count();
-        if inode.as_ref().is_none_or(|i| i.ino != first.ino) {
-            inode = inner.inode(first.ino);
-        }
         // A file removed since has nothing left to move.
         if let Some(inode) = &inode {
             apply_group(inner, inode, &batch.records, &order[k..], group, &mut work)?;
@@ -587,8 +683,11 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
         .fetch_add(batch.records.len() as u64, Ordering::Relaxed);
     c.remapped_blocks
         .fetch_add(work.remapped, Ordering::Relaxed);
+    c.writer_remapped_blocks
+        .fetch_add(work.by_writers, Ordering::Relaxed);
     c.copied_bytes.fetch_add(work.copied, Ordering::Relaxed);
     inner.progress.finish_batch(&batch);
+    inner.cuts.prune(inner.progress.done_below());
     let mut records = batch.records;
     let moved = records.len();
     records.clear();
@@ -621,7 +720,13 @@ struct Work {
     /// A group's whole-block remaps (file block, blocks, page), entered into the file's
     /// map together at the group's end ([`ExtentMap::map_all`]).
     remaps: Vec<(u64, u64, u64)>,
+    /// A chunk of the group's file in which a single-block overwrite was remapped: its
+    /// table is shared with the writers at the group's end, so that they remap the next
+    /// ones themselves.
+    share: Option<u64>,
     remapped: u64,
+    /// Of `remapped`, blocks their writers remapped.
+    by_writers: u64,
     copied: u64,
 }
 
@@ -714,6 +819,11 @@ fn apply_group(
     // moves is what the overlay still held of it), so none of them looked it up.
     extents.map_all(&work.remaps, &mut work.freed);
     work.remaps.clear();
+    if let Some(chunk) = work.share.take()
+        && let Some(table) = extents.share_chunk(chunk)
+    {
+        inode.overlay.share_table(chunk, table);
+    }
     work.taken = taken;
     applied
 }
@@ -769,6 +879,9 @@ fn apply_record(
                     if small {
                         work.room = work.room.saturating_sub(blocks);
                     }
+                    if blocks == 1 && !checked && extents.get(block).is_some() {
+                        work.share = Some(block / CHUNK_BLOCKS);
+                    }
                     remap(inode.ino, record, block, blocks, src, work);
                 } else {
                     // A mapped file (whose blocks stay where the mappings point), a
@@ -818,6 +931,55 @@ fn apply_record(
     }
     note_size(work, inode.ino, end, record);
     Ok(())
+}
+
+/// A record whose writer remapped its block into the file itself (`inode`: the file, if
+/// it still is one): its page is the file's (or was, until a cut or the file's removal
+/// freed it — never its buffer set's to reuse), the page it replaced is freed once the
+/// batch commits, and the mapping is recorded unless the file is gone or a later cut took
+/// the block back out ([`Cuts`]). A newer write of the block may have replaced this one's
+/// page in the table already: recording this mapping first is still right, as the newer
+/// record's mapping (or its replay) follows it. A file removed after this is read has its
+/// entries skipped by replay (its removal is durable first), as for any other record.
+fn apply_remapped(
+    inner: &Inner,
+    inode: Option<&Inode>,
+    record: &Pending,
+    remapped: Remapped,
+    work: &mut Work,
+) {
+    let block = record.offset / BLOCK;
+    if record.page == NO_PAGE {
+        record.set.take_pages(remapped.page, 1);
+    } else {
+        record.set.take_page(record.page);
+    }
+    work.freed.push(Run {
+        file_block: block,
+        blocks: 1,
+        addr: remapped.replaced,
+    });
+    work.room = work.room.saturating_sub(1);
+    let Some(inode) = inode.filter(|i| !i.dead.load(Ordering::Acquire)) else {
+        return;
+    };
+    let ino = inode.ino;
+    let end = record.offset + record.len;
+    if inner.cuts.cut_after(ino, block, record.order) {
+        // As far as the file still has it.
+        let size = inode.size.load(Ordering::Acquire);
+        note_size(work, ino, end.min(size), record);
+        return;
+    }
+    work.maps.push(MapEntry {
+        ino,
+        file_block: block,
+        blocks: 1,
+        addr: remapped.page,
+    });
+    work.remapped += 1;
+    work.by_writers += 1;
+    note_size(work, ino, end, record);
 }
 
 /// With data checksums: builds block `block` of file `ino` anew in a fresh page — the bytes

@@ -18,6 +18,8 @@
 //! durable.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
 /// Bytes per file block (and per volume page).
 pub const BLOCK: u64 = 4096;
@@ -99,21 +101,91 @@ fn push_run(out: &mut Vec<Run>, run: Run) {
 /// files of 4 KiB took 8.3 KiB each, 3.6 KiB of it the inode). A table grows as blocks are
 /// mapped further in (the vector's doubling: at most twice what it holds, and at most one
 /// page), so remapping a block stays a store into an array.
-#[derive(Clone, PartialEq, Eq)]
 struct Table {
     entries: Vec<u64>,
+    /// The entries, when the table is shared with the file's writers instead
+    /// ([`ExtentMap::share_chunk`]; `entries` is then empty).
+    shared: Option<Arc<SharedTable>>,
     /// Mapped entries.
     mapped: u32,
     /// Entries that start a run within the chunk (mapped, and not the page after the
-    /// previous entry's).
+    /// previous entry's). Not kept for a shared table, whose writers change its entries
+    /// without the map's lock: it counts each mapped entry as a run there.
     starts: u32,
 }
+
+/// A chunk's entries as a table shares them with the file's writers: every entry of the
+/// chunk, each an atomic, so that a writer remaps a block it holds the range lock of with a
+/// store while the map's other users read other entries ([`SharedTable::remap`]).
+///
+/// A writer reaches it through the file's overlay shard of the chunk, which holds a weak
+/// reference: the map owns the only strong one, and a chunk whose entries leave the map
+/// (made a run, removed, the map rebuilt) is gone for the writers too. What the map does to
+/// a shared table's entries it does under an exclusive range lock of those blocks, as the
+/// writers do, and it drops one only under a range lock over the whole chunk (a chunk
+/// remapped or truncated whole), so no writer is between finding the entries and storing.
+pub struct SharedTable([AtomicU64; CHUNK_BLOCKS as usize]);
+
+impl SharedTable {
+    /// Makes block `i` of the chunk the page `page`, if it is mapped; returns the page it
+    /// had (`None`: a hole, left one). For the holder of the block's exclusive range lock.
+    pub fn remap(&self, i: usize, page: u64) -> Option<u64> {
+        debug_assert!(
+            page.is_multiple_of(BLOCK),
+            "page {page:#x} is not block aligned"
+        );
+        let entry = &self.0[i];
+        let old = entry.load(Ordering::Relaxed);
+        if old == 0 {
+            return None;
+        }
+        entry.store(page | MAPPED, Ordering::Relaxed);
+        Some(old & !MAPPED)
+    }
+}
+
+impl Clone for Table {
+    /// A copy of its own: a shared table's copy is not shared.
+    fn clone(&self) -> Self {
+        let Some(shared) = &self.shared else {
+            return Self {
+                entries: self.entries.clone(),
+                shared: None,
+                mapped: self.mapped,
+                starts: self.starts,
+            };
+        };
+        let mut entries: Vec<u64> = shared.0.iter().map(|e| e.load(Ordering::Relaxed)).collect();
+        while entries.last() == Some(&0) {
+            entries.pop();
+        }
+        let mut table = Self {
+            entries,
+            shared: None,
+            mapped: 0,
+            starts: 0,
+        };
+        table.count();
+        table
+    }
+}
+
+/// Equal when they map the same blocks to the same pages, however held.
+impl PartialEq for Table {
+    fn eq(&self, other: &Self) -> bool {
+        self.mapped == other.mapped
+            && (0..CHUNK_BLOCKS as usize).all(|i| self.entry(i) == other.entry(i))
+    }
+}
+
+impl Eq for Table {}
 
 impl std::fmt::Debug for Table {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Table")
             .field("mapped", &self.mapped)
             .field("starts", &self.starts)
+            .field("shared", &self.shared.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -124,6 +196,7 @@ impl Table {
     fn empty() -> Box<Self> {
         Box::new(Self {
             entries: Vec::new(),
+            shared: None,
             mapped: 0,
             starts: 0,
         })
@@ -135,6 +208,7 @@ impl Table {
             entries: (0..CHUNK_BLOCKS)
                 .map(|i| (addr + i * BLOCK) | MAPPED)
                 .collect(),
+            shared: None,
             mapped: CHUNK_BLOCKS as u32,
             starts: 1,
         })
@@ -142,7 +216,32 @@ impl Table {
 
     /// Entry `i` (0, a hole, past the end).
     fn entry(&self, i: usize) -> u64 {
-        self.entries.get(i).copied().unwrap_or(0)
+        match &self.shared {
+            Some(shared) => shared.0.get(i).map_or(0, |e| e.load(Ordering::Relaxed)),
+            None => self.entries.get(i).copied().unwrap_or(0),
+        }
+    }
+
+    /// Entries held (every one past them is a hole).
+    fn len(&self) -> usize {
+        match self.shared {
+            Some(_) => CHUNK_BLOCKS as usize,
+            None => self.entries.len(),
+        }
+    }
+
+    /// Runs as [`ExtentMap::run_count`] counts them.
+    fn runs(&self) -> u32 {
+        match self.shared {
+            Some(_) => self.mapped,
+            None => self.starts,
+        }
+    }
+
+    /// Sets `mapped` and `starts` from the entries.
+    fn count(&mut self) {
+        self.mapped = (0..self.len()).filter(|&i| self.entry(i) != 0).count() as u32;
+        self.starts = (0..self.len()).filter(|&i| self.starts_run(i)).count() as u32;
     }
 
     fn page(&self, i: usize) -> Option<u64> {
@@ -154,8 +253,8 @@ impl Table {
         let e = self.entry(i);
         e != 0
             && (i == 0
-                || self.entries[i - 1] == 0
-                || (self.entries[i - 1] & !MAPPED) + BLOCK != e & !MAPPED)
+                || self.entry(i - 1) == 0
+                || (self.entry(i - 1) & !MAPPED) + BLOCK != e & !MAPPED)
     }
 
     /// Sets entry `i` to `page` (`None`: a hole); returns the page it replaced, if any (not
@@ -168,6 +267,11 @@ impl Table {
         let old = self.entry(i);
         if old == new {
             return None;
+        }
+        if let Some(shared) = &self.shared {
+            shared.0[i].store(new, Ordering::Relaxed);
+            self.mapped = self.mapped + u32::from(new != 0) - u32::from(old != 0);
+            return (old != 0).then_some(old & !MAPPED);
         }
         let around = |t: &Self| {
             u32::from(t.starts_run(i))
@@ -189,13 +293,15 @@ impl Table {
 
     /// The single run the table is, if it is one: every block mapped, pages consecutive.
     fn as_run(&self) -> Option<u64> {
-        (self.mapped == CHUNK_BLOCKS as u32 && self.starts == 1).then(|| self.entry(0) & !MAPPED)
+        // A shared table stays one: its writers hold its entries.
+        (self.shared.is_none() && self.mapped == CHUNK_BLOCKS as u32 && self.starts == 1)
+            .then(|| self.entry(0) & !MAPPED)
     }
 
     /// Hands the mapped blocks of entries `[from, to)` to `sink` one by one (first file
     /// block of the chunk: `base`).
     fn pieces(&self, base: u64, from: usize, to: usize, sink: &mut impl FnMut(Run)) {
-        for i in from..to.min(self.entries.len()) {
+        for i in from..to.min(self.len()) {
             if let Some(page) = self.page(i) {
                 sink(Run::block(base + i as u64, page));
             }
@@ -233,7 +339,7 @@ impl Chunk {
     fn runs(&self) -> u64 {
         match self {
             Chunk::Run { .. } => 1,
-            Chunk::Table(t) => u64::from(t.starts),
+            Chunk::Table(t) => u64::from(t.runs()),
         }
     }
 }
@@ -520,12 +626,40 @@ impl ExtentMap {
                 };
                 table = Some((c, found));
             }
-            if let Some((_, Some(t))) = table
-                && let Some(entry) = t.entries.get((block % CHUNK_BLOCKS) as usize)
-            {
-                pmem::prefetch(std::ptr::from_ref(entry));
+            if let Some((_, Some(t))) = table {
+                let i = (block % CHUNK_BLOCKS) as usize;
+                match &t.shared {
+                    Some(shared) => pmem::prefetch(std::ptr::from_ref(&shared.0[i])),
+                    None => {
+                        if let Some(entry) = t.entries.get(i) {
+                            pmem::prefetch(std::ptr::from_ref(entry));
+                        }
+                    }
+                }
             }
         }
+    }
+
+    /// Shares chunk `c`'s table with the file's writers, if the chunk is a table: its
+    /// entries become a [`SharedTable`] (the one it has, if shared already), of which the
+    /// caller gets a weak reference to hand to the writers. The caller holds the map's lock
+    /// and an exclusive range lock within the chunk. `None` for a run or a hole.
+    pub fn share_chunk(&mut self, c: u64) -> Option<Weak<SharedTable>> {
+        let Some(Chunk::Table(t)) = self.chunks.get_mut(c) else {
+            return None;
+        };
+        if let Some(shared) = &t.shared {
+            return Some(Arc::downgrade(shared));
+        }
+        let shared = Arc::new(SharedTable(std::array::from_fn(|i| {
+            AtomicU64::new(t.entries.get(i).copied().unwrap_or(0))
+        })));
+        let weak = Arc::downgrade(&shared);
+        let starts = t.starts;
+        t.entries = Vec::new();
+        t.shared = Some(shared);
+        self.runs = self.runs - u64::from(starts) + u64::from(t.mapped);
+        Some(weak)
     }
 
     /// The page of one block, or `None` for a hole.
@@ -746,9 +880,9 @@ impl ExtentMap {
     fn edit(&mut self, c: u64, f: impl FnOnce(&mut Table)) {
         // The common case, a chunk small writes made a table already: one search.
         if let Some(Chunk::Table(t)) = self.chunks.get_mut(c) {
-            let before = (t.mapped, t.starts);
+            let before = (t.mapped, t.runs());
             f(t);
-            let after = (t.mapped, t.starts, t.as_run());
+            let after = (t.mapped, t.runs(), t.as_run());
             return self.settle(c, before, after);
         }
         self.split_at(c);
@@ -805,10 +939,7 @@ impl Build {
         let Some((c, mut table)) = self.table.take() else {
             return;
         };
-        table.mapped = table.entries.iter().filter(|&&e| e != 0).count() as u32;
-        table.starts = (0..table.entries.len())
-            .filter(|&i| table.starts_run(i))
-            .count() as u32;
+        table.count();
         match table.as_run() {
             Some(addr) => self.push_run(c, 1, addr),
             None => self.chunks.push((c, Chunk::Table(table))),

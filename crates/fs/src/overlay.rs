@@ -8,12 +8,15 @@
 //! lock.
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock, Weak};
+
+use crate::extent_map::{BLOCK, CHUNK_BLOCKS, SharedTable};
 
 use smallvec::SmallVec;
 
-/// Bytes per shard stretch.
+/// Bytes per shard stretch: one chunk of the block table.
 const STRETCH: u64 = 2 << 20;
+const _: () = assert!(STRETCH == CHUNK_BLOCKS * BLOCK);
 /// Whole pieces [`Overlay::take_records`] finds before it removes them together.
 const GROUP_TAKES: usize = 16;
 /// Shards per file: a file's stretches up to 512 MiB each have their own. With 16, random
@@ -79,7 +82,6 @@ impl Default for PieceMap {
 }
 
 impl PieceMap {
-    #[cfg(test)]
     fn is_empty(&self) -> bool {
         match self {
             Self::Small(v) => v.is_empty(),
@@ -272,7 +274,7 @@ fn large_overlapping(m: &BTreeMap<u64, Piece>, from: u64, to: u64) -> SmallVec<[
 /// ([`KEPT_PIECES`]): one rule wherever pieces leave a shard (the checkpoint, truncation,
 /// holes punched).
 struct Locked<'a> {
-    map: MutexGuard<'a, PieceMap>,
+    map: MutexGuard<'a, Shard>,
     first: bool,
 }
 
@@ -280,22 +282,31 @@ impl std::ops::Deref for Locked<'_> {
     type Target = PieceMap;
 
     fn deref(&self) -> &PieceMap {
-        &self.map
+        &self.map.pieces
     }
 }
 
 impl std::ops::DerefMut for Locked<'_> {
     fn deref_mut(&mut self) -> &mut PieceMap {
-        &mut self.map
+        &mut self.map.pieces
     }
 }
 
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
         if self.first {
-            self.map.release();
+            self.map.pieces.release();
         }
     }
+}
+
+/// One shard: its pieces, and the block table of the chunk (2 MiB stretch) its writes last
+/// went to, if the file's map shares that one with its writers
+/// ([`crate::extent_map::ExtentMap::share_chunk`]).
+#[derive(Debug, Default)]
+struct Shard {
+    pieces: PieceMap,
+    table: Option<(u64, Weak<SharedTable>)>,
 }
 
 /// The overlay of one file. Its shards are made by the file's first logged write in them: a
@@ -307,9 +318,9 @@ impl Drop for Locked<'_> {
 #[derive(Debug, Default)]
 pub struct Overlay {
     /// Shard 0: stretches 0, 256, 512, …
-    first: OnceLock<Box<Mutex<PieceMap>>>,
+    first: OnceLock<Box<Mutex<Shard>>>,
     /// Shards 1 to 15, 16 to 63 and 64 to 255.
-    tiers: [OnceLock<Box<[Mutex<PieceMap>]>>; TIER_ENDS.len()],
+    tiers: [OnceLock<Box<[Mutex<Shard>]>>; TIER_ENDS.len()],
 }
 
 /// The tier of shard `i` (past 0) and where the tier starts.
@@ -334,7 +345,7 @@ fn stretches(from: u64, to: u64) -> impl Iterator<Item = (usize, u64, u64)> {
 
 impl Overlay {
     /// Shard `i`, if a write made it.
-    fn shard(&self, i: usize) -> Option<&Mutex<PieceMap>> {
+    fn shard(&self, i: usize) -> Option<&Mutex<Shard>> {
         if i == 0 {
             return self.first.get().map(|first| &**first);
         }
@@ -343,7 +354,7 @@ impl Overlay {
     }
 
     /// Shard `i`, made (with its tier) if no write made it yet.
-    fn shard_made(&self, i: usize) -> &Mutex<PieceMap> {
+    fn shard_made(&self, i: usize) -> &Mutex<Shard> {
         if i == 0 {
             return self.first.get_or_init(Box::default);
         }
@@ -353,7 +364,7 @@ impl Overlay {
     }
 
     /// `shard` (one of this overlay's), locked.
-    fn lock<'a>(&'a self, shard: &'a Mutex<PieceMap>) -> Locked<'a> {
+    fn lock<'a>(&'a self, shard: &'a Mutex<Shard>) -> Locked<'a> {
         Locked {
             map: shard.lock().expect("overlay shard"),
             first: self
@@ -364,7 +375,7 @@ impl Overlay {
     }
 
     /// Every shard made.
-    fn shards(&self) -> impl Iterator<Item = &Mutex<PieceMap>> {
+    fn shards(&self) -> impl Iterator<Item = &Mutex<Shard>> {
         let tiers = self
             .tiers
             .iter()
@@ -392,6 +403,34 @@ impl Overlay {
                 order,
             });
         }
+    }
+
+    /// Remaps the whole block at `offset` (block aligned) to `page` in the file's block
+    /// table instead of logging a piece of it here: when the block's chunk shares its table
+    /// with the writers and the block is mapped. Older pieces over the block are cut (the
+    /// write replaces them). Returns the page the block had, which the caller's record then
+    /// frees once it is checkpointed; `None` leaves everything as it was. For the holder of
+    /// the block's exclusive range lock, after its record is durable.
+    pub fn remap_block(&self, offset: u64, page: u64) -> Option<u64> {
+        debug_assert!(offset.is_multiple_of(BLOCK));
+        let stretch = offset / STRETCH;
+        let shard = self.shard((stretch % SHARDS as u64) as usize)?;
+        let mut locked = self.lock(shard);
+        let table = match &locked.map.table {
+            Some((chunk, table)) if *chunk == stretch => table.upgrade()?,
+            _ => return None,
+        };
+        let replaced = table.remap(((offset / BLOCK) % CHUNK_BLOCKS) as usize, page)?;
+        if !locked.is_empty() {
+            locked.replace(offset, offset + BLOCK, None);
+        }
+        Some(replaced)
+    }
+
+    /// Hands the writers of chunk `chunk` its shared table ([`Overlay::remap_block`]).
+    pub fn share_table(&self, chunk: u64, table: Weak<SharedTable>) {
+        let shard = self.shard_made((chunk % SHARDS as u64) as usize);
+        self.lock(shard).map.table = Some((chunk, table));
     }
 
     /// The pieces inside `[from, to)`, clipped, in file order.

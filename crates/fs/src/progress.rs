@@ -80,6 +80,18 @@ pub(crate) struct Pending {
     pub(crate) set: Arc<BufferSet>,
     /// The write's time (0: not recorded, an area of version 1).
     pub(crate) mtime: u64,
+    /// Set when the writer remapped the write's block into the file's block table itself
+    /// (`crate::overlay::Overlay::remap_block`): the checkpoint then only records the
+    /// mapping and frees the block it replaced.
+    pub(crate) remapped: Option<Remapped>,
+}
+
+/// A single-block write its writer made the file's block: the page now mapped, and the one
+/// it replaced.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Remapped {
+    pub(crate) page: u64,
+    pub(crate) replaced: u64,
 }
 
 /// An atomic on cache lines of its own (no false sharing with its neighbours).
@@ -733,6 +745,7 @@ mod tests {
             len: 1,
             set: Arc::new(BufferSet::sealed_with(Extents::new(), 1)),
             mtime: 0,
+            remapped: None,
         }
     }
 

@@ -486,6 +486,7 @@ impl Fs {
                 len: r.length,
                 set: Arc::clone(&recovered),
                 mtime: r.mtime,
+                remapped: None,
             });
         }
         Fs::start(

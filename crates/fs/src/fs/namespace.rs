@@ -635,6 +635,8 @@ impl Inner {
                 time,
             };
             if self.journal(&slot, &op)? {
+                self.cuts
+                    .note(inode.ino, first, last, self.progress.current_order());
                 let freed = applied(apply::punch(
                     inode,
                     &mut inode.extents.write().expect("extent map"),
@@ -874,6 +876,14 @@ impl Inner {
                     }])?;
                 }
                 return Ok(false);
+            }
+            if size < old {
+                fs.cuts.note(
+                    inode.ino,
+                    size / BLOCK,
+                    u64::MAX,
+                    fs.progress.current_order(),
+                );
             }
             let freed = applied(apply::truncate(
                 inode,

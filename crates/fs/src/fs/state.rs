@@ -168,6 +168,13 @@ pub(crate) struct Inner {
     pub(crate) pending_pages: AtomicU64,
     /// Blocks overwrites replaced, kept for single-block writes.
     pub(crate) recycled: Recycled,
+    /// Whether writers may remap single-block overwrites into their files themselves
+    /// (`Inner::writer_remaps`): set by the checkpoint for each batch, while the recycled
+    /// lists have room for what they replace and spare memory is not tight.
+    pub(crate) writers_remap: AtomicBool,
+    /// Blocks cut from files (holes punched, truncations) that writers' remaps logged
+    /// before them may still name ([`crate::checkpoint::Cuts`]).
+    pub(crate) cuts: crate::checkpoint::Cuts,
     /// The range locks of every file.
     pub(crate) range_locks: RangeLocks,
     /// Held by the checkpoint through each pass (everything it writes to the media), and
@@ -182,6 +189,7 @@ pub(crate) struct FsCounters {
     pub(crate) checkpoint_batches: AtomicU64,
     pub(crate) checkpointed_records: AtomicU64,
     pub(crate) remapped_blocks: AtomicU64,
+    pub(crate) writer_remapped_blocks: AtomicU64,
     pub(crate) copied_bytes: AtomicU64,
     pub(crate) metadata_bytes: AtomicU64,
     pub(crate) snapshots: AtomicU64,
@@ -252,6 +260,9 @@ pub struct FsStats {
     pub checkpointed_records: u64,
     /// Blocks the checkpoint remapped (no copy).
     pub remapped_blocks: u64,
+    /// Of those, blocks their writers had remapped into the file themselves (single-block
+    /// overwrites in chunks shared with the writers): the checkpoint only recorded them.
+    pub writer_remapped_blocks: u64,
     /// Bytes the checkpoint copied (partial blocks).
     pub copied_bytes: u64,
     /// Single-block writes placed in a page an earlier overwrite had freed (no allocation).
@@ -672,6 +683,8 @@ impl Inner {
             pending_pages: AtomicU64::new(pending_pages),
             replayed,
             recycled: Recycled::new(device_nodes, recycle_cap),
+            writers_remap: AtomicBool::new(false),
+            cuts: crate::checkpoint::Cuts::default(),
             range_locks,
             checkpoint_hold: Mutex::new(()),
             defrag: crate::defrag::Defrag::default(),
@@ -1343,6 +1356,7 @@ impl Inner {
             checkpoint_batches: c.checkpoint_batches.load(Ordering::Relaxed),
             checkpointed_records: c.checkpointed_records.load(Ordering::Relaxed),
             remapped_blocks: c.remapped_blocks.load(Ordering::Relaxed),
+            writer_remapped_blocks: c.writer_remapped_blocks.load(Ordering::Relaxed),
             copied_bytes: c.copied_bytes.load(Ordering::Relaxed),
             recycled_blocks: self.recycled.used(),
             snapshots: c.snapshots.load(Ordering::Relaxed),

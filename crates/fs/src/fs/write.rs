@@ -16,7 +16,7 @@ use crate::extent_map::BLOCK;
 use crate::inode::Inode;
 use crate::log::Piece as LogPiece;
 use crate::pieces::alloc_halving;
-use crate::progress::Pending;
+use crate::progress::{Pending, Remapped};
 use crate::range_lock::LockMode;
 use crate::snapshot::write_growth_bound;
 
@@ -169,10 +169,26 @@ impl Inner {
         let records = log.append_group(inode.ino, &log_pieces, orders.start, time)?;
         drop(log);
         let touched = if caller { time } else { 0 };
-        for r in &records {
-            applied(apply::write(
-                inode, r.offset, r.length, r.buffer, r.order, touched,
-            ));
+        // The record is durable: a single-block overwrite may now become the file's block
+        // at once (the checkpoint then has only the mapping to record).
+        let remapped = match &pieces[..] {
+            [p] if caller && self.writer_remaps(inode, offset, len, p.addr) => inode
+                .overlay
+                .remap_block(offset, p.addr)
+                .map(|replaced| Remapped {
+                    page: p.addr,
+                    replaced,
+                }),
+            _ => None,
+        };
+        if remapped.is_some() {
+            applied(apply::file_written(inode, offset, len, touched));
+        } else {
+            for r in &records {
+                applied(apply::write(
+                    inode, r.offset, r.length, r.buffer, r.order, touched,
+                ));
+            }
         }
         slot.counters.log_growth(
             records
@@ -199,12 +215,31 @@ impl Inner {
             len: r.length,
             set: p.set,
             mtime: r.mtime,
+            remapped,
         }));
         if caller {
             slot.counters.count_write(len);
         }
         slot.counters.count_media(crate::log::RECORD_BYTES * count);
         Ok(())
+    }
+
+    /// Whether the writer of `[offset, offset + len)` from `page` (holding its exclusive
+    /// range lock, its record durable) may remap it into the file's block table itself
+    /// instead of the overlay ([`crate::overlay::Overlay::remap_block`]): one whole block,
+    /// in a page of its own, of a file no process maps (a mapped file's blocks stay where
+    /// the mappings point; a new mapping counts itself before it takes the range lock), on a
+    /// file system without data checksums (whose blocks are never stored to in place, nor
+    /// remapped unchecked), while the checkpoint finds room to recycle what such writes
+    /// replace and space is not tight ([`Inner::writers_remap`]). The block must be mapped
+    /// in a chunk the checkpoint shared with the writers; `remap_block` checks that.
+    fn writer_remaps(&self, inode: &Inode, offset: u64, len: u64, page: u64) -> bool {
+        len == BLOCK
+            && offset.is_multiple_of(BLOCK)
+            && page.is_multiple_of(BLOCK)
+            && self.checksums.is_none()
+            && self.writers_remap.load(Ordering::Relaxed)
+            && inode.mapped.load(Ordering::Acquire) == 0
     }
 
     pub(crate) fn write_at(

@@ -1,0 +1,268 @@
+//! Single-block overwrites that their writers remap into the file's block table themselves
+//! (chunks the checkpoint shared with the writers): what they leave is what the writes
+//! asked for — read back live, after holes, truncations and removals that overtake records
+//! the checkpoint has not recorded yet, after a crash with such records in the logs, and in
+//! the memory the volume counts as owned (`Fs::check`: no page freed twice, or lost).
+
+use fs::{CheckpointMode, Fs, FsOptions, OpenOptions};
+use rand::{Rng, SeedableRng};
+use testkit::*;
+
+const FILE: u64 = 4 << 20;
+
+fn options(checkpoint: CheckpointMode) -> FsOptions {
+    FsOptions {
+        checkpoint,
+        ..small_options()
+    }
+}
+
+/// A file of `FILE` bytes laid out whole, checkpointed, then overwritten block by block
+/// until the writers remap their own blocks.
+fn laid_out(fs: &Fs, path: &str, model: &mut Vec<u8>) -> fs::File {
+    let f = fs.create(path).unwrap();
+    *model = pattern(1, 0, FILE as usize);
+    f.write_at(model, 0).unwrap();
+    fs.checkpoint().unwrap();
+    f
+}
+
+fn overwrite(f: &fs::File, model: &mut Vec<u8>, block: u64, tag: u64) {
+    let at = block * 4096;
+    let data = pattern(tag, at, 4096);
+    f.write_at(&data, at).unwrap();
+    if model.len() < at as usize + 4096 {
+        model.resize(at as usize + 4096, 0);
+    }
+    model[at as usize..at as usize + 4096].copy_from_slice(&data);
+}
+
+fn check(f: &fs::File, model: &[u8], when: &str) {
+    let mut got = vec![0u8; model.len()];
+    let n = f.read_at(&mut got, 0).unwrap();
+    assert_eq!(n, model.len(), "{when}: length");
+    if let Some(i) = (0..model.len()).find(|&i| got[i] != model[i]) {
+        panic!(
+            "{when}: byte {i} (block {}) is {:#x}, the model has {:#x}",
+            i / 4096,
+            got[i],
+            model[i]
+        );
+    }
+}
+
+fn checked_volume(dir: &std::path::Path, when: &str) {
+    let volume = open_volume(dir);
+    let check = Fs::check(&volume).unwrap_or_else(|e| panic!("{when}: check: {e}"));
+    eprintln!("{when}: {check:?}");
+}
+
+/// Random single-block overwrites interleaved with partial writes, holes and truncations,
+/// read back against a model after every step, then across a crash with records pending
+/// (the checkpoint runs only when asked), an unmount, and the volume's check of what is
+/// owned.
+#[test]
+fn writers_remaps_agree_with_the_model_across_cuts_and_crashes() {
+    let shm = shm_volume("writer-remaps", 256 << 20);
+    let mut fs = Fs::format(
+        open_volume(&shm.dir),
+        &small_format(),
+        options(CheckpointMode::OnDemand),
+    )
+    .unwrap();
+    let mut model = Vec::new();
+    let mut f = laid_out(&fs, "/f", &mut model);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let blocks = FILE / 4096;
+    let mut tag = 100;
+    // Blocks the writers remapped, over the file system's openings.
+    let mut by_writers = 0;
+    for step in 0..3000u64 {
+        tag += 1;
+        let block = rng.random_range(0..blocks);
+        match rng.random_range(0..100) {
+            0..80 => {
+                if (block + 1) * 4096 <= model.len() as u64 {
+                    overwrite(&f, &mut model, block, tag);
+                }
+            }
+            80..88 => {
+                // A partial write inside a block (the overlay's), maybe over a remapped one.
+                let at = block * 4096 + rng.random_range(0..4000);
+                let len = rng.random_range(1..96);
+                let data = pattern(tag, at, len);
+                f.write_at(&data, at).unwrap();
+                let end = at as usize + len;
+                if model.len() < end {
+                    model.resize(end, 0);
+                }
+                model[at as usize..end].copy_from_slice(&data);
+            }
+            88..92 => {
+                let len = rng.random_range(1..5) * 4096 - rng.random_range(0..100);
+                let at = block * 4096 + rng.random_range(0..100);
+                f.punch_hole(at, len).unwrap();
+                let end = (at + len).min(model.len() as u64) as usize;
+                if (at as usize) < end {
+                    model[at as usize..end].fill(0);
+                }
+            }
+            92..94 => {
+                // Cut back (mid-block at times), then grown again by the overwrites.
+                let size = (FILE - rng.random_range(0..64) * 4096) - rng.random_range(0..2) * 77;
+                f.set_len(size).unwrap();
+                model.resize(size as usize, 0);
+                f.set_len(FILE).unwrap();
+                model.resize(FILE as usize, 0);
+            }
+            94..98 => fs.checkpoint().unwrap(),
+            _ => {
+                // A crash with what the checkpoint has not recorded still in the logs.
+                drop(f);
+                by_writers += fs.stats().writer_remapped_blocks;
+                fs.abandon();
+                fs = Fs::open(open_volume(&shm.dir), options(CheckpointMode::OnDemand)).unwrap();
+                f = fs.open_file("/f", OpenOptions::read_write()).unwrap();
+                check(&f, &model, &format!("after the crash at step {step}"));
+            }
+        }
+        if step % 64 == 0 {
+            check(&f, &model, &format!("step {step}"));
+        }
+    }
+    check(&f, &model, "at the end");
+    fs.checkpoint().unwrap();
+    by_writers += fs.stats().writer_remapped_blocks;
+    eprintln!("blocks the writers remapped: {by_writers}");
+    assert!(
+        by_writers > 500,
+        "the writers remapped {by_writers} blocks themselves"
+    );
+    check(&f, &model, "checkpointed");
+    drop(f);
+    fs.unmount().unwrap();
+    checked_volume(&shm.dir, "unmounted");
+    let fs = Fs::open(open_volume(&shm.dir), options(CheckpointMode::Background)).unwrap();
+    let f = fs.open_read("/f").unwrap();
+    check(&f, &model, "reopened");
+    drop(f);
+    fs.unmount().unwrap();
+}
+
+/// Files removed while their writers' remaps wait for the checkpoint: the pages those
+/// replaced still go back to the volume, and the pages the files had go back once — the
+/// volume's free memory after the removals is what it was before the files.
+#[test]
+fn a_file_removed_with_remaps_pending_gives_back_every_page_once() {
+    let shm = shm_volume("writer-remaps-removed", 256 << 20);
+    // The baseline: a file made and removed (the thread's slot and the metadata made),
+    // after a reopen.
+    let fs = Fs::format(
+        open_volume(&shm.dir),
+        &small_format(),
+        options(CheckpointMode::OnDemand),
+    )
+    .unwrap();
+    laid_out(&fs, "/warm-up", &mut Vec::new());
+    fs.unlink("/warm-up").unwrap();
+    fs.unmount().unwrap();
+    let fs = Fs::open(open_volume(&shm.dir), options(CheckpointMode::OnDemand)).unwrap();
+    let free_before = fs.space().free_bytes;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    for round in 0..6 {
+        let path = format!("/r{round}");
+        let mut model = Vec::new();
+        let f = laid_out(&fs, &path, &mut model);
+        // Overwrites until the writers remap (the first ones go through the checkpoint,
+        // which then shares the file's chunks), then more left pending.
+        for k in 0..200 {
+            overwrite(&f, &mut model, rng.random_range(0..FILE / 4096), k);
+            if k % 50 == 49 {
+                fs.checkpoint().unwrap();
+            }
+        }
+        for k in 0..300 {
+            overwrite(&f, &mut model, rng.random_range(0..FILE / 4096), 1000 + k);
+        }
+        check(&f, &model, &path);
+        if round % 2 == 0 {
+            // Removed while open: destroyed at the close, its records still pending.
+            fs.unlink(&path).unwrap();
+            drop(f);
+        } else {
+            drop(f);
+            fs.unlink(&path).unwrap();
+        }
+    }
+    fs.checkpoint().unwrap();
+    let stats = fs.stats();
+    assert!(
+        stats.writer_remapped_blocks > 0,
+        "no remap by a writer: {stats:?}"
+    );
+    fs.unmount().unwrap();
+    checked_volume(&shm.dir, "after the removals");
+    let fs = Fs::open(open_volume(&shm.dir), options(CheckpointMode::Background)).unwrap();
+    assert_eq!(
+        fs.space().free_bytes,
+        free_before,
+        "free memory after the removed files"
+    );
+    fs.unmount().unwrap();
+}
+
+/// A block a writer remapped, then cut out of the file (a hole punched, a truncation below
+/// it) before the checkpoint recorded the write: after the checkpoint and a crash, replay
+/// must leave the cut in place — the write's mapping, recorded after the cut, would map the
+/// freed page back.
+#[test]
+fn a_cut_after_a_writers_remap_stays_cut_across_a_crash() {
+    let shm = shm_volume("writer-remaps-cut", 256 << 20);
+    let mut fs = Fs::format(
+        open_volume(&shm.dir),
+        &small_format(),
+        options(CheckpointMode::OnDemand),
+    )
+    .unwrap();
+    let mut model = Vec::new();
+    let mut f = laid_out(&fs, "/f", &mut model);
+    // The chunks get shared with the writers: an overwrite in each, checkpointed.
+    for chunk in 0..FILE / (2 << 20) {
+        overwrite(&f, &mut model, chunk * 512 + 3, 2);
+    }
+    fs.checkpoint().unwrap();
+    for (round, block) in [10u64, 700, 300, 1000].into_iter().enumerate() {
+        let before = fs.stats().writer_remapped_blocks;
+        overwrite(&f, &mut model, block, 10 + round as u64);
+        if round % 2 == 0 {
+            f.punch_hole(block * 4096, 4096).unwrap();
+            model[block as usize * 4096..(block as usize + 1) * 4096].fill(0);
+        } else {
+            let size = block * 4096 + 100;
+            f.set_len(size).unwrap();
+            model.truncate(size as usize);
+        }
+        // Something the writer remaps after the cut, so that the page the cut freed may be
+        // used again.
+        overwrite(&f, &mut model, 5, 20 + round as u64);
+        fs.checkpoint().unwrap();
+        assert!(
+            fs.stats().writer_remapped_blocks > before,
+            "round {round}: the writer did not remap block {block}"
+        );
+        check(&f, &model, &format!("round {round}, live"));
+        drop(f);
+        fs.abandon();
+        fs = Fs::open(open_volume(&shm.dir), options(CheckpointMode::OnDemand)).unwrap();
+        f = fs.open_file("/f", OpenOptions::read_write()).unwrap();
+        check(&f, &model, &format!("round {round}, after a crash"));
+        // Shared again after the reopen.
+        overwrite(&f, &mut model, 7, 30 + round as u64);
+        overwrite(&f, &mut model, 515, 30 + round as u64);
+        overwrite(&f, &mut model, 1030, 30 + round as u64);
+        fs.checkpoint().unwrap();
+    }
+    drop(f);
+    fs.unmount().unwrap();
+    checked_volume(&shm.dir, "after the cuts");
+}
