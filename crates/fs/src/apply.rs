@@ -568,7 +568,10 @@ fn written(inode: &Inode, offset: u64, len: u64, mtime: u64) {
     if inode.size.load(Ordering::Acquire) < offset + len {
         inode.size.fetch_max(offset + len, Ordering::AcqRel);
     }
-    inode.mtime.fetch_max(mtime, Ordering::AcqRel);
+    // Only when the time moves: writes of one tick share a time (`crate::fs::write_time`).
+    if inode.mtime.load(Ordering::Relaxed) < mtime {
+        inode.mtime.fetch_max(mtime, Ordering::AcqRel);
+    }
     inode.changed(mtime);
 }
 

@@ -127,6 +127,9 @@ pub(crate) struct Inode {
     pub(crate) atime: AtomicU64,
     /// Last change of the inode (ns): writes, size and mode changes, set times, renames.
     pub(crate) ctime: AtomicU64,
+    /// Set when the times were looked at (`stat`) since a write last moved them: the next
+    /// write takes the fine clock's time, so that it moves them on (`crate::fs::write_time`).
+    pub(crate) times_seen: AtomicBool,
     /// A symbolic link's target (empty for files and directories); never changes.
     pub(crate) target: Box<str>,
     /// A device node's device number (0 for every other kind); never changes.
@@ -160,6 +163,7 @@ impl Inode {
             mtime: AtomicU64::new(mtime),
             atime: AtomicU64::new(mtime),
             ctime: AtomicU64::new(mtime),
+            times_seen: AtomicBool::new(false),
             target: Box::default(),
             rdev: 0,
             entries: Mutex::default(),
@@ -222,16 +226,28 @@ impl Inode {
 
     /// A change of the inode at `time` (ns).
     pub(crate) fn changed(&self, time: u64) {
-        self.ctime.fetch_max(time, Ordering::AcqRel);
+        // A locked instruction only when the time moves (writes of one tick share a time).
+        if self.ctime.load(Ordering::Relaxed) < time {
+            self.ctime.fetch_max(time, Ordering::AcqRel);
+        }
     }
 
-    /// A read: the access time moves to now when it is older than the last modification
-    /// or change, so "read since written" stays answerable at one store per write. Whether
-    /// it moved (callers go through [`crate::fs::Inner::accessed`], which notes it for the
-    /// next snapshot).
+    /// The times were looked at: the next write moves them on ([`Inode::times_seen`]).
+    pub(crate) fn times_looked_at(&self) {
+        if !self.times_seen.load(Ordering::Relaxed) {
+            self.times_seen.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// A read: the access time moves to now when it is not newer than the last
+    /// modification or change (as the kernel's `relatime` has it: writes of one clock tick
+    /// share a time, so a write may leave the times equal), so "read since written" stays
+    /// answerable at one store per write. Whether it moved (callers go through
+    /// [`crate::fs::Inner::accessed`], which notes it for the next snapshot).
     pub(crate) fn accessed(&self) -> bool {
         let atime = self.atime.load(Ordering::Relaxed);
-        if atime < self.mtime.load(Ordering::Relaxed) || atime < self.ctime.load(Ordering::Relaxed)
+        if atime <= self.mtime.load(Ordering::Relaxed)
+            || atime <= self.ctime.load(Ordering::Relaxed)
         {
             self.atime.fetch_max(crate::fs::now_ns(), Ordering::AcqRel);
             return true;

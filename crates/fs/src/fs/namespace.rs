@@ -1171,6 +1171,7 @@ impl Inner {
     }
 
     pub(crate) fn stat_of(&self, inode: &Inode) -> Stat {
+        inode.times_looked_at();
         let attr = inode.attr().clone();
         let (uid, gid) = attr.owner();
         // A removed inode still open (or a removed directory still someone's working

@@ -8,7 +8,7 @@ use smallvec::{SmallVec, smallvec};
 use volume::Extent;
 
 use super::state::{Inner, Slot, Wait, partial_pages};
-use super::{MAX_FILE_SIZE, MAX_IO, now_ns};
+use super::{MAX_FILE_SIZE, MAX_IO, write_time};
 use crate::apply::{self, applied};
 use crate::buffers::{BufferSet, NO_PAGE, Reserve};
 use crate::error::{FsError, Result};
@@ -86,7 +86,7 @@ impl Inner {
             offset,
             len,
             whole(len, buffer, set, NO_PAGE),
-            now_ns(),
+            write_time(inode),
         )
     }
 
@@ -269,8 +269,8 @@ impl Inner {
             self.note_filled(piece.addr, bytes)?;
         }
         // The write's time is read while the data's stores drain: no locked instruction
-        // in it, so the fence below waits for them alone.
-        let time = now_ns();
+        // in it (but after a `stat`), so the fence below waits for them alone.
+        let time = write_time(inode);
         // The data is durable before the records that point at it can be. (One fence per
         // write instead, with a CRC of the data in the record for recovery to check on the
         // newest write, measured no faster on DRAM: the record's fence then waits for the
