@@ -17,13 +17,6 @@ enum Op {
         len: usize,
         tag: u64,
     },
-    /// One whole aligned block: what writers remap into their files themselves once the
-    /// checkpoint shares the block's chunk with them.
-    Overwrite {
-        file: usize,
-        block: u64,
-        tag: u64,
-    },
     WriteBuffer {
         file: usize,
         block: u64,
@@ -89,8 +82,10 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (0usize..8, 0u64..200_000, 1usize..40_000, any::<u64>())
             .prop_map(|(file, offset, len, tag)| Op::Write { file, offset, len, tag }),
+        // One whole aligned block: what writers remap into their files themselves once the
+        // checkpoint shares the block's chunk with them.
         4 => (0usize..8, 0u64..48, any::<u64>())
-            .prop_map(|(file, block, tag)| Op::Overwrite { file, block, tag }),
+            .prop_map(|(file, block, tag)| Op::Write { file, offset: block * 4096, len: 4096, tag }),
         2 => (0usize..8, 0u64..40, prop_oneof![Just(0u64), 1u64..4096], 1u64..8, any::<u64>())
             .prop_map(|(file, block, shift, blocks, tag)| Op::WriteBuffer { file, block, shift, blocks, tag }),
         2 => (0usize..8, 0u64..250_000).prop_map(|(file, size)| Op::Truncate { file, size }),
@@ -212,23 +207,6 @@ fn run(ops: Vec<Op>, name: &str, mode: fs::CheckpointMode) -> Result<(), TestCas
                         content.resize(end, 0);
                     }
                     content[*offset as usize..end].copy_from_slice(&data);
-                } else {
-                    prop_assert!(matches!(result, Err(FsError::NotFound(_))), "{:?}", result);
-                }
-            }
-            Op::Overwrite { file, block, tag } => {
-                let path = file_path(*file);
-                let offset = block * 4096;
-                let data = pattern(*tag, offset, 4096);
-                let result = fs.create(&path).and_then(|f| f.write_at(&data, offset));
-                if model.parent_exists(&path) {
-                    result.unwrap();
-                    let content = model.files.entry(path).or_default();
-                    let end = offset as usize + data.len();
-                    if content.len() < end {
-                        content.resize(end, 0);
-                    }
-                    content[offset as usize..end].copy_from_slice(&data);
                 } else {
                     prop_assert!(matches!(result, Err(FsError::NotFound(_))), "{:?}", result);
                 }

@@ -27,6 +27,20 @@ fn laid_out(fs: &Fs, path: &str, model: &mut Vec<u8>) -> fs::File {
     f
 }
 
+/// A file system formatted in a fresh volume named `name`, its checkpoint on demand, with
+/// `/f` [`laid_out`] (and `model` its bytes).
+fn fresh(name: &str, model: &mut Vec<u8>) -> (ShmVolume, Fs, fs::File) {
+    let shm = shm_volume(name, 256 << 20);
+    let fs = Fs::format(
+        open_volume(&shm.dir),
+        &small_format(),
+        options(CheckpointMode::OnDemand),
+    )
+    .unwrap();
+    let f = laid_out(&fs, "/f", model);
+    (shm, fs, f)
+}
+
 fn overwrite(f: &fs::File, model: &mut Vec<u8>, block: u64, tag: u64) {
     let at = block * 4096;
     let data = pattern(tag, at, 4096);
@@ -63,15 +77,8 @@ fn checked_volume(dir: &std::path::Path, when: &str) {
 /// owned.
 #[test]
 fn writers_remaps_agree_with_the_model_across_cuts_and_crashes() {
-    let shm = shm_volume("writer-remaps", 256 << 20);
-    let mut fs = Fs::format(
-        open_volume(&shm.dir),
-        &small_format(),
-        options(CheckpointMode::OnDemand),
-    )
-    .unwrap();
     let mut model = Vec::new();
-    let mut f = laid_out(&fs, "/f", &mut model);
+    let (shm, mut fs, mut f) = fresh("writer-remaps", &mut model);
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let blocks = FILE / 4096;
     let mut tag = 100;
@@ -217,15 +224,8 @@ fn a_file_removed_with_remaps_pending_gives_back_every_page_once() {
 /// freed page back.
 #[test]
 fn a_cut_after_a_writers_remap_stays_cut_across_a_crash() {
-    let shm = shm_volume("writer-remaps-cut", 256 << 20);
-    let mut fs = Fs::format(
-        open_volume(&shm.dir),
-        &small_format(),
-        options(CheckpointMode::OnDemand),
-    )
-    .unwrap();
     let mut model = Vec::new();
-    let mut f = laid_out(&fs, "/f", &mut model);
+    let (shm, mut fs, mut f) = fresh("writer-remaps-cut", &mut model);
     // The chunks get shared with the writers: an overwrite in each, checkpointed.
     for chunk in 0..FILE / (2 << 20) {
         overwrite(&f, &mut model, chunk * 512 + 3, 2);
