@@ -144,37 +144,11 @@ impl SharedTable {
     }
 }
 
-impl Clone for Table {
-    /// A copy of its own: a shared table's copy is not shared.
-    fn clone(&self) -> Self {
-        let Some(shared) = &self.shared else {
-            return Self {
-                entries: self.entries.clone(),
-                shared: None,
-                mapped: self.mapped,
-                starts: self.starts,
-            };
-        };
-        let mut entries: Vec<u64> = shared.0.iter().map(|e| e.load(Ordering::Relaxed)).collect();
-        while entries.last() == Some(&0) {
-            entries.pop();
-        }
-        let mut table = Self {
-            entries,
-            shared: None,
-            mapped: 0,
-            starts: 0,
-        };
-        table.count();
-        table
-    }
-}
-
 /// Equal when they map the same blocks to the same pages, however held.
 impl PartialEq for Table {
     fn eq(&self, other: &Self) -> bool {
         self.mapped == other.mapped
-            && (0..CHUNK_BLOCKS as usize).all(|i| self.entry(i) == other.entry(i))
+            && (0..self.len().max(other.len())).all(|i| self.entry(i) == other.entry(i))
     }
 }
 
@@ -310,7 +284,7 @@ impl Table {
 }
 
 /// An entry of the chunk map.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 enum Chunk {
     /// `chunks` whole chunks from the key on, every block mapped, pages consecutive from
     /// `addr`.
@@ -348,7 +322,7 @@ impl Chunk {
 /// table, or one run however long the file — held in place; a second entry moves them into
 /// an ordered map. (An ordered map's first node is a few hundred bytes: it was about a
 /// quarter of a small file's DRAM, and its allocation a tenth of a mount's time.)
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 enum Chunks {
     One(Option<(u64, Chunk)>),
     Many(BTreeMap<u64, Chunk>),
@@ -481,7 +455,7 @@ impl FromIterator<(u64, Chunk)> for Chunks {
 }
 
 /// The block table of one file.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct ExtentMap {
     /// Keyed by first chunk; entries never overlap.
     chunks: Chunks,
@@ -1228,13 +1202,13 @@ mod tests {
                 0..40,
             ),
         ) {
-            let mut one_by_one = ExtentMap::new();
+            let (mut one_by_one, mut at_once) = (ExtentMap::new(), ExtentMap::new());
             let mut addr = 1u64 << 30;
             for (start, len) in before {
                 mapped(&mut one_by_one, start, len, addr);
+                mapped(&mut at_once, start, len, addr);
                 addr += len * BLOCK;
             }
-            let mut at_once = one_by_one.clone();
             // Some maps continue the pages of the one before: runs form and merge.
             let list: Vec<(u64, u64, u64)> = maps
                 .into_iter()
