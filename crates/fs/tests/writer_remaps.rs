@@ -232,6 +232,7 @@ fn a_cut_after_a_writers_remap_stays_cut_across_a_crash() {
     }
     fs.checkpoint().unwrap();
     for (round, block) in [10u64, 700, 300, 1000].into_iter().enumerate() {
+        eprintln!("{:?}", fs.stats());
         let before = fs.stats().writer_remapped_blocks;
         overwrite(&f, &mut model, block, 10 + round as u64);
         if round % 2 == 0 {
@@ -265,4 +266,85 @@ fn a_cut_after_a_writers_remap_stays_cut_across_a_crash() {
     drop(f);
     fs.unmount().unwrap();
     checked_volume(&shm.dir, "after the cuts");
+}
+
+/// A sparse file past 512 MiB: chunks 256 apart (one overlay shard) each keep their shared
+/// table, so overwrites alternating between them are all remapped by their writers, and the
+/// file reads back right across a crash.
+#[test]
+fn chunks_of_one_shard_in_a_large_file_all_take_writer_remaps() {
+    const MIB2: u64 = 2 << 20;
+    let shm = shm_volume("writer-remaps-large", 256 << 20);
+    let mut fs = Fs::format(
+        open_volume(&shm.dir),
+        &small_format(),
+        options(CheckpointMode::OnDemand),
+    )
+    .unwrap();
+    let f = fs.create("/big").unwrap();
+    // Two scattered blocks in each of chunks 3, 259 and 515 (one shard), so each is a table.
+    let chunks = [3u64, 259, 515];
+    let blocks: Vec<u64> = chunks
+        .iter()
+        .flat_map(|c| [c * MIB2 / 4096, c * MIB2 / 4096 + 9])
+        .collect();
+    let mut model: std::collections::BTreeMap<u64, u64> = Default::default();
+    let mut tag = 1;
+    let mut write = |f: &fs::File, block: u64, model: &mut std::collections::BTreeMap<u64, u64>| {
+        tag += 1;
+        f.write_at(&pattern(tag, block * 4096, 4096), block * 4096)
+            .unwrap();
+        model.insert(block, tag);
+    };
+    for &b in &blocks {
+        write(&f, b, &mut model);
+    }
+    fs.checkpoint().unwrap();
+    // One overwrite in each chunk, checkpointed: the checkpoint remaps them and shares the
+    // three chunks' tables, one after another, with the one shard.
+    for &b in &blocks {
+        write(&f, b, &mut model);
+    }
+    fs.checkpoint().unwrap();
+    let before = fs.stats().writer_remapped_blocks;
+    let rounds = 20;
+    for _ in 0..rounds {
+        for &b in &blocks {
+            write(&f, b, &mut model);
+        }
+    }
+    // Counted as the checkpoint records them.
+    fs.checkpoint().unwrap();
+    let by_writers = fs.stats().writer_remapped_blocks - before;
+    assert_eq!(
+        by_writers,
+        rounds * blocks.len() as u64,
+        "overwrites the writers remapped, of {} in chunks {chunks:?}",
+        rounds * blocks.len() as u64
+    );
+    let read_back = |f: &fs::File, model: &std::collections::BTreeMap<u64, u64>, when: &str| {
+        for (&block, &tag) in model {
+            let mut got = vec![0u8; 4096];
+            assert_eq!(f.read_at(&mut got, block * 4096).unwrap(), 4096);
+            assert!(
+                got == pattern(tag, block * 4096, 4096),
+                "{when}: block {block} is not write {tag}"
+            );
+        }
+        assert_eq!(f.len(), (blocks.last().unwrap() + 1) * 4096, "{when}: size");
+    };
+    read_back(&f, &model, "live");
+    // A crash with a last round's records not checkpointed.
+    for &b in &blocks {
+        write(&f, b, &mut model);
+    }
+    read_back(&f, &model, "before the crash");
+    drop(f);
+    fs.abandon();
+    fs = Fs::open(open_volume(&shm.dir), options(CheckpointMode::OnDemand)).unwrap();
+    let f = fs.open_file("/big", OpenOptions::read_write()).unwrap();
+    read_back(&f, &model, "after the crash");
+    drop(f);
+    fs.unmount().unwrap();
+    checked_volume(&shm.dir, "unmounted");
 }
