@@ -124,7 +124,11 @@ struct Table {
 /// a shared table's entries it does under an exclusive range lock of those blocks, as the
 /// writers do, and it drops one only under a range lock over the whole chunk (a chunk
 /// remapped or truncated whole), so no writer is between finding the entries and storing.
-pub struct SharedTable([AtomicU64; CHUNK_BLOCKS as usize]);
+///
+/// The entries are boxed: a weak reference keeps the `Arc`'s allocation until it goes, and an
+/// overlay shard may hold the weak references of many chunks the map let go of (a file past
+/// 512 MiB: `crate::overlay`), each then a few words, not 4 KiB.
+pub struct SharedTable(Box<[AtomicU64; CHUNK_BLOCKS as usize]>);
 
 impl SharedTable {
     /// Makes block `i` of the chunk the page `page`, if it is mapped; returns the page it
@@ -625,9 +629,9 @@ impl ExtentMap {
         if let Some(shared) = &t.shared {
             return Some(Arc::downgrade(shared));
         }
-        let shared = Arc::new(SharedTable(std::array::from_fn(|i| {
+        let shared = Arc::new(SharedTable(Box::new(std::array::from_fn(|i| {
             AtomicU64::new(t.entries.get(i).copied().unwrap_or(0))
-        })));
+        }))));
         let weak = Arc::downgrade(&shared);
         let starts = t.starts;
         t.entries = Vec::new();

@@ -313,15 +313,21 @@ struct Shard {
 /// share a shard), and all of them stay here: with only the last one shared kept, writers
 /// of a 2 GiB file found their chunk's table on a quarter of their single-block overwrites
 /// and the checkpoint remapped the rest, four times its work per write (`bench fs --size
-/// 2G`).
+/// 2G`). A table the map let go of leaves when a writer misses it or a new one comes; until
+/// then its weak reference holds a few words (the entries are boxed, [`SharedTable`]).
 #[derive(Debug, Default)]
 struct SharedTables(SmallVec<[(u64, Weak<SharedTable>); 1]>);
 
 impl SharedTables {
-    /// Chunk `chunk`'s table, if it is shared and the map still holds it.
-    fn get(&self, chunk: u64) -> Option<std::sync::Arc<SharedTable>> {
+    /// Chunk `chunk`'s table, if it is shared and the map still holds it; one the map let
+    /// go of is dropped here.
+    fn get(&mut self, chunk: u64) -> Option<std::sync::Arc<SharedTable>> {
         let at = self.0.binary_search_by_key(&chunk, |(c, _)| *c).ok()?;
-        self.0[at].1.upgrade()
+        let table = self.0[at].1.upgrade();
+        if table.is_none() {
+            self.0.remove(at);
+        }
+        table
     }
 
     /// Keeps `table` as chunk `chunk`'s, dropping tables the map let go of. (The checkpoint
@@ -674,6 +680,19 @@ mod tests {
             &mut replaced,
         );
         assert_eq!(overlay.remap_block(chunks[1] * STRETCH, 6000 * BLOCK), None);
+        // The miss dropped it from the shard.
+        let shard = overlay.shard(3).expect("made");
+        assert_eq!(
+            overlay
+                .lock(shard)
+                .map
+                .tables
+                .0
+                .iter()
+                .map(|(c, _)| *c)
+                .collect::<Vec<_>>(),
+            [chunks[0], chunks[2]]
+        );
         assert_eq!(
             overlay.remap_block(chunks[2] * STRETCH + 7 * BLOCK, 6001 * BLOCK),
             Some(121 * BLOCK)
