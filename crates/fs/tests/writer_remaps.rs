@@ -4,6 +4,8 @@
 //! the checkpoint has not recorded yet, after a crash with such records in the logs, and in
 //! the memory the volume counts as owned (`Fs::check`: no page freed twice, or lost).
 
+use std::collections::BTreeMap;
+
 use fs::{CheckpointMode, Fs, FsOptions, OpenOptions};
 use rand::{Rng, SeedableRng};
 use testkit::*;
@@ -232,7 +234,6 @@ fn a_cut_after_a_writers_remap_stays_cut_across_a_crash() {
     }
     fs.checkpoint().unwrap();
     for (round, block) in [10u64, 700, 300, 1000].into_iter().enumerate() {
-        eprintln!("{:?}", fs.stats());
         let before = fs.stats().writer_remapped_blocks;
         overwrite(&f, &mut model, block, 10 + round as u64);
         if round % 2 == 0 {
@@ -288,9 +289,10 @@ fn chunks_of_one_shard_in_a_large_file_all_take_writer_remaps() {
         .iter()
         .flat_map(|c| [c * MIB2 / 4096, c * MIB2 / 4096 + 9])
         .collect();
-    let mut model: std::collections::BTreeMap<u64, u64> = Default::default();
+    // Each block's last write.
+    let mut model: BTreeMap<u64, u64> = BTreeMap::new();
     let mut tag = 1;
-    let mut write = |f: &fs::File, block: u64, model: &mut std::collections::BTreeMap<u64, u64>| {
+    let mut write = |f: &fs::File, block: u64, model: &mut BTreeMap<u64, u64>| {
         tag += 1;
         f.write_at(&pattern(tag, block * 4096, 4096), block * 4096)
             .unwrap();
@@ -322,7 +324,7 @@ fn chunks_of_one_shard_in_a_large_file_all_take_writer_remaps() {
         "overwrites the writers remapped, of {} in chunks {chunks:?}",
         rounds * blocks.len() as u64
     );
-    let read_back = |f: &fs::File, model: &std::collections::BTreeMap<u64, u64>, when: &str| {
+    let read_back = |f: &fs::File, model: &BTreeMap<u64, u64>, when: &str| {
         for (&block, &tag) in model {
             let mut got = vec![0u8; 4096];
             assert_eq!(f.read_at(&mut got, block * 4096).unwrap(), 4096);
