@@ -334,14 +334,12 @@ impl SharedTables {
     /// hands a chunk's table over again with every group that remaps a block there: the
     /// same table costs a look-up.)
     fn insert(&mut self, chunk: u64, table: Weak<SharedTable>) {
-        if let Ok(at) = self.0.binary_search_by_key(&chunk, |(c, _)| *c)
-            && self.0[at].1.ptr_eq(&table)
-        {
-            return;
+        match self.0.binary_search_by_key(&chunk, |(c, _)| *c) {
+            Ok(at) if self.0[at].1.ptr_eq(&table) => return,
+            Ok(at) => self.0[at].1 = table,
+            Err(at) => self.0.insert(at, (chunk, table)),
         }
-        self.0.retain(|(c, t)| *c != chunk && t.strong_count() > 0);
-        let at = self.0.partition_point(|(c, _)| *c < chunk);
-        self.0.insert(at, (chunk, table));
+        self.0.retain(|(_, t)| t.strong_count() > 0);
     }
 }
 
