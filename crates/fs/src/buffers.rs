@@ -380,11 +380,14 @@ impl Recycled {
     /// made them sleep on it. Only this (the checkpoint) adds pages; writers and
     /// [`Recycled::drain`] only take them, so the room seen first can only have grown by
     /// the time the pages go in. The pages go to the lists holding fewest.
+    ///
+    /// Returns the blocks of short runs the lists had no room for: they went back to the
+    /// volume in pieces.
     pub(crate) fn free(
         &self,
         volume: &Volume,
         runs: impl IntoIterator<Item = Extent>,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         self.free_up_to(volume, runs, self.cap)
     }
 
@@ -394,7 +397,7 @@ impl Recycled {
         volume: &Volume,
         runs: impl IntoIterator<Item = Extent>,
         level: usize,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         let level = level.min(self.cap);
         let lens: Vec<[usize; RECYCLED_SHARDS]> = self.devices.iter().map(lens).collect();
         let mut room: Vec<usize> = lens
@@ -427,10 +430,15 @@ impl Recycled {
                 }
             }
         }
+        let mut unrecycled = 0;
         for run in rest {
+            let blocks = run.len_bytes / BLOCK;
+            if blocks < RECYCLE_RUN_BLOCKS {
+                unrecycled += blocks;
+            }
             volume.free(run)?;
         }
-        Ok(())
+        Ok(unrecycled)
     }
 
     /// Pages each device's lists hold at most.

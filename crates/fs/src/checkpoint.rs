@@ -485,25 +485,22 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
         snapshot(inner)?;
     }
 
+    // The lists' room the writers hold — the frees their remaps owe, pool-page remaps
+    // allowed them — is not this batch's to use ([`crate::fs::SlotCounters::remap_room`]).
+    let held: u64 = slots.iter().map(|s| s.counters.remap_room()).sum();
     let mut work = Work {
         copy_overwrites: inner.spare_bytes() < tight_below(inner),
-        room: inner.recycled.room(),
+        room: inner.recycled.room().saturating_sub(held),
         maps: std::mem::take(&mut scratch.maps),
         freed: std::mem::take(&mut scratch.freed),
         ..Work::default()
     };
-    // Writers remap single-block overwrites themselves while space is not tight and the
-    // lists have room for a gathered batch of the blocks those replace — the conditions
-    // under which this batch remaps them ([`apply_record`]); what overflows the lists
-    // goes back to the volume. (Room for a whole batch, 4096 records, was too much to ask:
-    // with two writers of random 4 KiB blocks, whose every write takes a page from the
-    // lists as the checkpoint puts one back, the room hovered at 3000-4800 pages and the
-    // writers remapped under half their writes themselves.)
-    let room_needed = inner.options.checkpoint_batch.min(GATHER_RECORDS) as u64;
-    inner.writers_remap.store(
-        !work.copy_overwrites && work.room >= room_needed,
-        Ordering::Relaxed,
-    );
+    // Writers remap single-block overwrites themselves while space is not tight, as this
+    // batch would ([`apply_record`]); those into pool pages only as far as the lists have
+    // room for the blocks they replace (allowed below, once this batch's frees are in).
+    inner
+        .writers_remap
+        .store(!work.copy_overwrites, Ordering::Relaxed);
     // What a record moves is what the overlay still holds of it, which no other record's
     // move changes, so the records may be applied in file order: then the range-lock
     // tables, overlay shards and extent-map nodes of neighbouring records are still in this
@@ -515,7 +512,12 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
     // must be the oldest, whose buffers are then used up whole, while the newer ones are
     // copied and their buffers go back whole — remapped in file order, every buffer would
     // go back with holes, and free memory would end in pieces.
-    let remappable: u64 = batch.records.iter().map(|p| p.len / BLOCK).sum();
+    let remappable: u64 = batch
+        .records
+        .iter()
+        .filter(|p| p.remapped.is_none())
+        .map(|p| p.len / BLOCK)
+        .sum();
     let mut order = std::mem::take(&mut scratch.order);
     order.clear();
     order.extend(
@@ -608,6 +610,11 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
             slot.counters.move_growth(bound);
         }
     }
+    // Per slot, whether it wrote in this batch and how many blocks it remapped itself.
+    let mut remaps = vec![None::<u64>; slots.len()];
+    for p in &batch.records {
+        *remaps[p.slot as usize].get_or_insert(0) += u64::from(p.remapped.is_some());
+    }
     if inner.checksums.is_some() {
         let pages: u64 = batch
             .records
@@ -661,7 +668,7 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
     for (set, records) in in_set.into_iter().flatten() {
         release(set, records)?;
     }
-    inner
+    let unrecycled = inner
         .recycled
         .free(&inner.volume, work.freed.iter().map(Run::pages))?;
     // Only while the lists are less than half full, though. Pages enter the circulation
@@ -674,6 +681,7 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
     inner
         .recycled
         .free_up_to(&inner.volume, untaken.drain(..), half)?;
+    allow_pool_remaps(inner, &slots, &remaps, work.copy_overwrites);
     scratch.untaken = untaken;
     work.freed.clear();
     scratch.freed = work.freed;
@@ -686,6 +694,7 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
     c.writer_remapped_blocks
         .fetch_add(work.by_writers, Ordering::Relaxed);
     c.copied_bytes.fetch_add(work.copied, Ordering::Relaxed);
+    c.unrecycled_blocks.fetch_add(unrecycled, Ordering::Relaxed);
     inner.progress.finish_batch(&batch);
     inner.cuts.prune(inner.progress.done_below());
     let mut records = batch.records;
@@ -693,6 +702,32 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
     records.clear();
     scratch.records = records;
     Ok(moved)
+}
+
+/// After a batch's frees: the blocks it applied of those the writers remapped themselves
+/// (`batch`: per slot, `None` if it had no record in the batch) no longer owe frees to the
+/// recycled lists, and each slot that wrote is allowed its share of half the room left for
+/// remaps into pool pages — the other half stays for this checkpoint's own remaps (of
+/// blocks in chunks not shared with the writers). A slot with no record in the batch is
+/// allowed none until one of its records is in a batch; none is allowed while space is
+/// tight.
+fn allow_pool_remaps(inner: &Inner, slots: &[Arc<Slot>], batch: &[Option<u64>], tight: bool) {
+    for (slot, applied) in slots.iter().zip(batch) {
+        if let Some(n @ 1..) = applied {
+            slot.counters.apply_remaps(*n);
+        }
+    }
+    let owed: u64 = slots.iter().map(|s| s.counters.remaps_owed()).sum();
+    let writing = batch.iter().filter(|b| b.is_some()).count() as u64;
+    let share = if tight || writing == 0 {
+        0
+    } else {
+        inner.recycled.room().saturating_sub(owed) / 2 / writing
+    };
+    for (slot, wrote) in slots.iter().zip(batch) {
+        slot.counters
+            .allow_pool_remaps(if wrote.is_some() { share } else { 0 });
+    }
 }
 
 /// Below this much spare memory the checkpoint copies whole-block overwrites into the
@@ -959,7 +994,6 @@ fn apply_remapped(
         blocks: 1,
         addr: remapped.replaced,
     });
-    work.room = work.room.saturating_sub(1);
     let Some(inode) = inode.filter(|i| !i.dead.load(Ordering::Acquire)) else {
         return;
     };

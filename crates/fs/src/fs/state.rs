@@ -41,6 +41,14 @@ pub(crate) struct SlotCounters {
     /// thread at a time, so neither needs a locked instruction.
     growth_logged: AtomicU64,
     growth_moved: AtomicU64,
+    /// Single-block overwrites the slot's writer remapped itself: all of them, and those of
+    /// them whose page came from a pool buffer rather than the recycled lists (stored by the
+    /// writer); all of them the checkpoint has since applied, and how many pool-page remaps
+    /// it allows the writer (stored by the checkpoint). See [`SlotCounters::remap_room`].
+    remaps: AtomicU64,
+    pool_remaps: AtomicU64,
+    remaps_applied: AtomicU64,
+    pool_remaps_allowed: AtomicU64,
 }
 
 impl SlotCounters {
@@ -74,6 +82,62 @@ impl SlotCounters {
         self.growth_logged
             .load(Ordering::Acquire)
             .saturating_sub(moved)
+    }
+
+    /// Whether the writer may remap a single-block overwrite itself: always into a page from
+    /// the recycled lists, into a pool page only within what the checkpoint allowed.
+    ///
+    /// Every block a writer remaps frees the block it replaces into the recycled lists when
+    /// the checkpoint applies it, and what the lists cannot take goes back to the volume as a
+    /// 4 KiB hole. A page taken from the lists makes the room its own free needs; a pool page
+    /// does not, so those remaps are counted against room the checkpoint set aside. (Allowed
+    /// by a flag alone, set when a batch found room, writers far ahead of the checkpoint — an
+    /// on-demand one, or a background one short of CPU — remapped thousands of pool pages a
+    /// batch into lists with room for a thousand, and the overflow cut the volume's free
+    /// memory into pages.)
+    pub(crate) fn may_remap(&self, pool_page: bool) -> bool {
+        !pool_page
+            || self.pool_remaps.load(Ordering::Relaxed)
+                < self.pool_remaps_allowed.load(Ordering::Relaxed)
+    }
+
+    /// The writer remapped a block itself (after [`SlotCounters::may_remap`]).
+    pub(crate) fn count_remap(&self, pool_page: bool) {
+        add_own(&self.remaps, 1);
+        if pool_page {
+            add_own(&self.pool_remaps, 1);
+        }
+    }
+
+    /// Room in the recycled lists this slot's writer holds: a free to come for each block it
+    /// remapped that the checkpoint has not applied, and a page for each pool-page remap
+    /// allowed and not yet made. A writer remapping meanwhile can make the figure one low.
+    pub(crate) fn remap_room(&self) -> u64 {
+        let unused = self
+            .pool_remaps_allowed
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.pool_remaps.load(Ordering::Acquire));
+        self.remaps_owed() + unused
+    }
+
+    /// Blocks the writer remapped that the checkpoint has not applied: each frees a block
+    /// into the recycled lists when it is.
+    pub(crate) fn remaps_owed(&self) -> u64 {
+        let applied = self.remaps_applied.load(Ordering::Relaxed);
+        self.remaps.load(Ordering::Acquire).saturating_sub(applied)
+    }
+
+    /// The checkpoint applied `n` more of the blocks the writer remapped.
+    pub(crate) fn apply_remaps(&self, n: u64) {
+        add_own(&self.remaps_applied, n);
+    }
+
+    /// The checkpoint allows the writer `pages` more pool-page remaps from now on (and takes
+    /// back what it allowed before and the writer did not use).
+    pub(crate) fn allow_pool_remaps(&self, pages: u64) {
+        let made = self.pool_remaps.load(Ordering::Acquire);
+        self.pool_remaps_allowed
+            .store(made + pages, Ordering::Release);
     }
 }
 
@@ -169,8 +233,9 @@ pub(crate) struct Inner {
     /// Blocks overwrites replaced, kept for single-block writes.
     pub(crate) recycled: Recycled,
     /// Whether writers may remap single-block overwrites into their files themselves
-    /// (`Inner::writer_remaps`): set by the checkpoint for each batch, while the recycled
-    /// lists have room for what they replace and spare memory is not tight.
+    /// (`Inner::writer_remaps`): set by the checkpoint for each batch, while spare memory is
+    /// not tight. Into pool pages only as far as each slot is allowed
+    /// ([`SlotCounters::may_remap`]).
     pub(crate) writers_remap: AtomicBool,
     /// Blocks cut from files (holes punched, truncations) that writers' remaps logged
     /// before them may still name ([`crate::checkpoint::Cuts`]).
@@ -191,6 +256,7 @@ pub(crate) struct FsCounters {
     pub(crate) remapped_blocks: AtomicU64,
     pub(crate) writer_remapped_blocks: AtomicU64,
     pub(crate) copied_bytes: AtomicU64,
+    pub(crate) unrecycled_blocks: AtomicU64,
     pub(crate) metadata_bytes: AtomicU64,
     pub(crate) snapshots: AtomicU64,
     /// How long snapshots held metadata operations off (the gate held exclusively), in
@@ -267,6 +333,12 @@ pub struct FsStats {
     pub copied_bytes: u64,
     /// Single-block writes placed in a page an earlier overwrite had freed (no allocation).
     pub recycled_blocks: u64,
+    /// Blocks that remapped writes replaced (freed in runs shorter than 64 KiB) which the
+    /// recycled lists had no room for: returned to the volume as small pieces. Overwrites
+    /// are remapped only within the lists' room, so this stays near zero except with data
+    /// checksums (whose partial writes are always rebuilt in fresh blocks); a count that
+    /// keeps growing means the volume's free memory is being cut into pages.
+    pub unrecycled_blocks: u64,
     /// Snapshots written.
     pub snapshots: u64,
     /// Bytes of the newest snapshot (what the next one will cost, about).
@@ -1359,6 +1431,7 @@ impl Inner {
             writer_remapped_blocks: c.writer_remapped_blocks.load(Ordering::Relaxed),
             copied_bytes: c.copied_bytes.load(Ordering::Relaxed),
             recycled_blocks: self.recycled.used(),
+            unrecycled_blocks: c.unrecycled_blocks.load(Ordering::Relaxed),
             snapshots: c.snapshots.load(Ordering::Relaxed),
             snapshot_bytes: self.snapshot_bytes.load(Ordering::Relaxed),
             snapshot_pause_last_ns: c.snapshot_pause_last_ns.load(Ordering::Relaxed),

@@ -172,13 +172,19 @@ impl Inner {
         // The record is durable: a single-block overwrite may now become the file's block
         // at once (the checkpoint then has only the mapping to record).
         let remapped = match &pieces[..] {
-            [p] if caller && self.writer_remaps(inode, offset, len, p.addr) => inode
-                .overlay
-                .remap_block(offset, p.addr)
-                .map(|replaced| Remapped {
+            [p] if caller
+                && self.writer_remaps(inode, offset, len, p.addr)
+                && slot.counters.may_remap(p.page == NO_PAGE) =>
+            {
+                let remapped = inode.overlay.remap_block(offset, p.addr);
+                if remapped.is_some() {
+                    slot.counters.count_remap(p.page == NO_PAGE);
+                }
+                remapped.map(|replaced| Remapped {
                     page: p.addr,
                     replaced,
-                }),
+                })
+            }
             _ => None,
         };
         if remapped.is_some() {
