@@ -11,7 +11,7 @@
 //!   every write, and nothing below needs the bound to be close);
 //!   [`Ticket::queue`] appends the write's [`Pending`] record and withdraws the bound, and
 //!   dropping an unqueued ticket (a failed append) withdraws it too;
-//! - the checkpoint's watermark ([`Progress::take_batch`]) is the least of the counter and
+//! - the checkpoint's watermark ([`Progress::take_batch_into`]) is the least of the counter and
 //!   every published bound: every record below it is queued, so a batch of the queued records
 //!   below it, merged by order, is a prefix of what will ever be logged below it (a writer
 //!   that took its order before the counter was read had published its bound before, and
@@ -206,7 +206,7 @@ pub(crate) struct Progress {
     /// Set (under the state lock) once the checkpoint failed or was asked to stop: every
     /// call checks it, and a load keeps the state's lock off their path.
     stopping: AtomicBool,
-    /// An empty queue (with the capacity of one taken before) that [`Progress::take_batch`]
+    /// An empty queue (with the capacity of one taken before) that [`Progress::take_batch_into`]
     /// swaps for a queue it takes whole.
     spare: Mutex<VecDeque<Pending>>,
 }
@@ -426,7 +426,7 @@ impl Progress {
     }
 
     /// The counter, read before the caller lists the queues it hands to
-    /// [`Progress::take_batch`] (see the module docs): every slot whose writer took an order
+    /// [`Progress::take_batch_into`] (see the module docs): every slot whose writer took an order
     /// below it is made before the read, so the list has its queue.
     pub(crate) fn mark(&self) -> Mark {
         Mark(self.current_order())
@@ -455,7 +455,7 @@ impl Progress {
         self.take_batch_into(mark, queues, limit, Vec::new())
     }
 
-    /// [`Progress::take_batch`] into `records` (empty; the checkpoint passes the vector of
+    /// [`Progress::take_batch_into`] into `records` (empty; the checkpoint passes the vector of
     /// its last batch, so that a batch's hundreds of records do not make the heap grow and
     /// give back tens of KiB each time: its first stores after a fresh allocation were page
     /// faults).

@@ -423,7 +423,7 @@ impl Snapshot {
         Ok(snapshot)
     }
 
-    /// [`Snapshot::decode`], handing each inode to `each` as it is decoded instead of
+    /// `Snapshot::decode` (tests only), handing each inode to `each` as it is decoded instead of
     /// collecting them (the returned snapshot's `inodes` is empty): recovery builds its
     /// table straight from them, without a vector of images for the whole file system to
     /// grow and move. An error of `each` stops the decoding and is returned.

@@ -94,7 +94,10 @@ impl SlotCounters {
     /// by a flag alone, set when a batch found room, writers far ahead of the checkpoint — an
     /// on-demand one, or a background one short of CPU — remapped thousands of pool pages a
     /// batch into lists with room for a thousand, and the overflow cut the volume's free
-    /// memory into pages.)
+    /// memory into pages.) A caller's lent buffer ([`crate::Fs::buffer`]) counts as a pool
+    /// page even when it came from the lists: nothing records where it came from, and
+    /// counting it is only the safe side (what the allowance refuses, the checkpoint remaps
+    /// within the room such a page made when it was taken).
     pub(crate) fn may_remap(&self, pool_page: bool) -> bool {
         !pool_page
             || self.pool_remaps.load(Ordering::Relaxed)
