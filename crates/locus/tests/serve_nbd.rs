@@ -1930,6 +1930,9 @@ h.flush()
         value("gauge", "locus_fs_defrag_windows{state=deferred}"),
         0.0
     );
+    // Ten writes into a fresh volume's recycled-page lists: none of what they replaced went
+    // back to the volume in pages.
+    assert_eq!(value("counter", "locus_fs_unrecycled_blocks_total{}"), 0.0);
     // The snapshots' pauses: the sum at least the longest, the longest at least the last,
     // none without a snapshot.
     let snapshots = value("counter", "locus_fs_snapshots_total{}");

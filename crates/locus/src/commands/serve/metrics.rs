@@ -412,6 +412,14 @@ pub fn render(sources: &Sources) -> String {
             fs.writer_give_ways as f64,
         ),
         (
+            "locus_fs_unrecycled_blocks_total",
+            "counter",
+            "Blocks that remapped writes replaced which the recycled-page lists had no room \
+             for, returned to the volume as pieces under 64 KiB (stays near zero without data \
+             checksums; a count that keeps growing means free memory is being cut into pages).",
+            fs.unrecycled_blocks as f64,
+        ),
+        (
             "locus_fs_snapshots_total",
             "counter",
             "Snapshots of the file system's metadata written (each holds metadata operations \
