@@ -677,10 +677,20 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
     // cap, where the checkpoint copies small overwrites in place for want of room for the
     // blocks they would replace (write amplification 1.04-1.15 against 1.03 with two
     // writers). Half full, they hold many batches' worth of single-block writes.
-    let half = inner.recycled.cap() / 2;
+    // And never into the room the writers hold (the frees their remaps still owe, pool-page
+    // remaps allowed them): with a checkpoint behind its writers, whose remaps this batch
+    // did not reach, pages put there made those frees overflow the lists later.
+    for (slot, applied) in slots.iter().zip(&remaps) {
+        if let Some(n @ 1..) = applied {
+            slot.counters.apply_remaps(*n);
+        }
+    }
+    let held: u64 = slots.iter().map(|s| s.counters.remap_room()).sum();
+    let cap = inner.recycled.cap();
+    let level = (cap / 2).min(cap.saturating_sub(usize::try_from(held).unwrap_or(usize::MAX)));
     inner
         .recycled
-        .free_up_to(&inner.volume, untaken.drain(..), half)?;
+        .free_up_to(&inner.volume, untaken.drain(..), level)?;
     allow_pool_remaps(inner, &slots, &remaps, work.copy_overwrites);
     scratch.untaken = untaken;
     work.freed.clear();
@@ -704,19 +714,13 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
     Ok(moved)
 }
 
-/// After a batch's frees: the blocks it applied of those the writers remapped themselves
-/// (`batch`: per slot, `None` if it had no record in the batch) no longer owe frees to the
-/// recycled lists, and each slot that wrote is allowed its share of half the room left for
-/// remaps into pool pages — the other half stays for this checkpoint's own remaps (of
-/// blocks in chunks not shared with the writers). A slot with no record in the batch is
-/// allowed none until one of its records is in a batch; none is allowed while space is
-/// tight.
+/// After a batch's frees (the writers' remaps it applied counted): each slot that wrote in
+/// the batch (`batch`: per slot, `None` if it had no record there) is allowed its share of
+/// half the recycled lists' room left, less the frees writers' remaps still owe, for remaps
+/// into pool pages — the other half stays for this checkpoint's own remaps (of blocks in
+/// chunks not shared with the writers). A slot with no record in the batch is allowed none
+/// until one of its records is in a batch; none is allowed while space is tight.
 fn allow_pool_remaps(inner: &Inner, slots: &[Arc<Slot>], batch: &[Option<u64>], tight: bool) {
-    for (slot, applied) in slots.iter().zip(batch) {
-        if let Some(n @ 1..) = applied {
-            slot.counters.apply_remaps(*n);
-        }
-    }
     let owed: u64 = slots.iter().map(|s| s.counters.remaps_owed()).sum();
     let writing = batch.iter().filter(|b| b.is_some()).count() as u64;
     let share = if tight || writing == 0 {

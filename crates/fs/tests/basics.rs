@@ -449,6 +449,84 @@ fn random_overwrites_do_not_cut_free_memory_into_pages() {
     fs.unmount().unwrap();
 }
 
+/// Two threads of random 4 KiB overwrites of a file that fills most of the volume, far ahead
+/// of a checkpoint that runs only when one of them runs short: each slot remaps blocks into
+/// pool pages only within its share of the recycled lists' room, so what the two replace
+/// goes to the lists and not back to the volume as pages, and the volume's free memory stays
+/// in large pieces.
+#[test]
+fn two_writers_remap_only_into_room_the_lists_have() {
+    let shm = shm_volume("perforation-2", 128 << 20);
+    let format = fs::FormatOptions {
+        log_records: 8192,
+        ..small_format()
+    };
+    let options = fs::FsOptions {
+        checkpoint: fs::CheckpointMode::OnDemand,
+        prelim_buffers: 4,
+        prelim_buffer_bytes: 4 << 20,
+        checkpoint_batch: 4096,
+        ..fs::FsOptions::default()
+    };
+    let fs = Arc::new(Fs::format(open_volume(&shm.dir), &format, options).unwrap());
+    let f = fs.create("/f").unwrap();
+    let size = 64u64 << 20;
+    let chunk = vec![0x11u8; 1 << 20];
+    for at in (0..size).step_by(1 << 20) {
+        f.write_at(&chunk, at).unwrap();
+    }
+    fs.checkpoint().unwrap();
+    let largest = |fs: &Fs| {
+        let mut len = 32u64 << 20;
+        while len >= 4096 {
+            if let Ok(extent) = fs.volume().alloc_local(len) {
+                fs.volume().free(extent).unwrap();
+                return len;
+            }
+            len /= 2;
+        }
+        0
+    };
+    let before = largest(&fs);
+    std::thread::scope(|scope| {
+        for t in 0..2u64 {
+            let fs = Arc::clone(&fs);
+            scope.spawn(move || {
+                let f = fs.open_file("/f", OpenOptions::read_write()).unwrap();
+                let page = vec![0x22 + t as u8; 4096];
+                let mut state = 7 + t;
+                for _ in 0..25_000 {
+                    state = state
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    f.write_at(&page, (state >> 24) % (size / 4096) * 4096)
+                        .unwrap();
+                }
+            });
+        }
+    });
+    fs.checkpoint().unwrap();
+    let after = largest(&fs);
+    let stats = fs.stats();
+    assert!(
+        stats.writer_remapped_blocks > 0 && stats.recycled_blocks > 0,
+        "{stats:?}"
+    );
+    assert!(
+        stats.unrecycled_blocks <= 2 * stats.checkpoint_batches,
+        "{} replaced blocks went back to the volume in pages: {stats:?}",
+        stats.unrecycled_blocks
+    );
+    assert!(
+        after >= before.min(4 << 20),
+        "the largest free extent fell from {before} to {after} bytes: {stats:?}"
+    );
+    drop(f);
+    Arc::into_inner(fs).unwrap().unmount().unwrap();
+    // Every page the remaps moved is owned once, or free.
+    Fs::check(&open_volume(&shm.dir)).unwrap();
+}
+
 /// A page a writer took from the recycled lists and whose record a newer write made void
 /// (the block written twice before a checkpoint) goes back to the lists with its set, not to
 /// the volume: the next writes find as many recycled pages as the overwrites freed.
