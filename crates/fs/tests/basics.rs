@@ -365,16 +365,11 @@ fn whole_blocks_are_remapped_and_only_partial_blocks_copied() {
     assert_eq!(check.file_bytes, len as u64);
 }
 
-/// Random 4 KiB overwrites of a file that fills most of the volume, with the checkpoint
-/// running only when writers run short (so that the blocks they replace are freed in bulk):
-/// the volume's free memory must stay in large pieces — a new thread's log area and journal,
-/// a snapshot, a buffer need contiguous memory — instead of being cut into the 4 KiB holes
-/// remapped overwrites leave. The checkpoint remaps a small overwrite only while the
-/// recycled lists can take what it frees, and copies it in place otherwise.
-#[test]
-fn random_overwrites_do_not_cut_free_memory_into_pages() {
-    let shm = shm_volume("perforation", 128 << 20);
-    // Thousands of records between checkpoints.
+/// A 128 MiB volume whose file `/f` holds 64 MiB, laid out in 1 MiB writes and
+/// checkpointed, with thousands of records between checkpoints (the checkpoint runs only
+/// when a writer runs short, so the blocks overwrites replace are freed in bulk).
+fn volume_mostly_one_file(name: &str) -> (ShmVolume, Fs, fs::File) {
+    let shm = shm_volume(name, 128 << 20);
     let format = fs::FormatOptions {
         log_records: 8192,
         ..small_format()
@@ -389,35 +384,55 @@ fn random_overwrites_do_not_cut_free_memory_into_pages() {
     };
     let fs = Fs::format(open_volume(&shm.dir), &format, options).unwrap();
     let f = fs.create("/f").unwrap();
-    let size = 64u64 << 20;
     let chunk = vec![0x11u8; 1 << 20];
-    for at in (0..size).step_by(1 << 20) {
+    for at in (0..PERFORATED_FILE).step_by(1 << 20) {
         f.write_at(&chunk, at).unwrap();
     }
     fs.checkpoint().unwrap();
-    let largest = |fs: &Fs| {
-        let mut len = 32u64 << 20;
-        while len >= 4096 {
-            if let Ok(extent) = fs.volume().alloc_local(len) {
-                fs.volume().free(extent).unwrap();
-                return len;
-            }
-            len /= 2;
+    (shm, fs, f)
+}
+
+const PERFORATED_FILE: u64 = 64 << 20;
+
+/// The largest power-of-two extent, 4 KiB to 32 MiB, the volume can allocate now.
+fn largest_free_extent(fs: &Fs) -> u64 {
+    let mut len = 32u64 << 20;
+    while len >= 4096 {
+        if let Ok(extent) = fs.volume().alloc_local(len) {
+            fs.volume().free(extent).unwrap();
+            return len;
         }
-        0
-    };
-    let before = largest(&fs);
-    let mut state = 99u64;
-    let page = vec![0x22u8; 4096];
-    for _ in 0..30_000 {
+        len /= 2;
+    }
+    0
+}
+
+/// `writes` 4 KiB writes of `byte` at block-aligned places of `/f` drawn from `seed`.
+fn random_overwrites(f: &fs::File, seed: u64, byte: u8, writes: usize) {
+    let page = vec![byte; 4096];
+    let mut state = seed;
+    for _ in 0..writes {
         state = state
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        f.write_at(&page, (state >> 24) % (size / 4096) * 4096)
+        f.write_at(&page, (state >> 24) % (PERFORATED_FILE / 4096) * 4096)
             .unwrap();
     }
+}
+
+/// Random 4 KiB overwrites of a file that fills most of the volume, with the checkpoint
+/// running only when writers run short (so that the blocks they replace are freed in bulk):
+/// the volume's free memory must stay in large pieces — a new thread's log area and journal,
+/// a snapshot, a buffer need contiguous memory — instead of being cut into the 4 KiB holes
+/// remapped overwrites leave. The checkpoint remaps a small overwrite only while the
+/// recycled lists can take what it frees, and copies it in place otherwise.
+#[test]
+fn random_overwrites_do_not_cut_free_memory_into_pages() {
+    let (_shm, fs, f) = volume_mostly_one_file("perforation");
+    let before = largest_free_extent(&fs);
+    random_overwrites(&f, 99, 0x22, 30_000);
     fs.checkpoint().unwrap();
-    let after = largest(&fs);
+    let after = largest_free_extent(&fs);
     let stats = fs.stats();
     assert!(
         after >= before.min(4 << 20),
@@ -456,57 +471,20 @@ fn random_overwrites_do_not_cut_free_memory_into_pages() {
 /// in large pieces.
 #[test]
 fn two_writers_remap_only_into_room_the_lists_have() {
-    let shm = shm_volume("perforation-2", 128 << 20);
-    let format = fs::FormatOptions {
-        log_records: 8192,
-        ..small_format()
-    };
-    let options = fs::FsOptions {
-        checkpoint: fs::CheckpointMode::OnDemand,
-        prelim_buffers: 4,
-        prelim_buffer_bytes: 4 << 20,
-        checkpoint_batch: 4096,
-        ..fs::FsOptions::default()
-    };
-    let fs = Arc::new(Fs::format(open_volume(&shm.dir), &format, options).unwrap());
-    let f = fs.create("/f").unwrap();
-    let size = 64u64 << 20;
-    let chunk = vec![0x11u8; 1 << 20];
-    for at in (0..size).step_by(1 << 20) {
-        f.write_at(&chunk, at).unwrap();
-    }
-    fs.checkpoint().unwrap();
-    let largest = |fs: &Fs| {
-        let mut len = 32u64 << 20;
-        while len >= 4096 {
-            if let Ok(extent) = fs.volume().alloc_local(len) {
-                fs.volume().free(extent).unwrap();
-                return len;
-            }
-            len /= 2;
-        }
-        0
-    };
-    let before = largest(&fs);
+    let (shm, fs, f) = volume_mostly_one_file("perforation-2");
+    let fs = Arc::new(fs);
+    let before = largest_free_extent(&fs);
     std::thread::scope(|scope| {
         for t in 0..2u64 {
             let fs = Arc::clone(&fs);
             scope.spawn(move || {
                 let f = fs.open_file("/f", OpenOptions::read_write()).unwrap();
-                let page = vec![0x22 + t as u8; 4096];
-                let mut state = 7 + t;
-                for _ in 0..25_000 {
-                    state = state
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    f.write_at(&page, (state >> 24) % (size / 4096) * 4096)
-                        .unwrap();
-                }
+                random_overwrites(&f, 7 + t, 0x22 + t as u8, 25_000);
             });
         }
     });
     fs.checkpoint().unwrap();
-    let after = largest(&fs);
+    let after = largest_free_extent(&fs);
     let stats = fs.stats();
     assert!(
         stats.writer_remapped_blocks > 0 && stats.recycled_blocks > 0,
