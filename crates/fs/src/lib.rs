@@ -75,7 +75,7 @@ pub use fs::{
 };
 pub use inode::{DirEntry, Owner, Stat};
 pub use journal::Kind;
-pub use log::{LogArea, LogRecord, Piece as LogPiece};
+pub use log::{Confirmer, LogArea, LogRecord, Piece as LogPiece};
 pub use path::MAX_NAME;
 pub use range_lock::{LockMode, RangeGuard, RangeLocks};
 pub use recovery::{ChecksumsChange, FsCheck, OfflineFs, SlotLimitChange, Tune, Tuned};

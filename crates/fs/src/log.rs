@@ -31,9 +31,14 @@ use crate::error::{FsError, Result};
 
 /// `LOCUSLOG`.
 pub const LOG_MAGIC: u64 = u64::from_le_bytes(*b"LOCUSLOG");
-/// Format version: records may form groups (one write in several pieces).
-pub const LOG_VERSION: u32 = 3;
-/// The version before groups (still read; raised to 3 before its first group is appended).
+/// Format version: records may carry the checksum of their data, and the header the
+/// sequence through which data is confirmed whole ([`Confirmer`]).
+pub const LOG_VERSION: u32 = 4;
+/// The version before data checksums (still read; raised to the current one before its
+/// first record with one is appended).
+const LOG_VERSION_WITHOUT_DATA_SUMS: u32 = 3;
+/// The version before groups (still read; raised to the current one before its first group
+/// is appended).
 const LOG_VERSION_WITHOUT_GROUPS: u32 = 2;
 /// The version before records carried the write's time (still read, and written to as
 /// version 1: its records keep `mtime` 0).
@@ -53,6 +58,16 @@ const _: () =
 const SEAL_CRC_XOR: u32 = 0x5EA1_5EA1;
 /// Bytes 8..16 of a seal.
 const SEAL_MAGIC: u64 = u64::from_le_bytes(*b"LOGSEAL\0");
+
+/// Set in a record's 4-byte length (bytes 24..28) when bytes 28..32 hold its data checksum.
+/// Lengths stay below it: a record's data is at most `MAX_IO` (1 GiB).
+const DATA_SUM_FLAG: u32 = 1 << 31;
+const _: () = assert!(crate::fs::MAX_IO < DATA_SUM_FLAG as u64);
+
+/// Header byte offset of the confirmation word ([`Confirmer`]).
+const CONFIRMED_AT: u64 = 32;
+/// The confirmation word's sequence bits (the rest are its check bits).
+const CONFIRMED_MASK: u64 = (1 << 48) - 1;
 
 /// The seal for `sequence`: no record of the area follows `sequence - 1`.
 fn encode_seal(sequence: u64) -> [u8; RECORD_BYTES as usize] {
@@ -74,6 +89,11 @@ pub struct Piece {
     pub length: u64,
     /// Global address of the persistent buffer holding them.
     pub buffer: u64,
+    /// Their data checksum ([`pmem::data_checksum`]), when the caller computed it as it
+    /// stored them and has not fenced them yet: the record's own fence then makes both
+    /// durable, and recovery checks the newest write's data against it. `None`: the data is
+    /// durable already (fenced before the append).
+    pub data_sum: Option<u32>,
 }
 
 /// What a record says.
@@ -100,6 +120,9 @@ pub struct LogRecord {
     pub part: u16,
     /// Records in its write's group; 0 for a write of one record.
     pub parts: u16,
+    /// The data checksum of the `length` bytes at `buffer`, when the data was stored
+    /// behind the same fence as the record (version 4); `None` when it was durable first.
+    pub data_sum: Option<u32>,
 }
 
 impl LogRecord {
@@ -117,11 +140,18 @@ impl LogRecord {
 impl LogRecord {
     fn encode(&self) -> [u8; RECORD_BYTES as usize] {
         let mut bytes = [0u8; RECORD_BYTES as usize];
+        // Before version 4 bytes 24..32 were an 8-byte length: below 2^31, the same bytes
+        // as a 4-byte length without the flag and a zero checksum.
+        let (length, sum) = match self.data_sum {
+            Some(sum) => (self.length | u64::from(DATA_SUM_FLAG), u64::from(sum) << 32),
+            None => (self.length, 0),
+        };
+        debug_assert!(self.length < u64::from(DATA_SUM_FLAG));
         for (i, value) in [
             self.sequence,
             self.inode,
             self.offset,
-            self.length,
+            length | sum,
             self.buffer,
             self.order,
             self.mtime,
@@ -151,18 +181,106 @@ impl LogRecord {
         }
         let word =
             |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        let length = word(3);
+        let (length, data_sum) = if length as u32 & DATA_SUM_FLAG != 0 {
+            (
+                u64::from(length as u32 & !DATA_SUM_FLAG),
+                Some((length >> 32) as u32),
+            )
+        } else {
+            (length, None)
+        };
         let record = Self {
             sequence: Self::sequence_in(bytes),
             inode: word(1),
             offset: word(2),
-            length: word(3),
+            length,
             buffer: word(4),
             order: word(5),
             mtime: word(6),
             part: u16::from_le_bytes(bytes[56..58].try_into().expect("2 bytes")),
             parts: u16::from_le_bytes(bytes[58..60].try_into().expect("2 bytes")),
+            data_sum,
         };
         (record.sequence != 0).then_some(record)
+    }
+}
+
+/// The confirmation word for `sequence`: its low 48 bits, and 16 check bits above them.
+fn encode_confirmed(sequence: u64) -> u64 {
+    let low = sequence & CONFIRMED_MASK;
+    low | u64::from(confirmed_check(low)) << 48
+}
+
+fn confirmed_check(low: u64) -> u16 {
+    // XORed so that a word of zeros (an area never confirmed) is not a confirmation of 0.
+    (crc32c::crc32c(&low.to_le_bytes()[..6]) as u16) ^ 0xC0F1
+}
+
+/// What an area's confirmation word said when it was opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Confirmed {
+    /// Zero: never written.
+    Never,
+    /// The low 48 bits of the sequence confirmed.
+    Through(u64),
+    /// Its check bits do not match: damaged.
+    Unreadable,
+}
+
+impl Confirmed {
+    fn decode(word: u64) -> Self {
+        let low = word & CONFIRMED_MASK;
+        if word == 0 {
+            Self::Never
+        } else if (word >> 48) as u16 == confirmed_check(low) {
+            Self::Through(low)
+        } else {
+            Self::Unreadable
+        }
+    }
+
+    /// Whether it covers `sequence`, the last record of the area's newest write: whether it
+    /// confirms exactly that one. Confirmations never pass the newest record appended (a
+    /// writer publishes a write's last sequence once its append returned), and everything
+    /// older than the newest write is whole anyway (appended before it), so a confirmation
+    /// of an older sequence covers nothing recovery checks.
+    fn covers(self, sequence: u64) -> bool {
+        self == Self::Through(sequence & CONFIRMED_MASK)
+    }
+}
+
+fn unconfirmed_newest(confirmed: Confirmed, live: &[LogRecord]) -> Option<(usize, bool)> {
+    let last = live.last()?;
+    let first = live
+        .iter()
+        .rposition(|r| r.sequence == last.write_start())?;
+    if live[first..].iter().all(|r| r.data_sum.is_none()) || confirmed.covers(last.sequence) {
+        return None;
+    }
+    Some((first, confirmed == Confirmed::Unreadable))
+}
+
+/// Stores an area's confirmation word: every record of the area through a sequence has its
+/// data whole (its append returned). Recovery checks the data of an area's newest write
+/// against its data checksums only when the word does not cover it — so the word must be
+/// durable before anything stores to such a write's data in place (the checkpoint copying
+/// a later write into a block whose page that write's buffer became, a process storing
+/// through a shared mapping); until then only a crash mid-append can have changed it. Held
+/// by the checkpoint apart from the area, whose lock its writer holds while it appends; it
+/// stores only its own 8-byte word of the header, which the writer never rewrites.
+#[derive(Debug, Clone)]
+pub struct Confirmer {
+    region: Region,
+}
+
+impl Confirmer {
+    /// Stores and flushes the word for `sequence`; durable at the caller's next fence.
+    pub fn store(&self, sequence: u64) -> Result<()> {
+        self.region
+            .store_u64(CONFIRMED_AT, encode_confirmed(sequence))?;
+        self.region.flush(CONFIRMED_AT, 8)?;
+        Ok(())
     }
 }
 
@@ -185,6 +303,8 @@ pub struct LogArea {
     /// A seal of `next_sequence` is in its slot (which `stale` then lists, to be zeroed
     /// before the next append).
     sealed: bool,
+    /// The confirmation word as the area was opened.
+    confirmed: Confirmed,
 }
 
 impl LogArea {
@@ -229,6 +349,7 @@ impl LogArea {
             next_sequence: 1,
             retired: Arc::new(AtomicU64::new(0)),
             sealed: false,
+            confirmed: Confirmed::Never,
         })
     }
 
@@ -259,17 +380,19 @@ impl LogArea {
             crc32c::crc32c(&h[8..24]) == crc
         };
         if !crc_with(version) {
-            // Raising version 2 to 3 stores the version and the CRC in different words: a
-            // crash between them leaves one of each. No group was appended before both were
-            // durable, so such an area is still version 2.
-            let other = LOG_VERSION + LOG_VERSION_WITHOUT_GROUPS - version;
-            if (version == LOG_VERSION || version == LOG_VERSION_WITHOUT_GROUPS) && crc_with(other)
-            {
-                version = LOG_VERSION_WITHOUT_GROUPS;
-            } else {
-                return Err(bad("crc32c", "header checksum mismatch (damaged)".into()));
+            // Raising an area (to version 3 once, to 4 now) stores the version and the CRC
+            // in different words: a crash between them leaves one of each. Nothing that
+            // needs the new version was appended before both were durable, so such an area
+            // is still the older of the two.
+            let other = (LOG_VERSION_WITHOUT_TIMES..=LOG_VERSION)
+                .filter(|&v| v != version && version.max(v) >= LOG_VERSION_WITHOUT_DATA_SUMS)
+                .find(|&v| crc_with(v));
+            match other {
+                Some(other) => version = version.min(other),
+                None => return Err(bad("crc32c", "header checksum mismatch (damaged)".into())),
             }
         }
+        let confirmed = Confirmed::decode(u64_at(CONFIRMED_AT as usize));
         let id = u32_at(12);
         let capacity = u64_at(16);
         if capacity == 0 || capacity > MAX_RECORDS || LogArea::bytes_for(capacity) > region.len() {
@@ -298,6 +421,7 @@ impl LogArea {
             next_sequence,
             retired: Arc::new(AtomicU64::new(retired)),
             sealed,
+            confirmed,
         };
         if slot == encode_seal(next) {
             return Ok((opened(region, vec![seal_at], next, true), Vec::new()));
@@ -322,8 +446,11 @@ impl LogArea {
                 let Some(record) = LogRecord::decode(slot) else {
                     continue;
                 };
-                // Before groups the bytes were reserved: a record with them set is not one.
-                if version < LOG_VERSION && (record.part, record.parts) != (0, 0) {
+                // Before groups the bytes were reserved, and before data checksums the flag
+                // was a length bit no record had: a record with them set is not one.
+                if version < LOG_VERSION_WITHOUT_DATA_SUMS && (record.part, record.parts) != (0, 0)
+                    || version < LOG_VERSION && record.data_sum.is_some()
+                {
                     continue;
                 }
                 if (record.sequence - 1) % capacity != index {
@@ -476,6 +603,51 @@ impl LogArea {
         Ok(erased)
     }
 
+    /// The area's newest write among `live` (the records [`LogArea::recover`] returned)
+    /// when recovery must check its data against its checksums: some of its records carry
+    /// one and the confirmation word does not cover it. `Some((first, unreadable))`:
+    /// `live[first..]` is that write; `unreadable`: the confirmation word is damaged, so
+    /// data that fails its checksum may as well be a write changed in place after it
+    /// returned as one a crash cut short.
+    pub fn unconfirmed_newest(&self, live: &[LogRecord]) -> Option<(usize, bool)> {
+        unconfirmed_newest(self.confirmed, live)
+    }
+
+    /// [`LogArea::unconfirmed_newest`] for the area in `region` without opening it (a
+    /// salvage's records).
+    pub fn unconfirmed_newest_in(
+        region: &Region,
+        live: &[LogRecord],
+    ) -> Result<Option<(usize, bool)>> {
+        let word = Confirmed::decode(region.load_u64(CONFIRMED_AT)?);
+        Ok(unconfirmed_newest(word, live))
+    }
+
+    /// Drops the newest write, `live[first..]` (found by [`LogArea::unconfirmed_newest`],
+    /// its data failing its checksums: a crash cut its append short), as recovery drops a
+    /// group cut short: its slots are zeroed before the next append, which takes its
+    /// sequence.
+    pub fn drop_newest_write(&mut self, live: &mut Vec<LogRecord>, first: usize) {
+        let Some(start) = live.get(first).map(|r| r.sequence) else {
+            return;
+        };
+        let capacity = self.capacity;
+        self.stale.extend(
+            live[first..]
+                .iter()
+                .map(|r| RECORD_BYTES * ((r.sequence - 1) % capacity + 1)),
+        );
+        live.truncate(first);
+        self.next_sequence = start;
+    }
+
+    /// The handle that stores the area's confirmation word ([`Confirmer`]).
+    pub fn confirmer(&self) -> Confirmer {
+        Confirmer {
+            region: self.region.clone(),
+        }
+    }
+
     /// The area's id.
     pub fn id(&self) -> u32 {
         self.id
@@ -521,6 +693,7 @@ impl LogArea {
             offset,
             length,
             buffer,
+            data_sum: None,
         };
         Ok(self.append_group(inode, &[piece], order, mtime)?[0])
     }
@@ -545,7 +718,9 @@ impl LogArea {
             });
         }
         self.clear_stale()?;
-        if count > 1 && self.version < LOG_VERSION {
+        if count > 1 && self.version < LOG_VERSION_WITHOUT_DATA_SUMS
+            || self.version < LOG_VERSION && pieces.iter().any(|p| p.data_sum.is_some())
+        {
             self.raise_version()?;
         }
         let mut records = SmallVec::with_capacity(pieces.len());
@@ -562,6 +737,7 @@ impl LogArea {
                 // of version 2 accepts.
                 part: i as u16,
                 parts: if count == 1 { 0 } else { count as u16 },
+                data_sum: piece.data_sum,
             };
             let at = RECORD_BYTES * ((record.sequence - 1) % self.capacity + 1);
             // Non-temporal: a slot is written once per pass of the log, and a cached store
@@ -615,11 +791,13 @@ impl LogArea {
         self.region.read(0, &mut header)?;
         header[8..12].copy_from_slice(&LOG_VERSION.to_le_bytes());
         let crc = crc32c::crc32c(&header[8..24]);
-        header[60..64].copy_from_slice(&crc.to_le_bytes());
         // The version and the CRC are in different 8-byte words, so a crash can persist one
-        // without the other: recovery reads such a header as version 2 (nothing grouped was
-        // appended yet). Both are durable before the first group is.
-        self.region.write(8, &header[8..])?;
+        // without the other: recovery reads such a header as the old version (nothing that
+        // needs the new one was appended yet). Both are durable before anything that does
+        // is. Only those two are stored: the checkpoint may be storing the confirmation word
+        // of the same line meanwhile ([`Confirmer`]).
+        self.region.write(8, &header[8..12])?;
+        self.region.write(60, &crc.to_le_bytes())?;
         self.region.persist(8, RECORD_BYTES - 8)?;
         self.version = LOG_VERSION;
         self.times = true;

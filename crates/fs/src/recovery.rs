@@ -77,6 +77,10 @@ pub struct FsCheck {
     pub snapshot_bytes: u64,
     /// Logged writes not yet checkpointed (replayed at open).
     pub log_records: u64,
+    /// Newest logged writes whose data fails the checksum their records carry: a crash cut
+    /// them short (they never returned), and open drops them.
+    #[serde(default)]
+    pub torn_writes: u64,
     /// Bytes those writes carry.
     pub log_bytes: u64,
     /// Volume memory the file system owns: snapshot, logs, journals, file blocks, buffers.
@@ -90,6 +94,47 @@ pub struct FsCheck {
     pub damaged_root_copy: Option<String>,
     /// Whether every data block has a checksum (`locus format --data-checksums`).
     pub data_checksums: bool,
+}
+
+/// Whether the data of `write` (an area's newest write, its records as recovery read them,
+/// not covered by the area's confirmation word: [`LogArea::unconfirmed_newest`]) fails its
+/// data checksums: a crash kept its records and lost some of its data — stored behind the
+/// same fence — so it never returned, and is dropped. With the confirmation word damaged
+/// (`unreadable`), such data could as well be a whole write changed in place after it
+/// returned: that is damage, named, not guessed around.
+fn torn(volume: &Volume, area: usize, write: &[LogRecord], unreadable: bool) -> Result<bool> {
+    for record in write {
+        let Some(sum) = record.data_sum else {
+            continue;
+        };
+        let region = volume.region(&extent_of(record.buffer, record.length))?;
+        let mut data = vec![0u8; record.length as usize];
+        region.read(0, &mut data)?;
+        if pmem::data_checksum(&data) == sum {
+            continue;
+        }
+        if unreadable {
+            return Err(FsError::DamagedLog {
+                area: area as u32,
+                problem: format!(
+                    "the header's confirmation word is damaged and the data of record {}, \
+                     the newest write, fails its checksum: a write a crash cut short cannot \
+                     be told from one changed after it returned",
+                    record.sequence
+                ),
+            });
+        }
+        tracing::warn!(
+            area,
+            sequence = record.sequence,
+            inode = record.inode,
+            offset = record.offset,
+            length = record.length,
+            "dropping the newest logged write: a crash cut it short (its data fails its checksum)"
+        );
+        return Ok(true);
+    }
+    Ok(false)
 }
 
 /// What one replay step is.
@@ -455,9 +500,11 @@ impl Fs {
             journal_records,
             kept_records,
             damaged_root_copy,
+            torn_writes,
             ..
         } = load(&volume)?;
         let replayed = crate::fs::ReplaySummary {
+            torn_writes,
             log_records: live.len() as u64,
             log_bytes: live.iter().map(|(_, r)| r.length).sum(),
             journal_records: journal_records - kept_records,
@@ -559,6 +606,7 @@ impl OfflineFs<'_> {
             journal_bytes: loaded.journals.iter().map(Journal::used).sum(),
             snapshot_bytes: loaded.snapshot_bytes,
             log_records: loaded.live.len() as u64,
+            torn_writes: loaded.torn_writes,
             log_bytes: loaded.live.iter().map(|(_, r)| r.length).sum(),
             owned_bytes: loaded.owned.iter().map(|o| o.1).sum(),
             snapshot_pieces: loaded.snapshot_pieces.len() as u64,
@@ -686,6 +734,8 @@ struct Loaded {
     snapshot_bytes: u64,
     damaged_root_copy: Option<String>,
     checksums: Option<Checksums>,
+    /// Newest writes dropped because their data failed its checksums ([`torn`]).
+    torn_writes: u64,
 }
 
 impl Loaded {
@@ -1103,15 +1153,30 @@ fn load_salvaging(
 
     // 3. Log areas.
     let mut logs = Vec::new();
+    let mut torn_writes = 0u64;
     for (index, areas) in root.slots.iter().enumerate() {
         let region = volume.region(&extent_of(areas.log_addr, areas.log_len))?;
         let (log, live) = match salvage.as_deref_mut() {
             None => {
-                let (log, live) = LogArea::recover(region, retired[index])?;
+                let (mut log, mut live) = LogArea::recover(region, retired[index])?;
+                if let Some((first, unreadable)) = log.unconfirmed_newest(&live)
+                    && torn(volume, index, &live[first..], unreadable)?
+                {
+                    log.drop_newest_write(&mut live, first);
+                    torn_writes += 1;
+                }
                 (Some(log), live)
             }
             Some(s) => {
-                let (found, damage, beyond) = LogArea::salvage(&region, retired[index])?;
+                let (mut found, damage, beyond) = LogArea::salvage(&region, retired[index])?;
+                // A write a crash cut short, its record whole but not all of its data,
+                // never returned: dropped like a torn record.
+                if let Some((first, unreadable)) = LogArea::unconfirmed_newest_in(&region, &found)?
+                    && torn(volume, index, &found[first..], unreadable)?
+                {
+                    found.truncate(first);
+                    torn_writes += 1;
+                }
                 // Whole records past the damage are dropped; the damaged slot(s) unread.
                 for record in &beyond {
                     s.dropped_writes += 1;
@@ -1290,6 +1355,7 @@ fn load_salvaging(
         snapshot_pieces,
         snapshot_bytes,
         checksums,
+        torn_writes,
     })
 }
 

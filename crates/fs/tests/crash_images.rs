@@ -362,6 +362,119 @@ fn every_image_is(name: &str, tracer: &Tracer, first: usize, last: usize, expect
     eprintln!("{name}: {} fences, {images} images", last - first);
 }
 
+/// A write stores its data and its record behind one fence, the record carrying the data's
+/// checksum. A crash before that fence can keep the record and lose some of the data (the
+/// tracer's "everything but the line first stored to"): open drops that write — it never
+/// returned — and says so in its replay summary; the file is as before the write.
+#[test]
+fn a_write_whose_data_a_crash_cut_short_is_dropped_and_counted() {
+    let tracer = Tracer::new();
+    let region = traced_dirty_volume_device(&tracer, DEVICE);
+    let fs = Fs::format(volume_over(vec![region]).unwrap(), &format(), options()).unwrap();
+    write(&fs, "/f", 0, 4096, 1);
+    fs.checkpoint().unwrap();
+    let before = state(&fs);
+    let file = fs.open_file("/f", fs::OpenOptions::read_write()).unwrap();
+    let first = tracer.fence_count();
+    file.write_at(&pattern(2, 0, 8192), 0).unwrap();
+    let last = tracer.fence_count();
+    let after = state(&fs);
+    assert_eq!(
+        last - first,
+        1,
+        "a write's data and its record take one fence"
+    );
+    let (mut torn, mut whole) = (0, 0);
+    for image in tracer.crash_images(first, 16, 1) {
+        let recovered = recover(image.regions[0].clone()).unwrap();
+        let got = state(&recovered);
+        let dropped = recovered.replayed().torn_writes;
+        if got == after {
+            assert_eq!(dropped, 0, "{}", image.description);
+            whole += 1;
+        } else {
+            assert!(
+                got == before,
+                "neither before nor after: {}",
+                image.description
+            );
+            torn += dropped;
+        }
+        recovered.abandon();
+    }
+    assert!(whole > 0, "no image kept the write");
+    assert!(torn > 0, "no image kept the record without all of its data");
+    drop(file);
+    fs.abandon();
+}
+
+/// A write's data and its record are made durable by one fence, the record carrying the
+/// data's checksum: recovery drops the newest write of a log whose data fails it (a crash
+/// cut it short). A writer remaps a single-block overwrite into the file's block table
+/// itself, and the next batch copies another thread's later write into that very page: at a
+/// crash before the batch commits, the first write is still its log's newest, its page
+/// changed in place. The checkpoint confirms every write of a batch in its log before it
+/// stores in place, so recovery takes that page as whole — not as torn, which would drop an
+/// acknowledged write.
+#[test]
+fn a_checkpoint_copying_into_the_page_of_another_logs_newest_write() {
+    let tracer = Tracer::new();
+    let region = traced_dirty_volume_device(&tracer, DEVICE);
+    let fs = Fs::format(volume_over(vec![region]).unwrap(), &format(), options()).unwrap();
+    write(&fs, "/f", 0, 64 << 10, 1);
+    fs.checkpoint().unwrap();
+    // Each writer on a thread of its own, alive while the other writes: two slots, two logs.
+    let step = std::sync::Barrier::new(3);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // Overwrites the checkpoint remaps, sharing the file's chunk with the writers
+            // and allowing this slot remaps of its own; then one this writer remaps.
+            for block in 1..5 {
+                write(&fs, "/f", block * 4096, 4096, 10 + block);
+            }
+            step.wait();
+            step.wait();
+            write(&fs, "/f", 2 * 4096, 4096, 20);
+            step.wait();
+            step.wait();
+        });
+        s.spawn(|| {
+            step.wait();
+            step.wait();
+            step.wait();
+            write(&fs, "/f", 2 * 4096 + 10, 100, 21);
+            step.wait();
+        });
+        step.wait();
+        fs.checkpoint().unwrap();
+        step.wait();
+        step.wait();
+        step.wait();
+    });
+    assert!(fs.stats().slots >= 3, "the two writers shared a slot");
+    let expect = state(&fs);
+    let first = tracer.fence_count();
+    fs.checkpoint().unwrap();
+    let last = tracer.fence_count();
+    let stats = fs.stats();
+    assert_eq!(
+        stats.writer_remapped_blocks, 1,
+        "the writer did not remap its block"
+    );
+    assert_eq!(
+        stats.copied_bytes, 100,
+        "the later write was not copied into its page"
+    );
+    every_image_is(
+        "copy into a newest write's page",
+        &tracer,
+        first,
+        last,
+        &expect,
+    );
+    fs.abandon();
+}
+
 /// A file system with logged writes and journaled operations not yet checkpointed.
 fn busy(tracer: &Tracer) -> Fs {
     let region = traced_dirty_volume_device(tracer, DEVICE);

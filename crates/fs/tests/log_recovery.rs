@@ -195,6 +195,7 @@ fn pieces(first: u64, count: u64) -> Vec<fs::LogPiece> {
             offset: (first + i) * 4096,
             length: 4096,
             buffer: 0x9000 + first + i,
+            data_sum: None,
         })
         .collect()
 }
@@ -280,8 +281,9 @@ fn a_broken_group_is_named() {
     );
 }
 
-/// An area of version 2 (no groups) opens, is raised to version 3 by its first group, and a
-/// raise a crash cut between the version and the CRC reads as version 2.
+/// An area of version 2 (no groups) opens, is raised to the current version by its first
+/// group, and a raise a crash cut between the version and the CRC reads as version 2 (as
+/// does one by the version that raised to 3).
 #[test]
 fn a_version_2_area_is_raised_by_its_first_group() {
     let (tracer, mut log) = area(8);
@@ -301,11 +303,11 @@ fn a_version_2_area_is_raised_by_its_first_group() {
     assert_eq!(records.len(), 1);
     old.append_group(10, &pieces(1, 2), 51, 2_000).unwrap();
     let raised = replay.contents()[0].clone();
-    assert_eq!(u32::from_le_bytes(raised[8..12].try_into().unwrap()), 3);
+    assert_eq!(u32::from_le_bytes(raised[8..12].try_into().unwrap()), 4);
     let (_, records) = LogArea::recover(region, 0).unwrap();
     assert_eq!(records.len(), 3);
     // Torn raises: the new version with the old CRC, the old version with the new CRC.
-    for (version, crc_of) in [(3, 2), (2, 3)] {
+    for (version, crc_of) in [(4, 2), (2, 4), (3, 2), (2, 3)] {
         let mut torn = v2.clone();
         with_version(&mut torn, version, crc_of);
         let (_, records) = LogArea::recover(Tracer::new().region_with(torn), 0)
@@ -450,4 +452,136 @@ fn every_crash_image_after_a_seal_recovers_what_was_appended() {
         }
     }
     assert!(images > 5, "only {images} images");
+}
+
+fn summed(offset: u64, sum: u32) -> fs::LogPiece {
+    fs::LogPiece {
+        offset,
+        length: 4096,
+        buffer: 0x9000 + offset,
+        data_sum: Some(sum),
+    }
+}
+
+/// A record may carry its data's checksum (version 4): it reads back; the first such record
+/// raises an area of version 3, and a raise a crash cut between the version and the CRC
+/// reads as version 3; in an area of version 3 a record with the checksum flag set is not a
+/// record (no version 3 writer made one).
+#[test]
+fn a_records_data_checksum_reads_back_and_raises_a_version_3_area() {
+    let (tracer, mut log) = area(8);
+    log.append(10, 0, 4096, 0x100, 50, 1_000).unwrap();
+    drop(log);
+    let with_version = |image: &mut Vec<u8>, version: u32, crc_of: u32| {
+        image[8..12].copy_from_slice(&crc_of.to_le_bytes());
+        let crc = crc32c::crc32c(&image[8..24]);
+        image[60..64].copy_from_slice(&crc.to_le_bytes());
+        image[8..12].copy_from_slice(&version.to_le_bytes());
+    };
+    let mut v3 = tracer.contents()[0].clone();
+    with_version(&mut v3, 3, 3);
+    let replay = Tracer::new();
+    let region = replay.region_with(v3.clone());
+    let (mut old, records) = LogArea::recover(region.clone(), 0).unwrap();
+    assert_eq!(records[0].data_sum, None);
+    let record = old
+        .append_group(10, &[summed(4096, 0xDEAD_BEEF)], 51, 2_000)
+        .unwrap()[0];
+    assert_eq!((record.length, record.data_sum), (4096, Some(0xDEAD_BEEF)));
+    let raised = replay.contents()[0].clone();
+    assert_eq!(u32::from_le_bytes(raised[8..12].try_into().unwrap()), 4);
+    let (_, records) = LogArea::recover(region, 0).unwrap();
+    assert_eq!(
+        records
+            .iter()
+            .map(|r| (r.length, r.data_sum))
+            .collect::<Vec<_>>(),
+        [(4096, None), (4096, Some(0xDEAD_BEEF))]
+    );
+    for (version, crc_of) in [(4, 3), (3, 4)] {
+        let mut torn = v3.clone();
+        with_version(&mut torn, version, crc_of);
+        let (_, records) = LogArea::recover(Tracer::new().region_with(torn), 0)
+            .unwrap_or_else(|e| panic!("version {version} with the CRC of {crc_of}: {e}"));
+        assert_eq!(records.len(), 1);
+    }
+    // The raised area's second record, in an area that says version 3: skipped as torn.
+    let mut mixed = raised.clone();
+    with_version(&mut mixed, 3, 3);
+    let (_, records) = LogArea::recover(Tracer::new().region_with(mixed), 0).unwrap();
+    assert_eq!(
+        records.len(),
+        1,
+        "a version-3 area held a record with a checksum"
+    );
+}
+
+/// Recovery is asked to check the data of an area's newest write only when that write
+/// carries data checksums and the area's confirmation word does not name its last record;
+/// a damaged word is said to be; a write dropped as torn gives its sequence to the next.
+#[test]
+fn the_newest_write_is_checked_unless_confirmed() {
+    let (tracer, mut log) = area(16);
+    log.append_group(7, &[summed(0, 1)], 1, 1).unwrap();
+    log.append_group(7, &[summed(4096, 2), summed(8192, 3)], 2, 1)
+        .unwrap();
+    let confirmer = log.confirmer();
+    let reopen = |tracer: &Tracer| {
+        LogArea::recover(Tracer::new().region_with(tracer.contents()[0].clone()), 0).unwrap()
+    };
+    let (again, live) = reopen(&tracer);
+    assert_eq!(live.len(), 3);
+    assert_eq!(
+        again.unconfirmed_newest(&live),
+        Some((1, false)),
+        "never confirmed"
+    );
+    confirmer.store(1).unwrap();
+    let (again, live) = reopen(&tracer);
+    assert_eq!(
+        again.unconfirmed_newest(&live),
+        Some((1, false)),
+        "an older write confirmed"
+    );
+    confirmer.store(3).unwrap();
+    let (again, live) = reopen(&tracer);
+    assert_eq!(
+        again.unconfirmed_newest(&live),
+        None,
+        "the newest write confirmed"
+    );
+    // A write without checksums (its data fenced first) is never checked.
+    log.append(7, 12_288, 4096, 0x500, 4, 1).unwrap();
+    let (again, live) = reopen(&tracer);
+    assert_eq!(again.unconfirmed_newest(&live), None);
+    // A flipped bit in the word: unreadable, and said so.
+    log.append_group(7, &[summed(16_384, 5)], 5, 1).unwrap();
+    let mut image = tracer.contents()[0].clone();
+    image[33] ^= 0x04;
+    let region = Tracer::new().region_with(image);
+    let (mut damaged, mut live) = LogArea::recover(region.clone(), 0).unwrap();
+    assert_eq!(damaged.unconfirmed_newest(&live), Some((4, true)));
+    assert_eq!(
+        LogArea::unconfirmed_newest_in(&region, &live).unwrap(),
+        Some((4, true))
+    );
+    // Dropped as a crash's: the next append takes its sequence, and a recovery after it
+    // finds the new record where the dropped one was.
+    damaged.drop_newest_write(&mut live, 4);
+    assert_eq!(live.len(), 4);
+    let next = damaged.append(7, 20_480, 4096, 0x600, 6, 1).unwrap();
+    assert_eq!(next.sequence, 5);
+    let (_, live) = LogArea::recover(region, 0).unwrap();
+    assert_eq!(
+        live.iter()
+            .map(|r| (r.sequence, r.buffer))
+            .collect::<Vec<_>>(),
+        [
+            (1, 0x9000),
+            (2, 0xA000),
+            (3, 0xB000),
+            (4, 0x500),
+            (5, 0x600)
+        ]
+    );
 }

@@ -19,6 +19,7 @@
 #[cfg(not(target_arch = "x86_64"))]
 compile_error!("locus's pmem layer uses x86-64 cache-flush instructions");
 
+mod checksum;
 mod cpu;
 mod device;
 mod error;
@@ -26,6 +27,7 @@ mod mapping;
 mod region;
 mod trace;
 
+pub use checksum::data_checksum;
 pub use cpu::{CACHE_LINE, FlushInstruction, prefetch};
 pub use device::{Device, DeviceKind, DeviceSpec, FlushPolicy, give_back};
 pub use error::{PmemError, Result};

@@ -190,6 +190,50 @@ impl Region {
         }
     }
 
+    /// [`Region::write_nt`] that also returns the data checksum ([`crate::data_checksum`]) of
+    /// the bytes stored, computed as they are stored (the copy's own registers, not a second
+    /// read of `data`). `None` when it cannot vouch for one — the CPU lacks AVX2 or SSE4.2,
+    /// the destination is not 8-byte aligned, or the region is an ordinary file (`Msync`,
+    /// where the data is written back before this returns, so no checksum is needed): the
+    /// bytes are stored all the same, as `write_nt` stores them.
+    pub fn write_nt_summed(&self, offset: u64, data: &[u8]) -> Result<Option<u32>> {
+        let at = self.absolute(offset, data.len() as u64)?;
+        match &self.inner.backing {
+            Backing::Mapped(mapping) if self.inner.mode != PersistenceMode::Msync => {
+                // SAFETY: range checked; `data` is a Rust slice, so it cannot overlap the
+                // mapping, which no Rust reference points into.
+                let copied = unsafe {
+                    cpu::copy_nontemporal_summed(mapping.base().add(at), data.as_ptr(), data.len())
+                };
+                let Some((edges, sum)) = copied else {
+                    self.write_nt(offset, data)?;
+                    return Ok(None);
+                };
+                if let Some(instruction) = flush_instruction(self.inner.mode) {
+                    for (start, edge) in edges {
+                        // SAFETY: each edge lies within the range just written.
+                        unsafe {
+                            cpu::flush_range(
+                                instruction,
+                                mapping.base() as usize + at + start,
+                                edge,
+                            );
+                        }
+                    }
+                }
+                Ok(Some(sum))
+            }
+            Backing::Mapped(_) => {
+                self.write_nt(offset, data)?;
+                Ok(None)
+            }
+            Backing::Traced { .. } => {
+                self.write_nt(offset, data)?;
+                Ok(Some(crate::data_checksum(data)))
+            }
+        }
+    }
+
     /// Copies `len` bytes at `src_offset` of `src` to `offset` of this region as `write_nt`
     /// would store them (the ranges must not overlap). No reference into either mapping is
     /// made, so, unlike `lend`, this needs no promise about other stores.

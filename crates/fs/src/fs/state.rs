@@ -21,7 +21,7 @@ use crate::journal::{Journal, Kind, MetaOp};
 use crate::lock_order::{
     FS_BATCH, FS_GATE, FS_JOURNAL, FS_LOG, FS_RANGE, FS_RENAME, FS_TABLE, Ordered,
 };
-use crate::log::LogArea;
+use crate::log::{Confirmer, LogArea};
 use crate::progress::{Pending, Progress, Queue};
 use crate::range_lock::{LockMode, RangeGuard, RangeLocks};
 use crate::root::{Root, SlotAreas};
@@ -49,6 +49,9 @@ pub(crate) struct SlotCounters {
     pool_remaps: AtomicU64,
     remaps_applied: AtomicU64,
     pool_remaps_allowed: AtomicU64,
+    /// The last sequence of the slot's newest write whose append returned (its data whole):
+    /// what [`Inner::confirm_logs`] may confirm. Stored by the writer.
+    completed: AtomicU64,
 }
 
 impl SlotCounters {
@@ -135,6 +138,17 @@ impl SlotCounters {
         add_own(&self.remaps_applied, n);
     }
 
+    /// The writer's append of records through `sequence` returned (a writer of the slot
+    /// stores it, after its fence).
+    pub(crate) fn complete(&self, sequence: u64) {
+        self.completed.store(sequence, Ordering::Release);
+    }
+
+    /// The last sequence of the newest write whose append returned.
+    pub(crate) fn completed(&self) -> u64 {
+        self.completed.load(Ordering::Acquire)
+    }
+
     /// The checkpoint allows the writer `pages` more pool-page remaps from now on (and takes
     /// back what it allowed before and the writer did not use).
     pub(crate) fn allow_pool_remaps(&self, pages: u64) {
@@ -164,6 +178,12 @@ pub(crate) struct Slot {
     pub(crate) queue: Queue,
     pub(crate) pool: Mutex<Pool>,
     pub(crate) counters: SlotCounters,
+    /// Stores the log area's confirmation word ([`Inner::confirm_logs`]), apart from the
+    /// area's lock.
+    pub(crate) confirmer: Confirmer,
+    /// The sequence the confirmation word holds (stored only by the checkpoint, under the
+    /// batch lock: [`crate::checkpoint`]'s `confirm_logs`).
+    pub(crate) confirmed: AtomicU64,
     /// For a shared slot ([`Inner::first_shared_slot`]): whether a thread is using it for an
     /// operation now, and where threads waiting for their turn sleep. Unused by owned slots.
     turn: Mutex<bool>,
@@ -465,13 +485,16 @@ pub struct ReplaySummary {
     /// kept there instead of folded into a new snapshot, when writing one would have cost
     /// more than replaying them (`crate::checkpoint`). Nothing to report.
     pub kept_records: u64,
+    /// Writes a crash cut short after their records were durable but before all of their
+    /// data was (both go behind one fence): they never returned, and were dropped.
+    pub torn_writes: u64,
 }
 
 impl ReplaySummary {
     /// True when there was anything to replay that a clean unmount would not have left:
     /// the file system was not unmounted cleanly.
     pub fn any(&self) -> bool {
-        self.log_records + self.journal_records > 0
+        self.log_records + self.journal_records + self.torn_writes > 0
     }
 }
 
@@ -1313,6 +1336,8 @@ impl Inner {
         pending: VecDeque<Pending>,
     ) -> Arc<Slot> {
         let counters = SlotCounters::default();
+        // Every record recovery kept is whole: checked, or covered by the confirmation.
+        counters.complete(log.next_sequence() - 1);
         counters.log_growth(
             pending
                 .iter()
@@ -1322,6 +1347,8 @@ impl Inner {
         Arc::new(Slot {
             index,
             retired: log.retired_handle(),
+            confirmer: log.confirmer(),
+            confirmed: AtomicU64::new(0),
             log: Mutex::new(log),
             journal: Mutex::new(journal),
             queue: Queue::with(pending),

@@ -15,3 +15,14 @@ pub mod status;
 pub mod topology;
 pub mod tune;
 mod volume;
+
+/// The end of the "recovery replayed ..." line for `torn` writes a crash cut short (open
+/// dropped them: their data failed the checksums their records carry, so they never
+/// returned); nothing when there were none.
+pub(crate) fn torn_note(torn: u64) -> String {
+    if torn == 0 {
+        String::new()
+    } else {
+        format!("; {torn} write(s) a crash cut short (never acknowledged) were dropped")
+    }
+}

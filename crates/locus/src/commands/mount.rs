@@ -280,8 +280,11 @@ fn serve(dir: &Path, sysfs: &Path, args: &MountArgs) -> Result<()> {
     if replayed.any() {
         eprintln!(
             "locus: the last run did not unmount cleanly; recovery replayed {} logged write(s) \
-             ({} bytes) and {} metadata operation(s)",
-            replayed.log_records, replayed.log_bytes, replayed.journal_records
+             ({} bytes) and {} metadata operation(s){}",
+            replayed.log_records,
+            replayed.log_bytes,
+            replayed.journal_records,
+            super::torn_note(replayed.torn_writes)
         );
     }
     let topology = fs.volume().topology().clone();

@@ -402,10 +402,11 @@ pub fn run(dir: &Path, sysfs: &Path, args: &ServeArgs) -> Result<()> {
     if replayed.any() {
         eprintln!(
             "locus: the volume was not stopped cleanly; recovery replayed {} logged write(s) ({}) \
-             and {} metadata operation(s): every acknowledged write is back",
+             and {} metadata operation(s): every acknowledged write is back{}",
             replayed.log_records,
             format_bytes(replayed.log_bytes),
-            replayed.journal_records
+            replayed.journal_records,
+            crate::commands::torn_note(replayed.torn_writes)
         );
     }
     let specs = if args.exports.is_empty() {
