@@ -464,30 +464,6 @@ fn count_files(order: &[(u64, u64, u32)], room: &mut Counting) -> bool {
     true
 }
 
-/// Confirms in each slot's log area the newest write whose append returned
-/// ([`crate::log::Confirmer`]): after this, recovery takes those writes' data as whole, so
-/// the batch may store to their pages in place — copying a later write into a block whose
-/// page a writer's remap made the file's, say — without a crash making recovery take the
-/// changed bytes for a torn write. Every record of a batch was queued after its write
-/// returned, and a block's page is stored to in place only for a record newer than the one
-/// that made it the file's (the range lock orders them), so what this confirms covers every
-/// page the batch touches. One fence for all the slots' words.
-fn confirm_logs(inner: &Inner, slots: &[Arc<Slot>]) -> Result<()> {
-    let mut stored = false;
-    for slot in slots {
-        let completed = slot.counters.completed();
-        if completed > slot.confirmed.load(Ordering::Relaxed) {
-            slot.confirmer.store(completed)?;
-            slot.confirmed.store(completed, Ordering::Relaxed);
-            stored = true;
-        }
-    }
-    if stored {
-        inner.volume.fence();
-    }
-    Ok(())
-}
-
 /// One batch. Returns the records moved.
 fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch) -> Result<usize> {
     let _batch = inner.lock_batch();
@@ -509,7 +485,7 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
         snapshot(inner)?;
     }
     // Before this batch stores to any block in place: every write it holds is confirmed.
-    confirm_logs(inner, &slots)?;
+    inner.confirm_logs()?;
 
     // The lists' room the writers hold — the frees their remaps owe, pool-page remaps
     // allowed them — is not this batch's to use ([`crate::fs::SlotCounters::remap_room`]).

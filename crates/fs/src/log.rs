@@ -641,6 +641,11 @@ impl LogArea {
         self.next_sequence = start;
     }
 
+    /// Whether the confirmation word, as the area was opened, names `sequence`.
+    pub fn confirms(&self, sequence: u64) -> bool {
+        self.confirmed.covers(sequence)
+    }
+
     /// The handle that stores the area's confirmation word ([`Confirmer`]).
     pub fn confirmer(&self) -> Confirmer {
         Confirmer {

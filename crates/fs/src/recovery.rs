@@ -411,6 +411,15 @@ impl Fs {
         let change_checksums = checksums_change.is_some();
         if let Some(change) = checksums_change {
             dir = if change.after {
+                // The entries bless the logged writes' data as it is: recovery, having
+                // checked the newest of each log whole, confirms them too, so that damage
+                // to it later is found by its entries, not taken for a write cut short.
+                for log in &loaded.logs {
+                    let last = log.next_sequence() - 1;
+                    if last > 0 && !log.confirms(last) {
+                        log.confirmer().store(last)?;
+                    }
+                }
                 Some(make_checksums(volume, &loaded, change)?)
             } else {
                 None
@@ -1170,8 +1179,13 @@ fn load_salvaging(
             Some(s) => {
                 let (mut found, damage, beyond) = LogArea::salvage(&region, retired[index])?;
                 // A write a crash cut short, its record whole but not all of its data,
-                // never returned: dropped like a torn record.
-                if let Some((first, unreadable)) = LogArea::unconfirmed_newest_in(&region, &found)?
+                // never returned: dropped like a torn record. Only when nothing was cut:
+                // behind damage, the last write found had successors, so it is whole (and
+                // the confirmation word may name one of those instead).
+                if damage.is_none()
+                    && beyond.is_empty()
+                    && let Some((first, unreadable)) =
+                        LogArea::unconfirmed_newest_in(&region, &found)?
                     && torn(volume, index, &found[first..], unreadable)?
                 {
                     found.truncate(first);

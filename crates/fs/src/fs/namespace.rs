@@ -393,7 +393,14 @@ impl Inner {
         self.free_runs(&runs)
     }
 
+    /// Frees blocks a file no longer has (or never got). One of them may be the page a
+    /// writer's remap made the file's while its record waits for the checkpoint, the newest
+    /// of its log: confirmed first ([`Inner::confirm_logs`]), so that its next owner's stores
+    /// cannot make recovery take that write for one a crash cut short.
     pub(crate) fn free_runs(&self, runs: &[Run]) -> Result<()> {
+        if !runs.is_empty() {
+            self.confirm_logs()?;
+        }
         for run in runs {
             self.volume.free(run.pages())?;
         }

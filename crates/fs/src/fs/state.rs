@@ -181,8 +181,8 @@ pub(crate) struct Slot {
     /// Stores the log area's confirmation word ([`Inner::confirm_logs`]), apart from the
     /// area's lock.
     pub(crate) confirmer: Confirmer,
-    /// The sequence the confirmation word holds (stored only by the checkpoint, under the
-    /// batch lock: [`crate::checkpoint`]'s `confirm_logs`).
+    /// The sequence the confirmation word holds (stored only under
+    /// [`Inner::confirm_logs`]'s lock).
     pub(crate) confirmed: AtomicU64,
     /// For a shared slot ([`Inner::first_shared_slot`]): whether a thread is using it for an
     /// operation now, and where threads waiting for their turn sleep. Unused by owned slots.
@@ -268,6 +268,9 @@ pub(crate) struct Inner {
     /// Held by the checkpoint through each pass (everything it writes to the media), and
     /// by [`crate::Fs::quiesced`] to keep it between passes.
     pub(crate) checkpoint_hold: Mutex<()>,
+    /// Held by [`Inner::confirm_logs`], whose callers (the checkpoint, a cut freeing
+    /// blocks) may run at once.
+    pub(crate) confirming: Mutex<()>,
     /// Windows of files to defragment when idle ([`crate::defrag`]).
     pub(crate) defrag: crate::defrag::Defrag,
 }
@@ -785,6 +788,7 @@ impl Inner {
             cuts: crate::checkpoint::Cuts::default(),
             range_locks,
             checkpoint_hold: Mutex::new(()),
+            confirming: Mutex::new(()),
             defrag: crate::defrag::Defrag::default(),
         });
         for (index, (log, journal, queue)) in slots.into_iter().enumerate() {
@@ -825,6 +829,34 @@ impl Inner {
             )
         })?;
         Ok((region, at.offset()))
+    }
+
+    /// Confirms in each slot's log area the newest write whose append returned
+    /// ([`crate::log::Confirmer`]): after this, recovery takes those writes' data as whole,
+    /// so their pages may be stored to in place or given away. Called before a checkpoint
+    /// batch stores to any block in place — copying a later write into a block whose page a
+    /// writer's remap made the file's, say — and before a cut (a hole punched, a file cut
+    /// short or removed) frees blocks, one of which may be such a page: without it, a crash
+    /// could leave that write the newest of its log with its page changed, which recovery
+    /// would take for a write cut short and drop. Every record of a batch was queued after
+    /// its write returned, and a block's page is stored to in place only for a write newer
+    /// than the one that made it the file's (the range lock orders them), so what this
+    /// confirms covers every page the batch touches. One fence for all the slots' words.
+    pub(crate) fn confirm_logs(&self) -> Result<()> {
+        let _confirming = self.confirming.lock().expect("confirming");
+        let mut stored = false;
+        for slot in self.slots.iter().filter_map(OnceLock::get) {
+            let completed = slot.counters.completed();
+            if completed > slot.confirmed.load(Ordering::Relaxed) {
+                slot.confirmer.store(completed)?;
+                slot.confirmed.store(completed, Ordering::Relaxed);
+                stored = true;
+            }
+        }
+        if stored {
+            self.volume.fence();
+        }
+        Ok(())
     }
 
     /// A buffer for a writer to fill ([`Inner::alloc_buffer`]), its pages mapped for
@@ -1337,7 +1369,13 @@ impl Inner {
     ) -> Arc<Slot> {
         let counters = SlotCounters::default();
         // Every record recovery kept is whole: checked, or covered by the confirmation.
-        counters.complete(log.next_sequence() - 1);
+        let completed = log.next_sequence() - 1;
+        counters.complete(completed);
+        let confirmed = if log.confirms(completed) {
+            completed
+        } else {
+            0
+        };
         counters.log_growth(
             pending
                 .iter()
@@ -1348,7 +1386,7 @@ impl Inner {
             index,
             retired: log.retired_handle(),
             confirmer: log.confirmer(),
-            confirmed: AtomicU64::new(0),
+            confirmed: AtomicU64::new(confirmed),
             log: Mutex::new(log),
             journal: Mutex::new(journal),
             queue: Queue::with(pending),

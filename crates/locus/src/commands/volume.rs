@@ -163,7 +163,7 @@ pub use fs::control::FsState;
 pub fn describe_fs(state: &FsState) -> String {
     match state {
         FsState::Present(c) => format!(
-            "file system: {}, {}, {} in files ({} mapped); {} ({}) and {} to replay; root \
+            "file system: {}, {}, {} in files ({} mapped); {} ({}) and {} to replay{}; root \
              generation {}{}",
             count(c.files, "file"),
             count(c.directories, "directory"),
@@ -172,6 +172,14 @@ pub fn describe_fs(state: &FsState) -> String {
             count(c.log_records, "logged write"),
             format_bytes(c.log_bytes),
             count(c.journal_records, "journal record"),
+            if c.torn_writes > 0 {
+                format!(
+                    ", {} a crash cut short to drop",
+                    count(c.torn_writes, "write")
+                )
+            } else {
+                String::new()
+            },
             c.generation,
             if c.data_checksums {
                 "; data checksums"
