@@ -107,6 +107,10 @@ fn torn(volume: &Volume, area: usize, write: &[LogRecord], unreadable: bool) -> 
         let Some(sum) = record.data_sum else {
             continue;
         };
+        // No write is longer; replay names such a record as damage.
+        if record.length > crate::fs::MAX_IO {
+            continue;
+        }
         let region = volume.region(&extent_of(record.buffer, record.length))?;
         let mut data = vec![0u8; record.length as usize];
         region.read(0, &mut data)?;
