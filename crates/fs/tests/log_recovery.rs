@@ -281,6 +281,15 @@ fn a_broken_group_is_named() {
     );
 }
 
+/// Gives the area header in `image` the version word `version` and the CRC it would have
+/// with version `crc_of` (the two differ: a raise a crash cut between its words).
+fn with_version(image: &mut [u8], version: u32, crc_of: u32) {
+    image[8..12].copy_from_slice(&crc_of.to_le_bytes());
+    let crc = crc32c::crc32c(&image[8..24]);
+    image[60..64].copy_from_slice(&crc.to_le_bytes());
+    image[8..12].copy_from_slice(&version.to_le_bytes());
+}
+
 /// An area of version 2 (no groups) opens, is raised to the current version by its first
 /// group, and a raise a crash cut between the version and the CRC reads as version 2 (as
 /// does one by the version that raised to 3).
@@ -289,12 +298,6 @@ fn a_version_2_area_is_raised_by_its_first_group() {
     let (tracer, mut log) = area(8);
     log.append(10, 0, 4096, 0x100, 50, 1_000).unwrap();
     drop(log);
-    let with_version = |image: &mut Vec<u8>, version: u32, crc_of: u32| {
-        image[8..12].copy_from_slice(&crc_of.to_le_bytes());
-        let crc = crc32c::crc32c(&image[8..24]);
-        image[60..64].copy_from_slice(&crc.to_le_bytes());
-        image[8..12].copy_from_slice(&version.to_le_bytes());
-    };
     let mut v2 = tracer.contents()[0].clone();
     with_version(&mut v2, 2, 2);
     let replay = Tracer::new();
@@ -472,12 +475,6 @@ fn a_records_data_checksum_reads_back_and_raises_a_version_3_area() {
     let (tracer, mut log) = area(8);
     log.append(10, 0, 4096, 0x100, 50, 1_000).unwrap();
     drop(log);
-    let with_version = |image: &mut Vec<u8>, version: u32, crc_of: u32| {
-        image[8..12].copy_from_slice(&crc_of.to_le_bytes());
-        let crc = crc32c::crc32c(&image[8..24]);
-        image[60..64].copy_from_slice(&crc.to_le_bytes());
-        image[8..12].copy_from_slice(&version.to_le_bytes());
-    };
     let mut v3 = tracer.contents()[0].clone();
     with_version(&mut v3, 3, 3);
     let replay = Tracer::new();
