@@ -28,6 +28,8 @@
 
 use std::sync::{Condvar, Mutex, MutexGuard};
 
+use smallvec::SmallVec;
+
 use crate::error::{FsError, Result};
 
 /// Smallest granule.
@@ -43,6 +45,9 @@ const STRETCH: u64 = MAX_GRANULE;
 const SPIN: std::time::Duration = std::time::Duration::from_micros(5);
 /// Pauses between those tries.
 const SPIN_PAUSES: u32 = 32;
+/// Entries a table holds without a heap buffer: two writers and a checkpoint group rarely
+/// meet in one table, and two fit the shard's 128 bytes with its lock and condition.
+const INLINE_HELD: usize = 2;
 
 /// Shared (read) or exclusive (write).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,10 +80,15 @@ impl Held {
 
 /// Held ranges of one table and how many lockers wait on it (unlocking wakes them only when
 /// there are any: the common path makes no system call).
+///
+/// The first [`INLINE_HELD`] entries live in the table itself, in the shard's cache lines
+/// beside its lock word: with them in a heap buffer, a locker on the other core missed twice
+/// (the lock word, then the buffer its entry went to — the unlock's `xchg` waited for that
+/// store), and the range locks cost a 4 KiB write 79 ns at two threads against 21 at one.
 #[derive(Debug, Default)]
 struct Table {
-    held: Vec<Held>,
-    waiting: usize,
+    held: SmallVec<[Held; INLINE_HELD]>,
+    waiting: u32,
 }
 
 impl Table {
@@ -93,6 +103,9 @@ struct Shard {
     table: Mutex<Table>,
     released: Condvar,
 }
+
+// The inline entries stay in the shard's own two cache lines.
+const _: () = assert!(size_of::<Shard>() == 128);
 
 /// The range locks of every file of a file system.
 #[derive(Debug)]
