@@ -34,6 +34,8 @@ pub(crate) struct SlotCounters {
     pub(crate) caller_bytes: AtomicU64,
     pub(crate) media_bytes: AtomicU64,
     pub(crate) writes: AtomicU64,
+    /// Writes placed in a recycled page.
+    recycled: AtomicU64,
     /// What the slot's logged writes may add to the metadata ([`write_growth_bound`] of
     /// each) until the checkpoint moves them: the writer adds to `growth_logged` what it
     /// logs, the checkpoint (under the batch lock) to `growth_moved` what it moved — per
@@ -64,6 +66,11 @@ impl SlotCounters {
     pub(crate) fn count_write(&self, bytes: u64) {
         add_own(&self.writes, 1);
         add_own(&self.caller_bytes, bytes);
+    }
+
+    /// Counts a write placed in a recycled page.
+    pub(crate) fn count_recycled(&self) {
+        add_own(&self.recycled, 1);
     }
 
     /// The slot's writer logged records that may add `bytes` to the metadata.
@@ -896,15 +903,19 @@ impl Inner {
     /// overwrites in place instead of remapping them ([`crate::buffers::Recycled`]), twice
     /// the media writes, and every write costs an allocation and a free.
     pub(crate) fn alloc_lent_buffer(self: &Arc<Self>, len: u64) -> Result<Extent> {
-        if len <= BLOCK
-            && let Some(page) = self
+        if len <= BLOCK {
+            let slot = self.slot()?;
+            if let Some(page) = self
                 .recycled
-                .take(self.volume.current_node(), self.slot()?.index)
-        {
-            return Ok(Extent {
-                start: GlobalAddress::from_raw(page),
-                len_bytes: BLOCK,
-            });
+                .take(self.volume.current_node(), slot.index, 1)
+                .pop()
+            {
+                slot.counters.count_recycled();
+                return Ok(Extent {
+                    start: GlobalAddress::from_raw(page),
+                    len_bytes: BLOCK,
+                });
+            }
         }
         self.with_space(|| self.alloc_buffer(len))
     }
@@ -1498,7 +1509,7 @@ impl Inner {
             remapped_blocks: c.remapped_blocks.load(Ordering::Relaxed),
             writer_remapped_blocks: c.writer_remapped_blocks.load(Ordering::Relaxed),
             copied_bytes: c.copied_bytes.load(Ordering::Relaxed),
-            recycled_blocks: self.recycled.used(),
+            recycled_blocks: self.slot_sum(|c| &c.recycled),
             unrecycled_blocks: c.unrecycled_blocks.load(Ordering::Relaxed),
             snapshots: c.snapshots.load(Ordering::Relaxed),
             snapshot_bytes: self.snapshot_bytes.load(Ordering::Relaxed),

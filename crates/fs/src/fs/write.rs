@@ -377,7 +377,10 @@ impl Inner {
                 len,
                 &spare,
                 &|bytes| self.alloc_write_buffer(bytes),
-                &|| self.recycled.take(self.volume.current_node(), slot.index),
+                &|most| {
+                    self.recycled
+                        .take(self.volume.current_node(), slot.index, most)
+                },
             )
         };
         loop {
@@ -397,6 +400,9 @@ impl Inner {
             };
             match reserved {
                 Reserve::Placed(p) => {
+                    if p.page != NO_PAGE {
+                        slot.counters.count_recycled();
+                    }
                     return Ok(whole(len, p.addr, p.set, p.page));
                 }
                 Reserve::Wait => self.wait_for_progress(Wait::Buffers)?,
