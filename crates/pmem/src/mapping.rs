@@ -24,9 +24,9 @@ const MADV_POPULATE_WRITE: libc::c_int = 23;
 /// `MADV_COLLAPSE` from `<linux/mman.h>` (Linux 6.1): make the range's pages huge pages now.
 const MADV_COLLAPSE: libc::c_int = 25;
 
-/// A huge page (PMD mapping) on x86-64 and arm64 with 4 KiB pages: mappings start on this
-/// boundary, and emulated devices' pages are collapsed into pages of this size.
-const HUGE_PAGE: usize = 2 << 20;
+// Mappings start on a huge page's boundary, and emulated devices' pages are collapsed into
+// pages of its size.
+use topology::HUGE_PAGE;
 
 /// What [`Mapping::populate_range`] populates at a time: 2 MiB (512 pages, one page-table
 /// page), so that a process populates each part of a device once, in one call, however many
@@ -276,56 +276,8 @@ fn map_aligned(file: &File, len: usize, flags: libc::c_int) -> std::io::Result<*
     if len < HUGE_PAGE {
         return map_anywhere(file, len, flags);
     }
-    // A reservation a huge page longer, no memory behind it; the file goes over its first
-    // boundary and the rest is given back.
-    let reserved_len = len + HUGE_PAGE;
-    // SAFETY: a fresh inaccessible anonymous mapping aliases nothing.
-    let reserved = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            reserved_len,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if reserved == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
-    }
-    let reserved_at = reserved as usize;
-    let aligned = reserved_at.next_multiple_of(HUGE_PAGE);
-    // SAFETY: `[aligned, aligned + len)` lies inside the reservation made above, which no
-    // one else uses; MAP_FIXED replaces that part of it.
-    let address = unsafe {
-        libc::mmap(
-            aligned as *mut libc::c_void,
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            flags | libc::MAP_FIXED,
-            file.as_raw_fd(),
-            0,
-        )
-    };
-    if address == libc::MAP_FAILED {
-        let error = std::io::Error::last_os_error();
-        // SAFETY: the whole reservation is ours and nothing in it is in use.
-        unsafe { libc::munmap(reserved, reserved_len) };
-        return Err(error);
-    }
-    let head = aligned - reserved_at;
-    let tail = reserved_at + reserved_len - (aligned + len);
-    // SAFETY: the reservation's parts before and after the file's mapping are ours and
-    // unused; unmapping them leaves the file's mapping as it is.
-    unsafe {
-        if head > 0 {
-            libc::munmap(reserved, head);
-        }
-        if tail > 0 {
-            libc::munmap((aligned + len) as *mut libc::c_void, tail);
-        }
-    }
-    Ok(address)
+    use std::os::fd::AsFd;
+    topology::map_on_huge_boundary(len, flags, Some(file.as_fd())).map(|a| a.as_ptr().cast())
 }
 
 /// Reserves the blocks of `[0, len)` (so a full file system cannot fault later with SIGBUS)

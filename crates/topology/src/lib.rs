@@ -39,9 +39,9 @@ pub use order::{Candidate, CandidateOrder, LatencySource};
 pub use pmem::{PmemDevice, PmemKind};
 pub use probe::{ProbeConfig, ProbeReport, ProbeSample, probe};
 pub use sys::{
-    bind_range, boost_current_thread, current_affinity, current_cpu, current_thread_nice,
-    page_nodes, page_size, pin_current_thread, set_current_thread_nice, thread_cpu_time,
-    with_signals_blocked,
+    HUGE_PAGE, bind_range, boost_current_thread, current_affinity, current_cpu,
+    current_thread_nice, map_on_huge_boundary, page_nodes, page_size, pin_current_thread,
+    set_current_thread_nice, thread_cpu_time, with_signals_blocked,
 };
 pub use sysfs::Sysfs;
 

@@ -299,6 +299,78 @@ impl Drop for AnonMapping {
     }
 }
 
+/// Size of a transparent huge page: a PMD mapping on x86-64 and arm64 with 4 KiB pages.
+pub const HUGE_PAGE: usize = 2 << 20;
+
+/// Maps `len_bytes` readable and writable from a [`HUGE_PAGE`] boundary: the first
+/// `len_bytes` of `file` when one is given, anonymous memory otherwise; `flags` say how
+/// (`MAP_SHARED`, `MAP_SHARED_VALIDATE | MAP_SYNC`, `MAP_PRIVATE | MAP_ANONYMOUS`, …).
+/// The kernel maps a huge page only where a mapping holds a whole aligned one, and left to
+/// choose, it puts a mapping wherever a gap is: this reserves address space a huge page
+/// longer than asked (no memory behind it), maps over its first boundary, and gives the
+/// rest back.
+///
+/// Returns the mapping's first byte. The mapping is the caller's, to `munmap` with
+/// `len_bytes`; on an error nothing stays mapped.
+pub fn map_on_huge_boundary(
+    len_bytes: usize,
+    flags: libc::c_int,
+    file: Option<std::os::fd::BorrowedFd<'_>>,
+) -> io::Result<NonNull<u8>> {
+    use std::os::fd::AsRawFd;
+    let reserved_len = len_bytes
+        .checked_add(HUGE_PAGE)
+        .filter(|_| len_bytes > 0)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "bad mapping length"))?;
+    // SAFETY: a fresh inaccessible anonymous mapping aliases nothing.
+    let reserved = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            reserved_len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if reserved == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let reserved_at = reserved as usize;
+    let aligned = reserved_at.next_multiple_of(HUGE_PAGE);
+    // SAFETY: `[aligned, aligned + len_bytes)` lies inside the reservation just made, which
+    // nothing else uses; MAP_FIXED replaces that part of it.
+    let address = unsafe {
+        libc::mmap(
+            aligned as *mut libc::c_void,
+            len_bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags | libc::MAP_FIXED,
+            file.map_or(-1, |f| f.as_raw_fd()),
+            0,
+        )
+    };
+    if address == libc::MAP_FAILED {
+        let error = io::Error::last_os_error();
+        // SAFETY: the whole reservation is ours and nothing in it is in use.
+        unsafe { libc::munmap(reserved, reserved_len) };
+        return Err(error);
+    }
+    let head = aligned - reserved_at;
+    let tail = reserved_at + reserved_len - (aligned + len_bytes);
+    // SAFETY: the reservation's parts before and after the new mapping are ours and unused;
+    // unmapping them leaves the mapping as it is.
+    unsafe {
+        if head > 0 {
+            libc::munmap(reserved, head);
+        }
+        if tail > 0 {
+            libc::munmap((aligned + len_bytes) as *mut libc::c_void, tail);
+        }
+    }
+    Ok(NonNull::new(address.cast()).expect("mmap never returns null on success"))
+}
+
 /// Binds the pages of `[address, address + len_bytes)` in this process to `node`
 /// (`MPOL_BIND`, `MPOL_MF_STRICT`). For a shared file mapping on tmpfs the policy is stored
 /// with the file's pages, so pages faulted in later land on `node` too.
@@ -370,6 +442,37 @@ pub fn page_size() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Anonymous memory and a file both come out on a huge-page boundary, usable over their
+    /// whole length, and a file's mapping shows its bytes; an empty length is refused.
+    #[test]
+    fn mappings_start_on_a_huge_page_boundary() {
+        use std::io::Write;
+        use std::os::fd::AsFd;
+        let len = 2 * HUGE_PAGE + 4096;
+        let anon = map_on_huge_boundary(len, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, None)
+            .expect("anonymous mapping");
+        assert_eq!(anon.as_ptr() as usize % HUGE_PAGE, 0);
+        // SAFETY: inside the mapping just made, which nothing else uses.
+        unsafe {
+            anon.as_ptr().write_volatile(1);
+            anon.as_ptr().add(len - 1).write_volatile(2);
+            assert_eq!(anon.as_ptr().add(len - 1).read_volatile(), 2);
+            libc::munmap(anon.as_ptr().cast(), len);
+        }
+        let mut file = tempfile::tempfile_in("/dev/shm").expect("a tmpfs file");
+        file.set_len(len as u64).unwrap();
+        file.write_all(b"locus").unwrap();
+        let mapped =
+            map_on_huge_boundary(len, libc::MAP_SHARED, Some(file.as_fd())).expect("file mapping");
+        assert_eq!(mapped.as_ptr() as usize % HUGE_PAGE, 0);
+        // SAFETY: the first five bytes of the mapping just made, which nothing writes.
+        let head = unsafe { std::slice::from_raw_parts(mapped.as_ptr(), 5) }.to_vec();
+        assert_eq!(head, b"locus");
+        // SAFETY: exactly the mapping just made.
+        unsafe { libc::munmap(mapped.as_ptr().cast(), len) };
+        assert!(map_on_huge_boundary(0, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, None).is_err());
+    }
 
     #[test]
     fn a_boost_lowers_only_the_calling_threads_nice_and_stops_at_minus_20() {

@@ -8,13 +8,12 @@
 
 use std::ptr::NonNull;
 
+use topology::HUGE_PAGE;
+
 use crate::error::{Result, UringError};
 
 /// Alignment O_DIRECT needs from buffers (and that every mapping has).
 pub const ALIGN: usize = 4096;
-
-/// Transparent huge page size on x86-64.
-const HUGE_PAGE: usize = 2 << 20;
 
 /// A private anonymous mapping, optionally bound to a NUMA node, unmapped on drop.
 #[derive(Debug)]
@@ -38,47 +37,37 @@ impl Memory {
     /// large transfers cheaper to set up.
     pub fn new(len: usize, node: Option<u32>) -> Result<Self> {
         let len = len.div_ceil(ALIGN).max(1) * ALIGN;
-        let huge = len >= HUGE_PAGE;
-        let reserve = if huge { len + HUGE_PAGE } else { len };
-        // SAFETY: a fresh anonymous mapping aliases nothing.
-        let address = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                reserve,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if address == libc::MAP_FAILED {
-            return Err(UringError::Io {
-                what: format!("mmap of {len} bytes of I/O buffers"),
-                source: std::io::Error::last_os_error(),
-            });
-        }
-        let mut start = address as usize;
-        if huge {
-            let aligned = start.next_multiple_of(HUGE_PAGE);
-            let head = aligned - start;
-            let tail = reserve - head - len;
-            // SAFETY: the trimmed head and tail lie inside the reservation just made and
-            // nothing refers to them; madvise changes no contents.
-            unsafe {
-                if head > 0 {
-                    libc::munmap(address, head);
-                }
-                if tail > 0 {
-                    libc::munmap((aligned + len) as *mut libc::c_void, tail);
-                }
-                libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
+        let mapped = if len >= HUGE_PAGE {
+            topology::map_on_huge_boundary(len, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, None)
+                .inspect(|base| {
+                    // SAFETY: the range is exactly the mapping just made; madvise changes no
+                    // contents.
+                    unsafe { libc::madvise(base.as_ptr().cast(), len, libc::MADV_HUGEPAGE) };
+                })
+        } else {
+            // SAFETY: a fresh anonymous mapping aliases nothing.
+            let address = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if address == libc::MAP_FAILED {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(NonNull::new(address.cast()).expect("mmap never returns null on success"))
             }
-            start = aligned;
-        }
-        let memory = Self {
-            base: NonNull::new(start as *mut u8).expect("mmap succeeded"),
-            len,
         };
+        let base = mapped.map_err(|source| UringError::Io {
+            what: format!("mmap of {len} bytes of I/O buffers"),
+            source,
+        })?;
+        let start = base.as_ptr() as usize;
+        let memory = Self { base, len };
         if let Some(node) = node
             && let Err(error) = topology::bind_range(start, len, node)
         {
