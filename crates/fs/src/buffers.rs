@@ -269,6 +269,7 @@ const _: () = assert!(RECYCLED_SET_PAGES <= u64::BITS as usize);
 /// the checkpoint) were 40 ns of a 4 KiB write's 0.7 µs. Pages the writer has not used yet
 /// stay its set's: counted free ([`Pool::unused_bytes`]), and given back when the set is
 /// sealed — full, trimmed for a writer that found the volume short, or at the thread's end.
+/// (A writer that moves to another node may still use up to seven pages of the one it left.)
 pub(crate) const RECYCLED_TAKE: usize = 8;
 
 /// Pages the checkpoint freed in small runs — file blocks that small overwrites replaced —

@@ -8,7 +8,7 @@
 //! lock.
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::extent_map::{BLOCK, CHUNK_BLOCKS, SharedTable};
 
@@ -314,32 +314,33 @@ struct Shard {
 /// of a 2 GiB file found their chunk's table on a quarter of their single-block overwrites
 /// and the checkpoint remapped the rest, four times its work per write (`bench fs --size
 /// 2G`). A table the map let go of leaves when a writer misses it or a new one comes; until
-/// then its weak reference holds a few words (the entries are boxed, [`SharedTable`]).
+/// then it keeps its 4 KiB of entries (at most one table per 2 MiB chunk of the file:
+/// a 512th of the file's size, in DRAM).
 #[derive(Debug, Default)]
-struct SharedTables(SmallVec<[(u64, Weak<SharedTable>); 1]>);
+struct SharedTables(SmallVec<[(u64, Arc<SharedTable>); 1]>);
 
 impl SharedTables {
     /// Chunk `chunk`'s table, if it is shared and the map still holds it; one the map let
     /// go of is dropped here.
-    fn get(&mut self, chunk: u64) -> Option<std::sync::Arc<SharedTable>> {
+    fn get(&mut self, chunk: u64) -> Option<&SharedTable> {
         let at = self.0.binary_search_by_key(&chunk, |(c, _)| *c).ok()?;
-        let table = self.0[at].1.upgrade();
-        if table.is_none() {
+        if !self.0[at].1.is_live() {
             self.0.remove(at);
+            return None;
         }
-        table
+        Some(&self.0[at].1)
     }
 
     /// Keeps `table` as chunk `chunk`'s, dropping tables the map let go of. (The checkpoint
     /// hands a chunk's table over again with every group that remaps a block there: the
     /// same table costs a look-up.)
-    fn insert(&mut self, chunk: u64, table: Weak<SharedTable>) {
+    fn insert(&mut self, chunk: u64, table: Arc<SharedTable>) {
         match self.0.binary_search_by_key(&chunk, |(c, _)| *c) {
-            Ok(at) if self.0[at].1.ptr_eq(&table) => return,
+            Ok(at) if Arc::ptr_eq(&self.0[at].1, &table) => return,
             Ok(at) => self.0[at].1 = table,
             Err(at) => self.0.insert(at, (chunk, table)),
         }
-        self.0.retain(|(_, t)| t.strong_count() > 0);
+        self.0.retain(|(_, t)| t.is_live());
     }
 }
 
@@ -459,7 +460,7 @@ impl Overlay {
     }
 
     /// Hands the writers of chunk `chunk` its shared table ([`Overlay::remap_block`]).
-    pub fn share_table(&self, chunk: u64, table: Weak<SharedTable>) {
+    pub fn share_table(&self, chunk: u64, table: Arc<SharedTable>) {
         let shard = self.shard_made((chunk % SHARDS as u64) as usize);
         self.lock(shard).map.tables.insert(chunk, table);
     }
