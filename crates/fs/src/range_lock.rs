@@ -288,6 +288,12 @@ impl Drop for RangeGuard<'_> {
             if let Some(at) = table.held.iter().position(|h| *h == self.held) {
                 table.held.swap_remove(at);
             }
+            // Back beside the lock word once few enough: a table that once held more (a
+            // truncation's range enters every table) would otherwise keep its entries in
+            // the heap buffer for good.
+            if table.held.spilled() && table.held.len() <= INLINE_HELD {
+                table.held.shrink_to_fit();
+            }
             let waiting = table.waiting > 0;
             drop(table);
             if waiting {
@@ -512,6 +518,30 @@ mod tests {
                 .unwrap()
                 .is_some()
         );
+    }
+
+    /// A table that had to hold more entries than fit beside its lock word takes them back
+    /// there once few enough are left.
+    #[test]
+    fn a_table_takes_its_entries_back_inline() {
+        let locks = RangeLocks::new(4096).unwrap();
+        let table = |at: u64| {
+            let index = ShardSet::of(INO, at, at + 1).0.trailing_zeros() as usize;
+            locks.shards[index].table.lock().unwrap().held.spilled()
+        };
+        let guards: Vec<_> = (0..INLINE_HELD as u64 + 1)
+            .map(|i| {
+                locks
+                    .lock(INO, i * 4096, 4096, LockMode::Exclusive)
+                    .unwrap()
+            })
+            .collect();
+        assert!(table(0), "more entries than fit inline");
+        let mut guards = guards.into_iter();
+        drop(guards.next());
+        assert!(!table(0), "back inline with {INLINE_HELD} left");
+        drop(guards);
+        assert!(!table(0));
     }
 
     #[test]
