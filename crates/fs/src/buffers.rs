@@ -861,24 +861,39 @@ mod tests {
 
     /// A pool whose thread wrote one block into a buffer and one into a recycled page, both
     /// records retired and neither remapped into a file (copied in place, or made void).
-    fn pool_with_untaken_pages(volume: &Volume) -> (Pool, u64) {
-        let mut pool = Pool::new(2, 8 * BLOCK, true);
-        let page = volume.alloc_local(BLOCK).unwrap().start.raw();
-        let before = free_bytes(volume);
-        let recycle = std::cell::Cell::new(Some(page));
-        let placed = |pool: &mut Pool, offset| match pool
+    /// One block at `offset` placed in `pool`: in a recycled page from `recycle` (asked
+    /// for at most that many) if it gives one, else in a buffer from `volume`.
+    fn place_block(
+        pool: &mut Pool,
+        volume: &Volume,
+        offset: u64,
+        recycle: &dyn Fn(usize) -> SmallVec<[u64; RECYCLED_TAKE]>,
+    ) -> Placement {
+        match pool
             .reserve(
                 volume,
                 offset,
                 BLOCK,
                 &|| 1 << 30,
                 &|len| Ok(volume.alloc_local(len)?),
-                &|_| recycle.take().into_iter().collect(),
+                recycle,
             )
             .unwrap()
         {
             Reserve::Placed(placed) => placed,
             Reserve::Wait => panic!("an empty pool waits"),
+        }
+    }
+
+    fn pool_with_untaken_pages(volume: &Volume) -> (Pool, u64) {
+        let mut pool = Pool::new(2, 8 * BLOCK, true);
+        let page = volume.alloc_local(BLOCK).unwrap().start.raw();
+        let before = free_bytes(volume);
+        let recycle = std::cell::Cell::new(Some(page));
+        let placed = |pool: &mut Pool, offset| {
+            place_block(pool, volume, offset, &|_| {
+                recycle.take().into_iter().collect()
+            })
         };
         let in_page = placed(&mut pool, 0);
         assert_eq!(
@@ -1064,22 +1079,11 @@ mod tests {
         let all = freed.len() as u64;
         let mut pool = Pool::new(2, 8 * BLOCK, true);
         let asked = std::cell::RefCell::new(Vec::new());
-        let place = |pool: &mut Pool, offset: u64| match pool
-            .reserve(
-                &volume,
-                offset,
-                BLOCK,
-                &|| 1 << 30,
-                &|len| Ok(volume.alloc_local(len)?),
-                &|most| {
-                    asked.borrow_mut().push(most);
-                    recycled.take(node, 0, most)
-                },
-            )
-            .unwrap()
-        {
-            Reserve::Placed(placed) => placed,
-            Reserve::Wait => panic!("an empty pool waits"),
+        let place = |pool: &mut Pool, offset: u64| {
+            place_block(pool, &volume, offset, &|most| {
+                asked.borrow_mut().push(most);
+                recycled.take(node, 0, most)
+            })
         };
         let first = place(&mut pool, 0);
         assert_eq!(recycled.held(), all - RECYCLED_TAKE as u64);
