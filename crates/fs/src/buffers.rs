@@ -103,8 +103,16 @@ impl BufferSet {
 
     /// The page at `page` in a set of recycled pages now belongs to a file.
     pub(crate) fn take_page(&self, page: u32) {
-        debug_assert!(self.indexed && (page as usize) < RECYCLED_SET_PAGES);
-        self.taken_pages.fetch_or(1 << page, Ordering::Relaxed);
+        debug_assert!((page as usize) < RECYCLED_SET_PAGES);
+        self.take_places(1 << page);
+    }
+
+    /// The pages at the places whose bits `places` has, in a set of recycled pages, now
+    /// belong to files: one locked instruction for them all (the caller takes them before it
+    /// releases the records that used them, so a reclaim sees them).
+    pub(crate) fn take_places(&self, places: u64) {
+        debug_assert!(self.indexed);
+        self.taken_pages.fetch_or(places, Ordering::Relaxed);
     }
 
     /// One more record points here.

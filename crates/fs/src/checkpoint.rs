@@ -647,8 +647,16 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
     // pages), so each slot's run of records in one set releases them with one subtraction:
     // the set's count is on a line its writer last wrote, and an atomic subtraction per
     // record was a tenth of this function's own samples.
-    let mut in_set: Vec<Option<(&Arc<BufferSet>, u64)>> = vec![None; slots.len()];
-    let mut release = |set: &Arc<BufferSet>, records: u64| {
+    // The recycled pages writers remapped into files are taken here too, a word of bits
+    // for the run, before the run's records are released: taken one record at a time as
+    // the batch applied them, each was a locked instruction — a full barrier behind the
+    // batch's stores — and a fifth of this function's own samples with two writers of
+    // random 4 KiB blocks.
+    let mut in_set: Vec<Option<(&Arc<BufferSet>, u64, u64)>> = vec![None; slots.len()];
+    let mut release = |set: &Arc<BufferSet>, records: u64, places: u64| {
+        if places != 0 {
+            set.take_places(places);
+        }
         if set.release_many(records) {
             set.reclaim_with(|run| {
                 untaken.push(run);
@@ -658,17 +666,25 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
         Ok::<_, FsError>(())
     };
     for p in &batch.records {
+        // A writer's remap into a recycled page (`apply_remapped` leaves it to here).
+        let place = match p.remapped {
+            Some(_) if p.page != NO_PAGE => 1 << p.page,
+            _ => 0,
+        };
         match &mut in_set[p.slot as usize] {
-            Some((set, records)) if Arc::ptr_eq(set, &p.set) => *records += 1,
+            Some((set, records, places)) if Arc::ptr_eq(set, &p.set) => {
+                *records += 1;
+                *places |= place;
+            }
             last => {
-                if let Some((set, records)) = last.replace((&p.set, 1)) {
-                    release(set, records)?;
+                if let Some((set, records, places)) = last.replace((&p.set, 1, place)) {
+                    release(set, records, places)?;
                 }
             }
         }
     }
-    for (set, records) in in_set.into_iter().flatten() {
-        release(set, records)?;
+    for (set, records, places) in in_set.into_iter().flatten() {
+        release(set, records, places)?;
     }
     let unrecycled = inner
         .recycled
@@ -990,10 +1006,10 @@ fn apply_remapped(
     work: &mut Work,
 ) {
     let block = record.offset / BLOCK;
+    // A recycled page is taken with its run of records as the batch releases them
+    // ([`checkpoint_once`]).
     if record.page == NO_PAGE {
         record.set.take_pages(remapped.page, 1);
-    } else {
-        record.set.take_page(record.page);
     }
     work.freed.push(Run {
         file_block: block,
