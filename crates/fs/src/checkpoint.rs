@@ -49,9 +49,10 @@ use crate::snapshot::{
     write_growth_bound,
 };
 
-/// A batch smaller than [`GATHER_RECORDS`] waits this long (or until a queue reaches that
-/// many records) for more, so that the per-batch work (the journal record, its flush and
-/// fence, the wake-ups) is shared by more records.
+/// After a batch, the checkpoint waits this long (or until a queue reaches
+/// [`GATHER_RECORDS`] records) for the next one to gather, so that the per-batch work (the
+/// journal record, its flush and fence, the wake-ups) is shared by more records — unless it
+/// is behind (a full batch, and as many records waiting already).
 const GATHER_WAIT: Duration = Duration::from_micros(500);
 
 /// Blocks cut out of files (holes punched, truncations) that records of writers' own remaps
@@ -217,7 +218,15 @@ fn run_loop(inner: &Inner) -> Result<()> {
         );
         inner.progress.pass_done();
         drop(hold);
-        if moved >= GATHER_RECORDS || (moved > 0 && (draining || asked.stop)) {
+        // Straight on only while behind: a full batch and a queue's worth waiting already.
+        // After a full batch the next one gathers as well: going straight on, that pass
+        // found only what was queued while the last one ran (a few hundred records), so
+        // every other batch was that small. Measured with two writers of random 4 KiB
+        // blocks, three alternated pairs: the checkpoint's CPU time 0.11 -> 0.09 µs a
+        // record, the writers' preemptions and wake-ups 31 -> 15 ns a write.
+        let behind = moved >= GATHER_RECORDS
+            && inner.progress.pending(queues.iter().copied()) >= GATHER_RECORDS as u64;
+        if behind || (moved > 0 && (draining || asked.stop)) {
             continue;
         }
         if moved > 0 {
