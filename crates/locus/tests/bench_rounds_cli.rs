@@ -127,3 +127,32 @@ fn preload_rounds_report_each_columns_median_run_and_the_rounds_range() {
     );
     each_is_a_median_of_three(&cases);
 }
+
+/// Random offsets within each thread's own stretch: every case runs, even with more threads
+/// than the file has blocks (no stretch of their own: they spread over the whole file), and
+/// a choice the bench does not know is refused by name.
+#[test]
+fn random_offsets_over_each_threads_stretch() {
+    let cases = cases(&bench_fs(&[
+        "--json",
+        "--bs",
+        "4M",
+        "--threads",
+        "1,8",
+        "--ops",
+        "randwrite,randread",
+        "--random-over",
+        "thread",
+    ]));
+    assert_eq!(cases.len(), 8, "2 ops x 2 thread counts x 2 engines");
+    for case in &cases {
+        assert!(case["iops"].as_f64().unwrap() > 0.0, "{case}");
+    }
+    let refused = bench_fs(&["--random-over", "half"]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("\"half\"") && stderr.contains("expected file"),
+        "{stderr}"
+    );
+}

@@ -3,7 +3,8 @@
 //!
 //! Both engines get a file of `--size` bytes, written in full first. Each case runs for
 //! `--seconds` with 1 or 2 threads on the one file: random cases pick block-aligned offsets
-//! over the whole file, sequential ones give each thread its own stretch. Write cases on
+//! over the whole file (or, with `--random-over thread`, each thread within its own stretch:
+//! writers of disjoint ranges), sequential ones give each thread its own stretch. Write cases on
 //! locus include waiting, at the end, for the checkpoint to move everything into the file, so
 //! the numbers are sustained ones; write amplification is bytes stored to persistent memory
 //! over bytes written by the caller, from the file system's own counters. CPU per operation:
@@ -63,6 +64,12 @@ pub struct FsBenchArgs {
     #[arg(long, default_value = "randwrite,seqwrite,randread,seqread", value_delimiter = ',', value_parser = parse_op)]
     ops: Vec<Op>,
 
+    /// Where random cases pick their offsets: `file` (every thread over the whole file) or
+    /// `thread` (each thread over its own stretch of the file, as sequential cases do: writers
+    /// of disjoint ranges of one file).
+    #[arg(long, default_value = "file", value_parser = parse_random_over)]
+    random_over: RandomOver,
+
     /// Seconds per case.
     #[arg(long, default_value_t = 0.5)]
     seconds: f64,
@@ -96,6 +103,23 @@ pub struct FsBenchArgs {
     /// Directory on tmpfs for the scratch volume and the baseline file.
     #[arg(long, default_value = "/dev/shm")]
     dir: PathBuf,
+}
+
+/// Where random cases pick their offsets (`--random-over`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RandomOver {
+    File,
+    Thread,
+}
+
+fn parse_random_over(name: &str) -> Result<RandomOver, String> {
+    match name {
+        "file" => Ok(RandomOver::File),
+        "thread" => Ok(RandomOver::Thread),
+        _ => Err(format!(
+            "unknown choice {name:?}: expected file (the whole file) or thread (each thread's own stretch)"
+        )),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -452,7 +476,13 @@ fn measure(
                         loop {
                             for _ in 0..16 {
                                 let block = if op.random() {
-                                    rng.random_range(0..blocks)
+                                    match args.random_over {
+                                        // More threads than blocks: no stretch of their own.
+                                        RandomOver::Thread if stretch > 0 => {
+                                            t as u64 * stretch + rng.random_range(0..stretch)
+                                        }
+                                        _ => rng.random_range(0..blocks),
+                                    }
                                 } else {
                                     let b = next;
                                     next += 1;
@@ -537,13 +567,17 @@ fn report(cases: &[Case], args: &FsBenchArgs) -> Result<()> {
         super::print_json(cases)?;
     } else {
         outln!(
-            "file system: locus (write_at/read_at{}) vs pwrite/pread on tmpfs; file {}, {} s per case{}",
+            "file system: locus (write_at/read_at{}) vs pwrite/pread on tmpfs; file {}{}, {} s per case{}",
             if args.data_checksums {
                 ", data checksums"
             } else {
                 ""
             },
             crate::size::format_bytes(args.size),
+            match args.random_over {
+                RandomOver::File => "",
+                RandomOver::Thread => " (random offsets in each thread's own stretch)",
+            },
             args.seconds,
             super::rounds_title(args.rounds, "engine")
         );
