@@ -27,9 +27,9 @@
 //! A range over more than [`WIDE_STRETCHES`] stretches (a truncation's, whose range is the
 //! whole file) is wide: it is entered in one wide table instead of visiting a table per
 //! stretch — entering all 1024 took a whole-file lock and unlock 28 µs, against 1.7 µs with 64
-//! tables; the wide table takes 0.66 µs when the tables hold nothing and 2.8 µs when 200 of them
-//! hold a range (a loop of whole-file locks in a unit test). Narrow lockers
-//! look at the wide table only while some wide range is held, which they learn from a count
+//! tables; the wide table takes 0.66 µs when the tables hold nothing and 2.8 µs when 200 of
+//! them hold a range (a loop of whole-file locks in a unit test). Narrow lockers look at the
+//! wide table only while some wide range is held, which they learn from a count
 //! that stays in every CPU's cache; a wide locker then waits for the narrow holders it
 //! overlaps, skipping tables that hold nothing by each table's count of entries. Each side
 //! publishes first and looks second, both with sequentially consistent operations (a narrow
@@ -37,6 +37,12 @@
 //! wide count and then reads the tables' counts), so at least one of two overlapping lockers
 //! sees the other: a narrow locker that sees a conflicting wide range leaves its tables and
 //! waits for it, and a wide locker waits for the narrow holders it finds.
+//!
+//! A wide locker is the one locker that waits while its range is entered somewhere (so that
+//! narrow lockers arriving meanwhile keep out and it is not starved). That cannot deadlock:
+//! what it waits for are holders, and a holder never waits for a range lock — a thread takes
+//! one range lock at a time (`crate::lock_order`), and a writer never waits for the
+//! checkpoint while holding one.
 //!
 //! The tables are the file system's, not each file's: sixteen cache-line tables in every
 //! inode made each file cost 2 KiB of DRAM, most of a small file's share (a mount holding
