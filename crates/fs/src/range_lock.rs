@@ -165,6 +165,14 @@ impl Shard {
         table
     }
 
+    /// Enters `held` in `table` (this shard's, locked) and counts it: a sequentially
+    /// consistent locked addition, this side's half of the handshake between narrow and wide
+    /// lockers (a fence instead cost two writers of random blocks 3–5 % of their writes).
+    fn enter(&self, table: &mut MutexGuard<'_, Table>, held: Held) {
+        table.held.push(held);
+        self.entries.fetch_add(1, Ordering::SeqCst);
+    }
+
     /// Takes one entry alike `held` out (if there is one) and wakes the waiters, if any.
     fn leave(&self, held: &Held) {
         let mut table = self.lock();
@@ -190,18 +198,11 @@ impl Shard {
 pub struct RangeLocks {
     granule: u64,
     shards: Box<[Shard]>,
-    /// The wide ranges held.
+    /// The wide ranges held. Narrow lockers read its count of entries on every lock and
+    /// take its lock only while that is not 0; only wide lockers change it, so its lines
+    /// stay in every CPU's cache.
     wide: Shard,
-    /// How many wide ranges are held or being entered: raised after the range is in `wide`,
-    /// lowered after it left. Narrow lockers read it on every lock; only wide lockers write
-    /// it, so it stays in every CPU's cache.
-    wide_count: PaddedU32,
 }
-
-/// A count on a cache line of its own (narrow lockers read it on every lock).
-#[derive(Debug, Default)]
-#[repr(align(128))]
-struct PaddedU32(AtomicU32);
 
 /// A held range; released when dropped.
 #[derive(Debug)]
@@ -262,7 +263,6 @@ impl RangeLocks {
             granule,
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
             wide: Shard::default(),
-            wide_count: PaddedU32::default(),
         })
     }
 
@@ -338,11 +338,7 @@ impl RangeLocks {
             tables.push((index, table));
         }
         for (index, table) in &mut tables {
-            table.held.push(held);
-            // A locked addition, not a store: with the count's load in `wide_conflicts`, it
-            // is this side's half of the handshake with wide lockers (a fence there instead
-            // cost two writers of random blocks 3–5 % of their writes).
-            self.shards[*index].entries.fetch_add(1, Ordering::SeqCst);
+            self.shards[*index].enter(table, held);
         }
         Ok(RangeGuard {
             locks: self,
@@ -357,29 +353,16 @@ impl RangeLocks {
         // The tables' counts were raised (sequentially consistent) before this load; a wide
         // locker raises this count before it loads theirs, so one of the two sees the
         // other. A count seen raised brings the wide range's entry with it.
-        self.wide_count.0.load(Ordering::SeqCst) != 0 && self.wide.lock().conflicts(held)
+        self.wide.entries.load(Ordering::SeqCst) != 0 && self.wide.lock().conflicts(held)
     }
 
-    /// Raises the count of wide ranges for one the caller just entered in the wide table:
-    /// from here on, narrow lockers that overlap it keep out, and the narrow holders already
-    /// in the tables are the ones left to wait for.
-    fn publish_wide(&self) {
-        self.wide_count.0.fetch_add(1, Ordering::SeqCst);
-    }
-
-    /// Takes `held` back out of the wide table, then lowers the count.
-    fn leave_wide(&self, held: &Held) {
-        self.wide.leave(held);
-        self.wide_count.0.fetch_sub(1, Ordering::Release);
-    }
-
+    /// Once a wide range is entered (and counted), narrow lockers that overlap it keep out,
+    /// and the narrow holders already in the tables are the ones left to wait for.
     fn lock_wide(&self, held: Held) -> RangeGuard<'_> {
         // Wide ranges wait for each other in the wide table.
-        self.wide
-            .wait_clear(self.wide.lock(), &held)
-            .held
-            .push(held);
-        self.publish_wide();
+        let mut wide = self.wide.wait_clear(self.wide.lock(), &held);
+        self.wide.enter(&mut wide, held);
+        drop(wide);
         for shard in self.shards.iter() {
             if shard.entries.load(Ordering::SeqCst) != 0 {
                 drop(shard.wait_clear(shard.lock(), &held));
@@ -398,14 +381,13 @@ impl RangeLocks {
             if wide.conflicts(&held) {
                 return None;
             }
-            wide.held.push(held);
+            self.wide.enter(&mut wide, held);
         }
-        self.publish_wide();
         let free = self.shards.iter().all(|shard| {
             shard.entries.load(Ordering::SeqCst) == 0 || !shard.lock().conflicts(&held)
         });
         if !free {
-            self.leave_wide(&held);
+            self.wide.leave(&held);
             return None;
         }
         Some(RangeGuard {
@@ -452,7 +434,7 @@ impl Drop for RangeGuard<'_> {
                     self.locks.shards[index].leave(&self.held);
                 }
             }
-            None => self.locks.leave_wide(&self.held),
+            None => self.locks.wide.leave(&self.held),
         }
     }
 }
