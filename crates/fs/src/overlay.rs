@@ -459,6 +459,15 @@ impl Overlay {
         Some(replaced)
     }
 
+    /// Brings the lock of the shard of the block at `offset` into this CPU's cache, owned,
+    /// ahead of a [`Overlay::remap_block`] there.
+    pub fn prefetch(&self, offset: u64) {
+        let stretch = offset / STRETCH;
+        if let Some(shard) = self.shard((stretch % SHARDS as u64) as usize) {
+            pmem::prefetch_for_write(shard);
+        }
+    }
+
     /// Hands the writers of chunk `chunk` its shared table ([`Overlay::remap_block`]).
     pub fn share_table(&self, chunk: u64, table: Arc<SharedTable>) {
         let shard = self.shard_made((chunk % SHARDS as u64) as usize);

@@ -304,6 +304,14 @@ impl RangeLocks {
         }
     }
 
+    /// Brings the first table of the range at `offset` of file `ino` into this CPU's cache,
+    /// owned, ahead of a [`RangeLocks::lock`] of it.
+    pub fn prefetch(&self, ino: u64, offset: u64) {
+        if let Some(shards) = ShardSet::of(ino, offset, offset + 1) {
+            pmem::prefetch_for_write(&self.shards[shards.first as usize]);
+        }
+    }
+
     /// Holds the range if nothing conflicts now; `None` otherwise.
     pub fn try_lock(
         &self,

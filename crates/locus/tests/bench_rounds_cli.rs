@@ -147,6 +147,14 @@ fn random_offsets_over_each_threads_stretch() {
     assert_eq!(cases.len(), 8, "2 ops x 2 thread counts x 2 engines");
     for case in &cases {
         assert!(case["iops"].as_f64().unwrap() > 0.0, "{case}");
+        // The 16 MiB file holds four 4 MiB blocks: one thread has them as its own stretch, eight
+        // have none and spread over the whole file, and the JSON says which it was.
+        let expected = if case["threads"] == 1 {
+            "thread"
+        } else {
+            "file"
+        };
+        assert_eq!(case["random_over"], expected, "{case}");
     }
     let refused = bench_fs(&["--random-over", "half"]);
     assert!(!refused.status.success());

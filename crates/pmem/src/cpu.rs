@@ -12,8 +12,8 @@
 
 use std::arch::asm;
 use std::arch::x86_64::{
-    __m128i, __m256i, _MM_HINT_T0, _mm_crc32_u64, _mm_extract_epi64, _mm_loadu_si128, _mm_prefetch,
-    _mm_sfence, _mm_stream_si128, _mm256_castsi256_si128, _mm256_extracti128_si256,
+    __m128i, __m256i, _MM_HINT_ET0, _MM_HINT_T0, _mm_crc32_u64, _mm_extract_epi64, _mm_loadu_si128,
+    _mm_prefetch, _mm_sfence, _mm_stream_si128, _mm256_castsi256_si128, _mm256_extracti128_si256,
     _mm256_loadu_si256, _mm256_stream_si256,
 };
 use std::sync::OnceLock;
@@ -103,6 +103,14 @@ pub fn prefetch<T>(addr: *const T) {
     // SAFETY: a prefetch reads nothing the program observes and never faults, for any
     // address; SSE is baseline on x86-64.
     unsafe { _mm_prefetch::<_MM_HINT_T0>(addr.cast()) };
+}
+
+/// Hints the CPU to bring the cache line holding `addr` into its caches for a store soon
+/// (`prefetchw`: owned, so the store does not wait for another CPU to give the line up). A
+/// hint only: it changes nothing and never faults, whatever the address.
+pub fn prefetch_for_write<T>(addr: *const T) {
+    // SAFETY: as `prefetch`: nothing observable, never faults.
+    unsafe { _mm_prefetch::<_MM_HINT_ET0>(addr.cast()) };
 }
 
 /// Orders all earlier stores, flushes and non-temporal stores before any later store.

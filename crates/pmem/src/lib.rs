@@ -28,7 +28,7 @@ mod region;
 mod trace;
 
 pub use checksum::data_checksum;
-pub use cpu::{CACHE_LINE, FlushInstruction, prefetch};
+pub use cpu::{CACHE_LINE, FlushInstruction, prefetch, prefetch_for_write};
 pub use device::{Device, DeviceKind, DeviceSpec, FlushPolicy, give_back};
 pub use error::{PmemError, Result};
 pub use mapping::{MsyncRecorder, available_bytes};

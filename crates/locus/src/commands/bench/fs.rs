@@ -178,6 +178,10 @@ struct Case {
     op: &'static str,
     bs_bytes: u64,
     threads: usize,
+    /// Where a random case's offsets fell: `file` (the whole file) or `thread` (each
+    /// thread's own stretch: `--random-over thread` with at least a block per thread).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    random_over: Option<&'static str>,
     ops: u64,
     seconds: f64,
     iops: f64,
@@ -355,6 +359,10 @@ pub fn run(sysfs: &Path, args: &FsBenchArgs) -> Result<()> {
                             op: op.name(),
                             bs_bytes: bs,
                             threads,
+                            random_over: op.random().then_some(match args.random_over {
+                                RandomOver::Thread if args.size / bs >= threads as u64 => "thread",
+                                _ => "file",
+                            }),
                             ops,
                             seconds: secs,
                             iops: ops as f64 / secs,
