@@ -12,8 +12,8 @@
 
 use std::arch::asm;
 use std::arch::x86_64::{
-    __m128i, __m256i, _MM_HINT_ET0, _MM_HINT_T0, _mm_crc32_u64, _mm_extract_epi64, _mm_loadu_si128,
-    _mm_prefetch, _mm_sfence, _mm_stream_si128, _mm256_castsi256_si128, _mm256_extracti128_si256,
+    __m128i, __m256i, _MM_HINT_T0, _mm_crc32_u64, _mm_extract_epi64, _mm_loadu_si128, _mm_prefetch,
+    _mm_sfence, _mm_stream_si128, _mm256_castsi256_si128, _mm256_extracti128_si256,
     _mm256_loadu_si256, _mm256_stream_si256,
 };
 use std::sync::OnceLock;
@@ -108,9 +108,36 @@ pub fn prefetch<T>(addr: *const T) {
 /// Hints the CPU to bring the cache line holding `addr` into its caches for a store soon
 /// (`prefetchw`: owned, so the store does not wait for another CPU to give the line up). A
 /// hint only: it changes nothing and never faults, whatever the address.
+/// Without the instruction (`prfchw`), nothing: a read prefetch would bring the line in shared
+/// and the store would still wait to own it.
 pub fn prefetch_for_write<T>(addr: *const T) {
-    // SAFETY: as `prefetch`: nothing observable, never faults.
-    unsafe { _mm_prefetch::<_MM_HINT_ET0>(addr.cast()) };
+    if has_prefetchw() {
+        // SAFETY: `prefetchw` is present (checked above); a prefetch reads nothing the
+        // program observes, writes nothing and never faults, for any address.
+        unsafe {
+            std::arch::asm!(
+                "prefetchw [{addr}]",
+                addr = in(reg) addr,
+                options(nostack, preserves_flags, readonly)
+            );
+        }
+    }
+}
+
+/// Whether the CPU has `prefetchw` (CPUID 8000_0001h, ECX bit 8; the standard library's
+/// feature detection does not name it). Asked once.
+fn has_prefetchw() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        use std::arch::x86_64::__cpuid;
+        #[allow(unused_unsafe)]
+        // SAFETY: `cpuid` is baseline on x86-64 and has no memory effects.
+        let (top, ecx) = unsafe {
+            let top = __cpuid(0x8000_0000).eax;
+            (top, __cpuid(0x8000_0001).ecx)
+        };
+        top >= 0x8000_0001 && ecx & (1 << 8) != 0
+    })
 }
 
 /// Orders all earlier stores, flushes and non-temporal stores before any later store.
@@ -383,6 +410,23 @@ unsafe fn copy_nontemporal_summed_avx2(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The prefetches are hints: an address no page backs (null, the top of the address space)
+    /// neither faults nor changes anything, and a line asked for writing keeps its
+    /// bytes (a load or store in their place would fault on the first address).
+    #[test]
+    fn prefetches_never_fault_and_change_nothing() {
+        let value = std::sync::atomic::AtomicU64::new(0x5eed);
+        for addr in [
+            std::ptr::null::<u64>(),
+            usize::MAX as *const u64,
+            value.as_ptr(),
+        ] {
+            prefetch(addr);
+            prefetch_for_write(addr);
+        }
+        assert_eq!(value.load(std::sync::atomic::Ordering::Relaxed), 0x5eed);
+    }
 
     #[test]
     fn a_summed_copy_stores_the_bytes_and_their_checksum() {
