@@ -1286,6 +1286,14 @@ fn load_salvaging(
         );
     }
     check_tree(&inodes)?;
+    let unrecorded = unmap_unretired_remaps(&inodes, &live);
+    if unrecorded > 0 {
+        tracing::info!(
+            blocks = unrecorded,
+            "blocks the snapshot took from their writers before their records retired are the \
+             live records' again"
+        );
+    }
 
     // 5. Ownership.
     let mut owned: Vec<(u64, u64, Holder)> = Vec::new();
@@ -1409,6 +1417,40 @@ impl std::fmt::Display for Holder {
             Holder::LiveBuffers => write!(f, "buffers of live log records"),
         }
     }
+}
+
+/// Takes out of the files' block maps every block that is the page of a live record of
+/// that very block, and returns how many.
+///
+/// A writer remaps a single-block overwrite into its file's block table itself, once its
+/// record is durable (`Overlay::remap_block`); a checkpoint batch then records the mapping
+/// and retires the record in one journal record. A snapshot written between batches encodes
+/// the block tables as they are, such blocks included, with the retired watermarks of
+/// before. So after a crash the recovered map can name a page that a live record names too.
+/// The record is replayed (it covers its whole block, so whatever the map had there is
+/// hidden); without its block in the map it is what it was at runtime: a logged write the
+/// checkpoint will remap into a hole, freeing nothing. The block it replaced is free, as it
+/// would have been once the record retired.
+fn unmap_unretired_remaps(inodes: &Table, live: &[(u32, LogRecord)]) -> u64 {
+    let mut unmapped = 0;
+    for (_, record) in live {
+        if record.length != BLOCK
+            || !record.offset.is_multiple_of(BLOCK)
+            || !record.buffer.is_multiple_of(BLOCK)
+        {
+            continue;
+        }
+        let Some(inode) = inodes.get(&record.inode) else {
+            continue;
+        };
+        let block = record.offset / BLOCK;
+        let mut extents = inode.extents.write().expect("extent map");
+        if extents.get(block) == Some(record.buffer) {
+            extents.punch(block, block + 1);
+            unmapped += 1;
+        }
+    }
+    unmapped
 }
 
 /// Page runs covering every `(address, length)`, merged.
