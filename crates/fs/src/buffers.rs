@@ -281,7 +281,8 @@ const _: () = assert!(RECYCLED_SET_PAGES <= u64::BITS as usize);
 pub(crate) const RECYCLED_TAKE: usize = 8;
 
 /// Pages the checkpoint freed in small runs — file blocks that small overwrites replaced —
-/// kept for the writers' single-block writes instead of going back to the volume. A 4 KiB
+/// kept for the writers' single-block writes (and writes of 2 to 15 whole blocks, a page a
+/// block: `Inner::place_in_recycled` in `fs/write.rs`) instead of going back to the volume. A 4 KiB
 /// overwrite then costs no allocator work on either side (its block is remapped into the
 /// file, the block it replaced holds the next one), and random overwrites do not cut the
 /// volume's free memory into 4 KiB pieces that no buffer, journal or log area can use: the
@@ -547,7 +548,8 @@ pub(crate) struct Pool {
     cursor: u64,
     buffer_bytes: u64,
     whole_blocks: bool,
-    /// The set of recycled pages single-block writes go into first.
+    /// The set of recycled pages single-block writes (and short runs of whole blocks, a page
+    /// a block) go into first.
     recycled: Option<RecycledSet>,
 }
 
@@ -702,8 +704,9 @@ impl Pool {
     /// A recycled page in the pool's set of them, which takes a few more from `recycle`
     /// (asked for at most that many) when it has used all it holds; `None` when there are
     /// none. A set whose every page is used is sealed at once: its last record's retirement
-    /// reclaims it.
-    fn place_recycled(
+    /// reclaims it. (Also for each block of a short aligned write, page by page:
+    /// `Inner::place_in_recycled` in `fs/write.rs`.)
+    pub(crate) fn place_recycled(
         &mut self,
         volume: &Volume,
         recycle: &dyn Fn(usize) -> SmallVec<[u64; RECYCLED_TAKE]>,

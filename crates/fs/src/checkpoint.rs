@@ -9,7 +9,8 @@
 //! no newer write replaced (the overlay knows) and
 //! - remaps whole 4 KiB blocks whose buffer position is page aligned into the file's block
 //!   table (no copy; the block the file had there is freed after the batch commits — single
-//!   blocks into [`crate::buffers::Recycled`], for the writers' next single-block writes);
+//!   blocks into [`crate::buffers::Recycled`], for the writers' next writes of up to 15 whole
+//!   blocks, a page a block);
 //! - copies partial blocks into the file's block in place (a fresh zeroed page for a hole).
 //!
 //! Whole blocks are copied in place too where remapping must not happen: in a file mapped

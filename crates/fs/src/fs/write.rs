@@ -10,7 +10,7 @@ use volume::Extent;
 use super::state::{Inner, Slot, Wait, partial_pages};
 use super::{MAX_FILE_SIZE, MAX_IO, write_time};
 use crate::apply::{self, applied};
-use crate::buffers::{BufferSet, NO_PAGE, Reserve};
+use crate::buffers::{BufferSet, NO_PAGE, RECYCLE_RUN_BLOCKS, Reserve};
 use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
 use crate::inode::Inode;
@@ -383,8 +383,22 @@ impl Inner {
     }
 
     /// One buffer for a write: in the slot's pool, or — a write whose bytes, at the file's
-    /// in-page offset, would not fit one preliminary buffer — one of its own.
+    /// in-page offset, would not fit one preliminary buffer — one of its own; a short run
+    /// of whole blocks goes into recycled pages while there are any
+    /// ([`Inner::place_in_recycled`]).
     fn place(&self, slot: &Slot, offset: u64, len: u64) -> Result<Placement> {
+        let blocks = len / BLOCK;
+        if offset.is_multiple_of(BLOCK)
+            && len.is_multiple_of(BLOCK)
+            && (2..RECYCLE_RUN_BLOCKS).contains(&blocks)
+        {
+            return self.place_in_recycled(slot, offset, len);
+        }
+        self.place_in_buffer(slot, offset, len)
+    }
+
+    /// [`Inner::place`] in the slot's pool or a buffer of the write's own.
+    fn place_in_buffer(&self, slot: &Slot, offset: u64, len: u64) -> Result<Placement> {
         let skew = offset % BLOCK;
         if skew + len > self.options.prelim_buffer_bytes {
             // At the file's in-page offset, so its whole blocks can be remapped.
@@ -434,6 +448,75 @@ impl Inner {
                     return Ok(whole(len, p.addr, p.set, p.page));
                 }
                 Reserve::Wait => self.wait_for_progress(Wait::Buffers)?,
+            }
+        }
+    }
+
+    /// A write of 2 to 15 whole blocks, one recycled page a block while the pool or the
+    /// recycled lists have them, the rest (all of it, when they have none) in a buffer.
+    ///
+    /// The checkpoint frees the blocks such a write replaces page by page into the recycled
+    /// lists (runs under [`RECYCLE_RUN_BLOCKS`] would otherwise cut the volume's free
+    /// memory into small pieces), and it remaps the write's blocks into the file only while
+    /// the lists have room for what that frees. Before, only single-block writes took pages
+    /// from the lists: with random 8–60 KiB overwrites the lists filled, and the checkpoint
+    /// copied every such write into the file's blocks — write amplification 1.93–1.96,
+    /// and the checkpoint spending more time a write than its writer (`bench fs --bs
+    /// 8K,16K,32K,48K --threads 1`: 1.06, 1.99, 3.64 and 4.98 µs a write against the
+    /// writer's 0.98, 1.47, 2.15 and 2.92). Each page is a piece of the write, with a record
+    /// of its own in the write's one group.
+    fn place_in_recycled(&self, slot: &Slot, offset: u64, len: u64) -> Result<Placement> {
+        let mut pieces = Placement::new();
+        let taken = {
+            let recycle = |most| {
+                self.recycled
+                    .take(self.volume.current_node(), slot.index, most)
+            };
+            let mut pool = slot.pool.lock().expect("buffer pool");
+            loop {
+                if pieces.len() as u64 * BLOCK == len {
+                    break Ok(());
+                }
+                match pool.place_recycled(&self.volume, &recycle) {
+                    Ok(Some(p)) => {
+                        slot.counters.count_recycled();
+                        pieces.push(Placed {
+                            at: pieces.len() as u64 * BLOCK,
+                            len: BLOCK,
+                            addr: p.addr,
+                            set: p.set,
+                            page: p.page,
+                        });
+                    }
+                    Ok(None) => break Ok(()),
+                    Err(e) => break Err(e),
+                }
+            }
+        };
+        let done = pieces.len() as u64 * BLOCK;
+        let rest = taken.and_then(|()| {
+            if done == len {
+                Ok(Placement::new())
+            } else {
+                self.place_in_buffer(slot, offset + done, len - done)
+            }
+        });
+        match rest {
+            Ok(rest) => {
+                pieces.extend(rest.into_iter().map(|p| Placed {
+                    at: p.at + done,
+                    ..p
+                }));
+                Ok(pieces)
+            }
+            Err(e) => {
+                // The pages go back: no record will point at them.
+                for p in pieces {
+                    if p.set.release() {
+                        p.set.reclaim(&self.volume)?;
+                    }
+                }
+                Err(e)
             }
         }
     }
