@@ -53,6 +53,20 @@ fn overwrite(f: &fs::File, model: &mut Vec<u8>, block: u64, tag: u64) {
     model[at as usize..at as usize + 4096].copy_from_slice(&data);
 }
 
+/// Random single-block overwrites until the writers remap their own (the first ones go
+/// through the checkpoint, which then shares the file's chunks), then 300 more left pending.
+fn overwrites_left_pending(fs: &Fs, f: &fs::File, model: &mut Vec<u8>, rng: &mut impl Rng) {
+    for k in 0..200 {
+        overwrite(f, model, rng.random_range(0..FILE / 4096), k);
+        if k % 50 == 49 {
+            fs.checkpoint().unwrap();
+        }
+    }
+    for k in 0..300 {
+        overwrite(f, model, rng.random_range(0..FILE / 4096), 1000 + k);
+    }
+}
+
 fn check(f: &fs::File, model: &[u8], when: &str) {
     let mut got = vec![0u8; model.len()];
     let n = f.read_at(&mut got, 0).unwrap();
@@ -182,17 +196,7 @@ fn a_file_removed_with_remaps_pending_gives_back_every_page_once() {
         let path = format!("/r{round}");
         let mut model = Vec::new();
         let f = laid_out(&fs, &path, &mut model);
-        // Overwrites until the writers remap (the first ones go through the checkpoint,
-        // which then shares the file's chunks), then more left pending.
-        for k in 0..200 {
-            overwrite(&f, &mut model, rng.random_range(0..FILE / 4096), k);
-            if k % 50 == 49 {
-                fs.checkpoint().unwrap();
-            }
-        }
-        for k in 0..300 {
-            overwrite(&f, &mut model, rng.random_range(0..FILE / 4096), 1000 + k);
-        }
+        overwrites_left_pending(&fs, &f, &mut model, &mut rng);
         check(&f, &model, &path);
         if round % 2 == 0 {
             // Removed while open: destroyed at the close, its records still pending.
@@ -361,16 +365,7 @@ fn a_snapshot_taken_with_writers_remaps_pending_survives_a_crash() {
     let mut model = Vec::new();
     let (shm, fs, f) = fresh("writer-remaps-snapshot", &mut model);
     let mut rng = rand::rngs::StdRng::seed_from_u64(17);
-    // Overwrites until the writers remap (the checkpoint shares the chunks it remapped in).
-    for k in 0..200 {
-        overwrite(&f, &mut model, rng.random_range(0..FILE / 4096), k);
-        if k % 50 == 49 {
-            fs.checkpoint().unwrap();
-        }
-    }
-    for k in 0..300 {
-        overwrite(&f, &mut model, rng.random_range(0..FILE / 4096), 1000 + k);
-    }
+    overwrites_left_pending(&fs, &f, &mut model, &mut rng);
     let pending = fs.stats().records_pending;
     // Metadata operations until their journal asks for a snapshot, which the checkpoint (on
     // demand: no batch) writes with those records still pending.

@@ -10,7 +10,7 @@ use volume::Extent;
 use super::state::{Inner, Slot, Wait, partial_pages};
 use super::{MAX_FILE_SIZE, MAX_IO, write_time};
 use crate::apply::{self, applied};
-use crate::buffers::{BufferSet, NO_PAGE, RECYCLE_RUN_BLOCKS, Reserve};
+use crate::buffers::{BufferSet, NO_PAGE, RECYCLE_RUN_BLOCKS, RECYCLED_TAKE, Reserve};
 use crate::error::{FsError, Result};
 use crate::extent_map::BLOCK;
 use crate::inode::Inode;
@@ -419,10 +419,7 @@ impl Inner {
                 len,
                 &spare,
                 &|bytes| self.alloc_write_buffer(bytes),
-                &|most| {
-                    self.recycled
-                        .take(self.volume.current_node(), slot.index, most)
-                },
+                &|most| self.take_recycled(slot, most),
             )
         };
         loop {
@@ -467,48 +464,8 @@ impl Inner {
     /// of its own in the write's one group.
     fn place_in_recycled(&self, slot: &Slot, offset: u64, len: u64) -> Result<Placement> {
         let mut pieces = Placement::new();
-        let taken = {
-            let recycle = |most| {
-                self.recycled
-                    .take(self.volume.current_node(), slot.index, most)
-            };
-            let mut pool = slot.pool.lock().expect("buffer pool");
-            loop {
-                if pieces.len() as u64 * BLOCK == len {
-                    break Ok(());
-                }
-                match pool.place_recycled(&self.volume, &recycle) {
-                    Ok(Some(p)) => {
-                        slot.counters.count_recycled();
-                        pieces.push(Placed {
-                            at: pieces.len() as u64 * BLOCK,
-                            len: BLOCK,
-                            addr: p.addr,
-                            set: p.set,
-                            page: p.page,
-                        });
-                    }
-                    Ok(None) => break Ok(()),
-                    Err(e) => break Err(e),
-                }
-            }
-        };
-        let done = pieces.len() as u64 * BLOCK;
-        let rest = taken.and_then(|()| {
-            if done == len {
-                Ok(Placement::new())
-            } else {
-                self.place_in_buffer(slot, offset + done, len - done)
-            }
-        });
-        match rest {
-            Ok(rest) => {
-                pieces.extend(rest.into_iter().map(|p| Placed {
-                    at: p.at + done,
-                    ..p
-                }));
-                Ok(pieces)
-            }
+        match self.fill_in_recycled(slot, offset, len, &mut pieces) {
+            Ok(()) => Ok(pieces),
             Err(e) => {
                 // The pages go back: no record will point at them.
                 for p in pieces {
@@ -519,6 +476,50 @@ impl Inner {
                 Err(e)
             }
         }
+    }
+
+    /// [`Inner::place_in_recycled`]'s pieces, into `pieces` (what it placed stays there
+    /// when it fails).
+    fn fill_in_recycled(
+        &self,
+        slot: &Slot,
+        offset: u64,
+        len: u64,
+        pieces: &mut Placement,
+    ) -> Result<()> {
+        {
+            let mut pool = slot.pool.lock().expect("buffer pool");
+            while (pieces.len() as u64) * BLOCK < len {
+                let Some(p) =
+                    pool.place_recycled(&self.volume, &|most| self.take_recycled(slot, most))?
+                else {
+                    break;
+                };
+                slot.counters.count_recycled();
+                pieces.push(Placed {
+                    at: pieces.len() as u64 * BLOCK,
+                    len: BLOCK,
+                    addr: p.addr,
+                    set: p.set,
+                    page: p.page,
+                });
+            }
+        }
+        let done = pieces.len() as u64 * BLOCK;
+        if done < len {
+            let rest = self.place_in_buffer(slot, offset + done, len - done)?;
+            pieces.extend(rest.into_iter().map(|p| Placed {
+                at: p.at + done,
+                ..p
+            }));
+        }
+        Ok(())
+    }
+
+    /// Up to `most` recycled pages for the writer of `slot`, on its CPU's node.
+    fn take_recycled(&self, slot: &Slot, most: usize) -> SmallVec<[u64; RECYCLED_TAKE]> {
+        self.recycled
+            .take(self.volume.current_node(), slot.index, most)
     }
 
     /// Buffers for a write that no single free extent can hold: pieces of the largest
