@@ -5,8 +5,8 @@
 //! remapped go back to the volume.
 //!
 //! Sets come from four places: a thread's pool of *preliminary buffers* (`File::write_at`
-//! copies into them), [`Recycled`] pages (blocks overwrites replaced, which single-block
-//! writes reuse), a caller's own buffer (`Fs::buffer` + `File::write_buffer`, no copy), and
+//! copies into them), [`Recycled`] pages (runs of blocks overwrites replaced, which writes
+//! of up to 15 whole blocks reuse), a caller's own buffer (`Fs::buffer` + `File::write_buffer`, no copy), and
 //! recovery (the pages of every record found live in the logs).
 
 use std::sync::Mutex;
@@ -89,22 +89,28 @@ impl BufferSet {
         set
     }
 
-    /// Recycled pages join the set, in order, before records are placed in them: their
-    /// places in it follow the ones it had. A page no record is placed in before the set is
-    /// reclaimed is freed with the ones files did not take.
-    fn add_pages(&self, pages: &[u64]) {
+    /// Runs of recycled pages join the set, page by page, in order, before records are
+    /// placed in them: their places in it follow the ones it had, so a run's pages have
+    /// places in a row. A page no record is placed in before the set is reclaimed is freed
+    /// with the ones files did not take.
+    fn add_runs(&self, runs: &[PageRun]) {
         let mut extents = self.extents.lock().expect("buffer set");
-        debug_assert!(extents.len() + pages.len() <= RECYCLED_SET_PAGES);
-        extents.extend(pages.iter().map(|&page| Extent {
-            start: GlobalAddress::from_raw(page),
-            len_bytes: BLOCK,
+        debug_assert!(
+            extents.len() + runs.iter().map(|r| r.blocks as usize).sum::<usize>()
+                <= RECYCLED_SET_PAGES
+        );
+        extents.extend(runs.iter().flat_map(|run| {
+            (0..u64::from(run.blocks)).map(|i| Extent {
+                start: GlobalAddress::from_raw(run.addr + i * BLOCK),
+                len_bytes: BLOCK,
+            })
         }));
     }
 
-    /// The page at `page` in a set of recycled pages now belongs to a file.
-    pub(crate) fn take_page(&self, page: u32) {
-        debug_assert!((page as usize) < RECYCLED_SET_PAGES);
-        self.take_places(1 << page);
+    /// The `pages` pages from place `page` in a set of recycled pages now belong to a file.
+    pub(crate) fn take_page_run(&self, page: u32, pages: u64) {
+        debug_assert!(pages >= 1 && u64::from(page) + pages <= RECYCLED_SET_PAGES as u64);
+        self.take_places(((1u64 << pages) - 1) << page);
     }
 
     /// The pages at the places whose bits `places` has, in a set of recycled pages, now
@@ -175,11 +181,28 @@ impl BufferSet {
         // four sets in ten with a page a newer write made void, was 7 % of the checkpoint's
         // samples with two writers of random 4 KiB blocks).
         if self.indexed {
+            // Neighbouring places whose pages are neighbours too (a run the set took whole)
+            // go as one run.
             let by_place = self.taken_pages.load(Ordering::Acquire);
+            let mut run: Option<Extent> = None;
             for (i, extent) in extents.iter().enumerate() {
-                if by_place & (1 << i) == 0 {
-                    free(*extent)?;
+                let untaken = by_place & (1 << i) == 0;
+                match &mut run {
+                    Some(r) if untaken && r.start.raw() + r.len_bytes == extent.start.raw() => {
+                        r.len_bytes += extent.len_bytes;
+                    }
+                    _ => {
+                        if let Some(done) = run.take() {
+                            free(done)?;
+                        }
+                        if untaken {
+                            run = Some(*extent);
+                        }
+                    }
                 }
+            }
+            if let Some(done) = run {
+                free(done)?;
             }
             self.reclaimed.store(true, Ordering::Release);
             return Ok(());
@@ -281,8 +304,8 @@ const _: () = assert!(RECYCLED_SET_PAGES <= u64::BITS as usize);
 pub(crate) const RECYCLED_TAKE: usize = 8;
 
 /// Pages the checkpoint freed in small runs — file blocks that small overwrites replaced —
-/// kept for the writers' single-block writes (and writes of 2 to 15 whole blocks, a page a
-/// block: `Inner::place_in_recycled` in `fs/write.rs`) instead of going back to the volume. A 4 KiB
+/// kept, run by run, for the writers' writes of 1 to 15 whole blocks (`Inner::place_in_recycled`
+/// in `fs/write.rs`) instead of going back to the volume. A 4 KiB
 /// overwrite then costs no allocator work on either side (its block is remapped into the
 /// file, the block it replaced holds the next one), and random overwrites do not cut the
 /// volume's free memory into 4 KiB pieces that no buffer, journal or log area can use: the
@@ -336,18 +359,74 @@ impl Shard {
 
 /// How many pages each of a device's lists holds.
 fn lens(shards: &[Shard; RECYCLED_SHARDS]) -> [usize; RECYCLED_SHARDS] {
-    std::array::from_fn(|i| shards[i].lock().free.len())
+    std::array::from_fn(|i| shards[i].lock().pages)
 }
 
-/// One list's recycled pages.
+/// A run of recycled pages: `blocks` pages (fewer than [`RECYCLE_RUN_BLOCKS`]) from `addr`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PageRun {
+    pub(crate) addr: u64,
+    pub(crate) blocks: u32,
+}
+
+impl PageRun {
+    /// The run as the volume names it.
+    fn extent(self) -> Extent {
+        Extent {
+            start: GlobalAddress::from_raw(self.addr),
+            len_bytes: u64::from(self.blocks) * BLOCK,
+        }
+    }
+}
+
+/// Runs of recycled pages handed to a writer at once ([`Recycled::take`]): inline, as
+/// many as the most pages one take hands out.
+pub(crate) type Taken = SmallVec<[PageRun; RECYCLE_RUN_BLOCKS as usize]>;
+
+/// One list's recycled pages, in runs as the checkpoint freed them.
 #[derive(Debug, Default)]
 struct Pages {
-    free: Vec<u64>,
+    free: Vec<PageRun>,
+    /// The pages of the runs in `free`.
+    pages: usize,
+}
+
+impl Pages {
+    /// Takes whole runs off the top of the list into `into` while they add up to at most
+    /// `most` pages — and when the top one alone holds more, its front (`split`: the take
+    /// has nothing yet; its rest stays on top, for the next take). Runs are kept whole so
+    /// that a write of as many blocks as the write that freed one finds it whole: split
+    /// wherever a take's count of 8 ended, runs of 3 would come out as 3, 3, 2 and 1, and
+    /// the writes of 3 blocks after them in two pieces. Returns how many pages it took.
+    fn take(&mut self, most: usize, split: bool, into: &mut Taken) -> usize {
+        let mut took = 0;
+        while let Some(top) = self.free.last_mut() {
+            let left = (most - took) as u32;
+            if top.blocks <= left {
+                into.push(*top);
+                took += top.blocks as usize;
+                self.free.pop();
+            } else {
+                if split && took == 0 {
+                    into.push(PageRun {
+                        addr: top.addr,
+                        blocks: left,
+                    });
+                    top.addr += u64::from(left) * BLOCK;
+                    top.blocks -= left;
+                    took = left as usize;
+                }
+                break;
+            }
+        }
+        self.pages -= took;
+        took
+    }
 }
 
 /// How many of `pages` new pages each list gets so that the lists, holding `lens` now,
 /// come out as even as they can: the shortest lists are filled to a common level.
-fn share_out(lens: [usize; RECYCLED_SHARDS], pages: usize) -> [usize; RECYCLED_SHARDS] {
+fn even_shares(lens: [usize; RECYCLED_SHARDS], pages: usize) -> [usize; RECYCLED_SHARDS] {
     let mut order: [usize; RECYCLED_SHARDS] = std::array::from_fn(|i| i);
     order.sort_by_key(|&i| lens[i]);
     // The `filled` shortest lists reach `(sum + pages) / filled`: one more joins them
@@ -365,6 +444,40 @@ fn share_out(lens: [usize; RECYCLED_SHARDS], pages: usize) -> [usize; RECYCLED_S
         give[i] = level - lens[i] + usize::from(j < odd);
     }
     give
+}
+
+/// Which of `runs` each list gets (`lens`: the pages each holds now): a stretch of them in
+/// a row each, of about its [`even_shares`] of their pages — runs are not split, so a list
+/// may get up to half a run's pages more or less, which the next list's share makes up
+/// (the last list takes whatever is left). In a row, not dealt out run by run: a batch frees
+/// runs in file order, and a writer's next pages from one list are then neighbours in the
+/// file's old layout — dealt out, writers of single blocks were 10–15 % slower.
+fn share_out(
+    lens: [usize; RECYCLED_SHARDS],
+    runs: &[PageRun],
+) -> [std::ops::Range<usize>; RECYCLED_SHARDS] {
+    let pages = runs.iter().map(|r| r.blocks as usize).sum();
+    let give = even_shares(lens, pages);
+    let mut at = 0;
+    // Pages given beyond the shares so far (negative: short of them).
+    let mut over: isize = 0;
+    std::array::from_fn(|i| {
+        let from = at;
+        if i == RECYCLED_SHARDS - 1 {
+            at = runs.len();
+        } else {
+            // A run goes to this list if that leaves it nearer its share than without.
+            let mut got = 0isize;
+            while at < runs.len()
+                && 2 * (over + got) + (runs[at].blocks as isize) < 2 * give[i] as isize
+            {
+                got += runs[at].blocks as isize;
+                at += 1;
+            }
+            over += got - give[i] as isize;
+        }
+        from..at
+    })
 }
 
 impl Recycled {
@@ -411,7 +524,7 @@ impl Recycled {
             .iter()
             .map(|lens| level.saturating_sub(lens.iter().sum()))
             .collect();
-        let mut pages: Vec<Vec<u64>> = self.devices.iter().map(|_| Vec::new()).collect();
+        let mut kept: Vec<Vec<PageRun>> = self.devices.iter().map(|_| Vec::new()).collect();
         let mut rest: Vec<Extent> = Vec::new();
         for run in runs {
             let blocks = run.len_bytes / BLOCK;
@@ -419,21 +532,25 @@ impl Recycled {
             match room.get_mut(device) {
                 Some(left) if blocks < RECYCLE_RUN_BLOCKS && blocks as usize <= *left => {
                     *left -= blocks as usize;
-                    let addr = run.start.raw();
-                    pages[device].extend((0..blocks).map(|i| addr + i * BLOCK));
+                    kept[device].push(PageRun {
+                        addr: run.start.raw(),
+                        blocks: blocks as u32,
+                    });
                 }
                 _ => rest.push(run),
             }
         }
-        for ((shards, lens), pages) in self.devices.iter().zip(lens).zip(&pages) {
-            let mut from = 0;
-            for (shard, give) in shards.iter().zip(share_out(lens, pages.len())) {
-                if give > 0 {
-                    shard
-                        .lock()
-                        .free
-                        .extend_from_slice(&pages[from..from + give]);
-                    from += give;
+        for ((shards, lens), runs) in self.devices.iter().zip(lens).zip(&kept) {
+            if runs.is_empty() {
+                continue;
+            }
+            for (shard, share) in shards.iter().zip(share_out(lens, runs)) {
+                let mine = &runs[share];
+                if !mine.is_empty() {
+                    let pages: usize = mine.iter().map(|r| r.blocks as usize).sum();
+                    let mut list = shard.lock();
+                    list.free.extend_from_slice(mine);
+                    list.pages += pages;
                 }
             }
         }
@@ -458,7 +575,7 @@ impl Recycled {
         self.devices
             .iter()
             .flatten()
-            .map(|shard| shard.lock().free.len() as u64)
+            .map(|shard| shard.lock().pages as u64)
             .sum()
     }
 
@@ -470,48 +587,64 @@ impl Recycled {
             .sum()
     }
 
-    /// Up to `most` pages (at most [`RECYCLED_TAKE`]) on devices of `node` for the writer of
-    /// slot `slot`: from its own list first, then the next ones; none if the lists of the
-    /// node's devices are empty.
-    pub(crate) fn take(&self, node: u32, slot: u32, most: usize) -> SmallVec<[u64; RECYCLED_TAKE]> {
-        let most = most.min(RECYCLED_TAKE);
+    /// Up to `most` pages (at most [`RECYCLE_RUN_BLOCKS`]) on devices of `node` for the
+    /// writer of slot `slot`, in whole runs: from its own list first, then the next ones
+    /// while they have runs that fit what is left; none if the lists of the node's devices
+    /// are empty. Only a run longer than `most` is split, when no other was taken: its
+    /// front is taken, its rest stays.
+    pub(crate) fn take(&self, node: u32, slot: u32, most: usize) -> Taken {
+        let most = most.min(RECYCLE_RUN_BLOCKS as usize);
         let first = slot as usize % RECYCLED_SHARDS;
-        let mut pages = SmallVec::new();
-        let devices = self.devices.iter().zip(&self.nodes);
-        for (shards, _) in devices.filter(|(_, n)| **n == Some(node)) {
-            for i in 0..RECYCLED_SHARDS {
-                if pages.len() == most {
-                    return pages;
+        let mut runs = Taken::new();
+        let mut took = 0;
+        let devices = || {
+            self.devices
+                .iter()
+                .zip(&self.nodes)
+                .filter(move |(_, n)| **n == Some(node))
+                .map(|(shards, _)| shards)
+        };
+        // Whole runs first; a run split only if no list had one that fits.
+        for split in [false, true] {
+            for shards in devices() {
+                for i in 0..RECYCLED_SHARDS {
+                    if took == most || split && took > 0 {
+                        return runs;
+                    }
+                    took += shards[(first + i) % RECYCLED_SHARDS].lock().take(
+                        most - took,
+                        split,
+                        &mut runs,
+                    );
                 }
-                let mut list = shards[(first + i) % RECYCLED_SHARDS].lock();
-                let from = list.free.len().saturating_sub(most - pages.len());
-                pages.extend(list.free.drain(from..).rev());
             }
         }
-        pages
+        runs
     }
 
     /// Gives every page back to `volume` (neighbours as one extent); true if there was any.
     pub(crate) fn drain(&self, volume: &Volume) -> Result<bool> {
         let mut any = false;
         for shards in &self.devices {
-            let mut pages: Vec<u64> = shards
+            let mut runs: Vec<PageRun> = shards
                 .iter()
-                .flat_map(|shard| std::mem::take(&mut shard.lock().free))
+                .flat_map(|shard| {
+                    let mut list = shard.lock();
+                    list.pages = 0;
+                    std::mem::take(&mut list.free)
+                })
                 .collect();
-            any |= !pages.is_empty();
-            pages.sort_unstable();
+            any |= !runs.is_empty();
+            runs.sort_unstable_by_key(|r| r.addr);
             let mut at = 0;
-            while at < pages.len() {
-                let mut end = at + 1;
-                while end < pages.len() && pages[end] == pages[end - 1] + BLOCK {
-                    end += 1;
+            while at < runs.len() {
+                let mut extent = runs[at].extent();
+                at += 1;
+                while at < runs.len() && runs[at].addr == extent.start.raw() + extent.len_bytes {
+                    extent.len_bytes += runs[at].extent().len_bytes;
+                    at += 1;
                 }
-                volume.free(Extent {
-                    start: GlobalAddress::from_raw(pages[at]),
-                    len_bytes: (end - at) as u64 * BLOCK,
-                })?;
-                at = end;
+                volume.free(extent)?;
             }
         }
         Ok(any)
@@ -553,12 +686,13 @@ pub(crate) struct Pool {
     recycled: Option<RecycledSet>,
 }
 
-/// A pool's set of recycled pages being filled: the pages it holds that no write used yet
-/// (the next one last), and how many it holds in all.
+/// A pool's set of recycled pages being filled: the runs of pages it holds that no write
+/// used yet, each with its first page's place in the set (the next one last), and how many
+/// pages it holds in all.
 #[derive(Debug)]
 struct RecycledSet {
     set: std::sync::Arc<BufferSet>,
-    unused: SmallVec<[u64; RECYCLED_TAKE]>,
+    unused: SmallVec<[(PageRun, u32); RECYCLE_RUN_BLOCKS as usize]>,
     added: usize,
 }
 
@@ -598,11 +732,11 @@ impl Pool {
         len: u64,
         spare: &dyn Fn() -> u64,
         alloc: &dyn Fn(u64) -> Result<Extent>,
-        recycle: &dyn Fn(usize) -> SmallVec<[u64; RECYCLED_TAKE]>,
+        recycle: &dyn Fn(usize) -> Taken,
     ) -> Result<Reserve> {
         if len == BLOCK
             && offset.is_multiple_of(BLOCK)
-            && let Some(placed) = self.place_recycled(volume, recycle)?
+            && let Some((placed, _)) = self.place_recycled(volume, 1, recycle)?
         {
             return Ok(Reserve::Placed(placed));
         }
@@ -701,23 +835,38 @@ impl Pool {
             .sum()
     }
 
-    /// A recycled page in the pool's set of them, which takes a few more from `recycle`
-    /// (asked for at most that many) when it has used all it holds; `None` when there are
-    /// none. A set whose every page is used is sealed at once: its last record's retirement
-    /// reclaims it. (Also for each block of a short aligned write, page by page:
-    /// `Inner::place_in_recycled` in `fs/write.rs`.)
+    /// Up to `blocks` recycled pages in a row, from the pool's set of them — which takes
+    /// more from `recycle` (asked for at most that many) when it has used all it holds —
+    /// and how many it placed; `None` when there are none. The placement's `page` is the
+    /// first page's place in the set, the others' follow it. A set whose every page is used
+    /// is sealed at once: its last record's retirement reclaims it. (For a single aligned
+    /// block, and for a short aligned write run by run: `Inner::place_in_recycled` in
+    /// `fs/write.rs`.)
     pub(crate) fn place_recycled(
         &mut self,
         volume: &Volume,
-        recycle: &dyn Fn(usize) -> SmallVec<[u64; RECYCLED_TAKE]>,
-    ) -> Result<Option<Placement>> {
+        blocks: u64,
+        recycle: &dyn Fn(usize) -> Taken,
+    ) -> Result<Option<(Placement, u64)>> {
         if self.recycled.as_ref().is_none_or(|r| r.unused.is_empty()) {
+            // A set with less room left than the write needs is sealed as it is, and the
+            // write goes whole into a new one: filled to the last place, a set split one write
+            // in four of 15 blocks over two records.
+            if self
+                .recycled
+                .as_ref()
+                .is_some_and(|r| RECYCLED_SET_PAGES - r.added < blocks as usize)
+            {
+                self.seal_recycled(volume)?;
+            }
             let room = self
                 .recycled
                 .as_ref()
                 .map_or(RECYCLED_SET_PAGES, |r| RECYCLED_SET_PAGES - r.added);
-            let mut pages = recycle(room.min(RECYCLED_TAKE));
-            if pages.is_empty() {
+            // A few writes' worth, or the whole of a longer write.
+            let want = (blocks as usize).max(RECYCLED_TAKE).min(room);
+            let runs = recycle(want);
+            if runs.is_empty() {
                 return Ok(None);
             }
             let r = self.recycled.get_or_insert_with(|| RecycledSet {
@@ -728,14 +877,47 @@ impl Pool {
                 unused: SmallVec::new(),
                 added: 0,
             });
-            r.set.add_pages(&pages);
-            r.added += pages.len();
-            pages.reverse();
-            r.unused = pages;
+            r.set.add_runs(&runs);
+            for run in &runs {
+                r.unused.push((*run, r.added as u32));
+                r.added += run.blocks as usize;
+            }
+            r.unused.reverse();
         }
         let r = self.recycled.as_mut().expect("a set with an unused page");
-        let page = (r.added - r.unused.len()) as u32;
-        let addr = r.unused.pop().expect("an unused page");
+        // The run that fits the write most tightly, else the longest (the write's rest goes
+        // to the next); of equals, the one taken first. A write of as many blocks as a
+        // freed run takes that run whole.
+        // (The next one is taken without a look at the others when it fits exactly: the
+        // look was 3 % of a writer's samples with single-block writes.)
+        let last = r.unused.len() - 1;
+        if u64::from(r.unused[last].0.blocks) != blocks {
+            let fits = |run: &PageRun| u64::from(run.blocks) >= blocks;
+            let best = (0..r.unused.len())
+                .rev()
+                .min_by_key(|&i| {
+                    let run = &r.unused[i].0;
+                    (
+                        !fits(run),
+                        if fits(run) {
+                            run.blocks
+                        } else {
+                            u32::MAX - run.blocks
+                        },
+                    )
+                })
+                .expect("an unused run");
+            r.unused.swap(best, last);
+        }
+        let (run, place) = r.unused.last_mut().expect("an unused run");
+        let placed = blocks.min(u64::from(run.blocks));
+        let (addr, page) = (run.addr, *place);
+        run.addr += placed * BLOCK;
+        run.blocks -= placed as u32;
+        *place += placed as u32;
+        if run.blocks == 0 {
+            r.unused.pop();
+        }
         r.set.add_record();
         let set = std::sync::Arc::clone(&r.set);
         if r.unused.is_empty() && r.added == RECYCLED_SET_PAGES {
@@ -744,14 +926,16 @@ impl Pool {
                 set.reclaim(volume)?;
             }
         }
-        Ok(Some(Placement { set, addr, page }))
+        Ok(Some((Placement { set, addr, page }, placed)))
     }
 
     /// Bytes of the buffer being filled that no write has taken yet, in whole blocks, and
     /// of the recycled pages the pool took but used for no write yet: free memory in all but
     /// name, which [`Pool::trim`] gives back when another thread needs it.
     pub(crate) fn unused_bytes(&self) -> u64 {
-        let pages = self.recycled.as_ref().map_or(0, |r| r.unused.len() as u64) * BLOCK;
+        let pages = self.recycled.as_ref().map_or(0, |r| {
+            r.unused.iter().map(|(run, _)| u64::from(run.blocks)).sum()
+        }) * BLOCK;
         pages + self.unused_buffer_bytes()
     }
 
@@ -861,7 +1045,10 @@ mod tests {
         /// One recycled page joins the set; returns its place in it.
         fn add_page(&self, page: u64) -> u32 {
             let place = self.extents.lock().expect("buffer set").len() as u32;
-            self.add_pages(&[page]);
+            self.add_runs(&[PageRun {
+                addr: page,
+                blocks: 1,
+            }]);
             place
         }
     }
@@ -878,7 +1065,7 @@ mod tests {
         pool: &mut Pool,
         volume: &Volume,
         offset: u64,
-        recycle: &dyn Fn(usize) -> SmallVec<[u64; RECYCLED_TAKE]>,
+        recycle: &dyn Fn(usize) -> Taken,
     ) -> Placement {
         match pool
             .reserve(
@@ -903,7 +1090,11 @@ mod tests {
         let recycle = std::cell::Cell::new(Some(page));
         let placed = |pool: &mut Pool, offset| {
             place_block(pool, volume, offset, &|_| {
-                recycle.take().into_iter().collect()
+                recycle
+                    .take()
+                    .map(|addr| PageRun { addr, blocks: 1 })
+                    .into_iter()
+                    .collect()
             })
         };
         let in_page = placed(&mut pool, 0);
@@ -990,7 +1181,8 @@ mod tests {
             "what did not fit went back to the volume"
         );
         assert_eq!(recycled.room(), 0);
-        let mut taken: Vec<u64> = std::iter::from_fn(|| recycled.take(node, 0, 1).pop()).collect();
+        let mut taken: Vec<u64> =
+            std::iter::from_fn(|| recycled.take(node, 0, 1).pop().map(|r| r.addr)).collect();
         taken.sort_unstable();
         let mut expected: Vec<u64> = [&runs[0], &runs[3]]
             .iter()
@@ -1026,49 +1218,66 @@ mod tests {
         assert_eq!(recycled.held(), 8, "then up to the cap");
     }
 
-    /// A batch's pages go to the lists holding fewest; a writer takes from its slot's list
-    /// while it has pages, then from the next ones.
+    /// A batch's runs go to the lists holding fewest pages, whole; a writer takes from its
+    /// slot's list while it has pages, then from the next ones, splitting a run that holds
+    /// more than it asked for (the rest stays on top of its list).
     #[test]
-    fn recycled_pages_are_shared_over_the_lists_and_taken_from_the_slots_first() {
+    fn recycled_runs_are_shared_over_the_lists_and_taken_from_the_slots_first() {
         let shm = testkit::shm_volume("recycled-shards", 16 << 20);
         let volume = testkit::open_volume(&shm.dir);
         let node = volume.current_node();
         let recycled = recycled_lists(&volume, 64);
         let run = |blocks: u64| freed_run(&volume, blocks);
-        let device = |r: &Run| GlobalAddress::from_raw(r.addr).device() as usize;
-        let first = run(8);
-        recycled.free(&volume, [first.pages()]).unwrap();
-        assert_eq!(lens(&recycled.devices[device(&first)]), [2, 2, 2, 2]);
-        let shard_of = |page: u64| {
-            recycled.devices[device(&first)]
-                .iter()
-                .position(|shard| shard.lock().free.contains(&page))
+        let first = [run(2), run(2), run(2), run(2)];
+        let device = GlobalAddress::from_raw(first[0].addr).device() as usize;
+        let lists = || lens(&recycled.devices[device]);
+        recycled
+            .free(&volume, first.iter().map(Run::pages))
+            .unwrap();
+        assert_eq!(lists(), [2, 2, 2, 2], "a run each, in order");
+        let take = |slot: u32, most: usize| recycled.take(node, slot, most).into_vec();
+        let whole = |r: &Run| PageRun {
+            addr: r.addr,
+            blocks: r.blocks as u32,
         };
-        // Slot 5's list is list 1.
-        let take = || recycled.take(node, 5, 1).pop().unwrap();
-        let a = take();
-        let b = take();
-        assert_eq!(lens(&recycled.devices[device(&first)]), [2, 0, 2, 2]);
-        let c = take();
+        let part = |addr: u64, blocks: u32| PageRun { addr, blocks };
+        // Slot 5's list is list 1. No list has a run of one page: the front of its own.
+        assert_eq!(take(5, 1), [part(first[1].addr, 1)]);
+        assert_eq!(lists(), [2, 1, 2, 2]);
+        // Three pages: the rest of that run, then the next list's run whole.
         assert_eq!(
-            lens(&recycled.devices[device(&first)]),
-            [2, 0, 1, 2],
+            take(5, 3),
+            [part(first[1].addr + BLOCK, 1), whole(&first[2])],
             "an empty list sends the writer to the next"
         );
-        for page in [a, b, c] {
-            assert_eq!(shard_of(page), None, "a page is handed out once");
-        }
-        let second = run(3);
-        recycled.free(&volume, [second.pages()]).unwrap();
-        assert_eq!(
-            lens(&recycled.devices[device(&second)]),
-            [2, 2, 2, 2],
-            "new pages fill the shortest lists"
-        );
+        assert_eq!(lists(), [2, 0, 0, 2]);
+        assert_eq!(take(3, 2), [whole(&first[3])]);
+        assert_eq!(take(0, 1), [part(first[0].addr, 1)]);
+        assert_eq!(lists(), [1, 0, 0, 0]);
+        let second = [run(4), run(1), run(2)];
+        recycled
+            .free(&volume, second.iter().map(Run::pages))
+            .unwrap();
+        assert_eq!(lists(), [1, 4, 1, 2], "new runs go to the shortest lists");
         assert_eq!(recycled.held(), 8);
         assert_eq!(recycled.room(), 56);
+        let before = free_bytes(&volume);
         assert!(recycled.drain(&volume).unwrap());
         assert_eq!(recycled.held(), 0);
+        assert_eq!(lists(), [0, 0, 0, 0]);
+        assert_eq!(free_bytes(&volume), before + 8 * BLOCK);
+        // Every page the lists held is free, and none of the pages handed out.
+        let page = |addr: u64| Extent {
+            start: GlobalAddress::from_raw(addr),
+            len_bytes: BLOCK,
+        };
+        assert!(volume.free(page(first[0].addr + BLOCK)).is_err());
+        assert!(volume.free(page(second[0].addr + 3 * BLOCK)).is_err());
+        assert!(volume.free(page(first[0].addr)).is_ok(), "handed out");
+        assert!(
+            volume.free(page(first[2].addr + BLOCK)).is_ok(),
+            "handed out"
+        );
     }
 
     /// Single-block writes take recycled pages into the pool's set a few at a time: the
@@ -1126,12 +1335,76 @@ mod tests {
         assert_eq!(recycled.held(), 0);
         assert_eq!(pool.unused_bytes(), 3 * BLOCK);
         // Its one record retires with its page taken by a file; the trim frees the other 3.
-        next.set.take_page(next.page);
+        next.set.take_page_run(next.page, 1);
         assert!(!next.set.release());
         let before = free_bytes(&volume);
         assert!(pool.trim(&volume).unwrap());
         assert_eq!(free_bytes(&volume), before + 3 * BLOCK);
         assert_eq!(pool.unused_bytes(), 0);
+    }
+
+    /// A write of several blocks takes a run of recycled pages in a row, at places in a
+    /// row; one asking for more than the run left holds gets what is left, and the next
+    /// take starts a new run. The reclaim hands back what files did not take in runs, not
+    /// page by page.
+    #[test]
+    fn a_pool_places_short_writes_in_runs_and_gives_back_runs() {
+        let shm = testkit::shm_volume("pool-recycled-runs", 16 << 20);
+        let volume = testkit::open_volume(&shm.dir);
+        let node = volume.current_node();
+        let recycled = recycled_lists(&volume, 256);
+        let freed: Vec<Run> = [5, 3].iter().map(|&b| freed_run(&volume, b)).collect();
+        recycled
+            .free(&volume, freed.iter().map(Run::pages))
+            .unwrap();
+        let mut pool = Pool::new(2, 8 * BLOCK, true);
+        let mut place = |blocks: u64| {
+            pool.place_recycled(&volume, blocks, &|most| recycled.take(node, 0, most))
+                .unwrap()
+        };
+        // One take of 8 pages: the run of 5 (list 0), the run of 3 (list 1).
+        let (a, n) = place(4).unwrap();
+        assert_eq!(
+            (a.addr, a.page, n),
+            (freed[0].addr, 0, 4),
+            "the run that fits"
+        );
+        let (b, n) = place(1).unwrap();
+        assert_eq!(
+            (b.addr, b.page, n),
+            (freed[0].addr + 4 * BLOCK, 4, 1),
+            "the run left of the first, which fits best"
+        );
+        let (c, n) = place(2).unwrap();
+        assert_eq!((c.addr, c.page, n), (freed[1].addr, 5, 2));
+        let (d, n) = place(2).unwrap();
+        assert_eq!(
+            (d.addr, d.page, n),
+            (freed[1].addr + 2 * BLOCK, 7, 1),
+            "none fits: what there is"
+        );
+        assert!(place(1).is_none(), "the lists are empty");
+        assert!(std::sync::Arc::ptr_eq(&a.set, &d.set));
+        // Files took the first write's middle two pages and the third write's two.
+        a.set.take_page_run(1, 2);
+        c.set.take_page_run(5, 2);
+        let mut handed = Vec::new();
+        for p in [&a, &b, &c, &d] {
+            assert!(!p.set.release());
+        }
+        assert!(a.set.seal());
+        a.set
+            .reclaim_with(|run| {
+                handed.push((run.start.raw(), run.len_bytes / BLOCK));
+                Ok(())
+            })
+            .unwrap();
+        let base = freed[0].addr;
+        assert_eq!(
+            handed,
+            vec![(base, 1), (base + 3 * BLOCK, 2), (d.addr, 1)],
+            "the untaken pages, neighbours as one run"
+        );
     }
 
     /// A reclaimed set frees exactly the pages no file took, whatever order its extents
@@ -1227,16 +1500,16 @@ mod tests {
             let set = BufferSet::of_recycled_pages();
             let first = set.add_page(page.start.raw());
             let places: Vec<u32> = others.iter().map(|e| set.add_page(e.start.raw())).collect();
-            set.take_page(first);
+            set.take_page_run(first, 1);
             // The file gave the page back (an overwrite), and the writer used it again.
             let again = set.add_page(page.start.raw());
             assert_eq!((first, again), (0, 6));
             if taken_again {
-                set.take_page(again);
+                set.take_page_run(again, 1);
             }
             // Of the others, the records of 0, 2 and 4 were made void by newer writes.
-            set.take_page(places[1]);
-            set.take_page(places[3]);
+            set.take_page_run(places[1], 1);
+            set.take_page_run(places[3], 1);
             let before = free_bytes(&volume);
             assert!(set.seal());
             set.reclaim(&volume).unwrap();
@@ -1304,13 +1577,13 @@ mod tests {
     /// New pages even the lists out as far as they go, and every page goes somewhere.
     #[test]
     fn pages_are_shared_out_to_the_shortest_lists() {
-        assert_eq!(share_out([0, 0, 0, 0], 8), [2, 2, 2, 2]);
-        assert_eq!(share_out([2, 0, 1, 2], 3), [0, 2, 1, 0]);
-        assert_eq!(share_out([9, 0, 5, 1], 4), [0, 3, 0, 1]);
-        assert_eq!(share_out([9, 0, 5, 1], 0), [0, 0, 0, 0]);
+        assert_eq!(even_shares([0, 0, 0, 0], 8), [2, 2, 2, 2]);
+        assert_eq!(even_shares([2, 0, 1, 2], 3), [0, 2, 1, 0]);
+        assert_eq!(even_shares([9, 0, 5, 1], 4), [0, 3, 0, 1]);
+        assert_eq!(even_shares([9, 0, 5, 1], 0), [0, 0, 0, 0]);
         for lens in [[3, 1, 4, 1], [0, 7, 7, 2], [5, 5, 5, 5]] {
             for pages in 0..40 {
-                let give = share_out(lens, pages);
+                let give = even_shares(lens, pages);
                 assert_eq!(give.iter().sum::<usize>(), pages);
                 let after: Vec<usize> = lens.iter().zip(give).map(|(l, g)| l + g).collect();
                 let low = *after.iter().min().unwrap();
@@ -1321,6 +1594,51 @@ mod tests {
                         "{lens:?} + {pages}: {give:?}"
                     );
                 }
+            }
+        }
+    }
+
+    /// Runs go to the lists in stretches in a row, whole, every one somewhere, each list
+    /// within a run's pages of its even share.
+    #[test]
+    fn runs_are_shared_out_in_stretches_of_about_even_shares() {
+        let runs = |blocks: &[u32]| -> Vec<PageRun> {
+            blocks
+                .iter()
+                .map(|&blocks| PageRun { addr: 0, blocks })
+                .collect()
+        };
+        assert_eq!(
+            share_out([0, 0, 0, 0], &runs(&[2, 2, 2, 2])),
+            [0..1, 1..2, 2..3, 3..4]
+        );
+        assert_eq!(
+            share_out([2, 0, 1, 2], &runs(&[1, 1, 1])),
+            [0..0, 0..2, 2..3, 3..3]
+        );
+        assert_eq!(
+            share_out([9, 0, 5, 1], &runs(&[4, 3])),
+            [0..0, 0..1, 1..1, 1..2]
+        );
+        for lens in [[3, 1, 4, 1], [0, 7, 7, 2], [5, 5, 5, 5]] {
+            for n in 0..40u32 {
+                let given = runs(&(0..n).map(|i| 1 + i * 7 % 15).collect::<Vec<_>>());
+                let shares = share_out(lens, &given);
+                let pages = |r: std::ops::Range<usize>| -> usize {
+                    given[r].iter().map(|r| r.blocks as usize).sum()
+                };
+                let even = even_shares(lens, pages(0..given.len()));
+                let mut next = 0;
+                for (i, share) in shares.iter().enumerate() {
+                    assert_eq!(share.start, next, "{lens:?} + {n}: {shares:?}");
+                    next = share.end;
+                    let got = pages(share.clone()) as isize;
+                    assert!(
+                        (got - even[i] as isize).abs() < RECYCLE_RUN_BLOCKS as isize,
+                        "{lens:?} + {n}: {shares:?}, even {even:?}"
+                    );
+                }
+                assert_eq!(next, given.len(), "every run goes to a list");
             }
         }
     }

@@ -8,15 +8,17 @@
 //! neighbouring records in a 2 MiB stretch of a file), it takes the parts of the record
 //! no newer write replaced (the overlay knows) and
 //! - remaps whole 4 KiB blocks whose buffer position is page aligned into the file's block
-//!   table (no copy; the block the file had there is freed after the batch commits — single
-//!   blocks into [`crate::buffers::Recycled`], for the writers' next writes of up to 15 whole
-//!   blocks, a page a block);
+//!   table (no copy; the blocks the file had there are freed after the batch commits — runs
+//!   of fewer than 16 blocks into [`crate::buffers::Recycled`], whole, for the writers' next
+//!   writes of up to 15 whole blocks);
 //! - copies partial blocks into the file's block in place (a fresh zeroed page for a hole).
 //!
 //! Whole blocks are copied in place too where remapping must not happen: in a file mapped
-//! into memory, on a nearly full volume ([`tight_below`]), and for small overwrites while
-//! the recycled lists have no room for the blocks they would free (which would otherwise
-//! go back to the volume as 4 KiB holes in its free memory).
+//! into memory, on a nearly full volume ([`tight_below`]), and for small overwrites from
+//! preliminary buffers while the recycled lists have no room for the blocks they would free
+//! (which would otherwise go back to the volume as small holes in its free memory). A write
+//! in recycled pages needs no room: its pages leave the lists' circulation as the blocks it
+//! replaces enter it.
 //!
 //! A single-block overwrite whose writer remapped it into the file itself (a chunk the
 //! checkpoint shared with the writers once small overwrites remapped blocks there:
@@ -171,7 +173,7 @@ fn run_loop(inner: &Inner) -> Result<()> {
             return Ok(());
         }
         draining |= asked.drain;
-        let moved = if background || draining || asked.stop {
+        let moved = if background || draining || asked.pass || asked.stop {
             checkpoint_once(inner, &checkpoint_slot, &mut scratch)?
         } else {
             0
@@ -520,15 +522,16 @@ fn checkpoint_once(inner: &Inner, checkpoint_slot: &Slot, scratch: &mut Scratch)
     // core's cache (in log order, random writes touch a line the writers last wrote on
     // nearly every record), and one inode look-up serves a file's records. Measured with
     // two writers of random 4 KiB blocks: the checkpoint's CPU time per record fell from
-    // 0.64 to 0.52 µs, the writers' from 1.89 to 1.76 µs. Only when the recycled lists have room for every block
-    // the batch could remap, though: when room runs out mid-batch, the records remapped
-    // must be the oldest, whose buffers are then used up whole, while the newer ones are
-    // copied and their buffers go back whole — remapped in file order, every buffer would
-    // go back with holes, and free memory would end in pieces.
+    // 0.64 to 0.52 µs, the writers' from 1.89 to 1.76 µs. Only when the recycled lists
+    // have room for every block the batch could remap from buffers, though (a write in
+    // recycled pages needs none: [`apply_record`]): when room runs out mid-batch, the
+    // records remapped must be the oldest, whose buffers are then used up whole, while the
+    // newer ones are copied and their buffers go back whole — remapped in file order, every
+    // buffer would go back with holes, and free memory would end in pieces.
     let remappable: u64 = batch
         .records
         .iter()
-        .filter(|p| p.remapped.is_none())
+        .filter(|p| p.remapped.is_none() && p.page == NO_PAGE)
         .map(|p| p.len / BLOCK)
         .sum();
     let mut order = std::mem::take(&mut scratch.order);
@@ -942,9 +945,12 @@ fn apply_record(
             let src = piece.src + (pos - piece.start);
             if pos == block_start && piece.end - pos >= BLOCK && src.is_multiple_of(BLOCK) {
                 let blocks = (piece.end - pos) / BLOCK;
-                let small = blocks < RECYCLE_RUN_BLOCKS;
-                if checked || !(mapped || work.copy_overwrites || small && work.room < blocks) {
-                    if small {
+                // A write in recycled pages needs no room: its pages leave the lists'
+                // circulation as the blocks it replaces enter it.
+                let needs_room = blocks < RECYCLE_RUN_BLOCKS && record.page == NO_PAGE;
+                if checked || !(mapped || work.copy_overwrites || needs_room && work.room < blocks)
+                {
+                    if needs_room {
                         work.room = work.room.saturating_sub(blocks);
                     }
                     if blocks == 1 && !checked && extents.get(block).is_some() {
@@ -1187,9 +1193,10 @@ fn remap(ino: u64, record: &Pending, block: u64, blocks: u64, src: u64, work: &m
     if record.page == NO_PAGE {
         record.set.take_pages(src, blocks);
     } else {
-        // A single-block write in a recycled page: remapped whole, from its start.
-        debug_assert_eq!(blocks, 1);
-        record.set.take_page(record.page);
+        // A write in a run of recycled pages (block-aligned, a page a block, their places
+        // in a row from `record.page`).
+        let first = record.page + (block - record.offset / BLOCK) as u32;
+        record.set.take_page_run(first, blocks);
     }
     work.maps.push(MapEntry {
         ino,

@@ -160,7 +160,12 @@ impl Queue {
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Requests {
     pub(crate) snapshot: bool,
+    /// Move everything (a writer out of room): passes until one moves nothing.
     pub(crate) drain: bool,
+    /// One pass ([`Progress::drain`] asks for passes until its target is reached). Not
+    /// `drain`: with the checkpoint on demand, a drain's passes went on until one found
+    /// nothing, and took in writes made after the caller's drain had returned.
+    pub(crate) pass: bool,
     pub(crate) stop: bool,
     /// Stop at once, leaving logs as a crash would (tests).
     pub(crate) abandon: bool,
@@ -376,7 +381,7 @@ impl Progress {
     pub(crate) fn drain(&self) -> Result<()> {
         let target = self.current_order();
         while self.done_below() < target {
-            self.await_pass(|asked| asked.drain = true)?;
+            self.await_pass(|asked| asked.pass = true)?;
         }
         Ok(())
     }
@@ -411,6 +416,7 @@ impl Progress {
         let asked = state.asked;
         state.asked.snapshot = false;
         state.asked.drain = false;
+        state.asked.pass = false;
         asked
     }
 
@@ -634,7 +640,7 @@ impl Progress {
 
     fn asked(state: &State, seen: Requests) -> bool {
         let a = state.asked;
-        a.snapshot || a.drain || a.abandon || a.stop && !seen.stop
+        a.snapshot || a.drain || a.pass || a.abandon || a.stop && !seen.stop
     }
 
     /// Some queued record is below the watermark.

@@ -435,3 +435,64 @@ fn short_multi_block_overwrites_are_remapped_not_copied() {
     drop(f);
     fs.unmount().unwrap();
 }
+
+/// Overwrites of a few whole blocks at the places of earlier ones of the same size take the
+/// runs those freed whole (one record a write), and the checkpoint remaps every write placed
+/// in recycled pages however full the lists are: such a write hands its pages to the file
+/// as the blocks it replaces come back, so it needs none of their room. A first round of
+/// writes placed in buffers fills the lists halfway; a second round twice as long takes all
+/// of them and then buffers again, and its one batch frees more than the lists have room
+/// for. When room was asked of every write, that batch copied a third of the second round.
+#[test]
+fn overwrites_in_recycled_runs_need_no_room_in_the_lists() {
+    const BLOCKS: u64 = 15;
+    const SLOT: u64 = BLOCKS * 4096;
+    // A 128 MiB volume: the recycled lists hold their fewest pages, 1024.
+    let shm = shm_volume("recycled-runs", 128 << 20);
+    let fs = Fs::format(
+        open_volume(&shm.dir),
+        &small_format(),
+        FsOptions {
+            prelim_buffers: 8,
+            prelim_buffer_bytes: 2 << 20,
+            checkpoint_batch: 4096,
+            ..options(CheckpointMode::OnDemand)
+        },
+    )
+    .unwrap();
+    let f = fs.create("/f").unwrap();
+    let mut model = pattern(1, 0, 16 << 20);
+    f.write_at(&model, 0).unwrap();
+    fs.checkpoint().unwrap();
+    // Slots apart, so that no two blocks a round replaces are neighbours (neighbours are
+    // freed as one run, too long for the lists).
+    let slots = |slots: &mut dyn Iterator<Item = u64>, tag: u64, model: &mut Vec<u8>| {
+        for slot in slots {
+            let at = slot * SLOT;
+            let data = pattern(tag + slot, at, SLOT as usize);
+            f.write_at(&data, at).unwrap();
+            model[at as usize..(at + SLOT) as usize].copy_from_slice(&data);
+        }
+        fs.checkpoint().unwrap();
+    };
+    // 34 writes of 15 blocks: 510 pages, half what the lists hold.
+    slots(&mut (0..34).map(|i| 2 * i), 100, &mut model);
+    let before = fs.stats();
+    // 68 more: the first 34 in the lists' runs, the rest in buffers; their batch frees
+    // 1020 pages.
+    slots(&mut (0..68).map(|i| 2 * i + 1), 1000, &mut model);
+    let after = fs.stats();
+    check(&f, &model, "after the overwrites");
+    let recycled = after.recycled_blocks - before.recycled_blocks;
+    let records = after.checkpointed_records - before.checkpointed_records;
+    let copied = after.copied_bytes - before.copied_bytes;
+    eprintln!(
+        "{recycled} blocks placed in recycled pages, {records} records, {copied} bytes copied"
+    );
+    assert_eq!(recycled, 34 * BLOCKS, "the lists' runs, every one");
+    assert_eq!(records, 68, "each write in one run, one record");
+    assert_eq!(copied, 0, "the checkpoint copied");
+    drop(f);
+    fs.unmount().unwrap();
+    checked_volume(&shm.dir, "after the unmount");
+}

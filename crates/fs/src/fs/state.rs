@@ -34,7 +34,7 @@ pub(crate) struct SlotCounters {
     pub(crate) caller_bytes: AtomicU64,
     pub(crate) media_bytes: AtomicU64,
     pub(crate) writes: AtomicU64,
-    /// Writes placed in a recycled page.
+    /// Blocks of writes placed in recycled pages.
     recycled: AtomicU64,
     /// What the slot's logged writes may add to the metadata ([`write_growth_bound`] of
     /// each) until the checkpoint moves them: the writer adds to `growth_logged` what it
@@ -68,9 +68,9 @@ impl SlotCounters {
         add_own(&self.caller_bytes, bytes);
     }
 
-    /// Counts a write placed in a recycled page.
-    pub(crate) fn count_recycled(&self) {
-        add_own(&self.recycled, 1);
+    /// Counts `blocks` blocks of a write placed in recycled pages.
+    pub(crate) fn count_recycled(&self, blocks: u64) {
+        add_own(&self.recycled, blocks);
     }
 
     /// The slot's writer logged records that may add `bytes` to the metadata.
@@ -364,7 +364,7 @@ pub struct FsStats {
     pub writer_remapped_blocks: u64,
     /// Bytes the checkpoint copied (partial blocks).
     pub copied_bytes: u64,
-    /// Single-block writes placed in a page an earlier overwrite had freed (no allocation).
+    /// Blocks of writes placed in pages an earlier overwrite had freed (no allocation).
     pub recycled_blocks: u64,
     /// Blocks that remapped writes replaced (freed in runs shorter than 64 KiB) which the
     /// recycled lists had no room for: returned to the volume as small pieces. Overwrites
@@ -905,14 +905,14 @@ impl Inner {
     pub(crate) fn alloc_lent_buffer(self: &Arc<Self>, len: u64) -> Result<Extent> {
         if len <= BLOCK {
             let slot = self.slot()?;
-            if let Some(page) = self
+            if let Some(run) = self
                 .recycled
                 .take(self.volume.current_node(), slot.index, 1)
                 .pop()
             {
-                slot.counters.count_recycled();
+                slot.counters.count_recycled(1);
                 return Ok(Extent {
-                    start: GlobalAddress::from_raw(page),
+                    start: GlobalAddress::from_raw(run.addr),
                     len_bytes: BLOCK,
                 });
             }
