@@ -6,8 +6,9 @@
 //!
 //! Sets come from four places: a thread's pool of *preliminary buffers* (`File::write_at`
 //! copies into them), [`Recycled`] pages (runs of blocks overwrites replaced, which writes
-//! of up to 15 whole blocks reuse), a caller's own buffer (`Fs::buffer` + `File::write_buffer`, no copy), and
-//! recovery (the pages of every record found live in the logs).
+//! of up to 15 whole blocks reuse), a caller's own buffer (`Fs::buffer` +
+//! `File::write_buffer`, no copy), and recovery (the pages of every record found live in
+//! the logs).
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -41,7 +42,7 @@ pub(crate) struct BufferSet {
     pages: u64,
     /// A set of recycled pages: its records each name their page by its place in the set
     /// ([`Placement::page`]), and the pages files took are bits here
-    /// ([`BufferSet::take_page`]) instead of addresses in `taken`.
+    /// ([`BufferSet::take_page_run`]) instead of addresses in `taken`.
     indexed: bool,
     /// Of an `indexed` set, bit `i` set: extent `i` (one page) was taken by a file.
     taken_pages: AtomicU64,
@@ -70,8 +71,8 @@ impl BufferSet {
         }
     }
 
-    /// An empty set for [`RECYCLED_SET_PAGES`] recycled pages, added one per record
-    /// ([`BufferSet::add_page`]) and taken by their place in it.
+    /// An empty set for [`RECYCLED_SET_PAGES`] recycled pages, added in runs as the writer
+    /// takes them ([`BufferSet::add_runs`]) and taken by their place in it.
     fn of_recycled_pages() -> Self {
         Self {
             indexed: true,
@@ -127,7 +128,7 @@ impl BufferSet {
     }
 
     /// The `pages` pages from `addr` now belong to a file (of a set not of recycled pages:
-    /// those are taken by place, [`BufferSet::take_page`]).
+    /// those are taken by place, [`BufferSet::take_page_run`]).
     pub(crate) fn take_pages(&self, addr: u64, pages: u64) {
         assert!(
             !self.indexed,
@@ -304,8 +305,8 @@ const _: () = assert!(RECYCLED_SET_PAGES <= u64::BITS as usize);
 pub(crate) const RECYCLED_TAKE: usize = 8;
 
 /// Pages the checkpoint freed in small runs — file blocks that small overwrites replaced —
-/// kept, run by run, for the writers' writes of 1 to 15 whole blocks (`Inner::place_in_recycled`
-/// in `fs/write.rs`) instead of going back to the volume. A 4 KiB
+/// kept, run by run, for the writers' writes of 1 to 15 whole blocks
+/// (`Inner::place_in_recycled` in `fs/write.rs`) instead of going back to the volume. A 4 KiB
 /// overwrite then costs no allocator work on either side (its block is remapped into the
 /// file, the block it replaced holds the next one), and random overwrites do not cut the
 /// volume's free memory into 4 KiB pieces that no buffer, journal or log area can use: the
@@ -656,8 +657,8 @@ impl Recycled {
 pub(crate) struct Placement {
     pub(crate) set: std::sync::Arc<BufferSet>,
     pub(crate) addr: u64,
-    /// In a set of recycled pages, the page's place in it ([`BufferSet::take_page`]);
-    /// [`NO_PAGE`] otherwise.
+    /// In a set of recycled pages, the place of its first page in it (the others' follow:
+    /// [`BufferSet::take_page_run`]); [`NO_PAGE`] otherwise.
     pub(crate) page: u32,
 }
 

@@ -69,8 +69,9 @@ const WAITING_FOR_REQUESTS: u8 = 3;
 #[derive(Debug)]
 pub(crate) struct Pending {
     pub(crate) slot: u32,
-    /// The record's page in a set of recycled pages ([`crate::buffers::NO_PAGE`]: its
-    /// buffer is not one; beside `slot`, it costs no room).
+    /// The place of the record's first page in a set of recycled pages (its other pages'
+    /// follow; [`crate::buffers::NO_PAGE`]: its buffer is not one; beside `slot`, it costs
+    /// no room).
     pub(crate) page: u32,
     pub(crate) seq: u64,
     pub(crate) order: u64,
